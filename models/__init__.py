@@ -1,0 +1,135 @@
+"""Bundled ONNX model zoo: small, deterministic, fully static float32 models.
+
+Every model is generated on demand with ``onnx.helper`` from seeded random
+weights (opset 17, IR version 8); nothing is downloaded or stored on disk.
+
+Example:
+    >>> from tvmsched import models
+    >>> model = models.build("resnet18-small", seed=0)
+    >>> feeds = models.random_inputs(model)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from os import PathLike
+from pathlib import Path
+
+import onnx
+
+from .bert import build_bert_tiny
+from .common import IR_VERSION, OPSET, random_inputs
+from .mlp import build_mlp
+from .mobilenet import build_mobilenetv2
+from .resnet import build_resnet18, build_resnet18_small
+from .tiny import build_tiny
+
+__all__ = [
+    "IR_VERSION",
+    "MODELS",
+    "OPSET",
+    "ModelSpec",
+    "UnknownModelError",
+    "build",
+    "list_models",
+    "random_inputs",
+    "save",
+]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A registered model.
+
+    Attributes:
+        name: Registry name.
+        description: One-line summary including input/output shapes.
+        builder: Callable mapping a seed to the ONNX model.
+    """
+
+    name: str
+    description: str
+    builder: Callable[[int], onnx.ModelProto]
+
+
+class UnknownModelError(KeyError, ValueError):
+    """Raised for a model name that is not in :data:`MODELS`."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+MODELS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec("tiny", "y = Relu(x @ 2I - 1); x, y: 1x4 (weights fixed)", build_tiny),
+        ModelSpec("mlp", "784-256-128-10 MLP with Softmax; input 1x784 -> output 1x10", build_mlp),
+        ModelSpec("resnet18", "ResNet-18; input 1x3x224x224 -> output 1x1000", build_resnet18),
+        ModelSpec(
+            "resnet18-small",
+            "ResNet-18 topology, widths 16-128; input 1x3x64x64 -> output 1x10",
+            build_resnet18_small,
+        ),
+        ModelSpec(
+            "mobilenetv2",
+            "MobileNetV2-style inverted residuals; input 1x3x96x96 -> output 1x10",
+            build_mobilenetv2,
+        ),
+        ModelSpec(
+            "bert-tiny",
+            "2-layer BERT-tiny encoder; hidden_states 1x128x128 -> output 1x128x128",
+            build_bert_tiny,
+        ),
+    )
+}
+
+
+def list_models() -> list[ModelSpec]:
+    """Returns the registered models in registration order."""
+    return list(MODELS.values())
+
+
+def _lookup(name: str) -> ModelSpec:
+    try:
+        return MODELS[name]
+    except KeyError:
+        valid = ", ".join(MODELS)
+        raise UnknownModelError(f"unknown model {name!r}; valid names: {valid}") from None
+
+
+def build(name: str, seed: int = 0) -> onnx.ModelProto:
+    """Builds a registered model.
+
+    Args:
+        name: Registry name, see :func:`list_models`.
+        seed: Weight seed; the same seed gives byte-identical models.
+
+    Returns:
+        The ONNX model.
+
+    Raises:
+        UnknownModelError: If ``name`` is not registered.
+    """
+    return _lookup(name).builder(seed)
+
+
+def save(name: str, path: str | PathLike[str], seed: int = 0) -> Path:
+    """Builds a registered model and writes it to ``path``.
+
+    Args:
+        name: Registry name.
+        path: Destination ``.onnx`` file; parent folders are created.
+        seed: Weight seed.
+
+    Returns:
+        The path written.
+
+    Raises:
+        UnknownModelError: If ``name`` is not registered.
+    """
+    model = build(name, seed)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(model, str(out))
+    return out

@@ -1,0 +1,126 @@
+"""Our own layer-by-layer executor: load an artifact, allocate once, launch the layers in order."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tvmsched.artifact import Artifact
+from tvmsched.errors import TvmschedError, one_line
+from tvmsched.runtime.memory_plan import plan_memory
+
+log = logging.getLogger(__name__)
+
+
+class Executor:
+    """Runs one artifact on one device; not thread-safe (one request at a time).
+
+    Args:
+        artifact: an `Artifact` or the path of an artifact file.
+        device: "cpu" or "cuda"; defaults to the device the artifact was compiled for.
+    """
+
+    def __init__(self, artifact: Artifact | str | Path, device: str | None = None):
+        import tvm
+
+        self.artifact = artifact if isinstance(artifact, Artifact) else Artifact.load(artifact)
+        self.manifest = manifest = self.artifact.manifest
+        device = device or manifest.device
+        if device != manifest.device:
+            raise TvmschedError(f"the artifact was compiled for {manifest.device}, not {device}")
+        self.device = tvm.device(device, 0)
+        if not self.device.exist:
+            raise TvmschedError(f"no {device} device is available on this machine")
+        self.library = _load_library(self.artifact.library)
+        self.plan = plan_memory(manifest.layers, manifest.tensors, keep={b.tensor for b in manifest.outputs})
+        self.buffers = self._allocate(tvm)
+        self.kernels = [[self.library[c.kernel] for c in layer.candidates] for layer in manifest.layers]
+        self.layer_args = [[self.buffers[t] for t in (*layer.inputs, *layer.outputs)] for layer in manifest.layers]
+
+    def _allocate(self, tvm) -> dict:
+        manifest, dev = self.manifest, self.device
+        storage = [tvm.runtime.empty((size,), "uint8", dev) for size in self.plan.storage_bytes]
+        buffers = {}
+        for tensor_id, spec in manifest.tensors.items():
+            if spec.kind == "weight":
+                buffers[tensor_id] = tvm.runtime.tensor(self.artifact.weights[tensor_id], dev)
+            elif spec.kind == "input":
+                buffers[tensor_id] = tvm.runtime.empty(spec.shape, spec.dtype, dev)
+            else:
+                block = storage[self.plan.assignment[tensor_id]]
+                buffers[tensor_id] = block._create_view(spec.shape, spec.dtype)
+        return buffers
+
+    def set_inputs(self, inputs: dict[str, np.ndarray]) -> None:
+        """Copy inputs (keyed by ONNX input name) to the device, checking names, shapes and dtypes."""
+        expected = {b.name: b.tensor for b in self.manifest.inputs}
+        unknown = sorted(set(inputs) - set(expected))
+        missing = sorted(set(expected) - set(inputs))
+        if unknown or missing:
+            raise TvmschedError(
+                f"input names do not match the model: unknown {unknown}, missing {missing}; expected {sorted(expected)}"
+            )
+        for name, tensor_id in expected.items():
+            spec, value = self.manifest.tensors[tensor_id], np.asarray(inputs[name])
+            if tuple(value.shape) != spec.shape:
+                raise TvmschedError(f"input {name!r} has shape {tuple(value.shape)}, expected {spec.shape}")
+            if str(value.dtype) != spec.dtype:
+                raise TvmschedError(f"input {name!r} has dtype {value.dtype}, expected {spec.dtype}")
+            self.buffers[tensor_id].copyfrom(np.ascontiguousarray(value))
+
+    def run_layer(self, index: int, candidate_id: int = 0) -> None:
+        """Launch one layer's chosen candidate kernel (asynchronous on GPU)."""
+        self.kernels[index][candidate_id](*self.layer_args[index])
+
+    def run_layers(self, candidate_ids: list[int] | None = None) -> None:
+        for index in range(len(self.kernels)):
+            self.run_layer(index, candidate_ids[index] if candidate_ids else 0)
+
+    def get_outputs(self) -> dict[str, np.ndarray]:
+        return {b.name: self.buffers[b.tensor].numpy() for b in self.manifest.outputs}
+
+    def run(self, inputs: dict[str, np.ndarray], candidate_ids: list[int] | None = None) -> dict[str, np.ndarray]:
+        """Run the whole model once and return its outputs keyed by ONNX output name."""
+        self.set_inputs(inputs)
+        self.run_layers(candidate_ids)
+        return self.get_outputs()
+
+    def time_runs(self, inputs: dict[str, np.ndarray], repeat: int, warmup: int = 2) -> list[float]:
+        """Seconds per whole-model run (layers only, device-synchronised), after `warmup` runs."""
+        self.set_inputs(inputs)
+        times = []
+        for i in range(warmup + repeat):
+            start = time.perf_counter()
+            self.run_layers()
+            self.device.sync()
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+        return times
+
+    def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """Standard-normal (floats) or small-integer inputs of the model's shapes."""
+        rng = np.random.default_rng(seed)
+        inputs = {}
+        for binding in self.manifest.inputs:
+            spec = self.manifest.tensors[binding.tensor]
+            if np.issubdtype(np.dtype(spec.dtype), np.floating):
+                inputs[binding.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
+            else:
+                inputs[binding.name] = rng.integers(0, 2, spec.shape).astype(spec.dtype)
+        return inputs
+
+
+def _load_library(data: bytes):
+    import tvm
+
+    with tempfile.TemporaryDirectory(prefix="tvmsched-lib-") as tmp:
+        path = Path(tmp) / "kernels.so"
+        path.write_bytes(data)
+        try:
+            return tvm.runtime.load_module(str(path))
+        except Exception as err:
+            raise TvmschedError(f"cannot load the artifact's kernel library: {one_line(err)}") from None

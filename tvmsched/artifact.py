@@ -1,0 +1,161 @@
+"""The artifact: one versioned file holding the manifest, the kernel library and the weights.
+
+On disk it is a zip archive (stored, not compressed) with `manifest.json`, `kernels.so`,
+`weights.npz` and `checksums.json` (SHA-256 of each other member). Every layer holds a list of
+candidate kernels; candidate 0 is the default one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tvmsched.errors import TvmschedError, one_line
+from tvmsched.layers import TensorSpec
+
+SCHEMA_VERSION = 1
+_MEMBERS = ("manifest.json", "kernels.so", "weights.npz")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One compiled implementation of a layer."""
+
+    id: int
+    kernel: str  # symbol in the kernel library
+    schedule: str  # how it was scheduled: "default", "dlight", later "tuned"
+    units: int | None = None  # compute units it was built for (None: all)
+    blocks: int | None = None  # thread-block count / parallel extent, when known
+    latency_us: float | None = None  # isolated latency, when measured
+
+
+@dataclass(frozen=True)
+class Layer:
+    index: int
+    func: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    flops: float
+    bytes: int
+    candidates: tuple[Candidate, ...]
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A model input or output: its ONNX name and the tensor id behind it."""
+
+    name: str
+    tensor: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    model_name: str
+    target: dict
+    device: str  # "cpu" | "cuda"
+    device_code: str  # "native" (CPU), "fatbin" or "source" (CUDA)
+    inputs: tuple[Binding, ...]
+    outputs: tuple[Binding, ...]
+    tensors: dict[str, TensorSpec]
+    layers: tuple[Layer, ...]
+    tvmsched_version: str
+    tvm_version: str
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Manifest:
+        layers = tuple(
+            Layer(
+                **{
+                    **layer,
+                    "inputs": tuple(layer["inputs"]),
+                    "outputs": tuple(layer["outputs"]),
+                    "candidates": tuple(Candidate(**c) for c in layer["candidates"]),
+                }
+            )
+            for layer in data["layers"]
+        )
+        return cls(
+            **{
+                **data,
+                "inputs": tuple(Binding(**b) for b in data["inputs"]),
+                "outputs": tuple(Binding(**b) for b in data["outputs"]),
+                "tensors": {k: TensorSpec(tuple(v["shape"]), v["dtype"], v["kind"]) for k, v in data["tensors"].items()},
+                "layers": layers,
+            }
+        )
+
+
+@dataclass(frozen=True)
+class Artifact:
+    manifest: Manifest
+    library: bytes
+    weights: dict[str, np.ndarray]
+
+    def save(self, path: str | Path) -> None:
+        members = {
+            "manifest.json": json.dumps(self.manifest.to_json(), indent=1).encode(),
+            "kernels.so": self.library,
+            "weights.npz": _pack_weights(self.weights),
+        }
+        checksums = {name: hashlib.sha256(data).hexdigest() for name, data in members.items()}
+        tmp = Path(f"{path}.tmp")
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as archive:
+            for name, data in members.items():
+                archive.writestr(name, data)
+            archive.writestr("checksums.json", json.dumps(checksums, indent=1))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Artifact:
+        path = Path(path)
+        if not path.is_file():
+            raise TvmschedError(f"artifact not found: {path}")
+        members = _read_members(path)
+        manifest_data = json.loads(members["manifest.json"])
+        version = manifest_data.get("schema_version")
+        if not isinstance(version, int) or version > SCHEMA_VERSION:
+            raise TvmschedError(
+                f"{path} has artifact schema version {version}, newer than this tvmsched reads "
+                f"({SCHEMA_VERSION}); upgrade tvmsched"
+            )
+        try:
+            manifest = Manifest.from_json(manifest_data)
+            weights = _unpack_weights(members["weights.npz"])
+        except Exception as err:
+            raise TvmschedError(f"{path} is a corrupt artifact: bad manifest or weights ({one_line(err)})") from None
+        return cls(manifest, members["kernels.so"], weights)
+
+
+def _read_members(path: Path) -> dict[str, bytes]:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            checksums = json.loads(archive.read("checksums.json"))
+            members = {name: archive.read(name) for name in _MEMBERS}
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError, EOFError) as err:
+        raise TvmschedError(f"{path} is not a readable tvmsched artifact (truncated or corrupt: {one_line(err)})") from None
+    for name, data in members.items():
+        if hashlib.sha256(data).hexdigest() != checksums.get(name):
+            raise TvmschedError(f"{path} is corrupt: checksum mismatch in {name}")
+    return members
+
+
+def _pack_weights(weights: dict[str, np.ndarray]) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **weights)
+    return buffer.getvalue()
+
+
+def _unpack_weights(data: bytes) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+        return {name: archive[name] for name in archive.files}

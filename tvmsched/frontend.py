@@ -1,0 +1,121 @@
+"""Stage 1: load and validate an ONNX model, then import it into Relax."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import onnx
+
+from tvmsched.errors import TvmschedError, one_line
+
+log = logging.getLogger(__name__)
+
+_ONNX_DTYPES = {
+    onnx.TensorProto.FLOAT: "float32",
+    onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.DOUBLE: "float64",
+    onnx.TensorProto.INT64: "int64",
+    onnx.TensorProto.INT32: "int32",
+    onnx.TensorProto.INT8: "int8",
+    onnx.TensorProto.UINT8: "uint8",
+    onnx.TensorProto.BOOL: "bool",
+}
+
+
+def load_onnx(path: str | Path) -> onnx.ModelProto:
+    """Read an ONNX file and run `onnx.checker` on it."""
+    path = Path(path)
+    if not path.is_file():
+        raise TvmschedError(f"model file not found: {path}")
+    try:
+        model = onnx.load(str(path))
+    except Exception as err:
+        raise TvmschedError(f"{path} is not an ONNX model: {one_line(err)}") from None
+    if not model.graph.node and not model.graph.output:
+        raise TvmschedError(f"{path} is not an ONNX model: it holds no graph")
+    try:
+        onnx.checker.check_model(model)
+    except Exception as err:
+        raise TvmschedError(f"{path} fails the ONNX checker: {one_line(err)}") from None
+    return model
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The real inputs of a graph (older exporters also list initializers as inputs)."""
+    initializers = {init.name for init in model.graph.initializer}
+    return [value for value in model.graph.input if value.name not in initializers]
+
+
+def input_signature_names(model: onnx.ModelProto) -> list[str]:
+    return [value.name for value in graph_inputs(model)]
+
+
+def input_signature(
+    model: onnx.ModelProto, overrides: dict[str, tuple[int, ...]] | None = None
+) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Static shape and dtype of every graph input, with `--input-shape` overrides applied.
+
+    Raises a TvmschedError naming the input whose shape is not static and not overridden.
+    """
+    overrides = dict(overrides or {})
+    signature = {}
+    for value in graph_inputs(model):
+        tensor_type = value.type.tensor_type
+        dtype = _ONNX_DTYPES.get(tensor_type.elem_type)
+        if dtype is None:
+            raise TvmschedError(f"input {value.name!r} has an unsupported element type {tensor_type.elem_type}")
+        if value.name in overrides:
+            signature[value.name] = (tuple(overrides.pop(value.name)), dtype)
+            continue
+        dims = [dim.dim_value if dim.HasField("dim_value") else None for dim in tensor_type.shape.dim]
+        if any(d is None or d <= 0 for d in dims):
+            shown = ",".join("?" if d is None or d <= 0 else str(d) for d in dims)
+            raise TvmschedError(
+                f"input {value.name!r} has a dynamic shape ({shown}); fix it with --input-shape {value.name}=..."
+            )
+        signature[value.name] = (tuple(dims), dtype)
+    if overrides:
+        known = ", ".join(signature) or "none"
+        raise TvmschedError(f"--input-shape names unknown input(s) {sorted(overrides)}; the inputs are: {known}")
+    return signature
+
+
+def check_supported_ops(model: onnx.ModelProto) -> None:
+    """Fail on the first node whose op the Relax ONNX frontend cannot convert."""
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+    supported = _get_convert_map()
+    for index, node in enumerate(model.graph.node):
+        if node.domain not in ("", "ai.onnx") or node.op_type not in supported:
+            name = node.name or f"#{index}"
+            domain = f" (domain {node.domain})" if node.domain not in ("", "ai.onnx") else ""
+            raise TvmschedError(f"unsupported op {node.op_type}{domain} at node {name!r}")
+
+
+def to_relax(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, ...], str]]):
+    """Import a checked ONNX model into a Relax IRModule with its weights as constants."""
+    from tvm.relax.frontend.onnx import from_onnx
+
+    shapes = {name: list(shape) for name, (shape, _) in signature.items()}
+    dtypes = {name: dtype for name, (_, dtype) in signature.items()}
+    try:
+        return from_onnx(model, shape_dict=shapes, dtype_dict=dtypes)
+    except Exception as err:
+        raise TvmschedError(f"the ONNX importer rejected the model: {one_line(err)}") from None
+
+
+def parse_input_shapes(values: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...]]:
+    """Parse repeated `--input-shape name=1,3,224,224` options."""
+    shapes = {}
+    for value in values:
+        name, sep, dims = value.partition("=")
+        try:
+            shape = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            shape = ()
+        if not sep or not name or not shape or any(d <= 0 for d in shape):
+            raise TvmschedError(f"--input-shape {value!r} is not of the form NAME=D1,D2,... with positive dims")
+        shapes[name] = shape
+    return shapes
+

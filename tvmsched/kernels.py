@@ -1,0 +1,63 @@
+"""Stage 4: schedule and compile the layers' PrimFuncs into one kernel library.
+
+Each candidate of a layer is a kernel symbol `<func>__c<id>` in that library.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+from tvmsched.errors import TvmschedError, one_line
+
+log = logging.getLogger(__name__)
+
+
+def kernel_symbol(func: str, candidate_id: int) -> str:
+    return f"{func}__c{candidate_id}"
+
+
+def layer_funcs(mod) -> dict[str, object]:
+    """The fused PrimFuncs of a lowered module, by name."""
+    import tvm
+
+    return {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+
+
+def default_schedule(funcs: dict[str, object], target) -> dict[str, object]:
+    """TVM's default schedules: dlight rules on GPU; CPU PrimFuncs compile as they are."""
+    if target.kind.name != "cuda":
+        return funcs
+    import tvm
+    from tvm.s_tir import dlight as dl
+
+    rules = dl.ApplyDefaultSchedule(
+        dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()
+    )
+    with target:
+        scheduled = rules(tvm.IRModule({tvm.ir.GlobalVar(name): f for name, f in funcs.items()}))
+    return {gv.name_hint: f for gv, f in scheduled.functions.items()}
+
+
+def build_library(kernels: dict[str, object], target) -> bytes:
+    """Compile {symbol: PrimFunc} for `target` and return the exported shared library's bytes."""
+    import tvm
+
+    mod = tvm.IRModule({tvm.ir.GlobalVar(sym): f.with_attr("global_symbol", sym) for sym, f in kernels.items()})
+    try:
+        with target:
+            executable = tvm.compile(mod, target)
+    except Exception as err:
+        raise TvmschedError(f"compiling the kernels for {target.kind.name} failed: {one_line(err)}") from None
+    with tempfile.TemporaryDirectory(prefix="tvmsched-build-") as tmp:
+        path = Path(tmp) / "kernels.so"
+        executable.export_library(str(path))
+        return path.read_bytes()
+
+
+def cuda_device_code() -> str:
+    """How CUDA kernels get embedded by this process: 'fatbin' (nvcc ran) or 'source' (JIT where loaded)."""
+    import tvm
+
+    return "fatbin" if tvm.runtime.enabled("cuda") else "source"
