@@ -6,12 +6,14 @@ from tvmsched.errors import TvmschedError, one_line
 
 
 def legalize_and_fuse(mod, target):
-    """LegalizeOps → AnnotateTIROpPattern → FoldConstant → FuseOps → FuseTIR → DCE, under `target`."""
+    """FoldBatchnormToConv2D → DecomposeOpsForInference → LegalizeOps → AnnotateTIROpPattern → FoldConstant → FuseOps → FuseTIR → DCE, under `target`."""
     import tvm
     from tvm import relax
 
     passes = tvm.ir.transform.Sequential(
         [
+            relax.transform.FoldBatchnormToConv2D(),
+            relax.transform.DecomposeOpsForInference(),
             relax.transform.LegalizeOps(),
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),

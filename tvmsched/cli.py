@@ -1,0 +1,167 @@
+"""The `tvmsched` command line: thin commands over the library; user errors exit 2 with one line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+
+from tvmsched.errors import TvmschedError, one_line
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="Log progress to stderr.")
+def cli(verbose: bool) -> None:
+    """tvmsched: compile ONNX models with TVM and run them layer by layer."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+@cli.group()
+def models() -> None:
+    """The bundled model zoo."""
+
+
+@models.command("list")
+def models_list() -> None:
+    """List the bundled models."""
+    from tvmsched.models import list_models
+
+    for spec in list_models():
+        click.echo(f"{spec.name:16s} {spec.description}")
+
+
+@models.command("build")
+@click.argument("name")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Output .onnx file (default NAME.onnx).")
+@click.option("--seed", default=0, show_default=True, help="Seed of the weights.")
+def models_build(name: str, output: str | None, seed: int) -> None:
+    """Write the bundled model NAME as an ONNX file."""
+    from tvmsched.models import UnknownModelError, save
+
+    output = output or f"{name}.onnx"
+    try:
+        save(name, output, seed=seed)
+    except UnknownModelError as err:
+        raise TvmschedError(err.args[0]) from None
+    click.echo(f"wrote {output}")
+
+
+@cli.command("compile")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Artifact file (default MODEL.tvms).")
+@click.option("--target", default="llvm", show_default=True, help="llvm, cuda, a TVM target tag or a JSON target.")
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=D1,D2,...", help="Fix a dynamic input shape.")
+def compile_cmd(model: str, output: str | None, target: str, input_shapes: tuple[str, ...]) -> None:
+    """Compile an ONNX MODEL into a per-layer artifact."""
+    from tvmsched.frontend import parse_input_shapes
+    from tvmsched.targets import is_cuda_spec
+
+    shapes = parse_input_shapes(input_shapes)
+    if is_cuda_spec(target):
+        from tvmsched.cuda_toolchain import prepare_cuda_build
+
+        prepare_cuda_build()
+    from tvmsched.pipeline import compile_file
+
+    artifact = compile_file(model, target=target, input_shapes=shapes)
+    output = output or str(Path(model).with_suffix(".tvms"))
+    artifact.save(output)
+    manifest = artifact.manifest
+    click.echo(
+        f"wrote {output}: {len(manifest.layers)} layers, {manifest.device} ({manifest.device_code}), "
+        f"{os.path.getsize(output) / 1e6:.2f} MB"
+    )
+
+
+@cli.command("run")
+@click.argument("artifact", type=click.Path(dir_okay=False))
+@click.option("--inputs", "inputs_path", type=click.Path(dir_okay=False), help=".npz keyed by ONNX input name.")
+@click.option("--output", "output_path", type=click.Path(dir_okay=False), help="Write outputs to this .npz.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), help="Default: the artifact's device.")
+@click.option("--repeat", default=0, show_default=True, help="Time N runs and print p50/p99 latency.")
+@click.option("--check", "check_model", type=click.Path(dir_okay=False), help="Compare outputs with onnxruntime on this ONNX model.")
+def run_cmd(artifact: str, inputs_path: str | None, output_path: str | None, device: str | None, repeat: int, check_model: str | None) -> None:
+    """Run a compiled ARTIFACT once (random inputs unless --inputs)."""
+    from tvmsched.runtime import load
+
+    executor = load(artifact, device)
+    inputs = _read_npz(inputs_path) if inputs_path else executor.random_inputs()
+    outputs = executor.run(inputs)
+    for name, value in outputs.items():
+        click.echo(f"output {name}: shape {tuple(value.shape)} {value.dtype} mean {value.mean():.6g} max {value.max():.6g}")
+    if output_path:
+        np.savez(output_path, **outputs)
+        click.echo(f"wrote {output_path}")
+    if check_model:
+        _check_against_onnxruntime(check_model, inputs, outputs)
+    if repeat > 0:
+        times_ms = np.array(executor.time_runs(inputs, repeat)) * 1e3
+        click.echo(f"latency over {repeat} runs: p50 {np.percentile(times_ms, 50):.3f} ms, p99 {np.percentile(times_ms, 99):.3f} ms")
+
+
+@cli.command("inspect")
+@click.argument("artifact", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
+def inspect_cmd(artifact: str, as_json: bool) -> None:
+    """Show an artifact's layers, kernels, shapes, FLOPs and bytes."""
+    from tvmsched.artifact import Artifact
+    from tvmsched.inspect import describe
+
+    manifest = Artifact.load(artifact).manifest
+    click.echo(json.dumps(manifest.to_json(), indent=1) if as_json else describe(manifest))
+
+
+def _read_npz(path: str) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except Exception as err:
+        raise TvmschedError(f"cannot read inputs from {path}: {one_line(err)}") from None
+
+
+def _check_against_onnxruntime(model_path: str, inputs: dict, outputs: dict, tol: float = 1e-4) -> None:
+    try:
+        import onnxruntime
+    except ImportError:
+        raise TvmschedError("--check needs onnxruntime (pip install onnxruntime)") from None
+    session = onnxruntime.InferenceSession(model_path, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    reference = dict(zip(names, session.run(names, inputs)))
+    worst = max(float(np.max(np.abs(outputs[n] - reference[n]) / (tol + np.abs(reference[n])))) for n in names)
+    errors = {n: float(np.max(np.abs(outputs[n] - reference[n]))) for n in names}
+    ok = worst <= 1.0
+    click.echo(f"check vs onnxruntime: max abs error {max(errors.values()):.3g} (rtol=atol={tol}) -> {'OK' if ok else 'MISMATCH'}")
+    if not ok:
+        raise TvmschedError(f"outputs differ from onnxruntime beyond rtol=atol={tol}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: one stderr line and exit 2 on user errors, never a traceback (TVMSCHED_DEBUG=1 shows it)."""
+    try:
+        cli.main(args=argv, prog_name="tvmsched", standalone_mode=False)
+    except TvmschedError as err:
+        click.echo(f"error: {err}", err=True)
+        return 2
+    except click.exceptions.Exit as exit_:
+        return exit_.exit_code
+    except click.ClickException as err:
+        click.echo(f"error: {err.format_message()}", err=True)
+        return 2
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("interrupted", err=True)
+        return 130
+    except Exception as err:  # a bug or an unexpected TVM failure: still one line
+        if os.environ.get("TVMSCHED_DEBUG"):
+            raise
+        click.echo(f"error: internal error ({type(err).__name__}): {one_line(err)} (TVMSCHED_DEBUG=1 shows the traceback)", err=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""Human-readable description of an artifact's manifest (`tvmsched inspect`)."""
+
+from __future__ import annotations
+
+from tvmsched.artifact import Manifest
+
+
+def describe(manifest: Manifest) -> str:
+    tensors = manifest.tensors
+    weights = sum(spec.nbytes for spec in tensors.values() if spec.kind == "weight")
+    lines = [
+        f"model {manifest.model_name}  schema v{manifest.schema_version}  tvmsched {manifest.tvmsched_version}  tvm {manifest.tvm_version}",
+        f"target {manifest.target}  device {manifest.device} ({manifest.device_code})",
+        "inputs  " + ", ".join(f"{b.name} {_shape(tensors[b.tensor])}" for b in manifest.inputs),
+        "outputs " + ", ".join(f"{b.name} {_shape(tensors[b.tensor])}" for b in manifest.outputs),
+        f"{len(manifest.layers)} layers, weights {weights / 1e6:.2f} MB, "
+        f"total {sum(layer.flops for layer in manifest.layers) / 1e9:.3f} GFLOP",
+        "",
+        f"{'#':>3}  {'layer':40s} {'out shape':22s} {'MFLOP':>9} {'KB':>9}  candidates",
+    ]
+    for layer in manifest.layers:
+        out = " ".join(_shape(tensors[t]) for t in layer.outputs)
+        cands = ", ".join(f"{c.id}:{c.kernel} ({c.schedule})" for c in layer.candidates)
+        lines.append(f"{layer.index:>3}  {layer.func[:40]:40s} {out:22s} {layer.flops / 1e6:9.3f} {layer.bytes / 1e3:9.1f}  {cands}")
+    return "\n".join(lines)
+
+
+def _shape(spec) -> str:
+    return "x".join(map(str, spec.shape)) + f" {spec.dtype}"
