@@ -58,7 +58,11 @@ def input_signature(
 
     Raises a TvmschedError naming the input whose shape is not static and not overridden.
     """
-    overrides = dict(overrides or {})
+    overrides = overrides or {}
+    unknown = sorted(set(overrides) - set(input_signature_names(model)))
+    if unknown:
+        known = ", ".join(input_signature_names(model)) or "none"
+        raise TvmschedError(f"--input-shape names unknown input(s) {unknown}; the inputs are: {known}")
     signature = {}
     for value in graph_inputs(model):
         tensor_type = value.type.tensor_type
@@ -66,7 +70,7 @@ def input_signature(
         if dtype is None:
             raise TvmschedError(f"input {value.name!r} has an unsupported element type {tensor_type.elem_type}")
         if value.name in overrides:
-            signature[value.name] = (tuple(overrides.pop(value.name)), dtype)
+            signature[value.name] = (tuple(overrides[value.name]), dtype)
             continue
         dims = [dim.dim_value if dim.HasField("dim_value") else None for dim in tensor_type.shape.dim]
         if any(d is None or d <= 0 for d in dims):
@@ -75,9 +79,6 @@ def input_signature(
                 f"input {value.name!r} has a dynamic shape ({shown}); fix it with --input-shape {value.name}=..."
             )
         signature[value.name] = (tuple(dims), dtype)
-    if overrides:
-        known = ", ".join(signature) or "none"
-        raise TvmschedError(f"--input-shape names unknown input(s) {sorted(overrides)}; the inputs are: {known}")
     return signature
 
 

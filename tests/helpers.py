@@ -1,0 +1,58 @@
+"""Shared factories for the tests: small ONNX models, CLI runs, onnxruntime references."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset: int = OPSET) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "test", inputs, outputs, list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def relu_gemm_model(dims=("N", 8)) -> onnx.ModelProto:
+    """y = Relu(x @ W); `dims` sets x's declared shape (strings are dynamic)."""
+    weight = numpy_helper.from_array(np.arange(32, dtype=np.float32).reshape(8, 4) / 32, "W")
+    return make_model(
+        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(dims))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [dims[0], 4])],
+        [weight],
+    )
+
+
+def onnxruntime_outputs(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, inputs)))
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run `tvmsched ARGS...` in a fresh interpreter, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "tvmsched.cli", *map(str, args)],
+        capture_output=True, text=True, cwd=cwd, timeout=timeout,
+    )
+
+
+def assert_user_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    """Exit code 2, one stderr line starting with 'error:' that names the problem, no traceback."""
+    stderr = result.stderr.strip()
+    assert result.returncode == 2, (result.returncode, stderr)
+    assert "Traceback" not in stderr, stderr
+    assert len(stderr.splitlines()) == 1, stderr
+    assert stderr.startswith("error: "), stderr
+    for fragment in fragments:
+        assert fragment in stderr, (fragment, stderr)

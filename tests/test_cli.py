@@ -1,0 +1,160 @@
+"""The CLI end to end, and every kind of bad input: one stderr line, exit code 2, no traceback."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tests.helpers import assert_user_error, make_model, relu_gemm_model, run_cli
+from tests.test_artifact import bump_schema, rewrite_member
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """A static-shape model compiled through the CLI: (onnx path, artifact path)."""
+    folder = tmp_path_factory.mktemp("cli")
+    model_path, artifact_path = folder / "m.onnx", folder / "m.tvms"
+    onnx.save(relu_gemm_model(dims=(2, 8)), model_path)
+    result = run_cli("compile", model_path, "-o", artifact_path)
+    assert result.returncode == 0, result.stderr
+    return model_path, artifact_path
+
+
+def test_models_build_compile_run_inspect(tmp_path):
+    assert "resnet18-small" in run_cli("models", "list").stdout
+    model = tmp_path / "mlp.onnx"
+    assert run_cli("models", "build", "mlp", "-o", model).returncode == 0
+    result = run_cli("compile", model)
+    assert result.returncode == 0, result.stderr
+    artifact = tmp_path / "mlp.tvms"
+    assert "4 layers" in result.stdout and artifact.exists()
+    inputs, outputs = tmp_path / "in.npz", tmp_path / "out.npz"
+    np.savez(inputs, input=np.random.default_rng(0).standard_normal((1, 784)).astype(np.float32))
+    result = run_cli("run", artifact, "--inputs", inputs, "--output", outputs, "--repeat", "5", "--check", model)
+    assert result.returncode == 0, result.stderr
+    assert "-> OK" in result.stdout and "p50" in result.stdout and "p99" in result.stdout
+    with np.load(outputs) as saved:
+        assert saved["output"].shape == (1, 10)
+        np.testing.assert_allclose(saved["output"].sum(), 1.0, rtol=1e-5)  # softmax
+    manifest = json.loads(run_cli("inspect", artifact, "--json").stdout)
+    assert [layer["candidates"][0]["id"] for layer in manifest["layers"]] == [0] * 4
+    assert "MFLOP" in run_cli("inspect", artifact).stdout
+
+
+def test_missing_model_file(tmp_path):
+    assert_user_error(run_cli("compile", tmp_path / "nope.onnx"), "model file not found")
+
+
+def test_not_an_onnx_file(tmp_path):
+    path = tmp_path / "junk.onnx"
+    path.write_bytes(b"\x08\x07this is not a protobuf \xff\xfe" * 10)
+    assert_user_error(run_cli("compile", path), "junk.onnx", "ONNX")
+
+
+def test_model_failing_the_checker(tmp_path):
+    model = make_model(
+        [helper.make_node("Relu", ["undefined_tensor"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    path = tmp_path / "bad.onnx"
+    onnx.save(model, path)
+    assert_user_error(run_cli("compile", path), "fails the ONNX checker")
+
+
+def test_unsupported_op_names_op_and_node(tmp_path):
+    model = make_model(
+        [helper.make_node("Celu", ["x"], ["y"], name="my_celu")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    path = tmp_path / "celu.onnx"
+    onnx.save(model, path)
+    assert_user_error(run_cli("compile", path), "unsupported op Celu", "my_celu")
+
+
+def test_dynamic_input_shape_is_named_and_fixable(tmp_path):
+    path = tmp_path / "dyn.onnx"
+    onnx.save(relu_gemm_model(dims=("N", 8)), path)
+    assert_user_error(run_cli("compile", path), "input 'x' has a dynamic shape", "--input-shape")
+    result = run_cli("compile", path, "--input-shape", "x=3,8")
+    assert result.returncode == 0, result.stderr
+    result = run_cli("run", tmp_path / "dyn.tvms", "--check", path)
+    assert result.returncode == 0 and "shape (3, 4)" in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "value, fragment",
+    [("x=a,b", "not of the form"), ("x", "not of the form"), ("x=0,8", "positive"), ("nope=1,8", "unknown input")],
+)
+def test_bad_input_shape_option(tmp_path, value, fragment):
+    path = tmp_path / "dyn.onnx"
+    onnx.save(relu_gemm_model(dims=("N", 8)), path)
+    assert_user_error(run_cli("compile", path, "--input-shape", value), fragment)
+
+
+def test_unknown_target(compiled):
+    model_path, _ = compiled
+    assert_user_error(run_cli("compile", model_path, "--target", "no-such-target"), "unknown target")
+    assert_user_error(run_cli("compile", model_path, "--target", "{oops"), "not valid JSON")
+
+
+@pytest.mark.parametrize(
+    "arrays, fragment",
+    [
+        ({"z": np.zeros((2, 8), np.float32)}, "input names do not match"),
+        ({"x": np.zeros((3, 8), np.float32)}, "has shape (3, 8), expected (2, 8)"),
+        ({"x": np.zeros((2, 8), np.float64)}, "has dtype float64, expected float32"),
+    ],
+)
+def test_wrong_inputs_at_run_time(compiled, tmp_path, arrays, fragment):
+    _, artifact = compiled
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, **arrays)
+    assert_user_error(run_cli("run", artifact, "--inputs", inputs), fragment)
+
+
+def test_unreadable_inputs_file(compiled, tmp_path):
+    _, artifact = compiled
+    inputs = tmp_path / "in.npz"
+    inputs.write_text("not an npz")
+    assert_user_error(run_cli("run", artifact, "--inputs", inputs), "cannot read inputs")
+
+
+def test_missing_artifact(tmp_path):
+    assert_user_error(run_cli("run", tmp_path / "none.tvms"), "artifact not found")
+    assert_user_error(run_cli("inspect", tmp_path / "none.tvms"), "artifact not found")
+
+
+def test_truncated_artifact(compiled, tmp_path):
+    _, artifact = compiled
+    broken = tmp_path / "cut.tvms"
+    broken.write_bytes(artifact.read_bytes()[:1000])
+    assert_user_error(run_cli("run", broken), "truncated or corrupt")
+
+
+def test_tampered_artifact(compiled, tmp_path):
+    _, artifact = compiled
+    tampered = tmp_path / "tampered.tvms"
+    tampered.write_bytes(artifact.read_bytes())
+    rewrite_member(tampered, "kernels.so", lambda data: data.replace(b"ELF", b"ELG", 1))
+    assert_user_error(run_cli("run", tampered), "checksum mismatch in kernels.so")
+
+
+def test_artifact_from_a_newer_schema(compiled, tmp_path):
+    _, artifact = compiled
+    newer = tmp_path / "newer.tvms"
+    newer.write_bytes(artifact.read_bytes())
+    rewrite_member(newer, "manifest.json", bump_schema, fix_checksum=True)
+    assert_user_error(run_cli("inspect", newer), "newer than this tvmsched reads")
+
+
+def test_unknown_zoo_model(tmp_path):
+    assert_user_error(run_cli("models", "build", "resnet1000", "-o", tmp_path / "x.onnx"), "resnet1000")
+
+
+def test_cuda_device_for_a_cpu_artifact(compiled):
+    _, artifact = compiled
+    assert_user_error(run_cli("run", artifact, "--device", "cuda"), "compiled for cpu, not cuda")

@@ -1,0 +1,50 @@
+"""Every zoo model compiles, runs in our executor and matches onnxruntime."""
+
+import numpy as np
+import pytest
+
+from tests.helpers import onnxruntime_outputs
+from tvmsched import models
+from tvmsched.pipeline import compile_model
+from tvmsched.runtime import Executor
+
+RTOL = ATOL = 1e-4  # fp32
+
+
+@pytest.mark.parametrize("name", [spec.name for spec in models.list_models()])
+def test_zoo_model_matches_onnxruntime(name, tmp_path):
+    model = models.build(name)
+    artifact = compile_model(model, name=name)
+    path = tmp_path / f"{name}.tvms"
+    artifact.save(path)
+    executor = Executor(path)
+    inputs = models.random_inputs(model, seed=1)
+    outputs = executor.run(inputs)
+    reference = onnxruntime_outputs(model, inputs)
+    assert list(outputs) == list(reference)
+    for key, expected in reference.items():
+        np.testing.assert_allclose(outputs[key], expected, rtol=RTOL, atol=ATOL)
+    # a second run reuses the buffers and must give the same result
+    again = executor.run(inputs)
+    for key in outputs:
+        np.testing.assert_array_equal(again[key], outputs[key])
+
+
+def test_tiny_model_output_is_known_by_arithmetic():
+    executor = Executor(compile_model(models.build("tiny")))
+    x = np.array([[-1.0, 0.25, 0.5, 3.0]], dtype=np.float32)
+    np.testing.assert_array_equal(executor.run({"x": x})["y"], np.maximum(2 * x - 1, 0))
+
+
+def test_layers_are_in_topological_order_with_estimates():
+    artifact = compile_model(models.build("resnet18-small"))
+    produced = {b.tensor for b in artifact.manifest.inputs} | set(artifact.weights)
+    for layer in artifact.manifest.layers:
+        assert set(layer.inputs) <= produced, layer.func
+        produced |= set(layer.outputs)
+        assert layer.bytes > 0
+        assert [c.id for c in layer.candidates] == [0]
+    convs = [layer for layer in artifact.manifest.layers if "conv2d" in layer.func]
+    assert convs and all(layer.flops > 0 for layer in convs)
+    # the first conv: 1x3x64x64 -> 16x32x32 with 7x7 kernels = 2*16*32*32*3*49 multiply-adds
+    assert convs[0].flops >= 2 * 16 * 32 * 32 * 3 * 49
