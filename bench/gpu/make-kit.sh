@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Prepare a GPU-machine kit inside the repo (folder .devkit/, git-ignored): a runtime-only TVM
+# (the installed tvm package minus its 259 MB compiler library; ~7 MB packed) and the
+# apache-tvm-ffi wheel for the GPU machine's Python 3.12. Carry `.devkit` with the device tool's
+# `carry`, and start every device command with:  source .devkit/activate.sh
+# Usage (from the repo root, with the project's venv active):  bash bench/gpu/make-kit.sh
+# Project copy of ../shared/device/make-kit.sh: also packs a tvmsched wheel into the kit.
+set -euo pipefail
+root=$(git rev-parse --show-toplevel)
+kit="$root/.devkit"
+grep -qx '/.devkit/' "$root/.git/info/exclude" 2>/dev/null || echo '/.devkit/' >> "$root/.git/info/exclude"
+rm -rf "$kit" && mkdir -p "$kit/wheels"
+tvm_dir=$(python -c 'import os, tvm; print(os.path.dirname(tvm.__file__))')
+ffi_ver=$(python -c 'import importlib.metadata as m; print(m.version("apache-tvm-ffi"))')
+stage=$(mktemp -d)
+cp -r "$tvm_dir" "$stage/tvm"
+rm -rf "$stage/tvm/lib/libtvm_compiler.so" "$stage/tvm/3rdparty" "$stage/tvm/src" "$stage/tvm/include" "$stage/tvm/web"
+find "$stage/tvm" -name __pycache__ -prune -exec rm -rf {} +
+tar czf "$kit/tvm-runtime.tgz" -C "$stage" tvm
+rm -rf "$stage"
+python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 -d "$kit/wheels" "apache-tvm-ffi==$ffi_ver"
+python -m pip wheel -q --no-deps -w "$kit/wheels" "$root" >/dev/null
+cat > "$kit/activate.sh" <<'EOS'
+# Source at the start of a device command: installs the kit under /tmp/devkit-site once per machine.
+if [ ! -d /tmp/devkit-site/tvm ]; then
+  mkdir -p /tmp/devkit-site && tar xzf .devkit/tvm-runtime.tgz -C /tmp/devkit-site &&
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/devkit-site .devkit/wheels/*.whl
+fi
+export PYTHONPATH=/tmp/devkit-site:$PWD${PYTHONPATH:+:$PYTHONPATH} TVM_USE_RUNTIME_LIB=1
+EOS
+du -sh "$kit"; ls -la "$kit" "$kit/wheels"
