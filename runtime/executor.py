@@ -11,6 +11,7 @@ import numpy as np
 
 from tvmsched.artifact import Artifact
 from tvmsched.errors import TvmschedError, one_line
+from tvmsched.runtime.devices import tvm_device
 from tvmsched.runtime.memory_plan import plan_memory
 
 log = logging.getLogger(__name__)
@@ -32,9 +33,7 @@ class Executor:
         device = device or manifest.device
         if device != manifest.device:
             raise TvmschedError(f"the artifact was compiled for {manifest.device}, not {device}")
-        self.device = tvm.device(device, 0)
-        if not self.device.exist:
-            raise TvmschedError(f"no {device} device is available on this machine")
+        self.device = tvm_device(device)
         self.library = _load_library(self.artifact.library)
         self.plan = plan_memory(manifest.layers, manifest.tensors, keep={b.tensor for b in manifest.outputs})
         self.buffers = self._allocate(tvm)
