@@ -1,0 +1,127 @@
+"""Compile benchmark: per zoo model, compile time, artifact size, and run latency and peak memory of
+the tvmsched executor vs onnxruntime with the same thread count, side by side in one run.
+
+    python bench/compile_bench.py [--models ...] [--repeat 50] [--threads N] [--out bench/results/compile.md]
+
+Each engine runs in a fresh child process so its peak RSS is its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CHILD = r"""
+import json, os, resource, sys, time
+import numpy as np
+engine, path, repeat, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+def rss_mb(): return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+if engine == "tvmsched":
+    os.environ["TVM_NUM_THREADS"] = str(threads)
+    import tvm, tvmsched.runtime
+    base = rss_mb()
+    ex = tvmsched.runtime.load(path)
+    inputs = ex.random_inputs(seed=0)
+    ex.run(inputs)
+    times = ex.time_runs(inputs, repeat, warmup=3)
+else:
+    import onnxruntime as ort
+    from tvmsched import models
+    import onnx
+    base = rss_mb()
+    opts = ort.SessionOptions(); opts.intra_op_num_threads = threads; opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    inputs = models.random_inputs(onnx.load(path, load_external_data=False), seed=0)
+    for _ in range(3): sess.run(None, inputs)
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter(); sess.run(None, inputs); times.append(time.perf_counter() - t)
+ms = np.array(times) * 1e3
+print(json.dumps({"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
+                  "peak_rss_mb": rss_mb(), "model_rss_mb": rss_mb() - base}))
+"""
+
+
+def measure_engine(engine: str, path: Path, repeat: int, threads: int) -> dict:
+    env = {**os.environ, "TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+    out = subprocess.run([sys.executable, "-c", CHILD, engine, str(path), str(repeat), str(threads)],
+                         capture_output=True, text=True, env=env, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def bench_model(name: str, folder: Path, repeat: int, threads: int) -> dict:
+    from tvmsched import models
+    from tvmsched.pipeline import compile_file
+
+    onnx_path, artifact_path = folder / f"{name}.onnx", folder / f"{name}.tvms"
+    models.save(name, onnx_path)
+    start = time.perf_counter()
+    artifact = compile_file(onnx_path)
+    compile_s = time.perf_counter() - start
+    artifact.save(artifact_path)
+    return {
+        "model": name,
+        "layers": len(artifact.manifest.layers),
+        "compile_s": compile_s,
+        "artifact_mb": artifact_path.stat().st_size / 1e6,
+        "onnx_mb": onnx_path.stat().st_size / 1e6,
+        "tvmsched": measure_engine("tvmsched", artifact_path, repeat, threads),
+        "onnxruntime": measure_engine("onnxruntime", onnx_path, repeat, threads),
+    }
+
+
+def write_markdown(rows: list[dict], args, out: Path) -> None:
+    import onnxruntime
+    import tvm
+
+    lines = [
+        "# Compile and run benchmark (default schedules, no tuning)",
+        "",
+        f"Command: `python bench/compile_bench.py --repeat {args.repeat} --threads {args.threads}`  ",
+        f"Machine: {platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores, {platform.platform()}; "
+        f"python {platform.python_version()}, tvm {tvm.__version__}, onnxruntime {onnxruntime.__version__}; "
+        f"date {time.strftime('%Y-%m-%d')}; threads {args.threads} for both engines; inputs seeded (seed 0).",
+        "",
+        "Latency: whole-model run, inputs already in place, p50/p99 over the repeats. Peak memory: peak RSS of a fresh",
+        "process running only that engine; 'model' is the peak minus the RSS after importing the engine.",
+        "",
+        "| model | layers | compile s | artifact MB | onnx MB | tvmsched p50 ms | ort p50 ms | tvmsched/ort p50 | tvmsched p99 ms | ort p99 ms | tvmsched peak MB (model) | ort peak MB (model) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        t, o = r["tvmsched"], r["onnxruntime"]
+        lines.append(
+            f"| {r['model']} | {r['layers']} | {r['compile_s']:.1f} | {r['artifact_mb']:.2f} | {r['onnx_mb']:.2f} | "
+            f"{t['p50_ms']:.3f} | {o['p50_ms']:.3f} | {t['p50_ms'] / o['p50_ms']:.2f}x | {t['p99_ms']:.3f} | {o['p99_ms']:.3f} | "
+            f"{t['peak_rss_mb']:.0f} ({t['model_rss_mb']:.0f}) | {o['peak_rss_mb']:.0f} ({o['model_rss_mb']:.0f}) |"
+        )
+    out.write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    from tvmsched import models
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=[spec.name for spec in models.list_models()])
+    parser.add_argument("--repeat", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "compile.md")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tvmsched-bench-") as tmp:
+        for name in args.models:
+            rows.append(bench_model(name, Path(tmp), args.repeat, args.threads))
+            print(json.dumps(rows[-1]), flush=True)
+    write_markdown(rows, args, args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
