@@ -69,7 +69,7 @@ class Executor:
                 raise TvmschedError(f"input {name!r} has shape {tuple(value.shape)}, expected {spec.shape}")
             if str(value.dtype) != spec.dtype:
                 raise TvmschedError(f"input {name!r} has dtype {value.dtype}, expected {spec.dtype}")
-            self.buffers[tensor_id].copyfrom(np.ascontiguousarray(value))
+            self.buffers[tensor_id].copyfrom(value if value.flags.c_contiguous else value.copy(order="C"))
 
     def run_layer(self, index: int, candidate_id: int = 0) -> None:
         """Launch one layer's chosen candidate kernel (asynchronous on GPU)."""

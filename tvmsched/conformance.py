@@ -129,7 +129,8 @@ def run_sweep(
     with tqdm(total=len(cases), desc="conformance", unit="case", disable=not progress) as bar:
         try:
             while pending or any(w.job for w in pool):
-                pool = [w for w in pool if w.alive] + [_Worker(threads) for _ in range(workers - len(pool))]
+                pool = [w for w in pool if w.alive]
+                pool += [_Worker(threads) for _ in range(min(workers - len(pool), len(pending)))]
                 for worker in pool:
                     if worker.job is None and pending:
                         worker.submit(*pending.pop())
@@ -173,7 +174,10 @@ class _Worker:
 
     def submit(self, index: int, case) -> None:
         self.job, self.started = (index, case.name), time.monotonic()
-        self.conn.send(case)
+        try:
+            self.conn.send(case)
+        except OSError:  # the worker died; `receive` reports it as a crash
+            pass
 
     def receive(self) -> tuple[int, CaseResult]:
         try:

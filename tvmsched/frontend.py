@@ -17,7 +17,11 @@ _ONNX_DTYPES = {
     onnx.TensorProto.DOUBLE: "float64",
     onnx.TensorProto.INT64: "int64",
     onnx.TensorProto.INT32: "int32",
+    onnx.TensorProto.INT16: "int16",
     onnx.TensorProto.INT8: "int8",
+    onnx.TensorProto.UINT64: "uint64",
+    onnx.TensorProto.UINT32: "uint32",
+    onnx.TensorProto.UINT16: "uint16",
     onnx.TensorProto.UINT8: "uint8",
     onnx.TensorProto.BOOL: "bool",
 }
@@ -92,6 +96,21 @@ def check_supported_ops(model: onnx.ModelProto) -> None:
             name = node.name or f"#{index}"
             domain = f" (domain {node.domain})" if node.domain not in ("", "ai.onnx") else ""
             raise TvmschedError(f"unsupported op {node.op_type}{domain} at node {name!r}")
+        variant = _unsupported_variant(node)
+        if variant:
+            raise TvmschedError(f"unsupported {node.op_type} variant at node {node.name or f'#{index}'!r}: {variant}")
+
+
+def _unsupported_variant(node: onnx.NodeProto) -> str | None:
+    """Forms of supported ops that TVM's importer would convert wrongly (silently), or None."""
+    outputs = [name for name in node.output if name]
+    if node.op_type == "LayerNormalization" and len(outputs) > 1:
+        return "the Mean/InvStdDev outputs are not computed"
+    if node.op_type == "BatchNormalization":
+        training = any(a.name == "training_mode" and a.i for a in node.attribute)
+        if training or len(outputs) > 1:
+            return "training mode (batch statistics, running-mean outputs) is not supported"
+    return None
 
 
 def to_relax(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, ...], str]]):
