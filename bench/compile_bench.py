@@ -19,10 +19,12 @@ import time
 from pathlib import Path
 
 CHILD = r"""
-import json, os, resource, sys, time
+import json, os, sys, time
 import numpy as np
 engine, path, repeat, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-def rss_mb(): return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def rss_mb():  # VmHWM: peak RSS of this process image (ru_maxrss would include the parent's, kept across exec)
+    line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
 if engine == "tvmsched":
     os.environ["TVM_NUM_THREADS"] = str(threads)
     import tvm, tvmsched.runtime
@@ -102,7 +104,29 @@ def write_markdown(rows: list[dict], args, out: Path) -> None:
             f"{t['p50_ms']:.3f} | {o['p50_ms']:.3f} | {t['p50_ms'] / o['p50_ms']:.2f}x | {t['p99_ms']:.3f} | {o['p99_ms']:.3f} | "
             f"{t['peak_rss_mb']:.0f} ({t['model_rss_mb']:.0f}) | {o['peak_rss_mb']:.0f} ({o['model_rss_mb']:.0f}) |"
         )
+    lines += gpu_section(out.parent / "raw" / "gpu_check_h100.json")
     out.write_text("\n".join(lines) + "\n")
+
+
+def gpu_section(raw: Path) -> list[str]:
+    """The H100 check (bench/gpu/check.py, run on the lent GPU machine), if recorded."""
+    if not raw.exists():
+        return ["", "## GPU", "", "No GPU result recorded (no GPU machine was lent)."]
+    data = json.loads(raw.read_text())
+    lines = [
+        "", "## GPU: H100, CUDA artifacts compiled here (dlight default schedules, fatbin via nvcc)", "",
+        "Commands: here `tvmsched compile M.onnx --target cuda -o .gpu/M.tvms` and `bash bench/gpu/make-kit.sh`;",
+        "on the GPU machine `source .devkit/activate.sh && python3 bench/gpu/check.py .gpu --out gpu_check.json`",
+        f"(raw: `bench/results/raw/{raw.name}`). Device: {data['gpu']}. Reference: onnxruntime on the GPU machine's CPU.",
+        "", "| model | layers | device code | max abs err vs ort | allclose 1e-4 | p50 ms | p99 ms | runs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for m in data["models"]:
+        lines.append(
+            f"| {m['model']} | {m['layers']} | {m['device_code']} | {m['max_abs_error_vs_onnxruntime']:.2g} | "
+            f"{m['allclose_rtol_atol_1e-4']} | {m['latency_ms_p50']:.3f} | {m['latency_ms_p99']:.3f} | {m['runs']} |"
+        )
+    return lines
 
 
 def main() -> None:
