@@ -67,6 +67,7 @@ class Manifest:
     layers: tuple[Layer, ...]
     tvmsched_version: str
     tvm_version: str
+    tuning: dict | None = None  # {"trials": N, "database": URL, "layers": {func: status}} when tuned
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict:

@@ -16,22 +16,32 @@ from tvmsched.targets import device_kind, make_target, target_json
 log = logging.getLogger(__name__)
 
 
-def compile_file(path: str | Path, *, target: str = "llvm", input_shapes: dict | None = None) -> Artifact:
-    """Load, check and compile an ONNX file (see `compile_model`)."""
+def compile_file(path: str | Path, **options) -> Artifact:
+    """Load, check and compile an ONNX file (options as for `compile_model`)."""
     model = frontend.load_onnx(path)
-    return compile_model(model, target=target, input_shapes=input_shapes, name=Path(path).stem)
+    return compile_model(model, name=Path(path).stem, **options)
 
 
 def compile_model(
-    model: onnx.ModelProto, *, target: str = "llvm", input_shapes: dict | None = None, name: str = "model"
+    model: onnx.ModelProto,
+    *,
+    target: str = "llvm",
+    input_shapes: dict | None = None,
+    name: str = "model",
+    tune_trials: int = 0,
+    database=None,
+    progress: bool = False,
 ) -> Artifact:
-    """ONNX → Relax → fused layers → default-scheduled kernels → artifact (in memory).
+    """ONNX → Relax → fused layers → (tuned or default) kernels → artifact (in memory).
 
     Args:
         model: a checked ONNX model.
         target: "llvm", "cuda", a TVM target tag or a JSON target dict.
         input_shapes: static shapes for inputs whose ONNX shape is dynamic.
         name: the model name recorded in the manifest.
+        tune_trials: MetaSchedule trials per layer; 0 keeps TVM's default schedules.
+        database: a URL (sqlite, postgresql, http) or a MetaSchedule Database for tuning records.
+        progress: show a progress bar while tuning.
     """
     signature = frontend.input_signature(model, input_shapes)
     frontend.check_supported_ops(model)
@@ -39,17 +49,43 @@ def compile_model(
     mod = frontend.to_relax(model, signature)
     mod = lowering.legalize_and_fuse(mod, tvm_target)
     graph = extract_graph(mod)
-    funcs = kernels.layer_funcs(mod)
+    all_funcs = kernels.layer_funcs(mod)
+    funcs = {f: all_funcs[f] for f in dict.fromkeys(layer.func for layer in graph.layers)}
+    default = "dlight" if tvm_target.kind.name == "cuda" else "default"
     scheduled = kernels.default_schedule(funcs, tvm_target)
-    used = dict.fromkeys(layer.func for layer in graph.layers)
-    library = kernels.build_library({kernels.kernel_symbol(f, 0): scheduled[f] for f in used}, tvm_target)
-    schedule = "dlight" if tvm_target.kind.name == "cuda" else "default"
-    manifest = _manifest(model, graph, funcs, name, target, tvm_target, schedule)
-    log.info("compiled %s: %d layers, %d kernels", name, len(graph.layers), len(used))
+    schedules, tuning_summary = dict.fromkeys(funcs, default), None
+    if tune_trials > 0:
+        tuned, tuning_summary = _tune(funcs, tvm_target, database, tune_trials, progress)
+        scheduled.update(tuned)
+        schedules.update(dict.fromkeys(tuned, "tuned"))
+    library = kernels.build_library({kernels.kernel_symbol(f, 0): scheduled[f] for f in funcs}, tvm_target)
+    manifest = _manifest(model, graph, funcs, name, target, tvm_target, schedules, tuning_summary)
+    log.info("compiled %s: %d layers, %d kernels", name, len(graph.layers), len(funcs))
     return Artifact(manifest, library, graph.weights)
 
 
-def _manifest(model, graph: Graph, funcs: dict, name: str, target: str, tvm_target, schedule: str) -> Manifest:
+def _tune(funcs: dict, tvm_target, database, trials: int, progress: bool) -> tuple[dict, dict]:
+    """Tune into the database; returns the tuned PrimFuncs and a summary for the manifest."""
+    from tvmsched import tuning
+
+    if database is None or isinstance(database, str):
+        from tvmsched.tuning_db import default_url, open_database
+
+        url, database = database or default_url(), open_database(database, target=tvm_target)
+    else:
+        url = type(database).__name__
+    tuned, report = tuning.tune_layers(funcs, tvm_target, database, trials=trials, progress=progress)
+    summary = {
+        "trials_per_layer": trials,
+        "database": url,
+        "layers": {r.func: {"status": r.status, "trials": r.trials, "seconds": round(r.seconds, 2), "message": r.message} for r in report},
+    }
+    return tuned, summary
+
+
+def _manifest(
+    model, graph: Graph, funcs: dict, name: str, target: str, tvm_target, schedules: dict, tuning_summary: dict | None
+) -> Manifest:
     import tvm
 
     output_names = [value.name for value in model.graph.output]
@@ -64,7 +100,7 @@ def _manifest(model, graph: Graph, funcs: dict, name: str, target: str, tvm_targ
             outputs=layer.outputs,
             flops=_flops(funcs[layer.func]),
             bytes=sum(graph.tensors[t].nbytes for t in (*layer.inputs, *layer.outputs)),
-            candidates=(Candidate(id=0, kernel=kernels.kernel_symbol(layer.func, 0), schedule=schedule),),
+            candidates=(Candidate(id=0, kernel=kernels.kernel_symbol(layer.func, 0), schedule=schedules[layer.func]),),
         )
         for layer in graph.layers
     )
@@ -79,6 +115,7 @@ def _manifest(model, graph: Graph, funcs: dict, name: str, target: str, tvm_targ
         layers=layers,
         tvmsched_version=__version__,
         tvm_version=tvm.__version__,
+        tuning=tuning_summary,
     )
 
 

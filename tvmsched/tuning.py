@@ -1,0 +1,137 @@
+"""Stage 4a: tune each layer with MetaSchedule into a tuning database, then read the best schedules.
+
+Uses the builder fix from ../shared/tvm-notes.md: candidates are built by a function that does not
+import `tvm.s_tir.tensor_intrin` (a 25-35 s import that times out the default builder's workers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import tempfile
+import time
+import types
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+BUILD_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class LayerTuning:
+    """What tuning did for one PrimFunc."""
+
+    func: str
+    status: str  # "tuned" | "cached" (records already in the database) | "fallback" (no valid record)
+    trials: int  # new records committed by this run
+    seconds: float
+    message: str = ""
+
+
+def build_candidate(mod, target, _params=None):
+    """MetaSchedule builder function (runs in builder workers); skips the tensor-intrinsic import."""
+    from tvm.driver import build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    with target:
+        return build(mod, target=target)
+
+
+def make_builder(timeout_s: int = BUILD_TIMEOUT_S, max_workers: int | None = None):
+    import tvm.s_tir.meta_schedule as ms
+
+    return ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=timeout_s, max_workers=max_workers)
+
+
+def task_module(func):
+    """The IRModule MetaSchedule tunes and keys its database by: the PrimFunc as `main`."""
+    import tvm
+
+    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+
+
+def best_schedule(database, func, target):
+    """The best recorded schedule of `func` for `target`, as a PrimFunc, or None."""
+    import tvm.s_tir.meta_schedule as ms
+
+    sch = ms.tir_integration.compile_tir(database, task_module(func), target)
+    return None if sch is None else sch.mod["main"]
+
+
+def tune_layers(
+    funcs: dict[str, object],
+    target,
+    database,
+    *,
+    trials: int,
+    runner=None,
+    progress: bool = True,
+) -> tuple[dict[str, object], list[LayerTuning]]:
+    """Tune every PrimFunc that has no record yet, then return the best schedule of each.
+
+    Args:
+        funcs: PrimFunc name -> unscheduled PrimFunc.
+        target: the tvm Target (llvm targets need "num-cores").
+        database: a MetaSchedule Database (e.g. tvmsched.tuning_db.open_database(url)).
+        trials: MetaSchedule trial budget per layer.
+        runner: MetaSchedule runner (default: LocalRunner; RPCRunner for remote GPUs).
+
+    Returns:
+        ({name: scheduled PrimFunc} for the layers with a valid record, one LayerTuning per func).
+    """
+    from tqdm import tqdm
+
+    if not log.isEnabledFor(logging.INFO):  # MetaSchedule's own console logs follow our verbosity
+        logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.ERROR)
+    scheduled, report = {}, []
+    bar = tqdm(funcs.items(), total=len(funcs), desc="tuning", unit="layer", disable=not progress, file=sys.stderr)
+    with bar, _tensor_intrin_import_skipped(target):
+        for name, func in bar:
+            bar.set_postfix_str(name[:40])
+            outcome = _tune_one(name, func, target, database, trials, runner)
+            best = best_schedule(database, func, target)
+            if best is None:
+                outcome = LayerTuning(name, "fallback", outcome.trials, outcome.seconds, outcome.message or "no valid record")
+                log.warning("layer %s: tuning produced no valid record; it keeps the default schedule", name)
+            else:
+                scheduled[name] = best
+            report.append(outcome)
+            if progress:
+                bar.write(f"  {name}: {outcome.status}, {outcome.trials} trials, {outcome.seconds:.1f} s", file=sys.stderr)
+    return scheduled, report
+
+
+def _tune_one(name: str, func, target, database, trials: int, runner) -> LayerTuning:
+    import tvm.s_tir.meta_schedule as ms
+
+    mod = task_module(func)
+    if database.has_workload(mod) and database.query_tuning_record(mod, target, "main") is not None:
+        return LayerTuning(name, "cached", 0, 0.0)
+    before, start = len(database), time.perf_counter()
+    try:
+        with tempfile.TemporaryDirectory(prefix="tvmsched-tune-") as work_dir:
+            ms.tune_tir(
+                mod, target, work_dir, max_trials_global=trials, num_trials_per_iter=min(trials, 64),
+                builder=make_builder(), runner=runner or "local", database=database,
+            )
+    except Exception as err:  # tuning failures fall back to the default schedule, reported
+        log.warning("layer %s: tuning failed: %s", name, err)
+        return LayerTuning(name, "fallback", len(database) - before, time.perf_counter() - start, str(err).splitlines()[-1][:200])
+    return LayerTuning(name, "tuned", len(database) - before, time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def _tensor_intrin_import_skipped(target):
+    """On llvm, stand in an empty module for `tvm.s_tir.tensor_intrin` (fp32 CPU rules use none)."""
+    key = "tvm.s_tir.tensor_intrin"
+    if target.kind.name != "llvm" or key in sys.modules:
+        yield
+        return
+    sys.modules[key] = types.ModuleType(key)
+    try:
+        yield
+    finally:
+        sys.modules.pop(key, None)
