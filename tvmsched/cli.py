@@ -56,8 +56,14 @@ def models_build(name: str, output: str | None, seed: int) -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Artifact file (default MODEL.tvms).")
 @click.option("--target", default="llvm", show_default=True, help="llvm, cuda, a TVM target tag or a JSON target.")
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=D1,D2,...", help="Fix a dynamic input shape.")
-def compile_cmd(model: str, output: str | None, target: str, input_shapes: tuple[str, ...]) -> None:
-    """Compile an ONNX MODEL into a per-layer artifact."""
+@click.option("--tune-trials", default=0, show_default=True, help="MetaSchedule trials per layer (0: default schedules).")
+@click.option("--db", "db_url", help="Tuning database: sqlite:///F, postgresql+psycopg://..., or http://host:port.")
+@click.option("--db-token-file", type=click.Path(dir_okay=False), help="Bearer token for writes to a database service.")
+def compile_cmd(
+    model: str, output: str | None, target: str, input_shapes: tuple[str, ...], tune_trials: int, db_url: str | None,
+    db_token_file: str | None,
+) -> None:
+    """Compile an ONNX MODEL into a per-layer artifact (tuned with --tune-trials)."""
     from tvmsched.frontend import parse_input_shapes
     from tvmsched.targets import is_cuda_spec
 
@@ -68,10 +74,17 @@ def compile_cmd(model: str, output: str | None, target: str, input_shapes: tuple
         prepare_cuda_build()
     from tvmsched.pipeline import compile_file
 
-    artifact = compile_file(model, target=target, input_shapes=shapes)
+    if tune_trials < 0:
+        raise TvmschedError("--tune-trials must be >= 0")
+    database = _open_database(db_url, db_token_file, target) if tune_trials else None
+    artifact = compile_file(
+        model, target=target, input_shapes=shapes, tune_trials=tune_trials, database=database, progress=tune_trials > 0
+    )
     output = output or str(Path(model).with_suffix(".tvms"))
     artifact.save(output)
     manifest = artifact.manifest
+    if manifest.tuning:
+        _print_tuning_summary(manifest.tuning)
     click.echo(
         f"wrote {output}: {len(manifest.layers)} layers, {manifest.device} ({manifest.device_code}), "
         f"{os.path.getsize(output) / 1e6:.2f} MB"
@@ -114,6 +127,92 @@ def inspect_cmd(artifact: str, as_json: bool) -> None:
 
     manifest = Artifact.load(artifact).manifest
     click.echo(json.dumps(manifest.to_json(), indent=1) if as_json else describe(manifest))
+
+
+@cli.group()
+def db() -> None:
+    """The tuning database (SQLite, PostgreSQL or the HTTP service)."""
+
+
+@db.command("serve")
+@click.option("--db", "db_url", help="Store behind the service (default: the local SQLite file).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8765, show_default=True)
+@click.option("--token-file", type=click.Path(dir_okay=False), help="Require this bearer token for writes.")
+def db_serve(db_url: str | None, host: str, port: int, token_file: str | None) -> None:
+    """Serve a tuning database over HTTP (OpenAPI at /docs)."""
+    from tvmsched.tuning_db import default_url
+    from tvmsched.tuning_db.service import serve
+
+    serve(db_url or default_url(), host=host, port=port, token_file=token_file)
+
+
+@db.command("stats")
+@click.option("--db", "db_url", help="Database URL (default: the local SQLite file).")
+@click.option("--json", "as_json", is_flag=True)
+def db_stats(db_url: str | None, as_json: bool) -> None:
+    """Count workloads and tuning records."""
+    from tvmsched.tuning_db import open_store
+
+    stats = open_store(db_url).stats()
+    click.echo(json.dumps(stats) if as_json else f"workloads {stats['workloads']}, records {stats['records']}")
+
+
+@db.command("import")
+@click.argument("work_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--db", "db_url", help="Database URL (default: the local SQLite file).")
+@click.option("--db-token-file", type=click.Path(dir_okay=False), help="Bearer token for a database service.")
+@click.option("--units", type=int, required=True, help="Compute units the records were measured with.")
+@click.option("--unit-kind", type=click.Choice(["cpu_thread", "gpu_sm"]), required=True)
+def db_import(work_dir: str, db_url: str | None, db_token_file: str | None, units: int, unit_kind: str) -> None:
+    """Import a MetaSchedule JSON database (database_workload.json + database_tuning_record.json)."""
+    from tvmsched.tuning_db import import_ms_json, open_store
+
+    counts = import_ms_json(open_store(db_url, token=_read_token(db_token_file)), work_dir, units=units, unit_kind=unit_kind)
+    click.echo(f"imported {counts['workloads']} workloads, {counts['records']} records from {work_dir}")
+
+
+@db.command("export")
+@click.argument("work_dir", type=click.Path(file_okay=False))
+@click.option("--db", "db_url", help="Database URL (default: the local SQLite file).")
+def db_export(work_dir: str, db_url: str | None) -> None:
+    """Export to MetaSchedule's JSON database format in WORK_DIR."""
+    from tvmsched.tuning_db import export_ms_json, open_store
+
+    counts = export_ms_json(open_store(db_url), work_dir)
+    click.echo(f"exported {counts['workloads']} workloads, {counts['records']} records to {work_dir}")
+
+
+def _open_database(db_url: str | None, token_file: str | None, target: str):
+    from tvmsched.targets import make_target
+    from tvmsched.tuning_db import open_database
+
+    return open_database(db_url, token=_read_token(token_file), target=make_target(target))
+
+
+def _read_token(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as err:
+        raise TvmschedError(f"cannot read the token file {path}: {err.strerror}") from None
+    if not token:
+        raise TvmschedError(f"the token file {path} is empty")
+    return token
+
+
+def _print_tuning_summary(tuning: dict) -> None:
+    layers = tuning["layers"]
+    counts = {status: sum(v["status"] == status for v in layers.values()) for status in ("tuned", "cached", "fallback")}
+    trials = sum(v["trials"] for v in layers.values())
+    click.echo(
+        f"tuning: {counts['tuned']} layers tuned, {counts['cached']} from the database, "
+        f"{counts['fallback']} fell back to the default schedule; {trials} new trials"
+    )
+    for name, v in layers.items():
+        if v["status"] == "fallback":
+            click.echo(f"  fallback: {name}: {v['message'] or 'no valid record'}")
 
 
 def _read_npz(path: str) -> dict[str, np.ndarray]:

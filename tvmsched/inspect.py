@@ -15,6 +15,7 @@ def describe(manifest: Manifest) -> str:
         "outputs " + ", ".join(f"{b.name} {_shape(tensors[b.tensor])}" for b in manifest.outputs),
         f"{len(manifest.layers)} layers, weights {weights / 1e6:.2f} MB, "
         f"total {sum(layer.flops for layer in manifest.layers) / 1e9:.3f} GFLOP",
+        *_tuning_lines(manifest.tuning),
         "",
         f"{'#':>3}  {'layer':40s} {'out shape':22s} {'MFLOP':>9} {'KB':>9}  candidates",
     ]
@@ -27,3 +28,11 @@ def describe(manifest: Manifest) -> str:
 
 def _shape(spec) -> str:
     return "x".join(map(str, spec.shape)) + f" {spec.dtype}"
+
+
+def _tuning_lines(tuning: dict | None) -> list[str]:
+    if not tuning:
+        return ["tuning: none (default schedules)"]
+    statuses = [layer["status"] for layer in tuning["layers"].values()]
+    counts = ", ".join(f"{statuses.count(s)} {s}" for s in ("tuned", "cached", "fallback") if s in statuses)
+    return [f"tuning: {tuning['trials_per_layer']} trials/layer into {tuning['database']}: {counts}"]

@@ -73,7 +73,7 @@ def _tune(funcs: dict, tvm_target, database, trials: int, progress: bool) -> tup
 
         url, database = database or default_url(), open_database(database, target=tvm_target)
     else:
-        url = type(database).__name__
+        url = getattr(getattr(database, "store", None), "url", type(database).__name__)
     tuned, report = tuning.tune_layers(funcs, tvm_target, database, trials=trials, progress=progress)
     summary = {
         "trials_per_layer": trials,

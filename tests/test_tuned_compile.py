@@ -1,0 +1,83 @@
+"""Tuned compile: MetaSchedule tunes every layer into the database; re-compiles reuse it."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.helpers import onnxruntime_outputs, run_cli
+from tvmsched import models
+from tvmsched.pipeline import compile_model
+from tvmsched.runtime import Executor
+
+TRIALS = 8  # tiny budget: this checks the plumbing, not the speed
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """mlp tuned through the CLI into a fresh SQLite database, compiled twice."""
+    folder = tmp_path_factory.mktemp("tuned")
+    model_path, db = folder / "mlp.onnx", f"sqlite:///{folder / 'tuning.db'}"
+    onnx.save(models.build("mlp"), model_path)
+    first = run_cli("compile", model_path, "-o", folder / "first.tvms", "--tune-trials", TRIALS, "--db", db)
+    assert first.returncode == 0, first.stderr[-3000:]
+    stats_after_first = json.loads(run_cli("db", "stats", "--db", db, "--json").stdout)
+    second = run_cli("compile", model_path, "-o", folder / "second.tvms", "--tune-trials", TRIALS, "--db", db)
+    assert second.returncode == 0, second.stderr[-3000:]
+    return folder, db, first, second, stats_after_first
+
+
+def manifest_of(path) -> dict:
+    return json.loads(run_cli("inspect", path, "--json").stdout)
+
+
+def test_every_layer_is_tuned_and_recorded(tuned):
+    folder, db, first, _, stats = tuned
+    tuning = manifest_of(folder / "first.tvms")["tuning"]
+    statuses = {name: layer["status"] for name, layer in tuning["layers"].items()}
+    assert set(statuses.values()) <= {"tuned", "fallback"}
+    assert sum(s == "tuned" for s in statuses.values()) >= len(statuses) - 1, statuses
+    assert "fell back" in first.stdout  # the summary always states the fallbacks, even zero
+    assert stats["workloads"] == len(statuses)
+    assert stats["records"] >= len(statuses)
+    assert stats["records"] == sum(layer["trials"] for layer in tuning["layers"].values())
+
+
+def test_recompile_runs_zero_new_trials(tuned):
+    folder, db, _, second, stats = tuned
+    tuning = manifest_of(folder / "second.tvms")["tuning"]
+    tuned_first = {n for n, l in manifest_of(folder / "first.tvms")["tuning"]["layers"].items() if l["status"] == "tuned"}
+    assert {n for n, l in tuning["layers"].items() if l["status"] == "cached"} == tuned_first
+    assert all(layer["trials"] == 0 for name, layer in tuning["layers"].items() if name in tuned_first)
+    assert json.loads(run_cli("db", "stats", "--db", db, "--json").stdout) == stats
+
+
+def test_tuned_artifact_matches_onnxruntime(tuned):
+    folder = tuned[0]
+    manifest = manifest_of(folder / "second.tvms")
+    assert any(layer["candidates"][0]["schedule"] == "tuned" for layer in manifest["layers"])
+    executor = Executor(folder / "second.tvms")
+    model = models.build("mlp")
+    inputs = models.random_inputs(model, seed=5)
+    expected = onnxruntime_outputs(model, inputs)
+    np.testing.assert_allclose(executor.run(inputs)["output"], expected["output"], rtol=1e-4, atol=1e-5)
+
+
+def test_layers_without_a_valid_record_fall_back_and_are_reported(tmp_path):
+    import tvm.s_tir.meta_schedule as ms
+
+    from tvmsched import frontend, kernels, lowering
+    from tvmsched.targets import make_target
+    from tvmsched.tuning import tune_layers
+
+    model, target = models.build("tiny"), make_target("llvm")
+    mod = lowering.legalize_and_fuse(frontend.to_relax(model, frontend.input_signature(model)), target)
+    runner = ms.runner.LocalRunner(timeout_sec=1e-9)  # every measurement times out: no valid record
+    tuned, report = tune_layers(kernels.layer_funcs(mod), target, ms.database.MemoryDatabase(), trials=4, runner=runner, progress=False)
+    assert tuned == {}
+    assert [r.status for r in report] == ["fallback"]
+    # the artifact still compiles and runs with the default schedule
+    executor = Executor(compile_model(model))
+    x = np.array([[0.0, 1.0, 2.0, -3.0]], np.float32)
+    np.testing.assert_array_equal(executor.run({"x": x})["y"], np.maximum(2 * x - 1, 0))
