@@ -104,8 +104,6 @@ def check_supported_ops(model: onnx.ModelProto) -> None:
 def _unsupported_variant(node: onnx.NodeProto) -> str | None:
     """Forms of supported ops that TVM's importer would convert wrongly (silently), or None."""
     outputs = [name for name in node.output if name]
-    if node.op_type == "LayerNormalization" and len(outputs) > 1:
-        return "the Mean/InvStdDev outputs are not computed"
     if node.op_type == "BatchNormalization":
         training = any(a.name == "training_mode" and a.i for a in node.attribute)
         if training or len(outputs) > 1:
@@ -117,6 +115,9 @@ def to_relax(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, ...],
     """Import a checked ONNX model into a Relax IRModule with its weights as constants."""
     from tvm.relax.frontend.onnx import from_onnx
 
+    from tvmsched.onnx_rewrites import expand_layernorm_statistics
+
+    model = expand_layernorm_statistics(model)
     shapes = {name: list(shape) for name, (shape, _) in signature.items()}
     dtypes = {name: dtype for name, (_, dtype) in signature.items()}
     try:

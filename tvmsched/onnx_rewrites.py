@@ -1,0 +1,72 @@
+"""ONNX-level rewrites applied before import, for forms TVM's importer would convert wrongly."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+
+def expand_layernorm_statistics(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Compute LayerNormalization's optional Mean / InvStdDev outputs with primitive ops.
+
+    TVM's importer returns zeros for them; Y stays a LayerNormalization node.
+    """
+    if not any(n.op_type == "LayerNormalization" and len([o for o in n.output if o]) > 1 for n in model.graph.node):
+        return model
+    model = onnx.shape_inference.infer_shapes(model)
+    ranks = _ranks(model)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    nodes, initializers = [], list(model.graph.initializer)
+    for index, node in enumerate(model.graph.node):
+        if node.op_type != "LayerNormalization" or len([o for o in node.output if o]) == 1:
+            nodes.append(node)
+            continue
+        y = helper.make_node("LayerNormalization", node.input, [node.output[0]], name=node.name, **_attrs(node))
+        stats, consts = _statistics(node, ranks[node.input[0]], opset, prefix=f"_tvmsched_ln{index}")
+        nodes += [y, *stats]
+        initializers += consts
+    graph = helper.make_graph(nodes, model.graph.name, model.graph.input, model.graph.output, initializers)
+    rewritten = helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
+    return rewritten
+
+
+def _statistics(node, rank: int, opset: int, prefix: str):
+    attrs = _attrs(node)
+    axis = attrs.get("axis", -1) % rank
+    epsilon = attrs.get("epsilon", 1e-5)
+    axes = list(range(axis, rank))
+    x, mean_out, inv_out = node.input[0], node.output[1], (node.output[2] if len(node.output) > 2 else "")
+    nodes = [helper.make_node("Cast", [x], [f"{prefix}_x"], to=onnx.TensorProto.FLOAT)]
+    consts = [numpy_helper.from_array(np.array(epsilon, np.float32), f"{prefix}_eps")]
+    if opset >= 18:
+        consts.append(numpy_helper.from_array(np.array(axes, np.int64), f"{prefix}_axes"))
+    mean = mean_out or f"{prefix}_mean"
+    nodes += [
+        _reduce_mean(f"{prefix}_x", mean, axes, opset, prefix),
+        helper.make_node("Sub", [f"{prefix}_x", mean], [f"{prefix}_d"]),
+        helper.make_node("Mul", [f"{prefix}_d", f"{prefix}_d"], [f"{prefix}_d2"]),
+        _reduce_mean(f"{prefix}_d2", f"{prefix}_var", axes, opset, prefix),
+        helper.make_node("Add", [f"{prefix}_var", f"{prefix}_eps"], [f"{prefix}_ve"]),
+        helper.make_node("Sqrt", [f"{prefix}_ve"], [f"{prefix}_std"]),
+    ]
+    if inv_out:
+        nodes.append(helper.make_node("Reciprocal", [f"{prefix}_std"], [inv_out]))
+    return nodes, consts
+
+
+def _reduce_mean(source: str, out: str, axes: list[int], opset: int, prefix: str):
+    if opset >= 18:
+        return helper.make_node("ReduceMean", [source, f"{prefix}_axes"], [out], keepdims=1)
+    return helper.make_node("ReduceMean", [source], [out], axes=axes, keepdims=1)
+
+
+def _attrs(node) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name in ("axis", "epsilon", "stash_type")}
+
+
+def _ranks(model: onnx.ModelProto) -> dict[str, int]:
+    values = [*model.graph.input, *model.graph.value_info, *model.graph.output]
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in values if v.type.tensor_type.HasField("shape")}
+    ranks.update({init.name: len(init.dims) for init in model.graph.initializer})
+    return ranks
