@@ -47,12 +47,17 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subpro
     )
 
 
-def assert_user_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
-    """Exit code 2, one stderr line starting with 'error:' that names the problem, no traceback."""
+def assert_user_error(result: subprocess.CompletedProcess, *fragments: str, after_progress: bool = False) -> None:
+    """Exit code 2, one stderr line starting with 'error:' that names the problem, no traceback.
+
+    With `after_progress`, progress-bar lines may come before the error line, which must be last.
+    """
     stderr = result.stderr.strip()
     assert result.returncode == 2, (result.returncode, stderr)
     assert "Traceback" not in stderr, stderr
-    assert len(stderr.splitlines()) == 1, stderr
-    assert stderr.startswith("error: "), stderr
+    lines = stderr.splitlines()
+    assert len(lines) == 1 or after_progress, stderr
+    assert [line for line in lines if line.startswith("error: ")] == lines[-1:], stderr
+    stderr = lines[-1]
     for fragment in fragments:
         assert fragment in stderr, (fragment, stderr)

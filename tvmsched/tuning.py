@@ -14,7 +14,19 @@ import time
 import types
 from dataclasses import dataclass
 
+from tvmsched.errors import TvmschedError
+
 log = logging.getLogger(__name__)
+
+
+def _register_user_error_with_ffi() -> None:
+    """Let a TvmschedError raised inside a database callback come back out of MetaSchedule as itself."""
+    import tvm_ffi
+
+    tvm_ffi.register_error(TvmschedError)
+
+
+_register_user_error_with_ffi()
 
 BUILD_TIMEOUT_S = 60
 
@@ -88,7 +100,7 @@ def tune_layers(
         logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.ERROR)
     scheduled, report = {}, []
     bar = tqdm(funcs.items(), total=len(funcs), desc="tuning", unit="layer", disable=not progress, file=sys.stderr)
-    with bar, _tensor_intrin_import_skipped(target):
+    with bar, tensor_intrin_import_skipped(target):
         for name, func in bar:
             bar.set_postfix_str(name[:40])
             outcome = _tune_one(name, func, target, database, trials, runner)
@@ -104,6 +116,13 @@ def tune_layers(
     return scheduled, report
 
 
+def search_strategy(trials: int):
+    """Evolutionary search with a population scaled to the budget (512 costs ~5 s/iteration on 2 cores)."""
+    import tvm.s_tir.meta_schedule as ms
+
+    return ms.search_strategy.EvolutionarySearch(population_size=min(512, max(32, 8 * trials)))
+
+
 def _tune_one(name: str, func, target, database, trials: int, runner) -> LayerTuning:
     import tvm.s_tir.meta_schedule as ms
 
@@ -111,20 +130,36 @@ def _tune_one(name: str, func, target, database, trials: int, runner) -> LayerTu
     if database.has_workload(mod) and database.query_tuning_record(mod, target, "main") is not None:
         return LayerTuning(name, "cached", 0, 0.0)
     before, start = len(database), time.perf_counter()
+    drop_unnamed_ms_log_handlers()
     try:
         with tempfile.TemporaryDirectory(prefix="tvmsched-tune-") as work_dir:
             ms.tune_tir(
                 mod, target, work_dir, max_trials_global=trials, num_trials_per_iter=min(trials, 64),
                 builder=make_builder(), runner=runner or "local", database=database,
+                strategy=search_strategy(trials),
             )
+    except TvmschedError:  # the database refused or is unreachable: the user must act
+        raise
     except Exception as err:  # tuning failures fall back to the default schedule, reported
         log.warning("layer %s: tuning failed: %s", name, err)
         return LayerTuning(name, "fallback", len(database) - before, time.perf_counter() - start, str(err).splitlines()[-1][:200])
     return LayerTuning(name, "tuned", len(database) - before, time.perf_counter() - start)
 
 
+def drop_unnamed_ms_log_handlers() -> None:
+    """Avoid a crash of a second tune in one process whose logging has unnamed handlers (pytest's).
+
+    MetaSchedule's `create_loggers` lists the handler names of its non-propagating logger and fails
+    with "'NoneType' object has no attribute 'format'" on an unnamed one.
+    """
+    logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    for handler in list(logger.handlers):
+        if handler.get_name() is None:
+            logger.removeHandler(handler)
+
+
 @contextlib.contextmanager
-def _tensor_intrin_import_skipped(target):
+def tensor_intrin_import_skipped(target):
     """On llvm, stand in an empty module for `tvm.s_tir.tensor_intrin` (fp32 CPU rules use none)."""
     key = "tvm.s_tir.tensor_intrin"
     if target.kind.name != "llvm" or key in sys.modules:
