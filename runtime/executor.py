@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from tvmsched.artifact import Artifact
 from tvmsched.errors import TvmschedError, one_line
 from tvmsched.runtime.devices import tvm_device
 from tvmsched.runtime.memory_plan import plan_memory
+from tvmsched.runtime.units import set_cpu_units
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,9 @@ class Executor:
         self.plan = plan_memory(manifest.layers, manifest.tensors, keep={b.tensor for b in manifest.outputs})
         self.buffers = self._allocate(tvm)
         self.kernels = [[self.library[c.kernel] for c in layer.candidates] for layer in manifest.layers]
+        full_units = int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)
+        self.units = [[c.units or full_units for c in layer.candidates] for layer in manifest.layers]
+        self._restrict_units = device == "cpu"
         self.layer_args = [[self.buffers[t] for t in (*layer.inputs, *layer.outputs)] for layer in manifest.layers]
 
     def _allocate(self, tvm) -> dict:
@@ -72,7 +77,9 @@ class Executor:
             self.buffers[tensor_id].copyfrom(value if value.flags.c_contiguous else value.copy(order="C"))
 
     def run_layer(self, index: int, candidate_id: int = 0) -> None:
-        """Launch one layer's chosen candidate kernel (asynchronous on GPU)."""
+        """Launch one layer's chosen candidate kernel on its units (asynchronous on GPU)."""
+        if self._restrict_units:
+            set_cpu_units(self.units[index][candidate_id])
         self.kernels[index][candidate_id](*self.layer_args[index])
 
     def run_layers(self, candidate_ids: list[int] | None = None) -> None:

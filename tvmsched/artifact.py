@@ -34,6 +34,7 @@ class Candidate:
     units: int | None = None  # compute units it was built for (None: all)
     blocks: int | None = None  # thread-block count / parallel extent, when known
     latency_us: float | None = None  # isolated latency, when measured
+    memory_bytes: int | None = None  # arguments plus workspace
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Layer:
     flops: float
     bytes: int
     candidates: tuple[Candidate, ...]
+    qos_bound_us: float | None = None  # this layer's share of the model's QoS target
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,8 @@ class Manifest:
     layers: tuple[Layer, ...]
     tvmsched_version: str
     tvm_version: str
-    tuning: dict | None = None  # {"trials": N, "database": URL, "layers": {func: status}} when tuned
+    tuning: dict | None = None  # {"trials_per_layer": N, "database": URL, "layers": {func: ...}} when tuned
+    qos_ms: float | None = None  # the model's latency target, when candidates were built for one
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict:

@@ -59,9 +59,11 @@ def models_build(name: str, output: str | None, seed: int) -> None:
 @click.option("--tune-trials", default=0, show_default=True, help="MetaSchedule trials per layer (0: default schedules).")
 @click.option("--db", "db_url", help="Tuning database: sqlite:///F, postgresql+psycopg://..., or http://host:port.")
 @click.option("--db-token-file", type=click.Path(dir_okay=False), help="Bearer token for writes to a database service.")
+@click.option("--qos-ms", type=float, help="Model latency target: build restricted-unit candidates per layer.")
+@click.option("--units", "units_csv", metavar="K1,K2,...", help="Unit counts for candidates (default: 1..all).")
 def compile_cmd(
     model: str, output: str | None, target: str, input_shapes: tuple[str, ...], tune_trials: int, db_url: str | None,
-    db_token_file: str | None,
+    db_token_file: str | None, qos_ms: float | None, units_csv: str | None,
 ) -> None:
     """Compile an ONNX MODEL into a per-layer artifact (tuned with --tune-trials)."""
     from tvmsched.frontend import parse_input_shapes
@@ -78,7 +80,8 @@ def compile_cmd(
         raise TvmschedError("--tune-trials must be >= 0")
     database = _open_database(db_url, db_token_file, target) if tune_trials else None
     artifact = compile_file(
-        model, target=target, input_shapes=shapes, tune_trials=tune_trials, database=database, progress=tune_trials > 0
+        model, target=target, input_shapes=shapes, tune_trials=tune_trials, database=database, progress=tune_trials > 0,
+        qos_ms=qos_ms, units=_parse_units(units_csv),
     )
     output = output or str(Path(model).with_suffix(".tvms"))
     artifact.save(output)
@@ -183,11 +186,20 @@ def db_export(work_dir: str, db_url: str | None) -> None:
     click.echo(f"exported {counts['workloads']} workloads, {counts['records']} records to {work_dir}")
 
 
-def _open_database(db_url: str | None, token_file: str | None, target: str):
-    from tvmsched.targets import make_target
-    from tvmsched.tuning_db import open_database
+def _parse_units(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(k) for k in text.split(",")]
+    except ValueError:
+        raise TvmschedError(f"--units {text!r} is not a comma-separated list of integers") from None
 
-    return open_database(db_url, token=_read_token(token_file), target=make_target(target))
+
+def _open_database(db_url: str | None, token_file: str | None, target: str):
+    from tvmsched.pipeline import open_tuning_database
+    from tvmsched.targets import make_target
+
+    return open_tuning_database(db_url, make_target(target), token=_read_token(token_file))
 
 
 def _read_token(path: str | None) -> str | None:

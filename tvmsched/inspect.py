@@ -13,6 +13,7 @@ def describe(manifest: Manifest) -> str:
         f"target {manifest.target}  device {manifest.device} ({manifest.device_code})",
         "inputs  " + ", ".join(f"{b.name} {_shape(tensors[b.tensor])}" for b in manifest.inputs),
         "outputs " + ", ".join(f"{b.name} {_shape(tensors[b.tensor])}" for b in manifest.outputs),
+        *([f"QoS target {manifest.qos_ms} ms"] if manifest.qos_ms else []),
         f"{len(manifest.layers)} layers, weights {weights / 1e6:.2f} MB, "
         f"total {sum(layer.flops for layer in manifest.layers) / 1e9:.3f} GFLOP",
         *_tuning_lines(manifest.tuning),
@@ -21,8 +22,9 @@ def describe(manifest: Manifest) -> str:
     ]
     for layer in manifest.layers:
         out = " ".join(_shape(tensors[t]) for t in layer.outputs)
-        cands = ", ".join(f"{c.id}:{c.kernel} ({c.schedule})" for c in layer.candidates)
-        lines.append(f"{layer.index:>3}  {layer.func[:40]:40s} {out:22s} {layer.flops / 1e6:9.3f} {layer.bytes / 1e3:9.1f}  {cands}")
+        cands = ", ".join(_candidate(c) for c in layer.candidates)
+        bound = "" if layer.qos_bound_us is None else f"  [bound {layer.qos_bound_us:.1f} us]"
+        lines.append(f"{layer.index:>3}  {layer.func[:40]:40s} {out:22s} {layer.flops / 1e6:9.3f} {layer.bytes / 1e3:9.1f}  {cands}{bound}")
     return "\n".join(lines)
 
 
@@ -36,3 +38,9 @@ def _tuning_lines(tuning: dict | None) -> list[str]:
     statuses = [layer["status"] for layer in tuning["layers"].values()]
     counts = ", ".join(f"{statuses.count(s)} {s}" for s in ("tuned", "cached", "fallback") if s in statuses)
     return [f"tuning: {tuning['trials_per_layer']} trials/layer into {tuning['database']}: {counts}"]
+
+
+def _candidate(c) -> str:
+    if c.units is None:
+        return f"{c.id}:{c.kernel} ({c.schedule})"
+    return f"{c.id}: {c.units}u {c.blocks}b {c.latency_us:.3g}us ({c.schedule})"

@@ -70,3 +70,55 @@ def _ranks(model: onnx.ModelProto) -> dict[str, int]:
     ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in values if v.type.tensor_type.HasField("shape")}
     ranks.update({init.name: len(init.dims) for init in model.graph.initializer})
     return ranks
+
+
+def fold_batchnorm_into_conv(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Fold inference BatchNormalization into the Conv that alone feeds it (weights in numpy).
+
+    Relax's FoldConstant would do the same by compiling and running each folded op (~10 s for
+    ResNet-18); folding here is instant. Only constant-parameter, single-consumer pairs change.
+    """
+    inits = {init.name: init for init in model.graph.initializer}
+    consumers: dict[str, int] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers[name] = consumers.get(name, 0) + 1
+    graph_outputs = {out.name for out in model.graph.output}
+    producers = {node.output[0]: node for node in model.graph.node if node.op_type == "Conv"}
+    folded: dict[str, tuple] = {}  # bn output -> (conv, new weight, new bias)
+    for bn in model.graph.node:
+        conv = producers.get(bn.input[0]) if bn.op_type == "BatchNormalization" else None
+        if conv is None or consumers.get(conv.output[0]) != 1 or conv.output[0] in graph_outputs:
+            continue
+        if len([o for o in bn.output if o]) != 1 or not all(name in inits for name in (*bn.input[1:5], *conv.input[1:])):
+            continue
+        scale, bias, mean, var = (numpy_helper.to_array(inits[name]).astype(np.float64) for name in bn.input[1:5])
+        epsilon = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
+        factor = scale / np.sqrt(var + epsilon)
+        weight = numpy_helper.to_array(inits[conv.input[1]])
+        conv_bias = numpy_helper.to_array(inits[conv.input[2]]) if len(conv.input) > 2 and conv.input[2] else 0.0
+        new_weight = (weight * factor.reshape(-1, *([1] * (weight.ndim - 1)))).astype(weight.dtype)
+        new_bias = ((conv_bias - mean) * factor + bias).astype(weight.dtype)
+        folded[bn.output[0]] = (conv, new_weight, new_bias)
+    if not folded:
+        return model
+    return _apply_bn_folds(model, folded)
+
+
+def _apply_bn_folds(model: onnx.ModelProto, folded: dict) -> onnx.ModelProto:
+    nodes, initializers = [], list(model.graph.initializer)
+    dropped = {conv.output[0] for conv, _, _ in folded.values()}
+    for node in model.graph.node:
+        if node.output and node.output[0] in dropped:
+            continue
+        if node.op_type == "BatchNormalization" and node.output[0] in folded:
+            conv, weight, bias = folded[node.output[0]]
+            names = (f"{node.output[0]}_folded_w", f"{node.output[0]}_folded_b")
+            initializers += [numpy_helper.from_array(weight, names[0]), numpy_helper.from_array(bias, names[1])]
+            attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
+            node = helper.make_node("Conv", [conv.input[0], *names], [node.output[0]], name=conv.name, **attrs)
+        nodes.append(node)
+    used = {name for node in nodes for name in node.input}
+    initializers = [init for init in initializers if init.name in used]
+    graph = helper.make_graph(nodes, model.graph.name, model.graph.input, model.graph.output, initializers)
+    return helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -30,6 +31,8 @@ def compile_model(
     name: str = "model",
     tune_trials: int = 0,
     database=None,
+    qos_ms: float | None = None,
+    units: list[int] | None = None,
     progress: bool = False,
 ) -> Artifact:
     """ONNX → Relax → fused layers → (tuned or default) kernels → artifact (in memory).
@@ -41,8 +44,12 @@ def compile_model(
         name: the model name recorded in the manifest.
         tune_trials: MetaSchedule trials per layer; 0 keeps TVM's default schedules.
         database: a URL (sqlite, postgresql, http) or a MetaSchedule Database for tuning records.
+        qos_ms: the model's latency target: build restricted-unit candidates per layer (needs tuning).
+        units: unit counts to consider for candidates (default: 1..all units).
         progress: show a progress bar while tuning.
     """
+    if qos_ms is not None and (qos_ms <= 0 or tune_trials <= 0):
+        raise TvmschedError("--qos-ms needs a positive target and --tune-trials > 0")
     signature = frontend.input_signature(model, input_shapes)
     frontend.check_supported_ops(model)
     tvm_target = make_target(target)
@@ -51,29 +58,73 @@ def compile_model(
     graph = extract_graph(mod)
     all_funcs = kernels.layer_funcs(mod)
     funcs = {f: all_funcs[f] for f in dict.fromkeys(layer.func for layer in graph.layers)}
+    plan = _choose_kernels(
+        graph, funcs, tvm_target, tune_trials=tune_trials, database=database, qos_ms=qos_ms, units=units, progress=progress
+    )
+    library = kernels.build_library(plan.kernels, tvm_target)
+    manifest = _manifest(model, graph, funcs, name, target, tvm_target, plan, qos_ms)
+    log.info("compiled %s: %d layers, %d kernels", name, len(graph.layers), len(plan.kernels))
+    return Artifact(manifest, library, graph.weights)
+
+
+@dataclass
+class KernelPlan:
+    """What gets built: kernel symbol -> PrimFunc, and per PrimFunc its candidates and QoS bound."""
+
+    kernels: dict[str, object]
+    candidates: dict[str, list[Candidate]]
+    bounds: dict[str, float] = field(default_factory=dict)
+    tuning: dict | None = None
+
+
+def _choose_kernels(graph, funcs: dict, tvm_target, *, tune_trials, database, qos_ms, units, progress) -> KernelPlan:
+    """Default schedules; tuned ones when tuning; restricted-unit candidates when a QoS target is set."""
     default = "dlight" if tvm_target.kind.name == "cuda" else "default"
     scheduled = kernels.default_schedule(funcs, tvm_target)
-    schedules, tuning_summary = dict.fromkeys(funcs, default), None
-    if tune_trials > 0:
-        tuned, tuning_summary = _tune(funcs, tvm_target, database, tune_trials, progress)
-        scheduled.update(tuned)
-        schedules.update(dict.fromkeys(tuned, "tuned"))
-    library = kernels.build_library({kernels.kernel_symbol(f, 0): scheduled[f] for f in funcs}, tvm_target)
-    manifest = _manifest(model, graph, funcs, name, target, tvm_target, schedules, tuning_summary)
-    log.info("compiled %s: %d layers, %d kernels", name, len(graph.layers), len(funcs))
-    return Artifact(manifest, library, graph.weights)
+    if tune_trials <= 0:
+        return KernelPlan(
+            {kernels.kernel_symbol(f, 0): scheduled[f] for f in funcs},
+            {f: [Candidate(0, kernels.kernel_symbol(f, 0), default)] for f in funcs},
+        )
+    database = open_tuning_database(database, tvm_target)
+    tuned, summary = _tune(funcs, tvm_target, database, tune_trials, progress)
+    scheduled.update(tuned)
+    if qos_ms is None:
+        return KernelPlan(
+            {kernels.kernel_symbol(f, 0): scheduled[f] for f in funcs},
+            {f: [Candidate(0, kernels.kernel_symbol(f, 0), "tuned" if f in tuned else default)] for f in funcs},
+            tuning=summary,
+        )
+    from tvmsched.candidates import plan_candidates
+
+    plans = plan_candidates(graph, funcs, scheduled, tvm_target, database, qos_ms=qos_ms, units=units, trials=tune_trials, progress=progress)
+    return KernelPlan(
+        {kernels.kernel_symbol(f, c.id): c.func for f, p in plans.items() for c in p.candidates},
+        {f: [_manifest_candidate(f, c) for c in p.candidates] for f, p in plans.items()},
+        {f: p.bound_us for f, p in plans.items()},
+        summary,
+    )
+
+
+def _manifest_candidate(func: str, c) -> Candidate:
+    return Candidate(c.id, kernels.kernel_symbol(func, c.id), c.schedule, c.units, c.blocks, round(c.latency_us, 3), c.memory_bytes)
+
+
+def open_tuning_database(database, tvm_target, token: str | None = None):
+    """A URL (None: the default SQLite file) becomes a TuningDatabase scoped to the target's full units."""
+    if database is not None and not isinstance(database, str):
+        return database
+    from tvmsched.tuning_db import open_database
+
+    units = int(tvm_target.attrs.get("num-cores", 0)) if tvm_target.kind.name == "llvm" else None
+    return open_database(database, target=tvm_target, units=units, token=token)
 
 
 def _tune(funcs: dict, tvm_target, database, trials: int, progress: bool) -> tuple[dict, dict]:
     """Tune into the database; returns the tuned PrimFuncs and a summary for the manifest."""
     from tvmsched import tuning
 
-    if database is None or isinstance(database, str):
-        from tvmsched.tuning_db import default_url, open_database
-
-        url, database = database or default_url(), open_database(database, target=tvm_target)
-    else:
-        url = getattr(getattr(database, "store", None), "url", type(database).__name__)
+    url = getattr(getattr(database, "store", None), "url", type(database).__name__)
     tuned, report = tuning.tune_layers(funcs, tvm_target, database, trials=trials, progress=progress)
     summary = {
         "trials_per_layer": trials,
@@ -84,7 +135,7 @@ def _tune(funcs: dict, tvm_target, database, trials: int, progress: bool) -> tup
 
 
 def _manifest(
-    model, graph: Graph, funcs: dict, name: str, target: str, tvm_target, schedules: dict, tuning_summary: dict | None
+    model, graph: Graph, funcs: dict, name: str, target: str, tvm_target, plan: KernelPlan, qos_ms: float | None
 ) -> Manifest:
     import tvm
 
@@ -100,7 +151,8 @@ def _manifest(
             outputs=layer.outputs,
             flops=_flops(funcs[layer.func]),
             bytes=sum(graph.tensors[t].nbytes for t in (*layer.inputs, *layer.outputs)),
-            candidates=(Candidate(id=0, kernel=kernels.kernel_symbol(layer.func, 0), schedule=schedules[layer.func]),),
+            candidates=tuple(plan.candidates[layer.func]),
+            qos_bound_us=None if layer.func not in plan.bounds else round(plan.bounds[layer.func], 3),
         )
         for layer in graph.layers
     )
@@ -115,7 +167,8 @@ def _manifest(
         layers=layers,
         tvmsched_version=__version__,
         tvm_version=tvm.__version__,
-        tuning=tuning_summary,
+        tuning=plan.tuning,
+        qos_ms=qos_ms,
     )
 
 

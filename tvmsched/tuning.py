@@ -81,6 +81,7 @@ def tune_layers(
     trials: int,
     runner=None,
     progress: bool = True,
+    desc: str = "tuning",
 ) -> tuple[dict[str, object], list[LayerTuning]]:
     """Tune every PrimFunc that has no record yet, then return the best schedule of each.
 
@@ -99,7 +100,7 @@ def tune_layers(
     if not log.isEnabledFor(logging.INFO):  # MetaSchedule's own console logs follow our verbosity
         logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.ERROR)
     scheduled, report = {}, []
-    bar = tqdm(funcs.items(), total=len(funcs), desc="tuning", unit="layer", disable=not progress, file=sys.stderr)
+    bar = tqdm(funcs.items(), total=len(funcs), desc=desc, unit="layer", disable=not progress, file=sys.stderr)
     with bar, tensor_intrin_import_skipped(target):
         for name, func in bar:
             bar.set_postfix_str(name[:40])

@@ -1,0 +1,169 @@
+"""Stage 4b: restricted-unit candidates with per-layer QoS bounds (the FineCo offline method).
+
+1. each layer's best full-unit implementation comes from `tuning.tune_layers`;
+2. it is measured at fewer units;
+3. layer QoS bound = model QoS target x the layer's share of the model's full-unit time;
+4. unit counts whose latency exceeds the bound are dropped;
+5. the layer is re-tuned at each remaining count (measured under that restriction); the faster of
+   the re-tuned and the full-unit implementation at that count becomes a candidate.
+Candidate IDs: 0 = full units, then by decreasing units.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass, field
+
+from tvmsched import tuning
+from tvmsched.errors import TvmschedError
+from tvmsched.measure import measure_at_units
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CandidateKernel:
+    id: int
+    units: int
+    blocks: int | None
+    latency_us: float
+    memory_bytes: int
+    schedule: str  # "tuned" (full units), "retuned" (at its units) or the default schedule's name
+    func: object = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class LayerCandidates:
+    """Everything the method decided for one PrimFunc (shared by the layers that call it)."""
+
+    func: str
+    curve_us: dict[int, float]  # latency of the full-unit best at each unit count
+    bound_us: float
+    kept_units: list[int]
+    candidates: list[CandidateKernel]
+
+
+def cpu_units(target) -> int:
+    return int(target.attrs.get("num-cores", 1))
+
+
+def units_to_try(target, requested: list[int] | None) -> list[int]:
+    """The unit counts to measure (default on CPU: 1..cores); errors on counts the target lacks."""
+    if target.kind.name != "llvm":
+        raise TvmschedError("restricted-unit tuning on CUDA needs a GPU to measure on (not implemented yet)")
+    full = cpu_units(target)
+    units = sorted(set(requested or range(1, full + 1)))
+    bad = [k for k in units if k < 1 or k > full]
+    if bad:
+        raise TvmschedError(f"--units {bad} outside 1..{full} (the target's num-cores)")
+    return units
+
+
+def qos_bounds(layer_times_us: list[tuple[str, float]], qos_ms: float) -> dict[str, float]:
+    """Per-layer bound = QoS x layer time / model time; a target even full units miss is an error."""
+    total = sum(t for _, t in layer_times_us)
+    if total > qos_ms * 1e3:
+        slowest = sorted(layer_times_us, key=lambda item: -item[1])[:3]
+        names = ", ".join(f"{name} ({t / 1e3:.4g} ms)" for name, t in slowest)
+        raise TvmschedError(
+            f"QoS target {qos_ms} ms is infeasible: with all units the model takes {total / 1e3:.4g} ms; "
+            f"slowest layers: {names}"
+        )
+    return {name: qos_ms * 1e3 * t / total for name, t in layer_times_us}
+
+
+def kept_units(curve_us: dict[int, float], bound_us: float, full: int) -> list[int]:
+    """Step 4: the restricted unit counts at which the full-unit implementation meets the bound."""
+    return [k for k, latency in sorted(curve_us.items()) if k < full and latency <= bound_us]
+
+
+def plan_candidates(
+    graph, funcs: dict, best: dict, target, database, *, qos_ms: float, units: list[int] | None, trials: int,
+    progress: bool = False,
+) -> dict[str, LayerCandidates]:
+    """Run steps 2-5 for every PrimFunc; `best` holds each one's full-unit implementation."""
+    units_list, full = units_to_try(target, units), cpu_units(target)
+    arg_specs = _arg_specs(graph)
+    curves = {name: measure_at_units(best[name], target, arg_specs[name], sorted({*units_list, full})) for name in funcs}
+    bounds = qos_bounds([(layer.func, curves[layer.func][full]) for layer in graph.layers], qos_ms)
+    plans = {}
+    for name in funcs:
+        kept = kept_units(curves[name], bounds[name], full)
+        full_unit = _candidate(0, full, best[name], curves[name][full], "tuned", graph, name)
+        restricted = [c for k in sorted(kept, reverse=True) if (c := _retuned(name, funcs, best, k, target, database, trials, arg_specs, graph, progress))]
+        restricted = [c for c in restricted if c.latency_us <= bounds[name]]
+        candidates = [full_unit, *(_with_id(c, i) for i, c in enumerate(restricted, start=1))]
+        plans[name] = LayerCandidates(name, curves[name], bounds[name], kept, candidates)
+        log.info("%s: bound %.1f us, kept units %s, %d candidates", name, bounds[name], kept, len(candidates))
+    return plans
+
+
+def _retuned(name, funcs, best, k, target, database, trials, arg_specs, graph, progress) -> CandidateKernel | None:
+    """Re-tune `name` measured at k units; the faster of that and the full-unit best, at k."""
+    from tvmsched.runtime.units import limit_worker_threads
+    import tvm.s_tir.meta_schedule as ms
+
+    target_k = with_units(target, k)
+    runner = ms.runner.LocalRunner(initializer=functools.partial(limit_worker_threads, k))
+    tuned, _ = tuning.tune_layers(
+        {name: funcs[name]}, target_k, scoped(database, target_k, k), trials=trials, runner=runner, progress=progress,
+        desc=f"re-tuning at {k} units",
+    )
+    options = [(best[name], "tuned")] + ([(tuned[name], "retuned")] if name in tuned else [])
+    timed = [(measure_at_units(f, target, arg_specs[name], [k])[k], f, kind) for f, kind in options]
+    latency, func, kind = min(timed, key=lambda item: item[0])
+    return _candidate(-1, k, func, latency, kind, graph, name)
+
+
+def with_units(target, k: int):
+    """The same llvm target with num-cores = k (what MetaSchedule's rules size parallelism by)."""
+    import tvm
+
+    config = {key: str(target.attrs[key]) for key in ("mtriple", "mcpu") if key in target.attrs}
+    return tvm.target.Target({"kind": "llvm", **config, "num-cores": k})
+
+
+def scoped(database, target_k, k: int):
+    """The database restricted to records measured at k units, when it can be scoped."""
+    store = getattr(database, "store", None)
+    if store is None:
+        return database
+    from tvmsched.tuning_db import TuningDatabase
+
+    return TuningDatabase(store, units=k, unit_kind="cpu_thread", target=target_k)
+
+
+def _candidate(cid: int, units: int, func, latency_us: float, schedule: str, graph, name: str) -> CandidateKernel:
+    import tvm
+
+    from tvmsched.passes.launch_geometry import thread_blocks
+
+    blocks = thread_blocks(tvm.IRModule({"main": func}))
+    layer = next(layer for layer in graph.layers if layer.func == name)
+    args_bytes = sum(graph.tensors[t].nbytes for t in (*layer.inputs, *layer.outputs))
+    return CandidateKernel(cid, units, blocks, latency_us, args_bytes + _workspace_bytes(func), schedule, func)
+
+
+def _with_id(candidate: CandidateKernel, cid: int) -> CandidateKernel:
+    return CandidateKernel(cid, candidate.units, candidate.blocks, candidate.latency_us, candidate.memory_bytes, candidate.schedule, candidate.func)
+
+
+def _workspace_bytes(func) -> int:
+    import tvm
+    from tvm.s_tir.analysis import calculate_allocated_bytes
+
+    try:
+        sizes = calculate_allocated_bytes(tvm.IRModule({"main": func}))
+        return int(sum(int(v) for per_func in sizes.values() for v in per_func.values()))
+    except Exception:  # informative only
+        return 0
+
+
+def _arg_specs(graph) -> dict[str, list[tuple[tuple[int, ...], str]]]:
+    """(shape, dtype) of each PrimFunc's arguments, from the first layer that calls it."""
+    specs = {}
+    for layer in graph.layers:
+        if layer.func not in specs:
+            specs[layer.func] = [(graph.tensors[t].shape, graph.tensors[t].dtype) for t in (*layer.inputs, *layer.outputs)]
+    return specs

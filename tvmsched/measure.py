@@ -1,0 +1,57 @@
+"""Isolated latency of one layer kernel at a given number of compute units (CPU threads)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from tvmsched.errors import TvmschedError
+
+
+def measure_at_units(func, target, arg_specs, units_list: list[int], *, repeat: int = 5, min_repeat_ms: int = 20) -> dict[int, float]:
+    """Median latency in microseconds of `func` run with k units, for each k in `units_list`.
+
+    Args:
+        func: a scheduled PrimFunc.
+        target: its tvm Target (CPU only here; GPU measurement needs a device).
+        arg_specs: (shape, dtype) of each argument, in the PrimFunc's parameter order.
+    """
+    import tvm
+
+    if target.kind.name != "llvm":
+        raise TvmschedError(f"measuring {target.kind.name} kernels at restricted units needs that device here")
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target)
+    dev = tvm.cpu()
+    rng = np.random.default_rng(0)
+    args = [tvm.runtime.tensor(_random(rng, shape, dtype), dev) for shape, dtype in arg_specs]
+    timer = lib.mod.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
+    return {k: _timed_in_thread(timer, args, k) for k in units_list}
+
+
+def _timed_in_thread(timer, args, units: int) -> float:
+    """Time in a fresh thread whose TVM pool has `units` threads (pools are per Python thread)."""
+    from tvmsched.runtime.units import set_cpu_units
+
+    result: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            set_cpu_units(units)
+            timer(*args)  # warm-up
+            result["us"] = float(np.median(timer(*args).results)) * 1e6
+        except Exception as err:  # re-raised in the caller's thread
+            result["error"] = err
+
+    thread = threading.Thread(target=run, name=f"measure-{units}u")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["us"]
+
+
+def _random(rng, shape, dtype) -> np.ndarray:
+    if np.issubdtype(np.dtype(dtype), np.floating):
+        return rng.standard_normal(shape).astype(dtype)
+    return np.zeros(shape, dtype)
