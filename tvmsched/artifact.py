@@ -47,6 +47,7 @@ class Layer:
     bytes: int
     candidates: tuple[Candidate, ...]
     qos_bound_us: float | None = None  # this layer's share of the model's QoS target
+    unit_latency_us: dict[str, float] | None = None  # full-unit best measured at each unit count
 
 
 @dataclass(frozen=True)

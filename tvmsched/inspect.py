@@ -23,7 +23,8 @@ def describe(manifest: Manifest) -> str:
     for layer in manifest.layers:
         out = " ".join(_shape(tensors[t]) for t in layer.outputs)
         cands = ", ".join(_candidate(c) for c in layer.candidates)
-        bound = "" if layer.qos_bound_us is None else f"  [bound {layer.qos_bound_us:.1f} us]"
+        bound = "" if layer.qos_bound_us is None else f"  [bound {layer.qos_bound_us:.3g} us; at units " + ", ".join(
+            f"{k}: {t:.3g}" for k, t in (layer.unit_latency_us or {}).items()) + " us]"
         lines.append(f"{layer.index:>3}  {layer.func[:40]:40s} {out:22s} {layer.flops / 1e6:9.3f} {layer.bytes / 1e3:9.1f}  {cands}{bound}")
     return "\n".join(lines)
 

@@ -75,6 +75,7 @@ class KernelPlan:
     candidates: dict[str, list[Candidate]]
     bounds: dict[str, float] = field(default_factory=dict)
     tuning: dict | None = None
+    curves: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
 def _choose_kernels(graph, funcs: dict, tvm_target, *, tune_trials, database, qos_ms, units, progress) -> KernelPlan:
@@ -103,6 +104,7 @@ def _choose_kernels(graph, funcs: dict, tvm_target, *, tune_trials, database, qo
         {f: [_manifest_candidate(f, c) for c in p.candidates] for f, p in plans.items()},
         {f: p.bound_us for f, p in plans.items()},
         summary,
+        {f: p.curve_us for f, p in plans.items()},
     )
 
 
@@ -153,6 +155,7 @@ def _manifest(
             bytes=sum(graph.tensors[t].nbytes for t in (*layer.inputs, *layer.outputs)),
             candidates=tuple(plan.candidates[layer.func]),
             qos_bound_us=None if layer.func not in plan.bounds else round(plan.bounds[layer.func], 3),
+            unit_latency_us={str(k): round(t, 3) for k, t in plan.curves[layer.func].items()} if plan.curves else None,
         )
         for layer in graph.layers
     )
