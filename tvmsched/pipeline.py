@@ -33,6 +33,7 @@ def compile_model(
     database=None,
     qos_ms: float | None = None,
     units: list[int] | None = None,
+    rpc: str | None = None,
     progress: bool = False,
 ) -> Artifact:
     """ONNX → Relax → fused layers → (tuned or default) kernels → artifact (in memory).
@@ -46,10 +47,13 @@ def compile_model(
         database: a URL (sqlite, postgresql, http) or a MetaSchedule Database for tuning records.
         qos_ms: the model's latency target: build restricted-unit candidates per layer (needs tuning).
         units: unit counts to consider for candidates (default: 1..all units).
+        rpc: "HOST:PORT:KEY" of a TVM RPC tracker: measure tuning candidates on its devices.
         progress: show a progress bar while tuning.
     """
     if qos_ms is not None and (qos_ms <= 0 or tune_trials <= 0):
         raise TvmschedError("--qos-ms needs a positive target and --tune-trials > 0")
+    if rpc is not None and (tune_trials <= 0 or qos_ms is not None):
+        raise TvmschedError("--rpc measures tuning trials: it needs --tune-trials > 0 and no --qos-ms (not supported yet)")
     signature = frontend.input_signature(model, input_shapes)
     frontend.check_supported_ops(model)
     tvm_target = make_target(target)
@@ -59,7 +63,8 @@ def compile_model(
     all_funcs = kernels.layer_funcs(mod)
     funcs = {f: all_funcs[f] for f in dict.fromkeys(layer.func for layer in graph.layers)}
     plan = _choose_kernels(
-        graph, funcs, tvm_target, tune_trials=tune_trials, database=database, qos_ms=qos_ms, units=units, progress=progress
+        graph, funcs, tvm_target, tune_trials=tune_trials, database=database, qos_ms=qos_ms, units=units, rpc=rpc,
+        progress=progress,
     )
     library = kernels.build_library(plan.kernels, tvm_target)
     manifest = _manifest(model, graph, funcs, name, target, tvm_target, plan, qos_ms)
@@ -78,7 +83,7 @@ class KernelPlan:
     curves: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
-def _choose_kernels(graph, funcs: dict, tvm_target, *, tune_trials, database, qos_ms, units, progress) -> KernelPlan:
+def _choose_kernels(graph, funcs: dict, tvm_target, *, tune_trials, database, qos_ms, units, rpc, progress) -> KernelPlan:
     """Default schedules; tuned ones when tuning; restricted-unit candidates when a QoS target is set."""
     default = "dlight" if tvm_target.kind.name == "cuda" else "default"
     scheduled = kernels.default_schedule(funcs, tvm_target)
@@ -88,7 +93,7 @@ def _choose_kernels(graph, funcs: dict, tvm_target, *, tune_trials, database, qo
             {f: [Candidate(0, kernels.kernel_symbol(f, 0), default)] for f in funcs},
         )
     database = open_tuning_database(database, tvm_target)
-    tuned, summary = _tune(funcs, tvm_target, database, tune_trials, progress)
+    tuned, summary = _tune(funcs, tvm_target, database, tune_trials, rpc, progress)
     scheduled.update(tuned)
     if qos_ms is None:
         return KernelPlan(
@@ -122,12 +127,13 @@ def open_tuning_database(database, tvm_target, token: str | None = None):
     return open_database(database, target=tvm_target, units=units, token=token)
 
 
-def _tune(funcs: dict, tvm_target, database, trials: int, progress: bool) -> tuple[dict, dict]:
+def _tune(funcs: dict, tvm_target, database, trials: int, rpc: str | None, progress: bool) -> tuple[dict, dict]:
     """Tune into the database; returns the tuned PrimFuncs and a summary for the manifest."""
     from tvmsched import tuning
 
     url = getattr(getattr(database, "store", None), "url", type(database).__name__)
-    tuned, report = tuning.tune_layers(funcs, tvm_target, database, trials=trials, progress=progress)
+    runner = tuning.rpc_runner(rpc) if rpc else None
+    tuned, report = tuning.tune_layers(funcs, tvm_target, database, trials=trials, runner=runner, progress=progress)
     summary = {
         "trials_per_layer": trials,
         "database": url,

@@ -58,6 +58,22 @@ def make_builder(timeout_s: int = BUILD_TIMEOUT_S, max_workers: int | None = Non
     return ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=timeout_s, max_workers=max_workers)
 
 
+def rpc_runner(spec: str, session_timeout_s: int = 60):
+    """A MetaSchedule RPCRunner measuring on devices registered with a TVM RPC tracker.
+
+    Args:
+        spec: "HOST:PORT:KEY" of the tracker (`python -m tvm.exec.rpc_tracker`) and the device key
+            the servers registered with (`python -m tvm.exec.rpc_server --tracker HOST:PORT --key KEY`).
+    """
+    import tvm.s_tir.meta_schedule as ms
+
+    host, port, key = (spec.split(":") + ["", "", ""])[:3]
+    if spec.count(":") != 2 or not host or not port.isdigit() or not key:
+        raise TvmschedError(f"--rpc {spec!r} is not of the form HOST:PORT:KEY")
+    config = ms.runner.RPCConfig(tracker_host=host, tracker_port=int(port), tracker_key=key, session_timeout_sec=session_timeout_s)
+    return ms.runner.RPCRunner(rpc_config=config)
+
+
 def task_module(func):
     """The IRModule MetaSchedule tunes and keys its database by: the PrimFunc as `main`."""
     import tvm
