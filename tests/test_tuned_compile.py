@@ -81,3 +81,30 @@ def test_layers_without_a_valid_record_fall_back_and_are_reported(tmp_path):
     executor = Executor(compile_model(model))
     x = np.array([[0.0, 1.0, 2.0, -3.0]], np.float32)
     np.testing.assert_array_equal(executor.run({"x": x})["y"], np.maximum(2 * x - 1, 0))
+
+
+def test_interrupted_tuning_resumes_from_the_database(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    model, db = tmp_path / "mlp.onnx", f"sqlite:///{tmp_path / 'resume.db'}"
+    onnx.save(models.build("mlp"), model)
+    cmd = [sys.executable, "-m", "tvmsched.cli", "compile", str(model), "--tune-trials", str(TRIALS), "--db", db]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:  # wait until the second layer is being tuned
+        stats = run_cli("db", "stats", "--db", db, "--json")
+        if stats.returncode == 0 and json.loads(stats.stdout)["workloads"] >= 2:
+            break
+        time.sleep(1)
+    assert proc.poll() is None, "compile finished before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert stderr.strip().splitlines()[-1] == "interrupted" and "Traceback" not in stderr
+    resumed = run_cli("compile", model, "--tune-trials", str(TRIALS), "--db", db)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    cached = int(resumed.stdout.split(" from the database")[0].rsplit(" ", 1)[-1])
+    assert cached >= 1, resumed.stdout  # finished layers are not tuned again

@@ -266,7 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("interrupted", err=True)
-        return 130
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)  # skip TVM's worker-pool destructors, which complain when interrupted
     except Exception as err:  # a bug or an unexpected TVM failure: still one line
         if os.environ.get("TVMSCHED_DEBUG"):
             raise

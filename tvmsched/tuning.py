@@ -7,14 +7,17 @@ import `tvm.s_tir.tensor_intrin` (a 25-35 s import that times out the default bu
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
+import signal
 import sys
+import threading
 import tempfile
 import time
 import types
 from dataclasses import dataclass
 
-from tvmsched.errors import TvmschedError
+from tvmsched.errors import TvmschedError, one_line
 
 log = logging.getLogger(__name__)
 
@@ -113,14 +116,14 @@ def tune_layers(
     """
     from tqdm import tqdm
 
-    if not log.isEnabledFor(logging.INFO):  # MetaSchedule's own console logs follow our verbosity
-        logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.ERROR)
     scheduled, report = {}, []
     bar = tqdm(funcs.items(), total=len(funcs), desc=desc, unit="layer", disable=not progress, file=sys.stderr)
-    with bar, tensor_intrin_import_skipped(target):
+    with bar, tensor_intrin_import_skipped(target), _interruptible() as interrupted:
         for name, func in bar:
             bar.set_postfix_str(name[:40])
             outcome = _tune_one(name, func, target, database, trials, runner)
+            if interrupted.is_set():  # MetaSchedule swallows KeyboardInterrupt inside its callbacks
+                raise KeyboardInterrupt
             best = best_schedule(database, func, target)
             if best is None:
                 outcome = LayerTuning(name, "fallback", outcome.trials, outcome.seconds, outcome.message or "no valid record")
@@ -149,7 +152,7 @@ def _tune_one(name: str, func, target, database, trials: int, runner) -> LayerTu
     before, start = len(database), time.perf_counter()
     drop_unnamed_ms_log_handlers()
     try:
-        with tempfile.TemporaryDirectory(prefix="tvmsched-tune-") as work_dir:
+        with tempfile.TemporaryDirectory(prefix="tvmsched-tune-") as work_dir, _ms_console_quieted():
             ms.tune_tir(
                 mod, target, work_dir, max_trials_global=trials, num_trials_per_iter=min(trials, 64),
                 builder=make_builder(), runner=runner or "local", database=database,
@@ -159,7 +162,7 @@ def _tune_one(name: str, func, target, database, trials: int, runner) -> LayerTu
         raise
     except Exception as err:  # tuning failures fall back to the default schedule, reported
         log.warning("layer %s: tuning failed: %s", name, err)
-        return LayerTuning(name, "fallback", len(database) - before, time.perf_counter() - start, str(err).splitlines()[-1][:200])
+        return LayerTuning(name, "fallback", len(database) - before, time.perf_counter() - start, one_line(err)[:200])
     return LayerTuning(name, "tuned", len(database) - before, time.perf_counter() - start)
 
 
@@ -173,6 +176,45 @@ def drop_unnamed_ms_log_handlers() -> None:
     for handler in list(logger.handlers):
         if handler.get_name() is None:
             logger.removeHandler(handler)
+
+
+@contextlib.contextmanager
+def _interruptible():
+    """Record Ctrl-C (SIGINT) during tuning so the caller stops after the layer being tuned."""
+    interrupted = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted
+        return
+
+    def on_sigint(signum, frame):
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def _ms_console_quieted():
+    """MetaSchedule logs its progress tables to stdout: send them to our log unless it shows INFO."""
+    if log.isEnabledFor(logging.INFO):
+        yield
+        return
+    with contextlib.redirect_stdout(_DISCARD):
+        yield
+
+
+class _Discard(io.TextIOBase):
+    """A text stream that drops everything (stays usable by handlers bound to it)."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+_DISCARD = _Discard()
 
 
 @contextlib.contextmanager
