@@ -40,9 +40,10 @@ class Executor:
         self.plan = plan_memory(manifest.layers, manifest.tensors, keep={b.tensor for b in manifest.outputs})
         self.buffers = self._allocate(tvm)
         self.kernels = [[self.library[c.kernel] for c in layer.candidates] for layer in manifest.layers]
-        full_units = int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)
-        self.units = [[c.units or full_units for c in layer.candidates] for layer in manifest.layers]
-        self._restrict_units = device == "cpu"
+        self.units = [[c.units for c in layer.candidates] for layer in manifest.layers]  # None: all units
+        self._full_cpu_units = int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)
+        self._green = None  # GreenContexts, made when a CUDA candidate asks for fewer SMs
+        self._stream = 0  # the raw CUDA stream the last layer ran on (0: TVM's default)
         self.layer_args = [[self.buffers[t] for t in (*layer.inputs, *layer.outputs)] for layer in manifest.layers]
 
     def _allocate(self, tvm) -> dict:
@@ -77,16 +78,49 @@ class Executor:
             self.buffers[tensor_id].copyfrom(value if value.flags.c_contiguous else value.copy(order="C"))
 
     def run_layer(self, index: int, candidate_id: int = 0) -> None:
-        """Launch one layer's chosen candidate kernel on its units (asynchronous on GPU)."""
-        if self._restrict_units:
-            set_cpu_units(self.units[index][candidate_id])
-        self.kernels[index][candidate_id](*self.layer_args[index])
+        """Launch one layer's chosen candidate kernel on its units (asynchronous on GPU).
+
+        CPU: the calling thread's pool gets the candidate's thread count. CUDA: a candidate with
+        fewer SMs runs on a green-context stream of that many SMs; switching streams waits for the
+        previous one, so layers stay in order.
+        """
+        units, kernel = self.units[index][candidate_id], self.kernels[index][candidate_id]
+        if self.manifest.device == "cpu":
+            set_cpu_units(units or self._full_cpu_units)
+            kernel(*self.layer_args[index])
+            return
+        stream = 0 if units is None else self._green_contexts().stream(units)[0]
+        if stream != self._stream:
+            self._sync_stream()
+            self._stream = stream
+        if stream:
+            import tvm_ffi
+
+            with tvm_ffi.use_raw_stream(self.device, stream):
+                kernel(*self.layer_args[index])
+        else:
+            kernel(*self.layer_args[index])
+
+    def _green_contexts(self):
+        if self._green is None:
+            from tvmsched.runtime.green_contexts import GreenContexts
+
+            self._green = GreenContexts(self.device.index)
+        return self._green
+
+    def _sync_stream(self) -> None:
+        """Wait for the stream the last layer ran on."""
+        if self._stream:
+            self._green.synchronize(self._stream)
+        else:
+            self.device.sync()
 
     def run_layers(self, candidate_ids: list[int] | None = None) -> None:
         for index in range(len(self.kernels)):
             self.run_layer(index, candidate_ids[index] if candidate_ids else 0)
 
     def get_outputs(self) -> dict[str, np.ndarray]:
+        self._sync_stream()
         return {b.name: self.buffers[b.tensor].numpy() for b in self.manifest.outputs}
 
     def run(self, inputs: dict[str, np.ndarray], candidate_ids: list[int] | None = None) -> dict[str, np.ndarray]:
@@ -102,7 +136,7 @@ class Executor:
         for i in range(warmup + repeat):
             start = time.perf_counter()
             self.run_layers()
-            self.device.sync()
+            self._sync_stream()
             if i >= warmup:
                 times.append(time.perf_counter() - start)
         return times

@@ -90,7 +90,7 @@ def _choose_kernels(graph, funcs: dict, tvm_target, *, tune_trials, database, qo
     if tune_trials <= 0:
         return KernelPlan(
             {kernels.kernel_symbol(f, 0): scheduled[f] for f in funcs},
-            {f: [Candidate(0, kernels.kernel_symbol(f, 0), default)] for f in funcs},
+            {f: [_single_candidate(f, scheduled[f], default)] for f in funcs},
         )
     database = open_tuning_database(database, tvm_target)
     tuned, summary = _tune(funcs, tvm_target, database, tune_trials, rpc, progress)
@@ -98,7 +98,7 @@ def _choose_kernels(graph, funcs: dict, tvm_target, *, tune_trials, database, qo
     if qos_ms is None:
         return KernelPlan(
             {kernels.kernel_symbol(f, 0): scheduled[f] for f in funcs},
-            {f: [Candidate(0, kernels.kernel_symbol(f, 0), "tuned" if f in tuned else default)] for f in funcs},
+            {f: [_single_candidate(f, scheduled[f], "tuned" if f in tuned else default)] for f in funcs},
             tuning=summary,
         )
     from tvmsched.candidates import plan_candidates
@@ -111,6 +111,15 @@ def _choose_kernels(graph, funcs: dict, tvm_target, *, tune_trials, database, qo
         summary,
         {f: p.curve_us for f, p in plans.items()},
     )
+
+
+def _single_candidate(func: str, scheduled, schedule: str) -> Candidate:
+    """Candidate 0 of a layer built for all units, with its thread-block count."""
+    import tvm
+
+    from tvmsched.passes.launch_geometry import thread_blocks
+
+    return Candidate(0, kernels.kernel_symbol(func, 0), schedule, blocks=thread_blocks(tvm.IRModule({"main": scheduled})))
 
 
 def _manifest_candidate(func: str, c) -> Candidate:
