@@ -102,10 +102,9 @@ def plan_candidates(
 def _retuned(name, funcs, best, k, target, database, trials, arg_specs, graph, progress) -> CandidateKernel | None:
     """Re-tune `name` measured at k units; the faster of that and the full-unit best, at k."""
     from tvmsched.runtime.units import limit_worker_threads
-    import tvm.s_tir.meta_schedule as ms
 
     target_k = with_units(target, k)
-    runner = ms.runner.LocalRunner(initializer=functools.partial(limit_worker_threads, k))
+    runner = tuning.local_runner(initializer=functools.partial(limit_worker_threads, k))
     tuned, _ = tuning.tune_layers(
         {name: funcs[name]}, target_k, scoped(database, target_k, k), trials=trials, runner=runner, progress=progress,
         desc=f"re-tuning at {k} units",

@@ -123,7 +123,7 @@ def _single_candidate(func: str, scheduled, schedule: str) -> Candidate:
 
 
 def _manifest_candidate(func: str, c) -> Candidate:
-    return Candidate(c.id, kernels.kernel_symbol(func, c.id), c.schedule, c.units, c.blocks, round(c.latency_us, 3), c.memory_bytes)
+    return Candidate(c.id, kernels.kernel_symbol(func, c.id), c.schedule, c.units, c.blocks, c.latency_us, c.memory_bytes)
 
 
 def open_tuning_database(database, tvm_target, token: str | None = None):
@@ -169,8 +169,8 @@ def _manifest(
             flops=_flops(funcs[layer.func]),
             bytes=sum(graph.tensors[t].nbytes for t in (*layer.inputs, *layer.outputs)),
             candidates=tuple(plan.candidates[layer.func]),
-            qos_bound_us=None if layer.func not in plan.bounds else round(plan.bounds[layer.func], 3),
-            unit_latency_us={str(k): round(t, 3) for k, t in plan.curves[layer.func].items()} if plan.curves else None,
+            qos_bound_us=plan.bounds.get(layer.func),
+            unit_latency_us={str(k): t for k, t in plan.curves[layer.func].items()} if plan.curves else None,
         )
         for layer in graph.layers
     )

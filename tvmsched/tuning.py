@@ -32,6 +32,7 @@ def _register_user_error_with_ffi() -> None:
 _register_user_error_with_ffi()
 
 BUILD_TIMEOUT_S = 60
+RUN_TIMEOUT_S = 120  # generous: a loaded 2-core machine makes MetaSchedule's 30 s default time out
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,13 @@ def rpc_runner(spec: str, session_timeout_s: int = 60):
         raise TvmschedError(f"--rpc {spec!r} is not of the form HOST:PORT:KEY")
     config = ms.runner.RPCConfig(tracker_host=host, tracker_port=int(port), tracker_key=key, session_timeout_sec=session_timeout_s)
     return ms.runner.RPCRunner(rpc_config=config)
+
+
+def local_runner(initializer=None):
+    """MetaSchedule's LocalRunner with a generous timeout; `initializer` runs in its worker."""
+    import tvm.s_tir.meta_schedule as ms
+
+    return ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S, initializer=initializer)
 
 
 def task_module(func):
@@ -127,7 +135,7 @@ def tune_layers(
             best = best_schedule(database, func, target)
             if best is None:
                 outcome = LayerTuning(name, "fallback", outcome.trials, outcome.seconds, outcome.message or "no valid record")
-                log.warning("layer %s: tuning produced no valid record; it keeps the default schedule", name)
+                log.warning("layer %s: no valid tuning record (%s); it keeps the default schedule", name, outcome.message)
             else:
                 scheduled[name] = best
             report.append(outcome)
@@ -155,7 +163,7 @@ def _tune_one(name: str, func, target, database, trials: int, runner) -> LayerTu
         with tempfile.TemporaryDirectory(prefix="tvmsched-tune-") as work_dir, _ms_console_quieted():
             ms.tune_tir(
                 mod, target, work_dir, max_trials_global=trials, num_trials_per_iter=min(trials, 64),
-                builder=make_builder(), runner=runner or "local", database=database,
+                builder=make_builder(), runner=runner or local_runner(), database=database,
                 strategy=search_strategy(trials),
             )
     except TvmschedError:  # the database refused or is unreachable: the user must act
