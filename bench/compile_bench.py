@@ -104,6 +104,11 @@ def write_markdown(rows: list[dict], args, out: Path) -> None:
             f"{t['p50_ms']:.3f} | {o['p50_ms']:.3f} | {t['p50_ms'] / o['p50_ms']:.2f}x | {t['p99_ms']:.3f} | {o['p99_ms']:.3f} | "
             f"{t['peak_rss_mb']:.0f} ({t['model_rss_mb']:.0f}) | {o['peak_rss_mb']:.0f} ({o['model_rss_mb']:.0f}) |"
         )
+    lines += [
+        "", "Reading: kernels use TVM's default schedules here (no tuning): on CPU the legalized TIR loops run",
+        "unscheduled and mostly single-threaded, so the executor is an order of magnitude slower than onnxruntime;",
+        "tuning (bench/results/tuning.md) closes most of that gap. Artifacts are about the size of the ONNX weights.",
+    ]
     lines += gpu_section(out.parent / "raw" / "gpu_check_h100.json")
     out.write_text("\n".join(lines) + "\n")
 
