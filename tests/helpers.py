@@ -61,3 +61,14 @@ def assert_user_error(result: subprocess.CompletedProcess, *fragments: str, afte
     stderr = lines[-1]
     for fragment in fragments:
         assert fragment in stderr, (fragment, stderr)
+
+
+def cuda_available() -> bool:
+    """Whether a CUDA device can run our kernels here (never raises)."""
+    try:
+        from tvmsched.runtime.devices import tvm_device
+
+        tvm_device("cuda")
+        return True
+    except Exception:
+        return False

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.helpers import onnxruntime_outputs, run_cli
+from tests.helpers import cuda_available, onnxruntime_outputs, run_cli
 from tvmsched import models
 
 
@@ -30,15 +30,6 @@ def test_cuda_artifact_manifest(cuda_artifact):
     # with nvcc on PATH the compile embeds a fatbin (through the libcuda stub on driverless machines)
     expected = "fatbin" if shutil.which("nvcc") else "source"
     assert manifest["device_code"] == expected
-
-
-def cuda_available() -> bool:
-    try:
-        import tvm
-
-        return bool(tvm.cuda(0).exist)
-    except Exception:
-        return False
 
 
 @pytest.mark.gpu

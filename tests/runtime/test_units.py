@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pytest
 
+from tests.helpers import cuda_available
 from tvmsched import models
 from tvmsched.artifact import Artifact
 from tvmsched.pipeline import compile_model
@@ -33,16 +34,6 @@ def test_cpu_candidates_set_the_thread_pool_size():
     limited = executor.run(inputs, [1] * len(executor.manifest.layers))
     assert num_threads() == 1
     np.testing.assert_allclose(limited["output"], full["output"], rtol=1e-6, atol=1e-7)
-
-
-def cuda_available() -> bool:
-    try:
-        from tvmsched.runtime.devices import tvm_device
-
-        tvm_device("cuda")
-        return True
-    except Exception:
-        return False
 
 
 @pytest.mark.gpu
