@@ -15,7 +15,3 @@ def set_cpu_units(units: int) -> None:
         tvm.get_global_func("runtime.config_threadpool")(0, int(units))
         _local.units = units
 
-
-def limit_worker_threads(units: int) -> None:
-    """Initializer for MetaSchedule runner workers: measure under `units` threads."""
-    set_cpu_units(units)

@@ -11,6 +11,7 @@ Candidate IDs: 0 = full units, then by decreasing units.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from dataclasses import dataclass, field
@@ -91,26 +92,27 @@ def plan_candidates(
     for name in funcs:
         kept = kept_units(curves[name], bounds[name], full)
         full_unit = _candidate(0, full, best[name], curves[name][full], "tuned", graph, name)
-        restricted = [c for k in sorted(kept, reverse=True) if (c := _retuned(name, funcs, best, k, target, database, trials, arg_specs, graph, progress))]
+        restricted = [_retuned(name, funcs, best, curves[name][k], k, target, database, trials, arg_specs, graph, progress) for k in sorted(kept, reverse=True)]
         restricted = [c for c in restricted if c.latency_us <= bounds[name]]
-        candidates = [full_unit, *(_with_id(c, i) for i, c in enumerate(restricted, start=1))]
+        candidates = [full_unit, *(dataclasses.replace(c, id=i) for i, c in enumerate(restricted, start=1))]
         plans[name] = LayerCandidates(name, curves[name], bounds[name], kept, candidates)
         log.info("%s: bound %.1f us, kept units %s, %d candidates", name, bounds[name], kept, len(candidates))
     return plans
 
 
-def _retuned(name, funcs, best, k, target, database, trials, arg_specs, graph, progress) -> CandidateKernel | None:
-    """Re-tune `name` measured at k units; the faster of that and the full-unit best, at k."""
-    from tvmsched.runtime.units import limit_worker_threads
+def _retuned(name, funcs, best, best_at_k_us, k, target, database, trials, arg_specs, graph, progress) -> CandidateKernel:
+    """Re-tune `name` measured at k units; the faster at k of that and the full-unit best (`best_at_k_us`, step 2)."""
+    from tvmsched.runtime.units import set_cpu_units
 
     target_k = with_units(target, k)
-    runner = tuning.local_runner(initializer=functools.partial(limit_worker_threads, k))
+    runner = tuning.local_runner(initializer=functools.partial(set_cpu_units, k))
     tuned, _ = tuning.tune_layers(
         {name: funcs[name]}, target_k, scoped(database, target_k, k), trials=trials, runner=runner, progress=progress,
         desc=f"re-tuning at {k} units",
     )
-    options = [(best[name], "tuned")] + ([(tuned[name], "retuned")] if name in tuned else [])
-    timed = [(measure_at_units(f, target, arg_specs[name], [k])[k], f, kind) for f, kind in options]
+    timed = [(best_at_k_us, best[name], "tuned")]
+    if name in tuned:
+        timed.append((measure_at_units(tuned[name], target, arg_specs[name], [k])[k], tuned[name], "retuned"))
     latency, func, kind = min(timed, key=lambda item: item[0])
     return _candidate(-1, k, func, latency, kind, graph, name)
 
@@ -142,10 +144,6 @@ def _candidate(cid: int, units: int, func, latency_us: float, schedule: str, gra
     layer = next(layer for layer in graph.layers if layer.func == name)
     args_bytes = sum(graph.tensors[t].nbytes for t in (*layer.inputs, *layer.outputs))
     return CandidateKernel(cid, units, blocks, latency_us, args_bytes + _workspace_bytes(func), schedule, func)
-
-
-def _with_id(candidate: CandidateKernel, cid: int) -> CandidateKernel:
-    return CandidateKernel(cid, candidate.units, candidate.blocks, candidate.latency_us, candidate.memory_bytes, candidate.schedule, candidate.func)
 
 
 def _workspace_bytes(func) -> int:

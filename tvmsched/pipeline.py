@@ -87,14 +87,11 @@ def _choose_kernels(graph, funcs: dict, tvm_target, *, tune_trials, database, qo
     """Default schedules; tuned ones when tuning; restricted-unit candidates when a QoS target is set."""
     default = "dlight" if tvm_target.kind.name == "cuda" else "default"
     scheduled = kernels.default_schedule(funcs, tvm_target)
-    if tune_trials <= 0:
-        return KernelPlan(
-            {kernels.kernel_symbol(f, 0): scheduled[f] for f in funcs},
-            {f: [_single_candidate(f, scheduled[f], default)] for f in funcs},
-        )
-    database = open_tuning_database(database, tvm_target)
-    tuned, summary = _tune(funcs, tvm_target, database, tune_trials, rpc, progress)
-    scheduled.update(tuned)
+    tuned, summary = {}, None
+    if tune_trials > 0:
+        database = open_tuning_database(database, tvm_target)
+        tuned, summary = _tune(funcs, tvm_target, database, tune_trials, rpc, progress)
+        scheduled.update(tuned)
     if qos_ms is None:
         return KernelPlan(
             {kernels.kernel_symbol(f, 0): scheduled[f] for f in funcs},

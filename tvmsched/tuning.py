@@ -155,7 +155,7 @@ def _tune_one(name: str, func, target, database, trials: int, runner) -> LayerTu
     import tvm.s_tir.meta_schedule as ms
 
     mod = task_module(func)
-    if database.has_workload(mod) and database.query_tuning_record(mod, target, "main") is not None:
+    if database.query_tuning_record(mod, target, "main") is not None:
         return LayerTuning(name, "cached", 0, 0.0)
     before, start = len(database), time.perf_counter()
     drop_unnamed_ms_log_handlers()
@@ -207,7 +207,7 @@ def _interruptible():
 
 @contextlib.contextmanager
 def _ms_console_quieted():
-    """MetaSchedule logs its progress tables to stdout: send them to our log unless it shows INFO."""
+    """MetaSchedule prints its progress tables to stdout: drop them unless our log shows INFO (-v)."""
     if log.isEnabledFor(logging.INFO):
         yield
         return
