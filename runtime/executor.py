@@ -89,7 +89,7 @@ class Executor:
             set_cpu_units(units or self._full_cpu_units)
             kernel(*self.layer_args[index])
             return
-        stream = 0 if units is None else self._green_contexts().stream(units)[0]
+        stream = 0 if not units else self._green_contexts().stream(units)[0]  # None or 0: all SMs
         if stream != self._stream:
             self._sync_stream()
             self._stream = stream

@@ -35,6 +35,7 @@ class Candidate:
     blocks: int | None = None  # thread-block count / parallel extent, when known
     latency_us: float | None = None  # isolated latency, when measured
     memory_bytes: int | None = None  # arguments plus workspace
+    mechanism: str | None = None  # how its units are restricted: "cpu_threads" or "green_context"
 
 
 @dataclass(frozen=True)

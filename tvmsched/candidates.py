@@ -14,10 +14,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 from dataclasses import dataclass, field
 
 from tvmsched import tuning
 from tvmsched.errors import TvmschedError
+from tvmsched.layers import arg_specs as layer_arg_specs
 from tvmsched.measure import measure_at_units
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,7 @@ class CandidateKernel:
     memory_bytes: int
     schedule: str  # "tuned" (full units), "retuned" (at its units) or the default schedule's name
     func: object = field(repr=False, compare=False)
+    mechanism: str = "cpu_threads"
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ def plan_candidates(
 ) -> dict[str, LayerCandidates]:
     """Run steps 2-5 for every PrimFunc; `best` holds each one's full-unit implementation."""
     units_list, full = units_to_try(target, units), cpu_units(target)
-    arg_specs = _arg_specs(graph)
+    arg_specs = layer_arg_specs(graph)
     curves = {name: measure_at_units(best[name], target, arg_specs[name], sorted({*units_list, full})) for name in funcs}
     bounds = qos_bounds([(layer.func, curves[layer.func][full]) for layer in graph.layers], qos_ms)
     plans = {}
@@ -98,6 +101,72 @@ def plan_candidates(
         plans[name] = LayerCandidates(name, curves[name], bounds[name], kept, candidates)
         log.info("%s: bound %.1f us, kept units %s, %d candidates", name, bounds[name], kept, len(candidates))
     return plans
+
+
+def plan_from_records(graph, funcs: dict, target, database, *, qos_ms: float, units: list[int] | None) -> dict[str, LayerCandidates]:
+    """Steps 2-5 from measured records (a kit measured on the device machine, `tvmsched tune import`).
+
+    Each layer's records at all units give its best implementation (step 1); the records of that
+    same schedule at k units give its curve (step 2); the fastest record at k units is the re-tuned
+    implementation (step 5), measured under that restriction on the device. No device needed here.
+    """
+    from tvmsched.tuning_db.store import target_hash
+    from tvmsched.tuning_db.ms_adapter import target_to_json
+
+    store = database.store
+    t_hash = target_hash(target_to_json(target))
+    mechanism = "cpu_threads" if target.kind.name == "llvm" else "green_context"
+    full = cpu_units(target) if target.kind.name == "llvm" else 0
+    measured = {}
+    for name, func in funcs.items():
+        found = database._resolve(tuning.task_module(func), commit=False)
+        rows = [] if found is None else store.top_k(found[0], 1_000_000, target_hash=t_hash)
+        by_units: dict[int, list] = {}
+        for row in rows:  # fastest first
+            by_units.setdefault(row.units, []).append(row)
+        if full not in by_units:
+            raise TvmschedError(
+                f"layer {name} has no measured record at all units for {target.kind.name}: build, measure and import "
+                "a kit first (tvmsched tune kit / tune measure / tune import)"
+            )
+        measured[name] = by_units
+    curves = {}
+    for name, by_units in measured.items():
+        best = by_units[full][0]
+        curve = {k: _same_schedule(rows, best).mean_latency_s * 1e6 for k, rows in by_units.items()
+                 if k != full and (units is None or k in units) and _same_schedule(rows, best) is not None}
+        curves[name] = {**dict(sorted(curve.items())), full: best.mean_latency_s * 1e6}
+    bounds = qos_bounds([(layer.func, curves[layer.func][full]) for layer in graph.layers], qos_ms)
+    plans = {}
+    for name, by_units in measured.items():
+        best, full_func = by_units[full][0], _scheduled(funcs[name], by_units[full][0])
+        kept = kept_units(curves[name], bounds[name], full=math.inf)
+        kept = [k for k in kept if k != full]
+        candidates = [_candidate(0, full, full_func, curves[name][full], "tuned", graph, name, mechanism)]
+        for k in sorted(kept, reverse=True):
+            top = by_units[k][0]
+            if top.mean_latency_s * 1e6 > bounds[name]:
+                continue
+            kind = "tuned" if top.trace_json == best.trace_json else "retuned"
+            func = _scheduled(funcs[name], top)
+            candidates.append(_candidate(len(candidates), k, func, top.mean_latency_s * 1e6, kind, graph, name, mechanism))
+        plans[name] = LayerCandidates(name, curves[name], bounds[name], kept, candidates)
+    return plans
+
+
+def _same_schedule(rows, record):
+    return next((row for row in rows if row.trace_json == record.trace_json), None)
+
+
+def _scheduled(func, row):
+    """The PrimFunc a stored record's schedule makes of `func`."""
+    import json
+
+    from tvm.s_tir.schedule import Schedule, Trace
+
+    sch = Schedule(tuning.task_module(func))
+    Trace.apply_json_to_schedule(json.loads(row.trace_json), sch)
+    return sch.mod["main"]
 
 
 def _retuned(name, funcs, best, best_at_k_us, k, target, database, trials, arg_specs, graph, progress) -> CandidateKernel:
@@ -135,7 +204,7 @@ def scoped(database, target_k, k: int):
     return TuningDatabase(store, units=k, unit_kind="cpu_thread", target=target_k)
 
 
-def _candidate(cid: int, units: int, func, latency_us: float, schedule: str, graph, name: str) -> CandidateKernel:
+def _candidate(cid: int, units: int, func, latency_us: float, schedule: str, graph, name: str, mechanism: str = "cpu_threads") -> CandidateKernel:
     import tvm
 
     from tvmsched.passes.launch_geometry import thread_blocks
@@ -143,7 +212,7 @@ def _candidate(cid: int, units: int, func, latency_us: float, schedule: str, gra
     blocks = thread_blocks(tvm.IRModule({"main": func}))
     layer = next(layer for layer in graph.layers if layer.func == name)
     args_bytes = sum(graph.tensors[t].nbytes for t in (*layer.inputs, *layer.outputs))
-    return CandidateKernel(cid, units, blocks, latency_us, args_bytes + _workspace_bytes(func), schedule, func)
+    return CandidateKernel(cid, units, blocks, latency_us, args_bytes + _workspace_bytes(func), schedule, func, mechanism)
 
 
 def _workspace_bytes(func) -> int:
@@ -155,12 +224,3 @@ def _workspace_bytes(func) -> int:
         return int(sum(int(v) for per_func in sizes.values() for v in per_func.values()))
     except Exception:  # informative only
         return 0
-
-
-def _arg_specs(graph) -> dict[str, list[tuple[tuple[int, ...], str]]]:
-    """(shape, dtype) of each PrimFunc's arguments, from the first layer that calls it."""
-    specs = {}
-    for layer in graph.layers:
-        if layer.func not in specs:
-            specs[layer.func] = [(graph.tensors[t].shape, graph.tensors[t].dtype) for t in (*layer.inputs, *layer.outputs)]
-    return specs

@@ -79,7 +79,7 @@ def compile_cmd(
 
     if tune_trials < 0:
         raise TvmschedError("--tune-trials must be >= 0")
-    database = _open_database(db_url, db_token_file, target) if tune_trials else None
+    database = _open_database(db_url, db_token_file, target) if tune_trials or qos_ms else None
     artifact = compile_file(
         model, target=target, input_shapes=shapes, tune_trials=tune_trials, database=database, progress=tune_trials > 0,
         qos_ms=qos_ms, units=_parse_units(units_csv), rpc=rpc,
@@ -93,6 +93,65 @@ def compile_cmd(
         f"wrote {output}: {len(manifest.layers)} layers, {manifest.device} ({manifest.device_code}), "
         f"{os.path.getsize(output) / 1e6:.2f} MB"
     )
+
+
+@cli.group()
+def tune() -> None:
+    """Build-here / measure-there tuning for a device this machine lacks (e.g. a GPU)."""
+
+
+@tune.command("kit")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), required=True, help="Kit folder.")
+@click.option("--target", default="cuda", show_default=True, help="llvm, cuda, a TVM target tag or a JSON target.")
+@click.option("--samples", default=32, show_default=True, help="MetaSchedule schedules sampled per layer.")
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=D1,D2,...", help="Fix a dynamic input shape.")
+def tune_kit(model: str, out_dir: str, target: str, samples: int, input_shapes: tuple[str, ...]) -> None:
+    """Sample and build schedules of every layer of MODEL into a measurement kit."""
+    from tvmsched.frontend import load_onnx, parse_input_shapes
+    from tvmsched.targets import is_cuda_spec
+
+    shapes = parse_input_shapes(input_shapes)
+    if is_cuda_spec(target):
+        from tvmsched.cuda_toolchain import prepare_cuda_build
+
+        prepare_cuda_build()
+    from tvmsched.measure_kit import build_kit
+
+    kit = build_kit(load_onnx(model), out_dir, target=target, samples=samples, input_shapes=shapes, name=Path(model).stem)
+    count = sum(len(entry["samples"]) for entry in kit["funcs"])
+    click.echo(f"wrote {out_dir}: {len(kit['funcs'])} layers, {count} kernels for {kit['device']}")
+
+
+@tune.command("measure")
+@click.argument("kit_dir", type=click.Path(file_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Results JSON file.")
+@click.option("--units", "units_csv", metavar="K1,K2,...", help="Unit counts (default: GPU partition multiples; CPU 1..all).")
+@click.option("--repeat", default=5, show_default=True, help="Timed batches per kernel and unit count (median).")
+def tune_measure(kit_dir: str, output: str, units_csv: str | None, repeat: int) -> None:
+    """Time every kernel of a kit at each unit count on this machine's device (needs only the TVM runtime)."""
+    from tvmsched.runtime.kit_measure import measure_kit, write_results
+
+    results = measure_kit(kit_dir, _parse_units(units_csv), repeat=repeat)
+    write_results(results, output)
+    click.echo(f"wrote {output}: {results['device_name']}, units {results['units']}")
+
+
+@tune.command("import")
+@click.argument("kit_dir", type=click.Path(file_okay=False))
+@click.argument("results_path", type=click.Path(dir_okay=False))
+@click.option("--db", "db_url", help="Database URL (default: the local SQLite file).")
+@click.option("--db-token-file", type=click.Path(dir_okay=False), help="Bearer token for a database service.")
+def tune_import(kit_dir: str, results_path: str, db_url: str | None, db_token_file: str | None) -> None:
+    """Store a kit's measurements as tuning records, scoped by unit count."""
+    from tvmsched.measure_kit import import_results
+
+    try:
+        results = json.loads(Path(results_path).read_text())
+    except (OSError, ValueError) as err:
+        raise TvmschedError(f"cannot read results {results_path}: {one_line(err)}") from None
+    stored = import_results(kit_dir, results, db_url, token=_read_token(db_token_file))
+    click.echo(f"stored {stored} measured records")
 
 
 @cli.command("run")

@@ -111,3 +111,12 @@ def _add_tensor(graph: Graph, tensor_id: str, ty, kind: str) -> str:
 
 def _next_id(graph: Graph, prefix: str) -> str:
     return f"{prefix}{sum(tensor_id.startswith(prefix) for tensor_id in graph.tensors)}"
+
+
+def arg_specs(graph) -> dict[str, list[tuple[tuple[int, ...], str]]]:
+    """(shape, dtype) of each PrimFunc's arguments, from the first layer that calls it."""
+    specs = {}
+    for layer in graph.layers:
+        if layer.func not in specs:
+            specs[layer.func] = [(graph.tensors[t].shape, graph.tensors[t].dtype) for t in (*layer.inputs, *layer.outputs)]
+    return specs

@@ -26,10 +26,10 @@ def measure_at_units(func, target, arg_specs, units_list: list[int], *, repeat: 
     rng = np.random.default_rng(0)
     args = [tvm.runtime.tensor(_random(rng, shape, dtype), dev) for shape, dtype in arg_specs]
     timer = lib.mod.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
-    return {k: _timed_in_thread(timer, args, k) for k in units_list}
+    return {k: timed_in_thread(timer, args, k) for k in units_list}
 
 
-def _timed_in_thread(timer, args, units: int) -> float:
+def timed_in_thread(timer, args, units: int) -> float:
     """Time in a fresh thread whose TVM pool has `units` threads (pools are per Python thread)."""
     from tvmsched.runtime.units import set_cpu_units
 

@@ -50,18 +50,17 @@ def compile_model(
         rpc: "HOST:PORT:KEY" of a TVM RPC tracker: measure tuning candidates on its devices.
         progress: show a progress bar while tuning.
     """
-    if qos_ms is not None and (qos_ms <= 0 or tune_trials <= 0):
-        raise TvmschedError("--qos-ms needs a positive target and --tune-trials > 0")
+    if qos_ms is not None and qos_ms <= 0:
+        raise TvmschedError("--qos-ms needs a positive target")
     if rpc is not None and (tune_trials <= 0 or qos_ms is not None):
         raise TvmschedError("--rpc measures tuning trials: it needs --tune-trials > 0 and no --qos-ms (not supported yet)")
-    signature = frontend.input_signature(model, input_shapes)
-    frontend.check_supported_ops(model)
-    tvm_target = make_target(target)
-    mod = frontend.to_relax(model, signature)
-    mod = lowering.legalize_and_fuse(mod, tvm_target)
-    graph = extract_graph(mod)
-    all_funcs = kernels.layer_funcs(mod)
-    funcs = {f: all_funcs[f] for f in dict.fromkeys(layer.func for layer in graph.layers)}
+    kind = make_target(target).kind.name
+    if qos_ms is not None and tune_trials > 0 and kind != "llvm":
+        raise TvmschedError(
+            f"restricted-unit tuning on {kind} measures on the device machine: build, measure and import a kit "
+            "(tvmsched tune kit / tune measure / tune import), then compile with --qos-ms and no --tune-trials"
+        )
+    graph, funcs, tvm_target = lower_model(model, target, input_shapes)
     plan = _choose_kernels(
         graph, funcs, tvm_target, tune_trials=tune_trials, database=database, qos_ms=qos_ms, units=units, rpc=rpc,
         progress=progress,
@@ -70,6 +69,19 @@ def compile_model(
     manifest = _manifest(model, graph, funcs, name, target, tvm_target, plan, qos_ms)
     log.info("compiled %s: %d layers, %d kernels", name, len(graph.layers), len(plan.kernels))
     return Artifact(manifest, library, graph.weights)
+
+
+def lower_model(model: onnx.ModelProto, target="llvm", input_shapes: dict | None = None):
+    """ONNX → Relax → fused layers: (Graph, {PrimFunc name: unscheduled PrimFunc}, tvm Target)."""
+    signature = frontend.input_signature(model, input_shapes)
+    frontend.check_supported_ops(model)
+    tvm_target = make_target(target)
+    mod = frontend.to_relax(model, signature)
+    mod = lowering.legalize_and_fuse(mod, tvm_target)
+    graph = extract_graph(mod)
+    all_funcs = kernels.layer_funcs(mod)
+    funcs = {f: all_funcs[f] for f in dict.fromkeys(layer.func for layer in graph.layers)}
+    return graph, funcs, tvm_target
 
 
 @dataclass
@@ -98,9 +110,17 @@ def _choose_kernels(graph, funcs: dict, tvm_target, *, tune_trials, database, qo
             {f: [_single_candidate(f, scheduled[f], "tuned" if f in tuned else default)] for f in funcs},
             tuning=summary,
         )
-    from tvmsched.candidates import plan_candidates
+    from tvmsched.candidates import plan_candidates, plan_from_records
 
-    plans = plan_candidates(graph, funcs, scheduled, tvm_target, database, qos_ms=qos_ms, units=units, trials=tune_trials, progress=progress)
+    if tune_trials > 0:
+        plans = plan_candidates(graph, funcs, scheduled, tvm_target, database, qos_ms=qos_ms, units=units, trials=tune_trials, progress=progress)
+    else:  # candidates from records measured elsewhere (a kit measured on the device machine)
+        database = open_tuning_database(database, tvm_target)
+        plans = plan_from_records(graph, funcs, tvm_target, database, qos_ms=qos_ms, units=units)
+        url = getattr(database.store, "url", type(database).__name__)
+        message = "candidates from records measured on the device"
+        summary = {"trials_per_layer": 0, "database": url,
+                   "layers": {f: {"status": "cached", "trials": 0, "seconds": 0.0, "message": message} for f in funcs}}
     return KernelPlan(
         {kernels.kernel_symbol(f, c.id): c.func for f, p in plans.items() for c in p.candidates},
         {f: [_manifest_candidate(f, c) for c in p.candidates] for f, p in plans.items()},
@@ -120,7 +140,9 @@ def _single_candidate(func: str, scheduled, schedule: str) -> Candidate:
 
 
 def _manifest_candidate(func: str, c) -> Candidate:
-    return Candidate(c.id, kernels.kernel_symbol(func, c.id), c.schedule, c.units, c.blocks, c.latency_us, c.memory_bytes)
+    return Candidate(
+        c.id, kernels.kernel_symbol(func, c.id), c.schedule, c.units, c.blocks, c.latency_us, c.memory_bytes, c.mechanism
+    )
 
 
 def open_tuning_database(database, tvm_target, token: str | None = None):
@@ -129,7 +151,7 @@ def open_tuning_database(database, tvm_target, token: str | None = None):
         return database
     from tvmsched.tuning_db import open_database
 
-    units = int(tvm_target.attrs.get("num-cores", 0)) if tvm_target.kind.name == "llvm" else None
+    units = int(tvm_target.attrs.get("num-cores", 0)) if tvm_target.kind.name == "llvm" else 0  # GPUs: 0 = all SMs
     return open_database(database, target=tvm_target, units=units, token=token)
 
 

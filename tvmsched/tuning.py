@@ -86,10 +86,15 @@ def local_runner(initializer=None):
 
 
 def task_module(func):
-    """The IRModule MetaSchedule tunes and keys its database by: the PrimFunc as `main`."""
+    """The IRModule MetaSchedule tunes and keys its database by: a deep copy of the PrimFunc as `main`.
+
+    The copy matters: when Python holds the only reference, `with_attr` and schedule primitives
+    modify the PrimFunc in place (see docs/tvm-pitfalls.md).
+    """
     import tvm
 
-    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    copy = tvm.ir.load_json(tvm.ir.save_json(func))
+    return tvm.IRModule({"main": copy.with_attr("global_symbol", "main")})
 
 
 def best_schedule(database, func, target):
@@ -237,3 +242,35 @@ def tensor_intrin_import_skipped(target):
         yield
     finally:
         sys.modules.pop(key, None)
+
+
+def sample_schedules(func, target, count: int, *, seed: int = 0, attempts_per_sample: int = 64) -> list:
+    """Up to `count` distinct random schedules of `func` from MetaSchedule's design space.
+
+    What MetaSchedule's replay-trace search does: each design space's trace is replayed with its
+    sampling decisions dropped (so they are drawn anew), then the target's postprocessors must
+    accept it (on CUDA they reject schedules that break shared memory or thread limits).
+    Used where candidates are built here and measured on another machine (`tvmsched.measure_kit`).
+    """
+    import tvm.s_tir.meta_schedule as ms
+    from tvm.s_tir.schedule import Schedule, Trace
+
+    mod = task_module(func)
+    with tensor_intrin_import_skipped(target):
+        context = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply", task_name="main")
+        spaces = context.space_generator.generate_design_space(mod)
+        postprocs = context.space_generator.postprocs
+    found: dict[str, object] = {}
+    for attempt in range(count * attempts_per_sample):
+        if len(found) >= count:
+            break
+        trace = spaces[attempt % len(spaces)].trace
+        sch = Schedule(mod, seed=seed * 1_000_003 + attempt + 1)
+        try:
+            Trace(trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
+            if not all(proc.apply(sch) for proc in postprocs):
+                continue
+        except Exception:  # noqa: BLE001  (an invalid sample is skipped, as MetaSchedule does)
+            continue
+        found.setdefault(str(sch.trace.as_json()), sch)
+    return list(found.values())

@@ -1,0 +1,155 @@
+"""Measure-there: time every sampled kernel of a measurement kit at each compute-unit count.
+
+Runs with a runtime-only TVM (the GPU machine has no TVM compiler). CUDA: each unit count is a
+green context of that many SMs; the SM count and partition granularity come from the device.
+CPU: each unit count is a TVM thread pool of that many threads. Kits are made by
+`tvmsched tune kit` (tvmsched.measure_kit), results go back with `tvmsched tune import`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tvmsched.errors import TvmschedError, one_line
+
+KIT_FILE = "kit.json"
+KIT_VERSION = 1
+MIN_BATCH_US = 2000.0  # each timed batch of launches lasts at least this long
+
+
+def read_kit(kit_dir: str | Path) -> dict:
+    """The kit's index, checked."""
+    path = Path(kit_dir) / KIT_FILE
+    try:
+        kit = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise TvmschedError(f"{kit_dir} is not a measurement kit (no {KIT_FILE})") from None
+    except (OSError, ValueError) as err:
+        raise TvmschedError(f"cannot read {path}: {one_line(err)}") from None
+    if not isinstance(kit, dict) or kit.get("version") != KIT_VERSION or not isinstance(kit.get("funcs"), list):
+        raise TvmschedError(f"{path} is not a version-{KIT_VERSION} measurement kit")
+    return kit
+
+
+def device_units(device: str) -> tuple[int, int, str]:
+    """(all units, smallest partition, unit kind) of this machine's device, queried from it."""
+    if device == "cuda":
+        from tvmsched.runtime.green_contexts import GreenContexts
+
+        green = GreenContexts(0)
+        return green.sm_count, green.granularity, "gpu_sm"
+    return int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1), 1, "cpu_thread"
+
+
+def default_unit_counts(full: int, granularity: int) -> list[int]:
+    """Multiples of the partition granularity below the full count, then the full count."""
+    return [*range(granularity, full, granularity), full]
+
+
+def measure_kit(kit_dir: str | Path, units: list[int] | None = None, *, repeat: int = 5, progress: bool = True) -> dict:
+    """Median latency (us) of every sample of every function at each unit count.
+
+    Returns the results document `tvmsched tune import` reads: kit id, device facts, unit counts,
+    and times_us[func][symbol][units] (None where a kernel failed).
+    """
+    import tvm
+    from tqdm import tqdm
+
+    from tvmsched.runtime.devices import tvm_device
+
+    kit_dir = Path(kit_dir)
+    kit = read_kit(kit_dir)
+    dev = tvm_device(kit["device"])
+    full, granularity, kind = device_units(kit["device"])
+    counts = sorted(set(units or default_unit_counts(full, granularity)))
+    if bad := [k for k in counts if not 1 <= k <= full]:
+        raise TvmschedError(f"unit counts {bad} outside 1..{full} on this device")
+    timer = _GpuTimer(dev) if kit["device"] == "cuda" else _CpuTimer(dev)
+    times: dict[str, dict[str, dict[str, float | None]]] = {}
+    total = sum(len(entry["samples"]) for entry in kit["funcs"])
+    with tqdm(total=total, desc="measuring", unit="kernel", disable=not progress, file=sys.stderr) as bar:
+        for entry in kit["funcs"]:
+            lib = tvm.runtime.load_module(str(kit_dir / entry["library"]))
+            args = [tvm.runtime.tensor(_random(shape, dtype), dev) for shape, dtype in entry["args"]]
+            per_func = times.setdefault(entry["func"], {})
+            for sample in entry["samples"]:
+                per_func[sample["symbol"]] = {str(k): timer.median_us(lib, sample["symbol"], args, k, repeat) for k in counts}
+                bar.update()
+    return {
+        "kit": kit["id"], "device": kit["device"], "device_name": timer.name, "unit_kind": kind,
+        "full_units": full, "granularity": granularity, "units": counts, "mechanism": timer.mechanism,
+        "times_us": times,
+    }
+
+
+class _CpuTimer:
+    """TVM's time evaluator in a thread whose pool has k threads."""
+
+    mechanism = "cpu_threads"
+
+    def __init__(self, dev):
+        import platform
+
+        self.dev, self.name = dev, platform.processor() or platform.machine()
+
+    def median_us(self, lib, symbol, args, k, repeat) -> float | None:
+        from tvmsched.measure import timed_in_thread
+
+        try:
+            evaluator = lib.time_evaluator(symbol, self.dev, number=1, repeat=repeat, min_repeat_ms=10)
+            return timed_in_thread(evaluator, args, k)
+        except Exception:  # noqa: BLE001  (a failing sample is recorded as such)
+            return None
+
+
+class _GpuTimer:
+    """CUDA events around batches of launches on a green-context stream of k SMs."""
+
+    mechanism = "green_context"
+
+    def __init__(self, dev):
+        from tvmsched.runtime.green_contexts import GreenContexts, _check
+
+        self.dev, self.green, self._check = dev, GreenContexts(dev.index), _check
+        drv = self.green.drv
+        self.name = _check(drv.cuDeviceGetName(128, self.green.device)).decode().strip("\x00")
+        self.start, self.end = (_check(drv.cuEventCreate(0)) for _ in range(2))
+
+    def _batch_us(self, fn, args, stream, number) -> float:
+        drv, check = self.green.drv, self._check
+        check(drv.cuEventRecord(self.start, drv.CUstream(stream)))
+        for _ in range(number):
+            fn(*args)
+        check(drv.cuEventRecord(self.end, drv.CUstream(stream)))
+        check(drv.cuEventSynchronize(self.end))
+        return float(check(drv.cuEventElapsedTime(self.start, self.end))) * 1e3 / number
+
+    def median_us(self, lib, symbol, args, k, repeat) -> float | None:
+        import tvm_ffi
+
+        stream, _ = self.green.stream(k)
+        fn = lib[symbol]
+        try:
+            with tvm_ffi.use_raw_stream(self.dev, stream):
+                once = self._batch_us(fn, args, stream, 1)  # also the warm-up
+                number = int(min(1000, max(1, MIN_BATCH_US // max(once, 1.0))))
+                return float(np.median([self._batch_us(fn, args, stream, number) for _ in range(repeat)]))
+        except Exception:  # noqa: BLE001
+            self.green.synchronize(stream)
+            return None
+
+
+def _random(shape, dtype) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    if np.issubdtype(np.dtype(dtype), np.floating):
+        return rng.standard_normal(shape).astype(dtype)
+    return np.zeros(shape, dtype)
+
+
+def write_results(results: dict, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(results, indent=1))

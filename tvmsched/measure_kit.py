@@ -1,0 +1,143 @@
+"""Build-here / measure-there tuning for devices this machine lacks (the GPU machine has no TVM compiler).
+
+1. `build_kit` (here): per layer, MetaSchedule samples random schedules from its design space
+   (replay-trace search), all built into one library per layer; kit.json lists them.
+2. `tvmsched.runtime.kit_measure.measure_kit` (there): times every sample at each unit count.
+3. `import_results` (here): every measured (sample, unit count) becomes a tuning record of the
+   database, scoped by that unit count (all units: 0 on GPUs). Nothing unmeasured is stored.
+Then `tvmsched compile --qos-ms` plans the candidates from those records without a device.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import uuid
+from pathlib import Path
+
+from tvmsched import kernels, tuning
+from tvmsched.errors import TvmschedError
+from tvmsched.layers import arg_specs
+from tvmsched.runtime.kit_measure import KIT_FILE, KIT_VERSION, read_kit
+
+log = logging.getLogger(__name__)
+
+
+def build_kit(model, out_dir: str | Path, *, target: str = "cuda", samples: int = 32, input_shapes=None,
+              name: str = "model", progress: bool = True) -> dict:
+    """Sample and build `samples` schedules of every layer of `model` into `out_dir`; returns kit.json."""
+    import tvm
+    from tqdm import tqdm
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    from tvmsched.pipeline import lower_model
+    from tvmsched.tuning_db.ms_adapter import target_dict
+
+    if samples < 1:
+        raise TvmschedError("--samples must be at least 1")
+    graph, funcs, tvm_target = lower_model(model, target, input_shapes)
+    specs = arg_specs(graph)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    entries = []
+    bar = tqdm(funcs.items(), desc="sampling and building", unit="layer", disable=not progress, file=sys.stderr)
+    for index, (func_name, func) in enumerate(bar):
+        bar.set_postfix_str(func_name[:40])
+        schedules = tuning.sample_schedules(func, tvm_target, samples, seed=index)
+        built = _build(func_name, schedules, tvm_target, out)
+        if not built:
+            log.warning("layer %s: no valid sampled schedule; it keeps the default schedule", func_name)
+            continue
+        mod = tuning.task_module(func)
+        entries.append({
+            "func": func_name,
+            "library": built[0],
+            "args": [[list(shape), dtype] for shape, dtype in specs[func_name]],
+            "workload": tvm.ir.save_json(mod),
+            "args_info": [_plain(a.as_json()) for a in ArgInfo.from_prim_func(mod["main"])],
+            "samples": [{"symbol": sym, "trace": _plain(sch.trace.as_json())} for sym, sch in built[1]],
+        })
+    kit = {
+        "version": KIT_VERSION, "id": uuid.uuid4().hex, "model": name,
+        "device": "cuda" if tvm_target.kind.name == "cuda" else "cpu",
+        "target": target_dict(tvm_target), "funcs": entries,
+    }
+    (out / KIT_FILE).write_text(json.dumps(kit))
+    return kit
+
+
+def _build(func_name: str, schedules: list, target, out: Path):
+    """(library file, [(symbol, schedule)]) of the samples that compile; None if none does."""
+    symbols = [(f"{func_name}__s{i}", sch) for i, sch in enumerate(schedules)]
+    try:
+        data = kernels.build_library({sym: sch.mod["main"] for sym, sch in symbols}, target)
+    except TvmschedError:  # one bad sample fails the whole build: keep those that build alone
+        symbols = [(sym, sch) for sym, sch in symbols if _builds(sym, sch, target)]
+        if not symbols:
+            return None
+        data = kernels.build_library({sym: sch.mod["main"] for sym, sch in symbols}, target)
+    library = f"{func_name}.so"
+    (out / library).write_bytes(data)
+    return library, symbols
+
+
+def _builds(symbol: str, sch, target) -> bool:
+    try:
+        kernels.build_library({symbol: sch.mod["main"]}, target)
+        return True
+    except TvmschedError:
+        return False
+
+
+def import_results(kit_dir: str | Path, results: dict, database=None, token: str | None = None) -> int:
+    """Store every measured (sample, unit count) of a kit as a tuning record; returns how many."""
+    from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
+
+    from tvmsched.tuning_db import TuningDatabase, open_database
+
+    kit = read_kit(kit_dir)
+    if not isinstance(results, dict) or results.get("kit") != kit["id"]:
+        raise TvmschedError(f"the results are not measurements of the kit in {kit_dir} (kit id mismatch)")
+    full, unit_kind, times = results.get("full_units"), results.get("unit_kind"), results.get("times_us")
+    if not isinstance(full, int) or unit_kind not in ("gpu_sm", "cpu_thread") or not isinstance(times, dict):
+        raise TvmschedError("the results lack full_units, unit_kind or times_us")
+    base = open_database(database, target=kit["target"], token=token)
+    scopes: dict[int, TuningDatabase] = {}
+    stored = 0
+    for entry in kit["funcs"]:
+        workload = Workload(_load_mod(entry["workload"]))
+        for sample in entry["samples"]:
+            for units, us in (times.get(entry["func"], {}).get(sample["symbol"]) or {}).items():
+                if not isinstance(us, (int, float)) or not math.isfinite(us) or us <= 0:
+                    continue  # failed or missing: nothing is stored
+                scope = record_units(int(units), full, unit_kind)
+                if scope not in scopes:
+                    scopes[scope] = TuningDatabase(base.store, units=scope, unit_kind=unit_kind, target=kit["target"])
+                record = TuningRecord.from_json([sample["trace"], [us * 1e-6], kit["target"], entry["args_info"]], workload)
+                scopes[scope].commit_tuning_record(record)
+                stored += 1
+    return stored
+
+
+def record_units(units: int, full: int, unit_kind: str) -> int:
+    """The units a record is stamped with: on GPUs all SMs are 0 (what MetaSchedule tuning stamps)."""
+    return 0 if unit_kind == "gpu_sm" and units >= full else units
+
+
+def _plain(obj):
+    """JSON-able Python values of a (possibly partly) TVM-container JSON object."""
+    from tvm.s_tir.meta_schedule.utils import _json_de_tvm
+
+    if isinstance(obj, (list, tuple)):
+        return [_plain(item) for item in obj]
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    return _json_de_tvm(obj)
+
+
+def _load_mod(text: str):
+    import tvm
+
+    return tvm.ir.load_json(text)
