@@ -44,7 +44,13 @@ class Executor:
         self._full_cpu_units = int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)
         self._green = None  # GreenContexts, made when a CUDA candidate asks for fewer SMs
         self._stream = 0  # the raw CUDA stream the last layer ran on (0: TVM's default)
-        self.layer_args = [[self.buffers[t] for t in (*layer.inputs, *layer.outputs)] for layer in manifest.layers]
+        self.flags = None  # PreemptFlags, the last argument of every kernel of an instrumented artifact
+        if manifest.preempt_flags:
+            from tvmsched.runtime.preemption import PreemptFlags
+
+            self.flags = PreemptFlags(self.device, manifest.preempt_flags)
+        extra = [self.flags.tensor] if self.flags else []
+        self.layer_args = [[*(self.buffers[t] for t in (*layer.inputs, *layer.outputs)), *extra] for layer in manifest.layers]
 
     def _allocate(self, tvm) -> dict:
         manifest, dev = self.manifest, self.device
@@ -114,6 +120,30 @@ class Executor:
             self._green.synchronize(self._stream)
         else:
             self.device.sync()
+
+    def record_event(self):
+        """CUDA: an event recorded on the stream the last layer ran on (to track that launch)."""
+        from cuda.bindings import driver
+
+        event = driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING)[1]
+        driver.cuEventRecord(event, driver.CUstream(self._stream))
+        return event
+
+    @staticmethod
+    def event_done(event) -> bool:
+        from cuda.bindings import driver
+
+        done = int(driver.cuEventQuery(event)[0]) == 0
+        if done:
+            driver.cuEventDestroy(event)
+        return done
+
+    @staticmethod
+    def wait_event(event) -> None:
+        from cuda.bindings import driver
+
+        driver.cuEventSynchronize(event)
+        driver.cuEventDestroy(event)
 
     def run_layers(self, candidate_ids: list[int] | None = None) -> None:
         for index in range(len(self.kernels)):

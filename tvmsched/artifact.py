@@ -36,6 +36,9 @@ class Candidate:
     latency_us: float | None = None  # isolated latency, when measured
     memory_bytes: int | None = None  # arguments plus workspace
     mechanism: str | None = None  # how its units are restricted: "cpu_threads" or "green_context"
+    idempotent: bool | None = None  # safe to re-run after a partial run (passes.idempotence)
+    idempotence: str | None = None  # the analysis' reason
+    preempt_check: str | None = None  # where it checks the preempt flag (passes.preempt_flag); None: no flag
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class Manifest:
     tvm_version: str
     tuning: dict | None = None  # {"trials_per_layer": N, "database": URL, "layers": {func: ...}} when tuned
     qos_ms: float | None = None  # the model's latency target, when candidates were built for one
+    preempt_flags: int = 0  # length of the int32 flag array every kernel takes last (0: not instrumented)
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict:

@@ -42,6 +42,7 @@ def _tuning_lines(tuning: dict | None) -> list[str]:
 
 
 def _candidate(c) -> str:
+    preempt = "" if c.preempt_check is None else f", {'idempotent' if c.idempotent else 'NOT idempotent'}, checks: {c.preempt_check}"
     if c.units is None:
-        return f"{c.id}:{c.kernel} ({c.schedule})"
-    return f"{c.id}: {c.units}u {c.blocks}b {c.latency_us:.3g}us ({c.schedule})"
+        return f"{c.id}:{c.kernel} ({c.schedule}{preempt})"
+    return f"{c.id}: {c.units}u {c.blocks}b {c.latency_us:.3g}us ({c.schedule}{preempt})"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ def compile_model(
     qos_ms: float | None = None,
     units: list[int] | None = None,
     rpc: str | None = None,
+    preempt_checks: bool = True,
     progress: bool = False,
 ) -> Artifact:
     """ONNX → Relax → fused layers → (tuned or default) kernels → artifact (in memory).
@@ -48,6 +50,7 @@ def compile_model(
         qos_ms: the model's latency target: build restricted-unit candidates per layer (needs tuning).
         units: unit counts to consider for candidates (default: 1..all units).
         rpc: "HOST:PORT:KEY" of a TVM RPC tracker: measure tuning candidates on its devices.
+        preempt_checks: instrument every kernel with preempt-flag checks (after the idempotence analysis).
         progress: show a progress bar while tuning.
     """
     if qos_ms is not None and qos_ms <= 0:
@@ -65,6 +68,8 @@ def compile_model(
         graph, funcs, tvm_target, tune_trials=tune_trials, database=database, qos_ms=qos_ms, units=units, rpc=rpc,
         progress=progress,
     )
+    if preempt_checks:
+        plan = _instrumented(plan, gpu=tvm_target.kind.name != "llvm")
     library = kernels.build_library(plan.kernels, tvm_target)
     manifest = _manifest(model, graph, funcs, name, target, tvm_target, plan, qos_ms)
     log.info("compiled %s: %d layers, %d kernels", name, len(graph.layers), len(plan.kernels))
@@ -93,6 +98,23 @@ class KernelPlan:
     bounds: dict[str, float] = field(default_factory=dict)
     tuning: dict | None = None
     curves: dict[str, dict[int, float]] = field(default_factory=dict)
+    preempt_flags: int = 0
+
+
+def _instrumented(plan: KernelPlan, *, gpu: bool) -> KernelPlan:
+    """Every kernel analysed for idempotence and given its preempt-flag checks (passes/)."""
+    from tvmsched.passes.idempotence import analyze
+    from tvmsched.passes.preempt_flag import FLAG_LEN, instrument
+
+    kernels_, facts = {}, {}
+    for symbol, func in plan.kernels.items():
+        verdict = analyze(func)
+        kernels_[symbol], check = instrument(func, idempotent=verdict.idempotent, gpu=gpu)
+        facts[symbol] = {"idempotent": verdict.idempotent, "idempotence": verdict.reason, "preempt_check": check}
+    candidates = {
+        func: [dataclasses.replace(c, **facts[c.kernel]) for c in cands] for func, cands in plan.candidates.items()
+    }
+    return dataclasses.replace(plan, kernels=kernels_, candidates=candidates, preempt_flags=FLAG_LEN)
 
 
 def _choose_kernels(graph, funcs: dict, tvm_target, *, tune_trials, database, qos_ms, units, rpc, progress) -> KernelPlan:
@@ -206,6 +228,7 @@ def _manifest(
         tvm_version=tvm.__version__,
         tuning=plan.tuning,
         qos_ms=qos_ms,
+        preempt_flags=plan.preempt_flags,
     )
 
 

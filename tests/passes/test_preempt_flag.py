@@ -1,0 +1,75 @@
+"""Preempt-flag instrumentation: where checks go, and what a set flag does."""
+
+import numpy as np
+import tvm
+from tvm.script import tirx as T
+
+from tvmsched import kernels, models
+from tvmsched.passes.preempt_flag import FLAG_LEN, STARTED_SLOT, instrument
+from tvmsched.pipeline import lower_model
+from tvmsched.targets import make_target
+
+
+@T.prim_func(s_tir=True)
+def scale(A: T.Buffer((4, 16), "float32"), B: T.Buffer((4, 16), "float32")):
+    for i, j in T.grid(4, 16):
+        with T.sblock("b"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            B[vi, vj] = A[vi, vj] * T.float32(2)
+
+
+@T.prim_func(s_tir=True)
+def accumulate(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
+    for i in range(16):
+        with T.sblock("b"):
+            vi = T.axis.remap("S", [i])
+            B[vi] = B[vi] + A[vi]
+
+
+def _run(func, flags, *arrays):
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), make_target("llvm"))
+    args = [tvm.runtime.tensor(a) for a in (*arrays, flags)]
+    lib["main"](*args)
+    return [a.numpy() for a in args]
+
+
+def test_idempotent_cpu_kernel_checks_each_outer_iteration_and_skips_when_flagged():
+    func, check = instrument(scale, idempotent=True, gpu=False)
+    assert check == "loop" and "preempt_flags[i % 64] == 0" in func.script()
+    a = np.arange(64, dtype="float32").reshape(4, 16)
+    _, out, _ = _run(func, np.zeros(FLAG_LEN, "int32"), a, np.zeros_like(a))
+    np.testing.assert_array_equal(out, a * 2)
+    _, out, _ = _run(func, np.ones(FLAG_LEN, "int32"), a, np.zeros_like(a))
+    np.testing.assert_array_equal(out, np.zeros_like(a))  # every iteration skipped
+
+
+def test_parallel_loops_check_every_iteration():
+    sch = tvm.s_tir.Schedule(scale)
+    sch.parallel(sch.get_loops(sch.get_sblock("b"))[0])
+    func, check = instrument(sch.mod["main"], idempotent=True, gpu=False)
+    assert check == "parallel" and "preempt_flags[i % 64] == 0" in func.script()
+
+
+def test_non_idempotent_cpu_kernel_runs_whole_or_not_at_all_and_marks_its_start():
+    func, check = instrument(accumulate, idempotent=False, gpu=False)
+    assert check == "entry"
+    a, b = np.ones(16, "float32"), np.full(16, 5, "float32")
+    _, out, flags = _run(func, np.zeros(FLAG_LEN, "int32"), a, b)
+    np.testing.assert_array_equal(out, b + 1)
+    assert flags[STARTED_SLOT] == 1
+    _, out, flags = _run(func, np.ones(FLAG_LEN, "int32") * (np.arange(FLAG_LEN) < 64), a, b)
+    np.testing.assert_array_equal(out, b)
+    assert flags[STARTED_SLOT] == 0
+
+
+def test_gpu_kernels_return_early_per_thread_block_and_still_compile():
+    _, funcs, target = lower_model(models.build("mlp"), "cuda")
+    scheduled = kernels.default_schedule(funcs, target)
+    name, func = next(iter(scheduled.items()))
+    instrumented, check = instrument(func, idempotent=True, gpu=True)
+    assert check == "blocks"
+    with target:
+        executable = tvm.compile(tvm.IRModule({"main": instrumented.with_attr("global_symbol", "main")}), target)
+    source = executable.mod.imports[0].inspect_source()
+    assert "if (preempt_flags_ptr[0] != 0) {\n    return;" in source
+    assert instrument(func, idempotent=False, gpu=True)[1] == "none"

@@ -1,0 +1,175 @@
+"""Preemption on CPU: kernel queues, the submitter, preempt/resume, priorities; outputs stay bit-identical."""
+
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+from tvm.script import tirx as T
+
+from tvmsched import __version__, kernels, models
+from tvmsched.artifact import Artifact, Binding, Candidate, Layer, Manifest, TensorSpec
+from tvmsched.errors import TvmschedError
+from tvmsched.passes.idempotence import analyze
+from tvmsched.passes.preempt_flag import FLAG_LEN, instrument
+from tvmsched.pipeline import compile_model
+from tvmsched.runtime import Executor
+from tvmsched.runtime.preemption import Priorities, Task
+from tvmsched.targets import make_target
+
+N = 1 << 18
+
+
+@T.prim_func(s_tir=True)
+def slow_copy(x: T.Buffer((N,), "float32"), y: T.Buffer((N,), "float32")):
+    for r, i in T.grid(8, N):
+        with T.sblock("copy"):
+            vr, vi = T.axis.remap("SS", [r, i])
+            y[vi] = x[vi] + T.float32(0) * T.float32(vr)
+
+
+@T.prim_func(s_tir=True)
+def count_runs(y: T.Buffer((N,), "float32"), counter: T.Buffer((1,), "float32")):
+    for i in range(1):
+        with T.sblock("count"):
+            vi = T.axis.remap("S", [i])
+            counter[vi] = counter[vi] + T.float32(1) + T.float32(0) * y[0]
+
+
+def counting_artifact() -> Artifact:
+    """copy x -> a (idempotent), counter += 1 (NOT idempotent), copy a -> b (idempotent)."""
+    funcs = {"copy_in": slow_copy, "count": count_runs, "copy_out": slow_copy}
+    built, candidates = {}, {}
+    for name, func in funcs.items():
+        verdict = analyze(func)
+        symbol = kernels.kernel_symbol(name, 0)
+        built[symbol], check = instrument(func, idempotent=verdict.idempotent, gpu=False)
+        candidates[name] = Candidate(0, symbol, "handwritten", idempotent=verdict.idempotent,
+                                     idempotence=verdict.reason, preempt_check=check)
+    assert candidates["count"].preempt_check == "entry" and candidates["copy_in"].preempt_check == "loop"
+    tensors = {"x": TensorSpec((N,), "float32", "input"), "a": TensorSpec((N,), "float32", "activation"),
+               "counter": TensorSpec((1,), "float32", "activation"), "b": TensorSpec((N,), "float32", "activation")}
+    io = [("copy_in", ("x",), ("a",)), ("count", ("a",), ("counter",)), ("copy_out", ("a",), ("b",))]
+    layers = tuple(Layer(i, name, ins, outs, 0.0, 0, (candidates[name],)) for i, (name, ins, outs) in enumerate(io))
+    manifest = Manifest("counting", {"kind": "llvm"}, "cpu", "native", (Binding("x", "x"),),
+                        (Binding("counter", "counter"), Binding("b", "b")), tensors, layers, __version__, "test",
+                        preempt_flags=FLAG_LEN)
+    return Artifact(manifest, kernels.build_library(built, make_target("llvm")), {})
+
+
+def test_a_non_idempotent_kernel_runs_exactly_once_per_request_under_preemption():
+    executor = Executor(counting_artifact())
+    task = Task(executor, "counting")
+    x = np.random.default_rng(0).standard_normal(N).astype("float32")
+    futures = [task.submit({"x": x}) for _ in range(20)]
+    rng = random.Random(1)
+    while not futures[-1].done():
+        time.sleep(rng.uniform(0, 0.002))
+        task.preempt()
+        time.sleep(rng.uniform(0, 0.001))
+        task.resume()
+    outputs = [f.result() for f in futures]
+    assert [float(o["counter"][0]) for o in outputs] == [float(i) for i in range(1, 21)]
+    assert all(np.array_equal(o["b"], x) for o in outputs)
+    assert task.reruns > 0  # preemption did hit running kernels
+    task.close()
+
+
+@pytest.fixture(scope="module")
+def zoo_tasks():
+    built = []
+    for name in ("mlp", "resnet18-small", "bert-tiny"):
+        model = models.build(name)
+        artifact = compile_model(model)
+        inputs = models.random_inputs(model, seed=4)
+        expected = Executor(artifact).run(inputs)
+        built.append((name, artifact, inputs, expected))
+    return built
+
+
+def test_instrumented_kernels_match_plain_ones_bit_for_bit(zoo_tasks):
+    for name, artifact, inputs, expected in zoo_tasks:
+        plain = compile_model(models.build(name), preempt_checks=False)
+        assert plain.manifest.preempt_flags == 0 and artifact.manifest.preempt_flags == FLAG_LEN
+        assert all(c.idempotent and c.preempt_check in ("loop", "parallel") for l in artifact.manifest.layers for c in l.candidates)
+        outputs = Executor(plain).run(inputs)
+        assert all(np.array_equal(outputs[k], expected[k]) for k in expected), name
+
+
+def test_a_thousand_preempt_resume_cycles_keep_outputs_bit_identical(zoo_tasks):
+    rng = random.Random(7)
+    tasks = [(Task(Executor(artifact), name), inputs, expected) for name, artifact, inputs, expected in zoo_tasks]
+    futures = [(task.submit(inputs), expected) for task, inputs, expected in tasks for _ in range(12)]
+    for cycle in range(1000):
+        task = tasks[cycle % len(tasks)][0]
+        time.sleep(rng.uniform(0, 0.0005))
+        task.preempt()
+        if rng.random() < 0.3:
+            time.sleep(rng.uniform(0, 0.0005))
+        task.resume()
+    for future, expected in futures:
+        outputs = future.result(timeout=120)
+        assert all(np.array_equal(outputs[k], expected[k]) for k in expected)
+    assert sum(task.reruns for task, _, _ in tasks) > 0
+    for task, _, _ in tasks:
+        task.close()
+
+
+def test_preempting_an_idle_task_and_double_resume_are_harmless(zoo_tasks):
+    name, artifact, inputs, expected = zoo_tasks[0]
+    task = Task(Executor(artifact), name)
+    report = task.preempt()
+    assert report.rerun == () and task.paused
+    assert task.preempt().seconds == 0.0  # already paused
+    future = task.submit(inputs)
+    time.sleep(0.05)
+    assert not future.done()  # paused: nothing runs
+    task.resume()
+    task.resume()
+    outputs = future.result(timeout=60)
+    assert all(np.array_equal(outputs[k], expected[k]) for k in expected)
+    task.close()
+
+
+def test_a_bad_request_fails_alone(zoo_tasks):
+    name, artifact, inputs, expected = zoo_tasks[0]
+    task = Task(Executor(artifact), name)
+    bad = task.submit({"nope": np.zeros(3)})
+    wrong_ids = task.submit(inputs, candidate_ids=[5])
+    good = task.submit(inputs)
+    with pytest.raises(TvmschedError, match="input names do not match"):
+        bad.result(timeout=60)
+    with pytest.raises(TvmschedError, match="candidate ids"):
+        wrong_ids.result(timeout=60)
+    assert all(np.array_equal(good.result(timeout=60)[k], expected[k]) for k in expected)
+    task.close()
+
+
+def test_realtime_requests_preempt_best_effort_work_and_it_resumes(zoo_tasks):
+    _, be_artifact, be_inputs, be_expected = zoo_tasks[1]
+    _, rt_artifact, rt_inputs, rt_expected = zoo_tasks[0]
+    priorities = Priorities()
+    best_effort, realtime = Task(Executor(be_artifact), "be"), Task(Executor(rt_artifact), "rt")
+    priorities.add_best_effort(best_effort)
+    be_futures = [best_effort.submit(be_inputs) for _ in range(10)]
+    rt_results = []
+    for _ in range(10):
+        time.sleep(0.003)
+        future = priorities.submit_realtime(realtime, rt_inputs)
+        rt_results.append(future.result(timeout=60))
+    assert priorities.preemptions  # best-effort work was running and got preempted
+    for outputs in rt_results:
+        assert all(np.array_equal(outputs[k], rt_expected[k]) for k in rt_expected)
+    for future in be_futures:  # completing at all shows best-effort work resumed after the real-time requests
+        outputs = future.result(timeout=120)
+        assert all(np.array_equal(outputs[k], be_expected[k]) for k in be_expected)
+    assert not best_effort.paused
+    best_effort.close()
+    realtime.close()
+
+
+def test_uninstrumented_artifacts_cannot_be_preempted():
+    artifact = compile_model(models.build("tiny"), preempt_checks=False)
+    with pytest.raises(TvmschedError, match="compiled with preempt checks"):
+        Task(Executor(artifact))
