@@ -37,8 +37,6 @@ class Executor:
             raise TvmschedError(f"the artifact was compiled for {manifest.device}, not {device}")
         self.device = tvm_device(device)
         self.library = _load_library(self.artifact.library)
-        self.plan = plan_memory(manifest.layers, manifest.tensors, keep={b.tensor for b in manifest.outputs})
-        self.buffers = self._allocate(tvm)
         self.kernels = [[self.library[c.kernel] for c in layer.candidates] for layer in manifest.layers]
         self.units = [[c.units for c in layer.candidates] for layer in manifest.layers]  # None: all units
         self._full_cpu_units = int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)
@@ -49,6 +47,16 @@ class Executor:
             from tvmsched.runtime.preemption import PreemptFlags
 
             self.flags = PreemptFlags(self.device, manifest.preempt_flags)
+        self.replan(reuse_distance=1)
+
+    def replan(self, reuse_distance: int) -> None:
+        """(Re)allocate activations so that any `reuse_distance` consecutive layers can run again."""
+        import tvm
+
+        manifest = self.manifest
+        self.reuse_distance = reuse_distance
+        self.plan = plan_memory(manifest.layers, manifest.tensors, {b.tensor for b in manifest.outputs}, reuse_distance)
+        self.buffers = self._allocate(tvm)
         extra = [self.flags.tensor] if self.flags else []
         self.layer_args = [[*(self.buffers[t] for t in (*layer.inputs, *layer.outputs)), *extra] for layer in manifest.layers]
 
@@ -125,8 +133,10 @@ class Executor:
         """CUDA: an event recorded on the stream the last layer ran on (to track that launch)."""
         from cuda.bindings import driver
 
-        event = driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING)[1]
-        driver.cuEventRecord(event, driver.CUstream(self._stream))
+        from tvmsched.runtime.green_contexts import _check
+
+        event = _check(driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING))
+        _check(driver.cuEventRecord(event, driver.CUstream(self._stream)))
         return event
 
     @staticmethod

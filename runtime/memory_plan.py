@@ -17,15 +17,18 @@ class MemoryPlan:
         return sum(self.storage_bytes)
 
 
-def plan_memory(layers, tensors: dict, keep: set[str]) -> MemoryPlan:
+def plan_memory(layers, tensors: dict, keep: set[str], reuse_distance: int = 1) -> MemoryPlan:
     """Greedy best-fit reuse over the layer order.
 
     Args:
         layers: objects with `.index`, `.inputs`, `.outputs`, in execution order.
         tensors: tensor id -> spec with `.kind` and `.nbytes`.
         keep: tensors that must live to the end (the model outputs).
+        reuse_distance: a tensor's storage is reused only by layers at least this many layers after
+            its last use, so any `reuse_distance` consecutive layers can be run again (preemption
+            re-runs the launches that were in flight).
     """
-    last_use = {t: layer.index for layer in layers for t in (*layer.outputs, *layer.inputs)}
+    last_use = {t: layer.index + reuse_distance - 1 for layer in layers for t in (*layer.outputs, *layer.inputs)}
     sizes: list[int] = []
     free: list[int] = []
     assignment: dict[str, int] = {}
@@ -40,9 +43,9 @@ def plan_memory(layers, tensors: dict, keep: set[str]) -> MemoryPlan:
                 free.remove(block)
                 sizes[block] = max(sizes[block], need)
             assignment[tensor_id] = block
-        for tensor_id in dict.fromkeys((*layer.inputs, *layer.outputs)):
-            if tensor_id in assignment and tensor_id not in keep and last_use[tensor_id] == layer.index:
-                free.append(assignment[tensor_id])
+        for tensor_id, block in assignment.items():
+            if tensor_id not in keep and last_use[tensor_id] == layer.index:
+                free.append(block)
     return MemoryPlan(tuple(sizes), assignment)
 
 

@@ -44,17 +44,20 @@ class PreemptFlags:
         if self.gpu:
             from cuda.bindings import driver
 
-            self._drv = driver
-            self._stream = driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)[1]
+            from tvmsched.runtime.green_contexts import _check
+
+            self._drv, self._check = driver, _check
+            self._stream = _check(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING))
             self._memset(0, length)
         else:
             self._host = np.from_dlpack(self.tensor)  # the kernels read this memory directly
             self._host[:] = 0
 
     def _memset(self, value: int, count: int) -> None:
-        drv = self._drv
-        drv.cuMemsetD32Async(self.tensor.data_ptr, value, count, self._stream)
-        drv.cuStreamSynchronize(self._stream)
+        drv, check = self._drv, self._check
+        pointer = self.tensor.data_ptr() if callable(self.tensor.data_ptr) else self.tensor.data_ptr
+        check(drv.cuMemsetD32Async(drv.CUdeviceptr(int(pointer)), value, count, self._stream))
+        check(drv.cuStreamSynchronize(self._stream))
 
     def set(self) -> None:
         if self.gpu:
@@ -125,6 +128,8 @@ class Task:
         self.executor, self.name, self.max_in_flight = executor, name, max_in_flight
         self.flags = executor.flags
         self.gpu = executor.manifest.device == "cuda"
+        if self.gpu and executor.reuse_distance < max_in_flight:
+            executor.replan(max_in_flight)  # the in-flight launches must stay re-runnable
         self._idempotent = [[bool(c.idempotent) for c in layer.candidates] for layer in executor.manifest.layers]
         self._cond = threading.Condition()
         self._requests: collections.deque[_Request] = collections.deque()
@@ -205,16 +210,13 @@ class Task:
     def _submit_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and (self._paused or not self._requests) and not self._in_flight:
+                # paused: wait without retiring anything (preempt() decides what completed)
+                while not self._closed and (self._paused or (not self._requests and not self._in_flight)):
                     self._cond.wait()
                 if self._closed and not self._requests and not self._in_flight:
                     return
-                if self._paused or not self._requests:
-                    launch = None
-                else:
-                    launch = self._next_launch()
-                    if launch is not None and not self.gpu:
-                        self._running = launch
+                launch = self._next_launch() if self._requests else None
+                self._running = launch  # preempt() waits until it is tracked (GPU) or returned (CPU)
             self._deliver()
             if self.gpu:
                 self._gpu_step(launch)
@@ -288,6 +290,7 @@ class Task:
             event = self.executor.record_event()
             with self._cond:
                 self._in_flight.append((launch, event))
+                self._running = None
                 self.launches += 1
                 self._cond.notify_all()
             return
@@ -302,9 +305,13 @@ class Task:
     def _drain_gpu(self) -> list[Launch]:
         """With the flag set: wait for in-flight launches; idempotent ones run again, others finished."""
         finished = []
+        last = self._in_flight[-1][1] if self._in_flight else None
+        if last is not None:  # one stream: the last launch ending means all ended
+            self.executor.wait_event(last)
         while self._in_flight:
             launch, event = self._in_flight.popleft()
-            self.executor.wait_event(event)
+            if event is not last:
+                self.executor.event_done(event)  # completed; this frees it
             if self._idempotent[launch.layer][launch.candidate]:
                 self._rerun.append(launch)
                 self.reruns += 1

@@ -59,3 +59,19 @@ def test_zoo_plans_are_safe_and_smaller(name):
     assert plan.total_bytes < 0.6 * naive
     for tensor_id, block in plan.assignment.items():
         assert plan.storage_bytes[block] >= manifest.tensors[tensor_id].nbytes
+
+
+@pytest.mark.parametrize("distance", [2, 8])
+def test_reuse_distance_keeps_inputs_of_the_last_layers_intact(distance):
+    """Any `distance` consecutive layers can run again: no storage is reused within that window."""
+    spec = TensorSpec((256,), "float32", "activation")
+    layers = [FakeLayer(i, (f"t{i - 1}",) if i else ("in",), (f"t{i}",)) for i in range(20)]
+    tensors = {f"t{i}": spec for i in range(20)}
+    plan = plan_memory(layers, tensors, keep={"t19"}, reuse_distance=distance)
+    spans = lifetimes(layers)
+    for t, block in plan.assignment.items():
+        for u, other in plan.assignment.items():
+            if t < u and block == other:
+                (s1, e1), (s2, e2) = sorted([spans[t], spans[u]])
+                assert s2 > e1 + distance - 1, (t, u)
+    assert len(plan.storage_bytes) == distance + 2  # the window, the one being written, the kept output

@@ -1,0 +1,194 @@
+"""Preemption benchmark: instrumentation overhead, preemption latency, and a DISB-like real-time + best-effort mix.
+
+CPU (compiles the artifacts first):
+    python bench/preemption.py --compile --out bench/results/raw/preemption_cpu.json
+GPU machine (artifacts compiled here with --target cuda, carried in ARTIFACT_DIR):
+    python3 bench/preemption.py --device cuda --artifact-dir .gpu/preempt --out $OUT/preemption_h100.json
+ARTIFACT_DIR holds MODEL.tvms (instrumented, the default) and MODEL.plain.tvms (--no-preempt-checks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+OVERHEAD_MODELS = ["mlp", "resnet18-small", "mobilenetv2", "bert-tiny"]
+
+
+def compile_all(out_dir: Path, models_: list[str], target: str) -> None:
+    from tvmsched import models
+    from tvmsched.pipeline import compile_model
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in models_:
+        model = models.build(name)
+        compile_model(model, name=name, target=target).save(out_dir / f"{name}.tvms")
+        compile_model(model, name=name, target=target, preempt_checks=False).save(out_dir / f"{name}.plain.tvms")
+        print(f"compiled {name}", flush=True)
+
+
+def overhead(artifact_dir: Path, name: str, device: str, rounds: int, repeat: int) -> dict:
+    """Whole-model latency, instrumented vs plain, interleaved rounds (p50 of all runs)."""
+    from tvmsched.runtime import Executor
+
+    instrumented = Executor(artifact_dir / f"{name}.tvms", device)
+    plain = Executor(artifact_dir / f"{name}.plain.tvms", device)
+    inputs = plain.random_inputs(0)
+    times = {"instrumented": [], "plain": []}
+    for _ in range(rounds):
+        times["plain"] += plain.time_runs(inputs, repeat, warmup=1)
+        times["instrumented"] += instrumented.time_runs(inputs, repeat, warmup=1)
+    p50 = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
+    return {"model": name, "plain_ms_p50": p50["plain"], "instrumented_ms_p50": p50["instrumented"],
+            "overhead": p50["instrumented"] / p50["plain"] - 1, "runs": len(times["plain"])}
+
+
+def preemption_latency(artifact_dir: Path, name: str, device: str, samples: int, seed: int = 0) -> dict:
+    """preempt() durations on a busy best-effort task, against waiting for the kernel / the request."""
+    from tvmsched.runtime import Executor
+    from tvmsched.runtime.preemption import Task
+
+    executor = Executor(artifact_dir / f"{name}.tvms", device)
+    inputs = executor.random_inputs(0)
+    task = Task(executor, name)
+    rng = random.Random(seed)
+    results = {"preempt": [], "wait_kernel": [], "wait_request": []}
+    request_s = _request_seconds(task, inputs)
+    for i in range(samples):
+        futures = [task.submit(inputs) for _ in range(3)]
+        time.sleep(rng.uniform(0.1, 1.5) * request_s)
+        mode = ("preempt", "wait_kernel", "wait_request")[i % 3]
+        if mode == "wait_request":
+            start = time.perf_counter()
+            running = [f for f in futures if not f.done()]
+            if running:
+                running[0].result()
+            results[mode].append(time.perf_counter() - start)
+        else:
+            results[mode].append(task.preempt(abort=mode == "preempt").seconds)
+            task.resume()
+        for future in futures:
+            future.result()
+    task.close()
+    summary = {"model": name, "request_ms": request_s * 1e3, "reruns": task.reruns}
+    for mode, values in results.items():
+        us = np.array(values) * 1e6
+        summary[mode] = {"p50_us": float(np.percentile(us, 50)), "p99_us": float(np.percentile(us, 99)),
+                         "max_us": float(us.max()), "n": len(us)}
+    return summary
+
+
+def _request_seconds(task, inputs, n: int = 5) -> float:
+    task.submit(inputs).result()
+    start = time.perf_counter()
+    for _ in range(n):
+        task.submit(inputs).result()
+    return (time.perf_counter() - start) / n
+
+
+def mix(artifact_dir: Path, realtime: str, best_effort: str, device: str, seconds: float, load: float, seed: int = 0) -> dict:
+    """Real-time requests with Poisson arrivals (rate = load / RT latency) plus a closed-loop best-effort stream."""
+    from tvmsched.runtime import Executor
+    from tvmsched.runtime.preemption import Priorities, Task
+
+    rt_exec = Executor(artifact_dir / f"{realtime}.tvms", device)
+    be_exec = Executor(artifact_dir / f"{best_effort}.tvms", device)
+    rt_inputs, be_inputs = rt_exec.random_inputs(1), be_exec.random_inputs(2)
+    rt_task, be_task = Task(rt_exec, "rt"), Task(be_exec, "be")
+    rt_alone_s = _request_seconds(rt_task, rt_inputs, 20)
+    be_alone_s = _request_seconds(be_task, be_inputs, 5)
+    rate = load / rt_alone_s
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1 / rate, size=int(seconds * rate * 1.5) + 10))
+    arrivals = arrivals[arrivals < seconds]
+
+    def run(mode: str) -> dict:
+        priorities = Priorities() if mode == "preemption" else None
+        if priorities:
+            priorities.add_best_effort(be_task)
+        stop, be_done = threading.Event(), [0]
+
+        def best_effort_loop():
+            while not stop.is_set():
+                be_task.submit(be_inputs).result()
+                be_done[0] += 1
+
+        be_thread = threading.Thread(target=best_effort_loop) if mode != "alone" else None
+        if be_thread:
+            be_thread.start()
+        latencies, start = [], time.perf_counter()
+        pending = []
+        for at in arrivals:
+            delay = start + at - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            sent = time.perf_counter()
+            future = priorities.submit_realtime(rt_task, rt_inputs) if priorities else rt_task.submit(rt_inputs)
+            future.add_done_callback(lambda _f, sent=sent: latencies.append(time.perf_counter() - sent))
+            pending.append(future)
+        for future in pending:
+            future.result()
+        elapsed = time.perf_counter() - start
+        stop.set()
+        if be_thread:
+            be_thread.join()
+        ms = np.array(latencies) * 1e3
+        return {"rt_p50_ms": float(np.percentile(ms, 50)), "rt_p99_ms": float(np.percentile(ms, 99)),
+                "rt_requests": len(ms), "be_requests": be_done[0], "be_per_s": be_done[0] / elapsed,
+                "preemptions": len(priorities.preemptions) if priorities else 0}
+
+    results = {mode: run(mode) for mode in ("alone", "preemption", "shared")}
+    rt_busy = len(arrivals) * rt_alone_s / seconds  # fraction of time the RT stream needs alone
+    results.update({
+        "realtime": realtime, "best_effort": best_effort, "load": load, "seconds": seconds,
+        "rt_alone_ms": rt_alone_s * 1e3, "be_alone_ms": be_alone_s * 1e3,
+        "be_per_s_one_after_the_other": (1 - rt_busy) / be_alone_s,
+    })
+    rt_task.close()
+    be_task.close()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--artifact-dir", type=Path, default=Path("build/preempt"))
+    parser.add_argument("--compile", action="store_true", help="Compile the artifacts into --artifact-dir first.")
+    parser.add_argument("--models", nargs="+", default=OVERHEAD_MODELS)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--samples", type=int, default=300)
+    parser.add_argument("--mix-seconds", type=float, default=20.0)
+    parser.add_argument("--realtime", default="resnet18-small")
+    parser.add_argument("--best-effort", default="bert-tiny")
+    parser.add_argument("--loads", type=float, nargs="+", default=[0.2, 0.4])
+    parser.add_argument("--sections", nargs="+", default=["overhead", "latency", "mix"], choices=["overhead", "latency", "mix"])
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    if args.compile:
+        compile_all(args.artifact_dir, sorted({*args.models, args.realtime, args.best_effort}), "cuda" if args.device == "cuda" else "llvm")
+    report = {"device": args.device, "machine": f"{platform.machine()}, {platform.node()}", "overhead": [], "latency": [], "mix": []}
+    jobs = [("overhead", name, lambda name=name: overhead(args.artifact_dir, name, args.device, args.rounds, args.repeat))
+            for name in args.models]
+    jobs += [("latency", name, lambda name=name: preemption_latency(args.artifact_dir, name, args.device, args.samples))
+             for name in (args.realtime, args.best_effort)]
+    jobs += [("mix", load, lambda load=load: mix(args.artifact_dir, args.realtime, args.best_effort, args.device,
+                                                 args.mix_seconds, load)) for load in args.loads]
+    for section, _, job in jobs:
+        if section not in args.sections:
+            continue
+        report[section].append(job())
+        print(json.dumps(report[section][-1]), flush=True)
+        if args.out:  # written after every measurement, so a cut-off run keeps what it measured
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(report, indent=1))
+
+if __name__ == "__main__":
+    main()
