@@ -38,7 +38,8 @@ class Executor:
         self.device = tvm_device(device)
         self.library = _load_library(self.artifact.library)
         self.kernels = [[self.library[c.kernel] for c in layer.candidates] for layer in manifest.layers]
-        self.units = [[c.units for c in layer.candidates] for layer in manifest.layers]  # None: all units
+        # None / 0: all units; grid-limited CUDA kernels restrict themselves (default stream)
+        self.units = [[None if c.mechanism == "grid_limit" else c.units for c in layer.candidates] for layer in manifest.layers]
         self._full_cpu_units = int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)
         self._green = None  # GreenContexts, made when a CUDA candidate asks for fewer SMs
         self._stream = 0  # the raw CUDA stream the last layer ran on (0: TVM's default)

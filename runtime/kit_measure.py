@@ -68,6 +68,11 @@ def measure_kit(kit_dir: str | Path, units: list[int] | None = None, *, repeat: 
     dev = tvm_device(kit["device"])
     tvm.runtime.empty((1,), "float32", dev)  # creates the device's context before any driver call
     full, granularity, kind = device_units(kit["device"])
+    grid_limited = kit.get("mechanism") == "grid_limit"
+    if grid_limited:  # the kernels restrict themselves: only the counts they were built for
+        units = sorted({*(units or kit["grid_limit_units"]), full})
+        if missing := [k for k in units if k != full and str(k) not in kit["funcs"][0]["samples"][0]["grid_limited"]]:
+            raise TvmschedError(f"the kit has no grid-limited kernels for {missing} SMs")
     counts = sorted(set(units or default_unit_counts(full, granularity)))
     if bad := [k for k in counts if not 1 <= k <= full]:
         raise TvmschedError(f"unit counts {bad} outside 1..{full} on this device")
@@ -80,11 +85,16 @@ def measure_kit(kit_dir: str | Path, units: list[int] | None = None, *, repeat: 
             args = [tvm.runtime.tensor(_random(shape, dtype), dev) for shape, dtype in entry["args"]]
             per_func = times.setdefault(entry["func"], {})
             for sample in entry["samples"]:
-                per_func[sample["symbol"]] = {str(k): timer.median_us(lib, sample["symbol"], args, k, repeat) for k in counts}
+                if grid_limited:  # each count has its own kernel, timed on the whole device
+                    symbols = {k: sample["symbol"] if k == full else sample["grid_limited"][str(k)] for k in counts}
+                    per_func[sample["symbol"]] = {str(k): timer.median_us(lib, sym, args, full, repeat) for k, sym in symbols.items()}
+                else:
+                    per_func[sample["symbol"]] = {str(k): timer.median_us(lib, sample["symbol"], args, k, repeat) for k in counts}
                 bar.update()
     return {
         "kit": kit["id"], "device": kit["device"], "device_name": timer.name, "unit_kind": kind,
-        "full_units": full, "granularity": granularity, "units": counts, "mechanism": timer.mechanism,
+        "full_units": full, "granularity": granularity, "units": counts,
+        "mechanism": "grid_limit" if grid_limited else timer.mechanism,
         "times_us": times,
     }
 

@@ -22,7 +22,7 @@ MAX_RUN_SECS = 1024
 MAX_TOP_K = 100_000
 MAX_INT32 = 2**31 - 1  # INTEGER columns on PostgreSQL
 
-UnitKind = Literal["gpu_sm", "cpu_thread"]
+UnitKind = Literal["gpu_sm", "gpu_sm_grid", "cpu_thread"]
 Seconds = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 Shash = Annotated[str, Field(min_length=1, max_length=MAX_SHASH_CHARS)]
 RowId = Annotated[int, Field(ge=1, le=MAX_INT32)]

@@ -22,6 +22,8 @@ from tvmsched.errors import TvmschedError
 from tvmsched.layers import arg_specs as layer_arg_specs
 from tvmsched.measure import measure_at_units
 
+GRID_LIMIT_UNIT_KIND = "gpu_sm_grid"  # as tvmsched.measure_kit stores grid-limited measurements
+
 log = logging.getLogger(__name__)
 
 
@@ -122,8 +124,11 @@ def plan_from_records(graph, funcs: dict, target, database, *, qos_ms: float, un
         found = database._resolve(tuning.task_module(func), commit=False)
         rows = [] if found is None else store.top_k(found[0], 1_000_000, target_hash=t_hash)
         by_units: dict[int, list] = {}
+        grid_limited: dict[int, list] = {}
         for row in rows:  # fastest first
-            by_units.setdefault(row.units, []).append(row)
+            (grid_limited if row.unit_kind == GRID_LIMIT_UNIT_KIND else by_units).setdefault(row.units, []).append(row)
+        for k, limited in grid_limited.items():  # used where no green-context record exists
+            by_units.setdefault(k, limited)
         if full not in by_units:
             raise TvmschedError(
                 f"layer {name} has no measured record at all units for {target.kind.name}: build, measure and import "
@@ -148,8 +153,12 @@ def plan_from_records(graph, funcs: dict, target, database, *, qos_ms: float, un
             if top.mean_latency_s * 1e6 > bounds[name]:
                 continue
             kind = "tuned" if top.trace_json == best.trace_json else "retuned"
-            func = _scheduled(funcs[name], top)
-            candidates.append(_candidate(len(candidates), k, func, top.mean_latency_s * 1e6, kind, graph, name, mechanism))
+            func, how = _scheduled(funcs[name], top), mechanism
+            if top.unit_kind == GRID_LIMIT_UNIT_KIND:
+                from tvmsched.passes.grid_limit import grid_limit
+
+                func, how = grid_limit(func, k)[0], "grid_limit"
+            candidates.append(_candidate(len(candidates), k, func, top.mean_latency_s * 1e6, kind, graph, name, how))
         plans[name] = LayerCandidates(name, curves[name], bounds[name], kept, candidates)
     return plans
 

@@ -108,7 +108,9 @@ def tune() -> None:
 @click.option("--target", default="cuda", show_default=True, help="llvm, cuda, a TVM target tag or a JSON target.")
 @click.option("--samples", default=32, show_default=True, help="MetaSchedule schedules sampled per layer.")
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=D1,D2,...", help="Fix a dynamic input shape.")
-def tune_kit(model: str, out_dir: str, target: str, samples: int, input_shapes: tuple[str, ...]) -> None:
+@click.option("--grid-limit", "grid_csv", metavar="K1,K2,...",
+              help="GPUs without green contexts: also build each kernel grid-limited to these SM counts.")
+def tune_kit(model: str, out_dir: str, target: str, samples: int, input_shapes: tuple[str, ...], grid_csv: str | None) -> None:
     """Sample and build schedules of every layer of MODEL into a measurement kit."""
     from tvmsched.frontend import load_onnx, parse_input_shapes
     from tvmsched.targets import is_cuda_spec
@@ -120,7 +122,8 @@ def tune_kit(model: str, out_dir: str, target: str, samples: int, input_shapes: 
         prepare_cuda_build()
     from tvmsched.measure_kit import build_kit
 
-    kit = build_kit(load_onnx(model), out_dir, target=target, samples=samples, input_shapes=shapes, name=Path(model).stem)
+    kit = build_kit(load_onnx(model), out_dir, target=target, samples=samples, input_shapes=shapes, name=Path(model).stem,
+                    grid_limit_units=_parse_units(grid_csv))
     count = sum(len(entry["samples"]) for entry in kit["funcs"])
     click.echo(f"wrote {out_dir}: {len(kit['funcs'])} layers, {count} kernels for {kit['device']}")
 
@@ -228,7 +231,7 @@ def db_stats(db_url: str | None, as_json: bool) -> None:
 @click.option("--db", "db_url", help="Database URL (default: the local SQLite file).")
 @click.option("--db-token-file", type=click.Path(dir_okay=False), help="Bearer token for a database service.")
 @click.option("--units", type=int, required=True, help="Compute units the records were measured with.")
-@click.option("--unit-kind", type=click.Choice(["cpu_thread", "gpu_sm"]), required=True)
+@click.option("--unit-kind", type=click.Choice(["cpu_thread", "gpu_sm", "gpu_sm_grid"]), required=True)
 def db_import(work_dir: str, db_url: str | None, db_token_file: str | None, units: int, unit_kind: str) -> None:
     """Import a MetaSchedule JSON database (database_workload.json + database_tuning_record.json)."""
     from tvmsched.tuning_db import import_ms_json, open_store

@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 from tvmsched import kernels, tuning
+from tvmsched.candidates import GRID_LIMIT_UNIT_KIND
 from tvmsched.errors import TvmschedError
 from tvmsched.layers import arg_specs
 from tvmsched.runtime.kit_measure import KIT_FILE, KIT_VERSION, read_kit
@@ -25,9 +26,14 @@ from tvmsched.runtime.kit_measure import KIT_FILE, KIT_VERSION, read_kit
 log = logging.getLogger(__name__)
 
 
+
 def build_kit(model, out_dir: str | Path, *, target: str = "cuda", samples: int = 32, input_shapes=None,
-              name: str = "model", progress: bool = True) -> dict:
-    """Sample and build `samples` schedules of every layer of `model` into `out_dir`; returns kit.json."""
+              name: str = "model", grid_limit_units: list[int] | None = None, progress: bool = True) -> dict:
+    """Sample and build `samples` schedules of every layer of `model` into `out_dir`; returns kit.json.
+
+    grid_limit_units: CUDA without green contexts: also build each sample grid-limited to each of
+    these SM counts (passes.grid_limit); they are measured on the whole device.
+    """
     import tvm
     from tqdm import tqdm
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
@@ -38,6 +44,8 @@ def build_kit(model, out_dir: str | Path, *, target: str = "cuda", samples: int 
     if samples < 1:
         raise TvmschedError("--samples must be at least 1")
     graph, funcs, tvm_target = lower_model(model, target, input_shapes)
+    if grid_limit_units and tvm_target.kind.name != "cuda":
+        raise TvmschedError("grid limiting restricts GPU kernels: it needs --target cuda")
     specs = arg_specs(graph)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -46,7 +54,7 @@ def build_kit(model, out_dir: str | Path, *, target: str = "cuda", samples: int 
     for index, (func_name, func) in enumerate(bar):
         bar.set_postfix_str(func_name[:40])
         schedules = tuning.sample_schedules(func, tvm_target, samples, seed=index)
-        built = _build(func_name, schedules, tvm_target, out)
+        built = _build(func_name, schedules, tvm_target, out, grid_limit_units or [])
         if not built:
             log.warning("layer %s: no valid sampled schedule; it keeps the default schedule", func_name)
             continue
@@ -57,35 +65,47 @@ def build_kit(model, out_dir: str | Path, *, target: str = "cuda", samples: int 
             "args": [[list(shape), dtype] for shape, dtype in specs[func_name]],
             "workload": tvm.ir.save_json(mod),
             "args_info": [_plain(a.as_json()) for a in ArgInfo.from_prim_func(mod["main"])],
-            "samples": [{"symbol": sym, "trace": _plain(sch.trace.as_json())} for sym, sch in built[1]],
+            "samples": [{"symbol": sym, "trace": _plain(sch.trace.as_json()), "grid_limited": variants}
+                        for sym, sch, variants in built[1]],
         })
+    device = "cuda" if tvm_target.kind.name == "cuda" else "cpu"
     kit = {
-        "version": KIT_VERSION, "id": uuid.uuid4().hex, "model": name,
-        "device": "cuda" if tvm_target.kind.name == "cuda" else "cpu",
-        "target": target_dict(tvm_target), "funcs": entries,
+        "version": KIT_VERSION, "id": uuid.uuid4().hex, "model": name, "device": device,
+        "mechanism": "grid_limit" if grid_limit_units else ("green_context" if device == "cuda" else "cpu_threads"),
+        "grid_limit_units": sorted(set(grid_limit_units or [])), "target": target_dict(tvm_target), "funcs": entries,
     }
     (out / KIT_FILE).write_text(json.dumps(kit))
     return kit
 
 
-def _build(func_name: str, schedules: list, target, out: Path):
-    """(library file, [(symbol, schedule)]) of the samples that compile; None if none does."""
-    symbols = [(f"{func_name}__s{i}", sch) for i, sch in enumerate(schedules)]
+def _build(func_name: str, schedules: list, target, out: Path, grid_units: list[int]):
+    """(library file, [(symbol, schedule, {k: grid-limited symbol})]) of the samples that compile; None if none does."""
+    from tvmsched.passes.grid_limit import grid_limit
+
+    samples = []
+    for i, sch in enumerate(schedules):
+        symbol, variants = f"{func_name}__s{i}", {}
+        kernels_ = {symbol: sch.mod["main"]}
+        for k in grid_units:
+            limited, extent = grid_limit(sch.mod["main"], k)
+            variants[str(k)] = symbol if extent is None else f"{symbol}__g{k}"  # None: already fits on k SMs
+            kernels_[variants[str(k)]] = limited
+        samples.append((symbol, sch, variants, kernels_))
     try:
-        data = kernels.build_library({sym: sch.mod["main"] for sym, sch in symbols}, target)
+        data = kernels.build_library({s: f for *_, ks in samples for s, f in ks.items()}, target)
     except TvmschedError:  # one bad sample fails the whole build: keep those that build alone
-        symbols = [(sym, sch) for sym, sch in symbols if _builds(sym, sch, target)]
-        if not symbols:
+        samples = [sample for sample in samples if _builds(sample[3], target)]
+        if not samples:
             return None
-        data = kernels.build_library({sym: sch.mod["main"] for sym, sch in symbols}, target)
+        data = kernels.build_library({s: f for *_, ks in samples for s, f in ks.items()}, target)
     library = f"{func_name}.so"
     (out / library).write_bytes(data)
-    return library, symbols
+    return library, [(symbol, sch, variants) for symbol, sch, variants, _ in samples]
 
 
-def _builds(symbol: str, sch, target) -> bool:
+def _builds(kernels_: dict, target) -> bool:
     try:
-        kernels.build_library({symbol: sch.mod["main"]}, target)
+        kernels.build_library(kernels_, target)
         return True
     except TvmschedError:
         return False
@@ -103,6 +123,8 @@ def import_results(kit_dir: str | Path, results: dict, database=None, token: str
     full, unit_kind, times = results.get("full_units"), results.get("unit_kind"), results.get("times_us")
     if not isinstance(full, int) or unit_kind not in ("gpu_sm", "cpu_thread") or not isinstance(times, dict):
         raise TvmschedError("the results lack full_units, unit_kind or times_us")
+    if results.get("mechanism") == "grid_limit":
+        unit_kind = GRID_LIMIT_UNIT_KIND  # restricted by the kernel's grid, not by a green context
     base = open_database(database, target=kit["target"], token=token)
     scopes: dict[int, TuningDatabase] = {}
     stored = 0
@@ -113,8 +135,9 @@ def import_results(kit_dir: str | Path, results: dict, database=None, token: str
                 if not isinstance(us, (int, float)) or not math.isfinite(us) or us <= 0:
                     continue  # failed or missing: nothing is stored
                 scope = record_units(int(units), full, unit_kind)
+                kind = "gpu_sm" if scope == 0 else unit_kind
                 if scope not in scopes:
-                    scopes[scope] = TuningDatabase(base.store, units=scope, unit_kind=unit_kind, target=kit["target"])
+                    scopes[scope] = TuningDatabase(base.store, units=scope, unit_kind=kind, target=kit["target"])
                 record = TuningRecord.from_json([sample["trace"], [us * 1e-6], kit["target"], entry["args_info"]], workload)
                 scopes[scope].commit_tuning_record(record)
                 stored += 1
@@ -123,7 +146,7 @@ def import_results(kit_dir: str | Path, results: dict, database=None, token: str
 
 def record_units(units: int, full: int, unit_kind: str) -> int:
     """The units a record is stamped with: on GPUs all SMs are 0 (what MetaSchedule tuning stamps)."""
-    return 0 if unit_kind == "gpu_sm" and units >= full else units
+    return 0 if unit_kind.startswith("gpu_sm") and units >= full else units
 
 
 def _plain(obj):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import random
 import signal
 import sys
 import threading
@@ -261,11 +262,12 @@ def sample_schedules(func, target, count: int, *, seed: int = 0, attempts_per_sa
         spaces = context.space_generator.generate_design_space(mod)
         postprocs = context.space_generator.postprocs
     found: dict[str, object] = {}
-    for attempt in range(count * attempts_per_sample):
+    seeds = random.Random(seed)  # spread seeds: TVM's engine draws alike from consecutive ones
+    for attempt in range(max(256, count * attempts_per_sample)):
         if len(found) >= count:
             break
         trace = spaces[attempt % len(spaces)].trace
-        sch = Schedule(mod, seed=seed * 1_000_003 + attempt + 1)
+        sch = Schedule(mod, seed=seeds.randrange(1, 2**31 - 1))
         try:
             Trace(trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
             if not all(proc.apply(sch) for proc in postprocs):

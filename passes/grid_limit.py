@@ -1,0 +1,81 @@
+"""Grid limiting: restrict a GPU kernel to about k SMs without green contexts.
+
+The kernel is launched with only the thread blocks that k SMs hold at once; each block then loops
+over the original block indices it stands for:
+
+    for bx in T.thread_binding(N, thread="blockIdx.x"): body(bx)
+becomes
+    for bx_lim in T.thread_binding(B, thread="blockIdx.x"):
+        for bx_iter in T.serial(ceil(N / B)):
+            if bx_iter * B + bx_lim >= N: T.thread_return()     # only the last round overhangs
+            body(bx_iter * B + bx_lim)
+
+with B = k x (blocks one SM holds, from the block's thread count; registers and shared memory are
+not counted) divided by the other grid dimensions. Like passes.preempt_flag it edits TVMScript.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+
+from tvmsched.passes.preempt_flag import _const, _expr, _iter_kind, _root_body
+
+
+def grid_limit(func, units: int, *, sm_max_threads: int = 2048, sm_max_blocks: int = 32):
+    """(PrimFunc launching at most ~`units` SMs' worth of blocks, its new blockIdx.x extent or None if unchanged)."""
+    import tvm
+
+    tree = ast.parse(func.script())
+    fn = next(node for node in tree.body if isinstance(node, ast.FunctionDef))
+    loops = _bound_loops(_root_body(fn))
+    block_x = [loop for loop in loops if _thread(loop) == "blockIdx.x"]
+    if len(block_x) != 1:
+        return func, None
+    loop = block_x[0]
+    extent = _const(loop.iter.args[0])
+    threads = math.prod(_const(l.iter.args[0]) or 1 for l in loops if _thread(l).startswith("threadIdx"))
+    others = math.prod(_const(l.iter.args[0]) or 1 for l in loops if _thread(l).startswith("blockIdx") and l is not loop)
+    per_sm = max(1, min(sm_max_blocks, sm_max_threads // max(threads, 1)))
+    limit = max(1, units * per_sm // max(others, 1))
+    if extent is None or limit >= extent or not isinstance(loop.target, ast.Name):
+        return func, None
+    var = loop.target.id
+    lim, it = f"{var}_lim", f"{var}_iter"
+    index = _expr(f"{it} * {limit} + {lim}")
+    body = [_Substitute(var, index).visit(stmt) for stmt in loop.body]
+    leave = ast.If(test=_expr(f"{it} * {limit} + {lim} >= {extent}"), body=[ast.Expr(_expr("T.thread_return()"))], orelse=[])
+    rounds = ast.For(target=ast.Name(it, ast.Store()), iter=_expr(f"T.serial({-(-extent // limit)})"),
+                     body=[leave, *body] if extent % limit else body, orelse=[])
+    loop.target = ast.Name(lim, ast.Store())
+    loop.iter.args[0] = ast.Constant(limit)
+    loop.body = [rounds]
+    limited = tvm.script.from_source(ast.unparse(ast.fix_missing_locations(tree)))
+    for key, value in func.attrs.items() if func.attrs is not None else ():
+        limited = limited.with_attr(key, value)
+    return limited, limit
+
+
+def _thread(loop: ast.For) -> str:
+    for keyword in loop.iter.keywords:
+        if keyword.arg == "thread" and isinstance(keyword.value, ast.Constant):
+            return keyword.value.value
+    return ""
+
+
+def _bound_loops(stmts: list) -> list[ast.For]:
+    found = []
+    for node in ast.walk(ast.Module(body=stmts, type_ignores=[])):
+        if isinstance(node, ast.For) and _iter_kind(node) == "thread_binding":
+            found.append(node)
+    return found
+
+
+class _Substitute(ast.NodeTransformer):
+    def __init__(self, name: str, replacement: ast.expr):
+        self.name, self.replacement = name, replacement
+
+    def visit_Name(self, node: ast.Name):
+        if node.id == self.name and isinstance(node.ctx, ast.Load):
+            return ast.copy_location(ast.parse(ast.unparse(self.replacement), mode="eval").body, node)
+        return node
