@@ -42,13 +42,15 @@ def grid_limit(func, units: int, *, sm_max_threads: int = 2048, sm_max_blocks: i
         return func, None
     var = loop.target.id
     lim, it = f"{var}_lim", f"{var}_iter"
-    index = _expr(f"{it} * {limit} + {lim}")
-    body = [_Substitute(var, index).visit(stmt) for stmt in loop.body]
-    leave = ast.If(test=_expr(f"{it} * {limit} + {lim} >= {extent}"), body=[ast.Expr(_expr("T.thread_return()"))], orelse=[])
-    rounds = ast.For(target=ast.Name(it, ast.Store()), iter=_expr(f"T.serial({-(-extent // limit)})"),
+    int_type = "T.int64" if "int64" in ast.unparse(loop.iter.args[0]) else "T.int32"  # keep the index dtype
+    index = _expr(f"({it} * {int_type}({limit}) + {lim})")
+    extents = _loop_extents(tree)
+    body = [_Substitute(var, index, extents).visit(stmt) for stmt in loop.body]
+    leave = ast.If(test=_expr(f"{ast.unparse(index)} >= {int_type}({extent})"), body=[ast.Expr(_expr("T.thread_return()"))], orelse=[])
+    rounds = ast.For(target=ast.Name(it, ast.Store()), iter=_expr(f"T.serial({int_type}({-(-extent // limit)}))"),
                      body=[leave, *body] if extent % limit else body, orelse=[])
     loop.target = ast.Name(lim, ast.Store())
-    loop.iter.args[0] = ast.Constant(limit)
+    loop.iter.args[0] = _expr(f"{int_type}({limit})")
     loop.body = [rounds]
     limited = tvm.script.from_source(ast.unparse(ast.fix_missing_locations(tree)))
     for key, value in func.attrs.items() if func.attrs is not None else ():
@@ -71,11 +73,38 @@ def _bound_loops(stmts: list) -> list[ast.For]:
     return found
 
 
+def _loop_extents(tree) -> dict[str, ast.expr]:
+    """Loop variable -> its extent expression, for every loop of the function."""
+    extents = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.For) and isinstance(node.iter, ast.Call) and node.iter.args:
+            names = [t.id for t in node.target.elts] if isinstance(node.target, ast.Tuple) else [getattr(node.target, "id", "")]
+            args = node.iter.args if len(names) > 1 else node.iter.args[-1:]
+            extents.update(zip(names, args))
+    return extents
+
+
 class _Substitute(ast.NodeTransformer):
-    def __init__(self, name: str, replacement: ast.expr):
-        self.name, self.replacement = name, replacement
+    """Replace a loop variable by an expression; `T.axis.remap` (variables only) becomes one binding per axis."""
+
+    def __init__(self, name: str, replacement: ast.expr, extents: dict[str, ast.expr]):
+        self.name, self.replacement, self.extents = name, replacement, extents
 
     def visit_Name(self, node: ast.Name):
         if node.id == self.name and isinstance(node.ctx, ast.Load):
-            return ast.copy_location(ast.parse(ast.unparse(self.replacement), mode="eval").body, node)
+            return ast.copy_location(_expr(ast.unparse(self.replacement)), node)
         return node
+
+    def visit_Assign(self, node: ast.Assign):
+        call = node.value
+        is_remap = isinstance(call, ast.Call) and ast.unparse(call.func) == "T.axis.remap"
+        if not is_remap or self.name not in {getattr(v, "id", None) for v in call.args[1].elts}:
+            return self.generic_visit(node)
+        kinds = call.args[0].value
+        targets = node.targets[0].elts if isinstance(node.targets[0], ast.Tuple) else [node.targets[0]]
+        bindings = []
+        for target, kind, value in zip(targets, kinds, call.args[1].elts):
+            axis = {"S": "spatial", "R": "reduce"}[kind]
+            text = f"{target.id} = T.axis.{axis}({ast.unparse(self.extents[value.id])}, {ast.unparse(self.visit(value))})"
+            bindings.append(ast.parse(text).body[0])
+        return bindings

@@ -141,6 +141,12 @@ class Task:
         self._paused = False
         self._closed = False
         self._request_ids = 0
+        n_layers = len(executor.kernels)
+        # progress bitmap: per layer the thread blocks completed for the running request (-1: no request)
+        self.progress = np.full(n_layers, -1, dtype=np.int64)
+        self._blocks = [[c.blocks or 1 for c in layer.candidates] for layer in executor.manifest.layers]
+        self.timeline: list[tuple[str, int, int, float, float]] | None = None  # (task, layer, candidate, start, end)
+        self._launched_at: dict[Launch, float] = {}
         self.launches = 0  # kernel launches, including re-runs
         self.reruns = 0
         self._thread = threading.Thread(target=self._submit_loop, name=f"submitter-{name}", daemon=True)
@@ -190,6 +196,19 @@ class Task:
     @property
     def paused(self) -> bool:
         return self._paused
+
+    def state(self) -> tuple[int, list[int] | None] | None:
+        """(next layer to run, candidate ids) of the running request; None when idle."""
+        with self._cond:
+            if not self._requests:
+                return None
+            done = [i for i, blocks in enumerate(self.progress) if blocks > 0]
+            ids = self._requests[0].candidate_ids
+            return (max(done) + 1 if done else 0), ids
+
+    def record_timeline(self) -> None:
+        """Keep (task, layer, candidate, start s, end s) of every launch from now on."""
+        self.timeline = []
 
     @property
     def busy(self) -> bool:
@@ -257,6 +276,7 @@ class Task:
             self._done.append((request.future, None, err))
             return False
         self._request_ids += 1
+        self.progress[:] = 0
         return True
 
     def _check_ids(self, ids: list[int]) -> None:
@@ -267,6 +287,7 @@ class Task:
     def _cpu_step(self, launch: Launch) -> None:
         self.flags.clear_started()
         error = None
+        self._launched_at[launch] = time.perf_counter()
         try:
             self.executor.run_layer(launch.layer, launch.candidate)
         except Exception as err:  # noqa: BLE001
@@ -286,6 +307,7 @@ class Task:
 
     def _gpu_step(self, launch: Launch | None) -> None:
         if launch is not None:
+            self._launched_at[launch] = time.perf_counter()
             self.executor.run_layer(launch.layer, launch.candidate)
             event = self.executor.record_event()
             with self._cond:
@@ -323,10 +345,15 @@ class Task:
 
     def _retire(self, launch: Launch) -> None:
         """A launch completed; finishing the last layer completes the head request."""
+        started = self._launched_at.pop(launch, None)
+        if self.timeline is not None and started is not None:
+            self.timeline.append((self.name, launch.layer, launch.candidate, started, time.perf_counter()))
+        self.progress[launch.layer] = self._blocks[launch.layer][launch.candidate]
         if launch.layer != len(self.executor.kernels) - 1 or self._rerun:
             return
         request = self._requests.popleft()
         self._next_layer = 0
+        self.progress[:] = -1
         try:
             self._done.append((request.future, self.executor.get_outputs(), None))
         except Exception as err:  # noqa: BLE001
@@ -335,6 +362,7 @@ class Task:
     def _fail_head(self, error: Exception) -> None:
         request = self._requests.popleft()
         self._next_layer = 0
+        self.progress[:] = -1
         self._rerun.clear()
         self._done.append((request.future, None, error))
 

@@ -1,0 +1,117 @@
+"""Layer scheduler (the online half of FineCo): pick each request's candidate-ID list.
+
+When a request arrives the scheduler reads the monitor (what the other request streams will run
+next). Idle device: the fastest candidate of every layer. Otherwise each layer's candidates are
+scored by their estimated co-located time against the layer the other streams will be running
+then, and the list with the least co-located time that meets the request's QoS is chosen.
+
+Co-located time of candidate c while the others run candidates o1, o2, ...:
+    latency(c) x (1 + sum_i overhead(c, o_i))
+where overhead(c, o) is the profiled interference per unit time (`tvmsched profile-coloc`):
+    (co-located latency of c - isolated latency of c) / overlap time.
+Fallback for pairs never profiled: the units' oversubscription, max(0, units(c) + units(o) - all) / all
+(candidates that fit beside each other do not interfere; beyond that they share units evenly).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CandidateInfo:
+    units: int  # units it runs on (the device's all-unit count for full-unit candidates)
+    latency_us: float  # isolated latency
+    key: str  # profile key: "<model>/<kernel symbol>"
+
+
+@dataclass(frozen=True)
+class StreamView:
+    """What the monitor knows of another running stream: its remaining layers' chosen candidates, in order."""
+
+    name: str
+    remaining: tuple[CandidateInfo, ...]
+
+
+@dataclass(frozen=True)
+class Decision:
+    model: str
+    candidate_ids: tuple[int, ...]
+    estimated_ms: float
+    meets_qos: bool
+    streams: int  # other streams running when it was decided
+    seconds: float  # time the decision took
+
+
+@dataclass
+class ColocationTable:
+    """Interference per unit time of candidate pairs; `fallback` for pairs never profiled."""
+
+    total_units: int
+    measured: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def overhead(self, a: CandidateInfo, b: CandidateInfo) -> float:
+        found = self.measured.get((a.key, b.key))
+        return found if found is not None else self.fallback(a, b)
+
+    def fallback(self, a: CandidateInfo, b: CandidateInfo) -> float:
+        return max(0.0, (a.units + b.units - self.total_units) / self.total_units)
+
+
+class LayerScheduler:
+    def __init__(self, table: ColocationTable):
+        self.table = table
+        self.decisions: list[Decision] = []
+
+    def choose(self, model: str, layers: list[list[CandidateInfo]], qos_ms: float | None, others: list[StreamView]) -> Decision:
+        """The candidate-ID list for one request of `model` (layers[i] = candidates of layer i, by ID)."""
+        start = time.perf_counter()
+        others = [s for s in others if s.remaining]
+        if not others:
+            ids = [min(range(len(cands)), key=lambda c: cands[c].latency_us) for cands in layers]
+            estimate_us = sum(layers[i][c].latency_us for i, c in enumerate(ids))
+        else:
+            ids, estimate_us = self._least_colocated(layers, others)
+        meets = qos_ms is None or estimate_us <= qos_ms * 1e3
+        decision = Decision(model, tuple(ids), estimate_us / 1e3, meets, len(others), time.perf_counter() - start)
+        self.decisions.append(decision)
+        log.info("schedule %s: ids %s, estimated %.3f ms (QoS %s ms%s), %d other streams, decided in %.1f us",
+                 model, list(ids), decision.estimated_ms, qos_ms, "" if meets else ", AT RISK", len(others), decision.seconds * 1e6)
+        return decision
+
+    def _least_colocated(self, layers, others: list[StreamView]) -> tuple[list[int], float]:
+        """Greedy over the layers in order: each layer's candidate with the least co-located time
+        against what every other stream runs at that moment (their remaining layers laid out in time)."""
+        timelines = [_cumulative(s.remaining) for s in others]
+        ids, now = [], 0.0
+        for cands in layers:
+            running = [_at(timeline, now) for timeline in timelines]
+            running = [c for c in running if c is not None]
+            scored = [
+                (cand.latency_us * (1 + sum(self.table.overhead(cand, other) for other in running)), cid)
+                for cid, cand in enumerate(cands)
+            ]
+            cost, best = min(scored)
+            ids.append(best)
+            now += cost
+        return ids, now
+
+
+def _cumulative(remaining: tuple[CandidateInfo, ...]) -> list[tuple[float, CandidateInfo]]:
+    out, end = [], 0.0
+    for cand in remaining:
+        end += cand.latency_us
+        out.append((end, cand))
+    return out
+
+
+def _at(timeline: list[tuple[float, CandidateInfo]], t: float) -> CandidateInfo | None:
+    """The candidate a stream runs at time t (us from now), None when it will have finished."""
+    for end, cand in timeline:
+        if t < end:
+            return cand
+    return None
