@@ -1,6 +1,7 @@
 """The tvmsched runtime: load artifacts and run their layers on CPU or CUDA."""
 
 from tvmsched.runtime.executor import Executor
+from tvmsched.runtime.runtime import Runtime
 
 
 def load(path, device: str | None = None) -> Executor:
@@ -8,4 +9,4 @@ def load(path, device: str | None = None) -> Executor:
     return Executor(path, device)
 
 
-__all__ = ["Executor", "load"]
+__all__ = ["Executor", "Runtime", "load"]

@@ -159,6 +159,23 @@ def tune_import(kit_dir: str, results_path: str, db_url: str | None, db_token_fi
     click.echo(f"stored {stored} measured records")
 
 
+@cli.command("profile-coloc")
+@click.argument("artifacts", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("-o", "--out", type=click.Path(dir_okay=False), required=True, help="Colocation table (JSON).")
+@click.option("--device", default="cpu", type=click.Choice(["cpu", "cuda"]))
+@click.option("--seconds", default=0.3, show_default=True, help="Measuring time per pair and mode.")
+def profile_coloc(artifacts: tuple[str, ...], out: str, device: str, seconds: float) -> None:
+    """Measure the interference of candidate layers of every pair of ARTIFACTS co-running."""
+    from tvmsched.runtime.colocation import profile, save
+
+    if len(artifacts) < 2:
+        raise TvmschedError("profile-coloc needs at least two artifacts")
+    rows = profile(list(artifacts), device, seconds)
+    save(rows, out)
+    worst = max(rows, key=lambda r: r["overhead_per_unit_time"])
+    click.echo(f"wrote {out}: {len(rows)} pairs; largest overhead {worst['overhead_per_unit_time']:.2f} ({worst['first']} beside {worst['second']})")
+
+
 @cli.command("run")
 @click.argument("artifact", type=click.Path(dir_okay=False))
 @click.option("--inputs", "inputs_path", type=click.Path(dir_okay=False), help=".npz keyed by ONNX input name.")

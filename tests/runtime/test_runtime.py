@@ -1,0 +1,187 @@
+"""Multi-tenant runtime on CPU: scheduler rules, progress bitmap, concurrent tenants, timeline, colocation profile."""
+
+import asyncio
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from tests.helpers import onnxruntime_outputs, run_cli
+from tvmsched import models
+from tvmsched.errors import TvmschedError
+from tvmsched.measure_kit import build_kit, import_results
+from tvmsched.pipeline import compile_model
+from tvmsched.runtime import Executor, Runtime
+from tvmsched.runtime.colocation import load_table
+from tvmsched.runtime.kit_measure import measure_kit
+from tvmsched.runtime.preemption import Task
+from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, LayerScheduler, StreamView
+
+FULL = 8
+
+
+def cand(units, latency, key=None):
+    return CandidateInfo(units, latency, key or f"m/{units}u")
+
+
+LAYERS = [[cand(FULL, 100.0), cand(4, 130.0), cand(2, 220.0)], [cand(FULL, 50.0), cand(4, 60.0)]]
+
+
+def test_idle_device_gets_the_fastest_candidate_of_every_layer():
+    decision = LayerScheduler(ColocationTable(FULL)).choose("m", LAYERS, qos_ms=1.0, others=[])
+    assert decision.candidate_ids == (0, 0) and decision.meets_qos
+    assert decision.estimated_ms == pytest.approx(0.150)
+
+
+def test_contended_device_picks_the_cheaper_colocation():
+    other = StreamView("o", (cand(4, 1000.0, "o/4u"),))  # another stream holds 4 of 8 units for a while
+    # fallback: all units beside 4 -> overhead (8 + 4 - 8) / 8 = 0.5; 4 units beside 4 -> 0
+    decision = LayerScheduler(ColocationTable(FULL)).choose("m", LAYERS, qos_ms=1.0, others=[other])
+    assert decision.candidate_ids == (1, 1)  # 130 < 100 x 1.5 and 60 < 50 x 1.5
+    assert decision.estimated_ms == pytest.approx(0.190)
+    # a profiled table overrides the fallback: here the full-unit kernel barely suffers
+    table = ColocationTable(FULL, {("m/8u", "o/4u"): 0.1})
+    assert LayerScheduler(table).choose("m", LAYERS, qos_ms=1.0, others=[other]).candidate_ids == (0, 0)
+
+
+def test_other_streams_are_followed_through_time_and_qos_is_checked():
+    # the other stream finishes after 120 us: the second layer runs alone, so it takes the fastest candidate
+    other = StreamView("o", (cand(4, 120.0, "o/4u"),))
+    decision = LayerScheduler(ColocationTable(FULL)).choose("m", LAYERS, qos_ms=0.1, others=[other])
+    assert decision.candidate_ids == (1, 0)
+    assert not decision.meets_qos  # 130 + 50 us > 100 us: reported at risk
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    """mlp and resnet18-small with a 2-thread and a 1-thread candidate per layer (from a measured CPU kit)."""
+    tmp, built = tmp_path_factory.mktemp("rt"), {}
+    for name in ("mlp", "resnet18-small"):
+        model = models.build(name)
+        build_kit(model, tmp / name, target="llvm", samples=2, progress=False)
+        database = f"sqlite:///{tmp / name}.db"
+        import_results(tmp / name, measure_kit(tmp / name, [1, 2], repeat=2, progress=False), database)
+        built[name] = (model, compile_model(model, name=name, qos_ms=1000.0, database=database))
+    return built
+
+
+def test_progress_bitmap_holds_the_blocks_each_layer_launched(artifacts):
+    _, artifact = artifacts["resnet18-small"]
+    executor = Executor(artifact)
+    task = Task(executor, "t")
+    seen = []
+    original = executor.run_layer
+
+    def spy(index, candidate_id=0):
+        seen.append(task.progress.copy())
+        original(index, candidate_id)
+
+    executor.run_layer = spy
+    ids = [len(layer.candidates) - 1 for layer in artifact.manifest.layers]
+    task.submit(executor.random_inputs(0), ids).result(timeout=60)
+    blocks = [artifact.manifest.layers[i].candidates[c].blocks for i, c in enumerate(ids)]
+    for index, snapshot in enumerate(seen):  # before layer i: layers < i hold their blocks, the rest 0
+        assert snapshot[:index].tolist() == blocks[:index] and not snapshot[index:].any()
+    assert (task.progress == -1).all()  # finished request: entries invalid
+    task.close()
+
+
+def test_tenants_on_several_threads_all_get_correct_outputs_and_a_bad_one_fails_alone(artifacts, tmp_path):
+    rt = Runtime("cpu", timeline=True)
+    handles = {name: rt.load(artifact, qos_ms=1000.0, priority="realtime" if name == "mlp" else "best_effort")
+               for name, (_, artifact) in artifacts.items()}
+    expected = {}
+    for name, (model, _) in artifacts.items():
+        inputs = models.random_inputs(model, seed=5)
+        expected[name] = (inputs, onnxruntime_outputs(model, inputs))
+    failures, bad = [], []
+
+    def client(name, n):
+        inputs, reference = expected[name]
+        for _ in range(n):
+            outputs = rt.submit(handles[name], inputs).result(timeout=120)
+            for key, value in reference.items():
+                if not np.allclose(outputs[key], value, rtol=1e-4, atol=1e-5):
+                    failures.append(name)
+
+    def bad_client():
+        for _ in range(3):
+            try:
+                rt.submit(handles["mlp"], {"wrong": np.zeros(2)}).result(timeout=60)
+            except TvmschedError as err:
+                bad.append(str(err))
+
+    threads = [threading.Thread(target=client, args=(name, 6)) for name in artifacts for _ in range(2)]
+    threads.append(threading.Thread(target=bad_client))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures and len(bad) == 3 and "input names do not match" in bad[0]
+    outputs = asyncio.run(rt.infer("mlp", expected["mlp"][0]))
+    assert np.allclose(outputs["output"], expected["mlp"][1]["output"], rtol=1e-4, atol=1e-5)
+    stats = rt.stats()
+    assert stats["mlp"]["requests"] == 13 and stats["mlp"]["errors"] == 3 and stats["resnet18-small"]["requests"] == 12
+    assert stats["_scheduler"]["decisions"] == 28 and stats["_scheduler"]["p99_us"] > 0
+    events = rt.export_timeline(tmp_path / "trace.json", tmp_path / "trace.png")
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    completed = sum(s["launches"] - s["reruns"] for k, s in stats.items() if k != "_scheduler")  # aborted runs are not drawn
+    assert events == len(trace["traceEvents"]) == completed
+    assert {e["tid"] for e in trace["traceEvents"]} == {"mlp", "resnet18-small"} and (tmp_path / "trace.png").stat().st_size > 0
+    rt.shutdown()
+    with pytest.raises(TvmschedError, match="shut down"):
+        rt.submit("mlp", expected["mlp"][0])
+
+
+def test_profile_coloc_writes_a_table_the_scheduler_reads(artifacts, tmp_path):
+    paths = []
+    for name, (_, artifact) in artifacts.items():
+        artifact.save(tmp_path / f"{name}.tvms")
+        paths.append(tmp_path / f"{name}.tvms")
+    out = run_cli("profile-coloc", *paths, "-o", tmp_path / "coloc.json", "--seconds", "0.05")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads((tmp_path / "coloc.json").read_text())
+    heavy = {name: max(a.manifest.layers, key=lambda l: l.candidates[0].latency_us) for name, (_, a) in artifacts.items()}
+    assert len(rows) == 2 * len(heavy["mlp"].candidates) * len(heavy["resnet18-small"].candidates)
+    assert all(r["colocated_us"] > 0 and r["isolated_us"] > 0 and r["overhead_per_unit_time"] >= 0 for r in rows)
+    table = load_table(tmp_path / "coloc.json", total_units=2)
+    assert len(table.measured) == len(rows)
+    assert run_cli("profile-coloc", paths[0], "-o", tmp_path / "x.json").returncode == 2
+
+
+def test_example_server_answers_on_127_0_0_1(artifacts, tmp_path):
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    model, artifact = artifacts["mlp"]
+    artifact.save(tmp_path / "mlp.tvms")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "examples/server.py", "--model", f"mlp={tmp_path / 'mlp.tvms'}:1000",
+                               "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            try:
+                httpx.get(f"{base}/v1/models", timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        inputs = models.random_inputs(model, seed=6)
+        reply = httpx.post(f"{base}/v1/models/mlp/infer", json={"inputs": {k: v.tolist() for k, v in inputs.items()}}, timeout=60)
+        assert reply.status_code == 200
+        expected = onnxruntime_outputs(model, inputs)["output"]
+        assert np.allclose(np.array(reply.json()["outputs"]["output"]), expected, rtol=1e-4, atol=1e-5)
+        bad = httpx.post(f"{base}/v1/models/mlp/infer", json={"inputs": {"nope": [1, 2]}}, timeout=60)
+        assert bad.status_code == 400 and "input names do not match" in bad.json()["detail"]
+        assert httpx.post(f"{base}/v1/models/none/infer", json={"inputs": {}}, timeout=60).status_code == 404
+        assert httpx.get(f"{base}/v1/stats", timeout=10).json()["mlp"]["requests"] == 1
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
