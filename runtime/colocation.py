@@ -29,7 +29,7 @@ def _loop(executor: Executor, layer: int, cand: int, stop: threading.Event, time
     while not stop.is_set():
         start = time.perf_counter()
         executor.run_layer(layer, cand)
-        executor._sync_stream()
+        executor.synchronize()
         times.append(time.perf_counter() - start)
 
 

@@ -42,7 +42,8 @@ class Executor:
         self.units = [[None if c.mechanism == "grid_limit" else c.units for c in layer.candidates] for layer in manifest.layers]
         self._full_cpu_units = int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)
         self._green = None  # GreenContexts, made when a CUDA candidate asks for fewer SMs
-        self._stream = 0  # the raw CUDA stream the last layer ran on (0: TVM's default)
+        self._stream = 0  # the raw CUDA stream the last layer ran on (0: none yet)
+        self._own_stream = 0  # CUDA: this executor's stream for all-SM kernels (streams of tenants overlap)
         self.flags = None  # PreemptFlags, the last argument of every kernel of an instrumented artifact
         if manifest.preempt_flags:
             from tvmsched.runtime.preemption import PreemptFlags
@@ -104,17 +105,19 @@ class Executor:
             set_cpu_units(units or self._full_cpu_units)
             kernel(*self.layer_args[index])
             return
-        stream = 0 if not units else self._green_contexts().stream(units)[0]  # None or 0: all SMs
+        stream = self._full_stream() if not units else self._green_contexts().stream(units)[0]  # None or 0: all SMs
         if stream != self._stream:
-            self._sync_stream()
+            self.synchronize()
             self._stream = stream
-        if stream:
-            import tvm_ffi
+        import tvm_ffi
 
-            with tvm_ffi.use_raw_stream(self.device, stream):
-                kernel(*self.layer_args[index])
-        else:
+        with tvm_ffi.use_raw_stream(self.device, stream):
             kernel(*self.layer_args[index])
+
+    def _full_stream(self) -> int:
+        if not self._own_stream:
+            self._own_stream = int(self.device.create_raw_stream())
+        return self._own_stream
 
     def _green_contexts(self):
         if self._green is None:
@@ -123,10 +126,12 @@ class Executor:
             self._green = GreenContexts(self.device.index)
         return self._green
 
-    def _sync_stream(self) -> None:
-        """Wait for the stream the last layer ran on."""
+    def synchronize(self) -> None:
+        """Wait until the layers launched so far have finished (CUDA: their stream; CPU: nothing pending)."""
         if self._stream:
-            self._green.synchronize(self._stream)
+            from cuda.bindings import driver
+
+            driver.cuStreamSynchronize(driver.CUstream(self._stream))
         else:
             self.device.sync()
 
@@ -161,7 +166,7 @@ class Executor:
             self.run_layer(index, candidate_ids[index] if candidate_ids else 0)
 
     def get_outputs(self) -> dict[str, np.ndarray]:
-        self._sync_stream()
+        self.synchronize()
         return {b.name: self.buffers[b.tensor].numpy() for b in self.manifest.outputs}
 
     def run(self, inputs: dict[str, np.ndarray], candidate_ids: list[int] | None = None) -> dict[str, np.ndarray]:
@@ -177,7 +182,7 @@ class Executor:
         for i in range(warmup + repeat):
             start = time.perf_counter()
             self.run_layers()
-            self._sync_stream()
+            self.synchronize()
             if i >= warmup:
                 times.append(time.perf_counter() - start)
         return times
