@@ -91,5 +91,20 @@ def save(rows: list[dict], path: str | Path) -> None:
 
 def load_table(path: str | Path, total_units: int) -> ColocationTable:
     """A ColocationTable from `tvmsched profile-coloc --out` rows."""
-    rows = json.loads(Path(path).read_text())
+    return table_from_rows(json.loads(Path(path).read_text()), total_units)
+
+
+def table_from_rows(rows: list[dict], total_units: int) -> ColocationTable:
     return ColocationTable(total_units, {(r["first"], r["second"]): r["overhead_per_unit_time"] for r in rows})
+
+
+def device_name(device: str) -> str:
+    """The key profiles are stored under: the CPU model or the GPU's name."""
+    import platform
+
+    if device == "cuda":
+        from tvmsched.runtime.green_contexts import GreenContexts, _check
+
+        green = GreenContexts(0)
+        return _check(green.drv.cuDeviceGetName(128, green.device)).decode(errors="replace").strip("\x00 ")
+    return f"cpu:{platform.processor() or platform.machine()}"

@@ -53,7 +53,8 @@ class Runtime:
     Args:
         device: "cpu" or "cuda".
         total_units: the device's compute units (default: CPU threads / the SMs of the GPU).
-        colocation: a ColocationTable of profiled interference (default: empty, the fallback rule).
+        colocation: a ColocationTable, or the URL of a tuning database holding this device's profile
+            (`tvmsched profile-coloc --db`); default: none, the fallback rule for every pair.
         max_in_flight: launches each stream keeps on a GPU at once.
         timeline: record every launch for `export_timeline`.
         policy: "colocation" (the layer scheduler), or the baselines "fastest" (concurrent streams,
@@ -61,7 +62,7 @@ class Runtime:
             the units), "fcfs" (one request at a time in arrival order, fastest candidates).
     """
 
-    def __init__(self, device: str = "cpu", *, total_units: int | None = None, colocation: ColocationTable | None = None,
+    def __init__(self, device: str = "cpu", *, total_units: int | None = None, colocation: ColocationTable | str | None = None,
                  max_in_flight: int = 8, timeline: bool = False, policy: str = "colocation"):
         if device not in ("cpu", "cuda"):
             raise TvmschedError(f"unknown device {device!r}: use cpu or cuda")
@@ -71,6 +72,11 @@ class Runtime:
         self._fcfs_queue: queue.Queue | None = None  # "fcfs": requests in arrival order, run one by one
         self.device = device
         self.total_units = total_units or _device_units(device)
+        if isinstance(colocation, str):  # a tuning-database URL holding this device's profile
+            from tvmsched.runtime.colocation import device_name, table_from_rows
+            from tvmsched.tuning_db import open_store
+
+            colocation = table_from_rows(open_store(colocation).colocation(device_name(device)), self.total_units)
         self.scheduler = LayerScheduler(colocation or ColocationTable(self.total_units))
         self.priorities = Priorities()
         self.models: dict[str, Model] = {}

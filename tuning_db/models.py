@@ -1,4 +1,4 @@
-"""SQLAlchemy tables of the tuning database: workloads and their tuning records."""
+"""SQLAlchemy tables of the tuning database: workloads, their tuning records, colocation profiles."""
 
 from __future__ import annotations
 
@@ -73,3 +73,19 @@ class TuningRecord(Base):
     args_info_json: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     tool_version: Mapped[str] = mapped_column(String(32))
+
+
+class Colocation(Base):
+    """Interference of candidate kernel `first` while `second` runs beside it (tvmsched profile-coloc)."""
+
+    __tablename__ = "colocation"
+    __table_args__ = (Index("ix_colocation_device", "device"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    device: Mapped[str] = mapped_column(String(128))
+    first: Mapped[str] = mapped_column(Text)  # "<model>/<kernel symbol>"
+    second: Mapped[str] = mapped_column(Text)
+    isolated_us: Mapped[float] = mapped_column(Float)
+    colocated_us: Mapped[float] = mapped_column(Float)
+    overhead: Mapped[float] = mapped_column(Float)  # per unit time: (colocated - isolated) / overlap
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -32,6 +32,7 @@ _MIGRATION_LOCK = 0x7476_6D73  # PostgreSQL advisory lock key held while migrati
 
 W = models.Workload.__table__
 R = models.TuningRecord.__table__
+C = models.Colocation.__table__
 
 
 @dataclass(frozen=True)
@@ -297,6 +298,25 @@ class SQLStore:
             workloads = conn.execute(select(func.count()).select_from(W)).scalar_one()
             records = conn.execute(select(func.count()).select_from(R)).scalar_one()
         return {"workloads": int(workloads), "records": int(records)}
+
+    def save_colocation(self, device: str, rows: list[dict[str, Any]]) -> int:
+        """Replace the colocation profile of the pairs in `rows` on `device` (one transaction)."""
+        with self._writer.begin() as conn:
+            for row in rows:
+                conn.execute(C.delete().where(C.c.device == device, C.c.first == row["first"], C.c.second == row["second"]))
+                conn.execute(C.insert().values(
+                    device=device, first=row["first"], second=row["second"], isolated_us=float(row["isolated_us"]),
+                    colocated_us=float(row["colocated_us"]), overhead=float(row["overhead_per_unit_time"]),
+                    created_at=models.utcnow(),
+                ))
+        return len(rows)
+
+    def colocation(self, device: str) -> list[dict[str, Any]]:
+        """The colocation profile of `device`, as profile-coloc rows."""
+        with self._engine.connect() as conn:
+            rows = conn.execute(select(C).where(C.c.device == device).order_by(C.c.id))
+            return [{"first": r.first, "second": r.second, "isolated_us": r.isolated_us, "colocated_us": r.colocated_us,
+                     "overhead_per_unit_time": r.overhead} for r in rows]
 
     def close(self) -> None:
         """Release the connection pool."""

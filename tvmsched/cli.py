@@ -161,19 +161,26 @@ def tune_import(kit_dir: str, results_path: str, db_url: str | None, db_token_fi
 
 @cli.command("profile-coloc")
 @click.argument("artifacts", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("-o", "--out", type=click.Path(dir_okay=False), required=True, help="Colocation table (JSON).")
+@click.option("-o", "--out", type=click.Path(dir_okay=False), help="Also write the rows as JSON.")
+@click.option("--db", "db_url", help="Tuning database that stores the profile (default: the local SQLite file).")
 @click.option("--device", default="cpu", type=click.Choice(["cpu", "cuda"]))
 @click.option("--seconds", default=0.3, show_default=True, help="Measuring time per pair and mode.")
-def profile_coloc(artifacts: tuple[str, ...], out: str, device: str, seconds: float) -> None:
-    """Measure the interference of candidate layers of every pair of ARTIFACTS co-running."""
-    from tvmsched.runtime.colocation import profile, save
+def profile_coloc(artifacts: tuple[str, ...], out: str | None, db_url: str | None, device: str, seconds: float) -> None:
+    """Measure the interference of candidate layers of every pair of ARTIFACTS co-running; store it in the database."""
+    from tvmsched.runtime.colocation import device_name, profile, save
+    from tvmsched.tuning_db import open_store
 
     if len(artifacts) < 2:
         raise TvmschedError("profile-coloc needs at least two artifacts")
+    store = open_store(db_url)
+    if not hasattr(store, "save_colocation"):
+        raise TvmschedError("colocation profiles are stored in SQL databases (sqlite:/// or postgresql://), not over HTTP")
     rows = profile(list(artifacts), device, seconds)
-    save(rows, out)
+    store.save_colocation(device_name(device), rows)
+    if out:
+        save(rows, out)
     worst = max(rows, key=lambda r: r["overhead_per_unit_time"])
-    click.echo(f"wrote {out}: {len(rows)} pairs; largest overhead {worst['overhead_per_unit_time']:.2f} ({worst['first']} beside {worst['second']})")
+    click.echo(f"stored {len(rows)} pairs in {store.url}; largest overhead {worst['overhead_per_unit_time']:.2f} ({worst['first']} beside {worst['second']})")
 
 
 @cli.command("run")

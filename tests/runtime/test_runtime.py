@@ -139,7 +139,8 @@ def test_profile_coloc_writes_a_table_the_scheduler_reads(artifacts, tmp_path):
     for name, (_, artifact) in artifacts.items():
         artifact.save(tmp_path / f"{name}.tvms")
         paths.append(tmp_path / f"{name}.tvms")
-    out = run_cli("profile-coloc", *paths, "-o", tmp_path / "coloc.json", "--seconds", "0.05")
+    db = f"sqlite:///{tmp_path / 'tuning.db'}"
+    out = run_cli("profile-coloc", *paths, "-o", tmp_path / "coloc.json", "--db", db, "--seconds", "0.05")
     assert out.returncode == 0, out.stderr
     rows = json.loads((tmp_path / "coloc.json").read_text())
     heavy = {name: max(a.manifest.layers, key=lambda l: l.candidates[0].latency_us) for name, (_, a) in artifacts.items()}
@@ -147,7 +148,9 @@ def test_profile_coloc_writes_a_table_the_scheduler_reads(artifacts, tmp_path):
     assert all(r["colocated_us"] > 0 and r["isolated_us"] > 0 and r["overhead_per_unit_time"] >= 0 for r in rows)
     table = load_table(tmp_path / "coloc.json", total_units=2)
     assert len(table.measured) == len(rows)
-    assert run_cli("profile-coloc", paths[0], "-o", tmp_path / "x.json").returncode == 2
+    stored = Runtime("cpu", colocation=db).scheduler.table  # the profile as stored in the tuning database
+    assert stored.measured == pytest.approx(table.measured)
+    assert run_cli("profile-coloc", paths[0], "--db", db).returncode == 2
 
 
 def test_example_server_answers_on_127_0_0_1(artifacts, tmp_path):
