@@ -77,48 +77,40 @@ def _iter_kind(loop: ast.For) -> str:
     return func.id if isinstance(func, ast.Name) else ""
 
 
-def _wrap_parallel_loops(body: list) -> bool:
-    found = False
-
-    def visit(stmts: list) -> None:
-        nonlocal found
-        for stmt in stmts:
-            if isinstance(stmt, ast.For) and _iter_kind(stmt) == "parallel" and isinstance(stmt.target, ast.Name):
-                stmt.body = [ast.If(test=_flag_clear(f"{stmt.target.id} % {FLAG_SLOTS}"), body=stmt.body, orelse=[])]
-                found = True
-                continue
-            for field in ("body", "orelse"):
-                inner = getattr(stmt, field, None)
-                if isinstance(inner, list):
-                    visit(inner)
-
-    visit(body)
+def _outermost_loops(stmts: list, matches) -> list[ast.For]:
+    """The loops for which `matches` holds, not looking inside a match."""
+    found = []
+    for stmt in stmts:
+        if isinstance(stmt, ast.For) and matches(stmt):
+            found.append(stmt)
+            continue
+        for field in ("body", "orelse"):
+            inner = getattr(stmt, field, None)
+            if isinstance(inner, list):
+                found += _outermost_loops(inner, matches)
     return found
 
 
+def _wrap_parallel_loops(body: list) -> bool:
+    loops = _outermost_loops(body, lambda s: _iter_kind(s) == "parallel" and isinstance(s.target, ast.Name))
+    for loop in loops:
+        loop.body = [ast.If(test=_flag_clear(f"{loop.target.id} % {FLAG_SLOTS}"), body=loop.body, orelse=[])]
+    return bool(loops)
+
+
 def _wrap_block_loops(body: list) -> bool:
-    """Wrap the body of the innermost blockIdx loop of every nest; False if there is none."""
-    found = False
+    """An early exit at the start of the innermost blockIdx loop of every nest; False if there is none."""
 
     def is_block_loop(stmt) -> bool:
         return isinstance(stmt, ast.For) and _iter_kind(stmt) == "thread_binding" and "blockIdx" in ast.unparse(stmt.iter)
 
-    def visit(stmts: list) -> None:
-        nonlocal found
-        for stmt in stmts:
-            if is_block_loop(stmt) and not (len(stmt.body) == 1 and is_block_loop(stmt.body[0])):
-                # an early return, not an if around the body: TVM cannot put __syncthreads in a condition
-                leave = ast.If(test=_expr(f"{PARAM}[0] != 0"), body=[ast.Expr(_expr("T.thread_return()"))], orelse=[])
-                stmt.body = [leave, *stmt.body]
-                found = True
-                continue
-            for field in ("body", "orelse"):
-                inner = getattr(stmt, field, None)
-                if isinstance(inner, list):
-                    visit(inner)
-
-    visit(body)
-    return found
+    innermost = lambda s: is_block_loop(s) and not (len(s.body) == 1 and is_block_loop(s.body[0]))
+    loops = _outermost_loops(body, innermost)
+    for loop in loops:
+        # an early return, not an if around the body: TVM cannot put __syncthreads in a condition
+        leave = ast.If(test=_expr(f"{PARAM}[0] != 0"), body=[ast.Expr(_expr("T.thread_return()"))], orelse=[])
+        loop.body = [leave, *loop.body]
+    return bool(loops)
 
 
 def _wrap_entry(body: list) -> None:
