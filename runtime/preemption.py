@@ -136,7 +136,7 @@ class Task:
         self._rerun: list[Launch] = []  # launches to repeat before anything else
         self._next_layer = 0  # next layer of the head request to launch
         self._in_flight: collections.deque[tuple[Launch, object]] = collections.deque()  # GPU: (launch, event)
-        self._running: Launch | None = None  # CPU: the launch inside a kernel call
+        self._running: Launch | None = None  # being launched (GPU) or inside its kernel call (CPU)
         self._done: collections.deque = collections.deque()  # (future, outputs, error) to resolve
         self._paused = False
         self._closed = False
