@@ -23,6 +23,20 @@ def thread_blocks(mod) -> int | None:
     return best or 1
 
 
+def launch_blocks(mod) -> list[int] | None:
+    """Thread blocks of every kernel launch in `mod` (GPU), in order; None when an extent is symbolic."""
+    import tvm
+
+    counts: list[int] = []
+    for func in mod.functions.values():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            found = _launches(func.body, tvm.tirx)
+            if found is None:
+                return None
+            counts += found
+    return counts
+
+
 def _launches(stmt, tirx) -> list[int] | None:
     """Block counts of every launch (GPU kernel or CPU parallel nest) under `stmt`."""
     if isinstance(stmt, tirx.For) and stmt.kind in (tirx.ForKind.PARALLEL, tirx.ForKind.THREAD_BINDING):

@@ -49,6 +49,12 @@ class Executor:
             from tvmsched.runtime.preemption import PreemptFlags
 
             self.flags = PreemptFlags(self.device, manifest.preempt_flags)
+        self.counters = None  # CUDA: one int32 progress counter per layer (kernels add 1 per thread when a block is done)
+        if manifest.progress_counters:
+            import tvm
+
+            self.counters = tvm.runtime.empty((len(manifest.layers),), "int32", self.device)
+            self.reset_progress()
         self.replan(reuse_distance=1)
 
     def replan(self, reuse_distance: int) -> None:
@@ -60,7 +66,22 @@ class Executor:
         self.plan = plan_memory(manifest.layers, manifest.tensors, {b.tensor for b in manifest.outputs}, reuse_distance)
         self.buffers = self._allocate(tvm)
         extra = [self.flags.tensor] if self.flags else []
-        self.layer_args = [[*(self.buffers[t] for t in (*layer.inputs, *layer.outputs)), *extra] for layer in manifest.layers]
+        self.layer_args = [
+            [*(self.buffers[t] for t in (*layer.inputs, *layer.outputs)), *extra,
+             *([self.counters._create_view((1,), "int32", 4 * i)] if self.counters is not None else [])]
+            for i, layer in enumerate(manifest.layers)
+        ]
+
+    def reset_progress(self) -> None:
+        """Zero every layer's progress counter (before a request)."""
+        self.counters.copyfrom(np.zeros(len(self.manifest.layers), "int32"))
+
+    def completed_blocks(self, candidate_ids: list[int] | None = None) -> list[int]:
+        """Per layer, the thread blocks its kernel has completed since the last reset (read from the device)."""
+        counts = self.counters.numpy()
+        ids = candidate_ids or [0] * len(counts)
+        threads = [layer.candidates[c].threads or 1 for layer, c in zip(self.manifest.layers, ids)]
+        return [int(n) // t for n, t in zip(counts, threads)]
 
     def _allocate(self, tvm) -> dict:
         manifest, dev = self.manifest, self.device

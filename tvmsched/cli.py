@@ -64,9 +64,11 @@ def models_build(name: str, output: str | None, seed: int) -> None:
 @click.option("--rpc", metavar="HOST:PORT:KEY", help="Measure tuning trials on devices of a TVM RPC tracker.")
 @click.option("--preempt-checks/--no-preempt-checks", default=True, show_default=True,
               help="Instrument kernels with preempt-flag checks (needed for preemption).")
+@click.option("--progress-counters", is_flag=True, help="GPU kernels count their completed thread blocks.")
 def compile_cmd(
     model: str, output: str | None, target: str, input_shapes: tuple[str, ...], tune_trials: int, db_url: str | None,
     db_token_file: str | None, qos_ms: float | None, units_csv: str | None, rpc: str | None, preempt_checks: bool,
+    progress_counters: bool,
 ) -> None:
     """Compile an ONNX MODEL into a per-layer artifact (tuned with --tune-trials)."""
     from tvmsched.frontend import parse_input_shapes
@@ -85,6 +87,7 @@ def compile_cmd(
     artifact = compile_file(
         model, target=target, input_shapes=shapes, tune_trials=tune_trials, database=database, progress=tune_trials > 0,
         qos_ms=qos_ms, units=_parse_units(units_csv), rpc=rpc, preempt_checks=preempt_checks,
+        progress_counters=progress_counters,
     )
     output = output or str(Path(model).with_suffix(".tvms"))
     artifact.save(output)

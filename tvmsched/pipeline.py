@@ -36,6 +36,7 @@ def compile_model(
     units: list[int] | None = None,
     rpc: str | None = None,
     preempt_checks: bool = True,
+    progress_counters: bool = False,
     progress: bool = False,
 ) -> Artifact:
     """ONNX → Relax → fused layers → (tuned or default) kernels → artifact (in memory).
@@ -51,6 +52,7 @@ def compile_model(
         units: unit counts to consider for candidates (default: 1..all units).
         rpc: "HOST:PORT:KEY" of a TVM RPC tracker: measure tuning candidates on its devices.
         preempt_checks: instrument every kernel with preempt-flag checks (after the idempotence analysis).
+        progress_counters: GPU kernels count their completed thread blocks (passes.progress).
         progress: show a progress bar while tuning.
     """
     if qos_ms is not None and qos_ms <= 0:
@@ -58,6 +60,8 @@ def compile_model(
     if rpc is not None and (tune_trials <= 0 or qos_ms is not None):
         raise TvmschedError("--rpc measures tuning trials: it needs --tune-trials > 0 and no --qos-ms (not supported yet)")
     kind = make_target(target).kind.name
+    if progress_counters and kind != "cuda":
+        raise TvmschedError("--progress-counters instruments GPU kernels: it needs --target cuda")
     if qos_ms is not None and tune_trials > 0 and kind != "llvm":
         raise TvmschedError(
             f"restricted-unit tuning on {kind} measures on the device machine: build, measure and import a kit "
@@ -70,6 +74,8 @@ def compile_model(
     )
     if preempt_checks:
         plan = _instrumented(plan, gpu=tvm_target.kind.name != "llvm")
+    if progress_counters:
+        plan = _progress_counted(plan)
     library = kernels.build_library(plan.kernels, tvm_target)
     manifest = _manifest(model, graph, funcs, name, target, tvm_target, plan, qos_ms)
     log.info("compiled %s: %d layers, %d kernels", name, len(graph.layers), len(plan.kernels))
@@ -99,6 +105,23 @@ class KernelPlan:
     tuning: dict | None = None
     curves: dict[str, dict[int, float]] = field(default_factory=dict)
     preempt_flags: int = 0
+    progress_counters: bool = False
+
+
+def _progress_counted(plan: KernelPlan) -> KernelPlan:
+    """Every GPU kernel also counts its completed thread blocks (passes.progress)."""
+    import tvm
+
+    from tvmsched.passes.launch_geometry import launch_blocks
+    from tvmsched.passes.progress import count_progress
+
+    kernels_, facts = {}, {}
+    for symbol, func in plan.kernels.items():
+        kernels_[symbol], threads = count_progress(func)
+        blocks = launch_blocks(tvm.IRModule({"main": func}))
+        facts[symbol] = {"threads": threads, "progress_blocks": None if blocks is None else sum(blocks)}
+    candidates = {f: [dataclasses.replace(c, **facts[c.kernel]) for c in cands] for f, cands in plan.candidates.items()}
+    return dataclasses.replace(plan, kernels=kernels_, candidates=candidates, progress_counters=True)
 
 
 def _instrumented(plan: KernelPlan, *, gpu: bool) -> KernelPlan:
@@ -229,6 +252,7 @@ def _manifest(
         tuning=plan.tuning,
         qos_ms=qos_ms,
         preempt_flags=plan.preempt_flags,
+        progress_counters=plan.progress_counters,
     )
 
 
