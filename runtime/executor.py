@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ from tvmsched.artifact import Artifact
 from tvmsched.errors import TvmschedError, one_line
 from tvmsched.runtime.devices import tvm_device
 from tvmsched.runtime.memory_plan import plan_memory
-from tvmsched.runtime.units import set_cpu_units
+from tvmsched.runtime.units import full_cpu_units, set_cpu_units
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +39,7 @@ class Executor:
         self.kernels = [[self.library[c.kernel] for c in layer.candidates] for layer in manifest.layers]
         # None / 0: all units; grid-limited CUDA kernels restrict themselves (default stream)
         self.units = [[None if c.mechanism == "grid_limit" else c.units for c in layer.candidates] for layer in manifest.layers]
-        self._full_cpu_units = int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)
+        self._full_cpu_units = full_cpu_units()
         self._green = None  # GreenContexts, made when a CUDA candidate asks for fewer SMs
         self._stream = 0  # the raw CUDA stream the last layer ran on (0: none yet)
         self._own_stream = 0  # CUDA: this executor's stream for all-SM kernels (streams of tenants overlap)

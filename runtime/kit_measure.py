@@ -9,7 +9,6 @@ CPU: each unit count is a TVM thread pool of that many threads. Kits are made by
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -37,14 +36,6 @@ def read_kit(kit_dir: str | Path) -> dict:
     return kit
 
 
-def device_units(device: str) -> tuple[int, int, str]:
-    """(all units, smallest partition, unit kind) of this machine's device, queried from it."""
-    if device == "cuda":
-        from tvmsched.runtime.green_contexts import GreenContexts
-
-        green = GreenContexts(0)
-        return green.sm_count, green.granularity, "gpu_sm"
-    return int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1), 1, "cpu_thread"
 
 
 def default_unit_counts(full: int, granularity: int) -> list[int]:
@@ -67,7 +58,8 @@ def measure_kit(kit_dir: str | Path, units: list[int] | None = None, *, repeat: 
     kit = read_kit(kit_dir)
     dev = tvm_device(kit["device"])
     tvm.runtime.empty((1,), "float32", dev)  # creates the device's context before any driver call
-    full, granularity, kind = device_units(kit["device"])
+    timer = _GpuTimer(dev) if kit["device"] == "cuda" else _CpuTimer(dev)
+    full, granularity, kind = timer.device_units()  # queried from the device
     grid_limited = kit.get("mechanism") == "grid_limit"
     if grid_limited:  # the kernels restrict themselves: only the counts they were built for
         units = sorted({*(units or kit["grid_limit_units"]), full})
@@ -76,7 +68,6 @@ def measure_kit(kit_dir: str | Path, units: list[int] | None = None, *, repeat: 
     counts = sorted(set(units or default_unit_counts(full, granularity)))
     if bad := [k for k in counts if not 1 <= k <= full]:
         raise TvmschedError(f"unit counts {bad} outside 1..{full} on this device")
-    timer = _GpuTimer(dev) if kit["device"] == "cuda" else _CpuTimer(dev)
     times: dict[str, dict[str, dict[str, float | None]]] = {}
     total = sum(len(entry["samples"]) for entry in kit["funcs"])
     with tqdm(total=total, desc="measuring", unit="kernel", disable=not progress, file=sys.stderr) as bar:
@@ -109,6 +100,12 @@ class _CpuTimer:
 
         self.dev, self.name = dev, platform.processor() or platform.machine()
 
+    def device_units(self) -> tuple[int, int, str]:
+        """(all units, smallest partition, unit kind)."""
+        from tvmsched.runtime.units import full_cpu_units
+
+        return full_cpu_units(), 1, "cpu_thread"
+
     def median_us(self, lib, symbol, args, k, repeat) -> float | None:
         from tvmsched.measure import timed_in_thread
 
@@ -133,6 +130,10 @@ class _GpuTimer:
 
         self.dev, self.green = dev, GreenContexts(dev.index)
         self.name = _check(self.green.drv.cuDeviceGetName(128, self.green.device)).decode(errors="replace").strip("\x00 ")
+
+    def device_units(self) -> tuple[int, int, str]:
+        """(all SMs, the smallest SM partition, unit kind)."""
+        return self.green.sm_count, self.green.granularity, "gpu_sm"
 
     def _batch_us(self, fn, args, stream, number) -> float:
         start = time.perf_counter()

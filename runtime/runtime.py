@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import queue
 import threading
 import time
@@ -255,4 +254,6 @@ def _device_units(device: str) -> int:
         from tvmsched.runtime.green_contexts import GreenContexts
 
         return GreenContexts(0).sm_count
-    return int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)
+    from tvmsched.runtime.units import full_cpu_units
+
+    return full_cpu_units()

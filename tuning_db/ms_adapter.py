@@ -200,6 +200,11 @@ class TuningDatabase(PyDatabase):
                 raise KeyError(workload_id)
             return self._remember(row.id, row.shash, Workload(mod_from_json(row.mod_json)))
 
+    def workload_id(self, mod: IRModule) -> int | None:
+        """The stored id of a module's workload, or None (never commits)."""
+        found = self._resolve(mod, commit=False)
+        return None if found is None else found[0]
+
     def has_workload(self, mod: IRModule) -> bool:
         """Whether a structurally equal module is stored."""
         return self._resolve(mod, commit=False) is not None

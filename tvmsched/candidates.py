@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import math
 from dataclasses import dataclass, field
 
 from tvmsched import tuning
@@ -80,8 +79,8 @@ def qos_bounds(layer_times_us: list[tuple[str, float]], qos_ms: float) -> dict[s
 
 
 def kept_units(curve_us: dict[int, float], bound_us: float, full: int) -> list[int]:
-    """Step 4: the restricted unit counts at which the full-unit implementation meets the bound."""
-    return [k for k, latency in sorted(curve_us.items()) if k < full and latency <= bound_us]
+    """Step 4: the restricted unit counts (all but `full`) at which the full-unit implementation meets the bound."""
+    return [k for k, latency in sorted(curve_us.items()) if k != full and latency <= bound_us]
 
 
 def plan_candidates(
@@ -121,8 +120,8 @@ def plan_from_records(graph, funcs: dict, target, database, *, qos_ms: float, un
     full = cpu_units(target) if target.kind.name == "llvm" else 0
     measured = {}
     for name, func in funcs.items():
-        found = database._resolve(tuning.task_module(func), commit=False)
-        rows = [] if found is None else store.top_k(found[0], 1_000_000, target_hash=t_hash)
+        workload_id = database.workload_id(tuning.task_module(func))
+        rows = [] if workload_id is None else store.top_k(workload_id, 1_000_000, target_hash=t_hash)
         by_units: dict[int, list] = {}
         grid_limited: dict[int, list] = {}
         for row in rows:  # fastest first
@@ -138,15 +137,14 @@ def plan_from_records(graph, funcs: dict, target, database, *, qos_ms: float, un
     curves = {}
     for name, by_units in measured.items():
         best = by_units[full][0]
-        curve = {k: _same_schedule(rows, best).mean_latency_s * 1e6 for k, rows in by_units.items()
-                 if k != full and (units is None or k in units) and _same_schedule(rows, best) is not None}
-        curves[name] = {**dict(sorted(curve.items())), full: best.mean_latency_s * 1e6}
+        same = {k: _same_schedule(rows, best) for k, rows in by_units.items() if k != full and (units is None or k in units)}
+        curve = {k: row.mean_latency_s * 1e6 for k, row in sorted(same.items()) if row is not None}
+        curves[name] = {**curve, full: best.mean_latency_s * 1e6}
     bounds = qos_bounds([(layer.func, curves[layer.func][full]) for layer in graph.layers], qos_ms)
     plans = {}
     for name, by_units in measured.items():
         best, full_func = by_units[full][0], _scheduled(funcs[name], by_units[full][0])
-        kept = kept_units(curves[name], bounds[name], full=math.inf)
-        kept = [k for k in kept if k != full]
+        kept = kept_units(curves[name], bounds[name], full)
         candidates = [_candidate(0, full, full_func, curves[name][full], "tuned", graph, name, mechanism)]
         for k in sorted(kept, reverse=True):
             top = by_units[k][0]
