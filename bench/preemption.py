@@ -36,18 +36,23 @@ def compile_all(out_dir: Path, models_: list[str], target: str) -> None:
 
 def overhead(artifact_dir: Path, name: str, device: str, rounds: int, repeat: int) -> dict:
     """Whole-model latency, instrumented vs plain, interleaved rounds (p50 of all runs)."""
+    p50, runs = interleaved_p50({"instrumented": artifact_dir / f"{name}.tvms", "plain": artifact_dir / f"{name}.plain.tvms"},
+                                device, rounds, repeat)
+    return {"model": name, "plain_ms_p50": p50["plain"], "instrumented_ms_p50": p50["instrumented"],
+            "overhead": p50["instrumented"] / p50["plain"] - 1, "runs": runs}
+
+
+def interleaved_p50(artifacts: dict[str, Path], device: str, rounds: int, repeat: int) -> tuple[dict[str, float], int]:
+    """({label: p50 ms of whole-model runs}, runs each): the artifacts timed in alternating rounds."""
     from tvmsched.runtime import Executor
 
-    instrumented = Executor(artifact_dir / f"{name}.tvms", device)
-    plain = Executor(artifact_dir / f"{name}.plain.tvms", device)
-    inputs = plain.random_inputs(0)
-    times = {"instrumented": [], "plain": []}
+    executors = {label: Executor(path, device) for label, path in artifacts.items()}
+    inputs = next(iter(executors.values())).random_inputs(0)
+    times = {label: [] for label in executors}
     for _ in range(rounds):
-        times["plain"] += plain.time_runs(inputs, repeat, warmup=1)
-        times["instrumented"] += instrumented.time_runs(inputs, repeat, warmup=1)
-    p50 = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
-    return {"model": name, "plain_ms_p50": p50["plain"], "instrumented_ms_p50": p50["instrumented"],
-            "overhead": p50["instrumented"] / p50["plain"] - 1, "runs": len(times["plain"])}
+        for label, executor in executors.items():
+            times[label] += executor.time_runs(inputs, repeat, warmup=1)
+    return {k: float(np.median(v)) * 1e3 for k, v in times.items()}, rounds * repeat
 
 
 def preemption_latency(artifact_dir: Path, name: str, device: str, samples: int, seed: int = 0) -> dict:

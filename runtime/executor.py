@@ -48,11 +48,13 @@ class Executor:
             from tvmsched.runtime.preemption import PreemptFlags
 
             self.flags = PreemptFlags(self.device, manifest.preempt_flags)
-        self.counters = None  # CUDA: one int32 progress counter per layer (kernels add 1 per thread when a block is done)
+        self.counters = None  # one int32 progress counter per layer (kernels add to it as blocks complete)
+        self._host_counts = None  # CPU: a zero-copy numpy view of the counters
+        self._copy_stream = None  # CUDA: a non-blocking stream for reading the counters while kernels run
         if manifest.progress_counters:
-            import tvm
-
             self.counters = tvm.runtime.empty((len(manifest.layers),), "int32", self.device)
+            if manifest.device == "cpu":
+                self._host_counts = np.from_dlpack(self.counters)
             self.reset_progress()
         self.replan(reuse_distance=1)
 
@@ -73,11 +75,32 @@ class Executor:
 
     def reset_progress(self) -> None:
         """Zero every layer's progress counter (before a request)."""
-        self.counters.copyfrom(np.zeros(len(self.manifest.layers), "int32"))
+        if self._host_counts is not None:
+            self._host_counts[:] = 0
+        else:
+            self.counters.copyfrom(np.zeros(len(self.manifest.layers), "int32"))
+
+    def read_counters(self) -> np.ndarray:
+        """The raw per-layer counters now, without waiting for running kernels (CPU: host memory;
+        CUDA: copied on a stream of its own that does not wait for the kernels' streams)."""
+        if self._host_counts is not None:
+            return self._host_counts.copy()
+        from cuda.bindings import driver
+
+        from tvmsched.runtime.green_contexts import _check
+
+        if not int(_check(driver.cuCtxGetCurrent())):  # a monitor thread: make TVM's (primary) context current
+            _check(driver.cuCtxSetCurrent(_check(driver.cuDevicePrimaryCtxRetain(_check(driver.cuDeviceGet(self.device.index))))))
+        if self._copy_stream is None:
+            self._copy_stream = _check(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING.value))
+        counts = np.empty(len(self.manifest.layers), "int32")
+        _check(driver.cuMemcpyDtoHAsync(counts.ctypes.data, self.counters.data_ptr(), counts.nbytes, self._copy_stream))
+        _check(driver.cuStreamSynchronize(self._copy_stream))
+        return counts
 
     def completed_blocks(self, candidate_ids: list[int] | None = None) -> list[int]:
-        """Per layer, the thread blocks its kernel has completed since the last reset (read from the device)."""
-        counts = self.counters.numpy()
+        """Per layer, the blocks its kernel has completed since the last reset."""
+        counts = self.read_counters()
         ids = candidate_ids or [0] * len(counts)
         threads = [layer.candidates[c].threads or 1 for layer, c in zip(self.manifest.layers, ids)]
         return [int(n) // t for n, t in zip(counts, threads)]

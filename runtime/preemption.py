@@ -142,9 +142,13 @@ class Task:
         self._closed = False
         self._request_ids = 0
         n_layers = len(executor.kernels)
-        # progress bitmap: per layer the thread blocks completed for the running request (-1: no request)
+        # progress bitmap: per layer the blocks completed for the running request (-1: no request); set when
+        # a launch completes, and from the kernels' own counters (sync_progress) where they count
         self.progress = np.full(n_layers, -1, dtype=np.int64)
-        self._blocks = [[c.blocks or 1 for c in layer.candidates] for layer in executor.manifest.layers]
+        self.counted = executor.counters is not None
+        self._blocks = [[(c.progress_blocks if self.counted else c.blocks) or 1 for c in layer.candidates]
+                        for layer in executor.manifest.layers]
+        self._threads = [[c.threads or 1 for c in layer.candidates] for layer in executor.manifest.layers]
         self.timeline: list[tuple[str, int, int, float, float]] | None = None  # (task, layer, candidate, start, end)
         self._launched_at: dict[Launch, float] = {}
         self.launches = 0  # kernel launches, including re-runs
@@ -197,14 +201,32 @@ class Task:
     def paused(self) -> bool:
         return self._paused
 
-    def state(self) -> tuple[int, list[int] | None] | None:
-        """(next layer to run, candidate ids) of the running request; None when idle."""
+    def state(self) -> tuple[np.ndarray, np.ndarray, list[int] | None] | None:
+        """(blocks done, blocks in all, per layer; candidate ids) of the running request; None when idle.
+
+        CPU kernels with counters are read live (host memory); CUDA counters as last synced."""
+        if self.counted and not self.gpu:
+            self.sync_progress()
         with self._cond:
             if not self._requests:
                 return None
-            done = [i for i, blocks in enumerate(self.progress) if blocks > 0]
             ids = self._requests[0].candidate_ids
-            return (max(done) + 1 if done else 0), ids
+            blocks = np.array([self._blocks[i][ids[i] if ids else 0] for i in range(len(self.progress))])
+            return self.progress.copy(), blocks, ids
+
+    def sync_progress(self) -> None:
+        """Fold the kernels' progress counters into the bitmap (counts of re-run blocks capped at the layer's blocks)."""
+        with self._cond:
+            request = self._request_ids
+        counts = self.executor.read_counters()
+        with self._cond:
+            if request != self._request_ids or not self._requests or self.progress[0] < 0:
+                return  # another request started meanwhile, or none runs
+            ids = self._requests[0].candidate_ids
+            for layer, count in enumerate(counts):
+                cand = ids[layer] if ids else 0
+                done = min(int(count) // self._threads[layer][cand], self._blocks[layer][cand])
+                self.progress[layer] = max(self.progress[layer], done)
 
     def record_timeline(self) -> None:
         """Keep (task, layer, candidate, start s, end s) of every launch from now on."""
@@ -276,6 +298,8 @@ class Task:
             self._done.append((request.future, None, err))
             return False
         self._request_ids += 1
+        if self.counted:
+            self.executor.reset_progress()
         self.progress[:] = 0
         return True
 

@@ -28,7 +28,7 @@ import numpy as np
 from tvmsched.errors import TvmschedError
 from tvmsched.runtime.executor import Executor
 from tvmsched.runtime.preemption import Priorities, Task
-from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, LayerScheduler, StreamView
+from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, LayerScheduler, StreamView, remaining_work
 
 PRIORITIES = ("realtime", "best_effort")
 POLICIES = ("colocation", "fastest", "partition", "fcfs")
@@ -56,13 +56,16 @@ class Runtime:
             (`tvmsched profile-coloc --db`); default: none, the fallback rule for every pair.
         max_in_flight: launches each stream keeps on a GPU at once.
         timeline: record every launch for `export_timeline`.
+        progress_interval_ms: how often the CUDA kernels' progress counters are copied to the host
+            (artifacts compiled with progress counters; CPU counters are host memory, read when needed).
         policy: "colocation" (the layer scheduler), or the baselines "fastest" (concurrent streams,
             fastest candidates), "partition" (each model's fastest candidates within an even share of
             the units), "fcfs" (one request at a time in arrival order, fastest candidates).
     """
 
     def __init__(self, device: str = "cpu", *, total_units: int | None = None, colocation: ColocationTable | str | None = None,
-                 max_in_flight: int = 8, timeline: bool = False, policy: str = "colocation"):
+                 max_in_flight: int = 8, timeline: bool = False, policy: str = "colocation",
+                 progress_interval_ms: float = 1.0):
         if device not in ("cpu", "cuda"):
             raise TvmschedError(f"unknown device {device!r}: use cpu or cuda")
         if policy not in POLICIES:
@@ -84,6 +87,8 @@ class Runtime:
         self._timeline = timeline
         self._closed = False
         self._started = time.perf_counter()
+        self._progress_interval = progress_interval_ms / 1e3
+        self._progress_thread: threading.Thread | None = None
 
     def load(self, artifact, *, qos_ms: float | None = None, priority: str = "best_effort", name: str | None = None) -> Model:
         """Load an artifact (path or Artifact) as a new request stream."""
@@ -104,7 +109,18 @@ class Runtime:
             self.models[name] = model
         if priority == "best_effort":
             self.priorities.add_best_effort(task)
+        if task.counted and task.gpu and self._progress_thread is None:
+            self._progress_thread = threading.Thread(target=self._sync_progress, name="progress-sync", daemon=True)
+            self._progress_thread.start()
         return model
+
+    def _sync_progress(self) -> None:
+        """CUDA: copy the running streams' progress counters to their bitmaps every interval."""
+        while not self._closed:
+            for model in list(self.models.values()):
+                if model.task.counted and model.task.busy:
+                    model.task.sync_progress()
+            time.sleep(self._progress_interval)
 
     def _info(self, model: str, candidate) -> CandidateInfo:
         units = candidate.units or self.total_units  # None / 0: all units
@@ -169,17 +185,14 @@ class Runtime:
                 model.violations += 1
 
     def monitor(self, exclude: str | None = None) -> list[StreamView]:
-        """The resource monitor: every other running stream's remaining layers (from its progress bitmap)."""
+        """The resource monitor: every other running stream's remaining work (from its progress bitmap)."""
         views = []
         for name, model in self.models.items():
             if name == exclude:
                 continue
             state = model.task.state()
-            if state is None:
-                continue
-            next_layer, ids = state
-            remaining = tuple(model.layers[i][ids[i] if ids else 0] for i in range(next_layer, len(model.layers)))
-            views.append(StreamView(name, remaining))
+            if state is not None:
+                views.append(StreamView(name, remaining_work(model.layers, *state)))
         return views
 
     def stats(self) -> dict[str, dict]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,18 @@ class LayerScheduler:
             ids.append(best)
             now += cost
         return ids, now
+
+
+def remaining_work(layers: list[list[CandidateInfo]], done, blocks, ids: list[int] | None) -> tuple[CandidateInfo, ...]:
+    """A running stream's layers still to run, from its progress bitmap (done / all blocks per layer):
+    a partly done layer keeps the share of its latency its remaining blocks stand for."""
+    remaining = []
+    for i, cands in enumerate(layers):
+        cand = cands[ids[i] if ids else 0]
+        left = 1.0 - min(max(int(done[i]), 0), int(blocks[i])) / int(blocks[i])
+        if left > 0:
+            remaining.append(cand if left == 1.0 else replace(cand, latency_us=cand.latency_us * left))
+    return tuple(remaining)
 
 
 def _cumulative(remaining: tuple[CandidateInfo, ...]) -> list[tuple[float, CandidateInfo]]:

@@ -39,7 +39,7 @@ class Candidate:
     idempotent: bool | None = None  # safe to re-run after a partial run (passes.idempotence)
     idempotence: str | None = None  # the analysis' reason
     preempt_check: str | None = None  # where it checks the preempt flag (passes.preempt_flag); None: no flag
-    threads: int | None = None  # GPU threads per block, when its kernel counts progress (passes.progress)
+    threads: int | None = None  # counter increments per block (GPU threads per block; 1 on CPU) when it counts progress
     progress_blocks: int | None = None  # blocks its kernels count in all when the layer is done (every launch)
 
 
@@ -79,7 +79,7 @@ class Manifest:
     tuning: dict | None = None  # {"trials_per_layer": N, "database": URL, "layers": {func: ...}} when tuned
     qos_ms: float | None = None  # the model's latency target, when candidates were built for one
     preempt_flags: int = 0  # length of the int32 flag array every kernel takes last (0: not instrumented)
-    progress_counters: bool = False  # GPU kernels take a progress counter after the flags (passes.progress)
+    progress_counters: bool = False  # kernels take a progress counter after the flags (passes.progress)
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict:

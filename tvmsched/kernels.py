@@ -40,8 +40,11 @@ def default_schedule(funcs: dict[str, object], target) -> dict[str, object]:
     return {gv.name_hint: f for gv, f in scheduled.functions.items()}
 
 
-def build_library(kernels: dict[str, object], target) -> bytes:
-    """Compile {symbol: PrimFunc} for `target` and return the exported shared library's bytes."""
+def build_library(kernels: dict[str, object], target, extra_sources: dict[str, str] | None = None) -> bytes:
+    """Compile {symbol: PrimFunc} for `target` and return the exported shared library's bytes.
+
+    extra_sources: {file name: C/C++ source} compiled and linked into the library (host code).
+    """
     import tvm
 
     mod = tvm.IRModule({tvm.ir.GlobalVar(sym): f.with_attr("global_symbol", sym) for sym, f in kernels.items()})
@@ -52,7 +55,11 @@ def build_library(kernels: dict[str, object], target) -> bytes:
         raise TvmschedError(f"compiling the kernels for {target.kind.name} failed: {one_line(err)}") from None
     with tempfile.TemporaryDirectory(prefix="tvmsched-build-") as tmp:
         path = Path(tmp) / "kernels.so"
-        executable.export_library(str(path))
+        addons = []
+        for file_name, source in (extra_sources or {}).items():
+            addons.append(str(Path(tmp) / file_name))
+            Path(addons[-1]).write_text(source)
+        executable.export_library(str(path), addons=addons)
         return path.read_bytes()
 
 

@@ -52,7 +52,7 @@ def compile_model(
         units: unit counts to consider for candidates (default: 1..all units).
         rpc: "HOST:PORT:KEY" of a TVM RPC tracker: measure tuning candidates on its devices.
         preempt_checks: instrument every kernel with preempt-flag checks (after the idempotence analysis).
-        progress_counters: GPU kernels count their completed thread blocks (passes.progress).
+        progress_counters: kernels count their completed blocks into a per-layer counter (passes.progress).
         progress: show a progress bar while tuning.
     """
     if qos_ms is not None and qos_ms <= 0:
@@ -60,8 +60,6 @@ def compile_model(
     if rpc is not None and (tune_trials <= 0 or qos_ms is not None):
         raise TvmschedError("--rpc measures tuning trials: it needs --tune-trials > 0 and no --qos-ms (not supported yet)")
     kind = make_target(target).kind.name
-    if progress_counters and kind != "cuda":
-        raise TvmschedError("--progress-counters instruments GPU kernels: it needs --target cuda")
     if qos_ms is not None and tune_trials > 0 and kind != "llvm":
         raise TvmschedError(
             f"restricted-unit tuning on {kind} measures on the device machine: build, measure and import a kit "
@@ -75,8 +73,8 @@ def compile_model(
     if preempt_checks:
         plan = _instrumented(plan, gpu=tvm_target.kind.name != "llvm")
     if progress_counters:
-        plan = _progress_counted(plan)
-    library = kernels.build_library(plan.kernels, tvm_target)
+        plan = _progress_counted(plan, gpu=tvm_target.kind.name != "llvm")
+    library = kernels.build_library(plan.kernels, tvm_target, extra_sources=_extra_sources(plan, tvm_target))
     manifest = _manifest(model, graph, funcs, name, target, tvm_target, plan, qos_ms)
     log.info("compiled %s: %d layers, %d kernels", name, len(graph.layers), len(plan.kernels))
     return Artifact(manifest, library, graph.weights)
@@ -108,20 +106,26 @@ class KernelPlan:
     progress_counters: bool = False
 
 
-def _progress_counted(plan: KernelPlan) -> KernelPlan:
-    """Every GPU kernel also counts its completed thread blocks (passes.progress)."""
-    import tvm
-
-    from tvmsched.passes.launch_geometry import launch_blocks
+def _progress_counted(plan: KernelPlan, *, gpu: bool) -> KernelPlan:
+    """Every kernel also counts its completed blocks (passes.progress)."""
     from tvmsched.passes.progress import count_progress
 
     kernels_, facts = {}, {}
     for symbol, func in plan.kernels.items():
-        kernels_[symbol], threads = count_progress(func)
-        blocks = launch_blocks(tvm.IRModule({"main": func}))
-        facts[symbol] = {"threads": threads, "progress_blocks": None if blocks is None else sum(blocks)}
+        counted = count_progress(func, gpu=gpu)
+        kernels_[symbol] = counted.func
+        facts[symbol] = {"threads": counted.threads, "progress_blocks": counted.blocks}
     candidates = {f: [dataclasses.replace(c, **facts[c.kernel]) for c in cands] for f, cands in plan.candidates.items()}
     return dataclasses.replace(plan, kernels=kernels_, candidates=candidates, progress_counters=True)
+
+
+def _extra_sources(plan: KernelPlan, tvm_target) -> dict[str, str]:
+    """C sources linked into the kernel library: the atomic add of CPU progress counters."""
+    if plan.progress_counters and tvm_target.kind.name == "llvm":
+        from tvmsched.passes.progress import CPU_SOURCE
+
+        return {"progress.cc": CPU_SOURCE}
+    return {}
 
 
 def _instrumented(plan: KernelPlan, *, gpu: bool) -> KernelPlan:

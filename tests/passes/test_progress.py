@@ -1,23 +1,26 @@
-"""Progress counters in GPU kernels (passes.progress): compiled here, counted on a GPU (bench/gpu/progress_check.py)."""
+"""Progress counters (passes.progress): GPU kernels compiled here and counted on a GPU
+(bench/gpu/progress_check.py); CPU kernels counted here."""
 
+import numpy as np
 import pytest
+import tvm
+from tvm.script import tirx as T
 
-from tvmsched import models
-from tvmsched.errors import TvmschedError
-from tvmsched.passes.progress import PARAM, count_progress
+from tvmsched import kernels, models
+from tvmsched.passes.preempt_flag import FLAG_LEN, instrument
+from tvmsched.passes.progress import CPU_ADD, CPU_SOURCE, PARAM, count_progress
 from tvmsched.pipeline import compile_model, lower_model
-from tvmsched import kernels
+from tests.helpers import onnxruntime_outputs
 
 
 def test_every_thread_counts_its_block_once_at_the_end():
     _, funcs, target = lower_model(models.build("mlp"), "cuda")
     scheduled = kernels.default_schedule(funcs, target)
     name, func = next(iter(scheduled.items()))
-    counted, threads = count_progress(func)
-    script = counted.script()
-    assert f'T.call_extern("int32", "atomicAdd", T.address_of({PARAM}[0]), 1)' in script
-    assert threads == 256  # the dlight GEMV of mlp's first layer: 256 threads per block
-    assert count_progress(funcs[name])[1] is None  # no thread blocks: left alone
+    counted = count_progress(func)
+    assert f'T.call_extern("int32", "atomicAdd", T.address_of({PARAM}[0]), 1)' in counted.func.script()
+    assert counted.threads == 256  # the dlight GEMV of mlp's first layer: 256 threads per block
+    assert count_progress(funcs[name]).threads is None  # no thread blocks: left alone
 
 
 def test_cuda_artifacts_carry_counters_and_threads_per_block():
@@ -26,5 +29,74 @@ def test_cuda_artifacts_carry_counters_and_threads_per_block():
     candidates = [c for layer in artifact.manifest.layers for c in layer.candidates]
     assert all(c.threads and c.threads > 0 and c.preempt_check == "blocks" for c in candidates)
     assert all(c.progress_blocks >= c.blocks for c in candidates)  # every launch of the layer, >= the largest
-    with pytest.raises(TvmschedError, match="needs --target cuda"):
-        compile_model(models.build("tiny"), progress_counters=True)
+
+
+@T.prim_func
+def _repeated_parallel(a: T.Buffer((3, 8, 4), "float32"), b: T.Buffer((3, 8, 4), "float32")):
+    for n in range(3):
+        for i in T.parallel(8):
+            for j in range(4):
+                b[n, i, j] = a[n, i, j] + T.float32(1)
+
+
+def _cpu_library(func, check="parallel"):
+    """(counted kernel, Counted) built for llvm with the counters' C source linked in."""
+    flagged, where = instrument(func.with_attr("global_symbol", "k"), idempotent=True, gpu=False)
+    assert where == check
+    counted = count_progress(flagged, gpu=False)
+    library = kernels.build_library({"k": counted.func}, tvm.target.Target("llvm"), {"progress.cc": CPU_SOURCE})
+    from tvmsched.runtime.executor import _load_library
+
+    return _load_library(library)["k"], counted
+
+
+def test_cpu_kernels_count_every_parallel_iteration_that_ran():
+    kernel, counted = _cpu_library(_repeated_parallel)
+    assert counted.threads == 1 and counted.blocks == 3 * 8  # the parallel loop runs once per n
+    assert CPU_ADD in counted.func.script()
+    a = np.random.default_rng(0).standard_normal((3, 8, 4)).astype("float32")
+    args = [tvm.runtime.tensor(a), tvm.runtime.empty((3, 8, 4), "float32")]
+    flags = tvm.runtime.tensor(np.zeros(FLAG_LEN, "int32"))
+    counter = tvm.runtime.tensor(np.array([0, 0], "int32"))
+    kernel(*args, flags, counter._create_view((1,), "int32", 4))
+    kernel(*args, flags, counter._create_view((1,), "int32", 4))
+    np.testing.assert_array_equal(args[1].numpy(), a + 1)
+    assert counter.numpy().tolist() == [0, 2 * 24]  # two calls into the second slot, the first untouched
+    flags.copyfrom(np.ones(FLAG_LEN, "int32"))  # preempted: every iteration skips its work and its count
+    kernel(*args, flags, counter._create_view((1,), "int32", 4))
+    assert counter.numpy().tolist() == [0, 2 * 24]
+
+
+def test_cpu_artifacts_count_the_blocks_of_every_layer():
+    model = models.build("mlp")
+    artifact = compile_model(model, progress_counters=True)
+    from tvmsched.runtime import Executor
+
+    executor = Executor(artifact)
+    inputs = models.random_inputs(model, seed=3)
+    executor.reset_progress()
+    outputs = executor.run(inputs)
+    expected = [layer.candidates[0].progress_blocks for layer in artifact.manifest.layers]
+    assert executor.completed_blocks() == expected and all(b >= 1 for b in expected)
+    for name, want in onnxruntime_outputs(model, inputs).items():
+        np.testing.assert_allclose(outputs[name], want, rtol=1e-4, atol=1e-4)
+
+
+@T.prim_func
+def _serial(a: T.Buffer((8, 4), "float32"), b: T.Buffer((8, 4), "float32")):
+    for i, j in T.grid(8, 4):
+        b[i, j] = a[i, j] * T.float32(2)
+
+
+def test_a_kernel_without_parallel_loops_counts_one_block_unless_preempted():
+    kernel, counted = _cpu_library(_serial, check="loop")
+    assert counted.blocks == 1
+    a = np.arange(32, dtype="float32").reshape(8, 4)
+    args = [tvm.runtime.tensor(a), tvm.runtime.empty((8, 4), "float32")]
+    flags, counter = tvm.runtime.tensor(np.zeros(FLAG_LEN, "int32")), tvm.runtime.tensor(np.zeros(1, "int32"))
+    kernel(*args, flags, counter)
+    np.testing.assert_array_equal(args[1].numpy(), a * 2)
+    assert counter.numpy().tolist() == [1]
+    flags.copyfrom(np.ones(FLAG_LEN, "int32"))
+    kernel(*args, flags, counter)
+    assert counter.numpy().tolist() == [1]

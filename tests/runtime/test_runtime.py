@@ -16,7 +16,7 @@ from tvmsched.runtime import Executor, Runtime
 from tvmsched.runtime.colocation import load_table
 from tvmsched.runtime.kit_measure import measure_kit
 from tvmsched.runtime.preemption import Task
-from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, LayerScheduler, StreamView
+from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, LayerScheduler, StreamView, remaining_work
 
 FULL = 8
 
@@ -53,17 +53,32 @@ def test_other_streams_are_followed_through_time_and_qos_is_checked():
     assert not decision.meets_qos  # 130 + 50 us > 100 us: reported at risk
 
 
+def test_the_monitor_keeps_the_unfinished_share_of_a_running_layer():
+    # layer 0 done, layer 1 has 3 of 4 blocks done, layer 2 not started; candidate 1 chosen for layer 1
+    layers = [[cand(FULL, 100.0)], [cand(FULL, 40.0), cand(4, 80.0)], [cand(FULL, 10.0)]]
+    remaining = remaining_work(layers, np.array([5, 3, 0]), np.array([5, 4, 2]), [0, 1, 0])
+    assert [(c.units, c.latency_us) for c in remaining] == [(4, 20.0), (FULL, 10.0)]
+    assert remaining_work(layers, np.array([5, 9, 2]), np.array([5, 4, 2]), None) == ()  # re-run blocks: capped
+
+
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory):
-    """mlp and resnet18-small with a 2-thread and a 1-thread candidate per layer (from a measured CPU kit)."""
+def kit_databases(tmp_path_factory):
+    """mlp and resnet18-small: {name: (model, tuning database of a measured CPU kit at 1 and 2 threads)}."""
     tmp, built = tmp_path_factory.mktemp("rt"), {}
     for name in ("mlp", "resnet18-small"):
         model = models.build(name)
         build_kit(model, tmp / name, target="llvm", samples=2, progress=False)
         database = f"sqlite:///{tmp / name}.db"
         import_results(tmp / name, measure_kit(tmp / name, [1, 2], repeat=2, progress=False), database)
-        built[name] = (model, compile_model(model, name=name, qos_ms=1000.0, database=database))
+        built[name] = (model, database)
     return built
+
+
+@pytest.fixture(scope="module")
+def artifacts(kit_databases):
+    """mlp and resnet18-small with a 2-thread and a 1-thread candidate per layer."""
+    return {name: (model, compile_model(model, name=name, qos_ms=1000.0, database=database))
+            for name, (model, database) in kit_databases.items()}
 
 
 def test_progress_bitmap_holds_the_blocks_each_layer_launched(artifacts):
@@ -84,6 +99,34 @@ def test_progress_bitmap_holds_the_blocks_each_layer_launched(artifacts):
     for index, snapshot in enumerate(seen):  # before layer i: layers < i hold their blocks, the rest 0
         assert snapshot[:index].tolist() == blocks[:index] and not snapshot[index:].any()
     assert (task.progress == -1).all()  # finished request: entries invalid
+    task.close()
+
+
+def test_kernel_counters_fill_the_bitmap_with_the_blocks_each_layer_ran(kit_databases):
+    model, database = kit_databases["resnet18-small"]
+    artifact = compile_model(model, qos_ms=1000.0, database=database, progress_counters=True)
+    executor = Executor(artifact)
+    task = Task(executor, "t")
+    counted, states = [], []
+    original = executor.run_layer
+
+    def spy(index, candidate_id=0):
+        counted.append(executor.completed_blocks(ids))  # what the kernels themselves wrote so far
+        states.append(task.state())
+        original(index, candidate_id)
+
+    executor.run_layer = spy
+    ids = [i % len(layer.candidates) for i, layer in enumerate(artifact.manifest.layers)]
+    inputs = models.random_inputs(model, seed=4)
+    outputs = task.submit(inputs, ids).result(timeout=60)
+    blocks = [artifact.manifest.layers[i].candidates[c].progress_blocks for i, c in enumerate(ids)]
+    assert max(blocks) > 1  # tuned kernels: parallel loops, one count per iteration
+    for index, (kernel_counts, (done, total, _)) in enumerate(zip(counted, states)):
+        assert kernel_counts[:index] == blocks[:index] and not any(kernel_counts[index:])
+        assert done[:index].tolist() == blocks[:index] and total.tolist() == blocks
+    assert executor.completed_blocks(ids) == blocks
+    for name, want in onnxruntime_outputs(model, inputs).items():
+        np.testing.assert_allclose(outputs[name], want, rtol=1e-4, atol=1e-4)
     task.close()
 
 
