@@ -92,7 +92,7 @@ class Executor:
         if not int(_check(driver.cuCtxGetCurrent())):  # a monitor thread: make TVM's (primary) context current
             _check(driver.cuCtxSetCurrent(_check(driver.cuDevicePrimaryCtxRetain(_check(driver.cuDeviceGet(self.device.index))))))
         if self._copy_stream is None:
-            self._copy_stream = _check(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING.value))
+            self._copy_stream = _check(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING))
         counts = np.empty(len(self.manifest.layers), "int32")
         _check(driver.cuMemcpyDtoHAsync(counts.ctypes.data, self.counters.data_ptr(), counts.nbytes, self._copy_stream))
         _check(driver.cuStreamSynchronize(self._copy_stream))

@@ -105,6 +105,7 @@ class Runtime:
             if self._timeline:
                 task.record_timeline()
             layers = [[self._info(name, c) for c in layer.candidates] for layer in executor.manifest.layers]
+            self.scheduler.table.add_candidates(c for layer in layers for c in layer)
             model = Model(name, qos_ms or executor.manifest.qos_ms, priority, task, layers)
             self.models[name] = model
         if priority == "best_effort":

@@ -9,8 +9,9 @@ Co-located time of candidate c while the others run candidates o1, o2, ...:
     latency(c) x (1 + sum_i overhead(c, o_i))
 where overhead(c, o) is the profiled interference per unit time (`tvmsched profile-coloc`):
     (co-located latency of c - isolated latency of c) / overlap time.
-Fallback for pairs never profiled: the units' oversubscription, max(0, units(c) + units(o) - all) / all
-(candidates that fit beside each other do not interfere; beyond that they share units evenly).
+Pairs never profiled take the mean of the profiled pairs with the same unit counts, else the units'
+oversubscription, max(0, units(c) + units(o) - all) / all (candidates that fit beside each other do
+not interfere; beyond that they share units evenly).
 """
 
 from __future__ import annotations
@@ -49,14 +50,37 @@ class Decision:
 
 @dataclass
 class ColocationTable:
-    """Interference per unit time of candidate pairs; `fallback` for pairs never profiled."""
+    """Interference per unit time of candidate pairs.
+
+    Lookup: the profiled pair itself; else the mean of the profiled pairs with the same unit counts
+    (the profile covers each model's heaviest layer; `add_candidates` tells the table every loaded
+    candidate's units); else `fallback`, the units' oversubscription.
+    """
 
     total_units: int
     measured: dict[tuple[str, str], float] = field(default_factory=dict)
+    units_of: dict[str, int] = field(default_factory=dict)  # candidate key -> units
+    _by_units: dict[tuple[int, int], float] | None = field(default=None, repr=False)
+
+    def add_candidates(self, candidates) -> None:
+        self.units_of.update((c.key, c.units) for c in candidates)
+        self._by_units = None
 
     def overhead(self, a: CandidateInfo, b: CandidateInfo) -> float:
         found = self.measured.get((a.key, b.key))
+        if found is None:
+            found = self.by_units().get((a.units, b.units))
         return found if found is not None else self.fallback(a, b)
+
+    def by_units(self) -> dict[tuple[int, int], float]:
+        """Mean profiled overhead per (units of the first, units of the second) candidate."""
+        if self._by_units is None:
+            groups: dict[tuple[int, int], list[float]] = {}
+            for (first, second), value in self.measured.items():
+                if first in self.units_of and second in self.units_of:
+                    groups.setdefault((self.units_of[first], self.units_of[second]), []).append(value)
+            self._by_units = {pair: sum(values) / len(values) for pair, values in groups.items()}
+        return self._by_units
 
     def fallback(self, a: CandidateInfo, b: CandidateInfo) -> float:
         return max(0.0, (a.units + b.units - self.total_units) / self.total_units)

@@ -45,6 +45,15 @@ def test_contended_device_picks_the_cheaper_colocation():
     assert LayerScheduler(table).choose("m", LAYERS, qos_ms=1.0, others=[other]).candidate_ids == (0, 0)
 
 
+def test_a_profile_covers_unprofiled_pairs_with_the_same_unit_counts():
+    table = ColocationTable(FULL, {("m/8u", "o/4u"): 0.3, ("m/big", "o/4u"): 0.1})
+    assert table.overhead(cand(FULL, 1.0, "m/other"), cand(4, 1.0, "o/other")) == 0.5  # units unknown: fallback
+    table.add_candidates([cand(FULL, 1.0, "m/8u"), cand(FULL, 1.0, "m/big"), cand(4, 1.0, "o/4u")])
+    assert table.overhead(cand(FULL, 1.0, "m/other"), cand(4, 1.0, "o/other")) == pytest.approx(0.2)  # mean of both
+    assert table.overhead(cand(FULL, 1.0, "m/8u"), cand(4, 1.0, "o/4u")) == 0.3  # the pair itself first
+    assert table.overhead(cand(4, 1.0, "m/4u"), cand(4, 1.0, "o/x")) == 0.0  # no profile for (4, 4): fallback
+
+
 def test_other_streams_are_followed_through_time_and_qos_is_checked():
     # the other stream finishes after 120 us: the second layer runs alone, so it takes the fastest candidate
     other = StreamView("o", (cand(4, 120.0, "o/4u"),))
