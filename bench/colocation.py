@@ -24,8 +24,9 @@ from tvmsched.runtime import Runtime
 POLICIES = ["colocation", "fcfs", "fastest", "partition"]
 
 
-def run(artifacts: list[Path], qos_ms: list[float], policy: str, rate: float, seconds: float, device: str, seed: int) -> dict:
-    rt = Runtime(device, policy=policy)
+def run(artifacts: list[Path], qos_ms: list[float], policy: str, rate: float, seconds: float, device: str, seed: int,
+        colocation: str | None = None) -> dict:
+    rt = Runtime(device, policy=policy, colocation=colocation)
     handles = [rt.load(path, qos_ms=q, name=f"m{i}") for i, (path, q) in enumerate(zip(artifacts, qos_ms))]
     inputs = [h.task.executor.random_inputs(i) for i, h in enumerate(handles)]
     for handle, x in zip(handles, inputs):  # warm-up
@@ -66,13 +67,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--policies", nargs="+", default=POLICIES)
+    parser.add_argument("--colocation", help="Tuning-database URL holding a `tvmsched profile-coloc` profile of this device.")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     report = {"machine": f"{platform.machine()}, {platform.node()}", "device": args.device, "qos_ms": args.qos_ms,
+              "colocation_profile": args.colocation,
               "artifacts": [str(a) for a in args.artifacts], "runs": []}
     for rate in args.rates:
         for policy in args.policies:
-            result = run(args.artifacts, args.qos_ms, policy, rate, args.seconds, args.device, seed=int(rate * 10))
+            result = run(args.artifacts, args.qos_ms, policy, rate, args.seconds, args.device, seed=int(rate * 10),
+                         colocation=args.colocation)
             report["runs"].append(result)
             print(json.dumps(result), flush=True)
             if args.out:

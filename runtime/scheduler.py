@@ -6,12 +6,14 @@ scored by their estimated co-located time against the layer the other streams wi
 then, and the list with the least co-located time that meets the request's QoS is chosen.
 
 Co-located time of candidate c while the others run candidates o1, o2, ...:
-    latency(c) x (1 + sum_i overhead(c, o_i))
+    latency(c) / (1 - min(sum_i overhead(c, o_i), MAX_OVERHEAD))
 where overhead(c, o) is the profiled interference per unit time (`tvmsched profile-coloc`):
-    (co-located latency of c - isolated latency of c) / overlap time.
-Pairs never profiled take the mean of the profiled pairs with the same unit counts, else the units'
-oversubscription, max(0, units(c) + units(o) - all) / all (candidates that fit beside each other do
-not interfere; beyond that they share units evenly).
+    r = (co-located latency of c - isolated latency of c) / overlap time.
+Each unit of overlap delays c by r, so over a fully overlapped run T = latency + r T, i.e.
+T = latency / (1 - r). Pairs never profiled take the mean of the profiled pairs with the same unit
+counts, else the units' oversubscription: demand d = units(c) + units(o) above all units shares them
+evenly, a slowdown of d / all, i.e. r = max(0, d - all) / d (candidates that fit beside each other
+do not interfere).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import time
 from dataclasses import dataclass, field, replace
 
 log = logging.getLogger(__name__)
+
+MAX_OVERHEAD = 0.99  # interference per unit time is capped below 1 (which would never finish)
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,13 @@ class ColocationTable:
         return self._by_units
 
     def fallback(self, a: CandidateInfo, b: CandidateInfo) -> float:
-        return max(0.0, (a.units + b.units - self.total_units) / self.total_units)
+        demand = a.units + b.units
+        return max(0.0, (demand - self.total_units) / demand)
+
+    def colocated_us(self, cand: CandidateInfo, running: list[CandidateInfo]) -> float:
+        """Estimated time of `cand` while the `running` candidates run beside it throughout."""
+        rate = min(sum(self.overhead(cand, other) for other in running), MAX_OVERHEAD)
+        return cand.latency_us / (1 - rate)
 
 
 class LayerScheduler:
@@ -115,10 +125,7 @@ class LayerScheduler:
         for cands in layers:
             running = [_at(timeline, now) for timeline in timelines]
             running = [c for c in running if c is not None]
-            scored = [
-                (cand.latency_us * (1 + sum(self.table.overhead(cand, other) for other in running)), cid)
-                for cid, cand in enumerate(cands)
-            ]
+            scored = [(self.table.colocated_us(cand, running), cid) for cid, cand in enumerate(cands)]
             cost, best = min(scored)
             ids.append(best)
             now += cost

@@ -36,22 +36,29 @@ def test_idle_device_gets_the_fastest_candidate_of_every_layer():
 
 def test_contended_device_picks_the_cheaper_colocation():
     other = StreamView("o", (cand(4, 1000.0, "o/4u"),))  # another stream holds 4 of 8 units for a while
-    # fallback: all units beside 4 -> overhead (8 + 4 - 8) / 8 = 0.5; 4 units beside 4 -> 0
+    # fallback: all units beside 4 -> overhead (8 + 4 - 8) / 12 = 1/3, i.e. 1.5x slower; 4 units beside 4 -> 0
     decision = LayerScheduler(ColocationTable(FULL)).choose("m", LAYERS, qos_ms=1.0, others=[other])
     assert decision.candidate_ids == (1, 1)  # 130 < 100 x 1.5 and 60 < 50 x 1.5
     assert decision.estimated_ms == pytest.approx(0.190)
-    # a profiled table overrides the fallback: here the full-unit kernel barely suffers
+    # a profiled table overrides the fallback: here the full-unit kernel barely suffers (100 / 0.9 < 130)
     table = ColocationTable(FULL, {("m/8u", "o/4u"): 0.1})
     assert LayerScheduler(table).choose("m", LAYERS, qos_ms=1.0, others=[other]).candidate_ids == (0, 0)
 
 
 def test_a_profile_covers_unprofiled_pairs_with_the_same_unit_counts():
     table = ColocationTable(FULL, {("m/8u", "o/4u"): 0.3, ("m/big", "o/4u"): 0.1})
-    assert table.overhead(cand(FULL, 1.0, "m/other"), cand(4, 1.0, "o/other")) == 0.5  # units unknown: fallback
+    assert table.overhead(cand(FULL, 1.0, "m/other"), cand(4, 1.0, "o/other")) == pytest.approx(1 / 3)  # units unknown: fallback
     table.add_candidates([cand(FULL, 1.0, "m/8u"), cand(FULL, 1.0, "m/big"), cand(4, 1.0, "o/4u")])
     assert table.overhead(cand(FULL, 1.0, "m/other"), cand(4, 1.0, "o/other")) == pytest.approx(0.2)  # mean of both
     assert table.overhead(cand(FULL, 1.0, "m/8u"), cand(4, 1.0, "o/4u")) == 0.3  # the pair itself first
     assert table.overhead(cand(4, 1.0, "m/4u"), cand(4, 1.0, "o/x")) == 0.0  # no profile for (4, 4): fallback
+
+
+def test_a_heavy_measured_interference_slows_the_estimate_without_bound():
+    # measured r = 0.98: a fully overlapped run takes latency / (1 - r) = 50x longer
+    table = ColocationTable(FULL, {("m/8u", "o/4u"): 0.98})
+    assert table.colocated_us(cand(FULL, 100.0), [cand(4, 1.0, "o/4u")]) == pytest.approx(5000.0)
+    assert table.colocated_us(cand(FULL, 100.0), [cand(4, 1.0, "o/4u")] * 2) == pytest.approx(100.0 / 0.01)  # capped
 
 
 def test_other_streams_are_followed_through_time_and_qos_is_checked():
