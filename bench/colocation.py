@@ -4,8 +4,9 @@
         --out bench/results/raw/colocation_cpu.json
 Per policy and total arrival rate (split evenly over the models): QoS violations, p99 latency, throughput,
 and the scheduler's decision time; then the highest rate each policy sustains with <= 1% violations.
-Policies: colocation (the layer scheduler), fcfs (time-sharing), fastest (concurrent streams with the
-fastest candidates), partition (static even split of the units).
+Policies: colocation (the layer scheduler, with the --colocation profile if given), fcfs (time-sharing),
+fastest (concurrent streams with the fastest candidates), partition (static even split of the units),
+colocation-noprofile (the layer scheduler on the fallback rule alone).
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import numpy as np
 from tvmsched.runtime import Runtime
 
 POLICIES = ["colocation", "fcfs", "fastest", "partition"]
+NO_PROFILE = "colocation-noprofile"  # the layer scheduler with the fallback rule only (beside --colocation runs)
 
 
 def run(artifacts: list[Path], qos_ms: list[float], policy: str, rate: float, seconds: float, device: str, seed: int,
         colocation: str | None = None) -> dict:
-    rt = Runtime(device, policy=policy, colocation=colocation)
+    rt = Runtime(device, policy="colocation" if policy == NO_PROFILE else policy,
+                 colocation=None if policy == NO_PROFILE else colocation)
     handles = [rt.load(path, qos_ms=q, name=f"m{i}") for i, (path, q) in enumerate(zip(artifacts, qos_ms))]
     inputs = [h.task.executor.random_inputs(i) for i, h in enumerate(handles)]
     for handle, x in zip(handles, inputs):  # warm-up
@@ -54,6 +57,7 @@ def run(artifacts: list[Path], qos_ms: list[float], policy: str, rate: float, se
     return {
         "policy": policy, "rate": rate, "requests": requests, "violations": violations,
         "violation_rate": violations / max(requests, 1), "throughput": requests / elapsed,
+        "violations_by_model": {h.name: stats[h.name]["qos_violations"] for h in handles},
         "p99_ms": {h.name: stats[h.name]["p99_ms"] for h in handles},
         "decision_p50_us": stats["_scheduler"]["p50_us"], "decision_p99_us": stats["_scheduler"]["p99_us"],
     }
@@ -66,7 +70,7 @@ def main() -> None:
     parser.add_argument("--rates", type=float, nargs="+", required=True, help="Total requests per second.")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--policies", nargs="+", default=POLICIES)
+    parser.add_argument("--policies", nargs="+", default=POLICIES, choices=[*POLICIES, NO_PROFILE])
     parser.add_argument("--colocation", help="Tuning-database URL holding a `tvmsched profile-coloc` profile of this device.")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()

@@ -3,7 +3,8 @@
     python examples/server.py --model resnet=r.tvms:20:realtime --model bert=b.tvms:200 --port 8080
     curl -X POST localhost:8080/v1/models/resnet/infer -d '{"inputs": {"input": [[...]]}}'
 
-Each --model is NAME=ARTIFACT[:QOS_MS[:PRIORITY]] (priority realtime or best_effort).
+Each --model is NAME=ARTIFACT[:QOS_MS[:PRIORITY]] (priority realtime or best_effort). --colocation URL
+loads this device's interference profile from a tuning database (`tvmsched profile-coloc --db URL`).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ def parse_model(spec: str) -> tuple[str, str, float | None, str]:
     return name, path, float(qos) if qos else None, priority or "best_effort"
 
 
-def create_app(specs: list[tuple[str, str, float | None, str]], device: str = "cpu") -> FastAPI:
-    runtime = Runtime(device)
+def create_app(specs: list[tuple[str, str, float | None, str]], device: str = "cpu", colocation: str | None = None) -> FastAPI:
+    runtime = Runtime(device, colocation=colocation)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -80,8 +81,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--colocation", help="tuning-database URL holding a colocation profile of this device")
     args = parser.parse_args()
-    app = create_app([parse_model(spec) for spec in args.model], args.device)
+    app = create_app([parse_model(spec) for spec in args.model], args.device, args.colocation)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 

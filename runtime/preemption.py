@@ -15,11 +15,13 @@ Outputs after any number of preempt/resume cycles are bit-identical to an uninte
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -91,6 +93,15 @@ class _Request:
     candidate_ids: list[int] | None
     future: Future
     submitted_at: float = field(default_factory=time.perf_counter)
+
+
+class StreamState(NamedTuple):
+    """What the resource monitor reads of a request stream."""
+
+    done: np.ndarray  # per layer, blocks the running request has completed (-1: not started)
+    blocks: np.ndarray  # per layer, the blocks of its chosen candidate
+    ids: list[int] | None  # the running request's candidate ids (None: candidate 0 everywhere)
+    queued: list[list[int] | None]  # candidate ids of the requests queued behind it, in order
 
 
 @dataclass(frozen=True)
@@ -201,8 +212,8 @@ class Task:
     def paused(self) -> bool:
         return self._paused
 
-    def state(self) -> tuple[np.ndarray, np.ndarray, list[int] | None] | None:
-        """(blocks done, blocks in all, per layer; candidate ids) of the running request; None when idle.
+    def state(self) -> StreamState | None:
+        """The running request's progress and the queued requests' candidate ids; None when idle.
 
         CPU kernels with counters are read live (host memory); CUDA counters as last synced."""
         if self.counted and not self.gpu:
@@ -212,7 +223,8 @@ class Task:
                 return None
             ids = self._requests[0].candidate_ids
             blocks = np.array([self._blocks[i][ids[i] if ids else 0] for i in range(len(self.progress))])
-            return self.progress.copy(), blocks, ids
+            queued = [r.candidate_ids for r in itertools.islice(self._requests, 1, None)]
+            return StreamState(self.progress.copy(), blocks, ids, queued)
 
     def sync_progress(self) -> None:
         """Fold the kernels' progress counters into the bitmap (counts of re-run blocks capped at the layer's blocks)."""

@@ -28,7 +28,7 @@ import numpy as np
 from tvmsched.errors import TvmschedError
 from tvmsched.runtime.executor import Executor
 from tvmsched.runtime.preemption import Priorities, Task
-from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, LayerScheduler, StreamView, remaining_work
+from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, LayerScheduler, StreamView, stream_work
 
 PRIORITIES = ("realtime", "best_effort")
 POLICIES = ("colocation", "fastest", "partition", "fcfs")
@@ -147,7 +147,11 @@ class Runtime:
 
     def _candidate_ids(self, model: Model) -> list[int]:
         if self.policy == "colocation":
-            return list(self.scheduler.choose(model.name, model.layers, model.qos_ms, self.monitor(exclude=model.name)).candidate_ids)
+            views = self.monitor()
+            own = views.pop(model.name, None)  # this request starts when its own stream's earlier work is done
+            start_us = sum(c.latency_us for c in own.remaining) if own else 0.0
+            decision = self.scheduler.choose(model.name, model.layers, model.qos_ms, list(views.values()), start_us)
+            return list(decision.candidate_ids)
         if self.policy == "partition":
             share = max(1, self.total_units // max(1, len(self.models)))
             fits = lambda cands: [c for c in range(len(cands)) if cands[c].units <= share] or list(range(len(cands)))
@@ -185,15 +189,13 @@ class Runtime:
             if model.qos_ms is not None and latency_ms > model.qos_ms:
                 model.violations += 1
 
-    def monitor(self, exclude: str | None = None) -> list[StreamView]:
-        """The resource monitor: every other running stream's remaining work (from its progress bitmap)."""
-        views = []
+    def monitor(self) -> dict[str, StreamView]:
+        """The resource monitor: every busy stream's work still to run (from its progress bitmap and queue)."""
+        views = {}
         for name, model in self.models.items():
-            if name == exclude:
-                continue
             state = model.task.state()
             if state is not None:
-                views.append(StreamView(name, remaining_work(model.layers, *state)))
+                views[name] = StreamView(name, stream_work(model.layers, state))
         return views
 
     def stats(self) -> dict[str, dict]:

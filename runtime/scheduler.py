@@ -18,6 +18,8 @@ do not interfere).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field, replace
 log = logging.getLogger(__name__)
 
 MAX_OVERHEAD = 0.99  # interference per unit time is capped below 1 (which would never finish)
+LOOKAHEAD_REQUESTS = 4  # queued requests of a stream the estimate looks at, besides the running one
 
 
 @dataclass(frozen=True)
@@ -101,15 +104,17 @@ class LayerScheduler:
         self.table = table
         self.decisions: list[Decision] = []
 
-    def choose(self, model: str, layers: list[list[CandidateInfo]], qos_ms: float | None, others: list[StreamView]) -> Decision:
-        """The candidate-ID list for one request of `model` (layers[i] = candidates of layer i, by ID)."""
+    def choose(self, model: str, layers: list[list[CandidateInfo]], qos_ms: float | None, others: list[StreamView],
+               start_us: float = 0.0) -> Decision:
+        """The candidate-ID list for one request of `model` (layers[i] = candidates of layer i, by ID) that
+        starts in `start_us` (its own stream's earlier requests run first)."""
         start = time.perf_counter()
         others = [s for s in others if s.remaining]
         if not others:
             ids = [min(range(len(cands)), key=lambda c: cands[c].latency_us) for cands in layers]
-            estimate_us = sum(layers[i][c].latency_us for i, c in enumerate(ids))
+            estimate_us = start_us + sum(layers[i][c].latency_us for i, c in enumerate(ids))
         else:
-            ids, estimate_us = self._least_colocated(layers, others)
+            ids, estimate_us = self._least_colocated(layers, others, start_us)
         meets = qos_ms is None or estimate_us <= qos_ms * 1e3
         decision = Decision(model, tuple(ids), estimate_us / 1e3, meets, len(others), time.perf_counter() - start)
         self.decisions.append(decision)
@@ -117,11 +122,11 @@ class LayerScheduler:
                  model, list(ids), decision.estimated_ms, qos_ms, "" if meets else ", AT RISK", len(others), decision.seconds * 1e6)
         return decision
 
-    def _least_colocated(self, layers, others: list[StreamView]) -> tuple[list[int], float]:
+    def _least_colocated(self, layers, others: list[StreamView], start_us: float) -> tuple[list[int], float]:
         """Greedy over the layers in order: each layer's candidate with the least co-located time
         against what every other stream runs at that moment (their remaining layers laid out in time)."""
         timelines = [_cumulative(s.remaining) for s in others]
-        ids, now = [], 0.0
+        ids, now = [], start_us
         for cands in layers:
             running = [_at(timeline, now) for timeline in timelines]
             running = [c for c in running if c is not None]
@@ -132,8 +137,17 @@ class LayerScheduler:
         return ids, now
 
 
+def stream_work(layers: list[list[CandidateInfo]], state, lookahead: int = LOOKAHEAD_REQUESTS) -> tuple[CandidateInfo, ...]:
+    """What a stream will still run: its running request's remaining layers, then up to `lookahead`
+    queued requests (each with its chosen candidates), from the monitor's StreamState."""
+    work = list(remaining_work(layers, state.done, state.blocks, state.ids))
+    for ids in state.queued[:lookahead]:
+        work += [cands[ids[i] if ids else 0] for i, cands in enumerate(layers)]
+    return tuple(work)
+
+
 def remaining_work(layers: list[list[CandidateInfo]], done, blocks, ids: list[int] | None) -> tuple[CandidateInfo, ...]:
-    """A running stream's layers still to run, from its progress bitmap (done / all blocks per layer):
+    """A running request's layers still to run, from its progress bitmap (done / all blocks per layer):
     a partly done layer keeps the share of its latency its remaining blocks stand for."""
     remaining = []
     for i, cands in enumerate(layers):
@@ -144,17 +158,13 @@ def remaining_work(layers: list[list[CandidateInfo]], done, blocks, ids: list[in
     return tuple(remaining)
 
 
-def _cumulative(remaining: tuple[CandidateInfo, ...]) -> list[tuple[float, CandidateInfo]]:
-    out, end = [], 0.0
-    for cand in remaining:
-        end += cand.latency_us
-        out.append((end, cand))
-    return out
+def _cumulative(remaining: tuple[CandidateInfo, ...]) -> tuple[list[float], tuple[CandidateInfo, ...]]:
+    """(end time of each remaining layer, the layers)."""
+    return list(itertools.accumulate(c.latency_us for c in remaining)), remaining
 
 
-def _at(timeline: list[tuple[float, CandidateInfo]], t: float) -> CandidateInfo | None:
+def _at(timeline: tuple[list[float], tuple[CandidateInfo, ...]], t: float) -> CandidateInfo | None:
     """The candidate a stream runs at time t (us from now), None when it will have finished."""
-    for end, cand in timeline:
-        if t < end:
-            return cand
-    return None
+    ends, cands = timeline
+    index = bisect.bisect_right(ends, t)
+    return cands[index] if index < len(cands) else None

@@ -16,7 +16,8 @@ from tvmsched.runtime import Executor, Runtime
 from tvmsched.runtime.colocation import load_table
 from tvmsched.runtime.kit_measure import measure_kit
 from tvmsched.runtime.preemption import Task
-from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, LayerScheduler, StreamView, remaining_work
+from tvmsched.runtime.preemption import StreamState
+from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, LayerScheduler, StreamView, remaining_work, stream_work
 
 FULL = 8
 
@@ -75,6 +76,18 @@ def test_the_monitor_keeps_the_unfinished_share_of_a_running_layer():
     remaining = remaining_work(layers, np.array([5, 3, 0]), np.array([5, 4, 2]), [0, 1, 0])
     assert [(c.units, c.latency_us) for c in remaining] == [(4, 20.0), (FULL, 10.0)]
     assert remaining_work(layers, np.array([5, 9, 2]), np.array([5, 4, 2]), None) == ()  # re-run blocks: capped
+    # queued requests follow the running one, each with its own candidates, up to the lookahead
+    state = StreamState(np.array([5, 3, 0]), np.array([5, 4, 2]), [0, 1, 0], [[0, 0, 0], None, [0, 1, 0]])
+    work = stream_work(layers, state, lookahead=2)
+    assert [c.latency_us for c in work] == [20.0, 10.0, 100.0, 40.0, 10.0, 100.0, 40.0, 10.0]
+
+
+def test_a_request_behind_its_own_stream_is_estimated_from_when_it_starts():
+    # the other stream holds 4 units for 200 us; this stream's earlier work ends at 150 us
+    other = StreamView("o", (cand(4, 200.0, "o/4u"),))
+    decision = LayerScheduler(ColocationTable(FULL)).choose("m", LAYERS, qos_ms=1.0, others=[other], start_us=150.0)
+    assert decision.candidate_ids == (1, 0)  # first layer beside the other (150..280 us), second alone
+    assert decision.estimated_ms == pytest.approx((150.0 + 130.0 + 50.0) / 1e3)
 
 
 @pytest.fixture(scope="module")
@@ -137,9 +150,9 @@ def test_kernel_counters_fill_the_bitmap_with_the_blocks_each_layer_ran(kit_data
     outputs = task.submit(inputs, ids).result(timeout=60)
     blocks = [artifact.manifest.layers[i].candidates[c].progress_blocks for i, c in enumerate(ids)]
     assert max(blocks) > 1  # tuned kernels: parallel loops, one count per iteration
-    for index, (kernel_counts, (done, total, _)) in enumerate(zip(counted, states)):
+    for index, (kernel_counts, state) in enumerate(zip(counted, states)):
         assert kernel_counts[:index] == blocks[:index] and not any(kernel_counts[index:])
-        assert done[:index].tolist() == blocks[:index] and total.tolist() == blocks
+        assert state.done[:index].tolist() == blocks[:index] and state.blocks.tolist() == blocks and state.queued == []
     assert executor.completed_blocks(ids) == blocks
     for name, want in onnxruntime_outputs(model, inputs).items():
         np.testing.assert_allclose(outputs[name], want, rtol=1e-4, atol=1e-4)
@@ -226,7 +239,8 @@ def test_example_server_answers_on_127_0_0_1(artifacts, tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     server = subprocess.Popen([sys.executable, "examples/server.py", "--model", f"mlp={tmp_path / 'mlp.tvms'}:1000",
-                               "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                               "--port", str(port), "--colocation", f"sqlite:///{tmp_path / 'coloc.db'}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         base = f"http://127.0.0.1:{port}"
         for _ in range(300):
