@@ -90,7 +90,8 @@ class Executor:
         from tvmsched.runtime.green_contexts import _check
 
         if not int(_check(driver.cuCtxGetCurrent())):  # a monitor thread: make TVM's (primary) context current
-            _check(driver.cuCtxSetCurrent(_check(driver.cuDevicePrimaryCtxRetain(_check(driver.cuDeviceGet(self.device.index))))))
+            device = _check(driver.cuDeviceGet(self.device.index))
+            _check(driver.cuCtxSetCurrent(_check(driver.cuDevicePrimaryCtxRetain(device))))
         if self._copy_stream is None:
             self._copy_stream = _check(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING))
         counts = np.empty(len(self.manifest.layers), "int32")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import queue
 import threading
 import time
@@ -29,6 +30,8 @@ from tvmsched.errors import TvmschedError
 from tvmsched.runtime.executor import Executor
 from tvmsched.runtime.preemption import Priorities, Task
 from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, LayerScheduler, StreamView, stream_work
+
+log = logging.getLogger(__name__)
 
 PRIORITIES = ("realtime", "best_effort")
 POLICIES = ("colocation", "fastest", "partition", "fcfs")
@@ -120,7 +123,11 @@ class Runtime:
         while not self._closed:
             for model in list(self.models.values()):
                 if model.task.counted and model.task.busy:
-                    model.task.sync_progress()
+                    try:
+                        model.task.sync_progress()
+                    except Exception as err:  # noqa: BLE001  (the bitmap still advances as launches complete)
+                        log.warning("progress counters of %s unreadable, no longer synced: %s", model.name, err)
+                        return
             time.sleep(self._progress_interval)
 
     def _info(self, model: str, candidate) -> CandidateInfo:

@@ -64,7 +64,8 @@ def models_build(name: str, output: str | None, seed: int) -> None:
 @click.option("--rpc", metavar="HOST:PORT:KEY", help="Measure tuning trials on devices of a TVM RPC tracker.")
 @click.option("--preempt-checks/--no-preempt-checks", default=True, show_default=True,
               help="Instrument kernels with preempt-flag checks (needed for preemption).")
-@click.option("--progress-counters", is_flag=True, help="Kernels count their completed blocks (GPU thread blocks, CPU parallel iterations) for the runtime's progress bitmap.")
+@click.option("--progress-counters", is_flag=True,
+              help="Kernels count their completed blocks (GPU thread blocks, CPU parallel iterations) for the runtime.")
 def compile_cmd(
     model: str, output: str | None, target: str, input_shapes: tuple[str, ...], tune_trials: int, db_url: str | None,
     db_token_file: str | None, qos_ms: float | None, units_csv: str | None, rpc: str | None, preempt_checks: bool,
