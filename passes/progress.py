@@ -54,8 +54,7 @@ def count_progress(func, *, gpu: bool = True) -> Counted:
     else:
         threads = 1
         flagged = any(arg.arg == FLAG_PARAM for arg in fn.args.args)
-        add = _expr(f'T.call_extern("int32", "{CPU_ADD}", T.address_of({PARAM}[0]), 1)')
-        blocks = _count_cpu_blocks(body, add, flagged)
+        blocks = _count_cpu_blocks(body, _count_call(CPU_ADD), flagged)
     # offset_factor=1: the runtime passes a view of its per-layer counter array (non-zero byte offset)
     fn.args.args.append(ast.arg(arg=PARAM, annotation=_expr('T.Buffer((1,), "int32", offset_factor=1)')))
     counted = tvm.script.from_source(ast.unparse(ast.fix_missing_locations(tree)))
@@ -83,14 +82,17 @@ def _count_gpu_blocks(fn: ast.FunctionDef, body: list) -> int | None:
             value = extent.value if isinstance(extent, ast.Constant) else extent.args[0].value
             extents.setdefault(thread(node), int(value))
     for loop in loops:
-        done = _expr(f'T.call_extern("int32", "atomicAdd", T.address_of({PARAM}[0]), 1)')
-        loop.body.append(ast.Expr(_expr(f"T.evaluate({ast.unparse(done)})")))
+        loop.body.append(_count_call("atomicAdd"))
     return math.prod(extents.values()) or 1
 
 
-def _count_cpu_blocks(body: list, add: ast.expr, flagged: bool) -> int | None:
-    """Add one count at the end of every parallel iteration (or of the call); the blocks one call counts."""
-    count = ast.Expr(_expr(f"T.evaluate({ast.unparse(add)})"))
+def _count_call(function: str) -> ast.stmt:
+    """`function(&progress_counter[0], 1)`: the statement that counts one completed block (per thread on GPU)."""
+    return ast.Expr(_expr(f'T.evaluate(T.call_extern("int32", "{function}", T.address_of({PARAM}[0]), 1))'))
+
+
+def _count_cpu_blocks(body: list, count: ast.stmt, flagged: bool) -> int | None:
+    """Add `count` at the end of every parallel iteration (or of the call); the blocks one call counts."""
     loops = _parallel_loops(body, 1)
     if not loops:  # serial kernel: one block, counted at its end unless a preempt check skipped work
         last = body[-1] if body else None

@@ -71,10 +71,10 @@ def compile_model(
         progress=progress,
     )
     if preempt_checks:
-        plan = _instrumented(plan, gpu=tvm_target.kind.name != "llvm")
+        plan = _instrumented(plan, gpu=kind != "llvm")
     if progress_counters:
-        plan = _progress_counted(plan, gpu=tvm_target.kind.name != "llvm")
-    library = kernels.build_library(plan.kernels, tvm_target, extra_sources=_extra_sources(plan, tvm_target))
+        plan = _progress_counted(plan, gpu=kind != "llvm")
+    library = kernels.build_library(plan.kernels, tvm_target, extra_sources=_extra_sources(plan, kind))
     manifest = _manifest(model, graph, funcs, name, target, tvm_target, plan, qos_ms)
     log.info("compiled %s: %d layers, %d kernels", name, len(graph.layers), len(plan.kernels))
     return Artifact(manifest, library, graph.weights)
@@ -119,9 +119,9 @@ def _progress_counted(plan: KernelPlan, *, gpu: bool) -> KernelPlan:
     return dataclasses.replace(plan, kernels=kernels_, candidates=candidates, progress_counters=True)
 
 
-def _extra_sources(plan: KernelPlan, tvm_target) -> dict[str, str]:
+def _extra_sources(plan: KernelPlan, kind: str) -> dict[str, str]:
     """C sources linked into the kernel library: the atomic add of CPU progress counters."""
-    if plan.progress_counters and tvm_target.kind.name == "llvm":
+    if plan.progress_counters and kind == "llvm":
         from tvmsched.passes.progress import CPU_SOURCE
 
         return {"progress.cc": CPU_SOURCE}
