@@ -1,0 +1,94 @@
+/*!
+ * \file tvmsched/artifact.h
+ * \brief Reading a `.tvms` artifact without Python: a zip of stored members (manifest.json,
+ *        kernels.so, weights.npz, checksums.json), checked member by member before use.
+ */
+#ifndef TVMSCHED_ARTIFACT_H_
+#define TVMSCHED_ARTIFACT_H_
+
+#include <dlpack/dlpack.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tvmsched {
+
+/*! \brief The artifact schema this engine reads (tvmsched.artifact.SCHEMA_VERSION). */
+constexpr int kSchemaVersion = 1;
+
+struct TensorSpec {
+  std::vector<int64_t> shape;
+  DLDataType dtype;
+  std::string dtype_name;
+  std::string kind;  ///< "input" | "weight" | "activation"
+  size_t nbytes() const;
+};
+
+struct CandidateSpec {
+  int id = 0;
+  std::string kernel;      ///< symbol in kernels.so
+  int units = 0;           ///< compute units it was built for (0: all)
+  std::string mechanism;   ///< "cpu_threads", "green_context", "grid_limit" or ""
+  bool idempotent = false;
+  int64_t blocks = 1;      ///< blocks of its launch (progress bitmap units)
+  int64_t threads = 1;     ///< counter increments per block when it counts progress
+  double latency_us = 1.0;
+};
+
+struct LayerSpec {
+  int index = 0;
+  std::string func;
+  std::vector<std::string> inputs, outputs;
+  std::vector<CandidateSpec> candidates;
+};
+
+struct Binding {
+  std::string name, tensor;
+};
+
+struct Manifest {
+  int schema_version = 0;
+  std::string model_name, device, device_code;
+  std::vector<Binding> inputs, outputs;
+  std::map<std::string, TensorSpec> tensors;
+  std::vector<LayerSpec> layers;
+  int preempt_flags = 0;          ///< length of the flag array every kernel takes last (0: none)
+  bool progress_counters = false;  ///< kernels take a per-layer counter after the flags
+  std::optional<double> qos_ms;
+};
+
+/*! \brief A host array read from weights.npz (C order). */
+struct HostArray {
+  std::vector<int64_t> shape;
+  DLDataType dtype;
+  std::string data;
+};
+
+/*! \brief An artifact read and verified: manifest parsed, checksums matched, weights read. */
+struct ArtifactContents {
+  Manifest manifest;
+  std::string kernels;  ///< kernels.so bytes
+  std::map<std::string, HostArray> weights;
+};
+
+/*!
+ * \brief Read and verify an artifact. Every problem (missing, truncated, compressed or oversized
+ *  members, checksum mismatch, newer schema, bad manifest or weights) is one TvmschedError line.
+ */
+ArtifactContents ReadArtifact(const std::string& path);
+
+/*! \brief The members of a zip archive of stored members, by name (exposed for tests). */
+std::map<std::string, std::string> ReadStoredZip(const std::string& bytes, const std::string& what);
+
+/*! \brief Lowercase hex SHA-256 of `data`. */
+std::string Sha256Hex(const std::string& data);
+
+/*! \brief A DLPack dtype from its name ("float32", "int64", "bool", ...), or a TvmschedError. */
+DLDataType ParseDType(const std::string& name);
+
+}  // namespace tvmsched
+
+#endif  // TVMSCHED_ARTIFACT_H_

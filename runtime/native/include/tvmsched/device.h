@@ -1,0 +1,99 @@
+/*!
+ * \file tvmsched/device.h
+ * \brief The engine's one device interface (CPU, CUDA): memory, streams, events, the preempt flag,
+ *        timestamps. Everything above it (model, stream) is device-free.
+ *
+ * Modelled on TVM's DeviceAPI: one small abstract class. A Device is owned through shared_ptr by the
+ * models and streams using it; its methods are thread-safe.
+ */
+#ifndef TVMSCHED_DEVICE_H_
+#define TVMSCHED_DEVICE_H_
+
+#include <dlpack/dlpack.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace tvmsched {
+
+/*! \brief An opaque stream handle: CUDA: a CUstream (0 = none yet); CPU: unused (launches are synchronous). */
+using StreamHandle = void*;
+/*! \brief An opaque event handle (CUDA: CUevent); CPU devices never create one. */
+using EventHandle = void*;
+
+/*! \brief Where the preempt flag lives on a GPU (see Device::AllocFlags). */
+enum class FlagMemory { kAuto, kHostMapped, kDevice };
+
+/*! \brief Memory the kernels take as an int32 array, written by the host (the preempt flag). */
+struct FlagArray {
+  int32_t* device_ptr = nullptr;  ///< what kernels read (CPU: host memory; CUDA: device or host-mapped)
+  int32_t* host_ptr = nullptr;    ///< host view when host-mapped or CPU, else nullptr
+  int64_t length = 0;
+  FlagMemory memory = FlagMemory::kHostMapped;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  /*! \brief "cpu" or "cuda". */
+  virtual const char* kind() const = 0;
+  virtual DLDevice dl_device() const = 0;
+  /*! \brief All compute units: CPU worker threads (TVM_NUM_THREADS, else the cores) or GPU SMs. */
+  virtual int total_units() const = 0;
+
+  virtual void* Alloc(size_t nbytes) = 0;
+  virtual void Free(void* ptr) = 0;
+  /*! \brief Host memory that copies to and from the device fast (CUDA: pinned). */
+  virtual void* AllocHost(size_t nbytes) = 0;
+  virtual void FreeHost(void* ptr) = 0;
+  /*! \brief Copies ordered on `stream` (0: synchronous); CPU copies are always synchronous. */
+  virtual void CopyToDevice(void* dst, const void* src, size_t nbytes, StreamHandle stream) = 0;
+  virtual void CopyToHost(void* dst, const void* src, size_t nbytes, StreamHandle stream) = 0;
+  /*! \brief Copy device memory to the host without waiting for other streams' kernels. */
+  virtual void ReadWhileRunning(void* dst, const void* src, size_t nbytes) = 0;
+  virtual void MemsetD32(void* dst, int32_t value, size_t count) = 0;
+
+  /*! \brief A new stream whose kernels use at most `units` units (<= 0 or >= total_units(): all).
+   *  CPU: nullptr (the calling thread launches; see SetThreadUnits). CUDA: a plain stream, or a
+   *  stream of a green context of about `units` SMs (one context per SM count, kept by the device);
+   *  `granted` receives the units it really has. The caller owns it (DestroyStream). */
+  virtual StreamHandle CreateStream(int units, int* granted) = 0;
+  virtual void DestroyStream(StreamHandle stream) = 0;
+  /*! \brief Make `waiter` wait (on the device, not the host) for the work queued on `stream` so far. */
+  virtual void StreamWaitStream(StreamHandle waiter, StreamHandle stream) = 0;
+  virtual void SyncStream(StreamHandle stream) = 0;
+  /*! \brief Make kernels launched from this thread go to `stream` (TVM's per-device current stream). */
+  virtual void UseStream(StreamHandle stream) = 0;
+  /*! \brief CPU: this thread's kernels use `units` worker threads. CUDA: makes the context current. */
+  virtual void SetThreadUnits(int units) = 0;
+
+  virtual EventHandle RecordEvent(StreamHandle stream) = 0;
+  virtual bool EventDone(EventHandle event) = 0;
+  virtual void WaitEvent(EventHandle event) = 0;
+  virtual void FreeEvent(EventHandle event) = 0;
+
+  /*! \brief The preempt flag array: CUDA host-mapped pinned memory or device memory set from a
+   *  high-priority stream (kAuto measures both once and keeps the faster). */
+  virtual FlagArray AllocFlags(int64_t length, FlagMemory memory) = 0;
+  virtual void FreeFlags(const FlagArray& flags) = 0;
+  /*! \brief Set `count` slots of the flag to `value`; visible to kernels launched or running after it returns. */
+  virtual void SetFlags(const FlagArray& flags, int32_t value, int64_t count) = 0;
+
+  /*! \brief Monotonic microseconds (the clock of timeline records). */
+  static double NowMicros();
+};
+
+/*!
+ * \brief Open a device: "cpu" or "cuda" (ordinal `index`). CUDA loads libcuda.so.1 at run time and
+ *  fails with a one-line error where there is no driver or GPU.
+ */
+std::shared_ptr<Device> OpenDevice(const std::string& kind, int index = 0);
+
+/*! \brief Size in bytes of a DLPack dtype element (bool counts 1). */
+size_t DTypeBytes(DLDataType dtype);
+
+}  // namespace tvmsched
+
+#endif  // TVMSCHED_DEVICE_H_

@@ -1,0 +1,22 @@
+/*!
+ * \file tvmsched/engine.h
+ * \brief The tvmsched engine, for C++ programs that embed it:
+ *
+ *   auto model = tvmsched::Model::Load("resnet.tvms");          // reads and verifies the artifact
+ *   auto stream = tvmsched::Stream::Create(model, "resnet");     // a tenant: queue + submitter thread
+ *   tvmsched::Request r = stream->Submit(inputs, {});           // inputs: Map<String, Tensor> on the host
+ *   r->Wait(-1, 0);  auto outputs = r->outputs();               // or r->OnDone(callback)
+ *   stream->Preempt(); stream->Resume();
+ *
+ * Link with tvmsched_engine (CMake: find_package(tvmsched), `python -m tvmsched.native --cmakedir`).
+ * Errors are tvm::ffi::Error of kind "TvmschedError" with a one-line message.
+ */
+#ifndef TVMSCHED_ENGINE_H_
+#define TVMSCHED_ENGINE_H_
+
+#include "tvmsched/artifact.h"
+#include "tvmsched/device.h"
+#include "tvmsched/model.h"
+#include "tvmsched/stream.h"
+
+#endif  // TVMSCHED_ENGINE_H_

@@ -1,0 +1,193 @@
+/*!
+ * \file tvmsched/stream.h
+ * \brief One tenant's request stream over a Model: a request queue (each request carries its
+ *        candidate-ID list), a submitter thread keeping at most K launches in flight, REEF-style
+ *        preempt()/resume(), completion callbacks, the progress bitmap and a per-launch timeline.
+ *
+ * Semantics (unchanged from the Python runtime, docs/preemption.md):
+ * - preempt(): pause the submitter, set the flag (instrumented kernels skip their remaining blocks
+ *   or chunks), wait until the device holds none of this stream's work, and record the launches to
+ *   run again: idempotent ones that were in flight, non-idempotent ones that never started. A
+ *   non-idempotent kernel that started runs to its end and is never repeated; on a GPU one is never
+ *   launched while earlier launches are in flight.
+ * - resume(): clear the flag; the recorded launches run first, in order.
+ * Outputs after any number of cycles are bit-identical to an uninterrupted run.
+ *
+ * Threads: the stream owns its submitter (and, for CUDA models that count progress, a progress
+ * reader); both are joined by Close() or the destructor. All queue state is guarded by `mutex_`;
+ * completion callbacks run on the submitter thread outside the lock.
+ */
+#ifndef TVMSCHED_STREAM_H_
+#define TVMSCHED_STREAM_H_
+
+#include <tvm/ffi/container/array.h>
+#include <tvm/ffi/container/map.h>
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/optional.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "tvmsched/model.h"
+
+namespace tvmsched {
+
+/*! \brief One kernel launch of one request. */
+struct Launch {
+  int64_t request = 0;
+  int layer = 0;
+  int candidate = 0;
+};
+
+/*! \brief A timeline record: one launch from its submission to its observed completion (µs, Device::NowMicros). */
+struct LaunchRecord {
+  int64_t request;
+  int layer, candidate;
+  double start_us, end_us;
+};
+
+enum class RequestState : int { kQueued = 0, kRunning = 1, kDone = 2, kFailed = 3 };
+
+class RequestObj : public ffi::Object {
+ public:
+  int64_t id = 0;
+  std::vector<int> candidate_ids;  ///< empty: candidate 0 everywhere
+  ffi::Map<ffi::String, ffi::Tensor> inputs;
+  double submitted_us = 0, started_us = 0, finished_us = 0;
+
+  RequestState state() const { return static_cast<RequestState>(state_.load(std::memory_order_acquire)); }
+  bool done() const { return state() >= RequestState::kDone; }
+  /*! \brief Wait until done (spinning `spin_us` first); false on timeout (< 0: no timeout). */
+  bool Wait(double timeout_s, double spin_us);
+  ffi::Map<ffi::String, ffi::Tensor> outputs() const { return outputs_; }
+  ffi::String error() const { return error_; }
+  /*! \brief Call `callback(request)` once when done (at once if it already is). */
+  void OnDone(ffi::Function callback);
+  /*! \brief Finish (called once by the stream's submitter). */
+  void Finish(ffi::Map<ffi::String, ffi::Tensor> outputs, ffi::String error);
+
+  static constexpr bool _type_mutable = true;
+  TVM_FFI_DECLARE_OBJECT_INFO_FINAL("tvmsched.Request", RequestObj, ffi::Object);
+
+ private:
+  std::atomic<int> state_{0};
+  ffi::Map<ffi::String, ffi::Tensor> outputs_;
+  ffi::String error_;
+  std::mutex mutex_;  // guards callbacks_ and the wait condition
+  std::condition_variable cond_;
+  std::vector<ffi::Function> callbacks_;
+};
+
+class Request : public ffi::ObjectRef {
+ public:
+  TVM_FFI_DEFINE_OBJECT_REF_METHODS_NULLABLE(Request, ffi::ObjectRef, RequestObj);
+};
+
+/*! \brief What one preempt() did. */
+struct PreemptReport {
+  double seconds = 0;
+  std::vector<Launch> rerun;     ///< launches resume() submits again, in order
+  std::vector<Launch> finished;  ///< non-idempotent launches that were let run to their end
+};
+
+/*! \brief What the resource monitor reads of a stream (a consistent snapshot). */
+struct StreamState {
+  std::vector<int64_t> done;    ///< per layer, blocks the running request has completed (-1: not started)
+  std::vector<int64_t> blocks;  ///< per layer, the blocks of its chosen candidate
+  std::vector<int> ids;         ///< the running request's candidate ids (empty: candidate 0)
+  std::vector<std::vector<int>> queued;  ///< candidate ids of the requests queued behind it
+};
+
+struct StreamOptions {
+  int max_in_flight = 8;          ///< launches kept on a GPU at once (CPU launches are synchronous)
+  double idle_spin_us = 30;       ///< the submitter polls this long for new work before sleeping
+  double progress_interval_ms = 1;  ///< CUDA counters copied to the bitmap this often
+};
+
+class StreamObj : public ffi::Object {
+ public:
+  StreamObj(Model model, std::string name, StreamOptions options);
+  ~StreamObj();
+
+  const Model& model() const { return model_; }
+  const std::string& name() const { return name_; }
+
+  /*! \brief Queue one request (inputs checked now: a bad request raises and queues nothing). */
+  Request Submit(ffi::Map<ffi::String, ffi::Tensor> inputs, std::vector<int> candidate_ids);
+  /*! \brief Stop this stream's device work as fast as possible; harmless when idle or paused.
+   *  abort=false only pauses and waits for the device work to end (the no-preemption baseline). */
+  PreemptReport Preempt(bool abort = true);
+  void Resume();
+  bool paused() const;
+  bool busy() const;
+  /*! \brief The running request's progress; nullopt when idle. */
+  std::optional<StreamState> State();
+  /*! \brief Fold the kernels' progress counters into the bitmap. */
+  void SyncProgress();
+  void RecordTimeline(bool on);
+  std::vector<LaunchRecord> Timeline() const;
+  /*! \brief Finish queued requests (resuming if paused), then stop the submitter. */
+  void Close();
+
+  std::atomic<int64_t> launches{0}, reruns{0}, completed{0}, failed{0};
+
+  static constexpr bool _type_mutable = true;
+  TVM_FFI_DECLARE_OBJECT_INFO_FINAL("tvmsched.Stream", StreamObj, ffi::Object);
+
+ private:
+  using Done = std::pair<Request, std::pair<ffi::Map<ffi::String, ffi::Tensor>, std::string>>;
+  void SubmitLoop();
+  void ProgressLoop();
+  bool HasWork() const;
+  std::optional<Launch> NextLaunch();
+  bool MayLaunch(const Launch& launch) const;
+  bool StartRequest();
+  void CpuStep(const Launch& launch);
+  void GpuLaunch(const Launch& launch);
+  void RetireCompleted(bool wait_oldest);
+  std::vector<Launch> DrainGpu();
+  void Retire(const Launch& launch, double end_us);
+  void FailHead(const std::string& error);
+  void Deliver();
+  bool idempotent(const Launch& l) const { return idempotent_[l.layer][l.candidate]; }
+
+  Model model_;
+  ModelObj* m_;  // model_.get(), used by the submitter only
+  std::string name_;
+  StreamOptions options_;
+  bool gpu_;
+  std::vector<std::vector<bool>> idempotent_;
+  std::vector<std::vector<int64_t>> blocks_, threads_;
+
+  mutable std::mutex mutex_;  // guards everything below up to `thread_`
+  std::condition_variable cond_;
+  std::deque<Request> requests_;
+  std::vector<Launch> rerun_;
+  int next_layer_ = 0;
+  std::deque<std::pair<Launch, EventHandle>> in_flight_;
+  std::optional<Launch> running_;
+  std::deque<Done> done_;
+  bool paused_ = false, closed_ = false;
+  int64_t request_ids_ = 0;
+  std::vector<int64_t> progress_;
+  bool timeline_on_ = false;
+  std::vector<LaunchRecord> timeline_;
+  std::map<std::tuple<int64_t, int, int>, double> launched_at_;
+  bool waiting_ = false;  // the GPU submitter is blocked on an event (outside the lock)
+  std::atomic<int64_t> queued_{0};  // requests_.size(), polled by the idle submitter
+  std::thread thread_, progress_thread_;
+};
+
+class Stream : public ffi::ObjectRef {
+ public:
+  static Stream Create(Model model, std::string name, StreamOptions options = {});
+  TVM_FFI_DEFINE_OBJECT_REF_METHODS_NULLABLE(Stream, ffi::ObjectRef, StreamObj);
+};
+
+}  // namespace tvmsched
+
+#endif  // TVMSCHED_STREAM_H_

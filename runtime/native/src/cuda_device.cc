@@ -1,0 +1,265 @@
+// CUDA device through the driver API, loaded at run time (libcuda.so.1), so the engine builds and runs
+// everywhere and needs a driver only where a GPU is. Kernels of TVM modules launch on the stream made
+// current with TVMFFIEnvSetStream; restricted-unit streams come from green contexts of k SMs.
+#include <cuda.h>
+#include <dlfcn.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
+
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "tvmsched/device.h"
+
+namespace tvmsched {
+namespace {
+
+/*! \brief The driver functions the engine uses, looked up by their versioned symbol names. */
+struct Driver {
+#define TVMSCHED_CU_FN(name) decltype(&::name) name = nullptr;
+#define TVMSCHED_CU_FNS(X)                                                                              \
+  X(cuInit) X(cuGetErrorString) X(cuDeviceGet) X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain)    \
+  X(cuCtxSetCurrent) X(cuMemAlloc) X(cuMemFree) X(cuMemHostAlloc) X(cuMemFreeHost)                     \
+  X(cuMemHostGetDevicePointer) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemsetD32Async)           \
+  X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamWaitEvent) X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange) X(cuStreamSynchronize) \
+  X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuEventDestroy)            \
+  X(cuDeviceGetDevResource) X(cuDevSmResourceSplitByCount) X(cuDevResourceGenerateDesc)                \
+  X(cuGreenCtxCreate) X(cuGreenCtxStreamCreate)
+  TVMSCHED_CU_FNS(TVMSCHED_CU_FN)
+#undef TVMSCHED_CU_FN
+
+  static Driver& Get() {
+    static Driver driver;
+    return driver;
+  }
+
+  void Check(CUresult result, const char* what) const {
+    if (result == CUDA_SUCCESS) return;
+    const char* text = nullptr;
+    if (cuGetErrorString) cuGetErrorString(result, &text);
+    TVM_FFI_THROW(TvmschedError) << "CUDA driver error in " << what << ": " << (text ? text : "unknown") << " ("
+                                 << static_cast<int>(result) << ")";
+  }
+
+ private:
+  Driver() {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (lib == nullptr) TVM_FFI_THROW(TvmschedError) << "no CUDA driver on this machine (libcuda.so.1 not found)";
+    // the macros in cuda.h map names to their current versions (cuMemAlloc -> cuMemAlloc_v2)
+#define TVMSCHED_STR2(x) #x
+#define TVMSCHED_STR(x) TVMSCHED_STR2(x)
+#define TVMSCHED_CU_LOAD(name) name = reinterpret_cast<decltype(name)>(dlsym(lib, TVMSCHED_STR(name)));
+    TVMSCHED_CU_FNS(TVMSCHED_CU_LOAD)
+#undef TVMSCHED_CU_LOAD
+    if (!cuInit || !cuMemAlloc || !cuEventQuery) TVM_FFI_THROW(TvmschedError) << "libcuda.so.1 lacks the driver API";
+    Check(cuInit(0), "cuInit");
+  }
+};
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(int index) : drv_(Driver::Get()) {
+    drv_.Check(drv_.cuDeviceGet(&device_, index), "cuDeviceGet");
+    drv_.Check(drv_.cuDevicePrimaryCtxRetain(&context_, device_), "cuDevicePrimaryCtxRetain");
+    MakeCurrent();
+    drv_.Check(drv_.cuDeviceGetAttribute(&sm_count_, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device_), "SM count");
+    int least = 0, greatest = 0;
+    drv_.Check(drv_.cuCtxGetStreamPriorityRange(&least, &greatest), "cuCtxGetStreamPriorityRange");
+    drv_.Check(drv_.cuStreamCreateWithPriority(&flag_stream_, CU_STREAM_NON_BLOCKING, greatest), "flag stream");
+    drv_.Check(drv_.cuStreamCreate(&read_stream_, CU_STREAM_NON_BLOCKING), "counter stream");
+    index_ = index;
+  }
+
+  const char* kind() const override { return "cuda"; }
+  DLDevice dl_device() const override { return DLDevice{kDLCUDA, index_}; }
+  int total_units() const override { return sm_count_; }
+
+  void MakeCurrent() const { drv_.Check(drv_.cuCtxSetCurrent(context_), "cuCtxSetCurrent"); }
+
+  void* Alloc(size_t nbytes) override {
+    MakeCurrent();
+    CUdeviceptr ptr = 0;
+    drv_.Check(drv_.cuMemAlloc(&ptr, nbytes ? nbytes : 1), "cuMemAlloc");
+    return reinterpret_cast<void*>(ptr);
+  }
+  void Free(void* ptr) override {
+    MakeCurrent();
+    drv_.cuMemFree(reinterpret_cast<CUdeviceptr>(ptr));
+  }
+  void* AllocHost(size_t nbytes) override {
+    MakeCurrent();
+    void* ptr = nullptr;
+    drv_.Check(drv_.cuMemHostAlloc(&ptr, nbytes ? nbytes : 1, CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc");
+    return ptr;
+  }
+  void FreeHost(void* ptr) override { drv_.cuMemFreeHost(ptr); }
+  void CopyToDevice(void* dst, const void* src, size_t n, StreamHandle stream) override {
+    MakeCurrent();
+    auto s = stream ? static_cast<CUstream>(stream) : read_stream_;
+    drv_.Check(drv_.cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(dst), src, n, s), "copy to device");
+    if (!stream) drv_.Check(drv_.cuStreamSynchronize(s), "copy to device");
+  }
+  void CopyToHost(void* dst, const void* src, size_t n, StreamHandle stream) override {
+    MakeCurrent();
+    auto s = stream ? static_cast<CUstream>(stream) : read_stream_;
+    drv_.Check(drv_.cuMemcpyDtoHAsync(dst, reinterpret_cast<CUdeviceptr>(src), n, s), "copy to host");
+    drv_.Check(drv_.cuStreamSynchronize(s), "copy to host");
+  }
+  void ReadWhileRunning(void* dst, const void* src, size_t n) override {
+    std::lock_guard<std::mutex> lock(read_mutex_);
+    CopyToHost(dst, src, n, read_stream_);
+  }
+  void MemsetD32(void* dst, int32_t value, size_t count) override {
+    MakeCurrent();
+    drv_.Check(drv_.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(dst), value, count, flag_stream_), "memset");
+    drv_.Check(drv_.cuStreamSynchronize(flag_stream_), "memset");
+  }
+
+  StreamHandle CreateStream(int units, int* granted) override {
+    MakeCurrent();
+    CUstream stream = nullptr;
+    if (units <= 0 || units >= sm_count_ || !drv_.cuGreenCtxCreate) {
+      drv_.Check(drv_.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+      if (granted) *granted = sm_count_;
+      return stream;
+    }
+    std::lock_guard<std::mutex> lock(green_mutex_);
+    auto found = green_.find(units);
+    if (found == green_.end()) found = green_.emplace(units, MakeGreenContext(units)).first;
+    drv_.Check(drv_.cuGreenCtxStreamCreate(&stream, found->second.context, CU_STREAM_NON_BLOCKING, 0), "green stream");
+    if (granted) *granted = found->second.granted;
+    return stream;
+  }
+  void DestroyStream(StreamHandle stream) override {
+    if (stream) drv_.cuStreamDestroy(static_cast<CUstream>(stream));
+  }
+  void StreamWaitStream(StreamHandle waiter, StreamHandle stream) override {
+    if (!waiter || !stream || waiter == stream) return;
+    CUevent event = static_cast<CUevent>(RecordEvent(stream));
+    drv_.Check(drv_.cuStreamWaitEvent(static_cast<CUstream>(waiter), event, 0), "cuStreamWaitEvent");
+    FreeEvent(event);
+  }
+  void SyncStream(StreamHandle stream) override {
+    if (stream) drv_.Check(drv_.cuStreamSynchronize(static_cast<CUstream>(stream)), "cuStreamSynchronize");
+  }
+  void UseStream(StreamHandle stream) override {
+    TVMFFIStreamHandle previous = nullptr;
+    TVMFFIEnvSetStream(kDLCUDA, index_, stream, &previous);
+  }
+  void SetThreadUnits(int) override { MakeCurrent(); }
+
+  EventHandle RecordEvent(StreamHandle stream) override {
+    CUevent event = nullptr;
+    drv_.Check(drv_.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    drv_.Check(drv_.cuEventRecord(event, static_cast<CUstream>(stream)), "cuEventRecord");
+    return event;
+  }
+  bool EventDone(EventHandle event) override {
+    CUresult result = drv_.cuEventQuery(static_cast<CUevent>(event));
+    if (result == CUDA_ERROR_NOT_READY) return false;
+    drv_.Check(result, "cuEventQuery");
+    return true;
+  }
+  void WaitEvent(EventHandle event) override {
+    drv_.Check(drv_.cuEventSynchronize(static_cast<CUevent>(event)), "cuEventSynchronize");
+  }
+  void FreeEvent(EventHandle event) override { drv_.cuEventDestroy(static_cast<CUevent>(event)); }
+
+  FlagArray AllocFlags(int64_t length, FlagMemory memory) override {
+    if (memory == FlagMemory::kAuto) memory = FasterFlagMemory();
+    FlagArray flags;
+    flags.length = length;
+    flags.memory = memory;
+    if (memory == FlagMemory::kHostMapped) {
+      MakeCurrent();
+      void* host = nullptr;
+      drv_.Check(drv_.cuMemHostAlloc(&host, sizeof(int32_t) * length,
+                                     CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP), "flag memory");
+      CUdeviceptr mapped = 0;
+      drv_.Check(drv_.cuMemHostGetDevicePointer(&mapped, host, 0), "flag mapping");
+      flags.host_ptr = static_cast<int32_t*>(host);
+      flags.device_ptr = reinterpret_cast<int32_t*>(mapped);
+      for (int64_t i = 0; i < length; ++i) flags.host_ptr[i] = 0;
+    } else {
+      flags.device_ptr = static_cast<int32_t*>(Alloc(sizeof(int32_t) * length));
+      MemsetD32(flags.device_ptr, 0, length);
+    }
+    return flags;
+  }
+  void FreeFlags(const FlagArray& flags) override {
+    if (flags.memory == FlagMemory::kHostMapped) {
+      FreeHost(flags.host_ptr);
+    } else {
+      Free(flags.device_ptr);
+    }
+  }
+  void SetFlags(const FlagArray& flags, int32_t value, int64_t count) override {
+    if (flags.memory == FlagMemory::kHostMapped) {
+      for (int64_t i = 0; i < count; ++i) __atomic_store_n(flags.host_ptr + i, value, __ATOMIC_SEQ_CST);
+    } else {
+      MemsetD32(flags.device_ptr, value, count);  // on the high-priority stream, then synchronised
+    }
+  }
+
+ private:
+  struct GreenContext {
+    CUgreenCtx context = nullptr;
+    int granted = 0;
+  };
+
+  GreenContext MakeGreenContext(int units) {
+    GreenContext out;
+    CUdevResource all{}, group{};
+    drv_.Check(drv_.cuDeviceGetDevResource(device_, &all, CU_DEV_RESOURCE_TYPE_SM), "SM resource");
+    unsigned int groups = 1;
+    drv_.Check(drv_.cuDevSmResourceSplitByCount(&group, &groups, &all, nullptr, 0, units), "SM split");
+    CUdevResourceDesc desc = nullptr;
+    drv_.Check(drv_.cuDevResourceGenerateDesc(&desc, &group, 1), "resource descriptor");
+    drv_.Check(drv_.cuGreenCtxCreate(&out.context, desc, device_, CU_GREEN_CTX_DEFAULT_STREAM), "cuGreenCtxCreate");
+    out.granted = static_cast<int>(group.sm.smCount);
+    return out;
+  }
+
+  /*! \brief Time 200 sets of each kind of flag memory; the faster one is kept for every flag array. */
+  FlagMemory FasterFlagMemory() {
+    std::lock_guard<std::mutex> lock(flag_choice_mutex_);
+    if (flag_choice_ != FlagMemory::kAuto) return flag_choice_;
+    double best = 0;
+    for (FlagMemory kind : {FlagMemory::kHostMapped, FlagMemory::kDevice}) {
+      FlagArray flags = AllocFlags(4, kind);
+      double start = NowMicros();
+      for (int i = 0; i < 200; ++i) SetFlags(flags, i & 1, 4);
+      double took = NowMicros() - start;
+      FreeFlags(flags);
+      if (flag_choice_ == FlagMemory::kAuto || took < best) flag_choice_ = kind, best = took;
+    }
+    return flag_choice_;
+  }
+
+  const Driver& drv_;
+  CUdevice device_ = 0;
+  CUcontext context_ = nullptr;
+  int index_ = 0;
+  int sm_count_ = 0;
+  CUstream flag_stream_ = nullptr;  // high priority: flag writes overtake queued kernels
+  CUstream read_stream_ = nullptr;  // copies that must not wait for the tenants' kernels
+  std::mutex read_mutex_;           // guards read_stream_ use by monitor threads
+  std::mutex green_mutex_;          // guards green_
+  std::map<int, GreenContext> green_;  // SM count -> its green context
+  std::mutex flag_choice_mutex_;    // guards flag_choice_
+  FlagMemory flag_choice_ = FlagMemory::kAuto;
+};
+
+}  // namespace
+
+std::shared_ptr<Device> OpenCudaDevice(int index) {
+  static std::mutex mutex;  // guards devices
+  static std::map<int, std::shared_ptr<Device>> devices;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& device = devices[index];
+  if (!device) device = std::make_shared<CudaDevice>(index);
+  return device;
+}
+
+}  // namespace tvmsched

@@ -1,0 +1,385 @@
+#include "tvmsched/model.h"
+
+#include <tvm/ffi/error.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <unistd.h>
+
+namespace tvmsched {
+
+namespace {
+
+constexpr size_t kAlign = 64;
+
+std::string ShapeText(const int64_t* shape, int ndim) {
+  std::ostringstream out;
+  out << "(";
+  for (int i = 0; i < ndim; ++i) out << (i ? ", " : "") << shape[i];
+  out << (ndim == 1 ? ",)" : ")");
+  return out.str();
+}
+
+/*! \brief An ELF shared object whose headers lie inside the file (a truncated library would SIGBUS). */
+void CheckElf(const std::string& bytes) {
+  auto fail = [](const char* why) { TVM_FFI_THROW(TvmschedError) << "the artifact's kernel library is not loadable: " << why; };
+  if (bytes.size() < 64 || bytes.compare(0, 4, "\x7f" "ELF") != 0) fail("not an ELF file");
+  if (bytes[4] != 2 || bytes[5] != 1) fail("not a 64-bit little-endian ELF file");
+  uint64_t phoff, shoff;
+  uint16_t phentsize, phnum, shentsize, shnum;
+  std::memcpy(&phoff, bytes.data() + 32, 8);
+  std::memcpy(&shoff, bytes.data() + 40, 8);
+  std::memcpy(&phentsize, bytes.data() + 54, 2);
+  std::memcpy(&phnum, bytes.data() + 56, 2);
+  std::memcpy(&shentsize, bytes.data() + 58, 2);
+  std::memcpy(&shnum, bytes.data() + 60, 2);
+  if (phoff + uint64_t(phentsize) * phnum > bytes.size() || shoff + uint64_t(shentsize) * shnum > bytes.size()) {
+    fail("truncated (its headers point past the end of the file)");
+  }
+  for (uint16_t i = 0; i < phnum; ++i) {  // every loadable segment's file range
+    const char* ph = bytes.data() + phoff + uint64_t(i) * phentsize;
+    uint32_t type;
+    uint64_t offset, filesz;
+    std::memcpy(&type, ph, 4);
+    std::memcpy(&offset, ph + 8, 8);
+    std::memcpy(&filesz, ph + 32, 8);
+    if (type == 1 && offset + filesz > bytes.size()) fail("truncated (a segment runs past the end of the file)");
+  }
+}
+
+/*! \brief Load the kernel library from a private temporary file (dlopen needs a path). */
+ffi::Module LoadLibrary(const std::string& bytes) {
+  CheckElf(bytes);
+  const char* tmp = std::getenv("TMPDIR");
+  std::string path = std::string(tmp && *tmp ? tmp : "/tmp") + "/tvmsched-kernels-XXXXXX.so";
+  int fd = mkstemps(path.data(), 3);
+  if (fd < 0) TVM_FFI_THROW(TvmschedError) << "cannot write the kernel library to " << path;
+  bool written = ::write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
+  ::close(fd);
+  if (!written) {
+    ::unlink(path.c_str());
+    TVM_FFI_THROW(TvmschedError) << "cannot write the kernel library to " << path;
+  }
+  try {
+    ffi::Module module = ffi::Module::LoadFromFile(path);
+    ::unlink(path.c_str());
+    return module;
+  } catch (const ffi::Error& err) {
+    ::unlink(path.c_str());
+    std::string text = err.message();
+    TVM_FFI_THROW(TvmschedError) << "cannot load the artifact's kernel library: " << text.substr(0, text.find('\n'));
+  }
+  return ffi::Module(ffi::UnsafeInit{});  // not reached
+}
+
+}  // namespace
+
+std::string DTypeName(DLDataType dtype) {
+  if (dtype.code == kDLBool) return "bool";
+  const char* base = dtype.code == kDLFloat ? "float" : dtype.code == kDLInt ? "int" : dtype.code == kDLUInt ? "uint" : "bfloat";
+  return base + std::to_string(dtype.bits);
+}
+
+ffi::Tensor EmptyHostTensor(const std::vector<int64_t>& shape, DLDataType dtype) {
+  struct HostAlloc {
+    void AllocData(DLTensor* t) {
+      size_t n = DTypeBytes(t->dtype);
+      for (int i = 0; i < t->ndim; ++i) n *= static_cast<size_t>(t->shape[i]);
+      t->data = std::aligned_alloc(kAlign, (n + kAlign - 1) / kAlign * kAlign + kAlign);
+      if (!t->data) TVM_FFI_THROW(TvmschedError) << "out of host memory";
+    }
+    void FreeData(DLTensor* t) { std::free(t->data); }
+  };
+  return ffi::Tensor::FromNDAlloc(HostAlloc(), ffi::ShapeView(shape.data(), shape.size()), dtype, DLDevice{kDLCPU, 0});
+}
+
+MemoryPlan PlanMemory(const Manifest& m, int reuse_distance) {
+  std::set<std::string> keep;
+  for (const Binding& b : m.outputs) keep.insert(b.tensor);
+  std::map<std::string, int> last_use;
+  for (const LayerSpec& layer : m.layers) {
+    for (const auto* ids : {&layer.outputs, &layer.inputs}) {
+      for (const auto& id : *ids) last_use[id] = layer.index + reuse_distance - 1;
+    }
+  }
+  MemoryPlan plan;
+  std::vector<int> free;
+  for (const LayerSpec& layer : m.layers) {
+    for (const auto& id : layer.outputs) {
+      size_t need = (m.tensors.at(id).nbytes() + kAlign - 1) / kAlign * kAlign;
+      int block = -1;
+      if (!keep.count(id) && !free.empty()) {  // smallest free block that fits, else the largest (grown)
+        for (int b : free) {
+          if (plan.storage_bytes[b] >= need && (block < 0 || plan.storage_bytes[b] < plan.storage_bytes[block])) block = b;
+        }
+        if (block < 0) block = *std::max_element(free.begin(), free.end(), [&](int a, int b) { return plan.storage_bytes[a] < plan.storage_bytes[b]; });
+      }
+      if (block < 0) {
+        plan.storage_bytes.push_back(need);
+        block = static_cast<int>(plan.storage_bytes.size()) - 1;
+      } else {
+        free.erase(std::find(free.begin(), free.end(), block));
+        plan.storage_bytes[block] = std::max(plan.storage_bytes[block], need);
+      }
+      plan.assignment[id] = block;
+    }
+    for (const auto& [id, block] : plan.assignment) {
+      if (!keep.count(id) && last_use[id] == layer.index) free.push_back(block);
+    }
+  }
+  return plan;
+}
+
+ModelObj::ModelObj(std::shared_ptr<Device> device) : device_(std::move(device)) {}
+
+void ModelObj::Init(const std::string& path, FlagMemory flag_memory) {
+  ArtifactContents contents = ReadArtifact(path);
+  manifest_ = std::move(contents.manifest);
+  if (manifest_.device != device_->kind()) {
+    TVM_FFI_THROW(TvmschedError) << "the artifact was compiled for " << manifest_.device << ", not " << device_->kind();
+  }
+  device_->SetThreadUnits(0);
+  library_ = LoadLibrary(contents.kernels);
+  contents.kernels.clear();
+  for (const LayerSpec& layer : manifest_.layers) {
+    std::vector<Candidate> cands;
+    for (const CandidateSpec& spec : layer.candidates) {
+      auto kernel = library_.value()->GetFunction(ffi::String(spec.kernel), true);
+      if (!kernel.has_value()) TVM_FFI_THROW(TvmschedError) << path << " is corrupt: kernel " << spec.kernel << " is missing";
+      Candidate cand;
+      cand.kernel = *kernel;
+      cand.units = spec.mechanism == "grid_limit" ? 0 : spec.units;  // grid-limited kernels restrict themselves
+      cands.push_back(std::move(cand));
+    }
+    candidates_.push_back(std::move(cands));
+  }
+  for (auto& [id, array] : contents.weights) {
+    void* data = device_->Alloc(array.data.size());
+    weights_[id] = data;
+    device_->CopyToDevice(data, array.data.data(), array.data.size(), nullptr);
+  }
+  for (const Binding& b : manifest_.inputs) inputs_[b.tensor] = device_->Alloc(manifest_.tensors.at(b.tensor).nbytes());
+  if (manifest_.preempt_flags > 1) flags_ = device_->AllocFlags(manifest_.preempt_flags, flag_memory);
+  if (manifest_.progress_counters) {
+    counters_ = static_cast<int32_t*>(device_->Alloc(sizeof(int32_t) * manifest_.layers.size()));
+    ResetProgress();
+  }
+  Replan(1);
+}
+
+ModelObj::~ModelObj() {
+  try {
+    Synchronize();
+  } catch (...) {  // a failed device: free what can be freed
+  }
+  FreeActivations();
+  for (auto& [id, data] : weights_) device_->Free(data);
+  for (auto& [id, data] : inputs_) device_->Free(data);
+  if (flags_.length) device_->FreeFlags(flags_);
+  if (counters_) device_->Free(counters_);
+  for (auto& [units, stream] : streams_) device_->DestroyStream(stream);
+}
+
+Model Model::Load(const std::string& path, const std::string& device, FlagMemory flag_memory) {
+  std::string kind = device;
+  if (kind.empty()) {  // the artifact's own device: read the manifest first
+    kind = ReadArtifact(path).manifest.device;
+  }
+  auto obj = ffi::make_object<ModelObj>(OpenDevice(kind));
+  obj->Init(path, flag_memory);
+  return Model(obj);
+}
+
+size_t ModelObj::activation_bytes() const {
+  size_t total = 0;
+  for (size_t n : PlanMemory(manifest_, reuse_distance_).storage_bytes) total += n;
+  return total;
+}
+
+void ModelObj::FreeActivations() {
+  for (void* block : storage_) device_->Free(block);
+  storage_.clear();
+}
+
+void ModelObj::Replan(int reuse_distance) {
+  if (reuse_distance < 1) TVM_FFI_THROW(TvmschedError) << "reuse distance must be at least 1";
+  Synchronize();
+  FreeActivations();
+  reuse_distance_ = reuse_distance;
+  MemoryPlan plan = PlanMemory(manifest_, reuse_distance);
+  for (size_t bytes : plan.storage_bytes) storage_.push_back(device_->Alloc(bytes));
+  tensor_data_.clear();
+  for (auto& [id, data] : weights_) tensor_data_[id] = data;
+  for (auto& [id, data] : inputs_) tensor_data_[id] = data;
+  for (auto& [id, block] : plan.assignment) tensor_data_[id] = storage_[block];
+  DLDevice dev = device_->dl_device();
+  layer_args_.clear();
+  for (size_t i = 0; i < manifest_.layers.size(); ++i) {
+    const LayerSpec& layer = manifest_.layers[i];
+    std::vector<DLTensor> args;
+    for (const auto* ids : {&layer.inputs, &layer.outputs}) {
+      for (const auto& id : *ids) {
+        const TensorSpec& spec = manifest_.tensors.at(id);
+        auto found = tensor_data_.find(id);
+        if (found == tensor_data_.end()) TVM_FFI_THROW(TvmschedError) << "tensor " << id << " has no storage (corrupt manifest)";
+        args.push_back(DLTensor{found->second, dev, static_cast<int32_t>(spec.shape.size()), spec.dtype,
+                                const_cast<int64_t*>(spec.shape.data()), nullptr, 0});
+      }
+    }
+    static int64_t one = 1;
+    if (flags_.length) {
+      args.push_back(DLTensor{flags_.device_ptr, dev, 1, DLDataType{kDLInt, 32, 1}, const_cast<int64_t*>(&flags_.length), nullptr, 0});
+    }
+    if (counters_) args.push_back(DLTensor{counters_ + i, dev, 1, DLDataType{kDLInt, 32, 1}, &one, nullptr, 0});
+    layer_args_.push_back(std::move(args));
+  }
+}
+
+void ModelObj::CheckInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs) const {
+  std::set<std::string> expected, given, unknown, missing;
+  for (const Binding& b : manifest_.inputs) expected.insert(b.name);
+  for (const auto& kv : inputs) given.insert(std::string(kv.first));
+  std::set_difference(given.begin(), given.end(), expected.begin(), expected.end(), std::inserter(unknown, unknown.end()));
+  std::set_difference(expected.begin(), expected.end(), given.begin(), given.end(), std::inserter(missing, missing.end()));
+  auto list = [](const std::set<std::string>& names) {
+    std::string out = "[";
+    for (const auto& n : names) out += (out.size() > 1 ? ", '" : "'") + n + "'";
+    return out + "]";
+  };
+  if (!unknown.empty() || !missing.empty()) {
+    TVM_FFI_THROW(TvmschedError) << "input names do not match the model: unknown " << list(unknown) << ", missing "
+                                 << list(missing) << "; expected " << list(expected);
+  }
+  for (const Binding& b : manifest_.inputs) {
+    const TensorSpec& spec = manifest_.tensors.at(b.tensor);
+    ffi::Tensor value = inputs[ffi::String(b.name)];
+    const DLTensor* t = value.GetDLTensorPtr();
+    bool same_shape = t->ndim == static_cast<int>(spec.shape.size()) &&
+                      std::equal(spec.shape.begin(), spec.shape.end(), t->shape);
+    if (!same_shape) {
+      TVM_FFI_THROW(TvmschedError) << "input '" << b.name << "' has shape " << ShapeText(t->shape, t->ndim)
+                                   << ", expected " << ShapeText(spec.shape.data(), static_cast<int>(spec.shape.size()));
+    }
+    if (t->dtype.code != spec.dtype.code || t->dtype.bits != spec.dtype.bits || t->dtype.lanes != 1) {
+      TVM_FFI_THROW(TvmschedError) << "input '" << b.name << "' has dtype " << DTypeName(t->dtype) << ", expected "
+                                   << spec.dtype_name;
+    }
+    if (t->device.device_type != kDLCPU || !value.IsContiguous()) {
+      TVM_FFI_THROW(TvmschedError) << "input '" << b.name << "' must be a contiguous host array";
+    }
+  }
+}
+
+void ModelObj::CheckCandidates(const std::vector<int>& ids) const {
+  bool ok = ids.size() == manifest_.layers.size();
+  for (size_t i = 0; ok && i < ids.size(); ++i) ok = ids[i] >= 0 && ids[i] < static_cast<int>(candidates_[i].size());
+  if (!ok) {
+    std::ostringstream text;
+    text << "[";
+    for (size_t i = 0; i < ids.size(); ++i) text << (i ? ", " : "") << ids[i];
+    TVM_FFI_THROW(TvmschedError) << "candidate ids " << text.str() << "] do not match the model's " << manifest_.layers.size()
+                                 << " layers and their candidates";
+  }
+}
+
+void ModelObj::SetInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs) {
+  CheckInputs(inputs);
+  for (const Binding& b : manifest_.inputs) {
+    const DLTensor* t = inputs[ffi::String(b.name)].GetDLTensorPtr();
+    device_->CopyToDevice(inputs_.at(b.tensor), static_cast<const char*>(t->data) + t->byte_offset,
+                          manifest_.tensors.at(b.tensor).nbytes(), current_stream_);
+  }
+}
+
+StreamHandle ModelObj::StreamFor(int units) {
+  if (std::string(device_->kind()) == "cpu") return nullptr;
+  if (units <= 0 || units >= device_->total_units()) units = 0;
+  auto found = streams_.find(units);
+  if (found == streams_.end()) found = streams_.emplace(units, device_->CreateStream(units, nullptr)).first;
+  return found->second;
+}
+
+void ModelObj::RunLayer(int index, int candidate) {
+  if (index < 0 || index >= num_layers() || candidate < 0 || candidate >= static_cast<int>(candidates_[index].size())) {
+    TVM_FFI_THROW(TvmschedError) << "no layer " << index << " with candidate " << candidate;
+  }
+  Candidate& cand = candidates_[index][candidate];
+  StreamHandle stream = StreamFor(cand.units);
+  device_->SetThreadUnits(cand.units);
+  if (stream != current_stream_) {  // layers stay in order across streams of different units
+    device_->StreamWaitStream(stream, current_stream_);
+    current_stream_ = stream;
+  }
+  device_->UseStream(stream);
+  std::vector<DLTensor>& args = layer_args_[index];
+  ffi::AnyView views[64];
+  if (args.size() > 64) TVM_FFI_THROW(TvmschedError) << "layer " << index << " takes too many arguments";
+  for (size_t i = 0; i < args.size(); ++i) views[i] = &args[i];
+  ffi::Any result;
+  cand.kernel.CallPacked(views, static_cast<int32_t>(args.size()), &result);
+}
+
+void ModelObj::Synchronize() {
+  for (auto& [units, stream] : streams_) device_->SyncStream(stream);
+}
+
+EventHandle ModelObj::RecordEvent() { return current_stream_ ? device_->RecordEvent(current_stream_) : nullptr; }
+
+ffi::Map<ffi::String, ffi::Tensor> ModelObj::GetOutputs() {
+  Synchronize();
+  ffi::Map<ffi::String, ffi::Tensor> out;
+  for (const Binding& b : manifest_.outputs) {
+    const TensorSpec& spec = manifest_.tensors.at(b.tensor);
+    ffi::Tensor host = EmptyHostTensor(spec.shape, spec.dtype);
+    device_->CopyToHost(host.data_ptr(), tensor_data_.at(b.tensor), spec.nbytes(), nullptr);
+    out.Set(ffi::String(b.name), host);
+  }
+  return out;
+}
+
+void ModelObj::SetPreemptFlag(bool on) {
+  if (flags_.length) device_->SetFlags(flags_, on ? 1 : 0, flags_.length - 1);
+}
+
+bool ModelObj::preempt_flag_set() const {
+  if (!flags_.length) return false;
+  if (flags_.host_ptr) return __atomic_load_n(flags_.host_ptr, __ATOMIC_SEQ_CST) != 0;
+  int32_t value = 0;
+  device_->ReadWhileRunning(&value, flags_.device_ptr, sizeof(value));
+  return value != 0;
+}
+
+void ModelObj::ClearStarted() {
+  if (flags_.host_ptr) __atomic_store_n(flags_.host_ptr + flags_.length - 1, 0, __ATOMIC_SEQ_CST);
+}
+
+bool ModelObj::started() const {
+  return flags_.host_ptr && __atomic_load_n(flags_.host_ptr + flags_.length - 1, __ATOMIC_SEQ_CST) != 0;
+}
+
+void ModelObj::ResetProgress() {
+  if (counters_) device_->MemsetD32(counters_, 0, manifest_.layers.size());
+}
+
+std::vector<int32_t> ModelObj::ReadCounters() const {
+  std::vector<int32_t> out(manifest_.layers.size(), 0);
+  if (counters_) device_->ReadWhileRunning(out.data(), counters_, sizeof(int32_t) * out.size());
+  return out;
+}
+
+std::vector<int64_t> ModelObj::CompletedBlocks(const std::vector<int>& ids) const {
+  std::vector<int32_t> counts = ReadCounters();
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    int c = ids.empty() ? 0 : ids[i];
+    out.push_back(counts[i] / manifest_.layers[i].candidates[c].threads);
+  }
+  return out;
+}
+
+}  // namespace tvmsched

@@ -1,0 +1,165 @@
+// The engine's Python surface: tvm-ffi reflection, no second binding layer. Python sees
+// tvmsched.Model / tvmsched.Stream / tvmsched.Request objects with these methods, and the
+// tvmsched.engine.* global functions.
+#include <tvm/ffi/reflection/registry.h>
+
+#include "tvm_runtime.h"
+#include "tvmsched/engine.h"
+
+namespace tvmsched {
+namespace {
+
+namespace refl = tvm::ffi::reflection;
+
+std::vector<int> Ids(const ffi::Array<int64_t>& ids) {
+  std::vector<int> out;
+  for (int64_t id : ids) out.push_back(static_cast<int>(id));
+  return out;
+}
+
+template <typename T>
+ffi::Array<int64_t> ToArray(const std::vector<T>& values) {
+  ffi::Array<int64_t> out;
+  for (const T& v : values) out.push_back(static_cast<int64_t>(v));
+  return out;
+}
+
+ffi::Array<ffi::Array<int64_t>> Launches(const std::vector<Launch>& launches) {
+  ffi::Array<ffi::Array<int64_t>> out;
+  for (const Launch& l : launches) out.push_back({l.request, l.layer, l.candidate});
+  return out;
+}
+
+FlagMemory ParseFlagMemory(const std::string& name) {
+  if (name == "auto") return FlagMemory::kAuto;
+  if (name == "host_mapped") return FlagMemory::kHostMapped;
+  if (name == "device") return FlagMemory::kDevice;
+  TVM_FFI_THROW(TvmschedError) << "flag memory must be auto, host_mapped or device, not " << name;
+  return FlagMemory::kAuto;  // not reached
+}
+
+TVM_FFI_STATIC_INIT_BLOCK() {
+  refl::GlobalDef()
+      .def("tvmsched.engine.set_tvm_libdir", [](const std::string& dir) { SetTvmLibDir(dir); })
+      .def("tvmsched.engine.now_us", []() { return Device::NowMicros(); })
+      .def("tvmsched.engine.device_units", [](const std::string& kind) { return OpenDevice(kind)->total_units(); })
+      .def("tvmsched.engine.load_model",
+           [](const std::string& path, const std::string& device, const std::string& flag_memory) {
+             return Model::Load(path, device, ParseFlagMemory(flag_memory));
+           })
+      .def("tvmsched.engine.create_stream",
+           [](Model model, const std::string& name, int max_in_flight, double idle_spin_us, double progress_interval_ms) {
+             StreamOptions options;
+             options.max_in_flight = max_in_flight;
+             options.idle_spin_us = idle_spin_us;
+             options.progress_interval_ms = progress_interval_ms;
+             return Stream::Create(std::move(model), name, options);
+           });
+
+  refl::ObjectDef<ModelObj>()
+      .def("name", [](Model m) { return m->name(); })
+      .def("device_kind", [](Model m) { return std::string(m->device().kind()); })
+      .def("total_units", [](Model m) { return m->device().total_units(); })
+      .def("num_layers", [](Model m) { return m->num_layers(); })
+      .def("reuse_distance", [](Model m) { return m->reuse_distance(); })
+      .def("activation_bytes", [](Model m) { return static_cast<int64_t>(m->activation_bytes()); })
+      .def("replan", [](Model m, int distance) { m->Replan(distance); })
+      .def("set_inputs", [](Model m, ffi::Map<ffi::String, ffi::Tensor> inputs) { m->SetInputs(inputs); })
+      .def("run_layer", [](Model m, int index, int candidate) { m->RunLayer(index, candidate); })
+      .def("run_layers",
+           [](Model m, ffi::Array<int64_t> ids) {
+             if (!ids.empty()) m->CheckCandidates(Ids(ids));
+             for (int i = 0; i < m->num_layers(); ++i) m->RunLayer(i, ids.empty() ? 0 : static_cast<int>(ids[i]));
+           })
+      .def("run",
+           [](Model m, ffi::Map<ffi::String, ffi::Tensor> inputs, ffi::Array<int64_t> ids) {
+             if (!ids.empty()) m->CheckCandidates(Ids(ids));
+             m->SetInputs(inputs);
+             for (int i = 0; i < m->num_layers(); ++i) m->RunLayer(i, ids.empty() ? 0 : static_cast<int>(ids[i]));
+             return m->GetOutputs();
+           })
+      .def("get_outputs", [](Model m) { return m->GetOutputs(); })
+      .def("synchronize", [](Model m) { m->Synchronize(); })
+      .def("time_runs",
+           [](Model m, int repeat, int warmup) {
+             ffi::Array<double> seconds;
+             for (int i = 0; i < warmup + repeat; ++i) {
+               double start = Device::NowMicros();
+               for (int layer = 0; layer < m->num_layers(); ++layer) m->RunLayer(layer, 0);
+               m->Synchronize();
+               if (i >= warmup) seconds.push_back((Device::NowMicros() - start) / 1e6);
+             }
+             return seconds;
+           })
+      .def("set_preempt_flag", [](Model m, bool on) { m->SetPreemptFlag(on); })
+      .def("counts_progress", [](Model m) { return m->counts_progress(); })
+      .def("reset_progress", [](Model m) { m->ResetProgress(); })
+      .def("read_counters", [](Model m) { return ToArray(m->ReadCounters()); })
+      .def("completed_blocks", [](Model m, ffi::Array<int64_t> ids) { return ToArray(m->CompletedBlocks(Ids(ids))); });
+
+  refl::ObjectDef<RequestObj>()
+      .def_ro("id", &RequestObj::id)
+      .def_ro("submitted_us", &RequestObj::submitted_us)
+      .def_ro("started_us", &RequestObj::started_us)
+      .def_ro("finished_us", &RequestObj::finished_us)
+      .def("wait", [](Request r, double timeout_s, double spin_us) { return r->Wait(timeout_s, spin_us); })
+      .def("done", [](Request r) { return r->done(); })
+      .def("outputs", [](Request r) { return r->outputs(); })
+      .def("error", [](Request r) { return r->error(); })
+      .def("on_done", [](Request r, ffi::Function callback) { r->OnDone(std::move(callback)); });
+
+  refl::ObjectDef<StreamObj>()
+      .def("submit",
+           [](Stream s, ffi::Map<ffi::String, ffi::Tensor> inputs, ffi::Array<int64_t> ids) {
+             return s->Submit(std::move(inputs), Ids(ids));
+           })
+      .def("preempt",
+           [](Stream s, bool abort) {
+             PreemptReport report = s->Preempt(abort);
+             ffi::Map<ffi::String, ffi::Any> out;
+             out.Set("seconds", report.seconds);
+             out.Set("rerun", Launches(report.rerun));
+             out.Set("finished", Launches(report.finished));
+             return out;
+           })
+      .def("resume", [](Stream s) { s->Resume(); })
+      .def("paused", [](Stream s) { return s->paused(); })
+      .def("busy", [](Stream s) { return s->busy(); })
+      .def("state",
+           [](Stream s) -> ffi::Optional<ffi::Map<ffi::String, ffi::Any>> {
+             auto state = s->State();
+             if (!state) return std::nullopt;
+             ffi::Map<ffi::String, ffi::Any> out;
+             out.Set("done", ToArray(state->done));
+             out.Set("blocks", ToArray(state->blocks));
+             out.Set("ids", ToArray(state->ids));
+             ffi::Array<ffi::Array<int64_t>> queued;
+             for (const auto& ids : state->queued) queued.push_back(ToArray(ids));
+             out.Set("queued", queued);
+             return out;
+           })
+      .def("sync_progress", [](Stream s) { s->SyncProgress(); })
+      .def("record_timeline", [](Stream s, bool on) { s->RecordTimeline(on); })
+      .def("timeline",
+           [](Stream s) {
+             ffi::Array<ffi::Array<double>> out;
+             for (const LaunchRecord& r : s->Timeline()) {
+               out.push_back({static_cast<double>(r.request), static_cast<double>(r.layer), static_cast<double>(r.candidate),
+                              r.start_us, r.end_us});
+             }
+             return out;
+           })
+      .def("counts",
+           [](Stream s) {
+             ffi::Map<ffi::String, int64_t> out;
+             out.Set("launches", s->launches.load());
+             out.Set("reruns", s->reruns.load());
+             out.Set("completed", s->completed.load());
+             out.Set("failed", s->failed.load());
+             return out;
+           })
+      .def("close", [](Stream s) { s->Close(); });
+}
+
+}  // namespace
+}  // namespace tvmsched

@@ -1,0 +1,463 @@
+#include "tvmsched/stream.h"
+
+#include <tvm/ffi/cast.h>
+#include <tvm/ffi/error.h>
+
+#include <algorithm>
+#include <chrono>
+
+namespace tvmsched {
+
+namespace {
+
+void SpinUntil(const std::function<bool()>& ready, double spin_us) {
+  double until = Device::NowMicros() + spin_us;
+  while (!ready() && Device::NowMicros() < until) {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+}
+
+std::string OneLine(const std::string& text) {
+  // the last non-empty line: TVM and tvm-ffi put the reason there
+  std::string best;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find('\n', start);
+    std::string line = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    if (line.find_first_not_of(" \t") != std::string::npos) best = line;
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return best;
+}
+
+}  // namespace
+
+// ---- Request ---------------------------------------------------------------------------------
+
+bool RequestObj::Wait(double timeout_s, double spin_us) {
+  SpinUntil([this] { return done(); }, spin_us);
+  if (done()) return true;
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (timeout_s < 0) {
+    cond_.wait(lock, [this] { return done(); });
+    return true;
+  }
+  return cond_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return done(); });
+}
+
+void RequestObj::OnDone(ffi::Function callback) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!done()) {
+      callbacks_.push_back(std::move(callback));
+      return;
+    }
+  }
+  callback(Request(ffi::GetObjectPtr<RequestObj>(this)));
+}
+
+void RequestObj::Finish(ffi::Map<ffi::String, ffi::Tensor> outputs, ffi::String error) {
+  std::vector<ffi::Function> callbacks;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    outputs_ = std::move(outputs);
+    error_ = std::move(error);
+    finished_us = Device::NowMicros();
+    state_.store(static_cast<int>(error_.empty() ? RequestState::kDone : RequestState::kFailed), std::memory_order_release);
+    callbacks.swap(callbacks_);
+  }
+  cond_.notify_all();
+  Request self(ffi::GetObjectPtr<RequestObj>(this));
+  for (auto& callback : callbacks) {
+    try {
+      callback(self);
+    } catch (const std::exception&) {  // a failing callback must not stop the submitter
+    }
+  }
+}
+
+// ---- Stream ----------------------------------------------------------------------------------
+
+Stream Stream::Create(Model model, std::string name, StreamOptions options) {
+  return Stream(ffi::make_object<StreamObj>(std::move(model), std::move(name), options));
+}
+
+StreamObj::StreamObj(Model model, std::string name, StreamOptions options)
+    : model_(std::move(model)), m_(model_.get()), name_(std::move(name)), options_(options) {
+  if (!m_->instrumented()) {
+    TVM_FFI_THROW(TvmschedError) << "preemption needs an artifact compiled with preempt checks (the default)";
+  }
+  if (options_.max_in_flight < 1) TVM_FFI_THROW(TvmschedError) << "max_in_flight must be at least 1";
+  gpu_ = std::string(m_->device().kind()) != "cpu";
+  if (gpu_ && m_->reuse_distance() < options_.max_in_flight) m_->Replan(options_.max_in_flight);
+  for (const LayerSpec& layer : m_->manifest().layers) {
+    std::vector<bool> idem;
+    std::vector<int64_t> blocks, threads;
+    for (const CandidateSpec& c : layer.candidates) {
+      idem.push_back(c.idempotent);
+      blocks.push_back(c.blocks);
+      threads.push_back(c.threads);
+    }
+    idempotent_.push_back(idem);
+    blocks_.push_back(blocks);
+    threads_.push_back(threads);
+  }
+  progress_.assign(m_->num_layers(), -1);
+  thread_ = std::thread([this] { SubmitLoop(); });
+  if (gpu_ && m_->counts_progress()) progress_thread_ = std::thread([this] { ProgressLoop(); });
+}
+
+StreamObj::~StreamObj() { Close(); }
+
+Request StreamObj::Submit(ffi::Map<ffi::String, ffi::Tensor> inputs, std::vector<int> candidate_ids) {
+  m_->CheckInputs(inputs);
+  if (!candidate_ids.empty()) m_->CheckCandidates(candidate_ids);
+  auto request = ffi::make_object<RequestObj>();
+  request->inputs = std::move(inputs);
+  request->candidate_ids = std::move(candidate_ids);
+  request->submitted_us = Device::NowMicros();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) TVM_FFI_THROW(TvmschedError) << "stream " << name_ << " is closed";
+    requests_.emplace_back(request);
+    queued_.fetch_add(1, std::memory_order_release);
+  }
+  cond_.notify_all();
+  return Request(request);
+}
+
+PreemptReport StreamObj::Preempt(bool abort) {
+  double start = Device::NowMicros();
+  PreemptReport report;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (paused_ || closed_) {
+      report.rerun = rerun_;
+      return report;
+    }
+    paused_ = true;
+    if (abort) m_->SetPreemptFlag(true);
+    // CPU: the kernel returns within one chunk; GPU: the submitter stops waiting on an event
+    cond_.wait(lock, [this] { return !running_.has_value() && !waiting_; });
+    if (gpu_) report.finished = DrainGpu();
+    report.rerun = rerun_;
+    report.seconds = (Device::NowMicros() - start) / 1e6;
+  }
+  Deliver();
+  return report;
+}
+
+void StreamObj::Resume() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!paused_) return;
+    m_->SetPreemptFlag(false);
+    paused_ = false;
+  }
+  cond_.notify_all();
+}
+
+bool StreamObj::paused() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return paused_;
+}
+
+bool StreamObj::busy() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !requests_.empty();
+}
+
+std::optional<StreamState> StreamObj::State() {
+  if (m_->counts_progress() && !gpu_) SyncProgress();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (requests_.empty()) return std::nullopt;
+  StreamState state;
+  state.done = progress_;
+  state.ids = requests_.front()->candidate_ids;
+  for (int i = 0; i < m_->num_layers(); ++i) state.blocks.push_back(blocks_[i][state.ids.empty() ? 0 : state.ids[i]]);
+  for (size_t i = 1; i < requests_.size(); ++i) state.queued.push_back(requests_[i]->candidate_ids);
+  return state;
+}
+
+void StreamObj::SyncProgress() {
+  int64_t request;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    request = request_ids_;
+  }
+  std::vector<int32_t> counts = m_->ReadCounters();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (request != request_ids_ || requests_.empty() || progress_[0] < 0) return;  // another request started, or none runs
+  const auto& ids = requests_.front()->candidate_ids;
+  for (size_t layer = 0; layer < counts.size(); ++layer) {
+    int c = ids.empty() ? 0 : ids[layer];
+    int64_t done = std::min<int64_t>(counts[layer] / threads_[layer][c], blocks_[layer][c]);
+    progress_[layer] = std::max(progress_[layer], done);
+  }
+}
+
+void StreamObj::RecordTimeline(bool on) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  timeline_on_ = on;
+}
+
+std::vector<LaunchRecord> StreamObj::Timeline() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return timeline_;
+}
+
+void StreamObj::Close() {
+  Resume();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    closed_ = true;
+  }
+  cond_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (progress_thread_.joinable()) progress_thread_.join();
+}
+
+// ---- submitter -------------------------------------------------------------------------------
+
+bool StreamObj::HasWork() const { return !requests_.empty() || !in_flight_.empty(); }
+
+void StreamObj::SubmitLoop() {
+  m_->device().SetThreadUnits(0);
+  while (true) {
+    std::optional<Launch> launch;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (!closed_ && !paused_ && !HasWork()) {  // poll briefly: a request arriving soon starts at once
+        lock.unlock();
+        SpinUntil([this] { return queued_.load(std::memory_order_acquire) > 0; }, options_.idle_spin_us);
+        lock.lock();
+      }
+      // paused: wait without retiring anything (preempt() decides what completed)
+      cond_.wait(lock, [this] { return closed_ || (!paused_ && HasWork()); });
+      if (closed_ && !HasWork()) return;
+      if (paused_) continue;  // closing while paused: Close() resumes first
+      if (!requests_.empty()) launch = NextLaunch();
+      running_ = launch;  // preempt() waits until it is tracked (GPU) or returned (CPU)
+    }
+    Deliver();
+    if (gpu_ && launch) {
+      GpuLaunch(*launch);
+    } else if (gpu_) {
+      RetireCompleted(true);
+    } else if (launch) {
+      CpuStep(*launch);
+    }
+  }
+}
+
+std::optional<Launch> StreamObj::NextLaunch() {
+  while (true) {
+    if (gpu_ && static_cast<int>(in_flight_.size()) >= options_.max_in_flight) return std::nullopt;
+    if (!rerun_.empty()) {
+      if (!MayLaunch(rerun_.front())) return std::nullopt;
+      Launch launch = rerun_.front();
+      rerun_.erase(rerun_.begin());
+      return launch;
+    }
+    if (requests_.empty() || next_layer_ >= m_->num_layers()) return std::nullopt;  // waiting for in-flight ones
+    if (next_layer_ == 0 && !StartRequest()) continue;  // a bad request failed alone; try the next
+    const auto& ids = requests_.front()->candidate_ids;
+    Launch launch{request_ids_, next_layer_, ids.empty() ? 0 : ids[next_layer_]};
+    if (!MayLaunch(launch)) return std::nullopt;
+    ++next_layer_;
+    return launch;
+  }
+}
+
+bool StreamObj::MayLaunch(const Launch& launch) const {
+  // GPU: a non-idempotent kernel waits until all earlier work is done, so its inputs are final
+  return !(gpu_ && !in_flight_.empty() && !idempotent(launch));
+}
+
+bool StreamObj::StartRequest() {
+  Request& request = requests_.front();
+  try {
+    m_->SetInputs(request->inputs);
+  } catch (const ffi::Error& err) {
+    FailHead(OneLine(err.message()));
+    return false;
+  }
+  request->started_us = Device::NowMicros();
+  ++request_ids_;
+  if (m_->counts_progress()) m_->ResetProgress();
+  std::fill(progress_.begin(), progress_.end(), 0);
+  return true;
+}
+
+void StreamObj::CpuStep(const Launch& launch) {
+  m_->ClearStarted();
+  double start = Device::NowMicros();
+  std::string error;
+  try {
+    m_->RunLayer(launch.layer, launch.candidate);
+  } catch (const std::exception& err) {
+    error = err.what();
+    if (auto* ffi_err = dynamic_cast<const ffi::Error*>(&err)) error = ffi_err->message();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    running_.reset();
+    ++launches;
+    if (!error.empty()) {
+      FailHead(OneLine(error));
+    } else if (m_->preempt_flag_set() && !(!idempotent(launch) && m_->started())) {
+      rerun_.push_back(launch);  // aborted (or skipped at entry): run it again on resume
+      ++reruns;
+    } else {
+      if (timeline_on_) launched_at_[{launch.request, launch.layer, launch.candidate}] = start;
+      Retire(launch, Device::NowMicros());
+    }
+  }
+  cond_.notify_all();
+  Deliver();
+}
+
+void StreamObj::GpuLaunch(const Launch& launch) {
+  double start = Device::NowMicros();
+  EventHandle event = nullptr;
+  std::string error;
+  try {
+    m_->RunLayer(launch.layer, launch.candidate);
+    event = m_->RecordEvent();
+  } catch (const ffi::Error& err) {
+    error = err.message();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    running_.reset();
+    ++launches;
+    if (!error.empty()) {
+      FailHead(OneLine(error));
+    } else {
+      if (timeline_on_) launched_at_[{launch.request, launch.layer, launch.candidate}] = start;
+      in_flight_.emplace_back(launch, event);
+    }
+  }
+  cond_.notify_all();
+  Deliver();
+}
+
+void StreamObj::RetireCompleted(bool wait_oldest) {
+  EventHandle oldest = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (in_flight_.empty()) return;
+    oldest = in_flight_.front().second;
+    waiting_ = wait_oldest;  // preempt() waits for this wait to end before it drains
+  }
+  // window full or nothing to launch: block on the oldest launch, outside the lock
+  if (wait_oldest) m_->device().WaitEvent(oldest);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    waiting_ = false;
+    while (!in_flight_.empty() && !paused_ && m_->device().EventDone(in_flight_.front().second)) {
+      auto [launch, event] = in_flight_.front();
+      in_flight_.pop_front();
+      m_->device().FreeEvent(event);
+      Retire(launch, Device::NowMicros());
+    }
+  }
+  cond_.notify_all();
+  Deliver();
+}
+
+std::vector<Launch> StreamObj::DrainGpu() {
+  // with the flag set: wait for the in-flight launches; idempotent ones run again, others finished
+  std::vector<Launch> finished;
+  if (!in_flight_.empty()) m_->device().WaitEvent(in_flight_.back().second);  // one stream order: last done = all done
+  m_->Synchronize();
+  while (!in_flight_.empty()) {
+    auto [launch, event] = in_flight_.front();
+    in_flight_.pop_front();
+    m_->device().FreeEvent(event);
+    if (idempotent(launch)) {
+      rerun_.push_back(launch);
+      ++reruns;
+      launched_at_.erase({launch.request, launch.layer, launch.candidate});
+    } else {
+      finished.push_back(launch);
+      Retire(launch, Device::NowMicros());
+    }
+  }
+  std::sort(rerun_.begin(), rerun_.end(), [](const Launch& a, const Launch& b) {
+    return std::tie(a.request, a.layer) < std::tie(b.request, b.layer);
+  });
+  return finished;
+}
+
+void StreamObj::Retire(const Launch& launch, double end_us) {
+  // a launch completed; finishing the last layer completes the head request
+  auto key = std::make_tuple(launch.request, launch.layer, launch.candidate);
+  auto found = launched_at_.find(key);
+  if (found != launched_at_.end()) {
+    timeline_.push_back({launch.request, launch.layer, launch.candidate, found->second, end_us});
+    launched_at_.erase(found);
+  }
+  progress_[launch.layer] = blocks_[launch.layer][launch.candidate];
+  if (launch.layer != m_->num_layers() - 1 || !rerun_.empty()) return;
+  Request request = requests_.front();
+  requests_.pop_front();
+  queued_.fetch_sub(1, std::memory_order_relaxed);
+  next_layer_ = 0;
+  std::fill(progress_.begin(), progress_.end(), -1);
+  try {
+    done_.push_back({request, {m_->GetOutputs(), ""}});
+    ++completed;
+  } catch (const ffi::Error& err) {
+    done_.push_back({request, {{}, OneLine(err.message())}});
+    ++failed;
+  }
+}
+
+void StreamObj::FailHead(const std::string& error) {
+  Request request = requests_.front();
+  requests_.pop_front();
+  queued_.fetch_sub(1, std::memory_order_relaxed);
+  next_layer_ = 0;
+  std::fill(progress_.begin(), progress_.end(), -1);
+  rerun_.clear();
+  done_.push_back({request, {{}, error}});
+  ++failed;
+}
+
+void StreamObj::Deliver() {
+  // resolve finished requests outside the lock (their callbacks may preempt or resume)
+  while (true) {
+    Done item;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (done_.empty()) return;
+      item = std::move(done_.front());
+      done_.pop_front();
+    }
+    item.first->Finish(std::move(item.second.first), ffi::String(item.second.second));
+  }
+}
+
+void StreamObj::ProgressLoop() {
+  m_->device().SetThreadUnits(0);
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cond_.wait_for(lock, std::chrono::duration<double, std::milli>(options_.progress_interval_ms),
+                     [this] { return closed_; });
+      if (closed_) return;
+      if (requests_.empty()) continue;
+    }
+    try {
+      SyncProgress();
+    } catch (const ffi::Error&) {  // the bitmap still advances as launches complete
+      return;
+    }
+  }
+}
+
+}  // namespace tvmsched

@@ -1,0 +1,65 @@
+#include "tvm_runtime.h"
+
+#include <dlfcn.h>
+#include <tvm/ffi/error.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <vector>
+
+#ifndef TVMSCHED_DEFAULT_TVM_LIBDIR
+#define TVMSCHED_DEFAULT_TVM_LIBDIR ""
+#endif
+
+namespace tvmsched {
+namespace {
+
+std::mutex mutex;  // guards lib_dir and the loaded flags
+std::string lib_dir;
+bool runtime_loaded = false, cuda_loaded = false;
+
+std::string LibDir() {
+  if (!lib_dir.empty()) return lib_dir;
+  if (const char* env = std::getenv("TVMSCHED_TVM_LIBDIR")) return env;
+  return TVMSCHED_DEFAULT_TVM_LIBDIR;
+}
+
+void* OpenGlobal(const std::string& path) { return dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL); }
+
+}  // namespace
+
+void SetTvmLibDir(const std::string& dir) {
+  std::lock_guard<std::mutex> lock(mutex);
+  lib_dir = dir;
+}
+
+void EnsureTvmRuntime(bool cuda) {
+  std::lock_guard<std::mutex> lock(mutex);
+  std::string dir = LibDir();
+  if (!runtime_loaded) {
+    if (!OpenGlobal(dir + "/libtvm_runtime.so")) {
+      TVM_FFI_THROW(TvmschedError) << "cannot load TVM's runtime library from " << dir
+                                   << " (set TVMSCHED_TVM_LIBDIR): " << dlerror();
+    }
+    runtime_loaded = true;
+  }
+  if (cuda && !cuda_loaded) {
+    // TVM's CUDA module loader needs libcudart; CUDA 13 ships it by soname in the toolkit and pip wheels
+    std::vector<std::string> cudart = {"libcudart.so.13", "/usr/local/cuda/lib64/libcudart.so.13"};
+    bool found = false;
+    for (const auto& path : cudart) found = found || OpenGlobal(path) != nullptr;
+    if (!OpenGlobal(dir + "/libtvm_runtime_cuda.so")) {
+      TVM_FFI_THROW(TvmschedError) << "cannot load TVM's CUDA runtime from " << dir
+                                   << (found ? "" : " (libcudart.so.13 not found)") << ": " << dlerror();
+    }
+    cuda_loaded = true;
+  }
+}
+
+tvm::ffi::Function TvmRuntimeFunction(const char* name) {
+  auto func = tvm::ffi::Function::GetGlobal(name);
+  if (!func.has_value()) TVM_FFI_THROW(TvmschedError) << "TVM's runtime lacks " << name;
+  return *func;
+}
+
+}  // namespace tvmsched
