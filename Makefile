@@ -4,18 +4,28 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TVMSCHED := $(VENV)/bin/tvmsched
 STAMP := $(VENV)/.installed
+ENGINE := tvmsched/lib/libtvmsched_engine.so
+ENGINE_SOURCES := $(wildcard runtime/native/CMakeLists.txt runtime/native/src/* runtime/native/include/tvmsched/*)
 DEMO_MODEL ?= resnet18
 PYTEST_WORKERS ?= 2
 
 .PHONY: setup demo test clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(ENGINE)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
+
+# the native engine (C++17 on tvm-ffi; CUDA headers only, libcuda is loaded at run time)
+$(ENGINE): $(STAMP) $(ENGINE_SOURCES)
+	mkdir -p build && cmake -S runtime/native -B build/native -DPython_EXECUTABLE=$(abspath $(PY)) \
+		-Dtvm_ffi_DIR="$$($(PY) -m tvm_ffi.config --cmakedir)" \
+		-DTVMSCHED_TVM_LIBDIR="$$($(PY) -c 'import tvmsched.native as n; print(n.tvm_libdir())')" > build/native-cmake.log
+	cmake --build build/native -j2
+	mkdir -p tvmsched/lib && cp build/native/libtvmsched_engine.so $(ENGINE)
 
 demo: setup
 	mkdir -p out

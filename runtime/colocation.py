@@ -49,8 +49,8 @@ def profile_pair(a: Executor, b: Executor, seconds: float = 0.3) -> list[dict]:
     for executor in (a, b):
         executor.set_inputs(executor.random_inputs(0))
     rows = []
-    for ca in range(len(a.kernels[la])):
-        for cb in range(len(b.kernels[lb])):
+    for ca in range(len(a.manifest.layers[la].candidates)):
+        for cb in range(len(b.manifest.layers[lb].candidates)):
             iso = {"a": _isolated_s(a, la, ca, seconds), "b": _isolated_s(b, lb, cb, seconds)}
             stop, times = threading.Event(), {"a": [], "b": []}
             threads = [threading.Thread(target=_loop, args=(a, la, ca, stop, times["a"])),

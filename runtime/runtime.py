@@ -1,15 +1,15 @@
 """The embeddable multi-tenant runtime: many models, one device, per-request candidate choice.
 
-    rt = Runtime("cpu")
-    resnet = rt.load("resnet.tvms", qos_ms=20, priority="realtime")
-    bert = rt.load("bert.tvms", qos_ms=200)
-    outputs = rt.submit(resnet, {"input": x}).result()     # or: await rt.infer(resnet, {...})
-    rt.stats(); rt.export_timeline("trace.json"); rt.shutdown()
+    with Runtime("cpu") as rt:
+        resnet = rt.load("resnet.tvms", qos_ms=20, priority="realtime")
+        bert = rt.load("bert.tvms", qos_ms=200)
+        outputs = rt.submit(resnet, {"input": x}).result()     # or: await rt.infer(resnet, {...})
+        rt.stats(); rt.export_timeline("trace.json")
 
-Each loaded model is a request stream (a preemption Task with its own submitter thread) over its
-own Executor. A request's candidate-ID list comes from the layer scheduler, which reads the
-resource monitor (the other streams' progress bitmaps and the candidates of their remaining
-layers). Real-time models preempt best-effort ones (runtime.preemption.Priorities).
+Each loaded model is one request stream of the native engine (runtime/native: queue, submitter
+thread, preemption, progress bitmap, timeline). Python keeps the policies: a request's candidate-ID
+list comes from the policy (`policies.create(kind)`; colocation reads the resource monitor), and
+real-time models preempt best-effort ones (policies.priority.Priorities).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import json
 import logging
 import queue
 import threading
-import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,14 +26,17 @@ from pathlib import Path
 import numpy as np
 
 from tvmsched.errors import TvmschedError
+from tvmsched.native import func
+from tvmsched.runtime import policies
 from tvmsched.runtime.executor import Executor
-from tvmsched.runtime.preemption import Priorities, Task
-from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, LayerScheduler, StreamView, stream_work
+from tvmsched.runtime.policies.priority import Priorities
+from tvmsched.runtime.preemption import EngineFuture, Task
+from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, StreamView, stream_work
 
 log = logging.getLogger(__name__)
 
 PRIORITIES = ("realtime", "best_effort")
-POLICIES = ("colocation", "fastest", "partition", "fcfs")
+POLICIES = policies.KINDS
 
 
 @dataclass
@@ -44,9 +46,8 @@ class Model:
     priority: str
     task: Task
     layers: list[list[CandidateInfo]]
-    latencies_ms: list[float] = field(default_factory=list)
-    errors: int = 0
-    violations: int = 0
+    serial_latencies_ms: list[float] = field(default_factory=list)  # fcfs: measured from submit() in Python
+    rejected: int = 0  # requests refused at submit (bad inputs); failures while running are the stream's
 
 
 class Runtime:
@@ -71,27 +72,28 @@ class Runtime:
                  progress_interval_ms: float = 1.0):
         if device not in ("cpu", "cuda"):
             raise TvmschedError(f"unknown device {device!r}: use cpu or cuda")
-        if policy not in POLICIES:
-            raise TvmschedError(f"policy must be one of {POLICIES}, not {policy!r}")
-        self.policy = policy
-        self._fcfs_queue: queue.Queue | None = None  # "fcfs": requests in arrival order, run one by one
         self.device = device
-        self.total_units = total_units or _device_units(device)
+        self.total_units = total_units or int(func("device_units")(device))
         if isinstance(colocation, str):  # a tuning-database URL holding this device's profile
             from tvmsched.runtime.colocation import device_name, table_from_rows
             from tvmsched.tuning_db import open_store
 
             colocation = table_from_rows(open_store(colocation).colocation(device_name(device)), self.total_units)
-        self.scheduler = LayerScheduler(colocation or ColocationTable(self.total_units))
+        self.policy = policies.create(policy, table=colocation, total_units=self.total_units)
         self.priorities = Priorities()
         self.models: dict[str, Model] = {}
         self._lock = threading.Lock()
+        self._serial: queue.Queue | None = None  # serial policies: requests in arrival order, run one by one
         self._max_in_flight = max_in_flight
         self._timeline = timeline
+        self._progress_interval_ms = progress_interval_ms
         self._closed = False
-        self._started = time.perf_counter()
-        self._progress_interval = progress_interval_ms / 1e3
-        self._progress_thread: threading.Thread | None = None
+        self._started_us = float(func("now_us")())
+
+    @property
+    def scheduler(self):
+        """The colocation policy's layer scheduler (its decisions), else None."""
+        return getattr(self.policy, "scheduler", None)
 
     def load(self, artifact, *, qos_ms: float | None = None, priority: str = "best_effort", name: str | None = None) -> Model:
         """Load an artifact (path or Artifact) as a new request stream."""
@@ -104,81 +106,56 @@ class Runtime:
                 raise TvmschedError("the runtime is shut down")
             if name in self.models:
                 raise TvmschedError(f"a model named {name!r} is already loaded")
-            task = Task(executor, name, self._max_in_flight)
+            task = Task(executor, name, self._max_in_flight, self._progress_interval_ms)
             if self._timeline:
                 task.record_timeline()
             layers = [[self._info(name, c) for c in layer.candidates] for layer in executor.manifest.layers]
-            self.scheduler.table.add_candidates(c for layer in layers for c in layer)
+            if self.scheduler is not None:
+                self.scheduler.table.add_candidates(c for layer in layers for c in layer)
             model = Model(name, qos_ms or executor.manifest.qos_ms, priority, task, layers)
             self.models[name] = model
         if priority == "best_effort":
             self.priorities.add_best_effort(task)
-        if task.counted and task.gpu and self._progress_thread is None:
-            self._progress_thread = threading.Thread(target=self._sync_progress, name="progress-sync", daemon=True)
-            self._progress_thread.start()
         return model
 
-    def _sync_progress(self) -> None:
-        """CUDA: copy the running streams' progress counters to their bitmaps every interval."""
-        while not self._closed:
-            for model in list(self.models.values()):
-                if model.task.counted and model.task.busy:
-                    try:
-                        model.task.sync_progress()
-                    except Exception as err:  # noqa: BLE001  (the bitmap still advances as launches complete)
-                        log.warning("progress counters of %s unreadable, no longer synced: %s", model.name, err)
-                        return
-            time.sleep(self._progress_interval)
-
     def _info(self, model: str, candidate) -> CandidateInfo:
-        units = candidate.units or self.total_units  # None / 0: all units
+        units = min(candidate.units or self.total_units, self.total_units)  # one encoding: an explicit count
         latency = candidate.latency_us if candidate.latency_us is not None else 1.0
-        return CandidateInfo(min(units, self.total_units), latency, f"{model}/{candidate.kernel}")
+        return CandidateInfo(units, latency, f"{model}/{candidate.kernel}")
 
     def submit(self, model: Model | str, inputs: dict[str, np.ndarray]) -> Future:
         """Schedule and queue one request; the future resolves to its outputs (or its error)."""
         model = self.models[model] if isinstance(model, str) else model
-        with self._lock:
-            if self._closed:
-                raise TvmschedError("the runtime is shut down")
-            ids = self._candidate_ids(model)
-        sent = time.perf_counter()
-        if self.policy == "fcfs":
-            future = self._fcfs_submit(model, inputs, ids)
-        elif model.priority == "realtime":
+        if self._closed:
+            raise TvmschedError("the runtime is shut down")
+        ids = self.policy.choose(policies.Request(model.name, model.layers, model.qos_ms, self.monitor,
+                                                  self.total_units, len(self.models)))
+        if self.policy.serial:
+            return self._serial_submit(model, inputs, ids)
+        if model.priority == "realtime":
             future = self.priorities.submit_realtime(model.task, inputs, ids)
         else:
             future = model.task.submit(inputs, ids)
-        future.add_done_callback(lambda f: self._finished(model, f, sent))
+        if not isinstance(future, EngineFuture):  # refused before it reached the engine's queue
+            model.rejected += 1
         return future
 
-    def _candidate_ids(self, model: Model) -> list[int]:
-        if self.policy == "colocation":
-            views = self.monitor()
-            own = views.pop(model.name, None)  # this request starts when its own stream's earlier work is done
-            start_us = sum(c.latency_us for c in own.remaining) if own else 0.0
-            decision = self.scheduler.choose(model.name, model.layers, model.qos_ms, list(views.values()), start_us)
-            return list(decision.candidate_ids)
-        if self.policy == "partition":
-            share = max(1, self.total_units // max(1, len(self.models)))
-            fits = lambda cands: [c for c in range(len(cands)) if cands[c].units <= share] or list(range(len(cands)))
-            return [min(fits(cands), key=lambda c: cands[c].latency_us) for cands in model.layers]
-        return [min(range(len(cands)), key=lambda c: cands[c].latency_us) for cands in model.layers]
-
-    def _fcfs_submit(self, model: Model, inputs, ids) -> Future:
+    def _serial_submit(self, model: Model, inputs, ids) -> Future:
         """One request at a time, in arrival order (the time-sharing baseline)."""
-        if self._fcfs_queue is None:
-            self._fcfs_queue = queue.Queue()
-            threading.Thread(target=self._fcfs_loop, name="fcfs", daemon=True).start()
+        with self._lock:
+            if self._serial is None:
+                self._serial = queue.Queue()
+                threading.Thread(target=self._serial_loop, name="serial", daemon=True).start()
         future: Future = Future()
-        self._fcfs_queue.put((model, inputs, ids, future))
+        self._serial.put((model, inputs, ids, future, func("now_us")()))
         return future
 
-    def _fcfs_loop(self) -> None:
+    def _serial_loop(self) -> None:
         while True:
-            model, inputs, ids, future = self._fcfs_queue.get()
+            model, inputs, ids, future, sent_us = self._serial.get()
             try:
                 future.set_result(model.task.submit(inputs, ids).result())
+                model.serial_latencies_ms.append((func("now_us")() - sent_us) / 1e3)
             except Exception as err:  # noqa: BLE001
                 future.set_exception(err)
 
@@ -186,20 +163,10 @@ class Runtime:
         """asyncio form of submit()."""
         return await asyncio.wrap_future(self.submit(model, inputs))
 
-    def _finished(self, model: Model, future: Future, sent: float) -> None:
-        latency_ms = (time.perf_counter() - sent) * 1e3
-        with self._lock:
-            if future.exception() is not None:
-                model.errors += 1
-                return
-            model.latencies_ms.append(latency_ms)
-            if model.qos_ms is not None and latency_ms > model.qos_ms:
-                model.violations += 1
-
     def monitor(self) -> dict[str, StreamView]:
         """The resource monitor: every busy stream's work still to run (from its progress bitmap and queue)."""
         views = {}
-        for name, model in self.models.items():
+        for name, model in list(self.models.items()):
             state = model.task.state()
             if state is not None:
                 views[name] = StreamView(name, stream_work(model.layers, state))
@@ -208,17 +175,18 @@ class Runtime:
     def stats(self) -> dict[str, dict]:
         """Per model: requests, errors, QoS violations, latency p50/p99 (ms), launches and re-runs."""
         out = {}
-        with self._lock:
-            for name, m in self.models.items():
-                lat = np.array(m.latencies_ms) if m.latencies_ms else None
-                out[name] = {
-                    "priority": m.priority, "qos_ms": m.qos_ms, "requests": len(m.latencies_ms), "errors": m.errors,
-                    "qos_violations": m.violations,
-                    "p50_ms": None if lat is None else float(np.percentile(lat, 50)),
-                    "p99_ms": None if lat is None else float(np.percentile(lat, 99)),
-                    "launches": m.task.launches, "reruns": m.task.reruns,
-                }
-        decisions = [d.seconds * 1e6 for d in self.scheduler.decisions]
+        for name, m in list(self.models.items()):
+            counts = m.task.stream.counts()
+            latencies = m.serial_latencies_ms if self.policy.serial else [us / 1e3 for us in m.task.latencies_us()]
+            lat = np.array(latencies) if latencies else None
+            out[name] = {
+                "priority": m.priority, "qos_ms": m.qos_ms, "requests": len(latencies), "errors": int(counts["failed"]) + m.rejected,
+                "qos_violations": 0 if m.qos_ms is None or lat is None else int((lat > m.qos_ms).sum()),
+                "p50_ms": None if lat is None else float(np.percentile(lat, 50)),
+                "p99_ms": None if lat is None else float(np.percentile(lat, 99)),
+                "launches": int(counts["launches"]), "reruns": int(counts["reruns"]),
+            }
+        decisions = [d.seconds * 1e6 for d in self.scheduler.decisions] if self.scheduler is not None else []
         out["_scheduler"] = {"decisions": len(decisions),
                              "p50_us": float(np.percentile(decisions, 50)) if decisions else None,
                              "p99_us": float(np.percentile(decisions, 99)) if decisions else None}
@@ -227,10 +195,11 @@ class Runtime:
     def export_timeline(self, path: str | Path, png: str | Path | None = None) -> int:
         """Write the recorded launches as Chrome-trace / Perfetto JSON (and a PNG); returns the event count."""
         events = []
+        started = self._started_us / 1e6
         for model in self.models.values():
-            for task, layer, cand, start, end in model.task.timeline or []:
+            for task, layer, cand, start, end in model.task.timeline:
                 events.append({"name": f"L{layer}:c{cand}", "cat": model.priority, "ph": "X", "pid": 0, "tid": task,
-                               "ts": (start - self._started) * 1e6, "dur": (end - start) * 1e6,
+                               "ts": (start - started) * 1e6, "dur": (end - start) * 1e6,
                                "args": {"layer": layer, "candidate": cand,
                                         "units": model.layers[layer][cand].units}})
         Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
@@ -244,7 +213,7 @@ class Runtime:
             self._closed = True
             models = list(self.models.values())
         for model in models:
-            model.task.close(None if wait else 0)
+            model.task.close()
 
     def __enter__(self) -> Runtime:
         return self
@@ -270,13 +239,3 @@ def plot_timeline(events: list[dict], path: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def _device_units(device: str) -> int:
-    if device == "cuda":
-        from tvmsched.runtime.green_contexts import GreenContexts
-
-        return GreenContexts(0).sm_count
-    from tvmsched.runtime.units import full_cpu_units
-
-    return full_cpu_units()

@@ -1,6 +1,9 @@
 """Progress counters (passes.progress): GPU kernels compiled here and counted on a GPU
 (bench/gpu/progress_check.py); CPU kernels counted here."""
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tvm
@@ -45,9 +48,15 @@ def _cpu_library(func, check="parallel"):
     assert where == check
     counted = count_progress(flagged, gpu=False)
     library = kernels.build_library({"k": counted.func}, tvm.target.Target("llvm"), {"progress.cc": CPU_SOURCE})
-    from tvmsched.runtime.executor import _load_library
-
     return _load_library(library)["k"], counted
+
+
+def _load_library(data: bytes):
+    """A kernel library loaded straight into TVM (these tests call one kernel by hand)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernels.so"
+        path.write_bytes(data)
+        return tvm.runtime.load_module(str(path))
 
 
 def test_cpu_kernels_count_every_parallel_iteration_that_ran():

@@ -4,6 +4,9 @@ import asyncio
 import json
 import threading
 
+import random
+import time
+
 import numpy as np
 import pytest
 
@@ -114,20 +117,22 @@ def test_progress_bitmap_holds_the_blocks_each_layer_launched(artifacts):
     _, artifact = artifacts["resnet18-small"]
     executor = Executor(artifact)
     task = Task(executor, "t")
-    seen = []
-    original = executor.run_layer
-
-    def spy(index, candidate_id=0):
-        seen.append(task.progress.copy())
-        original(index, candidate_id)
-
-    executor.run_layer = spy
     ids = [len(layer.candidates) - 1 for layer in artifact.manifest.layers]
-    task.submit(executor.random_inputs(0), ids).result(timeout=60)
     blocks = [artifact.manifest.layers[i].candidates[c].blocks for i, c in enumerate(ids)]
-    for index, snapshot in enumerate(seen):  # before layer i: layers < i hold their blocks, the rest 0
-        assert snapshot[:index].tolist() == blocks[:index] and not snapshot[index:].any()
-    assert (task.progress == -1).all()  # finished request: entries invalid
+    futures = [task.submit(executor.random_inputs(0), ids) for _ in range(6)]
+    rng, prefixes = random.Random(3), set()
+    while not futures[-1].done():  # paused mid-request: completed layers hold their blocks, the rest 0
+        time.sleep(rng.uniform(0, 0.003))
+        task.preempt()
+        state = task.state()
+        if state is not None and (state.done >= 0).all():
+            k = int((state.done > 0).sum())
+            assert state.done[:k].tolist() == blocks[:k] and not state.done[k:].any() and state.ids == ids
+            assert state.blocks.tolist() == blocks
+            prefixes.add(k)
+        task.resume()
+    assert len(prefixes) > 1  # seen at several points of a request
+    assert task.state() is None  # finished: no running request, entries invalid
     task.close()
 
 

@@ -158,6 +158,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              out.Set("failed", s->failed.load());
              return out;
            })
+      .def("latencies_us", [](Stream s) { return ffi::Array<double>(s->Latencies()); })
       .def("close", [](Stream s) { s->Close(); });
 }
 

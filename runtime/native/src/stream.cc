@@ -209,6 +209,11 @@ std::vector<LaunchRecord> StreamObj::Timeline() const {
   return timeline_;
 }
 
+std::vector<double> StreamObj::Latencies() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return latencies_;
+}
+
 void StreamObj::Close() {
   Resume();
   {
@@ -439,6 +444,10 @@ void StreamObj::Deliver() {
       done_.pop_front();
     }
     item.first->Finish(std::move(item.second.first), ffi::String(item.second.second));
+    if (item.first->state() == RequestState::kDone) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      latencies_.push_back(item.first->finished_us - item.first->submitted_us);
+    }
   }
 }
 

@@ -130,6 +130,8 @@ class StreamObj : public ffi::Object {
   void SyncProgress();
   void RecordTimeline(bool on);
   std::vector<LaunchRecord> Timeline() const;
+  /*! \brief Submit-to-finish time of every completed request, in completion order. */
+  std::vector<double> Latencies() const;
   /*! \brief Finish queued requests (resuming if paused), then stop the submitter. */
   void Close();
 
@@ -176,6 +178,7 @@ class StreamObj : public ffi::Object {
   std::vector<int64_t> progress_;
   bool timeline_on_ = false;
   std::vector<LaunchRecord> timeline_;
+  std::vector<double> latencies_;
   std::map<std::tuple<int64_t, int, int>, double> launched_at_;
   bool waiting_ = false;  // the GPU submitter is blocked on an event (outside the lock)
   std::atomic<int64_t> queued_{0};  // requests_.size(), polled by the idle submitter

@@ -1,0 +1,22 @@
+"""FineCo's online half: the layer scheduler over the resource monitor (rules in docs/runtime.md)."""
+
+from __future__ import annotations
+
+from tvmsched.runtime.policies import Policy, Request
+from tvmsched.runtime.scheduler import ColocationTable, LayerScheduler
+
+
+class ColocationPolicy(Policy):
+    """Idle device: fastest candidates; otherwise the least co-located time within the QoS."""
+
+    kind = "colocation"
+
+    def __init__(self, table: ColocationTable):
+        self.scheduler = LayerScheduler(table)
+
+    def choose(self, request: Request) -> list[int]:
+        views = request.monitor()
+        own = views.pop(request.model, None)  # this request starts when its own stream's earlier work is done
+        start_us = sum(c.latency_us for c in own.remaining) if own else 0.0
+        decision = self.scheduler.choose(request.model, request.layers, request.qos_ms, list(views.values()), start_us)
+        return list(decision.candidate_ids)

@@ -1,0 +1,12 @@
+"""The fastest candidate of every layer; streams run concurrently (the MPS-like baseline)."""
+
+from __future__ import annotations
+
+from tvmsched.runtime.policies import Policy, Request, fastest_ids
+
+
+class FastestPolicy(Policy):
+    kind = "fastest"
+
+    def choose(self, request: Request) -> list[int]:
+        return fastest_ids(request.layers)
