@@ -38,6 +38,9 @@ def test_models_build_compile_run_inspect(tmp_path):
     with np.load(outputs) as saved:
         assert saved["output"].shape == (1, 10)
         np.testing.assert_allclose(saved["output"].sum(), 1.0, rtol=1e-5)  # softmax
+    summary = json.loads(run_cli("run", artifact, "--inputs", inputs, "--repeat", "7", "--check", model, "--json").stdout)
+    assert summary["runs"] == 7 and 0 < summary["min_ms"] <= summary["p50_ms"] <= summary["p99_ms"] <= summary["max_ms"]
+    assert summary["check"]["ok"] and summary["outputs"]["output"]["shape"] == [1, 10]
     manifest = json.loads(run_cli("inspect", artifact, "--json").stdout)
     assert [layer["candidates"][0]["id"] for layer in manifest["layers"]] == [0] * 4
     assert "MFLOP" in run_cli("inspect", artifact).stdout

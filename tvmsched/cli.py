@@ -194,23 +194,33 @@ def profile_coloc(artifacts: tuple[str, ...], out: str | None, db_url: str | Non
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), help="Default: the artifact's device.")
 @click.option("--repeat", default=0, show_default=True, help="Time N runs and print p50/p99 latency.")
 @click.option("--check", "check_model", type=click.Path(dir_okay=False), help="Compare outputs with onnxruntime on this ONNX model.")
-def run_cmd(artifact: str, inputs_path: str | None, output_path: str | None, device: str | None, repeat: int, check_model: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: outputs, latency summary, check.")
+def run_cmd(artifact: str, inputs_path: str | None, output_path: str | None, device: str | None, repeat: int,
+            check_model: str | None, as_json: bool) -> None:
     """Run a compiled ARTIFACT once (random inputs unless --inputs)."""
     from tvmsched.runtime import load
 
     executor = load(artifact, device)
     inputs = _read_npz(inputs_path) if inputs_path else executor.random_inputs()
     outputs = executor.run(inputs)
+    summary: dict = {"artifact": artifact, "model": executor.manifest.model_name, "device": executor.device,
+                     "outputs": {name: {"shape": list(v.shape), "dtype": str(v.dtype), "mean": float(v.mean()),
+                                        "max": float(v.max())} for name, v in outputs.items()}}
+    echo = (lambda text: None) if as_json else click.echo
     for name, value in outputs.items():
-        click.echo(f"output {name}: shape {tuple(value.shape)} {value.dtype} mean {value.mean():.6g} max {value.max():.6g}")
+        echo(f"output {name}: shape {tuple(value.shape)} {value.dtype} mean {value.mean():.6g} max {value.max():.6g}")
     if output_path:
         np.savez(output_path, **outputs)
-        click.echo(f"wrote {output_path}")
+        echo(f"wrote {output_path}")
     if check_model:
-        _check_against_onnxruntime(check_model, inputs, outputs)
+        summary["check"] = _check_against_onnxruntime(check_model, inputs, outputs, echo=echo)
     if repeat > 0:
         times_ms = np.array(executor.time_runs(inputs, repeat)) * 1e3
-        click.echo(f"latency over {repeat} runs: p50 {np.percentile(times_ms, 50):.3f} ms, p99 {np.percentile(times_ms, 99):.3f} ms")
+        summary.update(runs=repeat, p50_ms=float(np.percentile(times_ms, 50)), p99_ms=float(np.percentile(times_ms, 99)),
+                       mean_ms=float(times_ms.mean()), min_ms=float(times_ms.min()), max_ms=float(times_ms.max()))
+        echo(f"latency over {repeat} runs: p50 {summary['p50_ms']:.3f} ms, p99 {summary['p99_ms']:.3f} ms")
+    if as_json:
+        click.echo(json.dumps(summary))
 
 
 @cli.command("inspect")
@@ -328,7 +338,7 @@ def _read_npz(path: str) -> dict[str, np.ndarray]:
         raise TvmschedError(f"cannot read inputs from {path}: {one_line(err)}") from None
 
 
-def _check_against_onnxruntime(model_path: str, inputs: dict, outputs: dict, tol: float = 1e-4) -> None:
+def _check_against_onnxruntime(model_path: str, inputs: dict, outputs: dict, tol: float = 1e-4, echo=click.echo) -> dict:
     try:
         import onnxruntime
     except ImportError:
@@ -339,9 +349,10 @@ def _check_against_onnxruntime(model_path: str, inputs: dict, outputs: dict, tol
     worst = max(float(np.max(np.abs(outputs[n] - reference[n]) / (tol + np.abs(reference[n])))) for n in names)
     errors = {n: float(np.max(np.abs(outputs[n] - reference[n]))) for n in names}
     ok = worst <= 1.0
-    click.echo(f"check vs onnxruntime: max abs error {max(errors.values()):.3g} (rtol=atol={tol}) -> {'OK' if ok else 'MISMATCH'}")
+    echo(f"check vs onnxruntime: max abs error {max(errors.values()):.3g} (rtol=atol={tol}) -> {'OK' if ok else 'MISMATCH'}")
     if not ok:
         raise TvmschedError(f"outputs differ from onnxruntime beyond rtol=atol={tol}")
+    return {"max_abs_error": max(errors.values()), "rtol": tol, "atol": tol, "ok": ok}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -98,20 +98,19 @@ ffi::Tensor EmptyHostTensor(const std::vector<int64_t>& shape, DLDataType dtype)
   return ffi::Tensor::FromNDAlloc(HostAlloc(), ffi::ShapeView(shape.data(), shape.size()), dtype, DLDevice{kDLCPU, 0});
 }
 
-MemoryPlan PlanMemory(const Manifest& m, int reuse_distance) {
-  std::set<std::string> keep;
-  for (const Binding& b : m.outputs) keep.insert(b.tensor);
+MemoryPlan PlanMemory(const std::vector<LayerSpec>& layers, const std::map<std::string, size_t>& nbytes,
+                      const std::set<std::string>& keep, int reuse_distance) {
   std::map<std::string, int> last_use;
-  for (const LayerSpec& layer : m.layers) {
+  for (const LayerSpec& layer : layers) {
     for (const auto* ids : {&layer.outputs, &layer.inputs}) {
       for (const auto& id : *ids) last_use[id] = layer.index + reuse_distance - 1;
     }
   }
   MemoryPlan plan;
   std::vector<int> free;
-  for (const LayerSpec& layer : m.layers) {
+  for (const LayerSpec& layer : layers) {
     for (const auto& id : layer.outputs) {
-      size_t need = (m.tensors.at(id).nbytes() + kAlign - 1) / kAlign * kAlign;
+      size_t need = (nbytes.at(id) + kAlign - 1) / kAlign * kAlign;
       int block = -1;
       if (!keep.count(id) && !free.empty()) {  // smallest free block that fits, else the largest (grown)
         for (int b : free) {
@@ -135,14 +134,18 @@ MemoryPlan PlanMemory(const Manifest& m, int reuse_distance) {
   return plan;
 }
 
+MemoryPlan PlanMemory(const Manifest& m, int reuse_distance) {
+  std::set<std::string> keep;
+  for (const Binding& b : m.outputs) keep.insert(b.tensor);
+  std::map<std::string, size_t> nbytes;
+  for (const auto& [id, spec] : m.tensors) nbytes[id] = spec.nbytes();
+  return PlanMemory(m.layers, nbytes, keep, reuse_distance);
+}
+
 ModelObj::ModelObj(std::shared_ptr<Device> device) : device_(std::move(device)) {}
 
-void ModelObj::Init(const std::string& path, FlagMemory flag_memory) {
-  ArtifactContents contents = ReadArtifact(path);
+void ModelObj::Init(const std::string& path, ArtifactContents contents, FlagMemory flag_memory) {
   manifest_ = std::move(contents.manifest);
-  if (manifest_.device != device_->kind()) {
-    TVM_FFI_THROW(TvmschedError) << "the artifact was compiled for " << manifest_.device << ", not " << device_->kind();
-  }
   device_->SetThreadUnits(0);
   library_ = LoadLibrary(contents.kernels);
   contents.kernels.clear();
@@ -186,12 +189,13 @@ ModelObj::~ModelObj() {
 }
 
 Model Model::Load(const std::string& path, const std::string& device, FlagMemory flag_memory) {
-  std::string kind = device;
-  if (kind.empty()) {  // the artifact's own device: read the manifest first
-    kind = ReadArtifact(path).manifest.device;
+  ArtifactContents contents = ReadArtifact(path);
+  const std::string& compiled_for = contents.manifest.device;
+  if (!device.empty() && device != compiled_for) {
+    TVM_FFI_THROW(TvmschedError) << "the artifact was compiled for " << compiled_for << ", not " << device;
   }
-  auto obj = ffi::make_object<ModelObj>(OpenDevice(kind));
-  obj->Init(path, flag_memory);
+  auto obj = ffi::make_object<ModelObj>(OpenDevice(compiled_for));
+  obj->Init(path, std::move(contents), flag_memory);
   return Model(obj);
 }
 

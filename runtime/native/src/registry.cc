@@ -47,6 +47,26 @@ TVM_FFI_STATIC_INIT_BLOCK() {
            [](const std::string& path, const std::string& device, const std::string& flag_memory) {
              return Model::Load(path, device, ParseFlagMemory(flag_memory));
            })
+      .def("tvmsched.engine.plan_memory",
+           [](ffi::Array<ffi::Array<ffi::Array<ffi::String>>> layers, ffi::Map<ffi::String, int64_t> nbytes,
+              ffi::Array<ffi::String> keep, int reuse_distance) {
+             // layers[i] = [inputs, outputs]; returns [storage bytes per block, {tensor: block}]
+             std::vector<LayerSpec> specs;
+             for (size_t i = 0; i < layers.size(); ++i) {
+               LayerSpec spec;
+               spec.index = static_cast<int>(i);
+               for (const auto& id : layers[i][0]) spec.inputs.emplace_back(id);
+               for (const auto& id : layers[i][1]) spec.outputs.emplace_back(id);
+               specs.push_back(std::move(spec));
+             }
+             std::map<std::string, size_t> sizes;
+             for (const auto& kv : nbytes) sizes[std::string(kv.first)] = static_cast<size_t>(kv.second);
+             std::set<std::string> kept(keep.begin(), keep.end());
+             MemoryPlan plan = PlanMemory(specs, sizes, kept, reuse_distance);
+             ffi::Map<ffi::String, int64_t> assignment;
+             for (const auto& [id, block] : plan.assignment) assignment.Set(ffi::String(id), block);
+             return ffi::Array<ffi::Any>{ToArray(plan.storage_bytes), assignment};
+           })
       .def("tvmsched.engine.create_stream",
            [](Model model, const std::string& name, int max_in_flight, double idle_spin_us, double progress_interval_ms) {
              StreamOptions options;

@@ -18,6 +18,7 @@
 #include <tvm/ffi/string.h>
 
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -35,16 +36,19 @@ struct MemoryPlan {
 };
 
 /*!
- * \brief Plan activations so that any `reuse_distance` consecutive layers can run again; tensors in
- *  `keep` (the outputs) get blocks of their own.
+ * \brief Plan the layers' outputs so that any `reuse_distance` consecutive layers can run again (no
+ *  block is reused within that window); tensors in `keep` (the model outputs) get blocks of their own.
  */
+MemoryPlan PlanMemory(const std::vector<LayerSpec>& layers, const std::map<std::string, size_t>& nbytes,
+                      const std::set<std::string>& keep, int reuse_distance);
+/*! \brief The plan of a manifest's activations (outputs kept). */
 MemoryPlan PlanMemory(const Manifest& manifest, int reuse_distance);
 
 class ModelObj : public ffi::Object {
  public:
   explicit ModelObj(std::shared_ptr<Device> device);
-  /*! \brief Read, verify and load the artifact at `path` (Model::Load calls it). */
-  void Init(const std::string& path, FlagMemory flag_memory);
+  /*! \brief Load a read and verified artifact (Model::Load calls it; `path` names it in errors). */
+  void Init(const std::string& path, ArtifactContents contents, FlagMemory flag_memory);
   ~ModelObj();
 
   const Manifest& manifest() const { return manifest_; }

@@ -1,0 +1,130 @@
+"""The native engine's own promises: its C++ loader refuses bad and tampered artifacts with one line
+(never a crash), and many client threads over several tenants get correct outputs."""
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import zipfile
+
+import numpy as np
+import pytest
+
+from tests.test_artifact import bump_schema, rewrite_member
+from tvmsched import models
+from tvmsched.pipeline import compile_model
+from tvmsched.runtime import Executor, Runtime
+
+
+def _manifest_edit(change):
+    def edit(data: bytes) -> bytes:
+        manifest = json.loads(data)
+        change(manifest)
+        return json.dumps(manifest).encode()
+    return edit
+
+
+def _rezip(path, compression) -> None:
+    with zipfile.ZipFile(path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    with zipfile.ZipFile(path, "w", compression) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+
+
+def _declare_huge_member(path) -> None:
+    """Claim a 2 GiB weights member in the zip directory of a 100 kB file."""
+    data = bytearray(path.read_bytes())
+    start = 0
+    while (at := data.find(b"PK\x01\x02", start)) >= 0:
+        name_len = int.from_bytes(data[at + 28:at + 30], "little")
+        if data[at + 46:at + 46 + name_len] == b"weights.npz":
+            data[at + 20:at + 28] = (2 ** 31).to_bytes(4, "little") * 2
+        start = at + 4
+    path.write_bytes(bytes(data))
+
+
+TAMPERINGS = {
+    "truncated": (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "not a readable tvmsched artifact"),
+    "not a zip": (lambda p: p.write_bytes(b"hello" * 100), "not a readable tvmsched artifact"),
+    "weights changed": (lambda p: rewrite_member(p, "weights.npz", lambda d: d[:-8] + b"\0" * 8), "checksum mismatch in weights.npz"),
+    "deflated members": (lambda p: _rezip(p, zipfile.ZIP_DEFLATED), "compressed member"),
+    "huge member": (_declare_huge_member, "weights.npz runs past the end of the file"),
+    "newer schema": (lambda p: rewrite_member(p, "manifest.json", bump_schema, True), "newer than this tvmsched reads"),
+    "truncated library": (lambda p: rewrite_member(p, "kernels.so", lambda d: d[: len(d) // 3], True), "kernel library is not loadable"),
+    "library not ELF": (lambda p: rewrite_member(p, "kernels.so", lambda d: b"#!/bin/sh\n" + d[10:], True), "not an ELF file"),
+    "manifest not JSON": (lambda p: rewrite_member(p, "manifest.json", lambda d: d[:-20], True), "bad manifest"),
+    "missing kernel": (lambda p: rewrite_member(p, "manifest.json", _manifest_edit(
+        lambda m: m["layers"][0]["candidates"][0].update(kernel="nope")), True), "kernel nope is missing"),
+    "weight shape": (lambda p: rewrite_member(p, "manifest.json", _manifest_edit(
+        lambda m: next(t for t in m["tensors"].values() if t["kind"] == "weight").update(shape=[3, 3])), True), "does not match"),
+    "unknown tensor": (lambda p: rewrite_member(p, "manifest.json", _manifest_edit(
+        lambda m: m["layers"][0].update(inputs=["ghost"])), True), "unknown tensor ghost"),
+}
+
+_LOADER = """
+import json, sys
+from tvmsched.errors import TvmschedError
+from tvmsched.runtime import Executor
+results = {}
+for name, path in json.loads(sys.argv[1]).items():
+    try:
+        Executor(path)
+        results[name] = "loaded"
+    except TvmschedError as err:
+        results[name] = str(err)
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    path = tmp_path_factory.mktemp("engine") / "mlp.tvms"
+    compile_model(models.build("mlp"), name="mlp").save(path)
+    return path
+
+
+def test_the_cpp_loader_refuses_every_tampered_artifact_with_one_line(mlp, tmp_path):
+    paths = {}
+    for name, (tamper, _) in TAMPERINGS.items():
+        paths[name] = tmp_path / f"{name.replace(' ', '_')}.tvms"
+        shutil.copy(mlp, paths[name])
+        tamper(paths[name])
+    done = subprocess.run([sys.executable, "-c", _LOADER, json.dumps({k: str(v) for k, v in paths.items()})],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]  # a crash of the loader would end the process
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    for name, (_, fragment) in TAMPERINGS.items():
+        assert fragment in results[name] and "\n" not in results[name], (name, results[name])
+
+
+def test_eight_threads_over_three_tenants_get_correct_outputs(tmp_path):
+    names = ("mlp", "resnet18-small", "bert-tiny")
+    expected = {}
+    with Runtime("cpu", policy="fastest") as rt:
+        for name in names:
+            path = tmp_path / f"{name}.tvms"
+            compile_model(models.build(name), name=name).save(path)
+            rt.load(path, name=name)
+            inputs = [models.random_inputs(models.build(name), seed=s) for s in range(4)]
+            executor = Executor(path)
+            expected[name] = [(x, executor.run(x)) for x in inputs]
+        failures = []
+
+        def client(worker: int) -> None:
+            for i in range(12):
+                name = names[(worker + i) % 3]
+                x, want = expected[name][(worker * 7 + i) % 4]
+                got = rt.submit(name, x).result(timeout=120)
+                if not all(np.array_equal(got[k], want[k]) for k in want):
+                    failures.append((worker, i, name))
+
+        threads = [threading.Thread(target=client, args=(w,)) for w in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        stats = rt.stats()
+    assert not failures
+    assert sum(stats[n]["requests"] for n in names) == 96 and all(stats[n]["errors"] == 0 for n in names)
