@@ -9,7 +9,7 @@ ENGINE_SOURCES := $(wildcard runtime/native/CMakeLists.txt runtime/native/src/* 
 DEMO_MODEL ?= resnet18
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test clean cpp
 
 setup: $(STAMP) $(ENGINE)
 
@@ -26,6 +26,16 @@ $(ENGINE): $(STAMP) $(ENGINE_SOURCES)
 		-DTVMSCHED_TVM_LIBDIR="$$($(PY) -c 'import tvmsched.native as n; print(n.tvm_libdir())')" > build/native-cmake.log
 	cmake --build build/native -j2
 	mkdir -p tvmsched/lib && cp build/native/libtvmsched_engine.so $(ENGINE)
+
+# the C++ examples (examples/cpp, README "Embedding in C++"): build/cpp/tvmsched_run, build/cpp/tvmsched_server
+CPP_PACKAGES := libcpp-httplib-dev nlohmann-json3-dev prometheus-cpp-dev
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+
+cpp: setup
+	dpkg -s $(CPP_PACKAGES) >/dev/null 2>&1 || ($(SUDO) apt-get update && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y $(CPP_PACKAGES))
+	mkdir -p build && cmake -S examples/cpp -B build/cpp -DPython_EXECUTABLE=$(abspath $(PY)) \
+		-Dtvmsched_DIR="$$($(PY) -m tvmsched.native --cmakedir)" > build/cpp-cmake.log || (cat build/cpp-cmake.log; exit 1)
+	cmake --build build/cpp -j2
 
 demo: setup
 	mkdir -p out

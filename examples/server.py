@@ -2,18 +2,26 @@
 
     python examples/server.py --model resnet=r.tvms:20:realtime --model bert=b.tvms:200 --port 8080
     curl -X POST localhost:8080/v1/models/resnet/infer -d '{"inputs": {"input": [[...]]}}'
+    curl localhost:8080/metrics      # Prometheus text format
 
 Each --model is NAME=ARTIFACT[:QOS_MS[:PRIORITY]] (priority realtime or best_effort). --colocation URL
 loads this device's interference profile from a tuning database (`tvmsched profile-coloc --db URL`).
+
+GET /metrics (prometheus-client, one registry per app): per model tvmsched_requests_total,
+tvmsched_errors_total, tvmsched_qos_violations_total, tvmsched_preemptions_total and the histogram
+tvmsched_request_latency_seconds; per device the gauge tvmsched_busy_streams. build/cpp/tvmsched_server
+(examples/cpp) serves the same names.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import time
 
 import numpy as np
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel
 
 from tvmsched.errors import TvmschedError
@@ -22,6 +30,52 @@ from tvmsched.runtime import Runtime
 
 class InferRequest(BaseModel):
     inputs: dict[str, list | float | int]
+
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Metrics:
+    """The server's Prometheus metrics, in a registry of its own (so several apps can live in one process).
+
+    requests: inference requests received for a loaded model; errors: those answered 400; latency:
+    submit to outputs as the handler sees it (seconds), of the requests that succeeded; QoS violations:
+    those slower than the model's qos_ms; preemptions: times a real-time request preempted the model's
+    stream (the runtime's Priorities policy; each of rt.priorities.preemptions counts for its model);
+    busy streams: the runtime's streams with requests queued or running, per device.
+    """
+
+    def __init__(self, runtime: Runtime):
+        self.registry = CollectorRegistry()
+        per_model = dict(labelnames=["model"], registry=self.registry)
+        self.requests = Counter("tvmsched_requests", "Inference requests received, per model", **per_model)
+        self.errors = Counter("tvmsched_errors", "Inference requests answered with an error, per model", **per_model)
+        self.qos_violations = Counter("tvmsched_qos_violations", "Requests whose latency exceeded the model's QoS target", **per_model)
+        self.preemptions = Counter("tvmsched_preemptions", "Times the model's stream was preempted by a real-time request", **per_model)
+        self.latency = Histogram("tvmsched_request_latency_seconds", "Submit-to-outputs latency of completed requests",
+                                 buckets=LATENCY_BUCKETS, **per_model)
+        busy = Gauge("tvmsched_busy_streams", "Model streams with requests queued or running, per device", ["device"],
+                     registry=self.registry)
+        busy.labels(runtime.device).set_function(lambda: sum(m.task.busy for m in list(runtime.models.values())))
+
+    def add_model(self, model) -> None:
+        """Start the model's series at 0, and count the preemptions of its stream."""
+        for counter in (self.requests, self.errors, self.qos_violations, self.preemptions):
+            counter.labels(model.name)
+        self.latency.labels(model.name)
+        task, counter = model.task, self.preemptions.labels(model.name)
+        preempt = task.preempt  # Priorities calls task.preempt() on each busy best-effort stream
+
+        def counted_preempt(*args, **kwargs):
+            counter.inc()
+            return preempt(*args, **kwargs)
+
+        task.preempt = counted_preempt
+
+    def observe(self, model, seconds: float) -> None:
+        self.latency.labels(model.name).observe(seconds)
+        if model.qos_ms is not None and seconds * 1e3 > model.qos_ms:
+            self.qos_violations.labels(model.name).inc()
 
 
 def parse_model(spec: str) -> tuple[str, str, float | None, str]:
@@ -41,9 +95,11 @@ def create_app(specs: list[tuple[str, str, float | None, str]], device: str = "c
         runtime.shutdown()  # finish queued requests, stop the streams
 
     app = FastAPI(title="tvmsched inference", lifespan=lifespan)
+    metrics = Metrics(runtime)
     for name, path, qos_ms, priority in specs:
-        runtime.load(path, qos_ms=qos_ms, priority=priority, name=name)
+        metrics.add_model(runtime.load(path, qos_ms=qos_ms, priority=priority, name=name))
     app.state.runtime = runtime
+    app.state.metrics = metrics
 
     @app.get("/v1/models")
     def list_models() -> dict:
@@ -57,18 +113,26 @@ def create_app(specs: list[tuple[str, str, float | None, str]], device: str = "c
         model = runtime.models.get(name)
         if model is None:
             raise HTTPException(404, f"no model named {name!r}")
+        metrics.requests.labels(name).inc()
         manifest = model.task.executor.manifest
         dtypes = {b.name: manifest.tensors[b.tensor].dtype for b in manifest.inputs}
         try:
             inputs = {k: np.asarray(v, dtype=dtypes.get(k, "float32")) for k, v in request.inputs.items()}
+            started = time.perf_counter()
             outputs = await runtime.infer(model, inputs)
         except (TvmschedError, ValueError, TypeError) as err:
+            metrics.errors.labels(name).inc()
             raise HTTPException(400, str(err)) from None
+        metrics.observe(model, time.perf_counter() - started)
         return {"outputs": {k: v.tolist() for k, v in outputs.items()}}
 
     @app.get("/v1/stats")
     def stats() -> dict:
         return runtime.stats()
+
+    @app.get("/metrics")
+    def prometheus_metrics() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
 

@@ -25,7 +25,7 @@ def to_engine(inputs: dict[str, np.ndarray]) -> dict:
     """Host arrays as tvm-ffi tensors (zero-copy for C-contiguous numpy arrays)."""
     if not isinstance(inputs, dict):
         raise TvmschedError(f"inputs must be a dict of arrays keyed by input name, not {type(inputs).__name__}")
-    return {name: tvm_ffi.from_dlpack(np.ascontiguousarray(value)) for name, value in inputs.items()}
+    return {name: tvm_ffi.from_dlpack(np.asarray(value, order="C")) for name, value in inputs.items()}
 
 
 def from_engine(outputs) -> dict[str, np.ndarray]:

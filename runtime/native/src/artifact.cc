@@ -221,7 +221,7 @@ HostArray ParseNpy(const std::string& bytes, const std::string& name) {
 
 }  // namespace
 
-std::map<std::string, std::string> ReadStoredZip(const std::string& b, const std::string& what) {
+std::map<std::string, std::string> ReadStoredZip(const std::string& b, const std::string& what, size_t max_members) {
   if (b.size() < 22) Corrupt(what, "too short for a zip archive");
   size_t eocd = std::string::npos;
   for (size_t at = b.size() - 22;; --at) {
@@ -234,7 +234,7 @@ std::map<std::string, std::string> ReadStoredZip(const std::string& b, const std
   if (eocd == std::string::npos) Corrupt(what, "no zip directory");
   size_t entries = Le16(b, eocd + 10);
   uint64_t dir_size = Le32(b, eocd + 12), dir_at = Le32(b, eocd + 16);
-  if (entries > 64) Corrupt(what, "too many members");
+  if (entries > max_members) Corrupt(what, "more than " + std::to_string(max_members) + " members");
   if (dir_at + dir_size > eocd) Corrupt(what, "zip directory out of range");
   std::map<std::string, std::string> members;
   size_t at = dir_at;
@@ -274,7 +274,7 @@ ArtifactContents ReadArtifact(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   if (!file) TVM_FFI_THROW(TvmschedError) << "artifact not found: " << path;
   std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  auto members = ReadStoredZip(bytes, path);
+  auto members = ReadStoredZip(bytes, path, 16);
   bytes.clear();
   for (const char* name : {"manifest.json", "kernels.so", "weights.npz", "checksums.json"}) {
     if (!members.count(name)) Corrupt(path, std::string("there is no item named '") + name + "' in the archive");
@@ -300,7 +300,7 @@ ArtifactContents ReadArtifact(const std::string& path) {
                                  << ", newer than this tvmsched reads (" << kSchemaVersion << "); upgrade tvmsched";
   }
   try {
-    auto arrays = ReadStoredZip(members["weights.npz"], "weights.npz");
+    auto arrays = ReadStoredZip(members["weights.npz"], "weights.npz", 65535);
     for (const auto& [id, spec] : out.manifest.tensors) {
       if (spec.kind != "weight") continue;
       auto found = arrays.find(id + ".npy");

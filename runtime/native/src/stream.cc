@@ -59,13 +59,13 @@ void RequestObj::OnDone(ffi::Function callback) {
   callback(Request(ffi::GetObjectPtr<RequestObj>(this)));
 }
 
-void RequestObj::Finish(ffi::Map<ffi::String, ffi::Tensor> outputs, ffi::String error) {
+void RequestObj::Finish(ffi::Map<ffi::String, ffi::Tensor> outputs, ffi::String error, double finished) {
   std::vector<ffi::Function> callbacks;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     outputs_ = std::move(outputs);
     error_ = std::move(error);
-    finished_us = Device::NowMicros();
+    finished_us = finished;
     state_.store(static_cast<int>(error_.empty() ? RequestState::kDone : RequestState::kFailed), std::memory_order_release);
     callbacks.swap(callbacks_);
   }
@@ -82,7 +82,19 @@ void RequestObj::Finish(ffi::Map<ffi::String, ffi::Tensor> outputs, ffi::String 
 // ---- Stream ----------------------------------------------------------------------------------
 
 Stream Stream::Create(Model model, std::string name, StreamOptions options) {
-  return Stream(ffi::make_object<StreamObj>(std::move(model), std::move(name), options));
+  auto stream = ffi::make_object<StreamObj>(std::move(model), std::move(name), options);
+  stream->Start();
+  return Stream(stream);
+}
+
+void StreamObj::Start() {
+  // the submitter holds a reference: the stream lives while it works, and the last reference can be
+  // dropped on that thread (a callback) without the destructor joining its own thread
+  thread_ = std::thread([self = ffi::GetObjectPtr<StreamObj>(this)]() mutable {
+    self->SubmitLoop();
+    self.reset();  // may run the destructor here; it then detaches this thread
+  });
+  if (gpu_ && m_->counts_progress()) progress_thread_ = std::thread([this] { ProgressLoop(); });
 }
 
 StreamObj::StreamObj(Model model, std::string name, StreamOptions options)
@@ -106,8 +118,6 @@ StreamObj::StreamObj(Model model, std::string name, StreamOptions options)
     threads_.push_back(threads);
   }
   progress_.assign(m_->num_layers(), -1);
-  thread_ = std::thread([this] { SubmitLoop(); });
-  if (gpu_ && m_->counts_progress()) progress_thread_ = std::thread([this] { ProgressLoop(); });
 }
 
 StreamObj::~StreamObj() { Close(); }
@@ -221,7 +231,13 @@ void StreamObj::Close() {
     closed_ = true;
   }
   cond_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable()) {
+    if (thread_.get_id() == std::this_thread::get_id()) {
+      thread_.detach();  // the destructor on the submitter itself: it returns without touching the stream
+    } else {
+      thread_.join();
+    }
+  }
   if (progress_thread_.joinable()) progress_thread_.join();
 }
 
@@ -240,8 +256,11 @@ void StreamObj::SubmitLoop() {
         SpinUntil([this] { return queued_.load(std::memory_order_acquire) > 0; }, options_.idle_spin_us);
         lock.lock();
       }
-      // paused: wait without retiring anything (preempt() decides what completed)
-      cond_.wait(lock, [this] { return closed_ || (!paused_ && HasWork()); });
+      // paused: wait without retiring anything (preempt() decides what completed); nobody but this
+      // thread holding the stream while it is idle means nobody can submit again: stop
+      while (!cond_.wait_for(lock, std::chrono::milliseconds(100), [this] { return closed_ || (!paused_ && HasWork()); })) {
+        if (!HasWork() && use_count() == 1) closed_ = true;
+      }
       if (closed_ && !HasWork()) return;
       if (paused_) continue;  // closing while paused: Close() resumes first
       if (!requests_.empty()) launch = NextLaunch();
@@ -443,11 +462,12 @@ void StreamObj::Deliver() {
       item = std::move(done_.front());
       done_.pop_front();
     }
-    item.first->Finish(std::move(item.second.first), ffi::String(item.second.second));
-    if (item.first->state() == RequestState::kDone) {
+    double now = Device::NowMicros();
+    if (item.second.second.empty()) {  // counted before the waiter wakes, so stats include it
       std::lock_guard<std::mutex> lock(mutex_);
-      latencies_.push_back(item.first->finished_us - item.first->submitted_us);
+      latencies_.push_back(now - item.first->submitted_us);
     }
+    item.first->Finish(std::move(item.second.first), ffi::String(item.second.second), now);
   }
 }
 

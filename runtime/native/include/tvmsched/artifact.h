@@ -80,8 +80,10 @@ struct ArtifactContents {
  */
 ArtifactContents ReadArtifact(const std::string& path);
 
-/*! \brief The members of a zip archive of stored members, by name (exposed for tests). */
-std::map<std::string, std::string> ReadStoredZip(const std::string& bytes, const std::string& what);
+/*! \brief The members of a zip archive of stored members, by name; `what` names it in errors. More
+ *  than `max_members` members, compressed members, or members past the end are one-line errors. */
+std::map<std::string, std::string> ReadStoredZip(const std::string& bytes, const std::string& what,
+                                                 size_t max_members = 65535);
 
 /*! \brief Lowercase hex SHA-256 of `data`. */
 std::string Sha256Hex(const std::string& data);

@@ -14,8 +14,10 @@
  * Outputs after any number of cycles are bit-identical to an uninterrupted run.
  *
  * Threads: the stream owns its submitter (and, for CUDA models that count progress, a progress
- * reader); both are joined by Close() or the destructor. All queue state is guarded by `mutex_`;
- * completion callbacks run on the submitter thread outside the lock.
+ * reader); both are joined by Close() or the destructor. The submitter holds a reference to the
+ * stream, so a stream nobody else holds is closed by its submitter once idle (checked every 100 ms).
+ * All queue state is guarded by `mutex_`; completion callbacks run on the submitter thread outside
+ * the lock.
  */
 #ifndef TVMSCHED_STREAM_H_
 #define TVMSCHED_STREAM_H_
@@ -68,7 +70,7 @@ class RequestObj : public ffi::Object {
   /*! \brief Call `callback(request)` once when done (at once if it already is). */
   void OnDone(ffi::Function callback);
   /*! \brief Finish (called once by the stream's submitter). */
-  void Finish(ffi::Map<ffi::String, ffi::Tensor> outputs, ffi::String error);
+  void Finish(ffi::Map<ffi::String, ffi::Tensor> outputs, ffi::String error, double finished_us);
 
   static constexpr bool _type_mutable = true;
   TVM_FFI_DECLARE_OBJECT_INFO_FINAL("tvmsched.Request", RequestObj, ffi::Object);
@@ -112,6 +114,8 @@ class StreamObj : public ffi::Object {
  public:
   StreamObj(Model model, std::string name, StreamOptions options);
   ~StreamObj();
+  /*! \brief Start the submitter (and progress) threads (Stream::Create calls it once). */
+  void Start();
 
   const Model& model() const { return model_; }
   const std::string& name() const { return name_; }

@@ -1,0 +1,514 @@
+// tvmsched_server: the C++ twin of examples/server.py, an HTTP inference server over the engine.
+//
+//   tvmsched_server --model mlp=mlp.tvms:20 --model bert=bert.tvms:200:best_effort --port 8080
+//   curl -X POST localhost:8080/v1/models/mlp/infer -d '{"inputs": {"input": [[...]]}}'
+//   curl localhost:8080/metrics
+//
+// Each --model is NAME=ARTIFACT[:QOS_MS[:PRIORITY]] (priority realtime or best_effort, the default):
+// one tvmsched::Stream per model; HTTP handler threads submit requests and wait on them. While a
+// real-time request runs, busy best-effort streams are preempted (resumed when none runs any more).
+//
+// Routes (the JSON contract of examples/server.py):
+//   POST /v1/models/{name}/infer  {"inputs": {NAME: nested list | number}} -> {"outputs": {NAME: nested list}}
+//                                 404 {"detail": "no model named 'x'"}; 400 {"detail": "<engine error>"};
+//                                 422 {"detail": [...]} for a body that is not {"inputs": {...}}
+//   GET  /v1/models, GET /v1/stats  as in examples/server.py
+//   GET  /metrics                  Prometheus text format (prometheus-cpp core + TextSerializer)
+//
+// HTTP: cpp-httplib; JSON: nlohmann-json; both from Debian (libcpp-httplib-dev, nlohmann-json3-dev).
+#include <httplib.h>
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+#include <pthread.h>
+#include <signal.h>
+#include <tvmsched/engine.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace ffi = tvm::ffi;
+using json = nlohmann::json;
+
+constexpr const char* kUsage =
+    "usage: tvmsched_server --model NAME=ARTIFACT[:QOS_MS[:PRIORITY]] [--model ...] [--port N] "
+    "[--host 127.0.0.1] [--device cpu|cuda]";
+
+/*! \brief A request the client got wrong: HTTP `status` with {"detail": detail}. */
+struct HttpError : std::runtime_error {
+  int status;
+  json detail;
+  HttpError(int status, json detail)
+      : std::runtime_error(detail.is_string() ? detail.get<std::string>() : detail.dump()), status(status),
+        detail(std::move(detail)) {}
+};
+
+/*! \brief One served model: its stream and its metrics. */
+struct Served {
+  std::string name, priority;
+  std::optional<double> qos_ms;
+  tvmsched::Model model;
+  tvmsched::Stream stream;
+  std::map<std::string, DLDataType> input_dtypes;
+  std::atomic<int64_t> rejected{0};  // requests the engine refused at submit (bad inputs)
+  prometheus::Counter *requests, *errors, *qos_violations, *preemptions;
+  prometheus::Histogram* latency;
+};
+
+/*! \brief Real-time over best-effort (the policy of runtime/policies/priority.py). */
+class Priorities {
+ public:
+  void AddBestEffort(Served* served) { best_effort_.push_back(served); }
+  /*! \brief A real-time request starts: the first one preempts every busy best-effort stream. */
+  void Begin() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (++active_ != 1) return;
+    for (Served* s : best_effort_) {
+      if (s->stream->busy()) {
+        s->stream->Preempt();
+        s->preemptions->Increment();
+      }
+    }
+  }
+  /*! \brief A real-time request is done: when none is left, the best-effort streams go on. */
+  void End() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (--active_ != 0) return;
+    for (Served* s : best_effort_) s->stream->Resume();
+  }
+
+ private:
+  std::mutex mutex_;
+  int active_ = 0;
+  std::vector<Served*> best_effort_;
+};
+
+// ---- tensors <-> JSON ------------------------------------------------------------------------
+
+/*! \brief Call `f(T{})` with the C++ type of `dtype` (bool as bool, stored as one byte). */
+template <typename F>
+void Dispatch(DLDataType dtype, F&& f) {
+  int bits = dtype.bits;
+  if (dtype.lanes == 1) {
+    if (dtype.code == kDLFloat && bits == 32) return f(float{});
+    if (dtype.code == kDLFloat && bits == 64) return f(double{});
+    if (dtype.code == kDLInt && bits == 8) return f(int8_t{});
+    if (dtype.code == kDLInt && bits == 16) return f(int16_t{});
+    if (dtype.code == kDLInt && bits == 32) return f(int32_t{});
+    if (dtype.code == kDLInt && bits == 64) return f(int64_t{});
+    if (dtype.code == kDLUInt && bits == 8) return f(uint8_t{});
+    if (dtype.code == kDLUInt && bits == 16) return f(uint16_t{});
+    if (dtype.code == kDLUInt && bits == 32) return f(uint32_t{});
+    if (dtype.code == kDLUInt && bits == 64) return f(uint64_t{});
+    if (dtype.code == kDLBool && bits == 8) return f(bool{});
+  }
+  throw HttpError(400, "dtype " + tvmsched::DTypeName(dtype) + " is not supported by this server");
+}
+
+template <typename T>
+T Element(const json& v, const std::string& name) {
+  if (!v.is_number() && !v.is_boolean()) {
+    throw HttpError(400, "input '" + name + "' holds " + v.dump() + ", not a number");
+  }
+  if constexpr (std::is_same_v<T, bool>) {
+    return v.is_boolean() ? v.get<bool>() : v.get<double>() != 0;
+  } else if constexpr (std::is_floating_point_v<T>) {
+    return static_cast<T>(v.is_boolean() ? (v.get<bool>() ? 1.0 : 0.0) : v.get<double>());
+  } else {
+    if (v.is_boolean()) return static_cast<T>(v.get<bool>());
+    if (v.is_number_unsigned()) return static_cast<T>(v.get<uint64_t>());
+    if (v.is_number_integer()) return static_cast<T>(v.get<int64_t>());
+    return static_cast<T>(v.get<double>());  // numpy truncates floats cast to integers
+  }
+}
+
+template <typename T>
+void Fill(const json& v, const std::vector<int64_t>& shape, size_t dim, T*& out, const std::string& name) {
+  if (dim == shape.size()) {
+    if (v.is_array()) throw HttpError(400, "input '" + name + "' is not a rectangular array (inhomogeneous shape)");
+    *out++ = Element<T>(v, name);
+    return;
+  }
+  if (!v.is_array() || static_cast<int64_t>(v.size()) != shape[dim]) {
+    throw HttpError(400, "input '" + name + "' is not a rectangular array (inhomogeneous shape after " +
+                             std::to_string(dim) + " dimensions)");
+  }
+  for (const json& item : v) Fill(item, shape, dim + 1, out, name);
+}
+
+/*! \brief np.asarray(value, dtype): a nested list (or a number) as a host tensor. */
+ffi::Tensor ToTensor(const json& value, DLDataType dtype, const std::string& name) {
+  std::vector<int64_t> shape;
+  for (const json* v = &value; v->is_array(); v = &(*v)[0]) {
+    shape.push_back(static_cast<int64_t>(v->size()));
+    if (v->empty()) break;
+  }
+  ffi::Tensor tensor;
+  Dispatch(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    tensor = tvmsched::EmptyHostTensor(shape, dtype);
+    T* out = static_cast<T*>(tensor.data_ptr());
+    Fill<T>(value, shape, 0, out, name);
+  });
+  return tensor;
+}
+
+template <typename T>
+json Nested(const T*& data, const int64_t* shape, int ndim) {
+  if (ndim == 0) {
+    T v = *data++;
+    if constexpr (std::is_floating_point_v<T>) return static_cast<double>(v);
+    else if constexpr (std::is_same_v<T, bool>) return v;
+    else if constexpr (std::is_signed_v<T>) return static_cast<int64_t>(v);
+    else return static_cast<uint64_t>(v);
+  }
+  json out = json::array();
+  for (int64_t i = 0; i < shape[0]; ++i) out.push_back(Nested<T>(data, shape + 1, ndim - 1));
+  return out;
+}
+
+/*! \brief tensor.tolist() */
+json ToJson(const ffi::Tensor& tensor) {
+  const DLTensor* t = tensor.GetDLTensorPtr();
+  json out;
+  Dispatch(t->dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const T* data = reinterpret_cast<const T*>(static_cast<const char*>(t->data) + t->byte_offset);
+    out = Nested<T>(data, t->shape, t->ndim);
+  });
+  return out;
+}
+
+// ---- the server -------------------------------------------------------------------------------
+
+json ValidationError(const std::string& type, json loc, const std::string& msg) {
+  return json::array({{{"type", type}, {"loc", std::move(loc)}, {"msg", msg}}});
+}
+
+/*! \brief The body as examples/server.py's InferRequest: {"inputs": {NAME: list | float | int}} (else 422). */
+json ParseInferBody(const std::string& body) {
+  json parsed;
+  try {
+    parsed = json::parse(body);
+  } catch (const json::parse_error& err) {
+    throw HttpError(422, ValidationError("json_invalid", {"body", static_cast<int64_t>(err.byte)}, "JSON decode error"));
+  }
+  if (!parsed.is_object()) {
+    throw HttpError(422, ValidationError("model_attributes_type", {"body"}, "Input should be a valid dictionary or object to extract fields from"));
+  }
+  auto inputs = parsed.find("inputs");
+  if (inputs == parsed.end()) throw HttpError(422, ValidationError("missing", {"body", "inputs"}, "Field required"));
+  if (!inputs->is_object()) throw HttpError(422, ValidationError("dict_type", {"body", "inputs"}, "Input should be a valid dictionary"));
+  for (const auto& [key, value] : inputs->items()) {
+    if (!value.is_array() && !value.is_number() && !value.is_boolean()) {
+      throw HttpError(422, ValidationError("list_type", {"body", "inputs", key}, "Input should be a valid list, number or integer"));
+    }
+  }
+  return *inputs;
+}
+
+/*! \brief numpy's percentile (linear interpolation) of sorted `values`. */
+double Percentile(const std::vector<double>& sorted, double q) {
+  double at = (sorted.size() - 1) * q / 100.0;
+  size_t lo = static_cast<size_t>(std::floor(at)), hi = std::min(lo + 1, sorted.size() - 1);
+  return sorted[lo] + (sorted[hi] - sorted[lo]) * (at - lo);
+}
+
+json OrNull(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
+
+class Server {
+ public:
+  Server() : registry_(std::make_shared<prometheus::Registry>()) {
+    requests_ = &prometheus::BuildCounter().Name("tvmsched_requests_total")
+                     .Help("Inference requests received, per model").Register(*registry_);
+    errors_ = &prometheus::BuildCounter().Name("tvmsched_errors_total")
+                   .Help("Inference requests answered with an error, per model").Register(*registry_);
+    qos_violations_ = &prometheus::BuildCounter().Name("tvmsched_qos_violations_total")
+                           .Help("Requests whose latency exceeded the model's QoS target").Register(*registry_);
+    preemptions_ = &prometheus::BuildCounter().Name("tvmsched_preemptions_total")
+                        .Help("Times the model's stream was preempted by a real-time request").Register(*registry_);
+    latency_ = &prometheus::BuildHistogram().Name("tvmsched_request_latency_seconds")
+                    .Help("Submit-to-finish latency of completed requests (engine clock)").Register(*registry_);
+    busy_ = &prometheus::BuildGauge().Name("tvmsched_busy_streams")
+                 .Help("Model streams with requests queued or running, per device").Register(*registry_);
+  }
+
+  void Load(const std::string& name, const std::string& path, std::optional<double> qos_ms, const std::string& priority,
+            const std::string& device) {
+    if (models_.count(name)) throw std::runtime_error("a model named '" + name + "' is already loaded");
+    auto served = std::make_unique<Served>();
+    served->name = name;
+    served->priority = priority;
+    served->model = tvmsched::Model::Load(path, device);
+    served->qos_ms = qos_ms ? qos_ms : served->model->manifest().qos_ms;
+    served->stream = tvmsched::Stream::Create(served->model, name);
+    const tvmsched::Manifest& manifest = served->model->manifest();
+    for (const auto& b : manifest.inputs) served->input_dtypes[b.name] = manifest.tensors.at(b.tensor).dtype;
+    prometheus::Labels labels{{"model", name}};
+    served->requests = &requests_->Add(labels);
+    served->errors = &errors_->Add(labels);
+    served->qos_violations = &qos_violations_->Add(labels);
+    served->preemptions = &preemptions_->Add(labels);
+    served->latency = &latency_->Add(labels, prometheus::Histogram::BucketBoundaries{
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10});
+    device_kind_ = served->model->device().kind();
+    if (priority == "best_effort") priorities_.AddBestEffort(served.get());
+    order_.push_back(name);
+    models_.emplace(name, std::move(served));
+  }
+
+  json Infer(const std::string& name, const std::string& body) {
+    json inputs = ParseInferBody(body);  // FastAPI validates the body before the route runs
+    auto found = models_.find(name);
+    if (found == models_.end()) throw HttpError(404, "no model named '" + name + "'");
+    Served& s = *found->second;
+    s.requests->Increment();
+    try {
+      return Run(s, inputs);
+    } catch (const HttpError&) {
+      s.errors->Increment();
+      throw;
+    }
+  }
+
+  json Models() const {
+    json out = json::object();
+    for (const auto& name : order_) {
+      const Served& s = *models_.at(name);
+      json shapes = json::object();
+      for (const auto& b : s.model->manifest().inputs) shapes[b.name] = s.model->manifest().tensors.at(b.tensor).shape;
+      out[name] = {{"qos_ms", OrNull(s.qos_ms)}, {"priority", s.priority}, {"inputs", shapes}};
+    }
+    return out;
+  }
+
+  json Stats() const {
+    json out = json::object();
+    for (const auto& name : order_) {
+      const Served& s = *models_.at(name);
+      std::vector<double> ms;
+      for (double us : s.stream->Latencies()) ms.push_back(us / 1e3);
+      int64_t violations = s.qos_ms ? std::count_if(ms.begin(), ms.end(), [&](double v) { return v > *s.qos_ms; }) : 0;
+      std::sort(ms.begin(), ms.end());
+      out[name] = {{"priority", s.priority}, {"qos_ms", OrNull(s.qos_ms)}, {"requests", ms.size()},
+                   {"errors", s.stream->failed.load() + s.rejected.load()}, {"qos_violations", violations},
+                   {"p50_ms", ms.empty() ? json(nullptr) : json(Percentile(ms, 50))},
+                   {"p99_ms", ms.empty() ? json(nullptr) : json(Percentile(ms, 99))},
+                   {"launches", s.stream->launches.load()}, {"reruns", s.stream->reruns.load()}};
+    }
+    out["_scheduler"] = {{"decisions", 0}, {"p50_us", nullptr}, {"p99_us", nullptr}};  // no layer scheduler here
+    return out;
+  }
+
+  std::string Metrics() {
+    int64_t busy = 0;
+    for (const auto& [name, s] : models_) busy += s->stream->busy() ? 1 : 0;
+    busy_->Add({{"device", device_kind_}}).Set(static_cast<double>(busy));
+    return prometheus::TextSerializer().Serialize(registry_->Collect());
+  }
+
+  void Close() {
+    for (const auto& [name, s] : models_) s->stream->Close();  // finish queued requests, stop the submitters
+  }
+
+ private:
+  json Run(Served& s, const json& inputs) {
+    ffi::Map<ffi::String, ffi::Tensor> tensors;
+    for (const auto& [key, value] : inputs.items()) {
+      auto dtype = s.input_dtypes.find(key);  // unknown names: float32, and the engine names the mismatch
+      tensors.Set(ffi::String(key), ToTensor(value, dtype != s.input_dtypes.end() ? dtype->second : DLDataType{kDLFloat, 32, 1}, key));
+    }
+    bool realtime = s.priority == "realtime";
+    if (realtime) priorities_.Begin();
+    tvmsched::Request request;
+    try {
+      request = s.stream->Submit(tensors, {});
+    } catch (const ffi::Error& err) {
+      if (realtime) priorities_.End();
+      s.rejected.fetch_add(1);
+      throw HttpError(400, err.message());
+    }
+    request->Wait(-1, 50);
+    if (realtime) priorities_.End();
+    if (!request->error().empty()) throw HttpError(400, std::string(request->error()));
+    double ms = (request->finished_us - request->submitted_us) / 1e3;
+    s.latency->Observe(ms / 1e3);
+    if (s.qos_ms && ms > *s.qos_ms) s.qos_violations->Increment();
+    json outputs = json::object();
+    for (const auto& kv : request->outputs()) outputs[std::string(kv.first)] = ToJson(kv.second);
+    return {{"outputs", outputs}};
+  }
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>*requests_, *errors_, *qos_violations_, *preemptions_;
+  prometheus::Family<prometheus::Histogram>* latency_;
+  prometheus::Family<prometheus::Gauge>* busy_;
+  std::map<std::string, std::unique_ptr<Served>> models_;  // loaded before serving; read-only after
+  std::vector<std::string> order_;
+  std::string device_kind_ = "cpu";
+  Priorities priorities_;
+};
+
+struct ModelSpec {
+  std::string name, path, priority = "best_effort";
+  std::optional<double> qos_ms;
+};
+
+ModelSpec ParseModel(const std::string& spec) {
+  auto bad = [&] { return std::runtime_error("--model '" + spec + "' is not NAME=ARTIFACT[:QOS_MS[:PRIORITY]]"); };
+  size_t eq = spec.find('=');
+  if (eq == std::string::npos || eq == 0) throw bad();
+  ModelSpec out;
+  out.name = spec.substr(0, eq);
+  std::vector<std::string> parts;
+  std::string rest = spec.substr(eq + 1);
+  for (size_t at = 0;;) {
+    size_t colon = rest.find(':', at);
+    parts.push_back(rest.substr(at, colon == std::string::npos ? std::string::npos : colon - at));
+    if (colon == std::string::npos) break;
+    at = colon + 1;
+  }
+  if (parts.size() > 3 || parts[0].empty()) throw bad();
+  out.path = parts[0];
+  if (parts.size() > 1 && !parts[1].empty()) {
+    char* end = nullptr;
+    double qos = std::strtod(parts[1].c_str(), &end);
+    if (*end != '\0' || !(qos > 0)) throw bad();
+    out.qos_ms = qos;
+  }
+  if (parts.size() > 2 && !parts[2].empty()) {
+    if (parts[2] != "realtime" && parts[2] != "best_effort") {
+      throw std::runtime_error("priority must be realtime or best_effort, not '" + parts[2] + "'");
+    }
+    out.priority = parts[2];
+  }
+  return out;
+}
+
+void Reply(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump(), "application/json");
+}
+
+int Fail(const std::string& message) {
+  std::string line = message;
+  for (char& c : line) c = c == '\n' ? ' ' : c;
+  std::cerr << "error: " << line << std::endl;
+  return 2;
+}
+
+int Main(int argc, char** argv) {
+  std::vector<ModelSpec> specs;
+  std::string host = "127.0.0.1", device = "cpu";
+  int port = 8080;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&](const std::string& flag) -> std::string {
+      if (arg.rfind(flag + "=", 0) == 0) return arg.substr(flag.size() + 1);
+      if (i + 1 >= argc) throw std::runtime_error(flag + " needs a value (" + kUsage + ")");
+      return argv[++i];
+    };
+    auto is = [&](const std::string& flag) { return arg == flag || arg.rfind(flag + "=", 0) == 0; };
+    if (arg == "-h" || arg == "--help") {
+      std::cout << kUsage << "\n";
+      return 0;
+    } else if (is("--model")) {
+      specs.push_back(ParseModel(value("--model")));
+    } else if (is("--port")) {
+      std::string text = value("--port");
+      char* end = nullptr;
+      long p = std::strtol(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0' || p < 0 || p > 65535) throw std::runtime_error("--port must be 0..65535, not '" + text + "'");
+      port = static_cast<int>(p);
+    } else if (is("--host")) {
+      host = value("--host");
+    } else if (is("--device")) {
+      device = value("--device");
+      if (device != "cpu" && device != "cuda") throw std::runtime_error("--device must be cpu or cuda, not '" + device + "'");
+    } else {
+      throw std::runtime_error("unknown argument " + arg + " (" + kUsage + ")");
+    }
+  }
+  if (specs.empty()) throw std::runtime_error(std::string("at least one --model is required (") + kUsage + ")");
+
+  // SIGINT/SIGTERM stop the server from a thread of their own; every thread started below inherits the mask
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  Server server;
+  for (const ModelSpec& spec : specs) server.Load(spec.name, spec.path, spec.qos_ms, spec.priority, device);
+
+  httplib::Server http;
+  http.Post(R"(/v1/models/([^/]+)/infer)", [&](const httplib::Request& req, httplib::Response& res) {
+    try {
+      Reply(res, 200, server.Infer(req.matches[1], req.body));
+    } catch (const HttpError& err) {
+      Reply(res, err.status, {{"detail", err.detail}});
+    } catch (const ffi::Error& err) {
+      Reply(res, 400, {{"detail", err.message()}});
+    } catch (const std::exception& err) {
+      Reply(res, 500, {{"detail", err.what()}});
+    }
+  });
+  http.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) { Reply(res, 200, server.Models()); });
+  http.Get("/v1/stats", [&](const httplib::Request&, httplib::Response& res) { Reply(res, 200, server.Stats()); });
+  http.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(server.Metrics(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // our own {"detail": ...}
+    const char* text = res.status == 404 ? "Not Found" : res.status == 405 ? "Method Not Allowed"
+                     : res.status == 413 ? "Payload Too Large" : res.status < 500 ? "Bad Request" : "Internal Server Error";
+    Reply(res, res.status, {{"detail", text}});
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+
+  if (port == 0) {
+    port = http.bind_to_any_port(host);
+    if (port < 0) throw std::runtime_error("cannot listen on " + host);
+  } else if (!http.bind_to_port(host, port)) {
+    throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port));
+  }
+  std::thread([&http, signals] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    http.stop();
+  }).detach();
+  std::string names;
+  for (const ModelSpec& spec : specs) names += (names.empty() ? "" : ", ") + spec.name;
+  std::cout << "tvmsched_server: serving " << names << " on http://" << host << ":" << port << std::endl;
+  http.listen_after_bind();
+  server.Close();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const tvm::ffi::Error& err) {
+    return Fail(err.message());
+  } catch (const std::exception& err) {
+    return Fail(err.what());
+  }
+}

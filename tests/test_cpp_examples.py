@@ -1,0 +1,181 @@
+"""The C++ examples (examples/cpp, built by `make cpp`) and the /metrics endpoint of both example servers.
+
+tvmsched_run and tvmsched_server embed the native engine; their numerics are checked against onnxruntime.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.helpers import assert_user_error, onnxruntime_outputs
+from tvmsched import models
+from tvmsched.pipeline import compile_model
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build" / "cpp"
+PACKAGES = ("libcpp-httplib-dev", "nlohmann-json3-dev", "prometheus-cpp-dev")
+
+
+def _packages_installed() -> bool:
+    return subprocess.run(["dpkg", "-s", *PACKAGES], capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def cpp_build() -> Path:
+    """`make cpp` once (a lock keeps pytest-xdist workers from building at the same time)."""
+    for tool in ("cmake", "make", "c++"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"the C++ examples need {tool}, which is not installed")
+    if shutil.which("dpkg") is None:
+        pytest.skip("the C++ examples need Debian's packages (no dpkg here)")
+    if not _packages_installed() and os.geteuid() != 0 and shutil.which("sudo") is None:
+        pytest.skip(f"the C++ examples need {' '.join(PACKAGES)}, which are not installed and cannot be (not root)")
+    (ROOT / "build").mkdir(exist_ok=True)
+    with open(ROOT / "build" / "cpp.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        result = subprocess.run(["make", "cpp"], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert result.returncode == 0, (result.stdout[-4000:], result.stderr[-4000:])
+    for name in ("tvmsched_run", "tvmsched_server"):
+        assert (BUILD / name).is_file(), name
+    return BUILD
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    """The zoo's mlp: (ONNX model, artifact path, inputs)."""
+    model = models.build("mlp")
+    path = tmp_path_factory.mktemp("cpp") / "mlp.tvms"
+    compile_model(model, name="mlp").save(path)
+    return model, path, models.random_inputs(model, seed=0)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start_server(command: list[str], base: str) -> subprocess.Popen:
+    """Start a server and wait (at most 60 s) until it answers GET /v1/models."""
+    server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            out, err = server.communicate()
+            pytest.fail(f"{command[0]} exited with {server.returncode}: {out} {err}")
+        try:
+            if httpx.get(f"{base}/v1/models", timeout=1).status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    server.kill()
+    pytest.fail(f"{command[0]} did not answer within 60 s")
+
+
+def _stop(server: subprocess.Popen) -> int:
+    server.terminate()
+    try:
+        return server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+        raise
+
+
+def _sample(metrics_text: str, name: str, **labels) -> float:
+    """The value of sample `name` with `labels` in Prometheus text (KeyError if absent)."""
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    raise KeyError(f"{name}{labels} not in:\n{metrics_text}")
+
+
+def test_tvmsched_run_matches_onnxruntime(cpp_build, mlp, tmp_path):
+    model, artifact, inputs = mlp
+    np.savez(tmp_path / "in.npz", **inputs)
+    result = subprocess.run([str(cpp_build / "tvmsched_run"), str(artifact), str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    expected = onnxruntime_outputs(model, inputs)
+    with np.load(tmp_path / "out.npz") as outputs:
+        assert sorted(outputs.files) == sorted(expected)
+        for name, value in expected.items():
+            assert outputs[name].dtype == value.dtype and outputs[name].shape == value.shape
+            np.testing.assert_allclose(outputs[name], value, rtol=1e-4, atol=1e-4)
+
+
+def test_tvmsched_run_bad_input_is_one_error_line(cpp_build, mlp, tmp_path):
+    _, artifact, inputs = mlp
+    run = lambda *args: subprocess.run([str(cpp_build / "tvmsched_run"), *map(str, args)], capture_output=True, text=True, timeout=120)
+    np.savez(tmp_path / "names.npz", nope=inputs["input"])
+    assert_user_error(run(artifact, tmp_path / "names.npz", tmp_path / "out.npz"), "input names do not match", "'nope'")
+    np.savez(tmp_path / "shape.npz", input=np.zeros((2, *inputs["input"].shape[1:]), np.float32))
+    assert_user_error(run(artifact, tmp_path / "shape.npz", tmp_path / "out.npz"), "input 'input' has shape")
+    assert_user_error(run(artifact, tmp_path / "missing.npz", tmp_path / "out.npz"), "missing.npz")
+    assert_user_error(run(tmp_path / "missing.tvms", tmp_path / "names.npz", tmp_path / "out.npz"), "artifact not found")
+    assert_user_error(run(artifact), "usage")
+    assert not (tmp_path / "out.npz").exists()
+
+
+def test_tvmsched_server_infers_and_counts(cpp_build, mlp):
+    model, artifact, inputs = mlp
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = _start_server([str(cpp_build / "tvmsched_server"), "--model", f"mlp={artifact}:1000", "--port", str(port)], base)
+    try:
+        reply = httpx.post(f"{base}/v1/models/mlp/infer", json={"inputs": {k: v.tolist() for k, v in inputs.items()}}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        expected = onnxruntime_outputs(model, inputs)["output"]
+        np.testing.assert_allclose(np.array(reply.json()["outputs"]["output"], dtype=np.float32), expected, rtol=1e-4, atol=1e-4)
+
+        metrics = httpx.get(f"{base}/metrics", timeout=10)
+        assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
+        assert _sample(metrics.text, "tvmsched_requests_total", model="mlp") == 1
+        assert _sample(metrics.text, "tvmsched_errors_total", model="mlp") == 0
+        assert _sample(metrics.text, "tvmsched_request_latency_seconds_count", model="mlp") == 1
+        assert _sample(metrics.text, "tvmsched_busy_streams", device="cpu") == 0
+
+        # the error contract of examples/server.py
+        bad = httpx.post(f"{base}/v1/models/mlp/infer", json={"inputs": {"nope": [1, 2]}}, timeout=60)
+        assert bad.status_code == 400 and "input names do not match" in bad.json()["detail"]
+        assert httpx.post(f"{base}/v1/models/none/infer", json={"inputs": {}}, timeout=60).json() == {"detail": "no model named 'none'"}
+        assert httpx.post(f"{base}/v1/models/mlp/infer", json={"input": {}}, timeout=60).status_code == 422
+        assert httpx.get(f"{base}/v1/stats", timeout=10).json()["mlp"]["requests"] == 1
+        metrics = httpx.get(f"{base}/metrics", timeout=10).text
+        assert _sample(metrics, "tvmsched_requests_total", model="mlp") == 2
+        assert _sample(metrics, "tvmsched_errors_total", model="mlp") == 1
+    finally:
+        assert _stop(server) == 0
+
+
+def test_python_server_metrics(mlp, tmp_path):
+    model, artifact, inputs = mlp
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = _start_server([sys.executable, "examples/server.py", "--model", f"mlp={artifact}:1000", "--port", str(port)], base)
+    try:
+        reply = httpx.post(f"{base}/v1/models/mlp/infer", json={"inputs": {k: v.tolist() for k, v in inputs.items()}}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        metrics = httpx.get(f"{base}/metrics", timeout=10)
+        assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
+        assert _sample(metrics.text, "tvmsched_requests_total", model="mlp") == 1
+        assert _sample(metrics.text, "tvmsched_errors_total", model="mlp") == 0
+        assert _sample(metrics.text, "tvmsched_preemptions_total", model="mlp") == 0
+        assert _sample(metrics.text, "tvmsched_request_latency_seconds_count", model="mlp") == 1
+        assert _sample(metrics.text, "tvmsched_busy_streams", device="cpu") == 0
+    finally:
+        _stop(server)
