@@ -25,7 +25,7 @@ $(ENGINE): $(STAMP) $(ENGINE_SOURCES)
 		-Dtvm_ffi_DIR="$$($(PY) -m tvm_ffi.config --cmakedir)" \
 		-DTVMSCHED_TVM_LIBDIR="$$($(PY) -c 'import tvmsched.native as n; print(n.tvm_libdir())')" > build/native-cmake.log
 	cmake --build build/native -j2
-	mkdir -p tvmsched/lib && cp build/native/libtvmsched_engine.so $(ENGINE)
+	mkdir -p tvmsched/lib && cp build/native/libtvmsched_engine.so $(ENGINE).tmp && mv -f $(ENGINE).tmp $(ENGINE)  # a new inode: running processes keep theirs
 
 # the C++ examples (examples/cpp, README "Embedding in C++"): build/cpp/tvmsched_run, build/cpp/tvmsched_server
 CPP_PACKAGES := libcpp-httplib-dev nlohmann-json3-dev prometheus-cpp-dev

@@ -22,6 +22,7 @@ import time
 import numpy as np
 from fastapi import FastAPI, HTTPException, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 from pydantic import BaseModel
 
 from tvmsched.errors import TvmschedError
@@ -41,7 +42,7 @@ class Metrics:
     requests: inference requests received for a loaded model; errors: those answered 400; latency:
     submit to outputs as the handler sees it (seconds), of the requests that succeeded; QoS violations:
     those slower than the model's qos_ms; preemptions: times a real-time request preempted the model's
-    stream (the runtime's Priorities policy; each of rt.priorities.preemptions counts for its model);
+    stream (the engine counts each preempt() of a stream; the Priorities policy calls it);
     busy streams: the runtime's streams with requests queued or running, per device.
     """
 
@@ -51,7 +52,7 @@ class Metrics:
         self.requests = Counter("tvmsched_requests", "Inference requests received, per model", **per_model)
         self.errors = Counter("tvmsched_errors", "Inference requests answered with an error, per model", **per_model)
         self.qos_violations = Counter("tvmsched_qos_violations", "Requests whose latency exceeded the model's QoS target", **per_model)
-        self.preemptions = Counter("tvmsched_preemptions", "Times the model's stream was preempted by a real-time request", **per_model)
+        self.registry.register(_Preemptions(runtime))
         self.latency = Histogram("tvmsched_request_latency_seconds", "Submit-to-outputs latency of completed requests",
                                  buckets=LATENCY_BUCKETS, **per_model)
         busy = Gauge("tvmsched_busy_streams", "Model streams with requests queued or running, per device", ["device"],
@@ -59,23 +60,29 @@ class Metrics:
         busy.labels(runtime.device).set_function(lambda: sum(m.task.busy for m in list(runtime.models.values())))
 
     def add_model(self, model) -> None:
-        """Start the model's series at 0, and count the preemptions of its stream."""
-        for counter in (self.requests, self.errors, self.qos_violations, self.preemptions):
+        """Start the model's series at 0."""
+        for counter in (self.requests, self.errors, self.qos_violations):
             counter.labels(model.name)
         self.latency.labels(model.name)
-        task, counter = model.task, self.preemptions.labels(model.name)
-        preempt = task.preempt  # Priorities calls task.preempt() on each busy best-effort stream
-
-        def counted_preempt(*args, **kwargs):
-            counter.inc()
-            return preempt(*args, **kwargs)
-
-        task.preempt = counted_preempt
 
     def observe(self, model, seconds: float) -> None:
         self.latency.labels(model.name).observe(seconds)
         if model.qos_ms is not None and seconds * 1e3 > model.qos_ms:
             self.qos_violations.labels(model.name).inc()
+
+
+class _Preemptions:
+    """tvmsched_preemptions_total per model: the engine's count of its stream's preemptions, read at scrape."""
+
+    def __init__(self, runtime: Runtime):
+        self.runtime = runtime
+
+    def collect(self):
+        family = CounterMetricFamily("tvmsched_preemptions", "Times the model's stream was preempted by a real-time request",
+                                     labels=["model"])
+        for name, model in list(self.runtime.models.items()):
+            family.add_metric([name], model.task.preemptions)
+        yield family
 
 
 def parse_model(spec: str) -> tuple[str, str, float | None, str]:

@@ -194,6 +194,11 @@ class Task:
     def reruns(self) -> int:
         return int(self.stream.counts()["reruns"])
 
+    @property
+    def preemptions(self) -> int:
+        """Times preempt() paused this stream."""
+        return int(self.stream.counts()["preemptions"])
+
     def latencies_us(self) -> list[float]:
         """Submit-to-finish time of every completed request, in order (engine clock)."""
         return list(self.stream.latencies_us())

@@ -458,6 +458,11 @@ int Main(int argc, char** argv) {
   for (const ModelSpec& spec : specs) server.Load(spec.name, spec.path, spec.qos_ms, spec.priority, device);
 
   httplib::Server http;
+  // small JSON answers on kept-alive connections: without TCP_NODELAY each one waits ~40 ms for the
+  // client's delayed ACK (Nagle); keep connections for many requests, one pool thread per connection
+  http.set_tcp_nodelay(true);
+  http.set_keep_alive_max_count(100000);
+  http.new_task_queue = [] { return new httplib::ThreadPool(64); };
   http.Post(R"(/v1/models/([^/]+)/infer)", [&](const httplib::Request& req, httplib::Response& res) {
     try {
       Reply(res, 200, server.Infer(req.matches[1], req.body));

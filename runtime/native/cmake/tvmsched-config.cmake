@@ -10,6 +10,10 @@ execute_process(COMMAND "${Python_EXECUTABLE}" -m tvm_ffi.config --cmakedir
                 OUTPUT_VARIABLE _tvm_ffi_dir OUTPUT_STRIP_TRAILING_WHITESPACE)
 execute_process(COMMAND "${Python_EXECUTABLE}" -m tvmsched.native --lib
                 OUTPUT_VARIABLE _tvmsched_lib OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT EXISTS "${_tvmsched_lib}")
+  message(FATAL_ERROR "tvmsched: the engine library '${_tvmsched_lib}' is not built (run `make setup` in the tvmsched "
+                      "checkout) or ${Python_EXECUTABLE} is not the Python tvmsched is installed in")
+endif()
 find_package(tvm_ffi CONFIG REQUIRED PATHS "${_tvm_ffi_dir}")
 find_package(Threads REQUIRED)
 add_library(tvmsched::engine SHARED IMPORTED)

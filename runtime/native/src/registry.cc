@@ -176,6 +176,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              out.Set("reruns", s->reruns.load());
              out.Set("completed", s->completed.load());
              out.Set("failed", s->failed.load());
+             out.Set("preemptions", s->preemptions.load());
              return out;
            })
       .def("latencies_us", [](Stream s) { return ffi::Array<double>(s->Latencies()); })

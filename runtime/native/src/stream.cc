@@ -149,6 +149,7 @@ PreemptReport StreamObj::Preempt(bool abort) {
       return report;
     }
     paused_ = true;
+    ++preemptions;
     if (abort) m_->SetPreemptFlag(true);
     // CPU: the kernel returns within one chunk; GPU: the submitter stops waiting on an event
     cond_.wait(lock, [this] { return !running_.has_value() && !waiting_; });

@@ -139,7 +139,7 @@ class StreamObj : public ffi::Object {
   /*! \brief Finish queued requests (resuming if paused), then stop the submitter. */
   void Close();
 
-  std::atomic<int64_t> launches{0}, reruns{0}, completed{0}, failed{0};
+  std::atomic<int64_t> launches{0}, reruns{0}, completed{0}, failed{0}, preemptions{0};
 
   static constexpr bool _type_mutable = true;
   TVM_FFI_DECLARE_OBJECT_INFO_FINAL("tvmsched.Stream", StreamObj, ffi::Object);
