@@ -30,8 +30,8 @@ from tvmsched.runtime.policies.priority import Priorities  # the real-time polic
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_IN_FLIGHT = 8
-WAIT_SPIN_US = float(os.environ.get("TVMSCHED_WAIT_SPIN_US", "50"))  # result() polls this long before sleeping
-IDLE_SPIN_US = float(os.environ.get("TVMSCHED_IDLE_SPIN_US", "50"))  # an idle submitter polls this long
+WAIT_SPIN_US = float(os.environ.get("TVMSCHED_WAIT_SPIN_US", "100"))  # result() polls this long before sleeping
+IDLE_SPIN_US = float(os.environ.get("TVMSCHED_IDLE_SPIN_US", "200"))  # an idle submitter polls this long
 
 __all__ = ["EngineFuture", "Launch", "PreemptReport", "Priorities", "StreamState", "Task"]
 

@@ -46,7 +46,7 @@ class Model:
     priority: str
     task: Task
     layers: list[list[CandidateInfo]]
-    serial_latencies_ms: list[float] = field(default_factory=list)  # fcfs: measured from submit() in Python
+    fastest: tuple[int, ...] = ()  # the fastest candidate of every layer    serial_latencies_ms: list[float] = field(default_factory=list)  # fcfs: measured from submit() in Python
     rejected: int = 0  # requests refused at submit (bad inputs); failures while running are the stream's
 
 
@@ -112,7 +112,8 @@ class Runtime:
             layers = [[self._info(name, c) for c in layer.candidates] for layer in executor.manifest.layers]
             if self.scheduler is not None:
                 self.scheduler.table.add_candidates(c for layer in layers for c in layer)
-            model = Model(name, qos_ms or executor.manifest.qos_ms, priority, task, layers)
+            model = Model(name, qos_ms or executor.manifest.qos_ms, priority, task, layers,
+                          tuple(policies.fastest_ids(layers)))
             self.models[name] = model
         if priority == "best_effort":
             self.priorities.add_best_effort(task)
@@ -129,7 +130,7 @@ class Runtime:
         if self._closed:
             raise TvmschedError("the runtime is shut down")
         ids = self.policy.choose(policies.Request(model.name, model.layers, model.qos_ms, self.monitor,
-                                                  self.total_units, len(self.models)))
+                                                  self.total_units, len(self.models), model.fastest))
         if self.policy.serial:
             return self._serial_submit(model, inputs, ids)
         if model.priority == "realtime":

@@ -103,23 +103,31 @@ class LayerScheduler:
     def __init__(self, table: ColocationTable):
         self.table = table
         self.decisions: list[Decision] = []
+        self._fastest_us: dict[str, float] = {}  # model -> latency of its fastest candidates
 
     def choose(self, model: str, layers: list[list[CandidateInfo]], qos_ms: float | None, others: list[StreamView],
-               start_us: float = 0.0) -> Decision:
+               start_us: float = 0.0, fastest: tuple[int, ...] = ()) -> Decision:
         """The candidate-ID list for one request of `model` (layers[i] = candidates of layer i, by ID) that
-        starts in `start_us` (its own stream's earlier requests run first)."""
+        starts in `start_us` (its own stream's earlier requests run first); `fastest`: the fastest
+        candidate of every layer when the caller keeps it."""
         start = time.perf_counter()
         others = [s for s in others if s.remaining]
         if not others:
-            ids = [min(range(len(cands)), key=lambda c: cands[c].latency_us) for cands in layers]
-            estimate_us = start_us + sum(layers[i][c].latency_us for i, c in enumerate(ids))
+            ids = fastest or [min(range(len(cands)), key=lambda c: cands[c].latency_us) for cands in layers]
+            if fastest and model in self._fastest_us:
+                estimate_us = start_us + self._fastest_us[model]
+            else:
+                estimate_us = start_us + sum(layers[i][c].latency_us for i, c in enumerate(ids))
+                if fastest:
+                    self._fastest_us[model] = estimate_us - start_us
         else:
             ids, estimate_us = self._least_colocated(layers, others, start_us)
         meets = qos_ms is None or estimate_us <= qos_ms * 1e3
         decision = Decision(model, tuple(ids), estimate_us / 1e3, meets, len(others), time.perf_counter() - start)
         self.decisions.append(decision)
-        log.info("schedule %s: ids %s, estimated %.3f ms (QoS %s ms%s), %d other streams, decided in %.1f us",
-                 model, list(ids), decision.estimated_ms, qos_ms, "" if meets else ", AT RISK", len(others), decision.seconds * 1e6)
+        if log.isEnabledFor(logging.INFO):
+            log.info("schedule %s: ids %s, estimated %.3f ms (QoS %s ms%s), %d other streams, decided in %.1f us",
+                     model, list(ids), decision.estimated_ms, qos_ms, "" if meets else ", AT RISK", len(others), decision.seconds * 1e6)
         return decision
 
     def _least_colocated(self, layers, others: list[StreamView], start_us: float) -> tuple[list[int], float]:

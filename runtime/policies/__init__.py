@@ -30,6 +30,10 @@ class Request:
     monitor: Callable[[], dict[str, StreamView]]  # every busy stream's work still to run (read on demand)
     total_units: int
     loaded_models: int
+    fastest: tuple[int, ...] = ()  # the fastest candidate of every layer (fastest_ids(layers), kept per model)
+
+    def fastest_ids(self) -> list[int]:
+        return list(self.fastest) if self.fastest else fastest_ids(self.layers)
 
 
 class Policy:
@@ -43,6 +47,7 @@ class Policy:
 
 
 def fastest_ids(layers: list[list[CandidateInfo]]) -> list[int]:
+    """The fastest candidate of every layer."""
     return [min(range(len(cands)), key=lambda c: cands[c].latency_us) for cands in layers]
 
 

@@ -18,5 +18,6 @@ class ColocationPolicy(Policy):
         views = request.monitor()
         own = views.pop(request.model, None)  # this request starts when its own stream's earlier work is done
         start_us = sum(c.latency_us for c in own.remaining) if own else 0.0
-        decision = self.scheduler.choose(request.model, request.layers, request.qos_ms, list(views.values()), start_us)
+        decision = self.scheduler.choose(request.model, request.layers, request.qos_ms, list(views.values()), start_us,
+                                         fastest=request.fastest)
         return list(decision.candidate_ids)

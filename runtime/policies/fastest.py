@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from tvmsched.runtime.policies import Policy, Request, fastest_ids
+from tvmsched.runtime.policies import Policy, Request
 
 
 class FastestPolicy(Policy):
     kind = "fastest"
 
     def choose(self, request: Request) -> list[int]:
-        return fastest_ids(request.layers)
+        return request.fastest_ids()

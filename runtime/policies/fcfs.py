@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tvmsched.runtime.policies import Policy, Request, fastest_ids
+from tvmsched.runtime.policies import Policy, Request
 
 
 class FcfsPolicy(Policy):
@@ -10,4 +10,4 @@ class FcfsPolicy(Policy):
     serial = True
 
     def choose(self, request: Request) -> list[int]:
-        return fastest_ids(request.layers)
+        return request.fastest_ids()

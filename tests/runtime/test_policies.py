@@ -15,8 +15,8 @@ LAYERS = [[CandidateInfo(ALL, 100.0, "m/l0c0"), CandidateInfo(2, 150.0, "m/l0c1"
           [CandidateInfo(ALL, 50.0, "m/l1c0"), CandidateInfo(2, 70.0, "m/l1c1")]]
 
 
-def request(monitor=dict, loaded=1, layers=LAYERS, qos_ms=None) -> policies.Request:
-    return policies.Request("m", layers, qos_ms, monitor, ALL, loaded)
+def request(monitor=dict, loaded=1, layers=LAYERS, qos_ms=None, model="m") -> policies.Request:
+    return policies.Request(model, layers, qos_ms, monitor, ALL, loaded)
 
 
 def busy_monitor():
@@ -45,7 +45,7 @@ def test_partition_keeps_each_model_within_its_share_of_the_units():
     assert policy.choose(request(loaded=1)) == [0, 0]  # the whole device: full-unit candidates fit
     assert policy.choose(request(loaded=4)) == [1, 1]  # a share of 2 units: the 2-unit candidates
     only_full = [[CandidateInfo(ALL, 100.0, "m/x")]]
-    assert policy.choose(request(loaded=4, layers=only_full)) == [0]  # nothing fits: the fastest anyway
+    assert policy.choose(request(loaded=4, layers=only_full, model="big")) == [0]  # nothing fits: the fastest anyway
 
 
 def test_colocation_takes_the_fastest_on_an_idle_device_and_avoids_oversubscription_beside_others():

@@ -10,13 +10,11 @@ namespace tvmsched {
 
 namespace {
 
+/*! \brief Poll `ready` for up to `spin_us`, yielding the core to any other runnable thread between polls
+ *  (a hand-off between threads then costs no futex wake-up, and a busy core loses little). */
 void SpinUntil(const std::function<bool()>& ready, double spin_us) {
   double until = Device::NowMicros() + spin_us;
-  while (!ready() && Device::NowMicros() < until) {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
-  }
+  while (!ready() && Device::NowMicros() < until) std::this_thread::yield();
 }
 
 std::string OneLine(const std::string& text) {
@@ -152,7 +150,9 @@ PreemptReport StreamObj::Preempt(bool abort) {
     ++preemptions;
     if (abort) m_->SetPreemptFlag(true);
     // CPU: the kernel returns within one chunk; GPU: the submitter stops waiting on an event
+    preempt_waiting_ = true;
     cond_.wait(lock, [this] { return !running_.has_value() && !waiting_; });
+    preempt_waiting_ = false;
     if (gpu_) report.finished = DrainGpu();
     report.rerun = rerun_;
     report.seconds = (Device::NowMicros() - start) / 1e6;
@@ -248,8 +248,14 @@ bool StreamObj::HasWork() const { return !requests_.empty() || !in_flight_.empty
 
 void StreamObj::SubmitLoop() {
   m_->device().SetThreadUnits(0);
+  std::optional<Launch> next;  // CPU: the launch CpuStep already took (and marked running)
   while (true) {
     std::optional<Launch> launch;
+    if (next) {
+      launch.swap(next);
+      CpuStep(*launch, &next);
+      continue;
+    }
     {
       std::unique_lock<std::mutex> lock(mutex_);
       if (!closed_ && !paused_ && !HasWork()) {  // poll briefly: a request arriving soon starts at once
@@ -273,7 +279,7 @@ void StreamObj::SubmitLoop() {
     } else if (gpu_) {
       RetireCompleted(true);
     } else if (launch) {
-      CpuStep(*launch);
+      CpuStep(*launch, &next);
     }
   }
 }
@@ -317,9 +323,9 @@ bool StreamObj::StartRequest() {
   return true;
 }
 
-void StreamObj::CpuStep(const Launch& launch) {
+void StreamObj::CpuStep(const Launch& launch, std::optional<Launch>* next) {
   m_->ClearStarted();
-  double start = Device::NowMicros();
+  double start = timeline_on_ ? Device::NowMicros() : 0;
   std::string error;
   try {
     m_->RunLayer(launch.layer, launch.candidate);
@@ -327,6 +333,7 @@ void StreamObj::CpuStep(const Launch& launch) {
     error = err.what();
     if (auto* ffi_err = dynamic_cast<const ffi::Error*>(&err)) error = ffi_err->message();
   }
+  bool deliver, wake;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     running_.reset();
@@ -338,11 +345,18 @@ void StreamObj::CpuStep(const Launch& launch) {
       ++reruns;
     } else {
       if (timeline_on_) launched_at_[{launch.request, launch.layer, launch.candidate}] = start;
-      Retire(launch, Device::NowMicros());
+      Retire(launch, timeline_on_ ? Device::NowMicros() : 0);
     }
+    // take the next launch in the same critical section (one lock per launch on the hot path)
+    if (!paused_ && !requests_.empty()) {
+      *next = NextLaunch();
+      running_ = *next;
+    }
+    deliver = !done_.empty();
+    wake = preempt_waiting_;
   }
-  cond_.notify_all();
-  Deliver();
+  if (wake) cond_.notify_all();
+  if (deliver) Deliver();
 }
 
 void StreamObj::GpuLaunch(const Launch& launch) {

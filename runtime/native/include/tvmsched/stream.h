@@ -106,7 +106,7 @@ struct StreamState {
 
 struct StreamOptions {
   int max_in_flight = 8;          ///< launches kept on a GPU at once (CPU launches are synchronous)
-  double idle_spin_us = 30;       ///< the submitter polls this long for new work before sleeping
+  double idle_spin_us = 200;      ///< the submitter polls this long for new work before sleeping
   double progress_interval_ms = 1;  ///< CUDA counters copied to the bitmap this often
 };
 
@@ -152,7 +152,7 @@ class StreamObj : public ffi::Object {
   std::optional<Launch> NextLaunch();
   bool MayLaunch(const Launch& launch) const;
   bool StartRequest();
-  void CpuStep(const Launch& launch);
+  void CpuStep(const Launch& launch, std::optional<Launch>* next);
   void GpuLaunch(const Launch& launch);
   void RetireCompleted(bool wait_oldest);
   std::vector<Launch> DrainGpu();
@@ -180,11 +180,12 @@ class StreamObj : public ffi::Object {
   bool paused_ = false, closed_ = false;
   int64_t request_ids_ = 0;
   std::vector<int64_t> progress_;
-  bool timeline_on_ = false;
+  std::atomic<bool> timeline_on_{false};
   std::vector<LaunchRecord> timeline_;
   std::vector<double> latencies_;
   std::map<std::tuple<int64_t, int, int>, double> launched_at_;
   bool waiting_ = false;  // the GPU submitter is blocked on an event (outside the lock)
+  bool preempt_waiting_ = false;  // Preempt() waits on cond_ for the running launch to return
   std::atomic<int64_t> queued_{0};  // requests_.size(), polled by the idle submitter
   std::thread thread_, progress_thread_;
 };
