@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TVMSCHED := $(VENV)/bin/tvmsched
 STAMP := $(VENV)/.installed
 ENGINE := tvmsched/lib/libtvmsched_engine.so
-ENGINE_SOURCES := $(wildcard runtime/native/CMakeLists.txt runtime/native/src/* runtime/native/include/tvmsched/*)
+ENGINE_SOURCES := $(wildcard runtime/native/CMakeLists.txt runtime/native/src/* runtime/native/include/tvmsched/* runtime/native/cmake/*)
 DEMO_MODEL ?= resnet18
 PYTEST_WORKERS ?= 2
 
@@ -25,6 +25,7 @@ $(ENGINE): $(STAMP) $(ENGINE_SOURCES)
 		-Dtvm_ffi_DIR="$$($(PY) -m tvm_ffi.config --cmakedir)" \
 		-DTVMSCHED_TVM_LIBDIR="$$($(PY) -c 'import tvmsched.native as n; print(n.tvm_libdir())')" > build/native-cmake.log
 	cmake --build build/native -j2
+	rm -rf tvmsched/include tvmsched/cmake && cp -r runtime/native/include runtime/native/cmake tvmsched/  # shipped in the package
 	mkdir -p tvmsched/lib && cp build/native/libtvmsched_engine.so $(ENGINE).tmp && mv -f $(ENGINE).tmp $(ENGINE)  # a new inode: running processes keep theirs
 
 # the C++ examples (examples/cpp, README "Embedding in C++"): build/cpp/tvmsched_run, build/cpp/tvmsched_server

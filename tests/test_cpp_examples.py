@@ -142,12 +142,7 @@ def test_tvmsched_server_infers_and_counts(cpp_build, mlp):
         expected = onnxruntime_outputs(model, inputs)["output"]
         np.testing.assert_allclose(np.array(reply.json()["outputs"]["output"], dtype=np.float32), expected, rtol=1e-4, atol=1e-4)
 
-        metrics = httpx.get(f"{base}/metrics", timeout=10)
-        assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
-        assert _sample(metrics.text, "tvmsched_requests_total", model="mlp") == 1
-        assert _sample(metrics.text, "tvmsched_errors_total", model="mlp") == 0
-        assert _sample(metrics.text, "tvmsched_request_latency_seconds_count", model="mlp") == 1
-        assert _sample(metrics.text, "tvmsched_busy_streams", device="cpu") == 0
+        _assert_one_request_counted(base)
 
         # the error contract of examples/server.py
         bad = httpx.post(f"{base}/v1/models/mlp/infer", json={"inputs": {"nope": [1, 2]}}, timeout=60)
@@ -162,6 +157,17 @@ def test_tvmsched_server_infers_and_counts(cpp_build, mlp):
         assert _stop(server) == 0
 
 
+def _assert_one_request_counted(base: str) -> None:
+    """/metrics after one successful mlp request: the same series in both servers."""
+    metrics = httpx.get(f"{base}/metrics", timeout=10)
+    assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
+    assert _sample(metrics.text, "tvmsched_requests_total", model="mlp") == 1
+    assert _sample(metrics.text, "tvmsched_errors_total", model="mlp") == 0
+    assert _sample(metrics.text, "tvmsched_preemptions_total", model="mlp") == 0
+    assert _sample(metrics.text, "tvmsched_request_latency_seconds_count", model="mlp") == 1
+    assert _sample(metrics.text, "tvmsched_busy_streams", device="cpu") == 0
+
+
 def test_python_server_metrics(mlp, tmp_path):
     model, artifact, inputs = mlp
     port = _free_port()
@@ -170,12 +176,6 @@ def test_python_server_metrics(mlp, tmp_path):
     try:
         reply = httpx.post(f"{base}/v1/models/mlp/infer", json={"inputs": {k: v.tolist() for k, v in inputs.items()}}, timeout=60)
         assert reply.status_code == 200, reply.text
-        metrics = httpx.get(f"{base}/metrics", timeout=10)
-        assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
-        assert _sample(metrics.text, "tvmsched_requests_total", model="mlp") == 1
-        assert _sample(metrics.text, "tvmsched_errors_total", model="mlp") == 0
-        assert _sample(metrics.text, "tvmsched_preemptions_total", model="mlp") == 0
-        assert _sample(metrics.text, "tvmsched_request_latency_seconds_count", model="mlp") == 1
-        assert _sample(metrics.text, "tvmsched_busy_streams", device="cpu") == 0
+        _assert_one_request_counted(base)
     finally:
         _stop(server)

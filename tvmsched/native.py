@@ -20,8 +20,7 @@ import tvm_ffi
 
 from tvmsched.errors import TvmschedError
 
-_ROOT = Path(__file__).resolve().parent.parent
-NATIVE_DIR = _ROOT / "runtime" / "native"
+PACKAGE_DIR = Path(__file__).resolve().parent  # lib/, include/, cmake/: the engine as `make setup` installs it
 LIB_NAME = "libtvmsched_engine.so"
 _lock = threading.Lock()
 _loaded = False
@@ -30,7 +29,7 @@ _loaded = False
 def library_path() -> Path:
     """The engine library: $TVMSCHED_ENGINE_LIB, else tvmsched/lib/ (where `make setup` puts it)."""
     env = os.environ.get("TVMSCHED_ENGINE_LIB")
-    return Path(env) if env else Path(__file__).resolve().parent / "lib" / LIB_NAME
+    return Path(env) if env else PACKAGE_DIR / "lib" / LIB_NAME
 
 
 def tvm_libdir() -> str:
@@ -92,9 +91,9 @@ def main() -> None:
     group.add_argument("--lib", action="store_true", help="the engine library itself")
     args = parser.parse_args()
     if args.cmakedir:
-        print(NATIVE_DIR / "cmake")
+        print(PACKAGE_DIR / "cmake")
     elif args.includedir:
-        print(NATIVE_DIR / "include")
+        print(PACKAGE_DIR / "include")
     elif args.libdir:
         print(library_path().parent)
     else:
