@@ -103,8 +103,7 @@ def device_name(device: str) -> str:
     import platform
 
     if device == "cuda":
-        from tvmsched.runtime.green_contexts import GreenContexts, _check
+        from tvmsched.native import func
 
-        green = GreenContexts(0)
-        return _check(green.drv.cuDeviceGetName(128, green.device)).decode(errors="replace").strip("\x00 ")
+        return str(func("device_info")("cuda")["name"])
     return f"cpu:{platform.processor() or platform.machine()}"

@@ -1,8 +1,8 @@
 """Measure-there: time every sampled kernel of a measurement kit at each compute-unit count.
 
-Runs with a runtime-only TVM (the GPU machine has no TVM compiler). CUDA: each unit count is a
-green context of that many SMs; the SM count and partition granularity come from the device.
-CPU: each unit count is a TVM thread pool of that many threads. Kits are made by
+Runs with a runtime-only TVM (the GPU machine has no TVM compiler) and the engine's kernel timer.
+CUDA: each unit count is a green context of that many SMs; the SM count and partition granularity
+come from the device. CPU: each unit count is a TVM thread pool of that many threads. Kits are made by
 `tvmsched tune kit` (tvmsched.measure_kit), results go back with `tvmsched tune import`.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -58,7 +57,7 @@ def measure_kit(kit_dir: str | Path, units: list[int] | None = None, *, repeat: 
     kit = read_kit(kit_dir)
     dev = tvm_device(kit["device"])
     tvm.runtime.empty((1,), "float32", dev)  # creates the device's context before any driver call
-    timer = _GpuTimer(dev) if kit["device"] == "cuda" else _CpuTimer(dev)
+    timer = _EngineTimer(kit["device"])
     full, granularity, kind = timer.device_units()  # queried from the device
     grid_limited = kit.get("mechanism") == "grid_limit"
     if grid_limited:  # the kernels restrict themselves: only the counts they were built for
@@ -90,70 +89,29 @@ def measure_kit(kit_dir: str | Path, units: list[int] | None = None, *, repeat: 
     }
 
 
-class _CpuTimer:
-    """TVM's time evaluator in a thread whose pool has k threads."""
+class _EngineTimer:
+    """The engine's kernel timer (runtime/native timer.h): batches of calls lasting >= MIN_BATCH_US on k
+    units — a CPU thread whose pool has k threads, or a stream of a CUDA green context of about k SMs —
+    timed on the host around a synchronisation of that stream (kernels shorter than a launch are
+    launch-bound either way)."""
 
-    mechanism = "cpu_threads"
+    def __init__(self, kind: str):
+        from tvmsched.native import func
 
-    def __init__(self, dev):
-        import platform
-
-        self.dev, self.name = dev, platform.processor() or platform.machine()
+        self.kind, self._time = kind, func("time_kernel")
+        info = func("device_info")(kind)
+        self.name, self._full, self._granularity = str(info["name"]), int(info["total_units"]), int(info["granularity"])
+        self.mechanism = "green_context" if kind == "cuda" else "cpu_threads"
 
     def device_units(self) -> tuple[int, int, str]:
-        """(all units, smallest partition, unit kind)."""
-        from tvmsched.runtime.units import full_cpu_units
-
-        return full_cpu_units(), 1, "cpu_thread"
+        """(all units, smallest partition, unit kind), queried from the device."""
+        return self._full, self._granularity, "gpu_sm" if self.kind == "cuda" else "cpu_thread"
 
     def median_us(self, lib, symbol, args, k, repeat) -> float | None:
-        from tvmsched.measure import timed_in_thread
-
         try:
-            evaluator = lib.time_evaluator(symbol, self.dev, number=1, repeat=repeat, min_repeat_ms=10)
-            return timed_in_thread(evaluator, args, k)
+            timing = self._time(self.kind, lib[symbol], list(args), k, repeat, MIN_BATCH_US)
+            return float(np.median(list(timing["us_per_call"])))
         except Exception:  # noqa: BLE001  (a failing sample is recorded as such)
-            return None
-
-
-class _GpuTimer:
-    """Batches of launches on a green-context stream of k SMs, timed on the host around a stream sync.
-
-    (CUDA events would need the green context current; a batch lasts >= MIN_BATCH_US, so the
-    sync's few microseconds are small. Kernels shorter than a launch are launch-bound either way.)
-    """
-
-    mechanism = "green_context"
-
-    def __init__(self, dev):
-        from tvmsched.runtime.green_contexts import GreenContexts, _check
-
-        self.dev, self.green = dev, GreenContexts(dev.index)
-        self.name = _check(self.green.drv.cuDeviceGetName(128, self.green.device)).decode(errors="replace").strip("\x00 ")
-
-    def device_units(self) -> tuple[int, int, str]:
-        """(all SMs, the smallest SM partition, unit kind)."""
-        return self.green.sm_count, self.green.granularity, "gpu_sm"
-
-    def _batch_us(self, fn, args, stream, number) -> float:
-        start = time.perf_counter()
-        for _ in range(number):
-            fn(*args)
-        self.green.synchronize(stream)
-        return (time.perf_counter() - start) * 1e6 / number
-
-    def median_us(self, lib, symbol, args, k, repeat) -> float | None:
-        import tvm_ffi
-
-        stream, _ = self.green.stream(k)
-        fn = lib[symbol]
-        try:
-            with tvm_ffi.use_raw_stream(self.dev, stream):
-                once = self._batch_us(fn, args, stream, 1)  # also the warm-up
-                number = int(min(1000, max(1, MIN_BATCH_US // max(once, 1.0))))
-                return float(np.median([self._batch_us(fn, args, stream, number) for _ in range(repeat)]))
-        except Exception:  # noqa: BLE001
-            self.green.synchronize(stream)
             return None
 
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "tvm_runtime.h"
@@ -37,6 +38,14 @@ class CpuDevice final : public Device {
   const char* kind() const override { return "cpu"; }
   DLDevice dl_device() const override { return DLDevice{kDLCPU, 0}; }
   int total_units() const override { return units_; }
+  int unit_granularity() override { return 1; }
+  std::string name() const override {
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    for (std::string line; std::getline(cpuinfo, line);) {
+      if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) return line.substr(line.find(':') + 2);
+    }
+    return "cpu";
+  }
 
   void* Alloc(size_t nbytes) override {
     void* ptr = std::aligned_alloc(kAlign, (nbytes + kAlign - 1) / kAlign * kAlign + kAlign);

@@ -19,7 +19,7 @@ namespace {
 struct Driver {
 #define TVMSCHED_CU_FN(name) decltype(&::name) name = nullptr;
 #define TVMSCHED_CU_FNS(X)                                                                              \
-  X(cuInit) X(cuGetErrorString) X(cuDeviceGet) X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain)    \
+  X(cuInit) X(cuGetErrorString) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain)    \
   X(cuCtxSetCurrent) X(cuMemAlloc) X(cuMemFree) X(cuMemHostAlloc) X(cuMemFreeHost)                     \
   X(cuMemHostGetDevicePointer) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemsetD32Async)           \
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamWaitEvent) X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange) X(cuStreamSynchronize) \
@@ -74,6 +74,19 @@ class CudaDevice final : public Device {
   const char* kind() const override { return "cuda"; }
   DLDevice dl_device() const override { return DLDevice{kDLCUDA, index_}; }
   int total_units() const override { return sm_count_; }
+  int unit_granularity() override {
+    if (!drv_.cuDevSmResourceSplitByCount) return sm_count_;
+    CUdevResource all{}, group{};
+    unsigned int groups = 1;
+    drv_.Check(drv_.cuDeviceGetDevResource(device_, &all, CU_DEV_RESOURCE_TYPE_SM), "SM resource");
+    drv_.Check(drv_.cuDevSmResourceSplitByCount(&group, &groups, &all, nullptr, 0, 1), "SM split");
+    return static_cast<int>(group.sm.smCount);  // what a request for 1 SM is rounded up to
+  }
+  std::string name() const override {
+    char text[256] = {0};
+    drv_.Check(drv_.cuDeviceGetName(text, sizeof(text) - 1, device_), "cuDeviceGetName");
+    return text;
+  }
 
   void MakeCurrent() const { drv_.Check(drv_.cuCtxSetCurrent(context_), "cuCtxSetCurrent"); }
 

@@ -43,6 +43,25 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("tvmsched.engine.set_tvm_libdir", [](const std::string& dir) { SetTvmLibDir(dir); })
       .def("tvmsched.engine.now_us", []() { return Device::NowMicros(); })
       .def("tvmsched.engine.device_units", [](const std::string& kind) { return OpenDevice(kind)->total_units(); })
+      .def("tvmsched.engine.device_info",
+           [](const std::string& kind) {
+             auto device = OpenDevice(kind);
+             ffi::Map<ffi::String, ffi::Any> out;
+             out.Set("name", device->name());
+             out.Set("total_units", device->total_units());
+             out.Set("granularity", device->unit_granularity());
+             return out;
+           })
+      .def("tvmsched.engine.time_kernel",
+           [](const std::string& kind, ffi::Function func, ffi::Array<ffi::Any> args, int units, int repeat,
+              double min_batch_us) {
+             std::vector<ffi::Any> values(args.begin(), args.end());
+             KernelTiming timing = TimeKernel(*OpenDevice(kind), func, values, units, repeat, min_batch_us);
+             ffi::Map<ffi::String, ffi::Any> out;
+             out.Set("granted_units", timing.granted_units);
+             out.Set("us_per_call", ffi::Array<double>(timing.us_per_call));
+             return out;
+           })
       .def("tvmsched.engine.load_model",
            [](const std::string& path, const std::string& device, const std::string& flag_memory) {
              return Model::Load(path, device, ParseFlagMemory(flag_memory));

@@ -42,6 +42,10 @@ class Device {
   virtual DLDevice dl_device() const = 0;
   /*! \brief All compute units: CPU worker threads (TVM_NUM_THREADS, else the cores) or GPU SMs. */
   virtual int total_units() const = 0;
+  /*! \brief The smallest unit partition the device grants (CPU: 1 thread; CUDA: the green-context SM granularity). */
+  virtual int unit_granularity() = 0;
+  /*! \brief The processor's name ("AMD EPYC", "NVIDIA H100 80GB HBM3"). */
+  virtual std::string name() const = 0;
 
   virtual void* Alloc(size_t nbytes) = 0;
   virtual void Free(void* ptr) = 0;

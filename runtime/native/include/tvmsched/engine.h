@@ -18,5 +18,6 @@
 #include "tvmsched/device.h"
 #include "tvmsched/model.h"
 #include "tvmsched/stream.h"
+#include "tvmsched/timer.h"
 
 #endif  // TVMSCHED_ENGINE_H_
