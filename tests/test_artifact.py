@@ -72,3 +72,30 @@ def rewrite_member(path, member: str, change, fix_checksum: bool = False) -> Non
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
         for name, data in members.items():
             archive.writestr(name, data)
+
+
+def test_a_deflated_member_is_refused_before_it_is_inflated(mlp_artifact, tmp_path):
+    """A zip bomb: 64 MiB of zeros deflated to ~64 kB in place of the weights (checksum matching)."""
+    path = tmp_path / "bomb.tvms"
+    mlp_artifact.save(path)
+    bomb = bytes(64 << 20)
+    with zipfile.ZipFile(path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    members["weights.npz"] = bomb
+    checksums = json.loads(members["checksums.json"])
+    checksums["weights.npz"] = hashlib.sha256(bomb).hexdigest()
+    members["checksums.json"] = json.dumps(checksums).encode()
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data, compress_type=zipfile.ZIP_DEFLATED if name == "weights.npz" else None)
+    assert path.stat().st_size < 1 << 20
+    with pytest.raises(TvmschedError, match="compressed member weights.npz"):
+        Artifact.load(path)
+
+
+def test_an_older_or_negative_schema_is_refused(mlp_artifact, tmp_path):
+    path = tmp_path / "old.tvms"
+    mlp_artifact.save(path)
+    rewrite_member(path, "manifest.json", lambda d: d.replace(b'"schema_version": 1', b'"schema_version": -1'), fix_checksum=True)
+    with pytest.raises(TvmschedError, match="schema version -1; this tvmsched reads version 1 only"):
+        Artifact.load(path)

@@ -136,12 +136,13 @@ class Artifact:
             raise TvmschedError(f"artifact not found: {path}")
         members = _read_members(path)
         manifest_data = json.loads(members["manifest.json"])
-        version = manifest_data.get("schema_version")
-        if not isinstance(version, int) or version > SCHEMA_VERSION:
-            raise TvmschedError(
-                f"{path} has artifact schema version {version}, newer than this tvmsched reads "
-                f"({SCHEMA_VERSION}); upgrade tvmsched"
-            )
+        version = manifest_data.get("schema_version") if isinstance(manifest_data, dict) else None
+        if isinstance(version, int) and version > SCHEMA_VERSION:
+            raise TvmschedError(f"{path} has artifact schema version {version}, newer than this tvmsched reads "
+                                f"({SCHEMA_VERSION}); upgrade tvmsched")
+        if version != SCHEMA_VERSION:
+            raise TvmschedError(f"{path} has artifact schema version {version}; this tvmsched reads version "
+                                f"{SCHEMA_VERSION} only (recompile the model)")
         try:
             manifest = Manifest.from_json(manifest_data)
             weights = _unpack_weights(members["weights.npz"])
@@ -159,16 +160,37 @@ def read_manifest(path: str | Path) -> Manifest:
         raise TvmschedError(f"{path} is not a readable tvmsched artifact ({one_line(err)})") from None
 
 
+_CHUNK = 1 << 20
+
+
 def _read_members(path: Path) -> dict[str, bytes]:
+    """The members, each checked before it is read: stored (never inflated), no larger than the file,
+    hashed in chunks against checksums.json."""
+    size = path.stat().st_size
     try:
         with zipfile.ZipFile(path) as archive:
+            infos = {name: archive.getinfo(name) for name in (*_MEMBERS, "checksums.json")}
+            for name, info in infos.items():
+                if info.compress_type != zipfile.ZIP_STORED:
+                    raise TvmschedError(f"{path} has a compressed member {name} (tvmsched writes stored members only; "
+                                        "refusing to inflate it)")
+                if info.file_size > size:
+                    raise TvmschedError(f"{path} is corrupt: {name} claims {info.file_size} bytes in a {size}-byte file")
             checksums = json.loads(archive.read("checksums.json"))
-            members = {name: archive.read(name) for name in _MEMBERS}
+            if not isinstance(checksums, dict):
+                raise ValueError("checksums.json is not an object")
+            members = {}
+            for name in _MEMBERS:
+                digest, chunks = hashlib.sha256(), []
+                with archive.open(infos[name]) as member:
+                    while chunk := member.read(_CHUNK):
+                        digest.update(chunk)
+                        chunks.append(chunk)
+                if digest.hexdigest() != checksums.get(name):
+                    raise TvmschedError(f"{path} is corrupt: checksum mismatch in {name}")
+                members[name] = b"".join(chunks)
     except (zipfile.BadZipFile, KeyError, ValueError, OSError, EOFError) as err:
         raise TvmschedError(f"{path} is not a readable tvmsched artifact (truncated or corrupt: {one_line(err)})") from None
-    for name, data in members.items():
-        if hashlib.sha256(data).hexdigest() != checksums.get(name):
-            raise TvmschedError(f"{path} is corrupt: checksum mismatch in {name}")
     return members
 
 

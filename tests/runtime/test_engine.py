@@ -61,6 +61,12 @@ TAMPERINGS = {
         lambda m: next(t for t in m["tensors"].values() if t["kind"] == "weight").update(shape=[3, 3])), True), "does not match"),
     "unknown tensor": (lambda p: rewrite_member(p, "manifest.json", _manifest_edit(
         lambda m: m["layers"][0].update(inputs=["ghost"])), True), "unknown tensor ghost"),
+    "no inputs": (lambda p: rewrite_member(p, "manifest.json", _manifest_edit(lambda m: m.update(inputs=[])), True),
+                  "is bound to no model input"),
+    "read before written": (lambda p: rewrite_member(p, "manifest.json", _manifest_edit(
+        lambda m: m["layers"][0].update(inputs=m["layers"][-1]["outputs"])), True), "before any layer writes it"),
+    "schema -1": (lambda p: rewrite_member(p, "manifest.json", _manifest_edit(lambda m: m.update(schema_version=-1)), True),
+                  "schema version -1; this tvmsched reads version 1 only"),
 }
 
 _LOADER = """

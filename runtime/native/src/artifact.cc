@@ -115,6 +115,49 @@ class Json {
   std::string where_;
 };
 
+/*! \brief What the kernels rely on before any runs: every tensor has a known size, every model input
+ *  tensor is bound to an input (else a kernel reads uninitialised memory), every layer reads only
+ *  weights, inputs or earlier layers' outputs, activations are written by exactly one layer, and
+ *  candidates are numbered by position. */
+void CheckInvariants(const Manifest& m) {
+  for (const auto& [id, spec] : m.tensors) {
+    double bytes = (spec.dtype.bits + 7) / 8;
+    for (int64_t d : spec.shape) bytes *= static_cast<double>(d);
+    if (bytes > double(int64_t(1) << 40)) throw std::invalid_argument("tensor " + id + " is too large");
+    if (spec.kind != "input" && spec.kind != "weight" && spec.kind != "activation") {
+      throw std::invalid_argument("tensor " + id + " has unknown kind " + spec.kind);
+    }
+  }
+  std::set<std::string> bound, written;
+  for (const Binding& b : m.inputs) {
+    if (m.tensors.at(b.tensor).kind != "input") throw std::invalid_argument("input " + b.name + " is bound to a non-input tensor");
+    if (!bound.insert(b.tensor).second) throw std::invalid_argument("tensor " + b.tensor + " is bound to two inputs");
+  }
+  for (const auto& [id, spec] : m.tensors) {
+    if (spec.kind == "input" && !bound.count(id)) throw std::invalid_argument("input tensor " + id + " is bound to no model input");
+  }
+  for (const LayerSpec& layer : m.layers) {
+    for (const auto& id : layer.inputs) {
+      const std::string& kind = m.tensors.at(id).kind;
+      if (kind == "activation" && !written.count(id)) {
+        throw std::invalid_argument("layer " + layer.func + " reads " + id + " before any layer writes it");
+      }
+    }
+    for (const auto& id : layer.outputs) {
+      if (m.tensors.at(id).kind != "activation") throw std::invalid_argument("layer " + layer.func + " writes non-activation " + id);
+      if (!written.insert(id).second) throw std::invalid_argument("tensor " + id + " is written by two layers");
+    }
+    for (size_t c = 0; c < layer.candidates.size(); ++c) {
+      if (layer.candidates[c].id != static_cast<int>(c)) throw std::invalid_argument("layer " + layer.func + " has candidate ids out of order");
+    }
+  }
+  for (const Binding& b : m.outputs) {
+    if (m.tensors.at(b.tensor).kind == "activation" && !written.count(b.tensor)) {
+      throw std::invalid_argument("output " + b.name + " is written by no layer");
+    }
+  }
+}
+
 Manifest ParseManifest(const std::string& text) {
   ffi::String error;
   ffi::Any root = ffi::json::Parse(ffi::String(text), &error);
@@ -122,7 +165,7 @@ Manifest ParseManifest(const std::string& text) {
   Json json(root, "manifest");
   Manifest m;
   m.schema_version = static_cast<int>(json["schema_version"].integer());
-  if (m.schema_version > kSchemaVersion) return m;  // the caller reports the version
+  if (m.schema_version != kSchemaVersion) return m;  // the caller reports the version
   m.model_name = json["model_name"].str();
   m.device = json["device"].str();
   if (m.device != "cpu" && m.device != "cuda") throw std::invalid_argument("manifest.device must be cpu or cuda");
@@ -174,7 +217,9 @@ Manifest ParseManifest(const std::string& text) {
     m.layers.push_back(std::move(layer));
   }
   m.preempt_flags = static_cast<int>(json["preempt_flags"].integer_or(0));
+  if (m.preempt_flags < 0 || m.preempt_flags > 4096) throw std::invalid_argument("manifest.preempt_flags out of range");
   if (!json["qos_ms"].null()) m.qos_ms = json["qos_ms"].number();
+  CheckInvariants(m);
   return m;
 }
 
@@ -295,9 +340,14 @@ ArtifactContents ReadArtifact(const std::string& path) {
   } catch (const std::invalid_argument& err) {
     TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights (" << err.what() << ")";
   }
-  if (out.manifest.schema_version > kSchemaVersion) {
-    TVM_FFI_THROW(TvmschedError) << path << " has artifact schema version " << out.manifest.schema_version
-                                 << ", newer than this tvmsched reads (" << kSchemaVersion << "); upgrade tvmsched";
+  int version = out.manifest.schema_version;
+  if (version > kSchemaVersion) {
+    TVM_FFI_THROW(TvmschedError) << path << " has artifact schema version " << version << ", newer than this tvmsched reads ("
+                                 << kSchemaVersion << "); upgrade tvmsched";
+  }
+  if (version < kSchemaVersion) {
+    TVM_FFI_THROW(TvmschedError) << path << " has artifact schema version " << version << "; this tvmsched reads version "
+                                 << kSchemaVersion << " only (recompile the model)";
   }
   try {
     auto arrays = ReadStoredZip(members["weights.npz"], "weights.npz", 65535);
