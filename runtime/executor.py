@@ -15,7 +15,7 @@ import numpy as np
 import tvm_ffi
 
 from tvmsched.artifact import Artifact, Manifest, read_manifest
-from tvmsched.errors import TvmschedError
+from tvmsched.errors import TvmschedError, one_line
 from tvmsched.native import func
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,13 @@ def to_engine(inputs: dict[str, np.ndarray]) -> dict:
     """Host arrays as tvm-ffi tensors (zero-copy for C-contiguous numpy arrays)."""
     if not isinstance(inputs, dict):
         raise TvmschedError(f"inputs must be a dict of arrays keyed by input name, not {type(inputs).__name__}")
-    return {name: tvm_ffi.from_dlpack(np.asarray(value, order="C")) for name, value in inputs.items()}
+    converted = {}
+    for name, value in inputs.items():
+        try:
+            converted[str(name)] = tvm_ffi.from_dlpack(np.asarray(value, order="C"))
+        except (TypeError, ValueError, BufferError, RuntimeError) as err:
+            raise TvmschedError(f"input {name!r} is not a numeric array ({one_line(err)})") from None
+    return converted
 
 
 def from_engine(outputs) -> dict[str, np.ndarray]:

@@ -134,3 +134,20 @@ def test_eight_threads_over_three_tenants_get_correct_outputs(tmp_path):
         stats = rt.stats()
     assert not failures
     assert sum(stats[n]["requests"] for n in names) == 96 and all(stats[n]["errors"] == 0 for n in names)
+
+
+@pytest.mark.parametrize("inputs, ids, fragment", [
+    ({"input": "hello"}, None, "input 'input' is not a numeric array"),
+    ({"input": np.zeros((1, 2), "float32")}, None, "has shape (1, 2), expected (1, 784)"),
+    ({"input": np.zeros((1, 784), "float64")}, None, "has dtype float64, expected float32"),
+    ([1, 2], None, "inputs must be a dict"),
+    ({"nope": np.zeros((1, 784), "float32")}, None, "input names do not match the model"),
+    (None, [99, 0, 0, 0], "candidate ids [99, 0, 0, 0] do not match the model's 4 layers"),
+])
+def test_bad_run_arguments_raise_one_line_errors(mlp, inputs, ids, fragment):
+    from tvmsched.errors import TvmschedError
+
+    executor = Executor(mlp)
+    with pytest.raises(TvmschedError) as raised:
+        executor.run(executor.random_inputs(0) if inputs is None else inputs, ids)
+    assert fragment in str(raised.value) and "\n" not in str(raised.value)
