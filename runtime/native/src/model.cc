@@ -156,7 +156,10 @@ void ModelObj::Init(const std::string& path, ArtifactContents contents, FlagMemo
       if (!kernel.has_value()) TVM_FFI_THROW(TvmschedError) << path << " is corrupt: kernel " << spec.kernel << " is missing";
       Candidate cand;
       cand.kernel = *kernel;
-      cand.units = spec.mechanism == "grid_limit" ? 0 : spec.units;  // grid-limited kernels restrict themselves
+      // one encoding: an explicit unit count; all units where the manifest says none (0) and for
+      // grid-limited kernels, which restrict themselves
+      int all = device_->total_units();
+      cand.units = spec.mechanism == "grid_limit" || spec.units <= 0 ? all : std::min(spec.units, all);
       cands.push_back(std::move(cand));
     }
     candidates_.push_back(std::move(cands));
@@ -302,7 +305,7 @@ void ModelObj::SetInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs) {
 
 StreamHandle ModelObj::StreamFor(int units) {
   if (std::string(device_->kind()) == "cpu") return nullptr;
-  if (units <= 0 || units >= device_->total_units()) units = 0;
+  units = std::min(units, device_->total_units());
   auto found = streams_.find(units);
   if (found == streams_.end()) found = streams_.emplace(units, device_->CreateStream(units, nullptr)).first;
   return found->second;

@@ -94,7 +94,7 @@ class ModelObj : public ffi::Object {
  private:
   struct Candidate {
     ffi::Function kernel;
-    int units = 0;            // 0: all units
+    int units = 0;            // its compute units, an explicit count (all units: the device's total)
     StreamHandle stream = nullptr;  // CUDA: the stream of its units
   };
   void Allocate();
