@@ -161,3 +161,19 @@ def test_unknown_zoo_model(tmp_path):
 def test_cuda_device_for_a_cpu_artifact(compiled):
     _, artifact = compiled
     assert_user_error(run_cli("run", artifact, "--device", "cuda"), "compiled for cpu, not cuda")
+
+
+def test_check_fails_on_wrong_numbers_and_on_another_model(tmp_path):
+    """--check is a real relative tolerance: the mlp with other weights (softmax outputs ~0.1 apart by
+    ~0.01) is a MISMATCH, not 'within 100% of the reference'; a model with other outputs is one line."""
+    from tvmsched import models
+
+    artifact, same, reseeded = tmp_path / "mlp.tvms", tmp_path / "mlp.onnx", tmp_path / "mlp-seed1.onnx"
+    models.save("mlp", same, seed=0)
+    models.save("mlp", reseeded, seed=1)
+    assert run_cli("compile", same, "-o", artifact).returncode == 0
+    assert run_cli("run", artifact, "--check", same).returncode == 0
+    assert_user_error(run_cli("run", artifact, "--check", reseeded), "outputs differ from onnxruntime", "elements")
+    other = tmp_path / "tiny.onnx"
+    models.save("tiny", other)
+    assert_user_error(run_cli("run", artifact, "--check", other), "not the same model")
