@@ -177,3 +177,27 @@ def test_check_fails_on_wrong_numbers_and_on_another_model(tmp_path):
     other = tmp_path / "tiny.onnx"
     models.save("tiny", other)
     assert_user_error(run_cli("run", artifact, "--check", other), "not the same model")
+
+
+def test_check_rejects_all_zero_outputs_and_accepts_identical_nans(tmp_path):
+    """All-zero outputs were 'OK' under |out - ref| <= 1e-4 + |ref| (100% relative error)."""
+    import onnxruntime
+
+    from tvmsched import models
+    from tvmsched.cli import _check_against_onnxruntime
+    from tvmsched.errors import TvmschedError
+
+    path = tmp_path / "mlp.onnx"
+    models.save("mlp", path)
+    inputs = models.random_inputs(models.build("mlp"), seed=0)
+    reference = onnxruntime.InferenceSession(str(path)).run(None, inputs)[0]
+    quiet = lambda text: None
+    assert _check_against_onnxruntime(str(path), inputs, {"output": reference.copy()}, echo=quiet)["ok"]
+    with pytest.raises(TvmschedError, match="outputs differ from onnxruntime"):
+        _check_against_onnxruntime(str(path), inputs, {"output": np.zeros_like(reference)}, echo=quiet)
+    with pytest.raises(TvmschedError, match="outputs differ from onnxruntime"):
+        _check_against_onnxruntime(str(path), inputs, {"output": reference * 1.01}, echo=quiet)
+    nan_inputs = {"input": np.full_like(inputs["input"], np.nan)}
+    nan_reference = onnxruntime.InferenceSession(str(path)).run(None, nan_inputs)[0]
+    assert np.isnan(nan_reference).all()
+    assert _check_against_onnxruntime(str(path), nan_inputs, {"output": nan_reference.copy()}, echo=quiet)["ok"]
