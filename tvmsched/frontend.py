@@ -115,9 +115,9 @@ def to_relax(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, ...],
     """Import a checked ONNX model into a Relax IRModule with its weights as constants."""
     from tvm.relax.frontend.onnx import from_onnx
 
-    from tvmsched.onnx_rewrites import expand_layernorm_statistics, fold_batchnorm_into_conv
+    from tvmsched.onnx_rewrites import expand_layernorm_statistics, fold_batchnorm_into_conv, propagate_nan
 
-    model = fold_batchnorm_into_conv(expand_layernorm_statistics(model))
+    model = propagate_nan(fold_batchnorm_into_conv(expand_layernorm_statistics(model)))
     shapes = {name: list(shape) for name, (shape, _) in signature.items()}
     dtypes = {name: dtype for name, (_, dtype) in signature.items()}
     try:

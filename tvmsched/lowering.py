@@ -14,7 +14,7 @@ def legalize_and_fuse(mod, target):
         [
             relax.transform.FoldBatchnormToConv2D(),
             relax.transform.DecomposeOpsForInference(),
-            relax.transform.LegalizeOps(),
+            relax.transform.LegalizeOps(customize_legalize_map=nan_propagating_legalizations()),
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
@@ -27,3 +27,27 @@ def legalize_and_fuse(mod, target):
             return passes(mod)
     except Exception as err:
         raise TvmschedError(f"lowering the model to TIR failed: {one_line(err)}") from None
+
+
+def nan_propagating_legalizations() -> dict:
+    """Relu, Clip, Max and Min as ONNX / IEEE define them on NaN: a NaN operand gives NaN.
+
+    TVM lowers them to max/min, which LLVM and CUDA implement as maxnum/minnum (a NaN operand is dropped:
+    Relu(NaN) = 0). Each float result takes the NaN of any float tensor operand (broadcast like the op).
+    """
+    from tvm import te, topi
+
+    def nan_first(te_func, name: str):
+        def compute(*args):
+            result = te_func(*args)
+            if "float" not in str(result.dtype):
+                return result
+            for arg in args:
+                if isinstance(arg, te.Tensor) and "float" in str(arg.dtype):
+                    result = topi.where(topi.isnan(arg), arg, result)
+            return result
+
+        return lambda bb, call: bb.call_te(compute, *call.args, primfunc_name_hint=name)
+
+    return {"relax.nn.relu": nan_first(topi.nn.relu, "relu"), "relax.clip": nan_first(topi.clip, "tir_clip"),
+            "relax.maximum": nan_first(topi.maximum, "maximum"), "relax.minimum": nan_first(topi.minimum, "minimum")}

@@ -31,6 +31,38 @@ def expand_layernorm_statistics(model: onnx.ModelProto) -> onnx.ModelProto:
     return rewritten
 
 
+_NAN_DROPPING = {"Clip": 1, "Max": None, "Min": None}  # op -> how many leading inputs are data (None: all)
+_FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+
+
+def propagate_nan(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Clip, Max and Min give NaN where a data operand is NaN (ONNX / IEEE, as onnxruntime does).
+
+    TVM's importer emits them as max/min kernels, which drop a NaN operand (maxnum: Clip(NaN) = lo).
+    Each such float node gets `Where(IsNaN(a), a, ...)` around its result, one per data operand.
+    """
+    if not any(n.op_type in _NAN_DROPPING for n in model.graph.node):
+        return model
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type.tensor_type.elem_type
+             for v in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output)}
+    types.update((t.name, t.data_type) for t in model.graph.initializer)
+    nodes = []
+    for index, node in enumerate(model.graph.node):
+        data = [i for i in node.input[: _NAN_DROPPING.get(node.op_type) or len(node.input)] if i]
+        if node.op_type not in _NAN_DROPPING or types.get(node.output[0]) not in _FLOATS:
+            nodes.append(node)
+            continue
+        result = f"_tvmsched_nan{index}_result"
+        nodes.append(helper.make_node(node.op_type, node.input, [result], name=node.name, **_attrs(node)))
+        for k, operand in enumerate(data):
+            mask, out = f"_tvmsched_nan{index}_isnan{k}", node.output[0] if k == len(data) - 1 else f"_tvmsched_nan{index}_{k}"
+            nodes += [helper.make_node("IsNaN", [operand], [mask]), helper.make_node("Where", [mask, operand, result], [out])]
+            result = out
+    graph = helper.make_graph(nodes, model.graph.name, model.graph.input, model.graph.output, model.graph.initializer)
+    return helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
+
+
 def _statistics(node, rank: int, opset: int, prefix: str):
     attrs = _attrs(node)
     axis = attrs.get("axis", -1) % rank
