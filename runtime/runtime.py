@@ -46,7 +46,8 @@ class Model:
     priority: str
     task: Task
     layers: list[list[CandidateInfo]]
-    fastest: tuple[int, ...] = ()  # the fastest candidate of every layer    serial_latencies_ms: list[float] = field(default_factory=list)  # fcfs: measured from submit() in Python
+    fastest: tuple[int, ...] = ()  # the fastest candidate of every layer
+    serial_latencies_ms: list[float] = field(default_factory=list)  # fcfs: measured from submit() in Python
     rejected: int = 0  # requests refused at submit (bad inputs); failures while running are the stream's
 
 
@@ -155,10 +156,12 @@ class Runtime:
         while True:
             model, inputs, ids, future, sent_us = self._serial.get()
             try:
-                future.set_result(model.task.submit(inputs, ids).result())
-                model.serial_latencies_ms.append((func("now_us")() - sent_us) / 1e3)
+                outputs = model.task.submit(inputs, ids).result()
             except Exception as err:  # noqa: BLE001
                 future.set_exception(err)
+                continue
+            model.serial_latencies_ms.append((func("now_us")() - sent_us) / 1e3)  # counted before the caller wakes
+            future.set_result(outputs)
 
     async def infer(self, model: Model | str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """asyncio form of submit()."""
