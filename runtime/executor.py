@@ -7,6 +7,7 @@ converts between numpy and the engine and keeps the manifest for the policies.
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import tvm_ffi
 
-from tvmsched.artifact import Artifact, Manifest, read_manifest
+from tvmsched.artifact import Artifact, Manifest
 from tvmsched.errors import TvmschedError, one_line
 from tvmsched.native import func
 
@@ -53,13 +54,12 @@ class Executor:
                 path = Path(tmp) / "model.tvms"
                 artifact.save(path)
                 self.native = func("load_model")(str(path), device or "", flag_memory)
-            self.manifest: Manifest = artifact.manifest
         else:
-            path = Path(artifact)
-            if not path.is_file():
-                raise TvmschedError(f"artifact not found: {path}")
-            self.native = func("load_model")(str(path), device or "", flag_memory)
-            self.manifest = read_manifest(path)
+            self.native = func("load_model")(str(artifact), device or "", flag_memory)
+        try:  # the manifest the engine verified and loaded (never a second read of the file)
+            self.manifest: Manifest = Manifest.from_json(json.loads(str(self.native.manifest_json())))
+        except (KeyError, TypeError, ValueError) as err:
+            raise TvmschedError(f"{artifact} is a corrupt artifact: bad manifest ({one_line(err)})") from None
         self.device = self.native.device_kind()
         self.num_layers = self.native.num_layers()
 

@@ -186,18 +186,22 @@ class Task:
         """(task, layer, candidate, start s, end s) of each recorded launch (engine clock)."""
         return [(self.name, int(r[1]), int(r[2]), r[3] / 1e6, r[4] / 1e6) for r in self.stream.timeline()]
 
+    def counts(self) -> dict[str, int]:
+        """The engine's counts of this stream: launches (re-runs included), reruns, completed, failed,
+        preemptions (times preempt() paused it)."""
+        return {str(k): int(v) for k, v in self.stream.counts().items()}
+
     @property
     def launches(self) -> int:
-        return int(self.stream.counts()["launches"])
+        return self.counts()["launches"]
 
     @property
     def reruns(self) -> int:
-        return int(self.stream.counts()["reruns"])
+        return self.counts()["reruns"]
 
     @property
     def preemptions(self) -> int:
-        """Times preempt() paused this stream."""
-        return int(self.stream.counts()["preemptions"])
+        return self.counts()["preemptions"]
 
     def latencies_us(self) -> list[float]:
         """Submit-to-finish time of every completed request, in order (engine clock)."""

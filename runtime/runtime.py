@@ -74,7 +74,7 @@ class Runtime:
         if device not in ("cpu", "cuda"):
             raise TvmschedError(f"unknown device {device!r}: use cpu or cuda")
         self.device = device
-        self.total_units = total_units or int(func("device_units")(device))
+        self.total_units = total_units or int(func("device_info")(device)["total_units"])
         if isinstance(colocation, str):  # a tuning-database URL holding this device's profile
             from tvmsched.runtime.colocation import device_name, table_from_rows
             from tvmsched.tuning_db import open_store
@@ -180,7 +180,7 @@ class Runtime:
         """Per model: requests, errors, QoS violations, latency p50/p99 (ms), launches and re-runs."""
         out = {}
         for name, m in list(self.models.items()):
-            counts = m.task.stream.counts()
+            counts = m.task.counts()
             latencies = m.serial_latencies_ms if self.policy.serial else [us / 1e3 for us in m.task.latencies_us()]
             lat = np.array(latencies) if latencies else None
             out[name] = {

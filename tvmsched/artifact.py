@@ -151,15 +151,6 @@ class Artifact:
         return cls(manifest, members["kernels.so"], weights)
 
 
-def read_manifest(path: str | Path) -> Manifest:
-    """Only the manifest of an artifact file (for code beside the engine, which verifies the whole file)."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return Manifest.from_json(json.loads(archive.read("manifest.json")))
-    except (zipfile.BadZipFile, KeyError, ValueError, TypeError, OSError) as err:
-        raise TvmschedError(f"{path} is not a readable tvmsched artifact ({one_line(err)})") from None
-
-
 _CHUNK = 1 << 20
 
 

@@ -365,6 +365,7 @@ ArtifactContents ReadArtifact(const std::string& path) {
   } catch (const ffi::Error& err) {
     TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights (" << err.message() << ")";
   }
+  out.manifest_json = std::move(members["manifest.json"]);
   out.kernels = std::move(members["kernels.so"]);
   return out;
 }

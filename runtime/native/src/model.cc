@@ -146,6 +146,7 @@ ModelObj::ModelObj(std::shared_ptr<Device> device) : device_(std::move(device)) 
 
 void ModelObj::Init(const std::string& path, ArtifactContents contents, FlagMemory flag_memory) {
   manifest_ = std::move(contents.manifest);
+  manifest_json_ = std::move(contents.manifest_json);
   device_->SetThreadUnits(0);
   library_ = LoadLibrary(contents.kernels);
   contents.kernels.clear();
@@ -200,12 +201,6 @@ Model Model::Load(const std::string& path, const std::string& device, FlagMemory
   auto obj = ffi::make_object<ModelObj>(OpenDevice(compiled_for));
   obj->Init(path, std::move(contents), flag_memory);
   return Model(obj);
-}
-
-size_t ModelObj::activation_bytes() const {
-  size_t total = 0;
-  for (size_t n : PlanMemory(manifest_, reuse_distance_).storage_bytes) total += n;
-  return total;
 }
 
 void ModelObj::FreeActivations() {
@@ -296,6 +291,10 @@ void ModelObj::CheckCandidates(const std::vector<int>& ids) const {
 
 void ModelObj::SetInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs) {
   CheckInputs(inputs);
+  CopyInputs(inputs);
+}
+
+void ModelObj::CopyInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs) {
   for (const Binding& b : manifest_.inputs) {
     const DLTensor* t = inputs[ffi::String(b.name)].GetDLTensorPtr();
     device_->CopyToDevice(inputs_.at(b.tensor), static_cast<const char*>(t->data) + t->byte_offset,
@@ -329,6 +328,11 @@ void ModelObj::RunLayer(int index, int candidate) {
   for (size_t i = 0; i < args.size(); ++i) views[i] = &args[i];
   ffi::Any result;
   cand.kernel.CallPacked(views, static_cast<int32_t>(args.size()), &result);
+}
+
+void ModelObj::RunLayers(const std::vector<int>& ids) {
+  if (!ids.empty()) CheckCandidates(ids);
+  for (int i = 0; i < num_layers(); ++i) RunLayer(i, ids.empty() ? 0 : ids[i]);
 }
 
 void ModelObj::Synchronize() {

@@ -42,7 +42,6 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   refl::GlobalDef()
       .def("tvmsched.engine.set_tvm_libdir", [](const std::string& dir) { SetTvmLibDir(dir); })
       .def("tvmsched.engine.now_us", []() { return Device::NowMicros(); })
-      .def("tvmsched.engine.device_units", [](const std::string& kind) { return OpenDevice(kind)->total_units(); })
       .def("tvmsched.engine.device_info",
            [](const std::string& kind) {
              auto device = OpenDevice(kind);
@@ -101,20 +100,17 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("total_units", [](Model m) { return m->device().total_units(); })
       .def("num_layers", [](Model m) { return m->num_layers(); })
       .def("reuse_distance", [](Model m) { return m->reuse_distance(); })
-      .def("activation_bytes", [](Model m) { return static_cast<int64_t>(m->activation_bytes()); })
+      .def("manifest_json", [](Model m) { return m->manifest_json(); })
       .def("replan", [](Model m, int distance) { m->Replan(distance); })
       .def("set_inputs", [](Model m, ffi::Map<ffi::String, ffi::Tensor> inputs) { m->SetInputs(inputs); })
       .def("run_layer", [](Model m, int index, int candidate) { m->RunLayer(index, candidate); })
-      .def("run_layers",
-           [](Model m, ffi::Array<int64_t> ids) {
-             if (!ids.empty()) m->CheckCandidates(Ids(ids));
-             for (int i = 0; i < m->num_layers(); ++i) m->RunLayer(i, ids.empty() ? 0 : static_cast<int>(ids[i]));
-           })
+      .def("run_layers", [](Model m, ffi::Array<int64_t> ids) { m->RunLayers(Ids(ids)); })
       .def("run",
            [](Model m, ffi::Map<ffi::String, ffi::Tensor> inputs, ffi::Array<int64_t> ids) {
-             if (!ids.empty()) m->CheckCandidates(Ids(ids));
+             std::vector<int> candidates = Ids(ids);
+             if (!candidates.empty()) m->CheckCandidates(candidates);  // before the inputs are copied
              m->SetInputs(inputs);
-             for (int i = 0; i < m->num_layers(); ++i) m->RunLayer(i, ids.empty() ? 0 : static_cast<int>(ids[i]));
+             m->RunLayers(candidates);
              return m->GetOutputs();
            })
       .def("get_outputs", [](Model m) { return m->GetOutputs(); })
@@ -124,7 +120,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              ffi::Array<double> seconds;
              for (int i = 0; i < warmup + repeat; ++i) {
                double start = Device::NowMicros();
-               for (int layer = 0; layer < m->num_layers(); ++layer) m->RunLayer(layer, 0);
+               m->RunLayers({});
                m->Synchronize();
                if (i >= warmup) seconds.push_back((Device::NowMicros() - start) / 1e6);
              }

@@ -311,7 +311,7 @@ bool StreamObj::MayLaunch(const Launch& launch) const {
 bool StreamObj::StartRequest() {
   Request& request = requests_.front();
   try {
-    m_->SetInputs(request->inputs);
+    m_->CopyInputs(request->inputs);  // checked by Submit
   } catch (const ffi::Error& err) {
     FailHead(OneLine(err.message()));
     return false;

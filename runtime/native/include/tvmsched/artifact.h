@@ -70,6 +70,7 @@ struct HostArray {
 /*! \brief An artifact read and verified: manifest parsed, checksums matched, weights read. */
 struct ArtifactContents {
   Manifest manifest;
+  std::string manifest_json;  ///< manifest.json as verified (for callers that keep their own view of it)
   std::string kernels;  ///< kernels.so bytes
   std::map<std::string, HostArray> weights;
 };

@@ -56,7 +56,8 @@ class ModelObj : public ffi::Object {
   const std::string& name() const { return manifest_.model_name; }
   int num_layers() const { return static_cast<int>(manifest_.layers.size()); }
   int reuse_distance() const { return reuse_distance_; }
-  size_t activation_bytes() const;
+  /*! \brief manifest.json as the loader verified it. */
+  const std::string& manifest_json() const { return manifest_json_; }
 
   /*! \brief Re-allocate activations for a new reuse distance (no request may be running). */
   void Replan(int reuse_distance);
@@ -65,8 +66,12 @@ class ModelObj : public ffi::Object {
   /*! \brief Check a candidate-ID list (one id per layer, each in range). */
   void CheckCandidates(const std::vector<int>& ids) const;
   void SetInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs);
+  /*! \brief SetInputs for inputs CheckInputs already accepted (a stream checks them at submit). */
+  void CopyInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs);
   /*! \brief Launch layer `index` with candidate `candidate` (asynchronous on a GPU). */
   void RunLayer(int index, int candidate);
+  /*! \brief Launch every layer in order with candidates `ids` (checked; empty: candidate 0 everywhere). */
+  void RunLayers(const std::vector<int>& ids);
   /*! \brief Wait for every launched layer; then copy the outputs into new host tensors. */
   ffi::Map<ffi::String, ffi::Tensor> GetOutputs();
   void Synchronize();
@@ -102,6 +107,7 @@ class ModelObj : public ffi::Object {
   StreamHandle StreamFor(int units);
 
   Manifest manifest_;
+  std::string manifest_json_;
   std::shared_ptr<Device> device_;
   ffi::Optional<ffi::Module> library_;
   std::vector<std::vector<Candidate>> candidates_;
