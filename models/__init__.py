@@ -20,6 +20,7 @@ import onnx
 
 from .bert import build_bert_tiny
 from .common import IR_VERSION, OPSET, random_inputs
+from .embedding import build_bert_tiny_ids, build_dlrm_small
 from .mlp import build_mlp
 from .mobilenet import build_mobilenetv2
 from .resnet import build_resnet18, build_resnet18_small
@@ -80,6 +81,16 @@ MODELS: dict[str, ModelSpec] = {
             "bert-tiny",
             "2-layer BERT-tiny encoder; hidden_states 1x128x128 -> output 1x128x128",
             build_bert_tiny,
+        ),
+        ModelSpec(
+            "bert-tiny-ids",
+            "bert-tiny from token ids (30522-row embedding); input_ids 1x128 int64 -> output 1x128x128",
+            build_bert_tiny_ids,
+        ),
+        ModelSpec(
+            "dlrm-small",
+            "DLRM-style: 8 embedding bags of 40000x16, two MLPs; dense 32x13 + ids0..7 32x4 int64 -> 32x1",
+            build_dlrm_small,
         ),
     )
 }

@@ -145,8 +145,11 @@ def classifier_head(
     return dense(g, y, "head.fc", channels, num_classes, out)
 
 
-def _value_info(name: str, shape: Shape) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+INDEX_RANGE = "index_range:"  # metadata key prefix: an int64 input's values lie in [0, value)
+
+
+def _value_info(name: str, shape: Shape, elem_type: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem_type, list(shape))
 
 
 def make_model(
@@ -155,15 +158,18 @@ def make_model(
     inputs: dict[str, Shape],
     outputs: dict[str, Shape],
     doc: str = "",
+    int_inputs: dict[str, int] | None = None,
 ) -> onnx.ModelProto:
     """Wraps the builder's graph into a shape-inferred opset-17 / IR-8 model.
 
     Args:
         g: Builder holding the nodes and initializers.
         name: Graph name.
-        inputs: Float32 graph inputs and their static shapes.
+        inputs: Graph inputs and their static shapes (float32 unless in ``int_inputs``).
         outputs: Float32 graph outputs and their static shapes.
         doc: Optional doc string stored on the graph.
+        int_inputs: Int64 index inputs and the size of what they index (valid values: 0..size-1),
+            recorded in the model's metadata for :func:`random_inputs`.
 
     Returns:
         The model, with ``value_info`` filled in by strict shape inference.
@@ -171,7 +177,7 @@ def make_model(
     graph = helper.make_graph(
         g.nodes,
         name,
-        [_value_info(n, s) for n, s in inputs.items()],
+        [_value_info(n, s, TensorProto.INT64 if n in (int_inputs or {}) else TensorProto.FLOAT) for n, s in inputs.items()],
         [_value_info(n, s) for n, s in outputs.items()],
         initializer=g.initializers,
         doc_string=doc,
@@ -182,6 +188,9 @@ def make_model(
         ir_version=IR_VERSION,
         producer_name="tvmsched.models",
     )
+    for input_name, size in (int_inputs or {}).items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = INDEX_RANGE + input_name, str(size)
     return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
 
 
@@ -194,7 +203,8 @@ def static_shape(value: onnx.ValueInfoProto) -> tuple[int, ...]:
 
 
 def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    """Makes standard-normal float32 feeds for every non-initializer graph input.
+    """Makes feeds for every non-initializer graph input: standard-normal float32, or int64
+    indices uniform over their recorded range (``index_range:<input>`` metadata).
 
     Args:
         model: Model whose inputs have static shapes.
@@ -205,8 +215,14 @@ def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray
     """
     rng = np.random.default_rng(seed)
     weights = {t.name for t in model.graph.initializer}
-    return {
-        v.name: rng.standard_normal(static_shape(v), dtype=np.float32)
-        for v in model.graph.input
-        if v.name not in weights
-    }
+    ranges = {p.key[len(INDEX_RANGE):]: int(p.value) for p in model.metadata_props if p.key.startswith(INDEX_RANGE)}
+    feeds = {}
+    for v in model.graph.input:
+        if v.name in weights:
+            continue
+        shape = static_shape(v)
+        if v.name in ranges:
+            feeds[v.name] = rng.integers(0, ranges[v.name], shape, dtype=np.int64)
+        else:
+            feeds[v.name] = rng.standard_normal(shape, dtype=np.float32)
+    return feeds

@@ -110,13 +110,17 @@ class Executor:
         return [int(n) for n in self.native.completed_blocks(list(candidate_ids or []))]
 
     def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
-        """Standard-normal (floats) or small-integer inputs of the model's shapes."""
+        """Standard-normal (floats) or integer inputs of the model's shapes; an input that indexes
+        (an index check names it) is drawn from its valid range, other integers from {0, 1}."""
         rng = np.random.default_rng(seed)
+        ranges = {}
+        for check in self.manifest.index_checks:
+            ranges[check.indices] = min(ranges.get(check.indices, check.bounds[0]), *check.bounds)
         inputs = {}
         for binding in self.manifest.inputs:
             spec = self.manifest.tensors[binding.tensor]
             if np.issubdtype(np.dtype(spec.dtype), np.floating):
                 inputs[binding.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
             else:
-                inputs[binding.name] = rng.integers(0, 2, spec.shape).astype(spec.dtype)
+                inputs[binding.name] = rng.integers(0, ranges.get(binding.name, 2), spec.shape).astype(spec.dtype)
         return inputs

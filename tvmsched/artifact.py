@@ -65,6 +65,19 @@ class Binding:
 
 
 @dataclass(frozen=True)
+class IndexCheck:
+    """A node whose run-time indices are bounds-checked (tvmsched.index_checks): the engine fails a
+    request whose flag tensor (int32, 0-d) is nonzero after the run, with `message`."""
+
+    tensor: str
+    op: str
+    node: str
+    indices: str  # the ONNX tensor holding the indices
+    bounds: tuple[int, ...]  # sizes of the indexed axes (valid values: -n .. n-1)
+    message: str
+
+
+@dataclass(frozen=True)
 class Manifest:
     model_name: str
     target: dict
@@ -80,6 +93,7 @@ class Manifest:
     qos_ms: float | None = None  # the model's latency target, when candidates were built for one
     preempt_flags: int = 0  # length of the int32 flag array every kernel takes last (0: not instrumented)
     progress_counters: bool = False  # kernels take a progress counter after the flags (passes.progress)
+    index_checks: tuple[IndexCheck, ...] = ()  # run-time index bounds checks (empty: none, or compiled unchecked)
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict:
@@ -105,6 +119,7 @@ class Manifest:
                 "outputs": tuple(Binding(**b) for b in data["outputs"]),
                 "tensors": {k: TensorSpec(tuple(v["shape"]), v["dtype"], v["kind"]) for k, v in data["tensors"].items()},
                 "layers": layers,
+                "index_checks": tuple(IndexCheck(**{**c, "bounds": tuple(c["bounds"])}) for c in data.get("index_checks", ())),
             }
         )
 

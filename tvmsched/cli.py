@@ -66,10 +66,12 @@ def models_build(name: str, output: str | None, seed: int) -> None:
               help="Instrument kernels with preempt-flag checks (needed for preemption).")
 @click.option("--progress-counters", is_flag=True,
               help="Kernels count their completed blocks (GPU thread blocks, CPU parallel iterations) for the runtime.")
+@click.option("--index-checks/--no-index-checks", default=True, show_default=True,
+              help="Bounds-check indices read from run-time data (off only to measure the checks: unsafe).")
 def compile_cmd(
     model: str, output: str | None, target: str, input_shapes: tuple[str, ...], tune_trials: int, db_url: str | None,
     db_token_file: str | None, qos_ms: float | None, units_csv: str | None, rpc: str | None, preempt_checks: bool,
-    progress_counters: bool,
+    progress_counters: bool, index_checks: bool,
 ) -> None:
     """Compile an ONNX MODEL into a per-layer artifact (tuned with --tune-trials)."""
     from tvmsched.frontend import parse_input_shapes
@@ -88,7 +90,7 @@ def compile_cmd(
     artifact = compile_file(
         model, target=target, input_shapes=shapes, tune_trials=tune_trials, database=database, progress=tune_trials > 0,
         qos_ms=qos_ms, units=_parse_units(units_csv), rpc=rpc, preempt_checks=preempt_checks,
-        progress_counters=progress_counters,
+        progress_counters=progress_counters, index_checks=index_checks,
     )
     output = output or str(Path(model).with_suffix(".tvms"))
     artifact.save(output)

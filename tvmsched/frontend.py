@@ -112,16 +112,29 @@ def _unsupported_variant(node: onnx.NodeProto) -> str | None:
 
 
 def to_relax(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, ...], str]]):
-    """Import a checked ONNX model into a Relax IRModule with its weights as constants."""
+    """Import a checked ONNX model into a Relax IRModule with its weights as constants (indices unchecked)."""
+    return import_model(model, signature, check_indices=False)[0]
+
+
+def import_model(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, ...], str]], *, check_indices: bool = True):
+    """Import a checked ONNX model into Relax: (IRModule, index checks).
+
+    With `check_indices`, run-time indices are bounds-checked (tvmsched.index_checks): `main` then
+    returns one int32 flag per check after the model's own outputs, in the order of the checks.
+    """
     from tvm.relax.frontend.onnx import from_onnx
 
+    from tvmsched.index_checks import guard_indices
     from tvmsched.onnx_rewrites import expand_layernorm_statistics, fold_batchnorm_into_conv, propagate_nan
 
     model = propagate_nan(fold_batchnorm_into_conv(expand_layernorm_statistics(model)))
+    checks = []
+    if check_indices:
+        model, checks = guard_indices(model, signature)
     shapes = {name: list(shape) for name, (shape, _) in signature.items()}
     dtypes = {name: dtype for name, (_, dtype) in signature.items()}
     try:
-        return from_onnx(model, shape_dict=shapes, dtype_dict=dtypes)
+        return from_onnx(model, shape_dict=shapes, dtype_dict=dtypes), checks
     except Exception as err:
         raise TvmschedError(f"the ONNX importer rejected the model: {one_line(err)}") from None
 

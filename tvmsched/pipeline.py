@@ -10,7 +10,7 @@ from pathlib import Path
 import onnx
 
 from tvmsched import __version__, frontend, kernels, lowering
-from tvmsched.artifact import Artifact, Binding, Candidate, Layer, Manifest
+from tvmsched.artifact import Artifact, Binding, Candidate, IndexCheck, Layer, Manifest
 from tvmsched.errors import TvmschedError
 from tvmsched.layers import Graph, extract_graph
 from tvmsched.targets import device_kind, make_target, target_json
@@ -37,6 +37,7 @@ def compile_model(
     rpc: str | None = None,
     preempt_checks: bool = True,
     progress_counters: bool = False,
+    index_checks: bool = True,
     progress: bool = False,
 ) -> Artifact:
     """ONNX → Relax → fused layers → (tuned or default) kernels → artifact (in memory).
@@ -53,6 +54,8 @@ def compile_model(
         rpc: "HOST:PORT:KEY" of a TVM RPC tracker: measure tuning candidates on its devices.
         preempt_checks: instrument every kernel with preempt-flag checks (after the idempotence analysis).
         progress_counters: kernels count their completed blocks into a per-layer counter (passes.progress).
+        index_checks: bounds-check indices read from run-time data (Gather, Scatter*, ...); off only to
+            measure what the checks cost: an unchecked artifact reads and writes out of bounds on bad indices.
         progress: show a progress bar while tuning.
     """
     if qos_ms is not None and qos_ms <= 0:
@@ -65,7 +68,7 @@ def compile_model(
             f"restricted-unit tuning on {kind} measures on the device machine: build, measure and import a kit "
             "(tvmsched tune kit / tune measure / tune import), then compile with --qos-ms and no --tune-trials"
         )
-    graph, funcs, tvm_target = lower_model(model, target, input_shapes)
+    graph, funcs, tvm_target = lower_model(model, target, input_shapes, index_checks)
     plan = _choose_kernels(
         graph, funcs, tvm_target, tune_trials=tune_trials, database=database, qos_ms=qos_ms, units=units, rpc=rpc,
         progress=progress,
@@ -80,17 +83,41 @@ def compile_model(
     return Artifact(manifest, library, graph.weights)
 
 
-def lower_model(model: onnx.ModelProto, target="llvm", input_shapes: dict | None = None):
-    """ONNX → Relax → fused layers: (Graph, {PrimFunc name: unscheduled PrimFunc}, tvm Target)."""
+def lower_model(model: onnx.ModelProto, target="llvm", input_shapes: dict | None = None, index_checks: bool = True):
+    """ONNX → Relax → fused layers: (Graph, {PrimFunc name: unscheduled PrimFunc}, tvm Target).
+
+    With `index_checks` (the default), indices read from run-time data are bounds-checked: the
+    graph's `index_checks` pair each check's int32 flag tensor with the node it guards.
+    """
     signature = frontend.input_signature(model, input_shapes)
     frontend.check_supported_ops(model)
     tvm_target = make_target(target)
-    mod = frontend.to_relax(model, signature)
+    mod, checks = frontend.import_model(model, signature, check_indices=index_checks)
     mod = lowering.legalize_and_fuse(mod, tvm_target)
     graph = extract_graph(mod)
+    if checks:
+        flags, graph.outputs = graph.outputs[-len(checks):], graph.outputs[: -len(checks)]
+        graph.index_checks = _live_checks(graph, flags, checks)
     all_funcs = kernels.layer_funcs(mod)
     funcs = {f: all_funcs[f] for f in dict.fromkeys(layer.func for layer in graph.layers)}
     return graph, funcs, tvm_target
+
+
+def _live_checks(graph: Graph, flags: list[str], checks: list) -> list:
+    """The checks whose flags are computed at run time; a flag TVM folded to a constant is dropped
+    (its indices were constant after all), or a compile error when that constant says out of range."""
+    from tvmsched.index_checks import describe
+
+    live = []
+    for tensor, check in zip(flags, checks):
+        spec = graph.tensors[tensor]
+        if spec.shape != () or spec.dtype != "int32":
+            raise TvmschedError(f"internal: index check {check.output} became a {spec.dtype}{list(spec.shape)} tensor")
+        if spec.kind == "activation":
+            live.append((tensor, check))
+        elif spec.kind == "weight" and graph.weights[tensor].any():
+            raise TvmschedError(f"index out of range at compile time: {describe(check)}")
+    return live
 
 
 @dataclass
@@ -224,6 +251,8 @@ def _manifest(
 ) -> Manifest:
     import tvm
 
+    from tvmsched.index_checks import describe
+
     output_names = [value.name for value in model.graph.output]
     if len(output_names) != len(graph.outputs):
         raise TvmschedError(f"the model declares {len(output_names)} outputs but computes {len(graph.outputs)}")
@@ -257,6 +286,9 @@ def _manifest(
         qos_ms=qos_ms,
         preempt_flags=plan.preempt_flags,
         progress_counters=plan.progress_counters,
+        index_checks=tuple(
+            IndexCheck(tensor, c.op, c.node, c.indices, c.bounds, describe(c)) for tensor, c in graph.index_checks
+        ),
     )
 
 

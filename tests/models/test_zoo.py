@@ -31,7 +31,7 @@ def built(request: pytest.FixtureRequest) -> tuple[str, onnx.ModelProto]:
 
 
 def test_registry_names() -> None:
-    assert NAMES == ["tiny", "mlp", "resnet18", "resnet18-small", "mobilenetv2", "bert-tiny"]
+    assert NAMES == ["tiny", "mlp", "resnet18", "resnet18-small", "mobilenetv2", "bert-tiny", "bert-tiny-ids", "dlrm-small"]
     assert [s.name for s in models.list_models()] == NAMES
     for name, spec in models.MODELS.items():
         assert spec.name == name and spec.description
@@ -42,8 +42,10 @@ def test_checker_and_versions(built: tuple[str, onnx.ModelProto]) -> None:
     onnx.checker.check_model(model, full_check=True)
     assert model.ir_version == models.IR_VERSION == 8
     assert [(o.domain, o.version) for o in model.opset_import] == [("", models.OPSET)]
+    index_inputs = {p.key.removeprefix("index_range:") for p in model.metadata_props if p.key.startswith("index_range:")}
     for value in [*model.graph.input, *model.graph.output]:
-        assert value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+        expected = onnx.TensorProto.INT64 if value.name in index_inputs else onnx.TensorProto.FLOAT
+        assert value.type.tensor_type.elem_type == expected
         _declared_shape(value)
     for init in model.graph.initializer:
         assert init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.INT64)

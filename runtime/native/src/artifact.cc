@@ -156,6 +156,12 @@ void CheckInvariants(const Manifest& m) {
       throw std::invalid_argument("output " + b.name + " is written by no layer");
     }
   }
+  for (const IndexCheckSpec& c : m.index_checks) {
+    const TensorSpec& spec = m.tensors.at(c.tensor);
+    if (!written.count(c.tensor) || !spec.shape.empty() || spec.dtype_name != "int32") {
+      throw std::invalid_argument("index check " + c.tensor + " is not an int32 scalar written by a layer");
+    }
+  }
 }
 
 Manifest ParseManifest(const std::string& text) {
@@ -215,6 +221,9 @@ Manifest ParseManifest(const std::string& text) {
     if (layer.candidates.empty()) throw std::invalid_argument("layer " + layer.func + " has no candidates");
     if (layer.index != static_cast<int>(m.layers.size())) throw std::invalid_argument("layers are out of order");
     m.layers.push_back(std::move(layer));
+  }
+  if (!json["index_checks"].null()) {
+    for (const Json& c : json["index_checks"].items()) m.index_checks.push_back({known(c["tensor"].str()), c["message"].str()});
   }
   m.preempt_flags = static_cast<int>(json["preempt_flags"].integer_or(0));
   if (m.preempt_flags < 0 || m.preempt_flags > 4096) throw std::invalid_argument("manifest.preempt_flags out of range");

@@ -137,6 +137,7 @@ MemoryPlan PlanMemory(const std::vector<LayerSpec>& layers, const std::map<std::
 MemoryPlan PlanMemory(const Manifest& m, int reuse_distance) {
   std::set<std::string> keep;
   for (const Binding& b : m.outputs) keep.insert(b.tensor);
+  for (const IndexCheckSpec& c : m.index_checks) keep.insert(c.tensor);  // read after the run
   std::map<std::string, size_t> nbytes;
   for (const auto& [id, spec] : m.tensors) nbytes[id] = spec.nbytes();
   return PlanMemory(m.layers, nbytes, keep, reuse_distance);
@@ -343,6 +344,11 @@ EventHandle ModelObj::RecordEvent() { return current_stream_ ? device_->RecordEv
 
 ffi::Map<ffi::String, ffi::Tensor> ModelObj::GetOutputs() {
   Synchronize();
+  for (const IndexCheckSpec& check : manifest_.index_checks) {  // the outputs of a run that indexed out of range are void
+    int32_t flag = 0;
+    device_->CopyToHost(&flag, tensor_data_.at(check.tensor), sizeof(flag), nullptr);
+    if (flag != 0) TVM_FFI_THROW(TvmschedError) << "index out of range: " << check.message;
+  }
   ffi::Map<ffi::String, ffi::Tensor> out;
   for (const Binding& b : manifest_.outputs) {
     const TensorSpec& spec = manifest_.tensors.at(b.tensor);

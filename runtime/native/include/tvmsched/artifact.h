@@ -49,12 +49,20 @@ struct Binding {
   std::string name, tensor;
 };
 
+/*! \brief A node whose run-time indices are bounds-checked at compile time's request: its flag
+ *  tensor (int32, 0-d, written by a layer) is nonzero after a run that saw an out-of-range index. */
+struct IndexCheckSpec {
+  std::string tensor;
+  std::string message;  ///< the node and its valid range, for the request's error
+};
+
 struct Manifest {
   int schema_version = 0;
   std::string model_name, device, device_code;
   std::vector<Binding> inputs, outputs;
   std::map<std::string, TensorSpec> tensors;
   std::vector<LayerSpec> layers;
+  std::vector<IndexCheckSpec> index_checks;
   int preempt_flags = 0;          ///< length of the flag array every kernel takes last (0: none)
   bool progress_counters = false;  ///< kernels take a per-layer counter after the flags
   std::optional<double> qos_ms;

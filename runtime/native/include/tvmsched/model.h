@@ -72,7 +72,8 @@ class ModelObj : public ffi::Object {
   void RunLayer(int index, int candidate);
   /*! \brief Launch every layer in order with candidates `ids` (checked; empty: candidate 0 everywhere). */
   void RunLayers(const std::vector<int>& ids);
-  /*! \brief Wait for every launched layer; then copy the outputs into new host tensors. */
+  /*! \brief Wait for every launched layer; fail if an index check saw an out-of-range index (one-line
+   *  TvmschedError); then copy the outputs into new host tensors. */
   ffi::Map<ffi::String, ffi::Tensor> GetOutputs();
   void Synchronize();
   /*! \brief CUDA: an event after the last launch (nullptr on CPU). */

@@ -1,0 +1,204 @@
+"""Bounds checks for indices read from run-time data (Gather, GatherElements, GatherND, Scatter*).
+
+TVM lowers these ops unchecked ("fast" mode): an index past the table reads or writes foreign
+memory. This ONNX-level rewrite runs before import and gives every such node whose indices
+depend on the model's inputs:
+
+- ONNX semantics for negative indices (`i < 0` means `i + n`),
+- a clamped copy of the indices that the node reads instead (never out of bounds, on any device),
+- a flag, one int32 scalar per node (1: some index was out of range), added as an extra graph
+  output. The manifest lists the flags (`index_checks`); the engine reads them after every run and
+  fails that request with one line naming the node and the valid range.
+
+Indices known at compile time (initializers, Constant nodes) are checked here instead: an
+out-of-range constant index is a compile error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from tvmsched.errors import TvmschedError
+
+CHECK_PREFIX = "_tvmsched_index_check"
+_INDEX_OPS = {  # op -> (position of the indices input, how the bound is found)
+    "Gather": (1, "axis"),
+    "GatherElements": (1, "axis"),
+    "ScatterElements": (1, "axis"),
+    "Scatter": (1, "axis"),
+    "GatherND": (1, "nd"),
+    "ScatterND": (1, "nd"),
+}
+_INT_TYPES = {TensorProto.INT64: np.int64, TensorProto.INT32: np.int32}
+
+
+@dataclass(frozen=True)
+class GuardedNode:
+    """One checked node: the flag output it gets and what an error message says about it."""
+
+    output: str  # the int32 flag tensor (an extra graph output)
+    op: str
+    node: str
+    indices: str  # the ONNX tensor holding the indices
+    bounds: tuple[int, ...]  # the sizes indices index into (one for axis ops, k for the *ND ops)
+
+
+def guard_indices(model: onnx.ModelProto, signature: dict) -> tuple[onnx.ModelProto, list[GuardedNode]]:
+    """Rewrite `model` so that run-time indices are bounds-checked; constant ones are checked now.
+
+    `signature` maps each graph input to its static (shape, dtype), as `frontend.input_signature`.
+    """
+    if not any(n.op_type in _INDEX_OPS and n.domain in ("", "ai.onnx") for n in model.graph.node):
+        return model, []
+    shapes, types = _static_shapes(model, signature)
+    constants = _constants(model)
+    runtime = _runtime_tensors(model)
+    nodes, initializers, outputs, checks = [], list(model.graph.initializer), list(model.graph.output), []
+    for index, node in enumerate(model.graph.node):
+        if node.op_type not in _INDEX_OPS or node.domain not in ("", "ai.onnx"):
+            nodes.append(node)
+            continue
+        position, kind = _INDEX_OPS[node.op_type]
+        data, indices = node.input[0], node.input[position]
+        name = node.name or f"#{index}"
+        bounds = _bounds(node, kind, shapes.get(data), shapes.get(indices), name)
+        if indices in constants:
+            _check_constant(node.op_type, name, constants[indices], bounds, kind)
+            nodes.append(node)
+            continue
+        if indices not in runtime or types.get(indices) not in _INT_TYPES:
+            nodes.append(node)  # computed from shapes alone: folded by TVM at compile time
+            continue
+        prefix = f"{CHECK_PREFIX}{len(checks)}"
+        new_nodes, consts, safe = _clamp(indices, bounds, _INT_TYPES[types[indices]], kind, prefix)
+        nodes += new_nodes
+        initializers += consts
+        inputs = list(node.input)
+        inputs[position] = safe
+        nodes.append(helper.make_node(node.op_type, inputs, list(node.output), name=node.name, domain=node.domain,
+                                      **{a.name: helper.get_attribute_value(a) for a in node.attribute}))
+        outputs.append(helper.make_tensor_value_info(prefix, TensorProto.INT32, []))
+        checks.append(GuardedNode(prefix, node.op_type, name, indices, bounds))
+    if not checks:
+        return model, []
+    graph = helper.make_graph(nodes, model.graph.name, model.graph.input, outputs, initializers)
+    return helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version), checks
+
+
+def describe(check: GuardedNode) -> str:
+    """The valid range of a check, as error messages show it."""
+    ranges = ", ".join(f"[{-n}, {n - 1}]" for n in check.bounds)
+    return f"{check.op} node {check.node!r} (indices {check.indices!r}): values must be in {ranges}"
+
+
+def _clamp(indices: str, bounds: tuple[int, ...], dtype, kind: str, prefix: str):
+    """Nodes computing the in-range copy of `indices` and the flag `prefix` (1: some were out of range).
+
+    Two chains that share nothing but `indices`, so that TVM fuses the clamp into the indexing
+    kernel and the flag into one reduction (one extra kernel per checked node).
+    """
+    bound = np.array(bounds if kind == "nd" else bounds[0], dtype=dtype)  # broadcasts over the last axis (ND)
+    p = prefix
+    consts = [numpy_helper.from_array(v, f"{p}_{key}") for key, v in (("n", bound), ("neg_n", -bound), ("0", np.array(0, dtype)))]
+    n, neg_n, zero = f"{p}_n", f"{p}_neg_n", f"{p}_0"
+    nodes = [  # safe = (-n <= i < n) ? (i < 0 ? i + n : i) : 0
+        helper.make_node("Less", [indices, zero], [f"{p}_neg"]),
+        helper.make_node("Add", [indices, n], [f"{p}_wrapped"]),
+        helper.make_node("Where", [f"{p}_neg", f"{p}_wrapped", indices], [f"{p}_adj"]),
+        helper.make_node("Less", [indices, neg_n], [f"{p}_under_s"]),
+        helper.make_node("Less", [indices, n], [f"{p}_below_s"]),
+        helper.make_node("Not", [f"{p}_under_s"], [f"{p}_above_s"]),
+        helper.make_node("And", [f"{p}_above_s", f"{p}_below_s"], [f"{p}_ok"]),
+        helper.make_node("Where", [f"{p}_ok", f"{p}_adj", zero], [f"{p}_safe"]),
+        # flag = any(i < -n or i >= n)
+        helper.make_node("Less", [indices, neg_n], [f"{p}_under"]),
+        helper.make_node("Less", [indices, n], [f"{p}_below"]),
+        helper.make_node("Not", [f"{p}_below"], [f"{p}_over"]),
+        helper.make_node("Or", [f"{p}_under", f"{p}_over"], [f"{p}_bad"]),
+        helper.make_node("Cast", [f"{p}_bad"], [f"{p}_badi"], to=TensorProto.INT32),
+        helper.make_node("ReduceMax", [f"{p}_badi"], [p], keepdims=0),
+    ]
+    return nodes, consts, f"{p}_safe"
+
+
+def _bounds(node, kind: str, data_shape, indices_shape, name: str) -> tuple[int, ...]:
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if data_shape is None or indices_shape is None:
+        raise TvmschedError(f"cannot bounds-check {node.op_type} node {name!r}: the shapes of its data and indices are unknown")
+    if kind == "axis":
+        axis = attrs.get("axis", 0)
+        if not -len(data_shape) <= axis < len(data_shape):
+            raise TvmschedError(f"{node.op_type} node {name!r}: axis {axis} is out of range for rank {len(data_shape)}")
+        bounds = (data_shape[axis],)
+    else:
+        batch = attrs.get("batch_dims", 0)
+        depth = indices_shape[-1] if indices_shape else 0
+        if not indices_shape or depth < 1 or batch + depth > len(data_shape):
+            raise TvmschedError(f"{node.op_type} node {name!r}: indices of shape {list(indices_shape)} do not fit data of shape {list(data_shape)}")
+        bounds = tuple(data_shape[batch : batch + depth])
+    if 0 in bounds and int(np.prod(indices_shape, dtype=np.int64)) > 0:
+        raise TvmschedError(f"{node.op_type} node {name!r} indexes an empty axis (data shape {list(data_shape)})")
+    return bounds
+
+
+def _check_constant(op: str, name: str, values: np.ndarray, bounds: tuple[int, ...], kind: str) -> None:
+    limit = np.array(bounds if kind == "nd" else bounds[0], dtype=np.int64)
+    values = values.astype(np.int64)
+    bad = (values < -limit) | (values >= limit)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        ranges = ", ".join(f"[{-n}, {n - 1}]" for n in bounds)
+        raise TvmschedError(
+            f"{op} node {name!r}: constant index {int(values[at])} at position {list(at)} is out of range (valid: {ranges})"
+        )
+
+
+def _static_shapes(model: onnx.ModelProto, signature: dict) -> tuple[dict, dict]:
+    """Every tensor's static shape and element type, with the input shapes of `signature` applied."""
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for value in fixed.graph.input:
+        if value.name in signature:
+            dims = value.type.tensor_type.shape
+            del dims.dim[:]
+            for d in signature[value.name][0]:
+                dims.dim.add().dim_value = d
+    try:
+        inferred = onnx.shape_inference.infer_shapes(fixed, data_prop=True)
+    except Exception as err:  # noqa: BLE001 - the checker passed; say where inference fails
+        raise TvmschedError(f"shape inference failed: {str(err).splitlines()[0]}") from None
+    shapes, types = {}, {}
+    for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+        tensor = value.type.tensor_type
+        types[value.name] = tensor.elem_type
+        if tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim):
+            shapes[value.name] = tuple(d.dim_value for d in tensor.shape.dim)
+    for init in model.graph.initializer:
+        shapes[init.name], types[init.name] = tuple(init.dims), init.data_type
+    return shapes, types
+
+
+def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    values = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            value = next((a for a in node.attribute if a.name == "value"), None)
+            if value is not None:
+                values[node.output[0]] = numpy_helper.to_array(value.t)
+    return values
+
+
+def _runtime_tensors(model: onnx.ModelProto) -> set[str]:
+    """Tensors whose values depend on the model's input data (not on shapes or constants alone)."""
+    initializers = {init.name for init in model.graph.initializer}
+    runtime = {value.name for value in model.graph.input if value.name not in initializers}
+    for node in model.graph.node:  # topological order (the checker ensures it)
+        if node.op_type in ("Shape", "Size"):
+            continue
+        if any(name in runtime for name in node.input if name):
+            runtime.update(name for name in node.output if name)
+    return runtime
