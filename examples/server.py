@@ -6,6 +6,8 @@
 
 Each --model is NAME=ARTIFACT[:QOS_MS[:PRIORITY]] (priority realtime or best_effort). --colocation URL
 loads this device's interference profile from a tuning database (`tvmsched profile-coloc --db URL`).
+--trust KEY.pub (repeatable) loads only artifacts signed by one of those keys (README, "Trust model").
+A request body over --max-body-bytes (default 16 MiB) is answered 413 before more of it is read.
 
 GET /metrics (prometheus-client, one registry per app): per model tvmsched_requests_total,
 tvmsched_errors_total, tvmsched_qos_violations_total, tvmsched_preemptions_total and the histogram
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 import time
 
 import numpy as np
@@ -88,13 +91,60 @@ class _Preemptions:
 def parse_model(spec: str) -> tuple[str, str, float | None, str]:
     name, _, rest = spec.partition("=")
     path, qos, priority = (rest.split(":") + ["", ""])[:3]
-    if not name or not path:
-        raise SystemExit(f"--model {spec!r} is not NAME=ARTIFACT[:QOS_MS[:PRIORITY]]")
-    return name, path, float(qos) if qos else None, priority or "best_effort"
+    try:
+        qos_ms = float(qos) if qos else None
+    except ValueError:
+        qos_ms = -1.0
+    if not name or not path or (qos_ms is not None and not qos_ms > 0):
+        raise TvmschedError(f"--model {spec!r} is not NAME=ARTIFACT[:QOS_MS[:PRIORITY]] with a positive QOS_MS")
+    return name, path, qos_ms, priority or "best_effort"
 
 
-def create_app(specs: list[tuple[str, str, float | None, str]], device: str = "cpu", colocation: str | None = None) -> FastAPI:
-    runtime = Runtime(device, colocation=colocation)
+MAX_BODY_BYTES = 16 << 20
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `max_bytes` gets 413, by its Content-Length before any of
+    it is read, or as soon as a chunked body passes the limit."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or ()).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            return await self._too_large(send)
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _TooLarge:
+            await self._too_large(send)
+
+    async def _too_large(self, send):
+        body = b'{"detail":"request body larger than %d bytes"}' % self.max_bytes
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def create_app(specs: list[tuple[str, str, float | None, str]], device: str = "cpu", colocation: str | None = None,
+               trusted_keys: list[str] | tuple = (), max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    runtime = Runtime(device, colocation=colocation, trusted_keys=trusted_keys)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -102,9 +152,14 @@ def create_app(specs: list[tuple[str, str, float | None, str]], device: str = "c
         runtime.shutdown()  # finish queued requests, stop the streams
 
     app = FastAPI(title="tvmsched inference", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     metrics = Metrics(runtime)
-    for name, path, qos_ms, priority in specs:
-        metrics.add_model(runtime.load(path, qos_ms=qos_ms, priority=priority, name=name))
+    try:
+        for name, path, qos_ms, priority in specs:
+            metrics.add_model(runtime.load(path, qos_ms=qos_ms, priority=priority, name=name))
+    except BaseException:
+        runtime.shutdown()
+        raise
     app.state.runtime = runtime
     app.state.metrics = metrics
 
@@ -153,8 +208,18 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--colocation", help="tuning-database URL holding a colocation profile of this device")
+    parser.add_argument("--trust", action="append", default=[], metavar="KEY.pub",
+                        help="load only artifacts signed by this Ed25519 public key (repeatable)")
+    parser.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="larger request bodies get 413")
     args = parser.parse_args()
-    app = create_app([parse_model(spec) for spec in args.model], args.device, args.colocation)
+    try:
+        if args.max_body_bytes < 1:
+            raise TvmschedError("--max-body-bytes must be positive")
+        app = create_app([parse_model(spec) for spec in args.model], args.device, args.colocation, args.trust,
+                         args.max_body_bytes)
+    except TvmschedError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 

@@ -46,16 +46,22 @@ class Executor:
         artifact: the path of an artifact file, or an `Artifact` (written to a temporary file first).
         device: "cpu" or "cuda"; defaults to the device the artifact was compiled for.
         flag_memory: CUDA preempt flag in "host_mapped" or "device" memory; "auto" measures both.
+        trusted_keys: Ed25519 public key files (PEM, `tvmsched keys generate`): load only an artifact
+            file one of them signed, checked before anything is loaded (README, "Trust model").
     """
 
-    def __init__(self, artifact: Artifact | str | Path, device: str | None = None, flag_memory: str = "auto"):
+    def __init__(self, artifact: Artifact | str | Path, device: str | None = None, flag_memory: str = "auto",
+                 trusted_keys: list[str | Path] | tuple = ()):
+        keys = [str(k) for k in trusted_keys]
         if isinstance(artifact, Artifact):
+            if keys:
+                raise TvmschedError("trusted keys check signed artifact files: pass the artifact's path, not an Artifact")
             with tempfile.TemporaryDirectory(prefix="tvmsched-") as tmp:
                 path = Path(tmp) / "model.tvms"
                 artifact.save(path)
-                self.native = func("load_model")(str(path), device or "", flag_memory)
+                self.native = func("load_model")(str(path), device or "", flag_memory, [])
         else:
-            self.native = func("load_model")(str(artifact), device or "", flag_memory)
+            self.native = func("load_model")(str(artifact), device or "", flag_memory, keys)
         try:  # the manifest the engine verified and loaded (never a second read of the file)
             self.manifest: Manifest = Manifest.from_json(json.loads(str(self.native.manifest_json())))
         except (KeyError, TypeError, ValueError) as err:

@@ -66,11 +66,13 @@ class Runtime:
         policy: "colocation" (the layer scheduler), or the baselines "fastest" (concurrent streams,
             fastest candidates), "partition" (each model's fastest candidates within an even share of
             the units), "fcfs" (one request at a time in arrival order, fastest candidates).
+        trusted_keys: Ed25519 public key files: `load` accepts only artifact files one of them signed
+            (an artifact is native code; README, "Trust model").
     """
 
     def __init__(self, device: str = "cpu", *, total_units: int | None = None, colocation: ColocationTable | str | None = None,
                  max_in_flight: int = 8, timeline: bool = False, policy: str = "colocation",
-                 progress_interval_ms: float = 1.0):
+                 progress_interval_ms: float = 1.0, trusted_keys=()):
         if device not in ("cpu", "cuda"):
             raise TvmschedError(f"unknown device {device!r}: use cpu or cuda")
         self.device = device
@@ -90,6 +92,7 @@ class Runtime:
         self._progress_interval_ms = progress_interval_ms
         self._closed = False
         self._started_us = float(func("now_us")())
+        self._trusted_keys = tuple(str(k) for k in trusted_keys)
 
     @property
     def scheduler(self):
@@ -100,7 +103,7 @@ class Runtime:
         """Load an artifact (path or Artifact) as a new request stream."""
         if priority not in PRIORITIES:
             raise TvmschedError(f"priority must be one of {PRIORITIES}, not {priority!r}")
-        executor = Executor(artifact, self.device)
+        executor = Executor(artifact, self.device, trusted_keys=self._trusted_keys)
         name = name or executor.manifest.model_name
         with self._lock:
             if self._closed:

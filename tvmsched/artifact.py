@@ -130,18 +130,27 @@ class Artifact:
     library: bytes
     weights: dict[str, np.ndarray]
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path, signing_key=None) -> None:
+        """Write the artifact; with `signing_key` (tvmsched.signing.load_private_key), sign it."""
         members = {
             "manifest.json": json.dumps(self.manifest.to_json(), indent=1).encode(),
             "kernels.so": self.library,
             "weights.npz": _pack_weights(self.weights),
         }
-        checksums = {name: hashlib.sha256(data).hexdigest() for name, data in members.items()}
+        checksums = json.dumps({name: hashlib.sha256(data).hexdigest() for name, data in members.items()}, indent=1).encode()
+        members["checksums.json"] = checksums
+        if signing_key is not None:
+            from tvmsched.signing import SIGNATURE_MEMBER, sign
+
+            members[SIGNATURE_MEMBER] = sign(checksums, signing_key)
         tmp = Path(f"{path}.tmp")
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as archive:
-            for name, data in members.items():
-                archive.writestr(name, data)
-            archive.writestr("checksums.json", json.dumps(checksums, indent=1))
+        try:
+            with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as archive:
+                for name, data in members.items():
+                    archive.writestr(name, data)
+        except OSError as err:
+            tmp.unlink(missing_ok=True)
+            raise TvmschedError(f"cannot write {path}: {err.strerror or err}") from None
         tmp.replace(path)
 
     @classmethod

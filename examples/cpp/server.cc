@@ -14,6 +14,9 @@
 //                                 422 {"detail": [...]} for a body that is not {"inputs": {...}}
 //   GET  /v1/models, GET /v1/stats  as in examples/server.py
 //   GET  /metrics                  Prometheus text format (prometheus-cpp core + TextSerializer)
+//   A body over --max-body-bytes (default 16 MiB) is answered 413 without being read.
+//
+// --trust KEY.pub (repeatable): load only artifacts signed by one of these keys (README, "Trust model").
 //
 // HTTP: cpp-httplib; JSON: nlohmann-json; both from Debian (libcpp-httplib-dev, nlohmann-json3-dev).
 #include <httplib.h>
@@ -48,7 +51,7 @@ using json = nlohmann::json;
 
 constexpr const char* kUsage =
     "usage: tvmsched_server --model NAME=ARTIFACT[:QOS_MS[:PRIORITY]] [--model ...] [--port N] "
-    "[--host 127.0.0.1] [--device cpu|cuda]";
+    "[--host 127.0.0.1] [--device cpu|cuda] [--trust KEY.pub ...] [--max-body-bytes N]";
 
 /*! \brief A request the client got wrong: HTTP `status` with {"detail": detail}. */
 struct HttpError : std::runtime_error {
@@ -250,12 +253,12 @@ class Server {
   }
 
   void Load(const std::string& name, const std::string& path, std::optional<double> qos_ms, const std::string& priority,
-            const std::string& device) {
+            const std::string& device, const tvmsched::TrustedKeys& trusted) {
     if (models_.count(name)) throw std::runtime_error("a model named '" + name + "' is already loaded");
     auto served = std::make_unique<Served>();
     served->name = name;
     served->priority = priority;
-    served->model = tvmsched::Model::Load(path, device);
+    served->model = tvmsched::Model::Load(path, device, tvmsched::FlagMemory::kAuto, trusted);
     served->qos_ms = qos_ms ? qos_ms : served->model->manifest().qos_ms;
     served->stream = tvmsched::Stream::Create(served->model, name);
     const tvmsched::Manifest& manifest = served->model->manifest();
@@ -416,7 +419,9 @@ int Fail(const std::string& message) {
 int Main(int argc, char** argv) {
   std::vector<ModelSpec> specs;
   std::string host = "127.0.0.1", device = "cpu";
+  std::vector<std::string> trusted;
   int port = 8080;
+  size_t max_body_bytes = 16 << 20;  // a request body larger than this is refused (413) before it is read
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     auto value = [&](const std::string& flag) -> std::string {
@@ -436,6 +441,14 @@ int Main(int argc, char** argv) {
       long p = std::strtol(text.c_str(), &end, 10);
       if (text.empty() || *end != '\0' || p < 0 || p > 65535) throw std::runtime_error("--port must be 0..65535, not '" + text + "'");
       port = static_cast<int>(p);
+    } else if (is("--trust")) {
+      trusted.push_back(value("--trust"));
+    } else if (is("--max-body-bytes")) {
+      std::string text = value("--max-body-bytes");
+      char* end = nullptr;
+      long long n = std::strtoll(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0' || n < 1) throw std::runtime_error("--max-body-bytes must be a positive integer, not '" + text + "'");
+      max_body_bytes = static_cast<size_t>(n);
     } else if (is("--host")) {
       host = value("--host");
     } else if (is("--device")) {
@@ -455,12 +468,14 @@ int Main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   Server server;
-  for (const ModelSpec& spec : specs) server.Load(spec.name, spec.path, spec.qos_ms, spec.priority, device);
+  tvmsched::TrustedKeys keys = tvmsched::TrustedKeys::FromFiles(trusted);
+  for (const ModelSpec& spec : specs) server.Load(spec.name, spec.path, spec.qos_ms, spec.priority, device, keys);
 
   httplib::Server http;
   // small JSON answers on kept-alive connections: without TCP_NODELAY each one waits ~40 ms for the
   // client's delayed ACK (Nagle); keep connections for many requests, one pool thread per connection
   http.set_tcp_nodelay(true);
+  http.set_payload_max_length(max_body_bytes);  // 413 Payload Too Large, the body never buffered
   http.set_keep_alive_max_count(100000);
   http.new_task_queue = [] { return new httplib::ThreadPool(64); };
   http.Post(R"(/v1/models/([^/]+)/infer)", [&](const httplib::Request& req, httplib::Response& res) {

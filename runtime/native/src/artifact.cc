@@ -324,7 +324,7 @@ std::map<std::string, std::string> ReadStoredZip(const std::string& b, const std
   return members;
 }
 
-ArtifactContents ReadArtifact(const std::string& path) {
+ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& trusted) {
   std::ifstream file(path, std::ios::binary);
   if (!file) TVM_FFI_THROW(TvmschedError) << "artifact not found: " << path;
   std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
@@ -333,6 +333,7 @@ ArtifactContents ReadArtifact(const std::string& path) {
   for (const char* name : {"manifest.json", "kernels.so", "weights.npz", "checksums.json"}) {
     if (!members.count(name)) Corrupt(path, std::string("there is no item named '") + name + "' in the archive");
   }
+  std::string signer = trusted.empty() ? "" : trusted.Verify(path, members["signature.json"], members["checksums.json"]);
   ffi::String error;
   ffi::Any sums = ffi::json::Parse(ffi::String(members["checksums.json"]), &error);
   for (const char* name : {"manifest.json", "kernels.so", "weights.npz"}) {
@@ -374,6 +375,7 @@ ArtifactContents ReadArtifact(const std::string& path) {
   } catch (const ffi::Error& err) {
     TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights (" << err.message() << ")";
   }
+  out.signer = signer;
   out.manifest_json = std::move(members["manifest.json"]);
   out.kernels = std::move(members["kernels.so"]);
   return out;

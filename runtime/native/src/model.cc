@@ -193,8 +193,8 @@ ModelObj::~ModelObj() {
   for (auto& [units, stream] : streams_) device_->DestroyStream(stream);
 }
 
-Model Model::Load(const std::string& path, const std::string& device, FlagMemory flag_memory) {
-  ArtifactContents contents = ReadArtifact(path);
+Model Model::Load(const std::string& path, const std::string& device, FlagMemory flag_memory, const TrustedKeys& trusted) {
+  ArtifactContents contents = ReadArtifact(path, trusted);
   const std::string& compiled_for = contents.manifest.device;
   if (!device.empty() && device != compiled_for) {
     TVM_FFI_THROW(TvmschedError) << "the artifact was compiled for " << compiled_for << ", not " << device;

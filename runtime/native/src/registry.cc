@@ -62,8 +62,18 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              return out;
            })
       .def("tvmsched.engine.load_model",
-           [](const std::string& path, const std::string& device, const std::string& flag_memory) {
-             return Model::Load(path, device, ParseFlagMemory(flag_memory));
+           [](const std::string& path, const std::string& device, const std::string& flag_memory,
+              ffi::Array<ffi::String> trusted_key_files) {
+             std::vector<std::string> files(trusted_key_files.begin(), trusted_key_files.end());
+             return Model::Load(path, device, ParseFlagMemory(flag_memory), TrustedKeys::FromFiles(files));
+           })
+      .def("tvmsched.engine.verify_artifact",
+           [](const std::string& path, ffi::Array<ffi::String> trusted_key_files) -> std::string {
+             // everything ReadArtifact checks (signature first), without loading the kernels
+             std::vector<std::string> files(trusted_key_files.begin(), trusted_key_files.end());
+             if (files.empty()) TVM_FFI_THROW(TvmschedError) << "verify_artifact needs at least one trusted key";
+             TrustedKeys keys = TrustedKeys::FromFiles(files);
+             return ReadArtifact(path, keys).signer;
            })
       .def("tvmsched.engine.plan_memory",
            [](ffi::Array<ffi::Array<ffi::Array<ffi::String>>> layers, ffi::Map<ffi::String, int64_t> nbytes,

@@ -81,20 +81,44 @@ struct ArtifactContents {
   std::string manifest_json;  ///< manifest.json as verified (for callers that keep their own view of it)
   std::string kernels;  ///< kernels.so bytes
   std::map<std::string, HostArray> weights;
+  std::string signer;  ///< the key id that signed it, when read with trusted keys
+};
+
+/*!
+ * \brief Ed25519 public keys that artifacts must be signed by (OpenSSL). An artifact is native code:
+ *  loading it runs its kernels.so, so a server that loads artifacts it did not build should trust
+ *  only signed ones (README, "Trust model"). Empty: signatures are not checked.
+ */
+class TrustedKeys {
+ public:
+  /*! \brief Keys from PEM files (`tvmsched keys generate` writes NAME.pub); each problem one line. */
+  static TrustedKeys FromFiles(const std::vector<std::string>& paths);
+  /*! \brief Add a PEM public key; `what` names it in errors. */
+  void AddPem(const std::string& pem, const std::string& what);
+  bool empty() const { return keys_.empty(); }
+  /*! \brief Check `signature_json` (signature.json; empty: none) over `message` (checksums.json's
+   *  bytes) by one of these keys: the signer's key id, or one TvmschedError line naming `what`. */
+  std::string Verify(const std::string& what, const std::string& signature_json, const std::string& message) const;
+  /*! \brief A key's id: the first 16 hex digits of the SHA-256 of its 32 raw bytes. */
+  static std::string KeyId(const std::string& raw_public_key);
+
+ private:
+  std::map<std::string, std::string> keys_;  // key id -> raw public key
 };
 
 /*!
  * \brief Read and verify an artifact. Every problem (missing, truncated, compressed or oversized
  *  members, checksum mismatch, newer schema, bad manifest or weights) is one TvmschedError line.
+ *  With `trusted` keys, an artifact they did not sign is refused before any other member is used.
  */
-ArtifactContents ReadArtifact(const std::string& path);
+ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& trusted = TrustedKeys());
 
 /*! \brief The members of a zip archive of stored members, by name; `what` names it in errors. More
  *  than `max_members` members, compressed members, or members past the end are one-line errors. */
 std::map<std::string, std::string> ReadStoredZip(const std::string& bytes, const std::string& what,
                                                  size_t max_members = 65535);
 
-/*! \brief Lowercase hex SHA-256 of `data`. */
+/*! \brief Lowercase hex SHA-256 of `data` (OpenSSL). */
 std::string Sha256Hex(const std::string& data);
 
 /*! \brief A DLPack dtype from its name ("float32", "int64", "bool", ...), or a TvmschedError. */

@@ -126,9 +126,10 @@ class ModelObj : public ffi::Object {
 
 class Model : public ffi::ObjectRef {
  public:
-  /*! \brief Load an artifact file onto `device` ("cpu"/"cuda"; "" = the artifact's own). */
+  /*! \brief Load an artifact file onto `device` ("cpu"/"cuda"; "" = the artifact's own); with
+   *  `trusted` keys, only an artifact one of them signed (checked before anything is loaded). */
   static Model Load(const std::string& path, const std::string& device = "",
-                    FlagMemory flag_memory = FlagMemory::kAuto);
+                    FlagMemory flag_memory = FlagMemory::kAuto, const TrustedKeys& trusted = TrustedKeys());
   TVM_FFI_DEFINE_OBJECT_REF_METHODS_NULLABLE(Model, ffi::ObjectRef, ModelObj);
 };
 
