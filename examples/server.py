@@ -116,30 +116,32 @@ class BodyLimit:
         length = dict(scope.get("headers") or ()).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
             return await self._too_large(send)
-        received = 0
+        received, refused = 0, False
 
-        async def limited_receive():
-            nonlocal received
+        async def limited_receive():  # past the limit: answer 413 now, and the app sees a disconnect
+            nonlocal received, refused
             message = await receive()
             received += len(message.get("body", b""))
-            if received > self.max_bytes:
-                raise _TooLarge
-            return message
+            if received > self.max_bytes and not refused:
+                refused = True
+                await self._too_large(send)
+            return {"type": "http.disconnect"} if refused else message
+
+        async def guarded_send(message):  # the app's own answer to a refused request is dropped
+            if not refused:
+                await send(message)
 
         try:
-            await self.app(scope, limited_receive, send)
-        except _TooLarge:
-            await self._too_large(send)
+            await self.app(scope, limited_receive, guarded_send)
+        except Exception:
+            if not refused:
+                raise
 
     async def _too_large(self, send):
         body = b'{"detail":"request body larger than %d bytes"}' % self.max_bytes
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
         await send({"type": "http.response.body", "body": body})
-
-
-class _TooLarge(Exception):
-    pass
 
 
 def create_app(specs: list[tuple[str, str, float | None, str]], device: str = "cpu", colocation: str | None = None,
