@@ -8,6 +8,7 @@ converts between numpy and the engine and keeps the manifest for the policies.
 from __future__ import annotations
 
 import json
+import operator
 import logging
 import tempfile
 from pathlib import Path
@@ -33,6 +34,17 @@ def to_engine(inputs: dict[str, np.ndarray]) -> dict:
         except (TypeError, ValueError, BufferError, RuntimeError) as err:
             raise TvmschedError(f"input {name!r} is not a numeric array ({one_line(err)})") from None
     return converted
+
+
+def candidate_list(candidate_ids) -> list[int]:
+    """A candidate-ID list as the engine takes it (one int per layer; None or empty: candidate 0)."""
+    if candidate_ids is None:
+        return []
+    try:
+        ids = [operator.index(i) for i in candidate_ids]
+    except TypeError:
+        raise TvmschedError(f"candidate ids must be a list of integers, one per layer, not {candidate_ids!r:.80}") from None
+    return ids
 
 
 def from_engine(outputs) -> dict[str, np.ndarray]:
@@ -62,10 +74,8 @@ class Executor:
                 self.native = func("load_model")(str(path), device or "", flag_memory, [])
         else:
             self.native = func("load_model")(str(artifact), device or "", flag_memory, keys)
-        try:  # the manifest the engine verified and loaded (never a second read of the file)
-            self.manifest: Manifest = Manifest.from_json(json.loads(str(self.native.manifest_json())))
-        except (KeyError, TypeError, ValueError) as err:
-            raise TvmschedError(f"{artifact} is a corrupt artifact: bad manifest ({one_line(err)})") from None
+        # the manifest the engine verified and loaded (never a second read of the file)
+        self.manifest: Manifest = Manifest.parse(str(self.native.manifest_json()), artifact)
         self.device = self.native.device_kind()
         self.num_layers = self.native.num_layers()
 
@@ -86,7 +96,7 @@ class Executor:
         self.native.run_layer(index, candidate_id)
 
     def run_layers(self, candidate_ids: list[int] | None = None) -> None:
-        self.native.run_layers(list(candidate_ids or []))
+        self.native.run_layers(candidate_list(candidate_ids))
 
     def synchronize(self) -> None:
         self.native.synchronize()
@@ -96,7 +106,7 @@ class Executor:
 
     def run(self, inputs: dict[str, np.ndarray], candidate_ids: list[int] | None = None) -> dict[str, np.ndarray]:
         """Run the whole model once and return its outputs keyed by ONNX output name."""
-        return from_engine(self.native.run(to_engine(inputs), list(candidate_ids or [])))
+        return from_engine(self.native.run(to_engine(inputs), candidate_list(candidate_ids)))
 
     def time_runs(self, inputs: dict[str, np.ndarray], repeat: int, warmup: int = 2) -> list[float]:
         """Seconds per whole-model run (layers only, device-synchronised, timed in the engine)."""
@@ -113,7 +123,7 @@ class Executor:
 
     def completed_blocks(self, candidate_ids: list[int] | None = None) -> list[int]:
         """Per layer, the blocks its kernel has completed since the last reset."""
-        return [int(n) for n in self.native.completed_blocks(list(candidate_ids or []))]
+        return [int(n) for n in self.native.completed_blocks(candidate_list(candidate_ids))]
 
     def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
         """Standard-normal (floats) or integer inputs of the model's shapes; an input that indexes

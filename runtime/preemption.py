@@ -24,7 +24,7 @@ import numpy as np
 
 from tvmsched.errors import TvmschedError
 from tvmsched.native import func
-from tvmsched.runtime.executor import Executor, from_engine, to_engine
+from tvmsched.runtime.executor import Executor, candidate_list, from_engine, to_engine
 from tvmsched.runtime.policies.priority import Priorities  # the real-time policy (re-exported: public API)
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ class Task:
     def submit(self, inputs: dict, candidate_ids: list[int] | None = None) -> Future:
         """Queue one request; the future resolves to its outputs (or the error its inputs caused)."""
         try:
-            return EngineFuture(self.stream.submit(to_engine(inputs), list(candidate_ids or [])))
+            return EngineFuture(self.stream.submit(to_engine(inputs), candidate_list(candidate_ids)))
         except TvmschedError as err:
             if "is closed" in str(err):
                 raise

@@ -123,6 +123,14 @@ class Runtime:
             self.priorities.add_best_effort(task)
         return model
 
+    def _model(self, model: Model | str) -> Model:
+        if isinstance(model, Model):
+            return model
+        found = self.models.get(model) if isinstance(model, str) else None
+        if found is None:
+            raise TvmschedError(f"no model named {model!r} is loaded (loaded: {', '.join(self.models) or 'none'})")
+        return found
+
     def _info(self, model: str, candidate) -> CandidateInfo:
         units = min(candidate.units or self.total_units, self.total_units)  # one encoding: an explicit count
         latency = candidate.latency_us if candidate.latency_us is not None else 1.0
@@ -130,7 +138,7 @@ class Runtime:
 
     def submit(self, model: Model | str, inputs: dict[str, np.ndarray]) -> Future:
         """Schedule and queue one request; the future resolves to its outputs (or its error)."""
-        model = self.models[model] if isinstance(model, str) else model
+        model = self._model(model)
         if self._closed:
             raise TvmschedError("the runtime is shut down")
         ids = self.policy.choose(policies.Request(model.name, model.layers, model.qos_ms, self.monitor,

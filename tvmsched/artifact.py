@@ -100,6 +100,14 @@ class Manifest:
         return dataclasses.asdict(self)
 
     @classmethod
+    def parse(cls, text: str, path: str | Path) -> Manifest:
+        """A manifest from the JSON the engine verified (`path` names the artifact in errors)."""
+        try:
+            return cls.from_json(json.loads(text))
+        except (KeyError, TypeError, ValueError, RecursionError) as err:
+            raise TvmschedError(f"{path} is a corrupt artifact: bad manifest ({one_line(err)})") from None
+
+    @classmethod
     def from_json(cls, data: dict) -> Manifest:
         layers = tuple(
             Layer(
@@ -159,7 +167,10 @@ class Artifact:
         if not path.is_file():
             raise TvmschedError(f"artifact not found: {path}")
         members = _read_members(path)
-        manifest_data = json.loads(members["manifest.json"])
+        try:
+            manifest_data = json.loads(members["manifest.json"])
+        except (ValueError, RecursionError) as err:
+            raise TvmschedError(f"{path} is a corrupt artifact: bad manifest ({one_line(err)})") from None
         version = manifest_data.get("schema_version") if isinstance(manifest_data, dict) else None
         if isinstance(version, int) and version > SCHEMA_VERSION:
             raise TvmschedError(f"{path} has artifact schema version {version}, newer than this tvmsched reads "
@@ -204,7 +215,7 @@ def _read_members(path: Path) -> dict[str, bytes]:
                 if digest.hexdigest() != checksums.get(name):
                     raise TvmschedError(f"{path} is corrupt: checksum mismatch in {name}")
                 members[name] = b"".join(chunks)
-    except (zipfile.BadZipFile, KeyError, ValueError, OSError, EOFError) as err:
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError, EOFError, RecursionError) as err:
         raise TvmschedError(f"{path} is not a readable tvmsched artifact (truncated or corrupt: {one_line(err)})") from None
     return members
 

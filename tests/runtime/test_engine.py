@@ -67,6 +67,22 @@ TAMPERINGS = {
         lambda m: m["layers"][0].update(inputs=m["layers"][-1]["outputs"])), True), "before any layer writes it"),
     "schema -1": (lambda p: rewrite_member(p, "manifest.json", _manifest_edit(lambda m: m.update(schema_version=-1)), True),
                   "schema version -1; this tvmsched reads version 1 only"),
+    # issue 12 item 8: tvm-ffi's JSON parser recursed until the stack overflowed (SIGSEGV)
+    "manifest nested 100000 deep": (lambda p: rewrite_member(p, "manifest.json", lambda d: b"[" * 100000 + b"]" * 100000, True),
+                                    "manifest.json nests deeper than 64 levels"),
+    "checksums nested 100000 deep": (lambda p: rewrite_member(p, "checksums.json", lambda d: b'{"a":' * 100000 + b"1" + b"}" * 100000),
+                                     "checksums.json nests deeper than 64 levels"),
+    "checksums null": (lambda p: rewrite_member(p, "checksums.json", lambda d: b"null"), "checksum mismatch in manifest.json"),
+    "activation of 256 GiB": (lambda p: rewrite_member(p, "manifest.json", _manifest_edit(
+        lambda m: m["tensors"][m["layers"][0]["outputs"][0]].update(shape=[1 << 18, 1 << 18])), True),
+        "cannot load model mlp: the activation block of t0, t2 needs 274877906944 bytes"),
+    # the kernels check their arguments; the engine names the layer and the likely cause
+    "layer argument missing": (lambda p: rewrite_member(p, "manifest.json", _manifest_edit(
+        lambda m: m["layers"][0].update(inputs=m["layers"][0]["inputs"][:1])), True), "layer 0 (fused_matmul_add_relu) failed"),
+    "activation shape": (lambda p: rewrite_member(p, "manifest.json", _manifest_edit(
+        lambda m: m["tensors"][m["layers"][0]["outputs"][0]].update(shape=[1, 3])), True), "does not match its kernels"),
+    "activation dtype": (lambda p: rewrite_member(p, "manifest.json", _manifest_edit(
+        lambda m: m["tensors"][m["layers"][0]["outputs"][0]].update(dtype="int8")), True), "does not match its kernels"),
 }
 
 _LOADER = """
@@ -76,8 +92,9 @@ from tvmsched.runtime import Executor
 results = {}
 for name, path in json.loads(sys.argv[1]).items():
     try:
-        Executor(path)
-        results[name] = "loaded"
+        executor = Executor(path)
+        executor.run(executor.random_inputs(0))
+        results[name] = "ran"
     except TvmschedError as err:
         results[name] = str(err)
 print(json.dumps(results))
@@ -91,7 +108,7 @@ def mlp(tmp_path_factory):
     return path
 
 
-def test_the_cpp_loader_refuses_every_tampered_artifact_with_one_line(mlp, tmp_path):
+def test_the_engine_refuses_every_tampered_artifact_with_one_line(mlp, tmp_path):
     paths = {}
     for name, (tamper, _) in TAMPERINGS.items():
         paths[name] = tmp_path / f"{name.replace(' ', '_')}.tvms"
@@ -143,6 +160,10 @@ def test_eight_threads_over_three_tenants_get_correct_outputs(tmp_path):
     ([1, 2], None, "inputs must be a dict"),
     ({"nope": np.zeros((1, 784), "float32")}, None, "input names do not match the model"),
     (None, [99, 0, 0, 0], "candidate ids [99, 0, 0, 0] do not match the model's 4 layers"),
+    (None, "abcd", "candidate ids must be a list of integers"),
+    (None, [0.5, 0, 0, 0], "candidate ids must be a list of integers"),
+    (None, [None] * 4, "candidate ids must be a list of integers"),
+    (None, [2**40, 0, 0, 0], "candidate id 1099511627776 is out of range"),  # was truncated to 0 and ran
 ])
 def test_bad_run_arguments_raise_one_line_errors(mlp, inputs, ids, fragment):
     from tvmsched.errors import TvmschedError
@@ -151,3 +172,12 @@ def test_bad_run_arguments_raise_one_line_errors(mlp, inputs, ids, fragment):
     with pytest.raises(TvmschedError) as raised:
         executor.run(executor.random_inputs(0) if inputs is None else inputs, ids)
     assert fragment in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_runtime_submit_to_an_unknown_model_is_one_line(mlp):
+    from tvmsched.errors import TvmschedError
+
+    with Runtime("cpu") as rt:
+        rt.load(mlp)
+        with pytest.raises(TvmschedError, match="no model named 'nope' is loaded \\(loaded: mlp\\)"):
+            rt.submit("nope", {})

@@ -164,7 +164,30 @@ void CheckInvariants(const Manifest& m) {
   }
 }
 
+}  // namespace
+
+void CheckJsonDepth(const std::string& text, const std::string& what, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {  // no recursion: the parser's own would overflow the stack
+    char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) throw std::invalid_argument(what + " nests deeper than " + std::to_string(max_depth) + " levels");
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+}
+
+namespace {
+
 Manifest ParseManifest(const std::string& text) {
+  CheckJsonDepth(text, "manifest.json", kMaxJsonDepth);
   ffi::String error;
   ffi::Any root = ffi::json::Parse(ffi::String(text), &error);
   if (!error.empty()) throw std::invalid_argument("manifest.json is not JSON: " + std::string(error));
@@ -335,6 +358,11 @@ ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& truste
   }
   std::string signer = trusted.empty() ? "" : trusted.Verify(path, members["signature.json"], members["checksums.json"]);
   ffi::String error;
+  try {
+    CheckJsonDepth(members["checksums.json"], "checksums.json", kMaxJsonDepth);
+  } catch (const std::invalid_argument& err) {
+    Corrupt(path, err.what());
+  }
   ffi::Any sums = ffi::json::Parse(ffi::String(members["checksums.json"]), &error);
   for (const char* name : {"manifest.json", "kernels.so", "weights.npz"}) {
     std::string expected;

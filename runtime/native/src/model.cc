@@ -167,11 +167,11 @@ void ModelObj::Init(const std::string& path, ArtifactContents contents, FlagMemo
     candidates_.push_back(std::move(cands));
   }
   for (auto& [id, array] : contents.weights) {
-    void* data = device_->Alloc(array.data.size());
+    void* data = AllocFor("weight " + id, array.data.size());
     weights_[id] = data;
     device_->CopyToDevice(data, array.data.data(), array.data.size(), nullptr);
   }
-  for (const Binding& b : manifest_.inputs) inputs_[b.tensor] = device_->Alloc(manifest_.tensors.at(b.tensor).nbytes());
+  for (const Binding& b : manifest_.inputs) inputs_[b.tensor] = AllocFor("input '" + b.name + "'", manifest_.tensors.at(b.tensor).nbytes());
   if (manifest_.preempt_flags > 1) flags_ = device_->AllocFlags(manifest_.preempt_flags, flag_memory);
   if (manifest_.progress_counters) {
     counters_ = static_cast<int32_t*>(device_->Alloc(sizeof(int32_t) * manifest_.layers.size()));
@@ -204,6 +204,15 @@ Model Model::Load(const std::string& path, const std::string& device, FlagMemory
   return Model(obj);
 }
 
+void* ModelObj::AllocFor(const std::string& what, size_t nbytes) {
+  try {
+    return device_->Alloc(nbytes);
+  } catch (const ffi::Error& err) {
+    TVM_FFI_THROW(TvmschedError) << "cannot load model " << manifest_.model_name << ": " << what << " needs " << nbytes
+                                 << " bytes (" << err.message() << ")";
+  }
+}
+
 void ModelObj::FreeActivations() {
   for (void* block : storage_) device_->Free(block);
   storage_.clear();
@@ -215,7 +224,11 @@ void ModelObj::Replan(int reuse_distance) {
   FreeActivations();
   reuse_distance_ = reuse_distance;
   MemoryPlan plan = PlanMemory(manifest_, reuse_distance);
-  for (size_t bytes : plan.storage_bytes) storage_.push_back(device_->Alloc(bytes));
+  for (size_t block = 0; block < plan.storage_bytes.size(); ++block) {
+    std::string tensors;
+    for (const auto& [id, b] : plan.assignment) tensors += b == static_cast<int>(block) ? (tensors.empty() ? "" : ", ") + id : "";
+    storage_.push_back(AllocFor("the activation block of " + tensors, plan.storage_bytes[block]));
+  }
   tensor_data_.clear();
   for (auto& [id, data] : weights_) tensor_data_[id] = data;
   for (auto& [id, data] : inputs_) tensor_data_[id] = data;
@@ -328,7 +341,15 @@ void ModelObj::RunLayer(int index, int candidate) {
   if (args.size() > 64) TVM_FFI_THROW(TvmschedError) << "layer " << index << " takes too many arguments";
   for (size_t i = 0; i < args.size(); ++i) views[i] = &args[i];
   ffi::Any result;
-  cand.kernel.CallPacked(views, static_cast<int32_t>(args.size()), &result);
+  try {
+    cand.kernel.CallPacked(views, static_cast<int32_t>(args.size()), &result);
+  } catch (const ffi::Error& err) {  // a kernel refusing its arguments: the manifest does not match the library
+    if (err.kind() == "TvmschedError") throw;
+    std::string message = err.message();
+    message = message.substr(0, message.find('\n'));
+    TVM_FFI_THROW(TvmschedError) << "layer " << index << " (" << manifest_.layers[index].func << ") failed: " << err.kind()
+                                 << ": " << message.substr(0, 300) << " (a manifest that does not match its kernels: corrupt artifact?)";
+  }
 }
 
 void ModelObj::RunLayers(const std::vector<int>& ids) {

@@ -13,7 +13,10 @@ namespace refl = tvm::ffi::reflection;
 
 std::vector<int> Ids(const ffi::Array<int64_t>& ids) {
   std::vector<int> out;
-  for (int64_t id : ids) out.push_back(static_cast<int>(id));
+  for (int64_t id : ids) {
+    if (id < 0 || id > 1 << 20) TVM_FFI_THROW(TvmschedError) << "candidate id " << id << " is out of range";
+    out.push_back(static_cast<int>(id));
+  }
   return out;
 }
 
@@ -68,12 +71,15 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              return Model::Load(path, device, ParseFlagMemory(flag_memory), TrustedKeys::FromFiles(files));
            })
       .def("tvmsched.engine.verify_artifact",
-           [](const std::string& path, ffi::Array<ffi::String> trusted_key_files) -> std::string {
-             // everything ReadArtifact checks (signature first), without loading the kernels
+           [](const std::string& path, ffi::Array<ffi::String> trusted_key_files) {
+             // everything ReadArtifact checks (the signature first, with keys), without loading the kernels:
+             // {"manifest_json": the verified manifest, "signer": key id or ""}
              std::vector<std::string> files(trusted_key_files.begin(), trusted_key_files.end());
-             if (files.empty()) TVM_FFI_THROW(TvmschedError) << "verify_artifact needs at least one trusted key";
-             TrustedKeys keys = TrustedKeys::FromFiles(files);
-             return ReadArtifact(path, keys).signer;
+             ArtifactContents contents = ReadArtifact(path, TrustedKeys::FromFiles(files));
+             ffi::Map<ffi::String, ffi::String> out;
+             out.Set("manifest_json", contents.manifest_json);
+             out.Set("signer", contents.signer);
+             return out;
            })
       .def("tvmsched.engine.plan_memory",
            [](ffi::Array<ffi::Array<ffi::Array<ffi::String>>> layers, ffi::Map<ffi::String, int64_t> nbytes,

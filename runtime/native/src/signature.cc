@@ -84,7 +84,13 @@ std::string TrustedKeys::Verify(const std::string& what, const std::string& sign
     TVM_FFI_THROW(TvmschedError) << what << " is not signed; only artifacts signed by a trusted key are loaded here";
   }
   ffi::String error;
-  ffi::Any root = ffi::json::Parse(ffi::String(signature_json), &error);
+  ffi::Any root;
+  try {
+    CheckJsonDepth(signature_json, "signature.json", kMaxJsonDepth);
+    root = ffi::json::Parse(ffi::String(signature_json), &error);
+  } catch (const std::invalid_argument&) {
+    error = "too deep";
+  }
   auto object = error.empty() ? root.try_cast<ffi::Map<ffi::Any, ffi::Any>>() : std::nullopt;
   auto field = [&](const char* key) -> std::string {
     if (!object) return "";

@@ -118,6 +118,13 @@ ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& truste
 std::map<std::string, std::string> ReadStoredZip(const std::string& bytes, const std::string& what,
                                                  size_t max_members = 65535);
 
+/*! \brief Deepest nesting the engine parses in an artifact's JSON members (tvm-ffi's parser recurses). */
+constexpr int kMaxJsonDepth = 64;
+
+/*! \brief Throw std::invalid_argument naming `what` if `text`'s brackets nest deeper than `max_depth`
+ *  (a scan without recursion, run before any JSON parser sees `text`). */
+void CheckJsonDepth(const std::string& text, const std::string& what, int max_depth);
+
 /*! \brief Lowercase hex SHA-256 of `data` (OpenSSL). */
 std::string Sha256Hex(const std::string& data);
 

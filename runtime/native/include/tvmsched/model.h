@@ -104,6 +104,8 @@ class ModelObj : public ffi::Object {
     StreamHandle stream = nullptr;  // CUDA: the stream of its units
   };
   void Allocate();
+  /*! \brief Device memory for `what` (a tensor, named in the error when the device has not enough). */
+  void* AllocFor(const std::string& what, size_t nbytes);
   void FreeActivations();
   StreamHandle StreamFor(int units);
 
