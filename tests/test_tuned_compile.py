@@ -69,11 +69,16 @@ def test_layers_without_a_valid_record_fall_back_and_are_reported(tmp_path):
 
     from tvmsched import frontend, kernels, lowering
     from tvmsched.targets import make_target
-    from tvmsched.tuning import tune_layers
+    from tvmsched.tuning import RUN_TIMEOUT_S, tune_layers
+
+    def failing_evaluator(rt_mod, device, evaluator_config, repeated_args):
+        raise RuntimeError("measurement refused by the test")
 
     model, target = models.build("tiny"), make_target("llvm")
     mod = lowering.legalize_and_fuse(frontend.to_relax(model, frontend.input_signature(model)), target)
-    runner = ms.runner.LocalRunner(timeout_sec=1e-9)  # every measurement times out: no valid record
+    # every measurement fails in the runner's worker: no valid record. (A tiny timeout_sec would do the
+    # same, but MetaSchedule applies it to the runner's start-up sanity check too: TimeoutError under load.)
+    runner = ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S, f_run_evaluator=failing_evaluator)
     tuned, report = tune_layers(kernels.layer_funcs(mod), target, ms.database.MemoryDatabase(), trials=4, runner=runner, progress=False)
     assert tuned == {}
     assert [r.status for r in report] == ["fallback"]

@@ -1,5 +1,13 @@
 """The one exception type for user errors: the CLI prints its message as one line and exits 2."""
 
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+
 
 class TvmschedError(Exception):
     """A problem with the user's input (model, artifact, options), stated in one line."""
@@ -9,3 +17,26 @@ def one_line(err: BaseException) -> str:
     """The last non-empty line of an exception's message (TVM puts the reason there)."""
     lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
     return lines[-1] if lines else type(err).__name__
+
+
+@contextlib.contextmanager
+def native_stderr() -> Iterator[list[str]]:
+    """Collect what native code (TVM's C++ logging) writes to file descriptor 2 while the block runs.
+
+    Yields a list that receives the text when the block ends. TVM warns from destructors (an importer
+    that failed mid-way leaves a BlockBuilder that warns when freed, possibly after our error line):
+    callers free such objects inside the block and decide what of the text to show.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    captured: list[str] = []
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            captured.append(tmp.read().decode(errors="replace"))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+import sys
 from pathlib import Path
 
 import onnx
 
-from tvmsched.errors import TvmschedError, one_line
+from tvmsched.errors import TvmschedError, native_stderr, one_line
 
 log = logging.getLogger(__name__)
 
@@ -133,10 +135,17 @@ def import_model(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, .
         model, checks = guard_indices(model, signature)
     shapes = {name: list(shape) for name, (shape, _) in signature.items()}
     dtypes = {name: dtype for name, (_, dtype) in signature.items()}
-    try:
-        return from_onnx(model, shape_dict=shapes, dtype_dict=dtypes), checks
-    except Exception as err:
-        raise TvmschedError(f"the ONNX importer rejected the model: {one_line(err)}") from None
+    failure = None
+    with native_stderr() as native:
+        try:
+            mod = from_onnx(model, shape_dict=shapes, dtype_dict=dtypes)
+        except Exception as err:  # noqa: BLE001 - the importer raises many types; all are the model's problem
+            failure = one_line(err)
+        gc.collect()  # a failed import's BlockBuilder warns when freed: here, not after our error line
+    if failure is not None:
+        raise TvmschedError(f"the ONNX importer rejected the model: {failure}")
+    sys.stderr.write(native[0])  # a successful import's warnings stay visible
+    return mod, checks
 
 
 def parse_input_shapes(values: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...]]:

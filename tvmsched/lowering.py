@@ -5,8 +5,12 @@ from __future__ import annotations
 from tvmsched.errors import TvmschedError, one_line
 
 
-def legalize_and_fuse(mod, target):
-    """FoldBatchnormToConv2D → DecomposeOpsForInference → LegalizeOps → AnnotateTIROpPattern → FoldConstant → FuseOps → FuseTIR → DCE, under `target`."""
+def legalize_and_fuse(mod, target, clamp_take: bool = True):
+    """FoldBatchnormToConv2D → DecomposeOpsForInference → LegalizeOps → AnnotateTIROpPattern → FoldConstant → FuseOps → FuseTIR → DCE, under `target`.
+
+    With `clamp_take`, `take` (ONNX Gather) clamps its indices instead of TVM's unchecked "fast" mode,
+    which reads out of bounds on a bad index: memory-safe on its own, beside the index checks.
+    """
     import tvm
     from tvm import relax
 
@@ -14,7 +18,8 @@ def legalize_and_fuse(mod, target):
         [
             relax.transform.FoldBatchnormToConv2D(),
             relax.transform.DecomposeOpsForInference(),
-            relax.transform.LegalizeOps(customize_legalize_map=nan_propagating_legalizations()),
+            relax.transform.LegalizeOps(customize_legalize_map={**nan_propagating_legalizations(),
+                                                                **(clamped_take() if clamp_take else {})}),
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
@@ -51,3 +56,15 @@ def nan_propagating_legalizations() -> dict:
 
     return {"relax.nn.relu": nan_first(topi.nn.relu, "relu"), "relax.clip": nan_first(topi.clip, "tir_clip"),
             "relax.maximum": nan_first(topi.maximum, "maximum"), "relax.minimum": nan_first(topi.minimum, "minimum")}
+
+
+def clamped_take() -> dict:
+    """`take` in TOPI's "clip" mode: every index clamped into range (never out of bounds)."""
+    from tvm import topi
+
+    def legalize(bb, call):
+        axis = call.attrs.axis
+        return bb.call_te(topi.take, call.args[0], call.args[1], axis=None if axis is None else int(axis), mode="clip",
+                          primfunc_name_hint="take")
+
+    return {"relax.take": legalize}

@@ -126,9 +126,20 @@ def fold_batchnorm_into_conv(model: onnx.ModelProto) -> onnx.ModelProto:
             continue
         scale, bias, mean, var = (numpy_helper.to_array(inits[name]).astype(np.float64) for name in bn.input[1:5])
         epsilon = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
-        factor = scale / np.sqrt(var + epsilon)
         weight = numpy_helper.to_array(inits[conv.input[1]])
         conv_bias = numpy_helper.to_array(inits[conv.input[2]]) if len(conv.input) > 2 and conv.input[2] else 0.0
+        channels = (weight.shape[0],) if weight.ndim else ()
+        params = {"scale": scale, "B": bias, "mean": mean, "var": var, "the conv bias": conv_bias}
+        wrong = [f"{role} has shape {list(np.shape(p))}" for role, p in params.items()
+                 if np.shape(p) != channels and not (role == "the conv bias" and np.shape(p) == ())]
+        if wrong:  # an invalid model (onnxruntime rejects it): never let numpy broadcast it
+            from tvmsched.errors import TvmschedError
+
+            raise TvmschedError(
+                f"BatchNormalization node {bn.name or bn.output[0]!r} cannot fold into Conv {conv.name or conv.output[0]!r}: "
+                f"{', '.join(wrong)}, but the Conv makes {channels[0] if channels else '?'} channels (one value per channel)"
+            )
+        factor = scale / np.sqrt(var + epsilon)
         new_weight = (weight * factor.reshape(-1, *([1] * (weight.ndim - 1)))).astype(weight.dtype)
         new_bias = ((conv_bias - mean) * factor + bias).astype(weight.dtype)
         folded[bn.output[0]] = (conv, new_weight, new_bias)

@@ -89,11 +89,15 @@ def lower_model(model: onnx.ModelProto, target="llvm", input_shapes: dict | None
     With `index_checks` (the default), indices read from run-time data are bounds-checked: the
     graph's `index_checks` pair each check's int32 flag tensor with the node it guards.
     """
+    from tvmsched import validate
+
+    validate.check_model(model)  # what onnxruntime rejects (TVM's importer converts it regardless)
     signature = frontend.input_signature(model, input_shapes)
     frontend.check_supported_ops(model)
     tvm_target = make_target(target)
+    validate.check_tensor_sizes(model, signature, tvm_target)  # before TVM folds constants or the engine allocates
     mod, checks = frontend.import_model(model, signature, check_indices=index_checks)
-    mod = lowering.legalize_and_fuse(mod, tvm_target)
+    mod = lowering.legalize_and_fuse(mod, tvm_target, clamp_take=index_checks)
     graph = extract_graph(mod)
     if checks:
         flags, graph.outputs = graph.outputs[-len(checks):], graph.outputs[: -len(checks)]

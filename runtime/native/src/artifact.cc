@@ -123,7 +123,9 @@ void CheckInvariants(const Manifest& m) {
   for (const auto& [id, spec] : m.tensors) {
     double bytes = (spec.dtype.bits + 7) / 8;
     for (int64_t d : spec.shape) bytes *= static_cast<double>(d);
-    if (bytes > double(int64_t(1) << 40)) throw std::invalid_argument("tensor " + id + " is too large");
+    if (bytes > double(int64_t(1) << 40)) {
+      throw std::invalid_argument("tensor " + id + " needs " + std::to_string(static_cast<long double>(bytes)).substr(0, std::to_string(static_cast<long double>(bytes)).find(".")) + " bytes, more than the engine's limit of 1 TiB per tensor");
+    }
     if (spec.kind != "input" && spec.kind != "weight" && spec.kind != "activation") {
       throw std::invalid_argument("tensor " + id + " has unknown kind " + spec.kind);
     }
