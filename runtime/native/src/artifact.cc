@@ -8,6 +8,7 @@
 #include <tvm/ffi/string.h>
 
 #include <fstream>
+#include <iomanip>
 #include <set>
 #include <sstream>
 
@@ -124,7 +125,10 @@ void CheckInvariants(const Manifest& m) {
     double bytes = (spec.dtype.bits + 7) / 8;
     for (int64_t d : spec.shape) bytes *= static_cast<double>(d);
     if (bytes > double(int64_t(1) << 40)) {
-      throw std::invalid_argument("tensor " + id + " needs " + std::to_string(static_cast<long double>(bytes)).substr(0, std::to_string(static_cast<long double>(bytes)).find(".")) + " bytes, more than the engine's limit of 1 TiB per tensor");
+      std::ostringstream text;
+      text << "tensor " << id << " needs " << std::fixed << std::setprecision(0) << bytes
+           << " bytes, more than the engine's limit of 1 TiB per tensor";
+      throw std::invalid_argument(text.str());
     }
     if (spec.kind != "input" && spec.kind != "weight" && spec.kind != "activation") {
       throw std::invalid_argument("tensor " + id + " has unknown kind " + spec.kind);
