@@ -201,3 +201,42 @@ def test_check_rejects_all_zero_outputs_and_accepts_identical_nans(tmp_path):
     nan_reference = onnxruntime.InferenceSession(str(path)).run(None, nan_inputs)[0]
     assert np.isnan(nan_reference).all()
     assert _check_against_onnxruntime(str(path), nan_inputs, {"output": nan_reference.copy()}, echo=quiet)["ok"]
+
+
+def test_run_output_is_written_under_exactly_the_given_name(compiled, tmp_path):
+    _, artifact = compiled
+    result = run_cli("run", artifact, "--output", tmp_path / "result")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "result").is_file() and not (tmp_path / "result.npz").exists()  # np.savez appended .npz
+    with np.load(tmp_path / "result") as saved:
+        assert saved.files == ["y"] and saved["y"].shape == (2, 4)
+
+
+def test_output_into_a_missing_folder_fails_before_any_work(compiled, tmp_path):
+    model, artifact = compiled
+    result = run_cli("run", artifact, "--output", tmp_path / "no" / "out.npz")
+    assert_user_error(result, "cannot write", "folder", "does not exist")
+    assert result.stdout == ""  # it used to print the outputs, then fail with a traceback
+    assert_user_error(run_cli("compile", model, "-o", tmp_path / "no" / "m.tvms"), "does not exist")
+
+
+def test_a_failed_import_leaves_no_tvm_warning_after_the_error_line():
+    """The importer's half-built BlockBuilder warned when freed, after the CLI's error line."""
+    import subprocess
+    import sys
+
+    script = """
+from onnx import TensorProto, helper
+from tests.helpers import make_model
+from tvmsched.errors import TvmschedError
+from tvmsched.frontend import import_model
+value = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+model = make_model([helper.make_node("Concat", ["a", "b"], ["y"], axis=0)], [value("a", [2, 3]), value("b", [2, 3, 4])], [value("y", [4, 3])])
+try:
+    import_model(model, {"a": ((2, 3), "float32"), "b": ((2, 3, 4), "float32")})
+except TvmschedError as err:
+    print("error:", err, file=sys.stderr)
+"""
+    result = subprocess.run([sys.executable, "-c", "import sys\n" + script], capture_output=True, text=True, timeout=300)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the ONNX importer rejected the model"), result.stderr
