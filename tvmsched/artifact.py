@@ -67,9 +67,10 @@ class Binding:
 @dataclass(frozen=True)
 class IndexCheck:
     """A node whose run-time indices are bounds-checked (tvmsched.index_checks): the engine fails a
-    request whose flag tensor (int32, 0-d) is nonzero after the run, with `message`."""
+    request whose flag (bit `bit` of the int32 scalar `tensor`) is set after the run, with `message`."""
 
     tensor: str
+    bit: int
     op: str
     node: str
     indices: str  # the ONNX tensor holding the indices

@@ -6,9 +6,10 @@ depend on the model's inputs:
 
 - ONNX semantics for negative indices (`i < 0` means `i + n`),
 - a clamped copy of the indices that the node reads instead (never out of bounds, on any device),
-- a flag, one int32 scalar per node (1: some index was out of range), added as an extra graph
-  output. The manifest lists the flags (`index_checks`); the engine reads them after every run and
-  fails that request with one line naming the node and the valid range.
+- a flag per node (1: some index was out of range); the flags are packed as bits of int32 words
+  (31 a word), added as the last graph outputs. The manifest lists the checks (`index_checks`, each
+  with its word tensor and bit); the engine reads the words after every run and fails that request
+  with one line naming the node and the valid range.
 
 Indices known at compile time (initializers, Constant nodes) are checked here instead: an
 out-of-range constant index is a compile error.
@@ -25,6 +26,8 @@ from onnx import TensorProto, helper, numpy_helper
 from tvmsched.errors import TvmschedError
 
 CHECK_PREFIX = "_tvmsched_index_check"
+FLAGS = "_tvmsched_index_checks"  # the extra graph outputs FLAGS0, FLAGS1, ...: bit j of word w is check 31w+j's
+WORD_BITS = 31
 _INDEX_OPS = {  # op -> (position of the indices input, how the bound is found)
     "Gather": (1, "axis"),
     "GatherElements": (1, "axis"),
@@ -40,7 +43,7 @@ _INT_TYPES = {TensorProto.INT64: np.int64, TensorProto.INT32: np.int32}
 class GuardedNode:
     """One checked node: the flag output it gets and what an error message says about it."""
 
-    output: str  # the int32 flag tensor (an extra graph output)
+    output: str  # its int32 flag (0-d), packed into a FLAGS word
     op: str
     node: str
     indices: str  # the ONNX tensor holding the indices
@@ -81,10 +84,21 @@ def guard_indices(model: onnx.ModelProto, signature: dict) -> tuple[onnx.ModelPr
         inputs[position] = safe
         nodes.append(helper.make_node(node.op_type, inputs, list(node.output), name=node.name, domain=node.domain,
                                       **{a.name: helper.get_attribute_value(a) for a in node.attribute}))
-        outputs.append(helper.make_tensor_value_info(prefix, TensorProto.INT32, []))
         checks.append(GuardedNode(prefix, node.op_type, name, indices, bounds))
     if not checks:
         return model, []
+    # the flags as bits of int32 words, 31 checks a word: one copy to the host per word and request;
+    # a word of one check is its flag (no kernel), a word of several one fused elementwise kernel
+    for word, start in enumerate(range(0, len(checks), WORD_BITS)):
+        group, out = checks[start : start + WORD_BITS], f"{FLAGS}{word}"
+        if len(group) == 1:
+            nodes.append(helper.make_node("Identity", [group[0].output], [out]))
+        else:
+            for bit, check in enumerate(group):
+                initializers.append(numpy_helper.from_array(np.array(1 << bit, np.int32), f"{check.output}_bit"))
+                nodes.append(helper.make_node("Mul", [check.output, f"{check.output}_bit"], [f"{check.output}_shifted"]))
+            nodes.append(helper.make_node("Sum", [f"{c.output}_shifted" for c in group], [out]))
+        outputs.append(helper.make_tensor_value_info(out, TensorProto.INT32, []))
     graph = helper.make_graph(nodes, model.graph.name, model.graph.input, outputs, initializers)
     return helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version), checks
 
@@ -120,7 +134,7 @@ def _clamp(indices: str, bounds: tuple[int, ...], dtype, kind: str, prefix: str)
         helper.make_node("Not", [f"{p}_below"], [f"{p}_over"]),
         helper.make_node("Or", [f"{p}_under", f"{p}_over"], [f"{p}_bad"]),
         helper.make_node("Cast", [f"{p}_bad"], [f"{p}_badi"], to=TensorProto.INT32),
-        helper.make_node("ReduceMax", [f"{p}_badi"], [p], keepdims=0),
+        helper.make_node("ReduceMax", [f"{p}_badi"], [p], keepdims=0),  # no reshape: it would not fuse
     ]
     return nodes, consts, f"{p}_safe"
 

@@ -46,7 +46,7 @@ class Graph:
     layers: list[LayerSpec] = field(default_factory=list)
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
-    index_checks: list = field(default_factory=list)  # (flag tensor id, index_checks.GuardedNode), see lower_model
+    index_checks: list = field(default_factory=list)  # (flag word tensor id, bit, index_checks.GuardedNode): lower_model
 
 
 def extract_graph(mod) -> Graph:

@@ -100,27 +100,32 @@ def lower_model(model: onnx.ModelProto, target="llvm", input_shapes: dict | None
     mod = lowering.legalize_and_fuse(mod, tvm_target, clamp_take=index_checks)
     graph = extract_graph(mod)
     if checks:
-        flags, graph.outputs = graph.outputs[-len(checks):], graph.outputs[: -len(checks)]
+        from tvmsched.index_checks import WORD_BITS
+
+        words = -(-len(checks) // WORD_BITS)
+        flags, graph.outputs = graph.outputs[-words:], graph.outputs[:-words]
         graph.index_checks = _live_checks(graph, flags, checks)
     all_funcs = kernels.layer_funcs(mod)
     funcs = {f: all_funcs[f] for f in dict.fromkeys(layer.func for layer in graph.layers)}
     return graph, funcs, tvm_target
 
 
-def _live_checks(graph: Graph, flags: list[str], checks: list) -> list:
-    """The checks whose flags are computed at run time; a flag TVM folded to a constant is dropped
-    (its indices were constant after all), or a compile error when that constant says out of range."""
-    from tvmsched.index_checks import describe
+def _live_checks(graph: Graph, words: list[str], checks: list) -> list:
+    """(word tensor, bit, check) of the checks whose flag words are computed at run time; a word TVM
+    folded to a constant is dropped (its indices were constant after all), or a compile error when
+    that constant says out of range."""
+    from tvmsched.index_checks import WORD_BITS, describe
 
     live = []
-    for tensor, check in zip(flags, checks):
-        spec = graph.tensors[tensor]
+    for number, word in enumerate(words):
+        spec, group = graph.tensors[word], checks[number * WORD_BITS : (number + 1) * WORD_BITS]
         if spec.shape != () or spec.dtype != "int32":
-            raise TvmschedError(f"internal: index check {check.output} became a {spec.dtype}{list(spec.shape)} tensor")
-        if spec.kind == "activation":
-            live.append((tensor, check))
-        elif spec.kind == "weight" and graph.weights[tensor].any():
-            raise TvmschedError(f"index out of range at compile time: {describe(check)}")
+            raise TvmschedError(f"internal: index-check word {number} became a {spec.dtype}{list(spec.shape)} tensor")
+        for bit, check in enumerate(group):
+            if spec.kind == "activation":
+                live.append((word, bit, check))
+            elif int(graph.weights[word]) >> bit & 1:
+                raise TvmschedError(f"index out of range at compile time: {describe(check)}")
     return live
 
 
@@ -291,7 +296,8 @@ def _manifest(
         preempt_flags=plan.preempt_flags,
         progress_counters=plan.progress_counters,
         index_checks=tuple(
-            IndexCheck(tensor, c.op, c.node, c.indices, c.bounds, describe(c)) for tensor, c in graph.index_checks
+            IndexCheck(tensor, bit, c.op, c.node, c.indices, c.bounds, describe(c))
+            for tensor, bit, c in graph.index_checks
         ),
     )
 

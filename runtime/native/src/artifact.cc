@@ -252,7 +252,11 @@ Manifest ParseManifest(const std::string& text) {
     m.layers.push_back(std::move(layer));
   }
   if (!json["index_checks"].null()) {
-    for (const Json& c : json["index_checks"].items()) m.index_checks.push_back({known(c["tensor"].str()), c["message"].str()});
+    for (const Json& c : json["index_checks"].items()) {
+      int64_t bit = c["bit"].integer();
+      if (bit < 0 || bit > 30) throw std::invalid_argument("index check bit " + std::to_string(bit) + " is out of range");
+      m.index_checks.push_back({known(c["tensor"].str()), static_cast<int>(bit), c["message"].str()});
+    }
   }
   m.preempt_flags = static_cast<int>(json["preempt_flags"].integer_or(0));
   if (m.preempt_flags < 0 || m.preempt_flags > 4096) throw std::invalid_argument("manifest.preempt_flags out of range");

@@ -49,10 +49,11 @@ struct Binding {
   std::string name, tensor;
 };
 
-/*! \brief A node whose run-time indices are bounds-checked at compile time's request: its flag
- *  tensor (int32, 0-d, written by a layer) is nonzero after a run that saw an out-of-range index. */
+/*! \brief A node whose run-time indices are bounds-checked: its flag, bit `bit` of the int32 scalar
+ *  `tensor` (written by a layer), is set after a run that saw an out-of-range index. */
 struct IndexCheckSpec {
   std::string tensor;
+  int bit = 0;
   std::string message;  ///< the node and its valid range, for the request's error
 };
 
