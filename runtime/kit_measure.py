@@ -23,9 +23,11 @@ MIN_BATCH_US = 2000.0  # each timed batch of launches lasts at least this long
 
 def read_kit(kit_dir: str | Path) -> dict:
     """The kit's index, checked."""
+    from tvmsched.tuning_db.json_limits import loads as bounded_loads
+
     path = Path(kit_dir) / KIT_FILE
     try:
-        kit = json.loads(path.read_text())
+        kit = bounded_loads(path.read_text())  # refuses JSON nested too deeply to parse
     except FileNotFoundError:
         raise TvmschedError(f"{kit_dir} is not a measurement kit (no {KIT_FILE})") from None
     except (OSError, ValueError) as err:

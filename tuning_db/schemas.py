@@ -1,16 +1,21 @@
 """Payloads of the tuning-database HTTP service (pydantic v2).
 
 Request bodies are strict (no type coercion) and reject unknown fields; the ``*_json`` string fields
-must hold valid JSON. Query models are lax because query strings are text.
+must hold valid JSON nested at most ``MAX_JSON_DEPTH`` levels. Query models are lax because query strings
+are text. No string input may hold a NUL character: PostgreSQL text cannot store one (SQLite can), so it is
+refused up front, the same on every backend.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+from .json_limits import MAX_JSON_DEPTH as MAX_JSON_DEPTH  # the nesting limit of the *_json fields and bodies
+from .json_limits import JSONTooDeep
+from .json_limits import loads as _bounded_loads
 
 MAX_SHASH_CHARS = 40  # the workloads.shash column (MetaSchedule hashes are uint64 decimals)
 MAX_DESCRIPTION_CHARS = 4096
@@ -21,19 +26,47 @@ MAX_ARGS_INFO_JSON_CHARS = 1024 * 1024
 MAX_RUN_SECS = 1024
 MAX_TOP_K = 100_000
 MAX_INT32 = 2**31 - 1  # INTEGER columns on PostgreSQL
+NO_NUL_PATTERN = r"^[^\x00]*$"  # documents the NUL check in the OpenAPI schema (ECMA, Python and Rust regex)
+
+
+def _no_nul(value: str) -> str:
+    """Refuse NUL characters (PostgreSQL text cannot hold them)."""
+    if "\x00" in value:
+        raise ValueError("must not contain NUL (\\u0000) characters")
+    return value
+
+
+def text(*, min_length: int | None = None, max_length: int, json_text: bool = False) -> type[str]:
+    """A string input type: length-checked, then NUL refused (the schema's pattern documents the NUL check).
+
+    ``json_text`` marks a string that holds JSON text (``contentMediaType: application/json`` in the schema;
+    the model checks it with ``_check_json``).
+    """
+    schema: dict = {"pattern": NO_NUL_PATTERN}
+    if json_text:
+        schema["contentMediaType"] = "application/json"
+    return Annotated[  # type: ignore[return-value]
+        str,
+        StringConstraints(min_length=min_length, max_length=max_length),
+        AfterValidator(_no_nul),
+        Field(json_schema_extra=schema),
+    ]
+
 
 UnitKind = Literal["gpu_sm", "gpu_sm_grid", "cpu_thread"]
 Seconds = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
-Shash = Annotated[str, Field(min_length=1, max_length=MAX_SHASH_CHARS)]
+Shash = text(min_length=1, max_length=MAX_SHASH_CHARS)
 RowId = Annotated[int, Field(ge=1, le=MAX_INT32)]
 
 
 def _check_json(value: str | None) -> str | None:
-    """Return ``value`` unchanged if it parses as JSON (or is None), else raise ValueError."""
+    """Return ``value`` unchanged if it parses as JSON nested at most MAX_JSON_DEPTH deep (or is None)."""
     if value is None:
         return value
     try:
-        json.loads(value)
+        _bounded_loads(value)
+    except JSONTooDeep as err:
+        raise ValueError(str(err)) from None
     except ValueError as err:
         raise ValueError(f"not valid JSON ({err})") from None
     return value
@@ -55,8 +88,8 @@ class WorkloadIn(_Body):
     """A workload to commit: MetaSchedule's structural hash plus the IRModule as TVM JSON."""
 
     shash: Shash
-    mod_json: str = Field(min_length=2, max_length=MAX_MOD_JSON_CHARS)
-    description: str = Field(default="", max_length=MAX_DESCRIPTION_CHARS)
+    mod_json: text(min_length=2, max_length=MAX_MOD_JSON_CHARS, json_text=True)
+    description: text(max_length=MAX_DESCRIPTION_CHARS) = ""
 
     _json = field_validator("mod_json")(_check_json)
 
@@ -65,7 +98,7 @@ class WorkloadFind(_Body):
     """Find a workload by structural hash, optionally requiring the same module JSON."""
 
     shash: Shash
-    mod_json: str | None = Field(default=None, max_length=MAX_MOD_JSON_CHARS)
+    mod_json: text(min_length=2, max_length=MAX_MOD_JSON_CHARS, json_text=True) | None = None
 
     _json = field_validator("mod_json")(_check_json)
 
@@ -83,13 +116,13 @@ class RecordIn(_Body):
     """A tuning record to commit for an existing workload."""
 
     workload_id: RowId
-    target_json: str = Field(min_length=2, max_length=MAX_TARGET_JSON_CHARS)
+    target_json: text(min_length=2, max_length=MAX_TARGET_JSON_CHARS, json_text=True)
     units: int = Field(ge=0, le=1_000_000)
     unit_kind: UnitKind
-    trace_json: str = Field(min_length=2, max_length=MAX_TRACE_JSON_CHARS)
+    trace_json: text(min_length=2, max_length=MAX_TRACE_JSON_CHARS, json_text=True)
     run_secs: list[Seconds] = Field(max_length=MAX_RUN_SECS)
     blocks: int | None = Field(default=None, ge=0, le=MAX_INT32)
-    args_info_json: str = Field(min_length=2, max_length=MAX_ARGS_INFO_JSON_CHARS)
+    args_info_json: text(min_length=2, max_length=MAX_ARGS_INFO_JSON_CHARS, json_text=True)
 
     _json = field_validator("target_json", "trace_json", "args_info_json")(_check_json)
 
@@ -125,7 +158,7 @@ class TopKQuery(BaseModel):
 
     workload_id: RowId
     k: int = Field(ge=0, le=MAX_TOP_K)
-    target_hash: str | None = Field(default=None, min_length=1, max_length=64)
+    target_hash: text(min_length=1, max_length=64) | None = None
     units: int | None = Field(default=None, ge=0, le=MAX_INT32)
 
 
@@ -151,3 +184,27 @@ class Health(_Out):
     version: str
     backend: str
     auth: bool = Field(description="whether writes need a bearer token")
+
+
+# --- error answers (what the service sends; the OpenAPI document describes them with these) -----------
+
+
+class ErrorOut(_Out):
+    """An error answer: what went wrong, in one line."""
+
+    detail: str
+
+
+class FieldError(_Out):
+    """One problem with a request: where (``["body", "trace_json"]``, ``["query", "k"]``), what, and its kind."""
+
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ValidationErrorOut(_Out):
+    """A 422 answer: the first problems in one line, and all of them (the input is never echoed back)."""
+
+    detail: str
+    errors: list[FieldError]

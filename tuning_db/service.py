@@ -3,8 +3,10 @@
 ``create_app(store, token=...)`` builds the FastAPI app (one router per resource; OpenAPI at
 ``/openapi.json``, docs at ``/docs``); ``serve(url, ...)`` opens the store and runs it with uvicorn.
 Writes (``POST /workloads``, ``POST /records``) need ``Authorization: Bearer <token>`` when a token is
-configured; reads are open. Bad input gets a 4xx answer ``{"detail": message}`` and never reaches the
-store half-validated.
+configured; reads are open. Bad input gets a 4xx answer ``{"detail": message}`` (422: plus ``"errors"``,
+see ``ValidationErrorOut``) and never reaches the store half-validated: JSON nested deeper than
+``MAX_JSON_DEPTH`` (in the body or in a ``*_json`` field) and NUL characters are refused with 422 on every
+backend. The OpenAPI document lists every error answer each operation can send.
 """
 
 from __future__ import annotations
@@ -15,26 +17,35 @@ import json
 import logging
 import os
 import pathlib
+import socket
 import stat
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request, Response, status
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 import tvmsched
 from tvmsched.errors import TvmschedError, one_line
+from tvmsched.tuning_db.json_limits import JSONTooDeep, json_depth
 from tvmsched.tuning_db.schemas import (
     MAX_INT32,
+    MAX_JSON_DEPTH,
+    ErrorOut,
     Health,
     LookupQuery,
     RecordIn,
     RecordOut,
     Stats,
     TopKQuery,
+    ValidationErrorOut,
     WorkloadFind,
     WorkloadIn,
     WorkloadOut,
@@ -76,15 +87,64 @@ def require_token(
 
 StoreDep = Annotated[SQLStore, Depends(get_store)]
 WriteAuth = [Depends(require_token)]
-NOT_FOUND = {404: {"description": "not found"}}
+
+
+# --- the error answers, as the OpenAPI document lists them ------------------------------------------
+
+
+def _error(description: str, **extra) -> dict:
+    return {"model": ErrorOut, "description": description, **extra}
+
+
+ANY_REQUEST = {  # BodyLimit and FastAPI's body reading answer these before any handler runs
+    400: _error("the request cannot be read (an invalid Content-Length, a body that is not UTF-8 JSON text) "
+                "or the database refuses it"),
+    413: _error("the request body is over the service's limit"),
+    500: _error("an unexpected error; the service log has the details"),
+}
+STORE = {503: _error("the database is unavailable (down, locked or out of connections); retry later")}
+INVALID = {422: {"model": ValidationErrorOut, "description": "invalid parameters or body"}}
+UNAUTHORIZED = {
+    401: _error(
+        "missing or invalid bearer token",
+        headers={"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}},
+    )
+}
+NOT_FOUND = {404: _error("not found")}
+
+
+class CheckedRoute(APIRoute):
+    """A route that refuses a request body nested deeper than MAX_JSON_DEPTH with 422, before parsing it.
+
+    FastAPI parses JSON bodies with ``json.loads``, which recurses once per level: a deep body would end
+    in RecursionError (answered 400 by FastAPI, 500 if it happened anywhere else). The depth is measured
+    without recursion; the body stays cached on the request for FastAPI's own parsing.
+    """
+
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+
+        async def checked(request: Request) -> Response:
+            body = await request.body()
+            if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH:
+                try:
+                    text = body.decode(json.detect_encoding(body))
+                except UnicodeDecodeError:
+                    text = None  # FastAPI answers 400: the body is not text
+                if text is not None and json_depth(text) > MAX_JSON_DEPTH:
+                    error = {"type": "json_too_deep", "loc": ("body",), "msg": str(JSONTooDeep(MAX_JSON_DEPTH))}
+                    raise RequestValidationError([error])
+            return await handler(request)
+
+        return checked
 
 
 # --- routers --------------------------------------------------------------------------------------
 
-health_router = APIRouter(tags=["health"])
-stats_router = APIRouter(tags=["stats"])
-workloads_router = APIRouter(prefix="/workloads", tags=["workloads"])
-records_router = APIRouter(prefix="/records", tags=["records"])
+health_router = APIRouter(tags=["health"], route_class=CheckedRoute)
+stats_router = APIRouter(tags=["stats"], route_class=CheckedRoute, responses=STORE)
+workloads_router = APIRouter(prefix="/workloads", tags=["workloads"], route_class=CheckedRoute, responses=STORE)
+records_router = APIRouter(prefix="/records", tags=["records"], route_class=CheckedRoute, responses=STORE)
 
 
 @health_router.get("/health", response_model=Health)
@@ -108,7 +168,7 @@ def stats(store: StoreDep) -> Stats:
     response_model=WorkloadOut,
     status_code=status.HTTP_201_CREATED,
     dependencies=WriteAuth,
-    responses={200: {"model": WorkloadOut, "description": "already stored (idempotent)"}},
+    responses={200: {"model": WorkloadOut, "description": "already stored (idempotent)"}, **UNAUTHORIZED, **INVALID},
 )
 def commit_workload(body: WorkloadIn, response: Response, store: StoreDep) -> WorkloadOut:
     """Commit a workload; committing it again returns the stored row with 200."""
@@ -126,20 +186,20 @@ def list_workloads(store: StoreDep) -> list[WorkloadOut]:
     return [WorkloadOut.model_validate(row) for row in store.all_workloads()]
 
 
-@workloads_router.get("/lookup", response_model=WorkloadOut, responses=NOT_FOUND)
+@workloads_router.get("/lookup", response_model=WorkloadOut, responses={**NOT_FOUND, **INVALID})
 def lookup_workload(query: Annotated[LookupQuery, Query()], store: StoreDep) -> WorkloadOut:
     """Find a workload by structural hash alone (use ``POST /workloads/find`` to match the module)."""
     return _workload_or_404(store.find_workload(query.shash), f"no workload with shash {query.shash}")
 
 
-@workloads_router.post("/find", response_model=WorkloadOut, responses=NOT_FOUND)
+@workloads_router.post("/find", response_model=WorkloadOut, responses={**NOT_FOUND, **INVALID})
 def find_workload(body: WorkloadFind, store: StoreDep) -> WorkloadOut:
     """Find a workload by structural hash and, when given, the same module JSON (a read)."""
     row = store.find_workload(body.shash, body.mod_json)
     return _workload_or_404(row, f"no workload with shash {body.shash} and this module")
 
 
-@workloads_router.get("/{workload_id:int}", response_model=WorkloadOut, responses=NOT_FOUND)
+@workloads_router.get("/{workload_id:int}", response_model=WorkloadOut, responses={**NOT_FOUND, **INVALID})
 def get_workload(workload_id: Annotated[int, Path(ge=1, le=MAX_INT32)], store: StoreDep) -> WorkloadOut:
     """One workload by id."""
     return _workload_or_404(store.get_workload(workload_id), f"no workload with id {workload_id}")
@@ -150,7 +210,7 @@ def get_workload(workload_id: Annotated[int, Path(ge=1, le=MAX_INT32)], store: S
     response_model=RecordOut,
     status_code=status.HTTP_201_CREATED,
     dependencies=WriteAuth,
-    responses={404: {"description": "unknown workload"}},
+    responses={404: _error("unknown workload"), **UNAUTHORIZED, **INVALID},
 )
 def commit_record(body: RecordIn, store: StoreDep) -> RecordOut:
     """Commit a tuning record; idempotent (the same record again returns the stored row, also 201)."""
@@ -163,7 +223,7 @@ def commit_record(body: RecordIn, store: StoreDep) -> RecordOut:
     return RecordOut.model_validate(row)
 
 
-@records_router.get("/top", response_model=list[RecordOut])
+@records_router.get("/top", response_model=list[RecordOut], responses=INVALID)
 def top_k(query: Annotated[TopKQuery, Query()], store: StoreDep) -> list[RecordOut]:
     """The k fastest valid records of a workload, optionally for one target hash and unit count."""
     rows = store.top_k(query.workload_id, query.k, target_hash=query.target_hash, units=query.units)
@@ -202,6 +262,33 @@ async def _on_validation_error(request: Request, exc: RequestValidationError) ->
         parts.append(f"({len(errors) - MAX_ERRORS_IN_DETAIL} more)")
     detail = "invalid request: " + "; ".join(parts)
     return JSONResponse({"detail": detail, "errors": errors}, status_code=422)
+
+
+_HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+async def _on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    """FastAPI's answer, except that a 405 lists every method of the path in ``Allow``.
+
+    Starlette names only the methods of the first route whose path matches (``OPTIONS /workloads`` would
+    get ``Allow: POST`` although ``GET /workloads`` exists too).
+    """
+    if exc.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
+        methods = [method for method in _HTTP_METHODS if _routes_accept(request, method)]
+        if methods:
+            headers = {**(exc.headers or {}), "Allow": ", ".join(methods)}
+            exc = StarletteHTTPException(exc.status_code, exc.detail, headers=headers)
+    return await http_exception_handler(request, exc)
+
+
+def _routes_accept(request: Request, method: str) -> bool:
+    """Whether some route of the app fully matches this request's path with ``method``."""
+    for route in request.app.router.routes:
+        scope = {"type": "http", "method": method, "path": request.scope["path"], "headers": [], "query_string": b"",
+                 "root_path": request.scope.get("root_path", "")}  # fresh: matching may write into the scope
+        if route.matches(scope)[0] is Match.FULL:
+            return True
+    return False
 
 
 async def _on_user_error(request: Request, exc: Exception) -> JSONResponse:
@@ -338,12 +425,17 @@ def create_app(
     app = FastAPI(
         title="tvmsched tuning database",
         version=tvmsched.__version__,
-        description="MetaSchedule workloads and tuning records shared between tuning machines.",
+        description=(
+            "MetaSchedule workloads and tuning records shared between tuning machines. Request bodies are "
+            "strict: no unknown fields, no type coercion (integers written as integers: `2`, not `2.0`). "
+            f"No string may contain a NUL character; JSON nests at most {MAX_JSON_DEPTH} levels."
+        ),
     )
     app.state.store = store
     app.state.token = token
     for router in (health_router, stats_router, workloads_router, records_router):
-        app.include_router(router)
+        app.include_router(router, responses=ANY_REQUEST)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(TvmschedError, _on_user_error)
     app.add_exception_handler(OperationalError, _on_database_down)
@@ -378,18 +470,56 @@ def serve(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     log_level: str = "info",
 ) -> None:
-    """Open ``SQLStore(url)`` and serve it on ``host:port`` until interrupted (SIGINT/SIGTERM)."""
+    """Open ``SQLStore(url)`` and serve it on ``host:port`` until interrupted (SIGINT/SIGTERM).
+
+    Raises:
+        TvmschedError: an unreadable token file, a port out of range or in use, an unknown host, or a
+            database that cannot be opened; each before anything is served.
+    """
     import uvicorn
 
     token = read_token(token_file) if token_file is not None else None
+    sock = listen_socket(host, port)
     if token is None and not _is_loopback(host):
         log.warning("serving on %s without a token: anyone who can reach it can write records", host)
-    store = SQLStore(url)
     try:
-        app = create_app(store, token=token, max_body_bytes=max_body_bytes)
-        uvicorn.run(app, host=host, port=port, log_level=log_level)
+        store = SQLStore(url)
+        try:
+            app = create_app(store, token=token, max_body_bytes=max_body_bytes)
+            config = uvicorn.Config(app, host=host, port=port, log_level=log_level)
+            server = uvicorn.Server(config)
+            shown_host = f"[{host}]" if ":" in host else host
+            logging.getLogger("uvicorn.error").info(  # uvicorn says this only when it binds the socket itself
+                "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", shown_host, sock.getsockname()[1]
+            )
+            try:
+                server.run(sockets=[sock])
+            except KeyboardInterrupt:  # Ctrl-C: uvicorn has shut down gracefully (as uvicorn.run does)
+                pass
+        finally:
+            store.close()
     finally:
-        store.close()
+        sock.close()
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (uvicorn's options), or TvmschedError saying why not.
+
+    Binding here rather than in uvicorn turns a port in use or out of range into one clear error
+    (uvicorn would log it and exit with its own status).
+    """
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise TvmschedError(f"invalid port {port!r}: it must be an integer from 0 to 65535")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except (OSError, OverflowError) as err:
+        sock.close()
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise TvmschedError(f"cannot listen on {host}:{port}: {reason}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def _is_loopback(host: str) -> bool:

@@ -4,6 +4,10 @@ Every write is one transaction. Commits are idempotent on the tables' unique key
 concurrent writers: SQLite write transactions start with `BEGIN IMMEDIATE` (so a writer never has
 to upgrade a read lock, the source of "database is locked" that `busy_timeout` cannot fix), and
 inserts use `INSERT .. ON CONFLICT DO NOTHING` followed by a select of the winning row.
+
+Both backends accept the same input: text with a NUL character (which PostgreSQL cannot store and
+SQLite can) is refused with TvmschedError everywhere. A URL that cannot be parsed, or a database that
+cannot be opened (not a database file, server unreachable), is a TvmschedError naming it.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,9 +24,11 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, func, select
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
+from ..errors import TvmschedError
 from . import models
+from .json_limits import loads as _bounded_loads
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +77,30 @@ def sha256_text(text: str) -> str:
 
 
 def target_hash(target_json: str) -> str:
-    """SHA-256 of the canonical form (sorted keys) of a target's JSON text."""
-    return sha256_text(json.dumps(json.loads(target_json), sort_keys=True))
+    """SHA-256 of the canonical form (sorted keys) of a target's JSON text (ValueError if not JSON)."""
+    return sha256_text(json.dumps(_bounded_loads(target_json), sort_keys=True))
+
+
+def _refuse_nul(**texts: str | None) -> None:
+    """TvmschedError if a text holds a NUL character (PostgreSQL text cannot; refused on every backend)."""
+    for name, value in texts.items():
+        if value is not None and "\x00" in value:
+            raise TvmschedError(f"{name} must not contain NUL (\\u0000) characters")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password hidden (also when SQLAlchemy cannot parse it)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001  (a malformed URL: hide whatever sits between "user:" and "@")
+        return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", url)
+
+
+def _reason(err: BaseException) -> str:
+    """The first line of a database error's own message, without SQLAlchemy's SQL and links."""
+    cause = getattr(err, "orig", None) or err
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+    return lines[0] if lines else type(cause).__name__
 
 
 def mean_latency(run_secs: list[float]) -> float | None:
@@ -136,15 +165,25 @@ def _sqlite_setup(engine: Engine) -> None:
 
 
 def make_engine(url: str) -> Engine:
-    """An engine for a sqlite or postgresql URL (the SQLite file's folder is created)."""
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        if parsed.database and parsed.database != ":memory:" and not parsed.database.startswith("file:"):
-            Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(parsed, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
-        _sqlite_setup(engine)
-        return engine
-    return create_engine(parsed, pool_pre_ping=True)
+    """An engine for a sqlite or postgresql URL (the SQLite file's folder is created).
+
+    Raises:
+        TvmschedError: a malformed URL, an unknown driver, or a SQLite folder that cannot be created.
+    """
+    try:
+        parsed = make_url(url)
+        if parsed.get_backend_name() == "sqlite":
+            if parsed.database and parsed.database != ":memory:" and not parsed.database.startswith("file:"):
+                Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            engine = create_engine(parsed, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+            _sqlite_setup(engine)
+            return engine
+        return create_engine(parsed, pool_pre_ping=True)
+    except OSError as err:
+        raise TvmschedError(f"cannot create the folder of the tuning database {redact_url(url)}: "
+                            f"{err.strerror or err}") from None
+    except (SQLAlchemyError, ValueError, TypeError) as err:  # ArgumentError, NoSuchModuleError, a bad port
+        raise TvmschedError(f"malformed database URL {redact_url(url)!r}: {_reason(err)}") from None
 
 
 def upgrade_schema(engine: Engine) -> None:
@@ -153,7 +192,6 @@ def upgrade_schema(engine: Engine) -> None:
     from alembic.config import Config
     from alembic.util import CommandError
 
-    from ..errors import TvmschedError
     from . import migrations
 
     config = Config()
@@ -194,6 +232,9 @@ class SQLStore:
         self._writer = self._engine.execution_options(**{_WRITE: True})
         try:
             upgrade_schema(self._engine)
+        except SQLAlchemyError as err:  # not a database, unreachable, no such database, refused login, ...
+            self._engine.dispose()
+            raise TvmschedError(f"cannot open the tuning database {redact_url(url)}: {_reason(err)}") from err
         except BaseException:
             self._engine.dispose()
             raise
@@ -210,6 +251,7 @@ class SQLStore:
 
     def commit_workload(self, shash: str, mod_json: str, description: str = "") -> WorkloadRow:
         """Store a workload unless present (same shash and JSON); return the stored row."""
+        _refuse_nul(shash=shash, mod_json=mod_json, description=description)
         sha = sha256_text(mod_json)
         values = {"shash": shash, "mod_sha256": sha, "mod_json": mod_json, "description": description}
         with self._writer.begin() as conn:
@@ -219,6 +261,7 @@ class SQLStore:
 
     def find_workload(self, shash: str, mod_json: str | None = None) -> WorkloadRow | None:
         """The workload with this shash (and exactly this JSON, when given); the oldest one first."""
+        _refuse_nul(shash=shash, mod_json=mod_json)
         query = select(W).where(W.c.shash == shash)
         if mod_json is not None:
             query = query.where(W.c.mod_sha256 == sha256_text(mod_json))
@@ -248,7 +291,9 @@ class SQLStore:
 
         Raises:
             KeyError: no workload has id `workload_id`.
+            TvmschedError: a text holds a NUL character.
         """
+        _refuse_nul(target_json=target_json, unit_kind=unit_kind, trace_json=trace_json, args_info_json=args_info_json)
         t_hash, trace_sha = target_hash(target_json), sha256_text(trace_json)
         run_secs = [float(s) for s in run_secs]
         values = {
@@ -273,6 +318,7 @@ class SQLStore:
         """The k fastest valid records of a workload (ties by id), optionally of one target / units."""
         if k <= 0:
             return []
+        _refuse_nul(target_hash=target_hash)
         query = select(R).where(R.c.workload_id == workload_id, R.c.mean_latency_s.is_not(None))
         if target_hash is not None:
             query = query.where(R.c.target_hash == target_hash)

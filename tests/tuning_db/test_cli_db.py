@@ -89,3 +89,89 @@ def test_export_then_import_round_trip(served, tmp_path):
         imported = run_cli("db", "import", tmp_path / "ms", "--db", other, "--units", "2", "--unit-kind", "cpu_thread")
         assert imported.returncode == 0, imported.stderr
     assert run_cli("db", "stats", "--db", other, "--json").stdout == run_cli("db", "stats", "--db", db, "--json").stdout
+
+
+# --- errors of the db commands: one `error:` line, exit 2, never a traceback --------------------------
+
+
+def _not_a_database(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("these are notes, not a database\n" * 64)
+    return path
+
+
+@pytest.mark.parametrize("command", ["stats", "serve"])
+def test_db_commands_on_a_non_database_file_or_a_malformed_url(command, tmp_path):
+    notes = _not_a_database(tmp_path)
+    result = run_cli("db", command, "--db", f"sqlite:///{notes}", timeout=120)
+    assert_user_error(result, "cannot open the tuning database", "notes.txt", "file is not a database")
+    assert notes.read_text().startswith("these are notes")  # left as it was
+    for url in ("postgresql+psycopg://tuner:s3cret@127.0.0.1:notaport/db", "sqlite://user:s3cret@/x.db",
+                "postgresql+nosuchdriver://tuner@127.0.0.1/db"):
+        result = run_cli("db", command, "--db", url, timeout=120)
+        assert_user_error(result, "malformed database URL")
+        assert "s3cret" not in result.stderr  # the password is never printed
+
+
+def test_db_import_of_malformed_json_is_a_user_error(tmp_path):
+    from tvm.s_tir.meta_schedule.database import Workload
+
+    from factories import add_relu_mod
+
+    db = f"sqlite:///{tmp_path / 'tuning.db'}"
+    workload_line = json.dumps(Workload(add_relu_mod()).as_json())
+    cases = [  # (workload file, record file, expected fragments)
+        ("{not json\n", None, ["database_workload.json, line 1", "not valid JSON"]),
+        (workload_line + "\n\n" + "[" * 100_000 + "\n", None, ["database_workload.json, line 3", "nested deeper"]),
+        ('["1", 2]\n', None, ["database_workload.json, line 1", "not a MetaSchedule workload entry"]),
+        (workload_line + "\n", '[0, [[], [0.1], {"kind": "llvm"}, []]\n', ["database_tuning_record.json, line 1",
+                                                                           "not valid JSON"]),
+        (workload_line + "\n", '[3, [[], [0.1], {"kind": "llvm"}, []]]\n', ["database_tuning_record.json, line 1",
+                                                                            "workload index 3"]),
+        (workload_line + "\n", '{"index": 0}\n', ["database_tuning_record.json, line 1",
+                                                   "not a MetaSchedule tuning record"]),
+    ]
+    for i, (workloads, records, fragments) in enumerate(cases):
+        folder = tmp_path / f"ms{i}"
+        folder.mkdir()
+        (folder / "database_workload.json").write_text(workloads)
+        if records is not None:
+            (folder / "database_tuning_record.json").write_text(records)
+        result = run_cli("db", "import", folder, "--db", db, "--units", "2", "--unit-kind", "cpu_thread")
+        assert_user_error(result, *fragments)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_user_error(run_cli("db", "import", empty, "--db", db, "--units", "2", "--unit-kind", "cpu_thread"),
+                      "not a MetaSchedule JSON database", "database_workload.json")
+    assert json.loads(run_cli("db", "stats", "--db", db, "--json").stdout) == {"workloads": 0, "records": 0}
+
+
+def test_tune_import_of_malformed_json_is_a_user_error(tmp_path):
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    for name, content, fragment in (("bad.json", "{bad", "Expecting property name"),
+                                    ("deep.json", "[" * 100_000, "nested deeper")):
+        (tmp_path / name).write_text(content)
+        result = run_cli("tune", "import", kit, tmp_path / name, "--db", f"sqlite:///{tmp_path / 'tuning.db'}")
+        assert_user_error(result, f"cannot read results {tmp_path / name}", fragment)
+
+
+def test_db_serve_on_a_bad_or_busy_port(tmp_path):
+    db = f"sqlite:///{tmp_path / 'tuning.db'}"
+    assert_user_error(run_cli("db", "serve", "--db", db, "--port", "99999"), "--port", "99999")
+    assert_user_error(run_cli("db", "serve", "--db", db, "--port", "-1"), "--port")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run_cli("db", "serve", "--db", db, "--port", port, timeout=120)
+    assert_user_error(result, f"cannot listen on 127.0.0.1:{port}", "in use")
+
+
+def test_serve_refuses_a_bad_port_before_opening_the_database(tmp_path):
+    from tvmsched.errors import TvmschedError
+    from tvmsched.tuning_db.service import serve
+
+    with pytest.raises(TvmschedError, match="invalid port 99999"):
+        serve(f"sqlite:///{tmp_path / 'x.db'}", port=99999)
+    assert not (tmp_path / "x.db").exists()

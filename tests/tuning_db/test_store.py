@@ -151,3 +151,35 @@ def test_a_schema_from_a_newer_version_is_a_clear_error(tmp_path):
         conn.execute("UPDATE alembic_version SET version_num = '9999'")
     with pytest.raises(TvmschedError, match="schema"):
         SQLStore(f"sqlite:///{path}")
+
+
+def test_nul_characters_are_refused_the_same_on_both_backends(store):
+    from tvmsched.errors import TvmschedError
+
+    workload = store.commit_workload("1", "{}")
+    with pytest.raises(TvmschedError, match="shash must not contain NUL"):
+        store.commit_workload("1\x00", "{}")
+    with pytest.raises(TvmschedError, match="description must not contain NUL"):
+        store.commit_workload("2", "{}", "a\x00b")
+    with pytest.raises(TvmschedError, match="shash must not contain NUL"):
+        store.find_workload("\x00")
+    with pytest.raises(TvmschedError, match="trace_json must not contain NUL"):
+        store.commit_record(workload.id, target_json=LLVM2, units=2, unit_kind="cpu_thread", trace_json='"\x00"',
+                            run_secs=[0.1], blocks=None, args_info_json="[]")
+    with pytest.raises(TvmschedError, match="target_hash must not contain NUL"):
+        store.top_k(workload.id, 1, target_hash="\x00")
+    assert store.stats() == {"workloads": 1, "records": 0}
+
+
+def test_a_file_that_is_not_a_database_or_a_malformed_url_is_a_clear_error(tmp_path):
+    from tvmsched.errors import TvmschedError
+    from tvmsched.tuning_db import SQLStore
+
+    text_file = tmp_path / "notes.txt"
+    text_file.write_text("not a database\n" * 100)
+    expected = r"cannot open the tuning database sqlite:///.*notes.txt: file is not a database"
+    with pytest.raises(TvmschedError, match=expected):
+        SQLStore(f"sqlite:///{text_file}")
+    assert text_file.read_text() == "not a database\n" * 100
+    with pytest.raises(TvmschedError, match=r"malformed database URL 'postgresql\+psycopg://u:\*\*\*@h:port/db'"):
+        SQLStore("postgresql+psycopg://u:secret@h:port/db")
