@@ -68,16 +68,25 @@ def models_build(name: str, output: str | None, seed: int) -> None:
               help="Kernels count their completed blocks (GPU thread blocks, CPU parallel iterations) for the runtime.")
 @click.option("--index-checks/--no-index-checks", default=True, show_default=True,
               help="Bounds-check indices read from run-time data (off only to measure the checks: unsafe).")
+@click.option("--sign", "sign_key", type=click.Path(dir_okay=False), metavar="KEYFILE",
+              help="Sign the artifact with this Ed25519 private key (tvmsched keys generate).")
 def compile_cmd(
     model: str, output: str | None, target: str, input_shapes: tuple[str, ...], tune_trials: int, db_url: str | None,
     db_token_file: str | None, qos_ms: float | None, units_csv: str | None, rpc: str | None, preempt_checks: bool,
-    progress_counters: bool, index_checks: bool,
+    progress_counters: bool, index_checks: bool, sign_key: str | None,
 ) -> None:
     """Compile an ONNX MODEL into a per-layer artifact (tuned with --tune-trials)."""
     from tvmsched.frontend import parse_input_shapes
     from tvmsched.targets import is_cuda_spec
 
     shapes = parse_input_shapes(input_shapes)
+    signing_key = None
+    if sign_key:  # read before compiling: a bad key fails fast
+        from tvmsched.signing import load_private_key
+
+        signing_key = load_private_key(sign_key)
+    output = output or str(Path(model).with_suffix(".tvms"))
+    _check_folder(output)
     if is_cuda_spec(target):
         from tvmsched.cuda_toolchain import prepare_cuda_build
 
@@ -92,15 +101,55 @@ def compile_cmd(
         qos_ms=qos_ms, units=_parse_units(units_csv), rpc=rpc, preempt_checks=preempt_checks,
         progress_counters=progress_counters, index_checks=index_checks,
     )
-    output = output or str(Path(model).with_suffix(".tvms"))
-    artifact.save(output)
+    artifact.save(output, signing_key)
     manifest = artifact.manifest
     if manifest.tuning:
         _print_tuning_summary(manifest.tuning)
+    signed = f", signed by key {_key_id(signing_key)}" if signing_key else ""
     click.echo(
         f"wrote {output}: {len(manifest.layers)} layers, {manifest.device} ({manifest.device_code}), "
-        f"{os.path.getsize(output) / 1e6:.2f} MB"
+        f"{os.path.getsize(output) / 1e6:.2f} MB{signed}"
     )
+
+
+def _key_id(private_key) -> str:
+    from tvmsched.signing import key_id
+
+    return key_id(private_key.public_key())
+
+
+def _check_folder(path: str) -> None:
+    """A file can be written at `path` (its folder exists): checked before long work, not after."""
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise TvmschedError(f"cannot write {path}: folder {folder} does not exist")
+
+
+@cli.group()
+def keys() -> None:
+    """Ed25519 keys that sign artifacts (compile --sign) and that loaders trust (--trust)."""
+
+
+@keys.command("generate")
+@click.argument("name")
+def keys_generate(name: str) -> None:
+    """Write a new key pair: NAME.key (private, mode 0600) and NAME.pub (public, to hand to loaders)."""
+    from tvmsched.signing import generate_keys, key_id, load_public_key
+
+    private_path, public_path = generate_keys(name)
+    click.echo(f"wrote {private_path} (private: keep it secret) and {public_path} (key {key_id(load_public_key(public_path))})")
+
+
+@keys.command("verify")
+@click.argument("artifact", type=click.Path(dir_okay=False))
+@click.option("--trust", "trusted", multiple=True, required=True, type=click.Path(dir_okay=False), metavar="KEY.pub",
+              help="A trusted public key (repeatable).")
+def keys_verify(artifact: str, trusted: tuple[str, ...]) -> None:
+    """Check that ARTIFACT is intact and signed by a trusted key, without loading its code."""
+    from tvmsched.native import func
+
+    signer = func("verify_artifact")(artifact, list(trusted))["signer"]
+    click.echo(f"{artifact}: signed by trusted key {signer}")
 
 
 @cli.group()
@@ -156,10 +205,11 @@ def tune_measure(kit_dir: str, output: str, units_csv: str | None, repeat: int) 
 def tune_import(kit_dir: str, results_path: str, db_url: str | None, db_token_file: str | None) -> None:
     """Store a kit's measurements as tuning records, scoped by unit count."""
     from tvmsched.measure_kit import import_results
+    from tvmsched.tuning_db.json_limits import loads as bounded_loads
 
     try:
-        results = json.loads(Path(results_path).read_text())
-    except (OSError, ValueError) as err:
+        results = bounded_loads(Path(results_path).read_text())
+    except (OSError, ValueError) as err:  # ValueError: not JSON, or nested too deeply to parse
         raise TvmschedError(f"cannot read results {results_path}: {one_line(err)}") from None
     stored = import_results(kit_dir, results, db_url, token=_read_token(db_token_file))
     click.echo(f"stored {stored} measured records")
@@ -197,12 +247,16 @@ def profile_coloc(artifacts: tuple[str, ...], out: str | None, db_url: str | Non
 @click.option("--repeat", default=0, show_default=True, help="Time N runs and print p50/p99 latency.")
 @click.option("--check", "check_model", type=click.Path(dir_okay=False), help="Compare outputs with onnxruntime on this ONNX model.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: outputs, latency summary, check.")
+@click.option("--trust", "trusted", multiple=True, type=click.Path(dir_okay=False), metavar="KEY.pub",
+              help="Run only an artifact signed by this public key (repeatable; README, Trust model).")
 def run_cmd(artifact: str, inputs_path: str | None, output_path: str | None, device: str | None, repeat: int,
-            check_model: str | None, as_json: bool) -> None:
+            check_model: str | None, as_json: bool, trusted: tuple[str, ...]) -> None:
     """Run a compiled ARTIFACT once (random inputs unless --inputs)."""
     from tvmsched.runtime import load
 
-    executor = load(artifact, device)
+    if output_path:
+        _check_folder(output_path)
+    executor = load(artifact, device, trusted_keys=trusted)
     inputs = _read_npz(inputs_path) if inputs_path else executor.random_inputs()
     outputs = executor.run(inputs)
     summary: dict = {"artifact": artifact, "model": executor.manifest.model_name, "device": executor.device,
@@ -212,7 +266,8 @@ def run_cmd(artifact: str, inputs_path: str | None, output_path: str | None, dev
     for name, value in outputs.items():
         echo(f"output {name}: shape {tuple(value.shape)} {value.dtype} mean {value.mean():.6g} max {value.max():.6g}")
     if output_path:
-        np.savez(output_path, **outputs)
+        with open(output_path, "wb") as out:  # exactly this name (np.savez would append .npz)
+            np.savez(out, **outputs)
         echo(f"wrote {output_path}")
     if check_model:
         summary["check"] = _check_against_onnxruntime(check_model, inputs, outputs, echo=echo)
@@ -228,12 +283,15 @@ def run_cmd(artifact: str, inputs_path: str | None, output_path: str | None, dev
 @cli.command("inspect")
 @click.argument("artifact", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
-def inspect_cmd(artifact: str, as_json: bool) -> None:
-    """Show an artifact's layers, kernels, shapes, FLOPs and bytes."""
-    from tvmsched.artifact import Artifact
+@click.option("--trust", "trusted", multiple=True, type=click.Path(dir_okay=False), metavar="KEY.pub",
+              help="Also require a signature by this public key (repeatable).")
+def inspect_cmd(artifact: str, as_json: bool, trusted: tuple[str, ...]) -> None:
+    """Show an artifact's layers, kernels, shapes, FLOPs and bytes (checked as a load checks it, code not loaded)."""
+    from tvmsched.artifact import Manifest
     from tvmsched.inspect import describe
+    from tvmsched.native import func
 
-    manifest = Artifact.load(artifact).manifest
+    manifest = Manifest.parse(str(func("verify_artifact")(artifact, list(trusted))["manifest_json"]), artifact)
     click.echo(json.dumps(manifest.to_json(), indent=1) if as_json else describe(manifest))
 
 
@@ -245,10 +303,14 @@ def db() -> None:
 @db.command("serve")
 @click.option("--db", "db_url", help="Store behind the service (default: the local SQLite file).")
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8765, show_default=True)
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--token-file", type=click.Path(dir_okay=False), help="Require this bearer token for writes.")
 def db_serve(db_url: str | None, host: str, port: int, token_file: str | None) -> None:
-    """Serve a tuning database over HTTP (OpenAPI at /docs)."""
+    """Serve a tuning database over HTTP (OpenAPI at /docs).
+
+    A port in use, an unreadable token file or a database that cannot be opened is an error before
+    anything is served.
+    """
     from tvmsched.tuning_db import default_url
     from tvmsched.tuning_db.service import serve
 
@@ -276,7 +338,13 @@ def db_import(work_dir: str, db_url: str | None, db_token_file: str | None, unit
     """Import a MetaSchedule JSON database (database_workload.json + database_tuning_record.json)."""
     from tvmsched.tuning_db import import_ms_json, open_store
 
-    counts = import_ms_json(open_store(db_url, token=_read_token(db_token_file)), work_dir, units=units, unit_kind=unit_kind)
+    store = open_store(db_url, token=_read_token(db_token_file))
+    try:
+        counts = import_ms_json(store, work_dir, units=units, unit_kind=unit_kind)
+    except FileNotFoundError:
+        from tvmsched.tuning_db.ms_json import WORKLOAD_FILE
+
+        raise TvmschedError(f"{work_dir} is not a MetaSchedule JSON database: it has no {WORKLOAD_FILE}") from None
     click.echo(f"imported {counts['workloads']} workloads, {counts['records']} records from {work_dir}")
 
 
