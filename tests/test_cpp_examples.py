@@ -227,16 +227,18 @@ def test_servers_refuse_large_bodies_and_bad_indices_per_request(cpp_build, gath
                              cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert_user_error(refused, "is not signed")
     proc = _start_server([*command, "--model", f"gather={artifact}", "--trust", str(key), "--port", str(port),
-                          "--max-body-bytes", "4096"], base)
+                          "--max-body-bytes", "300000"], base)
     try:
         infer = lambda body: httpx.post(f"{base}/v1/models/gather/infer", content=body,
                                         headers={"content-type": "application/json"}, timeout=60)
-        big = infer(b'{"inputs": {"i": [' + b"0, " * 4000 + b"0]}}")
+        big = infer(b'{"inputs": {"i": [' + b"0, " * 100000 + b"0]}}")
         assert big.status_code == 413
-        chunked = httpx.post(f"{base}/v1/models/gather/infer", content=iter([b'{"inputs": {"i": [', b"0, " * 4000, b"0]}}"]),
+        chunked = httpx.post(f"{base}/v1/models/gather/infer", content=iter([b'{"inputs": {"i": [', b"0, " * 100000, b"0]}}"]),
                              headers={"content-type": "application/json"}, timeout=60)
         # a chunked body is cut off as it passes the limit (Debian's cpp-httplib answers that with 400)
         assert chunked.status_code in ({413} if server == "python" else {400, 413})
+        deep = infer(b'{"inputs": {"i": ' + b"[" * 100000 + b"]" * 100000 + b"}}")  # killed the C++ server (stack)
+        assert deep.status_code == 400 and deep.json() == {"detail": "There was an error parsing the body"}
         for bad in (5000, 2**31, -6):
             reply = infer(b'{"inputs": {"i": [0, %d, 1]}}' % bad)
             assert reply.status_code == 400 and "index out of range: Gather node 'lookup'" in reply.json()["detail"]

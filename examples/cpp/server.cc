@@ -206,6 +206,11 @@ json ValidationError(const std::string& type, json loc, const std::string& msg) 
 
 /*! \brief The body as examples/server.py's InferRequest: {"inputs": {NAME: list | float | int}} (else 422). */
 json ParseInferBody(const std::string& body) {
+  try {  // nlohmann's parser and destructor recurse per level: 100000 '[' would overflow the stack
+    tvmsched::CheckJsonDepth(body, "the body", tvmsched::kMaxJsonDepth);
+  } catch (const std::invalid_argument&) {
+    throw HttpError(400, "There was an error parsing the body");  // examples/server.py's answer to it
+  }
   json parsed;
   try {
     parsed = json::parse(body);
