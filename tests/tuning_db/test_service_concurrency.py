@@ -7,17 +7,14 @@ import json
 import multiprocessing
 import queue
 import random
-import socket
-import threading
 import time
 import traceback
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
 
+from live_service import serving
 from tvmsched.tuning_db.client import RemoteStore
-from tvmsched.tuning_db.service import create_app
 from tvmsched.tuning_db.store import SQLStore
 
 TOKEN = "concurrency-token"
@@ -65,32 +62,11 @@ def _worker(url: str, worker: int, barrier, results) -> None:
         results.put({"worker": worker, "error": traceback.format_exc()})
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture()
 def service(db_url: str) -> Iterator[tuple[str, SQLStore]]:
     """(URL, store) of a service over each backend, run by uvicorn in a thread; stopped at teardown."""
-    store = SQLStore(db_url)
-    app = create_app(store, token=TOKEN)
-    config = uvicorn.Config(app, host="127.0.0.1", port=_free_port(), log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="tuning-db-service", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the service did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{config.port}", store
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        store.close()
-        assert not thread.is_alive(), "the service did not stop"
+    with serving(db_url, token=TOKEN) as running:
+        yield running
 
 
 def test_concurrent_writers_lose_and_duplicate_nothing(service):
