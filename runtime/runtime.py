@@ -68,11 +68,14 @@ class Runtime:
             the units), "fcfs" (one request at a time in arrival order, fastest candidates).
         trusted_keys: Ed25519 public key files: `load` accepts only artifact files one of them signed
             (an artifact is native code; README, "Trust model").
+        memory_budget: bytes of device memory the engine may allocate for models on this device (every
+            allocation is checked; a load past it fails with one line); None leaves the device's budget.
+            The accounting is per device and process (`memory()`).
     """
 
     def __init__(self, device: str = "cpu", *, total_units: int | None = None, colocation: ColocationTable | str | None = None,
                  max_in_flight: int = 8, timeline: bool = False, policy: str = "colocation",
-                 progress_interval_ms: float = 1.0, trusted_keys=()):
+                 progress_interval_ms: float = 1.0, trusted_keys=(), memory_budget: int | None = None):
         if device not in ("cpu", "cuda"):
             raise TvmschedError(f"unknown device {device!r}: use cpu or cuda")
         self.device = device
@@ -93,6 +96,8 @@ class Runtime:
         self._closed = False
         self._started_us = float(func("now_us")())
         self._trusted_keys = tuple(str(k) for k in trusted_keys)
+        if memory_budget is not None:
+            func("set_memory_budget")(device, int(memory_budget))
 
     @property
     def scheduler(self):
@@ -122,6 +127,10 @@ class Runtime:
         if priority == "best_effort":
             self.priorities.add_best_effort(task)
         return model
+
+    def memory(self) -> dict[str, int]:
+        """The engine's accounting of this device's model memory: in_use, peak and budget (0: none) in bytes."""
+        return {str(k): int(v) for k, v in func("device_memory")(self.device).items()}
 
     def _model(self, model: Model | str) -> Model:
         if isinstance(model, Model):

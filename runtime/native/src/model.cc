@@ -174,7 +174,7 @@ void ModelObj::Init(const std::string& path, ArtifactContents contents, FlagMemo
   for (const Binding& b : manifest_.inputs) inputs_[b.tensor] = AllocFor("input '" + b.name + "'", manifest_.tensors.at(b.tensor).nbytes());
   if (manifest_.preempt_flags > 1) flags_ = device_->AllocFlags(manifest_.preempt_flags, flag_memory);
   if (manifest_.progress_counters) {
-    counters_ = static_cast<int32_t*>(device_->Alloc(sizeof(int32_t) * manifest_.layers.size()));
+    counters_ = static_cast<int32_t*>(AllocFor("progress counters", sizeof(int32_t) * manifest_.layers.size()));
     ResetProgress();
   }
   Replan(1);
@@ -186,10 +186,10 @@ ModelObj::~ModelObj() {
   } catch (...) {  // a failed device: free what can be freed
   }
   FreeActivations();
-  for (auto& [id, data] : weights_) device_->Free(data);
-  for (auto& [id, data] : inputs_) device_->Free(data);
+  for (auto& [id, data] : weights_) device_->Release(data);
+  for (auto& [id, data] : inputs_) device_->Release(data);
   if (flags_.length) device_->FreeFlags(flags_);
-  if (counters_) device_->Free(counters_);
+  if (counters_) device_->Release(counters_);
   for (auto& [units, stream] : streams_) device_->DestroyStream(stream);
 }
 
@@ -205,16 +205,11 @@ Model Model::Load(const std::string& path, const std::string& device, FlagMemory
 }
 
 void* ModelObj::AllocFor(const std::string& what, size_t nbytes) {
-  try {
-    return device_->Alloc(nbytes);
-  } catch (const ffi::Error& err) {
-    TVM_FFI_THROW(TvmschedError) << "cannot load model " << manifest_.model_name << ": " << what << " needs " << nbytes
-                                 << " bytes (" << err.message() << ")";
-  }
+  return device_->Allocate(nbytes, "cannot load model " + manifest_.model_name + ": " + what);
 }
 
 void ModelObj::FreeActivations() {
-  for (void* block : storage_) device_->Free(block);
+  for (void* block : storage_) device_->Release(block);
   storage_.clear();
 }
 

@@ -45,6 +45,21 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   refl::GlobalDef()
       .def("tvmsched.engine.set_tvm_libdir", [](const std::string& dir) { SetTvmLibDir(dir); })
       .def("tvmsched.engine.now_us", []() { return Device::NowMicros(); })
+      .def("tvmsched.engine.device_memory",
+           [](const std::string& kind) {  // the accounting of what models allocated: in_use, peak, budget (0: none)
+             Device::MemoryStats stats = OpenDevice(kind)->memory();
+             ffi::Map<ffi::String, int64_t> out;
+             out.Set("in_use", static_cast<int64_t>(stats.in_use));
+             out.Set("peak", static_cast<int64_t>(stats.peak));
+             out.Set("budget", static_cast<int64_t>(stats.budget));
+             return out;
+           })
+      .def("tvmsched.engine.set_memory_budget",
+           [](const std::string& kind, int64_t bytes) {
+             if (bytes < 0) TVM_FFI_THROW(TvmschedError) << "a memory budget cannot be negative";
+             OpenDevice(kind)->SetBudget(static_cast<size_t>(bytes));
+           })
+      .def("tvmsched.engine.reset_memory_peak", [](const std::string& kind) { OpenDevice(kind)->ResetPeak(); })
       .def("tvmsched.engine.device_info",
            [](const std::string& kind) {
              auto device = OpenDevice(kind);

@@ -13,7 +13,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 namespace tvmsched {
@@ -87,6 +89,27 @@ class Device {
 
   /*! \brief Monotonic microseconds (the clock of timeline records). */
   static double NowMicros();
+
+  // ---- accounted device memory: what models allocate goes through here ----------------------------
+  struct MemoryStats {
+    size_t in_use = 0;  ///< bytes allocated through Allocate and not yet released
+    size_t peak = 0;    ///< the most in_use has been since the last ResetPeak
+    size_t budget = 0;  ///< Allocate refuses to go past it (0: no budget)
+  };
+  /*! \brief `nbytes` of device memory for `what` (named in the error), or one TvmschedError line when
+   *  the budget would be exceeded or the device has not enough. Checked at every allocation. */
+  void* Allocate(size_t nbytes, const std::string& what);
+  /*! \brief Free what Allocate returned. */
+  void Release(void* ptr);
+  MemoryStats memory() const;
+  /*! \brief Set the budget (0: none); a budget below what is in use is refused. */
+  void SetBudget(size_t bytes);
+  void ResetPeak();
+
+ private:
+  mutable std::mutex account_mu_;
+  std::map<void*, size_t> live_;
+  MemoryStats stats_;
 };
 
 /*!
