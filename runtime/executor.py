@@ -129,7 +129,7 @@ class Executor:
         """Standard-normal (floats) or integer inputs of the model's shapes; an input that indexes
         (an index check names it) is drawn from its valid range, other integers from {0, 1}."""
         rng = np.random.default_rng(seed)
-        ranges = {}
+        ranges = {}  # an input several nodes index: the smallest of their sizes
         for check in self.manifest.index_checks:
             ranges[check.indices] = min(ranges.get(check.indices, check.bounds[0]), *check.bounds)
         inputs = {}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +13,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def make_model(nodes, inputs, outputs, initializers=(), opset: int = OPSET) -> onnx.ModelProto:
@@ -72,3 +75,43 @@ def cuda_available() -> bool:
         return True
     except Exception:
         return False
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(command: list[str], base: str) -> subprocess.Popen:
+    """Start an example server (run from the repository root) and wait, at most 60 s, until it answers
+    GET BASE/v1/models; a server that exits or stays silent fails the test with its output."""
+    import httpx
+    import pytest
+
+    server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            out, err = server.communicate()
+            pytest.fail(f"{command[0]} exited with {server.returncode}: {out} {err}")
+        try:
+            if httpx.get(f"{base}/v1/models", timeout=1).status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    server.kill()
+    pytest.fail(f"{command[0]} did not answer within 60 s")
+
+
+def stop_server(server: subprocess.Popen) -> int:
+    """Terminate a server; its exit status (killed, and TimeoutExpired raised, if it does not stop in 30 s)."""
+    server.terminate()
+    try:
+        return server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+        raise

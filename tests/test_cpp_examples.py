@@ -8,10 +8,8 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -19,11 +17,10 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import assert_user_error, onnxruntime_outputs
+from tests.helpers import ROOT, assert_user_error, free_port, onnxruntime_outputs, start_server, stop_server
 from tvmsched import models
 from tvmsched.pipeline import compile_model
 
-ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "cpp"
 PACKAGES = ("libcpp-httplib-dev", "nlohmann-json3-dev", "prometheus-cpp-dev")
 
@@ -59,40 +56,6 @@ def mlp(tmp_path_factory):
     path = tmp_path_factory.mktemp("cpp") / "mlp.tvms"
     compile_model(model, name="mlp").save(path)
     return model, path, models.random_inputs(model, seed=0)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _start_server(command: list[str], base: str) -> subprocess.Popen:
-    """Start a server and wait (at most 60 s) until it answers GET /v1/models."""
-    server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            out, err = server.communicate()
-            pytest.fail(f"{command[0]} exited with {server.returncode}: {out} {err}")
-        try:
-            if httpx.get(f"{base}/v1/models", timeout=1).status_code == 200:
-                return server
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    server.kill()
-    pytest.fail(f"{command[0]} did not answer within 60 s")
-
-
-def _stop(server: subprocess.Popen) -> int:
-    server.terminate()
-    try:
-        return server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
-        raise
 
 
 def _sample(metrics_text: str, name: str, **labels) -> float:
@@ -133,9 +96,9 @@ def test_tvmsched_run_bad_input_is_one_error_line(cpp_build, mlp, tmp_path):
 
 def test_tvmsched_server_infers_and_counts(cpp_build, mlp):
     model, artifact, inputs = mlp
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
-    server = _start_server([str(cpp_build / "tvmsched_server"), "--model", f"mlp={artifact}:1000", "--port", str(port)], base)
+    server = start_server([str(cpp_build / "tvmsched_server"), "--model", f"mlp={artifact}:1000", "--port", str(port)], base)
     try:
         reply = httpx.post(f"{base}/v1/models/mlp/infer", json={"inputs": {k: v.tolist() for k, v in inputs.items()}}, timeout=60)
         assert reply.status_code == 200, reply.text
@@ -154,7 +117,7 @@ def test_tvmsched_server_infers_and_counts(cpp_build, mlp):
         assert _sample(metrics, "tvmsched_requests_total", model="mlp") == 2
         assert _sample(metrics, "tvmsched_errors_total", model="mlp") == 1
     finally:
-        assert _stop(server) == 0
+        assert stop_server(server) == 0
 
 
 def _assert_one_request_counted(base: str) -> None:
@@ -170,15 +133,15 @@ def _assert_one_request_counted(base: str) -> None:
 
 def test_python_server_metrics(mlp, tmp_path):
     model, artifact, inputs = mlp
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
-    server = _start_server([sys.executable, "examples/server.py", "--model", f"mlp={artifact}:1000", "--port", str(port)], base)
+    server = start_server([sys.executable, "examples/server.py", "--model", f"mlp={artifact}:1000", "--port", str(port)], base)
     try:
         reply = httpx.post(f"{base}/v1/models/mlp/infer", json={"inputs": {k: v.tolist() for k, v in inputs.items()}}, timeout=60)
         assert reply.status_code == 200, reply.text
         _assert_one_request_counted(base)
     finally:
-        _stop(server)
+        stop_server(server)
 
 
 @pytest.fixture(scope="module")
@@ -220,13 +183,13 @@ def test_tvmsched_run_checks_indices_and_signatures(cpp_build, gather, tmp_path)
 @pytest.mark.parametrize("server", ["cpp", "python"])
 def test_servers_refuse_large_bodies_and_bad_indices_per_request(cpp_build, gather, server):
     artifact, key, _, unsigned = gather
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     command = [str(cpp_build / "tvmsched_server")] if server == "cpp" else [sys.executable, "examples/server.py"]
     refused = subprocess.run([*command, "--model", f"u={unsigned}", "--trust", str(key), "--port", str(port)],
                              cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert_user_error(refused, "is not signed")
-    proc = _start_server([*command, "--model", f"gather={artifact}", "--trust", str(key), "--port", str(port),
+    proc = start_server([*command, "--model", f"gather={artifact}", "--trust", str(key), "--port", str(port),
                           "--max-body-bytes", "300000"], base)
     try:
         infer = lambda body: httpx.post(f"{base}/v1/models/gather/infer", content=body,
@@ -247,4 +210,4 @@ def test_servers_refuse_large_bodies_and_bad_indices_per_request(cpp_build, gath
         assert np.array_equal(np.array(good.json()["outputs"]["y"], np.float32), np.arange(30, dtype=np.float32).reshape(5, 6)[[4, 4, 0]])
         assert proc.poll() is None
     finally:
-        _stop(proc)
+        stop_server(proc)

@@ -6,17 +6,14 @@ included) and a one-line error out of range, on every entry point; the next requ
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import sys
-import time
 
 import httpx
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.helpers import assert_user_error, make_model, onnxruntime_outputs, run_cli
+from tests.helpers import assert_user_error, free_port, make_model, onnxruntime_outputs, run_cli, start_server, stop_server
 from tvmsched.errors import TvmschedError
 from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor
@@ -135,31 +132,17 @@ def test_embedding_models_are_checked_and_match_onnxruntime():
         executor.run(feeds)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_server_answers_400_for_the_bad_request_and_keeps_serving(tmp_path):
     from tvmsched import models
 
     compile_model(CASES["Gather"][0]()).save(tmp_path / "gather.tvms")
     mlp = models.build("mlp")
     compile_model(mlp).save(tmp_path / "mlp.tvms")
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "examples/server.py", "--model", f"gather={tmp_path / 'gather.tvms'}:1000",
-                               "--model", f"mlp={tmp_path / 'mlp.tvms'}:1000", "--port", str(port)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    server = start_server([sys.executable, "examples/server.py", "--model", f"gather={tmp_path / 'gather.tvms'}:1000",
+                           "--model", f"mlp={tmp_path / 'mlp.tvms'}:1000", "--port", str(port)], base)
     try:
-        for _ in range(600):
-            try:
-                httpx.get(f"{base}/v1/models", timeout=1)
-                break
-            except httpx.TransportError:
-                assert server.poll() is None, server.communicate()
-                time.sleep(0.1)
         infer = lambda name, inputs: httpx.post(f"{base}/v1/models/{name}/infer", json={"inputs": inputs}, timeout=60)
         for bad in (5000, 2**31, -6):
             reply = infer("gather", {"i": [0, bad, 1]})
@@ -175,8 +158,7 @@ def test_server_answers_400_for_the_bad_request_and_keeps_serving(tmp_path):
                                    rtol=1e-4, atol=1e-5)
         assert server.poll() is None
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        stop_server(server)
 
 
 def test_onnxruntime_session_sees_the_original_model():

@@ -21,7 +21,6 @@ from tvmsched.errors import TvmschedError, one_line
 from tvmsched.layers import TensorSpec
 
 SCHEMA_VERSION = 1
-_MEMBERS = ("manifest.json", "kernels.so", "weights.npz")
 
 
 @dataclass(frozen=True)
@@ -164,61 +163,13 @@ class Artifact:
 
     @classmethod
     def load(cls, path: str | Path) -> Artifact:
-        path = Path(path)
-        if not path.is_file():
-            raise TvmschedError(f"artifact not found: {path}")
-        members = _read_members(path)
-        try:
-            manifest_data = json.loads(members["manifest.json"])
-        except (ValueError, RecursionError) as err:
-            raise TvmschedError(f"{path} is a corrupt artifact: bad manifest ({one_line(err)})") from None
-        version = manifest_data.get("schema_version") if isinstance(manifest_data, dict) else None
-        if isinstance(version, int) and version > SCHEMA_VERSION:
-            raise TvmschedError(f"{path} has artifact schema version {version}, newer than this tvmsched reads "
-                                f"({SCHEMA_VERSION}); upgrade tvmsched")
-        if version != SCHEMA_VERSION:
-            raise TvmschedError(f"{path} has artifact schema version {version}; this tvmsched reads version "
-                                f"{SCHEMA_VERSION} only (recompile the model)")
-        try:
-            manifest = Manifest.from_json(manifest_data)
-            weights = _unpack_weights(members["weights.npz"])
-        except Exception as err:
-            raise TvmschedError(f"{path} is a corrupt artifact: bad manifest or weights ({one_line(err)})") from None
-        return cls(manifest, members["kernels.so"], weights)
+        """Read an artifact file, checked by the engine's loader (the one implementation of every check:
+        stored members, sizes, checksums, schema, manifest invariants, weights), its code not loaded."""
+        from tvmsched.native import func
 
-
-_CHUNK = 1 << 20
-
-
-def _read_members(path: Path) -> dict[str, bytes]:
-    """The members, each checked before it is read: stored (never inflated), no larger than the file,
-    hashed in chunks against checksums.json."""
-    size = path.stat().st_size
-    try:
-        with zipfile.ZipFile(path) as archive:
-            infos = {name: archive.getinfo(name) for name in (*_MEMBERS, "checksums.json")}
-            for name, info in infos.items():
-                if info.compress_type != zipfile.ZIP_STORED:
-                    raise TvmschedError(f"{path} has a compressed member {name} (tvmsched writes stored members only; "
-                                        "refusing to inflate it)")
-                if info.file_size > size:
-                    raise TvmschedError(f"{path} is corrupt: {name} claims {info.file_size} bytes in a {size}-byte file")
-            checksums = json.loads(archive.read("checksums.json"))
-            if not isinstance(checksums, dict):
-                raise ValueError("checksums.json is not an object")
-            members = {}
-            for name in _MEMBERS:
-                digest, chunks = hashlib.sha256(), []
-                with archive.open(infos[name]) as member:
-                    while chunk := member.read(_CHUNK):
-                        digest.update(chunk)
-                        chunks.append(chunk)
-                if digest.hexdigest() != checksums.get(name):
-                    raise TvmschedError(f"{path} is corrupt: checksum mismatch in {name}")
-                members[name] = b"".join(chunks)
-    except (zipfile.BadZipFile, KeyError, ValueError, OSError, EOFError, RecursionError) as err:
-        raise TvmschedError(f"{path} is not a readable tvmsched artifact (truncated or corrupt: {one_line(err)})") from None
-    return members
+        manifest = Manifest.parse(str(func("verify_artifact")(str(path), [])["manifest_json"]), path)
+        with zipfile.ZipFile(path) as archive:  # stored members whose checksums the engine just matched
+            return cls(manifest, archive.read("kernels.so"), _unpack_weights(archive.read("weights.npz")))
 
 
 def _pack_weights(weights: dict[str, np.ndarray]) -> bytes:

@@ -57,8 +57,9 @@ def guard_indices(model: onnx.ModelProto, signature: dict) -> tuple[onnx.ModelPr
     """
     if not any(n.op_type in _INDEX_OPS and n.domain in ("", "ai.onnx") for n in model.graph.node):
         return model, []
-    shapes, types = _static_shapes(model, signature)
-    constants = _constants(model)
+    from tvmsched.validate import Facts, with_input_shapes
+
+    facts = Facts.of(with_input_shapes(model, signature), strip_outputs=False)
     runtime = _runtime_tensors(model)
     nodes, initializers, outputs, checks = [], list(model.graph.initializer), list(model.graph.output), []
     for index, node in enumerate(model.graph.node):
@@ -68,22 +69,23 @@ def guard_indices(model: onnx.ModelProto, signature: dict) -> tuple[onnx.ModelPr
         position, kind = _INDEX_OPS[node.op_type]
         data, indices = node.input[0], node.input[position]
         name = node.name or f"#{index}"
-        bounds = _bounds(node, kind, shapes.get(data), shapes.get(indices), name)
-        if indices in constants:
-            _check_constant(node.op_type, name, constants[indices], bounds, kind)
+        bounds = _bounds(node, kind, _static(facts.shape(data)), _static(facts.shape(indices)), name)
+        if indices in facts.constants:
+            _check_constant(node.op_type, name, facts.constant(indices), bounds, kind)
             nodes.append(node)
             continue
-        if indices not in runtime or types.get(indices) not in _INT_TYPES:
+        elem = facts.types.get(indices, (0, None))[0]
+        if indices not in runtime or elem not in _INT_TYPES:
             nodes.append(node)  # computed from shapes alone: folded by TVM at compile time
             continue
         prefix = f"{CHECK_PREFIX}{len(checks)}"
-        new_nodes, consts, safe = _clamp(indices, bounds, _INT_TYPES[types[indices]], kind, prefix)
+        new_nodes, consts, safe = _clamp(indices, bounds, _INT_TYPES[elem], kind, prefix)
         nodes += new_nodes
         initializers += consts
-        inputs = list(node.input)
-        inputs[position] = safe
-        nodes.append(helper.make_node(node.op_type, inputs, list(node.output), name=node.name, domain=node.domain,
-                                      **{a.name: helper.get_attribute_value(a) for a in node.attribute}))
+        guarded = onnx.NodeProto()
+        guarded.CopyFrom(node)
+        guarded.input[position] = safe
+        nodes.append(guarded)
         checks.append(GuardedNode(prefix, node.op_type, name, indices, bounds))
     if not checks:
         return model, []
@@ -105,8 +107,11 @@ def guard_indices(model: onnx.ModelProto, signature: dict) -> tuple[onnx.ModelPr
 
 def describe(check: GuardedNode) -> str:
     """The valid range of a check, as error messages show it."""
-    ranges = ", ".join(f"[{-n}, {n - 1}]" for n in check.bounds)
-    return f"{check.op} node {check.node!r} (indices {check.indices!r}): values must be in {ranges}"
+    return f"{check.op} node {check.node!r} (indices {check.indices!r}): values must be in {_ranges(check.bounds)}"
+
+
+def _ranges(bounds: tuple[int, ...]) -> str:
+    return ", ".join(f"[{-n}, {n - 1}]" for n in bounds)
 
 
 def _clamp(indices: str, bounds: tuple[int, ...], dtype, kind: str, prefix: str):
@@ -165,45 +170,14 @@ def _check_constant(op: str, name: str, values: np.ndarray, bounds: tuple[int, .
     bad = (values < -limit) | (values >= limit)
     if bad.any():
         at = tuple(int(i) for i in np.argwhere(bad)[0])
-        ranges = ", ".join(f"[{-n}, {n - 1}]" for n in bounds)
         raise TvmschedError(
-            f"{op} node {name!r}: constant index {int(values[at])} at position {list(at)} is out of range (valid: {ranges})"
+            f"{op} node {name!r}: constant index {int(values[at])} at position {list(at)} is out of range (valid: {_ranges(bounds)})"
         )
 
 
-def _static_shapes(model: onnx.ModelProto, signature: dict) -> tuple[dict, dict]:
-    """Every tensor's static shape and element type, with the input shapes of `signature` applied."""
-    fixed = onnx.ModelProto()
-    fixed.CopyFrom(model)
-    for value in fixed.graph.input:
-        if value.name in signature:
-            dims = value.type.tensor_type.shape
-            del dims.dim[:]
-            for d in signature[value.name][0]:
-                dims.dim.add().dim_value = d
-    try:
-        inferred = onnx.shape_inference.infer_shapes(fixed, data_prop=True)
-    except Exception as err:  # noqa: BLE001 - the checker passed; say where inference fails
-        raise TvmschedError(f"shape inference failed: {str(err).splitlines()[0]}") from None
-    shapes, types = {}, {}
-    for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
-        tensor = value.type.tensor_type
-        types[value.name] = tensor.elem_type
-        if tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim):
-            shapes[value.name] = tuple(d.dim_value for d in tensor.shape.dim)
-    for init in model.graph.initializer:
-        shapes[init.name], types[init.name] = tuple(init.dims), init.data_type
-    return shapes, types
-
-
-def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    values = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            value = next((a for a in node.attribute if a.name == "value"), None)
-            if value is not None:
-                values[node.output[0]] = numpy_helper.to_array(value.t)
-    return values
+def _static(dims: list | None) -> tuple[int, ...] | None:
+    """A shape whose every dimension inference knows, else None."""
+    return None if dims is None or None in dims else tuple(dims)
 
 
 def _runtime_tensors(model: onnx.ModelProto) -> set[str]:

@@ -87,14 +87,6 @@ def sign(checksums: bytes, private_key) -> bytes:
                        "signature": signature.hex()}, indent=1).encode()
 
 
-def signer(signature_json: bytes | None) -> str | None:
-    """The key id a signature.json names (None: unsigned or unreadable), for display only."""
-    try:
-        return str(json.loads(signature_json)["key_id"]) if signature_json else None
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
 def _read_key_file(path: str | Path) -> bytes:
     path = Path(path)
     if not path.is_file():

@@ -69,7 +69,7 @@ def check_model(model: onnx.ModelProto) -> None:
         except Exception as err:  # ValidationError, InferenceError
             raise TvmschedError(f"the model fails the ONNX checker: {_onnx_message(err)}") from None
         if not full_check:
-            _explicit_checks(model, _Facts.of(model, strip_outputs=True))
+            _explicit_checks(model, Facts.of(model, strip_outputs=True))
     try:
         onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
     except Exception as err:
@@ -83,7 +83,7 @@ def check_tensor_sizes(model: onnx.ModelProto, signature: dict, tvm_target=None)
         signature: input name -> (static shape, dtype), --input-shape overrides applied.
         tvm_target: the compile target (its device's memory bounds the run-time tensors).
     """
-    facts = _Facts.of(_with_input_shapes(model, signature), strip_outputs=True)
+    facts = Facts.of(with_input_shapes(model, signature), strip_outputs=True)
     host, host_name = host_memory_bytes(), "this machine's memory"
     device, device_name = _device_memory(tvm_target)
     constant = facts.compile_time_tensors()
@@ -128,7 +128,7 @@ def _device_memory(tvm_target) -> tuple[int | None, str]:
 
 
 @dataclass
-class _Facts:
+class Facts:
     """What inference (non-strict, with data propagation) says about every tensor of a model."""
 
     model: onnx.ModelProto  # inferred
@@ -138,7 +138,7 @@ class _Facts:
     producers: dict  # tensor name -> (index, node)
 
     @classmethod
-    def of(cls, model: onnx.ModelProto, *, strip_outputs: bool) -> _Facts:
+    def of(cls, model: onnx.ModelProto, *, strip_outputs: bool) -> Facts:
         probe = onnx.ModelProto()
         probe.CopyFrom(model)
         del probe.graph.value_info[:]
@@ -199,7 +199,7 @@ class _Facts:
         return f"computed at compile time by {where}" if name in constant else f"the output of {where}"
 
 
-def _explicit_checks(model: onnx.ModelProto, facts: _Facts) -> None:
+def _explicit_checks(model: onnx.ModelProto, facts: Facts) -> None:
     """Checks with clearer messages than strict inference's, and some it does not make."""
     for init in model.graph.initializer:
         _check_initializer(init)
@@ -248,7 +248,7 @@ def _check_initializer(init: onnx.TensorProto) -> None:
                             f"{_onnx_message(err)}") from None
 
 
-def _check_input_types(node: onnx.NodeProto, where: str, facts: _Facts) -> None:
+def _check_input_types(node: onnx.NodeProto, where: str, facts: Facts) -> None:
     """Every input's element type must be one the op's schema allows at that position."""
     try:
         schema = onnx.defs.get_schema(node.op_type, facts.opset, node.domain)
@@ -273,7 +273,7 @@ def _check_input_types(node: onnx.NodeProto, where: str, facts: _Facts) -> None:
             )
 
 
-def _check_conv(node: onnx.NodeProto, where: str, facts: _Facts) -> None:
+def _check_conv(node: onnx.NodeProto, where: str, facts: Facts) -> None:
     kernel = next((list(a.ints) for a in node.attribute if a.name == "kernel_shape"), None)
     weight = facts.shape(node.input[1]) if len(node.input) > 1 else None
     if kernel is None or weight is None or any(d is None for d in weight[2:]):
@@ -285,7 +285,7 @@ def _check_conv(node: onnx.NodeProto, where: str, facts: _Facts) -> None:
         )
 
 
-def _check_batchnorm(node: onnx.NodeProto, where: str, facts: _Facts) -> None:
+def _check_batchnorm(node: onnx.NodeProto, where: str, facts: Facts) -> None:
     x = facts.shape(node.input[0])
     channels = x[1] if x and len(x) > 1 else None
     for role, name in zip(("scale", "B", "input_mean", "input_var"), node.input[1:5]):
@@ -299,7 +299,7 @@ def _check_batchnorm(node: onnx.NodeProto, where: str, facts: _Facts) -> None:
             )
 
 
-def _check_pad(node: onnx.NodeProto, where: str, facts: _Facts) -> None:
+def _check_pad(node: onnx.NodeProto, where: str, facts: Facts) -> None:
     x = facts.shape(node.input[0])
     if facts.opset < 11:
         pads = next((list(a.ints) for a in node.attribute if a.name in ("pads", "paddings")), None)
@@ -325,7 +325,7 @@ def _check_pad(node: onnx.NodeProto, where: str, facts: _Facts) -> None:
             )
 
 
-def _with_input_shapes(model: onnx.ModelProto, signature: dict) -> onnx.ModelProto:
+def with_input_shapes(model: onnx.ModelProto, signature: dict) -> onnx.ModelProto:
     """A copy whose graph inputs have the static shapes the model is compiled for."""
     fixed = onnx.ModelProto()
     fixed.CopyFrom(model)

@@ -231,29 +231,19 @@ def test_profile_coloc_writes_a_table_the_scheduler_reads(artifacts, tmp_path):
 
 
 def test_example_server_answers_on_127_0_0_1(artifacts, tmp_path):
-    import socket
-    import subprocess
     import sys
-    import time
 
     import httpx
 
+    from tests.helpers import free_port, start_server, stop_server
+
     model, artifact = artifacts["mlp"]
     artifact.save(tmp_path / "mlp.tvms")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "examples/server.py", "--model", f"mlp={tmp_path / 'mlp.tvms'}:1000",
-                               "--port", str(port), "--colocation", f"sqlite:///{tmp_path / 'coloc.db'}"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = start_server([sys.executable, "examples/server.py", "--model", f"mlp={tmp_path / 'mlp.tvms'}:1000",
+                           "--port", str(port), "--colocation", f"sqlite:///{tmp_path / 'coloc.db'}"], base)
     try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(300):
-            try:
-                httpx.get(f"{base}/v1/models", timeout=1)
-                break
-            except httpx.TransportError:
-                time.sleep(0.1)
         inputs = models.random_inputs(model, seed=6)
         reply = httpx.post(f"{base}/v1/models/mlp/infer", json={"inputs": {k: v.tolist() for k, v in inputs.items()}}, timeout=60)
         assert reply.status_code == 200
@@ -264,5 +254,4 @@ def test_example_server_answers_on_127_0_0_1(artifacts, tmp_path):
         assert httpx.post(f"{base}/v1/models/none/infer", json={"inputs": {}}, timeout=60).status_code == 404
         assert httpx.get(f"{base}/v1/stats", timeout=10).json()["mlp"]["requests"] == 1
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        stop_server(server)

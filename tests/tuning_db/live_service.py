@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import Iterator
 
 import uvicorn
 
+from tests.helpers import free_port
 from tvmsched.tuning_db.service import create_app
 from tvmsched.tuning_db.store import SQLStore
 
 START_TIMEOUT_S = 30
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextlib.contextmanager

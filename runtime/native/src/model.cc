@@ -219,10 +219,10 @@ void ModelObj::Replan(int reuse_distance) {
   FreeActivations();
   reuse_distance_ = reuse_distance;
   MemoryPlan plan = PlanMemory(manifest_, reuse_distance);
+  std::vector<std::string> held(plan.storage_bytes.size());  // per block, its tensors (named if it cannot be had)
+  for (const auto& [id, block] : plan.assignment) held[block] += (held[block].empty() ? "" : ", ") + id;
   for (size_t block = 0; block < plan.storage_bytes.size(); ++block) {
-    std::string tensors;
-    for (const auto& [id, b] : plan.assignment) tensors += b == static_cast<int>(block) ? (tensors.empty() ? "" : ", ") + id : "";
-    storage_.push_back(AllocFor("the activation block of " + tensors, plan.storage_bytes[block]));
+    storage_.push_back(AllocFor("the activation block of " + held[block], plan.storage_bytes[block]));
   }
   tensor_data_.clear();
   for (auto& [id, data] : weights_) tensor_data_[id] = data;
