@@ -49,3 +49,13 @@ def test_a_nan_input_gives_a_nan_answer_not_a_plausible_softmax():
     expected = onnxruntime.InferenceSession(model.SerializeToString()).run(None, x)[0]
     got = Executor(compile_model(model)).run(x)["output"]
     assert np.isnan(expected).all() and np.isnan(got).all()
+
+
+def test_clip_with_attribute_bounds_keeps_them():
+    """Clip before opset 11 takes min/max as attributes: the NaN rewrite kept only LayerNormalization's
+    attribute names, so Clip-6 lost its bounds (and clipped nothing)."""
+    value = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4])
+    model = make_model([helper.make_node("Clip", ["x"], ["y"], min=0.0, max=6.0)], [value("x")], [value("y")], opset=10)
+    x = np.array([[-3.0, 2.0, 9.0, np.nan]], np.float32)
+    expected = onnxruntime.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(Executor(compile_model(model)).run({"x": x})["y"], expected)  # [0, 2, 6, nan]

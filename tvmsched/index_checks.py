@@ -101,8 +101,9 @@ def guard_indices(model: onnx.ModelProto, signature: dict) -> tuple[onnx.ModelPr
                 nodes.append(helper.make_node("Mul", [check.output, f"{check.output}_bit"], [f"{check.output}_shifted"]))
             nodes.append(helper.make_node("Sum", [f"{c.output}_shifted" for c in group], [out]))
         outputs.append(helper.make_tensor_value_info(out, TensorProto.INT32, []))
-    graph = helper.make_graph(nodes, model.graph.name, model.graph.input, outputs, initializers)
-    return helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version), checks
+    from tvmsched.onnx_rewrites import with_graph
+
+    return with_graph(model, nodes, initializers, outputs), checks
 
 
 def describe(check: GuardedNode) -> str:

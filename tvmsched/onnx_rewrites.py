@@ -26,9 +26,7 @@ def expand_layernorm_statistics(model: onnx.ModelProto) -> onnx.ModelProto:
         stats, consts = _statistics(node, ranks[node.input[0]], opset, prefix=f"_tvmsched_ln{index}")
         nodes += [y, *stats]
         initializers += consts
-    graph = helper.make_graph(nodes, model.graph.name, model.graph.input, model.graph.output, initializers)
-    rewritten = helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
-    return rewritten
+    return with_graph(model, nodes, initializers)
 
 
 _NAN_DROPPING = {"Clip": 1, "Max": None, "Min": None}  # op -> how many leading inputs are data (None: all)
@@ -54,13 +52,15 @@ def propagate_nan(model: onnx.ModelProto) -> onnx.ModelProto:
             nodes.append(node)
             continue
         result = f"_tvmsched_nan{index}_result"
-        nodes.append(helper.make_node(node.op_type, node.input, [result], name=node.name, **_attrs(node)))
+        inner = onnx.NodeProto()  # the node itself (all its attributes: Clip-6 keeps min and max), renamed output
+        inner.CopyFrom(node)
+        inner.output[0] = result
+        nodes.append(inner)
         for k, operand in enumerate(data):
             mask, out = f"_tvmsched_nan{index}_isnan{k}", node.output[0] if k == len(data) - 1 else f"_tvmsched_nan{index}_{k}"
             nodes += [helper.make_node("IsNaN", [operand], [mask]), helper.make_node("Where", [mask, operand, result], [out])]
             result = out
-    graph = helper.make_graph(nodes, model.graph.name, model.graph.input, model.graph.output, model.graph.initializer)
-    return helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
+    return with_graph(model, nodes)
 
 
 def _statistics(node, rank: int, opset: int, prefix: str):
@@ -91,6 +91,20 @@ def _reduce_mean(source: str, out: str, axes: list[int], opset: int, prefix: str
     if opset >= 18:
         return helper.make_node("ReduceMean", [source, f"{prefix}_axes"], [out], keepdims=1)
     return helper.make_node("ReduceMean", [source], [out], axes=axes, keepdims=1)
+
+
+def with_graph(model: onnx.ModelProto, nodes, initializers=None, outputs=None) -> onnx.ModelProto:
+    """A copy of `model` whose graph has these nodes (and initializers, outputs, when given); everything
+    else kept (opsets, IR version, metadata, local functions); value_info dropped (inference redoes it)."""
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    graph = rewritten.graph
+    del graph.value_info[:]
+    for field, values in (("node", nodes), ("initializer", initializers), ("output", outputs)):
+        if values is not None:
+            del getattr(graph, field)[:]
+            getattr(graph, field).extend(values)
+    return rewritten
 
 
 def _attrs(node) -> dict:
@@ -163,5 +177,4 @@ def _apply_bn_folds(model: onnx.ModelProto, folded: dict) -> onnx.ModelProto:
         nodes.append(node)
     used = {name for node in nodes for name in node.input}
     initializers = [init for init in initializers if init.name in used]
-    graph = helper.make_graph(nodes, model.graph.name, model.graph.input, model.graph.output, initializers)
-    return helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
+    return with_graph(model, nodes, initializers)
