@@ -249,6 +249,11 @@ void ModelObj::Replan(int reuse_distance) {
     if (counters_) args.push_back(DLTensor{counters_ + i, dev, 1, DLDataType{kDLInt, 32, 1}, &one, nullptr, 0});
     layer_args_.push_back(std::move(args));
   }
+  layer_views_.clear();  // the kernels' packed arguments, built once per plan (not per launch)
+  for (std::vector<DLTensor>& args : layer_args_) {
+    std::vector<ffi::AnyView>& views = layer_views_.emplace_back();
+    for (DLTensor& arg : args) views.emplace_back(&arg);
+  }
 }
 
 void ModelObj::CheckInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs) const {
@@ -331,13 +336,10 @@ void ModelObj::RunLayer(int index, int candidate) {
     current_stream_ = stream;
   }
   device_->UseStream(stream);
-  std::vector<DLTensor>& args = layer_args_[index];
-  ffi::AnyView views[64];
-  if (args.size() > 64) TVM_FFI_THROW(TvmschedError) << "layer " << index << " takes too many arguments";
-  for (size_t i = 0; i < args.size(); ++i) views[i] = &args[i];
+  const std::vector<ffi::AnyView>& views = layer_views_[index];
   ffi::Any result;
   try {
-    cand.kernel.CallPacked(views, static_cast<int32_t>(args.size()), &result);
+    cand.kernel.CallPacked(views.data(), static_cast<int32_t>(views.size()), &result);
   } catch (const ffi::Error& err) {  // a kernel refusing its arguments: the manifest does not match the library
     if (err.kind() == "TvmschedError") throw;
     std::string message = err.message();

@@ -317,7 +317,7 @@ bool StreamObj::StartRequest() {
     return false;
   }
   request->started_us = Device::NowMicros();
-  ++request_ids_;
+  request->id = ++request_ids_;  // the id its launches and timeline records carry
   if (m_->counts_progress()) m_->ResetProgress();
   std::fill(progress_.begin(), progress_.end(), 0);
   return true;
@@ -411,8 +411,7 @@ void StreamObj::RetireCompleted(bool wait_oldest) {
 std::vector<Launch> StreamObj::DrainGpu() {
   // with the flag set: wait for the in-flight launches; idempotent ones run again, others finished
   std::vector<Launch> finished;
-  if (!in_flight_.empty()) m_->device().WaitEvent(in_flight_.back().second);  // one stream order: last done = all done
-  m_->Synchronize();
+  m_->Synchronize();  // every launch in flight has ended
   while (!in_flight_.empty()) {
     auto [launch, event] = in_flight_.front();
     in_flight_.pop_front();

@@ -101,7 +101,6 @@ class ModelObj : public ffi::Object {
   struct Candidate {
     ffi::Function kernel;
     int units = 0;            // its compute units, an explicit count (all units: the device's total)
-    StreamHandle stream = nullptr;  // CUDA: the stream of its units
   };
   void Allocate();
   /*! \brief Device memory for `what` (a tensor, named in the error when the device has not enough). */
@@ -121,6 +120,7 @@ class ModelObj : public ffi::Object {
   std::vector<void*> storage_;            // activation blocks
   std::map<std::string, void*> tensor_data_;  // every tensor id -> its data pointer
   std::vector<std::vector<DLTensor>> layer_args_;  // per layer: inputs, outputs, flags, counter
+  std::vector<std::vector<ffi::AnyView>> layer_views_;  // per layer: views of layer_args_ (what CallPacked takes)
   FlagArray flags_;
   int32_t* counters_ = nullptr;
   int reuse_distance_ = 1;

@@ -56,7 +56,7 @@ enum class RequestState : int { kQueued = 0, kRunning = 1, kDone = 2, kFailed = 
 
 class RequestObj : public ffi::Object {
  public:
-  int64_t id = 0;
+  int64_t id = 0;  ///< set when it starts: the request number its launches carry (1, 2, ...)
   std::vector<int> candidate_ids;  ///< empty: candidate 0 everywhere
   ffi::Map<ffi::String, ffi::Tensor> inputs;
   double submitted_us = 0, started_us = 0, finished_us = 0;
