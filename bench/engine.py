@@ -60,12 +60,6 @@ def compile_chain(out_dir: Path, layers: int, size: int, recompile: bool = False
     return path
 
 
-def layer_count(path: Path) -> int:
-    from tvmsched.artifact import Artifact
-
-    return len(Artifact.load(path).manifest.layers)
-
-
 def _stats(seconds: list[float]) -> dict:
     us = np.array(seconds) * 1e6
     return {"p50_us": float(np.percentile(us, 50)), "p99_us": float(np.percentile(us, 99)),
@@ -98,7 +92,7 @@ def per_request_cost(artifact_path: Path, requests: int = 2000, warmup: int = 20
                     call()
                     out.append(time.perf_counter() - start)
         scheduler = rt.stats().get("_scheduler")  # the layer scheduler's decision time per submit (warmup included)
-    n_layers = layer_count(artifact_path)
+    n_layers = ex.num_layers
     direct, submit = _stats(times["direct"]), _stats(times["submit"])
     return {"artifact": str(artifact_path), "layers": n_layers, "rounds": rounds, "warmup": warmup,
             "outputs_identical": same, "scheduler": scheduler, "direct": direct, "submit": submit,

@@ -164,6 +164,8 @@ def create_app(specs: list[tuple[str, str, float | None, str]], device: str = "c
         raise
     app.state.runtime = runtime
     app.state.metrics = metrics
+    input_dtypes = {name: {b.name: m.task.executor.manifest.tensors[b.tensor].dtype for b in m.task.executor.manifest.inputs}
+                    for name, m in runtime.models.items()}  # per model, input name -> dtype (not per request)
 
     @app.get("/v1/models")
     def list_models() -> dict:
@@ -178,8 +180,7 @@ def create_app(specs: list[tuple[str, str, float | None, str]], device: str = "c
         if model is None:
             raise HTTPException(404, f"no model named {name!r}")
         metrics.requests.labels(name).inc()
-        manifest = model.task.executor.manifest
-        dtypes = {b.name: manifest.tensors[b.tensor].dtype for b in manifest.inputs}
+        dtypes = input_dtypes[name]
         try:
             inputs = {k: np.asarray(v, dtype=dtypes.get(k, "float32")) for k, v in request.inputs.items()}
             started = time.perf_counter()

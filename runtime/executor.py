@@ -7,9 +7,7 @@ converts between numpy and the engine and keeps the manifest for the policies.
 
 from __future__ import annotations
 
-import json
 import operator
-import logging
 import tempfile
 from pathlib import Path
 
@@ -19,9 +17,6 @@ import tvm_ffi
 from tvmsched.artifact import Artifact, Manifest
 from tvmsched.errors import TvmschedError, one_line
 from tvmsched.native import func
-
-log = logging.getLogger(__name__)
-
 
 def to_engine(inputs: dict[str, np.ndarray]) -> dict:
     """Host arrays as tvm-ffi tensors (zero-copy for C-contiguous numpy arrays)."""

@@ -129,8 +129,6 @@ class Task:
                  progress_interval_ms: float = 1.0):
         self.executor, self.name = executor, name
         self.stream = func("create_stream")(executor.native, name, max_in_flight, IDLE_SPIN_US, progress_interval_ms)
-        self.counted = executor.native.counts_progress()
-        self.gpu = executor.device == "cuda"
 
     def submit(self, inputs: dict, candidate_ids: list[int] | None = None) -> Future:
         """Queue one request; the future resolves to its outputs (or the error its inputs caused)."""
@@ -172,10 +170,6 @@ class Task:
         ids = lambda items: [int(i) for i in items] or None
         return StreamState(np.array(list(state["done"]), dtype=np.int64), np.array(list(state["blocks"]), dtype=np.int64),
                            ids(state["ids"]), [ids(q) for q in state["queued"]])
-
-    def sync_progress(self) -> None:
-        """Fold the kernels' progress counters into the bitmap."""
-        self.stream.sync_progress()
 
     def record_timeline(self) -> None:
         """Keep every launch (request, layer, candidate, start, end) from now on."""

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import threading
 
 _local = threading.local()
-
-
-def full_cpu_units() -> int:
-    """The threads a CPU kernel may use at most (TVM_NUM_THREADS, else the core count)."""
-    return int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)
 
 
 def set_cpu_units(units: int) -> None:

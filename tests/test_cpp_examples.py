@@ -158,8 +158,8 @@ def gather(tmp_path_factory):
                        [helper.make_tensor_value_info("i", TensorProto.INT64, [3])],
                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 6])], [table])
     artifact = compile_model(model, name="gather")
-    private, public = generate_keys(folder / "me")
-    _, other = generate_keys(folder / "other")
+    private, public, _ = generate_keys(folder / "me")
+    _, other, _ = generate_keys(folder / "other")
     artifact.save(folder / "gather.tvms", load_private_key(private))
     artifact.save(folder / "unsigned.tvms")
     return folder / "gather.tvms", public, other, folder / "unsigned.tvms"

@@ -45,8 +45,13 @@ def json_depth(text: str) -> int:
     return max(0, max(accumulate(map(_STEP.__getitem__, brackets)), default=0))
 
 
-def check_depth(text: str, limit: int = MAX_JSON_DEPTH) -> None:
-    """Raise JSONTooDeep if ``text`` nests deeper than ``limit`` (cheap when it has few brackets)."""
+def check_depth(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> None:
+    """Raise JSONTooDeep if ``text`` nests deeper than ``limit`` (cheap when it has few brackets; bytes
+    are decoded only then, UnicodeDecodeError if they are not JSON text)."""
+    if isinstance(text, (bytes, bytearray)):
+        if text.count(b"[") + text.count(b"{") <= limit:
+            return
+        text = bytes(text).decode(json.detect_encoding(text))
     if text.count("[") + text.count("{") > limit and json_depth(text) > limit:
         raise JSONTooDeep(limit)
 

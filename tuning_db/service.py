@@ -34,7 +34,7 @@ from starlette.routing import Match
 
 import tvmsched
 from tvmsched.errors import TvmschedError, one_line
-from tvmsched.tuning_db.json_limits import JSONTooDeep, json_depth
+from tvmsched.tuning_db.json_limits import JSONTooDeep, check_depth
 from tvmsched.tuning_db.schemas import (
     MAX_INT32,
     MAX_JSON_DEPTH,
@@ -125,15 +125,12 @@ class CheckedRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def checked(request: Request) -> Response:
-            body = await request.body()
-            if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH:
-                try:
-                    text = body.decode(json.detect_encoding(body))
-                except UnicodeDecodeError:
-                    text = None  # FastAPI answers 400: the body is not text
-                if text is not None and json_depth(text) > MAX_JSON_DEPTH:
-                    error = {"type": "json_too_deep", "loc": ("body",), "msg": str(JSONTooDeep(MAX_JSON_DEPTH))}
-                    raise RequestValidationError([error])
+            try:
+                check_depth(await request.body(), MAX_JSON_DEPTH)
+            except UnicodeDecodeError:
+                pass  # FastAPI answers 400: the body is not text
+            except JSONTooDeep as err:
+                raise RequestValidationError([{"type": "json_too_deep", "loc": ("body",), "msg": str(err)}]) from None
             return await handler(request)
 
         return checked

@@ -100,6 +100,14 @@ class Manifest:
         return dataclasses.asdict(self)
 
     @classmethod
+    def verified(cls, path: str | Path, trusted_keys=()) -> Manifest:
+        """The manifest of an artifact file as the engine's loader checks it (with `trusted_keys`, its
+        signature too), without loading its code."""
+        from tvmsched.native import func
+
+        return cls.parse(str(func("verify_artifact")(str(path), [str(k) for k in trusted_keys])["manifest_json"]), path)
+
+    @classmethod
     def parse(cls, text: str, path: str | Path) -> Manifest:
         """A manifest from the JSON the engine verified (`path` names the artifact in errors)."""
         try:
@@ -165,9 +173,7 @@ class Artifact:
     def load(cls, path: str | Path) -> Artifact:
         """Read an artifact file, checked by the engine's loader (the one implementation of every check:
         stored members, sizes, checksums, schema, manifest invariants, weights), its code not loaded."""
-        from tvmsched.native import func
-
-        manifest = Manifest.parse(str(func("verify_artifact")(str(path), [])["manifest_json"]), path)
+        manifest = Manifest.verified(path)
         with zipfile.ZipFile(path) as archive:  # stored members whose checksums the engine just matched
             return cls(manifest, archive.read("kernels.so"), _unpack_weights(archive.read("weights.npz")))
 

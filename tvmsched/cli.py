@@ -82,7 +82,7 @@ def compile_cmd(
     shapes = parse_input_shapes(input_shapes)
     signing_key = None
     if sign_key:  # read before compiling: a bad key fails fast
-        from tvmsched.signing import load_private_key
+        from tvmsched.signing import key_id, load_private_key
 
         signing_key = load_private_key(sign_key)
     output = output or str(Path(model).with_suffix(".tvms"))
@@ -105,17 +105,11 @@ def compile_cmd(
     manifest = artifact.manifest
     if manifest.tuning:
         _print_tuning_summary(manifest.tuning)
-    signed = f", signed by key {_key_id(signing_key)}" if signing_key else ""
+    signed = f", signed by key {key_id(signing_key.public_key())}" if signing_key else ""
     click.echo(
         f"wrote {output}: {len(manifest.layers)} layers, {manifest.device} ({manifest.device_code}), "
         f"{os.path.getsize(output) / 1e6:.2f} MB{signed}"
     )
-
-
-def _key_id(private_key) -> str:
-    from tvmsched.signing import key_id
-
-    return key_id(private_key.public_key())
 
 
 def _check_folder(path: str) -> None:
@@ -134,10 +128,10 @@ def keys() -> None:
 @click.argument("name")
 def keys_generate(name: str) -> None:
     """Write a new key pair: NAME.key (private, mode 0600) and NAME.pub (public, to hand to loaders)."""
-    from tvmsched.signing import generate_keys, key_id, load_public_key
+    from tvmsched.signing import generate_keys, key_id
 
-    private_path, public_path = generate_keys(name)
-    click.echo(f"wrote {private_path} (private: keep it secret) and {public_path} (key {key_id(load_public_key(public_path))})")
+    private_path, public_path, key = generate_keys(name)
+    click.echo(f"wrote {private_path} (private: keep it secret) and {public_path} (key {key_id(key.public_key())})")
 
 
 @keys.command("verify")
@@ -263,8 +257,8 @@ def run_cmd(artifact: str, inputs_path: str | None, output_path: str | None, dev
                      "outputs": {name: {"shape": list(v.shape), "dtype": str(v.dtype), "mean": float(v.mean()),
                                         "max": float(v.max())} for name, v in outputs.items()}}
     echo = (lambda text: None) if as_json else click.echo
-    for name, value in outputs.items():
-        echo(f"output {name}: shape {tuple(value.shape)} {value.dtype} mean {value.mean():.6g} max {value.max():.6g}")
+    for name, out in summary["outputs"].items():
+        echo(f"output {name}: shape {tuple(out['shape'])} {out['dtype']} mean {out['mean']:.6g} max {out['max']:.6g}")
     if output_path:
         with open(output_path, "wb") as out:  # exactly this name (np.savez would append .npz)
             np.savez(out, **outputs)
@@ -289,9 +283,8 @@ def inspect_cmd(artifact: str, as_json: bool, trusted: tuple[str, ...]) -> None:
     """Show an artifact's layers, kernels, shapes, FLOPs and bytes (checked as a load checks it, code not loaded)."""
     from tvmsched.artifact import Manifest
     from tvmsched.inspect import describe
-    from tvmsched.native import func
 
-    manifest = Manifest.parse(str(func("verify_artifact")(artifact, list(trusted))["manifest_json"]), artifact)
+    manifest = Manifest.verified(artifact, trusted)
     click.echo(json.dumps(manifest.to_json(), indent=1) if as_json else describe(manifest))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import importlib.util
 import os
 import threading
@@ -76,6 +77,7 @@ def engine():
     return tvm_ffi
 
 
+@functools.cache  # looked up once: some are called per request
 def func(name: str):
     """A global function of the engine (`tvmsched.engine.<name>`)."""
     engine()

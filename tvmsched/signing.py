@@ -23,8 +23,9 @@ from tvmsched.errors import TvmschedError
 SIGNATURE_MEMBER = "signature.json"
 
 
-def generate_keys(stem: str | Path) -> tuple[Path, Path]:
-    """Write a new key pair to STEM.key (private, 0600) and STEM.pub; never overwrites a file."""
+def generate_keys(stem: str | Path):
+    """Write a new key pair to STEM.key (private, 0600) and STEM.pub (never overwrites a file):
+    (private key path, public key path, the private key)."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -41,7 +42,7 @@ def generate_keys(stem: str | Path) -> tuple[Path, Path]:
     with os.fdopen(fd, "wb") as out:
         out.write(private_pem)
     public_path.write_bytes(public_pem)
-    return private_path, public_path
+    return private_path, public_path, key
 
 
 def load_private_key(path: str | Path):
