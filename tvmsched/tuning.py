@@ -10,6 +10,7 @@ import contextlib
 import io
 import logging
 import random
+import os
 import signal
 import sys
 import threading
@@ -136,7 +137,7 @@ def tune_layers(
         for name, func in bar:
             bar.set_postfix_str(name[:40])
             outcome = _tune_one(name, func, target, database, trials, runner)
-            if interrupted.is_set():  # MetaSchedule swallows KeyboardInterrupt inside its callbacks
+            if interrupted.is_set():  # Ctrl-C during that layer: stop here, between layers (its records are saved)
                 raise KeyboardInterrupt
             best = best_schedule(database, func, target)
             if best is None:
@@ -194,15 +195,24 @@ def drop_unnamed_ms_log_handlers() -> None:
 
 @contextlib.contextmanager
 def _interruptible():
-    """Record Ctrl-C (SIGINT) during tuning so the caller stops after the layer being tuned."""
+    """Record Ctrl-C (SIGINT) during tuning so the caller stops after the layer being tuned.
+
+    The handler only sets a flag: a KeyboardInterrupt raised wherever the signal lands can be inside a
+    Python callback that TVM's C++ called, and unwinding through it there ended in std::terminate
+    (SIGSEGV, about one interrupt in four). A second Ctrl-C quits at once.
+    """
     interrupted = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield interrupted
         return
 
     def on_sigint(signum, frame):
+        if interrupted.is_set():
+            sys.stderr.write("\ninterrupted\n")
+            sys.stderr.flush()
+            os._exit(130)  # as the CLI exits on an interrupt (no TVM worker-pool destructors)
         interrupted.set()
-        raise KeyboardInterrupt
+        sys.stderr.write("\ninterrupting: stopping after the layer being tuned (Ctrl-C again to quit now)\n")
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
