@@ -58,17 +58,25 @@ class Executor:
     """
 
     def __init__(self, artifact: Artifact | str | Path, device: str | None = None, flag_memory: str = "auto",
-                 trusted_keys: list[str | Path] | tuple = ()):
+                 trusted_keys: list[str | Path] | tuple = (), register_groups: int | None = None):
         keys = [str(k) for k in trusted_keys]
+
+        def load(path: str, keys: list[str]):
+            if register_groups is None:
+                return func("load_model")(path, device or "", flag_memory, keys)
+            # registered: weights in pinned host memory, `register_groups` sub-tasks at most; a switcher
+            # (runtime/switching.py) makes it resident
+            return func("register_model")(path, device or "", flag_memory, keys, int(register_groups))
+
         if isinstance(artifact, Artifact):
             if keys:
                 raise TvmschedError("trusted keys check signed artifact files: pass the artifact's path, not an Artifact")
             with tempfile.TemporaryDirectory(prefix="tvmsched-") as tmp:
                 path = Path(tmp) / "model.tvms"
                 artifact.save(path)
-                self.native = func("load_model")(str(path), device or "", flag_memory, [])
+                self.native = load(str(path), [])
         else:
-            self.native = func("load_model")(str(artifact), device or "", flag_memory, keys)
+            self.native = load(str(artifact), keys)
         # the manifest the engine verified and loaded (never a second read of the file)
         self.manifest: Manifest = Manifest.parse(str(self.native.manifest_json()), artifact)
         self.device = self.native.device_kind()

@@ -32,6 +32,7 @@ from tvmsched.runtime.executor import Executor
 from tvmsched.runtime.policies.priority import Priorities
 from tvmsched.runtime.preemption import EngineFuture, Task
 from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, StreamView, stream_work
+from tvmsched.runtime.switching import StageEvent, SwitchSettings, Switcher
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,11 @@ class Model:
     fastest: tuple[int, ...] = ()  # the fastest candidate of every layer
     serial_latencies_ms: list[float] = field(default_factory=list)  # fcfs: measured from submit() in Python
     rejected: int = 0  # requests refused at submit (bad inputs); failures while running are the stream's
+
+    @property
+    def resident(self) -> bool:
+        """Whether its environment and every sub-task are on the device now (else a request switches it in)."""
+        return bool(self.task.executor.native.resident())
 
 
 class Runtime:
@@ -69,13 +75,18 @@ class Runtime:
         trusted_keys: Ed25519 public key files: `load` accepts only artifact files one of them signed
             (an artifact is native code; README, "Trust model").
         memory_budget: bytes of device memory the engine may allocate for models on this device (every
-            allocation is checked; a load past it fails with one line); None leaves the device's budget.
-            The accounting is per device and process (`memory()`).
+            allocation is checked); None leaves the device's budget. The accounting is per device and
+            process (`memory()`). Models that do not fit beside the resident ones are registered and
+            switched in when a request needs them (runtime/switching.py; the switcher's budget is this
+            one, else the device's free memory).
+        switching: the switching pipeline's settings (SwitchSettings: thresholds 1 and 2, preset count,
+            retain, sub-tasks per model).
     """
 
     def __init__(self, device: str = "cpu", *, total_units: int | None = None, colocation: ColocationTable | str | None = None,
                  max_in_flight: int = 8, timeline: bool = False, policy: str = "colocation",
-                 progress_interval_ms: float = 1.0, trusted_keys=(), memory_budget: int | None = None):
+                 progress_interval_ms: float = 1.0, trusted_keys=(), memory_budget: int | None = None,
+                 switching: SwitchSettings = SwitchSettings()):
         if device not in ("cpu", "cuda"):
             raise TvmschedError(f"unknown device {device!r}: use cpu or cuda")
         self.device = device
@@ -98,21 +109,31 @@ class Runtime:
         self._trusted_keys = tuple(str(k) for k in trusted_keys)
         if memory_budget is not None:
             func("set_memory_budget")(device, int(memory_budget))
+        self.switcher = Switcher(device, int(memory_budget or 0), switching)
 
     @property
     def scheduler(self):
         """The colocation policy's layer scheduler (its decisions), else None."""
         return getattr(self.policy, "scheduler", None)
 
-    def load(self, artifact, *, qos_ms: float | None = None, priority: str = "best_effort", name: str | None = None) -> Model:
-        """Load an artifact (path or Artifact) as a new request stream."""
+    def load(self, artifact, *, qos_ms: float | None = None, priority: str = "best_effort", name: str | None = None,
+             resident: bool = True) -> Model:
+        """Load an artifact (path or Artifact) as a new request stream: resident if it fits beside the
+        resident models (`resident=False`: registered only), else registered and switched in by its
+        first request (evicting the least recently used idle models)."""
         if priority not in PRIORITIES:
             raise TvmschedError(f"priority must be one of {PRIORITIES}, not {priority!r}")
-        executor = Executor(artifact, self.device, trusted_keys=self._trusted_keys)
+        executor = Executor(artifact, self.device, trusted_keys=self._trusted_keys,
+                            register_groups=self.switcher.settings.max_groups)
         name = name or executor.manifest.model_name
         with self._lock:
             if self._closed:
                 raise TvmschedError("the runtime is shut down")
+            if name in self.models:
+                raise TvmschedError(f"a model named {name!r} is already loaded")
+        if not self.switcher.add(executor, resident) and resident:
+            log.info("model %s does not fit beside the resident models: registered, switched in on demand", name)
+        with self._lock:
             if name in self.models:
                 raise TvmschedError(f"a model named {name!r} is already loaded")
             task = Task(executor, name, self._max_in_flight, self._progress_interval_ms)
@@ -127,6 +148,10 @@ class Runtime:
         if priority == "best_effort":
             self.priorities.add_best_effort(task)
         return model
+
+    def switch_events(self) -> list[StageEvent]:
+        """The switcher's recorded stages (stage1, stage2, exec, clean, evict), in engine µs."""
+        return self.switcher.events()
 
     def memory(self) -> dict[str, int]:
         """The engine's accounting of this device's model memory: in_use, peak and budget (0: none) in bytes."""
@@ -226,6 +251,10 @@ class Runtime:
                                "ts": (start - started) * 1e6, "dur": (end - start) * 1e6,
                                "args": {"layer": layer, "candidate": cand,
                                         "units": model.layers[layer][cand].units}})
+        for e in self.switch_events():  # the switching stages, a row per model
+            events.append({"name": e.stage if e.group < 0 else f"{e.stage} g{e.group}", "cat": "switch", "ph": "X", "pid": 0,
+                           "tid": f"{e.model} stages", "ts": e.start_us - self._started_us, "dur": e.end_us - e.start_us,
+                           "args": {"group": e.group, "bytes": e.bytes}})
         Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
         if png is not None:
             plot_timeline(events, png)
@@ -238,6 +267,7 @@ class Runtime:
             models = list(self.models.values())
         for model in models:
             model.task.close()
+        self.switcher.close()
 
     def __enter__(self) -> Runtime:
         return self

@@ -47,6 +47,13 @@ class CpuDevice final : public Device {
     return "cpu";
   }
 
+  size_t FreeMemory() override {
+    std::ifstream meminfo("/proc/meminfo");
+    for (std::string line; std::getline(meminfo, line);) {
+      if (line.rfind("MemAvailable:", 0) == 0) return static_cast<size_t>(std::stoull(line.substr(13))) * 1024;
+    }
+    return 0;
+  }
   void* Alloc(size_t nbytes) override {
     void* ptr = std::aligned_alloc(kAlign, (nbytes + kAlign - 1) / kAlign * kAlign + kAlign);
     if (ptr == nullptr) TVM_FFI_THROW(TvmschedError) << "out of host memory allocating " << nbytes << " bytes";

@@ -20,7 +20,7 @@ struct Driver {
 #define TVMSCHED_CU_FN(name) decltype(&::name) name = nullptr;
 #define TVMSCHED_CU_FNS(X)                                                                              \
   X(cuInit) X(cuGetErrorString) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain)    \
-  X(cuCtxSetCurrent) X(cuMemAlloc) X(cuMemFree) X(cuMemHostAlloc) X(cuMemFreeHost)                     \
+  X(cuCtxSetCurrent) X(cuMemGetInfo) X(cuMemAlloc) X(cuMemFree) X(cuMemHostAlloc) X(cuMemFreeHost)                     \
   X(cuMemHostGetDevicePointer) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemsetD32Async)           \
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamWaitEvent) X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange) X(cuStreamSynchronize) \
   X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuEventDestroy)            \
@@ -90,6 +90,12 @@ class CudaDevice final : public Device {
 
   void MakeCurrent() const { drv_.Check(drv_.cuCtxSetCurrent(context_), "cuCtxSetCurrent"); }
 
+  size_t FreeMemory() override {
+    MakeCurrent();
+    size_t free = 0, total = 0;
+    drv_.Check(drv_.cuMemGetInfo(&free, &total), "cuMemGetInfo");
+    return free;
+  }
   void* Alloc(size_t nbytes) override {
     MakeCurrent();
     CUdeviceptr ptr = 0;

@@ -145,39 +145,152 @@ MemoryPlan PlanMemory(const Manifest& m, int reuse_distance) {
 
 ModelObj::ModelObj(std::shared_ptr<Device> device) : device_(std::move(device)) {}
 
-void ModelObj::Init(const std::string& path, ArtifactContents contents, FlagMemory flag_memory) {
+namespace {
+
+size_t Align(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+/*! \brief Sub-tasks: consecutive layers grouped by the weight bytes they first read, each group about
+ *  twice the one before (docs/switching.md: a small first group starts execution early; doubling keeps
+ *  the count logarithmic, so per-group costs stay small). */
+std::vector<std::pair<int, int>> GroupLayers(const std::vector<size_t>& layer_weights, int max_groups) {
+  int n = static_cast<int>(layer_weights.size());
+  max_groups = std::max(1, std::min(max_groups, n));
+  size_t total = 0;
+  for (size_t w : layer_weights) total += w;
+  std::vector<std::pair<int, int>> groups;
+  if (max_groups == 1 || total == 0) return {{0, n - 1}};
+  double target = static_cast<double>(total) / static_cast<double>((size_t(1) << max_groups) - 1);
+  int first = 0;
+  size_t acc = 0;
+  for (int i = 0; i < n; ++i) {
+    acc += layer_weights[i];
+    bool last_group = static_cast<int>(groups.size()) == max_groups - 1;
+    if (!last_group && i < n - 1 && static_cast<double>(acc) >= target) {
+      groups.emplace_back(first, i);
+      first = i + 1;
+      acc = 0;
+      target *= 2;
+    }
+  }
+  groups.emplace_back(first, n - 1);
+  return groups;
+}
+
+}  // namespace
+
+void ModelObj::Init(const std::string& path, ArtifactContents contents, const LoadOptions& options) {
   manifest_ = std::move(contents.manifest);
   manifest_json_ = std::move(contents.manifest_json);
-  device_->SetThreadUnits(0);
-  library_ = LoadLibrary(contents.kernels);
-  contents.kernels.clear();
+  kernels_ = std::move(contents.kernels);
+  flag_memory_ = options.flag_memory;
+  const int n = num_layers();
+  if (n == 0) TVM_FFI_THROW(TvmschedError) << path << " is corrupt: the model has no layers";
+  for (const Binding& b : manifest_.inputs) env_tensors_.insert(b.tensor);
+  for (const Binding& b : manifest_.outputs) env_tensors_.insert(b.tensor);
+  for (const IndexCheckSpec& c : manifest_.index_checks) env_tensors_.insert(c.tensor);
+  for (const auto& id : env_tensors_) {
+    bool input = std::any_of(manifest_.inputs.begin(), manifest_.inputs.end(), [&](const Binding& b) { return b.tensor == id; });
+    size_t nbytes = manifest_.tensors.at(id).nbytes();
+    env_bytes_ += input ? nbytes : Align(nbytes);
+  }
+  if (manifest_.progress_counters) env_bytes_ += sizeof(int32_t) * n;
+  // sub-tasks: by the weight bytes each layer reads first
+  std::vector<size_t> layer_weights(n, 0);
+  std::set<std::string> seen;
   for (const LayerSpec& layer : manifest_.layers) {
-    std::vector<Candidate> cands;
-    for (const CandidateSpec& spec : layer.candidates) {
-      auto kernel = library_.value()->GetFunction(ffi::String(spec.kernel), true);
-      if (!kernel.has_value()) TVM_FFI_THROW(TvmschedError) << path << " is corrupt: kernel " << spec.kernel << " is missing";
-      Candidate cand;
-      cand.kernel = *kernel;
-      // one encoding: an explicit unit count; all units where the manifest says none (0) and for
-      // grid-limited kernels, which restrict themselves
-      int all = device_->total_units();
-      cand.units = spec.mechanism == "grid_limit" || spec.units <= 0 ? all : std::min(spec.units, all);
-      cands.push_back(std::move(cand));
+    for (const auto& id : layer.inputs) {
+      if (contents.weights.count(id) && seen.insert(id).second) layer_weights[layer.index] += contents.weights.at(id).data.size();
     }
-    candidates_.push_back(std::move(cands));
   }
-  for (auto& [id, array] : contents.weights) {
-    void* data = AllocFor("weight " + id, array.data.size());
-    weights_[id] = data;
-    device_->CopyToDevice(data, array.data.data(), array.data.size(), nullptr);
+  groups_ = GroupLayers(layer_weights, options.resident ? 1 : options.max_groups);
+  layer_group_.assign(n, 0);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (int i = groups_[g].first; i <= groups_[g].second; ++i) layer_group_[i] = static_cast<int>(g);
   }
-  for (const Binding& b : manifest_.inputs) inputs_[b.tensor] = AllocFor("input '" + b.name + "'", manifest_.tensors.at(b.tensor).nbytes());
-  if (manifest_.preempt_flags > 1) flags_ = device_->AllocFlags(manifest_.preempt_flags, flag_memory);
-  if (manifest_.progress_counters) {
-    counters_ = static_cast<int32_t*>(AllocFor("progress counters", sizeof(int32_t) * manifest_.layers.size()));
-    ResetProgress();
+  group_tensors_.assign(groups_.size(), {});
+  for (const LayerSpec& layer : manifest_.layers) {
+    std::vector<std::string> args;
+    for (const auto* ids : {&layer.inputs, &layer.outputs}) {
+      for (const auto& id : *ids) {
+        if (!manifest_.tensors.count(id)) TVM_FFI_THROW(TvmschedError) << "tensor " << id << " has no storage (corrupt manifest)";
+        args.push_back(id);
+        if (env_tensors_.count(id)) continue;
+        int g = layer_group_[layer.index];
+        auto& users = tensor_groups_[id];
+        if (std::find(users.begin(), users.end(), g) == users.end()) {
+          users.push_back(g);
+          group_tensors_[g].push_back(id);
+        }
+      }
+    }
+    layer_arg_ids_.push_back(std::move(args));
   }
-  Replan(1);
+  group_weight_bytes_.assign(groups_.size(), 0);
+  for (auto& [id, users] : tensor_groups_) {
+    bool weight = contents.weights.count(id) > 0;
+    if (!weight && users.size() == 1) internal_.insert(id);
+    if (weight) {
+      for (int g : users) group_weight_bytes_[g] += contents.weights.at(id).data.size();
+    }
+  }
+  group_state_.reset(new std::atomic<int>[groups_.size()]);
+  for (size_t g = 0; g < groups_.size(); ++g) group_state_[g].store(kAbsent);
+  group_plans_.resize(groups_.size());
+  group_blocks_.resize(groups_.size());
+  group_bytes_.assign(groups_.size(), 0);
+  for (auto& [id, array] : contents.weights) {  // resident: copied from here; registered: kept pinned
+    HostWeight& host = host_weights_[id];
+    host.nbytes = array.data.size();
+    if (!options.resident) {
+      host.data = device_->AllocHost(host.nbytes);
+      std::memcpy(host.data, array.data.data(), host.nbytes);
+      array.data.clear();
+      array.data.shrink_to_fit();
+    }
+  }
+  for (int g = 0; g < num_groups(); ++g) PlanGroup(g);
+  // the layers' packed arguments (data pointers bound as tensors are allocated), built once
+  DLDevice dev = device_->dl_device();
+  layer_args_.clear();
+  for (int i = 0; i < n; ++i) {
+    std::vector<DLTensor> args;
+    for (const auto& id : layer_arg_ids_[i]) {
+      const TensorSpec& spec = manifest_.tensors.at(id);
+      args.push_back(DLTensor{nullptr, dev, static_cast<int32_t>(spec.shape.size()), spec.dtype,
+                              const_cast<int64_t*>(spec.shape.data()), nullptr, 0});
+    }
+    static int64_t one = 1;
+    if (manifest_.preempt_flags > 1) {
+      args.push_back(DLTensor{nullptr, dev, 1, DLDataType{kDLInt, 32, 1}, const_cast<int64_t*>(&flags_.length), nullptr, 0});
+    }
+    if (manifest_.progress_counters) args.push_back(DLTensor{nullptr, dev, 1, DLDataType{kDLInt, 32, 1}, &one, nullptr, 0});
+    layer_args_.push_back(std::move(args));
+  }
+  for (std::vector<DLTensor>& args : layer_args_) {
+    std::vector<ffi::AnyView>& views = layer_views_.emplace_back();
+    for (DLTensor& arg : args) views.emplace_back(&arg);
+  }
+  if (!options.resident) return;
+  PrepareEnvironment();
+  try {
+    for (int g = 0; g < num_groups(); ++g) {
+      for (const auto& id : group_tensors_[g]) {  // copy straight from the artifact's bytes
+        if (!host_weights_.count(id) || tensor_data_.count(id)) continue;
+        const std::string& bytes = contents.weights.at(id).data;
+        void* data = AllocFor("weight " + id, bytes.size());
+        tensor_data_[id] = data;
+        device_->CopyToDevice(data, bytes.data(), bytes.size(), nullptr);
+      }
+      PrepareGroup(g, nullptr);
+      SetGroupState(g, kReady);
+    }
+  } catch (...) {
+    for (int g = 0; g < num_groups(); ++g) FreeGroupBlocks(g);
+    for (auto& [id, data] : tensor_data_) device_->Release(data);
+    tensor_data_.clear();
+    CleanEnvironment();
+    throw;
+  }
 }
 
 ModelObj::~ModelObj() {
@@ -185,22 +298,29 @@ ModelObj::~ModelObj() {
     Synchronize();
   } catch (...) {  // a failed device: free what can be freed
   }
-  FreeActivations();
-  for (auto& [id, data] : weights_) device_->Release(data);
-  for (auto& [id, data] : inputs_) device_->Release(data);
-  if (flags_.length) device_->FreeFlags(flags_);
-  if (counters_) device_->Release(counters_);
-  for (auto& [units, stream] : streams_) device_->DestroyStream(stream);
+  for (int g = 0; g < num_groups(); ++g) FreeGroupBlocks(g);
+  for (auto& [id, data] : tensor_data_) device_->Release(data);
+  tensor_data_.clear();
+  CleanEnvironment();
+  for (auto& [id, host] : host_weights_) {
+    if (host.data) device_->FreeHost(host.data);
+  }
 }
 
 Model Model::Load(const std::string& path, const std::string& device, FlagMemory flag_memory, const TrustedKeys& trusted) {
+  LoadOptions options;
+  options.flag_memory = flag_memory;
+  return Load(path, device, options, trusted);
+}
+
+Model Model::Load(const std::string& path, const std::string& device, const LoadOptions& options, const TrustedKeys& trusted) {
   ArtifactContents contents = ReadArtifact(path, trusted);
   const std::string& compiled_for = contents.manifest.device;
   if (!device.empty() && device != compiled_for) {
     TVM_FFI_THROW(TvmschedError) << "the artifact was compiled for " << compiled_for << ", not " << device;
   }
   auto obj = ffi::make_object<ModelObj>(OpenDevice(compiled_for));
-  obj->Init(path, std::move(contents), flag_memory);
+  obj->Init(path, std::move(contents), options);
   return Model(obj);
 }
 
@@ -208,51 +328,235 @@ void* ModelObj::AllocFor(const std::string& what, size_t nbytes) {
   return device_->Allocate(nbytes, "cannot load model " + manifest_.model_name + ": " + what);
 }
 
-void ModelObj::FreeActivations() {
-  for (void* block : storage_) device_->Release(block);
-  storage_.clear();
+bool ModelObj::resident() const {
+  if (!env_ready()) return false;
+  for (int g = 0; g < num_groups(); ++g) {
+    if (group_state(g) < kReady) return false;
+  }
+  return true;
+}
+
+void ModelObj::PrepareEnvironment() {
+  if (env_ready()) return;
+  device_->SetThreadUnits(0);
+  try {
+    library_ = LoadLibrary(kernels_);
+    std::set<int> units;
+    for (const LayerSpec& layer : manifest_.layers) {
+      std::vector<Candidate> cands;
+      for (const CandidateSpec& spec : layer.candidates) {
+        auto kernel = library_.value()->GetFunction(ffi::String(spec.kernel), true);
+        if (!kernel.has_value()) TVM_FFI_THROW(TvmschedError) << "model " << name() << " is corrupt: kernel " << spec.kernel << " is missing";
+        Candidate cand;
+        cand.kernel = *kernel;
+        // one encoding: an explicit unit count; all units where the manifest says none (0) and for
+        // grid-limited kernels, which restrict themselves
+        int all = device_->total_units();
+        cand.units = spec.mechanism == "grid_limit" || spec.units <= 0 ? all : std::min(spec.units, all);
+        units.insert(cand.units);
+        cands.push_back(std::move(cand));
+      }
+      candidates_.push_back(std::move(cands));
+    }
+    for (int u : units) StreamFor(u);  // every stream a launch may use, created before any launch
+    for (const auto& id : env_tensors_) {
+      bool input = std::any_of(manifest_.inputs.begin(), manifest_.inputs.end(), [&](const Binding& b) { return b.tensor == id; });
+      size_t nbytes = manifest_.tensors.at(id).nbytes();
+      env_data_[id] = AllocFor((input ? "input " : "output ") + id, input ? nbytes : Align(nbytes));
+    }
+    if (manifest_.preempt_flags > 1) flags_ = device_->AllocFlags(manifest_.preempt_flags, flag_memory_);
+    if (manifest_.progress_counters) {
+      counters_ = static_cast<int32_t*>(AllocFor("progress counters", sizeof(int32_t) * num_layers()));
+      ResetProgress();
+    }
+  } catch (...) {
+    CleanEnvironment();
+    throw;
+  }
+  for (int i = 0; i < num_layers(); ++i) {
+    size_t k = layer_arg_ids_[i].size();
+    for (size_t a = 0; a < k; ++a) {
+      auto found = env_data_.find(layer_arg_ids_[i][a]);
+      if (found != env_data_.end()) layer_args_[i][a].data = found->second;
+    }
+    if (flags_.length) layer_args_[i][k++].data = flags_.device_ptr;
+    if (counters_) layer_args_[i][k].data = counters_ + i;
+  }
+  env_ready_.store(true, std::memory_order_release);
+}
+
+void ModelObj::CleanEnvironment() {
+  env_ready_.store(false, std::memory_order_release);
+  for (auto& [id, data] : env_data_) device_->Release(data);
+  env_data_.clear();
+  if (flags_.length) device_->FreeFlags(flags_);
+  flags_ = FlagArray();
+  if (counters_) device_->Release(counters_);
+  counters_ = nullptr;
+  for (auto& [units, stream] : streams_) device_->DestroyStream(stream);
+  streams_.clear();
+  current_stream_ = nullptr;
+  candidates_.clear();
+  library_ = std::nullopt;
+}
+
+void ModelObj::PlanGroup(int g) {
+  std::vector<LayerSpec> layers;  // the group's layers, seeing only its internal activations
+  std::map<std::string, size_t> nbytes;
+  for (int i = groups_[g].first; i <= groups_[g].second; ++i) {
+    LayerSpec spec;
+    spec.index = i;
+    for (const auto& id : manifest_.layers[i].inputs) {
+      if (internal_.count(id)) spec.inputs.push_back(id);
+    }
+    for (const auto& id : manifest_.layers[i].outputs) {
+      if (internal_.count(id)) {
+        spec.outputs.push_back(id);
+        nbytes[id] = manifest_.tensors.at(id).nbytes();
+      }
+    }
+    layers.push_back(std::move(spec));
+  }
+  group_plans_[g] = PlanMemory(layers, nbytes, {}, reuse_distance_);
+  size_t bytes = 0;
+  for (size_t b : group_plans_[g].storage_bytes) bytes += b;
+  for (const auto& id : group_tensors_[g]) {
+    if (internal_.count(id)) continue;
+    bytes += host_weights_.count(id) ? host_weights_.at(id).nbytes : Align(manifest_.tensors.at(id).nbytes());
+  }
+  group_bytes_[g] = bytes;
+}
+
+size_t ModelObj::GroupNeed(int g) const {
+  size_t bytes = 0;
+  for (size_t b : group_plans_[g].storage_bytes) bytes += b;
+  for (const auto& id : group_tensors_[g]) {
+    if (internal_.count(id) || tensor_data_.count(id)) continue;
+    bytes += host_weights_.count(id) ? host_weights_.at(id).nbytes : Align(manifest_.tensors.at(id).nbytes());
+  }
+  return bytes;
+}
+
+void ModelObj::FreeGroupBlocks(int g) {
+  for (void* block : group_blocks_[g]) device_->Release(block);
+  group_blocks_[g].clear();
+  for (const auto& [id, block] : group_plans_[g].assignment) tensor_data_.erase(id);
+}
+
+void ModelObj::BindLayer(int i) {
+  for (size_t a = 0; a < layer_arg_ids_[i].size(); ++a) {
+    const std::string& id = layer_arg_ids_[i][a];
+    const auto& where = env_tensors_.count(id) ? env_data_ : tensor_data_;
+    auto found = where.find(id);
+    layer_args_[i][a].data = found == where.end() ? nullptr : found->second;
+  }
+}
+
+void ModelObj::PrepareGroup(int g, StreamHandle copy_stream) {
+  std::vector<std::string> fresh;  // allocated here: freed again if a later step fails
+  try {
+    for (const auto& id : group_tensors_[g]) {
+      if (internal_.count(id) || tensor_data_.count(id)) continue;
+      auto host = host_weights_.find(id);
+      if (host != host_weights_.end()) {
+        if (!host->second.data) TVM_FFI_THROW(TvmschedError) << "internal: weight " << id << " has no host copy";
+        void* data = AllocFor("weight " + id, host->second.nbytes);
+        tensor_data_[id] = data;
+        fresh.push_back(id);
+        device_->CopyToDevice(data, host->second.data, host->second.nbytes, copy_stream);
+      } else {
+        tensor_data_[id] = AllocFor("the activation " + id, Align(manifest_.tensors.at(id).nbytes()));
+        fresh.push_back(id);
+      }
+    }
+    const MemoryPlan& plan = group_plans_[g];
+    std::vector<std::string> held(plan.storage_bytes.size());  // per block, its tensors (named if it cannot be had)
+    for (const auto& [id, block] : plan.assignment) held[block] += (held[block].empty() ? "" : ", ") + id;
+    for (size_t block = 0; block < plan.storage_bytes.size(); ++block) {
+      group_blocks_[g].push_back(AllocFor("the activation block of " + held[block], plan.storage_bytes[block]));
+    }
+    for (const auto& [id, block] : plan.assignment) tensor_data_[id] = group_blocks_[g][block];
+    if (copy_stream) device_->SyncStream(copy_stream);
+  } catch (...) {
+    FreeGroupBlocks(g);
+    for (const auto& id : fresh) {
+      device_->Release(tensor_data_.at(id));
+      tensor_data_.erase(id);
+    }
+    throw;
+  }
+  for (int i = groups_[g].first; i <= groups_[g].second; ++i) BindLayer(i);
+}
+
+void ModelObj::CleanGroup(int g, const std::vector<bool>& pending) {
+  FreeGroupBlocks(g);
+  for (const auto& id : group_tensors_[g]) {
+    auto found = tensor_data_.find(id);
+    if (internal_.count(id) || found == tensor_data_.end()) continue;
+    bool weight = host_weights_.count(id) > 0;
+    bool needed = false;
+    for (int h : tensor_groups_.at(id)) {
+      if (h == g) continue;
+      GroupState state = group_state(h);
+      if (state != kAbsent || (!weight && pending[h])) needed = true;
+    }
+    if (needed) continue;
+    device_->Release(found->second);
+    tensor_data_.erase(found);
+  }
+  for (int i = groups_[g].first; i <= groups_[g].second; ++i) BindLayer(i);
+}
+
+void ModelObj::AddUser() {
+  std::lock_guard<std::mutex> lock(env_mu_);
+  users.fetch_add(1);
+}
+
+bool ModelObj::TryCleanEnvironment() {
+  std::lock_guard<std::mutex> lock(env_mu_);
+  if (users.load() > 0) return false;
+  for (int g = 0; g < num_groups(); ++g) {
+    if (group_state(g) != kAbsent) return false;
+  }
+  CleanEnvironment();
+  return true;
+}
+
+std::string ModelObj::residency_error() const {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  return residency_error_;
+}
+
+void ModelObj::SetResidencyError(const std::string& error) {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  residency_error_ = error;
+}
+
+void ModelObj::SetWaker(std::function<void()> waker) {
+  std::lock_guard<std::mutex> lock(waker_mu_);
+  waker_ = std::move(waker);
+}
+
+void ModelObj::Wake() {
+  std::lock_guard<std::mutex> lock(waker_mu_);
+  if (waker_) waker_();
 }
 
 void ModelObj::Replan(int reuse_distance) {
   if (reuse_distance < 1) TVM_FFI_THROW(TvmschedError) << "reuse distance must be at least 1";
   Synchronize();
-  FreeActivations();
   reuse_distance_ = reuse_distance;
-  MemoryPlan plan = PlanMemory(manifest_, reuse_distance);
-  std::vector<std::string> held(plan.storage_bytes.size());  // per block, its tensors (named if it cannot be had)
-  for (const auto& [id, block] : plan.assignment) held[block] += (held[block].empty() ? "" : ", ") + id;
-  for (size_t block = 0; block < plan.storage_bytes.size(); ++block) {
-    storage_.push_back(AllocFor("the activation block of " + held[block], plan.storage_bytes[block]));
-  }
-  tensor_data_.clear();
-  for (auto& [id, data] : weights_) tensor_data_[id] = data;
-  for (auto& [id, data] : inputs_) tensor_data_[id] = data;
-  for (auto& [id, block] : plan.assignment) tensor_data_[id] = storage_[block];
-  DLDevice dev = device_->dl_device();
-  layer_args_.clear();
-  for (size_t i = 0; i < manifest_.layers.size(); ++i) {
-    const LayerSpec& layer = manifest_.layers[i];
-    std::vector<DLTensor> args;
-    for (const auto* ids : {&layer.inputs, &layer.outputs}) {
-      for (const auto& id : *ids) {
-        const TensorSpec& spec = manifest_.tensors.at(id);
-        auto found = tensor_data_.find(id);
-        if (found == tensor_data_.end()) TVM_FFI_THROW(TvmschedError) << "tensor " << id << " has no storage (corrupt manifest)";
-        args.push_back(DLTensor{found->second, dev, static_cast<int32_t>(spec.shape.size()), spec.dtype,
-                                const_cast<int64_t*>(spec.shape.data()), nullptr, 0});
-      }
+  for (int g = 0; g < num_groups(); ++g) {
+    bool prepared = !group_blocks_[g].empty() || group_state(g) >= kHeld;
+    FreeGroupBlocks(g);
+    PlanGroup(g);
+    if (!prepared) continue;
+    const MemoryPlan& plan = group_plans_[g];
+    for (size_t block = 0; block < plan.storage_bytes.size(); ++block) {
+      group_blocks_[g].push_back(AllocFor("an activation block", plan.storage_bytes[block]));
     }
-    static int64_t one = 1;
-    if (flags_.length) {
-      args.push_back(DLTensor{flags_.device_ptr, dev, 1, DLDataType{kDLInt, 32, 1}, const_cast<int64_t*>(&flags_.length), nullptr, 0});
-    }
-    if (counters_) args.push_back(DLTensor{counters_ + i, dev, 1, DLDataType{kDLInt, 32, 1}, &one, nullptr, 0});
-    layer_args_.push_back(std::move(args));
-  }
-  layer_views_.clear();  // the kernels' packed arguments, built once per plan (not per launch)
-  for (std::vector<DLTensor>& args : layer_args_) {
-    std::vector<ffi::AnyView>& views = layer_views_.emplace_back();
-    for (DLTensor& arg : args) views.emplace_back(&arg);
+    for (const auto& [id, block] : plan.assignment) tensor_data_[id] = group_blocks_[g][block];
+    for (int i = groups_[g].first; i <= groups_[g].second; ++i) BindLayer(i);
   }
 }
 
@@ -293,7 +597,7 @@ void ModelObj::CheckInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs) con
 
 void ModelObj::CheckCandidates(const std::vector<int>& ids) const {
   bool ok = ids.size() == manifest_.layers.size();
-  for (size_t i = 0; ok && i < ids.size(); ++i) ok = ids[i] >= 0 && ids[i] < static_cast<int>(candidates_[i].size());
+  for (size_t i = 0; ok && i < ids.size(); ++i) ok = ids[i] >= 0 && ids[i] < static_cast<int>(manifest_.layers[i].candidates.size());
   if (!ok) {
     std::ostringstream text;
     text << "[";
@@ -311,7 +615,7 @@ void ModelObj::SetInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs) {
 void ModelObj::CopyInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs) {
   for (const Binding& b : manifest_.inputs) {
     const DLTensor* t = inputs[ffi::String(b.name)].GetDLTensorPtr();
-    device_->CopyToDevice(inputs_.at(b.tensor), static_cast<const char*>(t->data) + t->byte_offset,
+    device_->CopyToDevice(env_data_.at(b.tensor), static_cast<const char*>(t->data) + t->byte_offset,
                           manifest_.tensors.at(b.tensor).nbytes(), current_stream_);
   }
 }
@@ -327,6 +631,9 @@ StreamHandle ModelObj::StreamFor(int units) {
 void ModelObj::RunLayer(int index, int candidate) {
   if (index < 0 || index >= num_layers() || candidate < 0 || candidate >= static_cast<int>(candidates_[index].size())) {
     TVM_FFI_THROW(TvmschedError) << "no layer " << index << " with candidate " << candidate;
+  }
+  if (group_state(layer_group_[index]) < kReady || !env_ready()) {
+    TVM_FFI_THROW(TvmschedError) << "model " << name() << " is not resident (layer " << index << "'s sub-task is not prepared)";
   }
   Candidate& cand = candidates_[index][candidate];
   StreamHandle stream = StreamFor(cand.units);
@@ -365,14 +672,14 @@ ffi::Map<ffi::String, ffi::Tensor> ModelObj::GetOutputs() {
   std::map<std::string, int32_t> words;  // one copy per flag word (31 checks a word)
   for (const IndexCheckSpec& check : manifest_.index_checks) {  // the outputs of a run that indexed out of range are void
     auto [at, fresh] = words.try_emplace(check.tensor, 0);
-    if (fresh) device_->CopyToHost(&at->second, tensor_data_.at(check.tensor), sizeof(int32_t), nullptr);
+    if (fresh) device_->CopyToHost(&at->second, env_data_.at(check.tensor), sizeof(int32_t), nullptr);
     if (at->second >> check.bit & 1) TVM_FFI_THROW(TvmschedError) << "index out of range: " << check.message;
   }
   ffi::Map<ffi::String, ffi::Tensor> out;
   for (const Binding& b : manifest_.outputs) {
     const TensorSpec& spec = manifest_.tensors.at(b.tensor);
     ffi::Tensor host = EmptyHostTensor(spec.shape, spec.dtype);
-    device_->CopyToHost(host.data_ptr(), tensor_data_.at(b.tensor), spec.nbytes(), nullptr);
+    device_->CopyToHost(host.data_ptr(), env_data_.at(b.tensor), spec.nbytes(), nullptr);
     out.Set(ffi::String(b.name), host);
   }
   return out;

@@ -85,6 +85,30 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              std::vector<std::string> files(trusted_key_files.begin(), trusted_key_files.end());
              return Model::Load(path, device, ParseFlagMemory(flag_memory), TrustedKeys::FromFiles(files));
            })
+      .def("tvmsched.engine.register_model",
+           [](const std::string& path, const std::string& device, const std::string& flag_memory,
+              ffi::Array<ffi::String> trusted_key_files, int max_groups) {
+             // read and verified; the weights wait in pinned host memory for a switcher (switching.h)
+             std::vector<std::string> files(trusted_key_files.begin(), trusted_key_files.end());
+             if (max_groups < 1) TVM_FFI_THROW(TvmschedError) << "a model needs at least 1 sub-task, not " << max_groups;
+             LoadOptions options;
+             options.flag_memory = ParseFlagMemory(flag_memory);
+             options.resident = false;
+             options.max_groups = max_groups;
+             return Model::Load(path, device, options, TrustedKeys::FromFiles(files));
+           })
+      .def("tvmsched.engine.create_switcher",
+           [](const std::string& kind, int64_t budget, int64_t threshold1, int64_t threshold2, int preset_count, bool retain) {
+             if (budget < 0 || threshold1 < 0 || threshold2 < 0) TVM_FFI_THROW(TvmschedError) << "memory sizes cannot be negative";
+             SwitchOptions options;
+             options.budget = static_cast<size_t>(budget);
+             options.threshold1 = static_cast<size_t>(threshold1);
+             options.threshold2 = static_cast<size_t>(threshold2);
+             options.preset_count = preset_count;
+             options.retain = retain;
+             return Switcher::Create(OpenDevice(kind), options);
+           })
+      .def("tvmsched.engine.copy_floor", [](Model m, int repeat) { return CopyFloorSeconds(*m.get(), repeat); })
       .def("tvmsched.engine.verify_artifact",
            [](const std::string& path, ffi::Array<ffi::String> trusted_key_files) {
              // everything ReadArtifact checks (the signature first, with keys), without loading the kernels:
@@ -132,6 +156,18 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("num_layers", [](Model m) { return m->num_layers(); })
       .def("reuse_distance", [](Model m) { return m->reuse_distance(); })
       .def("manifest_json", [](Model m) { return m->manifest_json(); })
+      .def("resident", [](Model m) { return m->resident(); })
+      .def("env_bytes", [](Model m) { return static_cast<int64_t>(m->env_bytes()); })
+      .def("groups",
+           [](Model m) {  // per sub-task: [first layer, last layer, bytes, weight bytes, state]
+             ffi::Array<ffi::Array<int64_t>> out;
+             for (int g = 0; g < m->num_groups(); ++g) {
+               auto [first, last] = m->group_layers(g);
+               out.push_back({first, last, static_cast<int64_t>(m->group_bytes(g)), static_cast<int64_t>(m->group_weight_bytes(g)),
+                              static_cast<int64_t>(m->group_state(g))});
+             }
+             return out;
+           })
       .def("replan", [](Model m, int distance) { m->Replan(distance); })
       .def("set_inputs", [](Model m, ffi::Map<ffi::String, ffi::Tensor> inputs) { m->SetInputs(inputs); })
       .def("run_layer", [](Model m, int index, int candidate) { m->RunLayer(index, candidate); })
@@ -162,6 +198,28 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("reset_progress", [](Model m) { m->ResetProgress(); })
       .def("read_counters", [](Model m) { return ToArray(m->ReadCounters()); })
       .def("completed_blocks", [](Model m, ffi::Array<int64_t> ids) { return ToArray(m->CompletedBlocks(Ids(ids))); });
+
+  refl::ObjectDef<SwitcherObj>()
+      .def("add", [](Switcher s, Model m) { s->Add(std::move(m)); })
+      .def("prefetch", [](Switcher s, Model m) { return s->Prefetch(std::move(m)); })
+      .def("events",
+           [](Switcher s) {  // [model, stage, group, start_us, end_us, bytes, held]
+             ffi::Array<ffi::Array<ffi::Any>> out;
+             for (const StageEvent& e : s->Events()) out.push_back({e.model, e.stage, e.group, e.start_us, e.end_us, e.bytes, e.held});
+             return out;
+           })
+      .def("options",
+           [](Switcher s) {
+             const SwitchOptions& o = s->options();
+             ffi::Map<ffi::String, int64_t> out;
+             out.Set("budget", static_cast<int64_t>(o.budget));
+             out.Set("threshold1", static_cast<int64_t>(o.threshold1));
+             out.Set("threshold2", static_cast<int64_t>(o.threshold2));
+             out.Set("preset_count", o.preset_count);
+             out.Set("retain", o.retain);
+             return out;
+           })
+      .def("close", [](Switcher s) { s->Close(); });
 
   refl::ObjectDef<RequestObj>()
       .def_ro("id", &RequestObj::id)

@@ -116,6 +116,15 @@ StreamObj::StreamObj(Model model, std::string name, StreamOptions options)
     threads_.push_back(threads);
   }
   progress_.assign(m_->num_layers(), -1);
+  if (m_->residency()) {  // a registered model: its switcher wakes this stream when it prepared something
+    m_->SetWaker([this] {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        gated_ = false;
+      }
+      cond_.notify_all();
+    });
+  }
 }
 
 StreamObj::~StreamObj() { Close(); }
@@ -127,11 +136,16 @@ Request StreamObj::Submit(ffi::Map<ffi::String, ffi::Tensor> inputs, std::vector
   request->inputs = std::move(inputs);
   request->candidate_ids = std::move(candidate_ids);
   request->submitted_us = Device::NowMicros();
+  m_->AddUser();  // in use from now on: its switcher does not evict it
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (closed_) TVM_FFI_THROW(TvmschedError) << "stream " << name_ << " is closed";
+    if (closed_) {
+      m_->users.fetch_sub(1);
+      TVM_FFI_THROW(TvmschedError) << "stream " << name_ << " is closed";
+    }
     requests_.emplace_back(request);
     queued_.fetch_add(1, std::memory_order_release);
+    if (Residency* residency = m_->residency(); residency && !m_->resident()) residency->Demand(m_);  // stage 1 starts now
   }
   cond_.notify_all();
   return Request(request);
@@ -197,6 +211,7 @@ void StreamObj::SyncProgress() {
   int64_t request;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (requests_.empty()) return;  // idle: a registered model's counters may be gone
     request = request_ids_;
   }
   std::vector<int32_t> counts = m_->ReadCounters();
@@ -240,6 +255,7 @@ void StreamObj::Close() {
     }
   }
   if (progress_thread_.joinable()) progress_thread_.join();
+  m_->SetWaker(nullptr);
 }
 
 // ---- submitter -------------------------------------------------------------------------------
@@ -265,7 +281,9 @@ void StreamObj::SubmitLoop() {
       }
       // paused: wait without retiring anything (preempt() decides what completed); nobody but this
       // thread holding the stream while it is idle means nobody can submit again: stop
-      while (!cond_.wait_for(lock, std::chrono::milliseconds(100), [this] { return closed_ || (!paused_ && HasWork()); })) {
+      // gated: waiting for the switcher to prepare what the next launch needs (it wakes us)
+      auto ready = [this] { return closed_ || (!paused_ && HasWork() && !(gated_ && in_flight_.empty())); };
+      while (!cond_.wait_for(lock, std::chrono::milliseconds(100), ready)) {
         if (!HasWork() && use_count() == 1) closed_ = true;
       }
       if (closed_ && !HasWork()) return;
@@ -294,10 +312,20 @@ std::optional<Launch> StreamObj::NextLaunch() {
       return launch;
     }
     if (requests_.empty() || next_layer_ >= m_->num_layers()) return std::nullopt;  // waiting for in-flight ones
-    if (next_layer_ == 0 && !StartRequest()) continue;  // a bad request failed alone; try the next
+    if (next_layer_ == 0) {
+      if (!m_->env_ready()) {  // a registered model whose environment (stage 1) is not prepared
+        if (Gate()) continue;
+        return std::nullopt;
+      }
+      if (!StartRequest()) continue;  // a bad request failed alone; try the next
+    }
     const auto& ids = requests_.front()->candidate_ids;
     Launch launch{request_ids_, next_layer_, ids.empty() ? 0 : ids[next_layer_]};
     if (!MayLaunch(launch)) return std::nullopt;
+    if (m_->residency() && !Lease(next_layer_)) {
+      if (Gate()) continue;
+      return std::nullopt;
+    }
     ++next_layer_;
     return launch;
   }
@@ -306,6 +334,36 @@ std::optional<Launch> StreamObj::NextLaunch() {
 bool StreamObj::MayLaunch(const Launch& launch) const {
   // GPU: a non-idempotent kernel waits until all earlier work is done, so its inputs are final
   return !(gpu_ && !in_flight_.empty() && !idempotent(launch));
+}
+
+bool StreamObj::Gate() {
+  std::string error = m_->residency_error();
+  if (!error.empty()) {  // it cannot be prepared: its requests fail, the other models go on
+    FailHead(error);
+    return true;
+  }
+  gated_ = true;
+  m_->residency()->Demand(m_);
+  return false;
+}
+
+bool StreamObj::Lease(int layer) {
+  int g = m_->group_of(layer);
+  GroupState state = m_->group_state(g);
+  if (state == kLeased) return true;
+  if ((state == kReady || state == kFinished) && m_->CasGroup(g, state, kLeased)) {
+    m_->residency()->GroupStarted(m_, g);
+    return true;
+  }
+  return false;
+}
+
+void StreamObj::EndRequest() {
+  m_->users.fetch_sub(1);
+  Residency* residency = m_->residency();
+  if (!residency) return;
+  for (int g = 0; g < m_->num_groups(); ++g) m_->CasGroup(g, kLeased, kFinished);  // a failed request's leases
+  residency->RequestFinished(m_);
 }
 
 bool StreamObj::StartRequest() {
@@ -440,6 +498,12 @@ void StreamObj::Retire(const Launch& launch, double end_us) {
     launched_at_.erase(found);
   }
   progress_[launch.layer] = blocks_[launch.layer][launch.candidate];
+  if (Residency* residency = m_->residency()) {
+    int g = m_->group_of(launch.layer);
+    if (launch.layer == m_->group_layers(g).second && rerun_.empty() && m_->CasGroup(g, kLeased, kFinished)) {
+      residency->GroupFinished(m_, g);
+    }
+  }
   if (launch.layer != m_->num_layers() - 1 || !rerun_.empty()) return;
   Request request = requests_.front();
   requests_.pop_front();
@@ -453,6 +517,7 @@ void StreamObj::Retire(const Launch& launch, double end_us) {
     done_.push_back({request, {{}, OneLine(err.message())}});
     ++failed;
   }
+  EndRequest();
 }
 
 void StreamObj::FailHead(const std::string& error) {
@@ -464,6 +529,7 @@ void StreamObj::FailHead(const std::string& error) {
   rerun_.clear();
   done_.push_back({request, {{}, error}});
   ++failed;
+  EndRequest();
 }
 
 void StreamObj::Deliver() {

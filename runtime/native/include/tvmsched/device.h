@@ -49,6 +49,8 @@ class Device {
   /*! \brief The processor's name ("AMD EPYC", "NVIDIA H100 80GB HBM3"). */
   virtual std::string name() const = 0;
 
+  /*! \brief Memory the device could still give now (CPU: the kernel's MemAvailable; CUDA: cuMemGetInfo's free). */
+  virtual size_t FreeMemory() = 0;
   virtual void* Alloc(size_t nbytes) = 0;
   virtual void Free(void* ptr) = 0;
   /*! \brief Host memory that copies to and from the device fast (CUDA: pinned). */

@@ -18,6 +18,7 @@
 #include "tvmsched/device.h"
 #include "tvmsched/model.h"
 #include "tvmsched/stream.h"
+#include "tvmsched/switching.h"
 #include "tvmsched/timer.h"
 
 #endif  // TVMSCHED_ENGINE_H_

@@ -17,7 +17,10 @@
 #include <tvm/ffi/object.h>
 #include <tvm/ffi/string.h>
 
+#include <atomic>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -44,11 +47,41 @@ MemoryPlan PlanMemory(const std::vector<LayerSpec>& layers, const std::map<std::
 /*! \brief The plan of a manifest's activations (outputs kept). */
 MemoryPlan PlanMemory(const Manifest& manifest, int reuse_distance);
 
+class ModelObj;
+
+/*! \brief How a model is loaded. */
+struct LoadOptions {
+  FlagMemory flag_memory = FlagMemory::kAuto;
+  /*! \brief Prepare everything now. false: registered only: the weights wait in pinned host memory and
+   *  a switcher (tvmsched/switching.h) prepares the environment and the sub-tasks when requests come. */
+  bool resident = true;
+  /*! \brief Sub-tasks (groups of consecutive layers) at most; 1: the whole model is one. */
+  int max_groups = 1;
+};
+
+/*! \brief What a switcher hears from the streams running a registered model (tvmsched/switching.h).
+ *  Called on stream threads, under their locks: implementations only record and notify. */
+class Residency {
+ public:
+  virtual ~Residency() = default;
+  /*! \brief A request needs an environment or a sub-task that is not prepared. */
+  virtual void Demand(ModelObj* model) = 0;
+  virtual void GroupStarted(ModelObj* model, int group) = 0;
+  virtual void GroupFinished(ModelObj* model, int group) = 0;
+  /*! \brief A request of the model finished (done or failed). */
+  virtual void RequestFinished(ModelObj* model) = 0;
+};
+
+/*! \brief A sub-task's state (ModelObj::group_state). A stream launches a group's layers from kReady
+ *  on: it leases the group (kReady/kFinished -> kLeased) for a request and finishes it after its last
+ *  layer; a switcher cleans only what it takes back by compare-and-swap (kReady/kFinished -> kAbsent). */
+enum GroupState : int { kAbsent = 0, kPreparing = 1, kHeld = 2, kReady = 3, kLeased = 4, kFinished = 5 };
+
 class ModelObj : public ffi::Object {
  public:
   explicit ModelObj(std::shared_ptr<Device> device);
   /*! \brief Load a read and verified artifact (Model::Load calls it; `path` names it in errors). */
-  void Init(const std::string& path, ArtifactContents contents, FlagMemory flag_memory);
+  void Init(const std::string& path, ArtifactContents contents, const LoadOptions& options);
   ~ModelObj();
 
   const Manifest& manifest() const { return manifest_; }
@@ -79,7 +112,7 @@ class ModelObj : public ffi::Object {
   /*! \brief CUDA: an event after the last launch (nullptr on CPU). */
   EventHandle RecordEvent();
 
-  bool instrumented() const { return flags_.length > 0; }
+  bool instrumented() const { return manifest_.preempt_flags > 1; }
   /*! \brief Set or clear the preempt flag's slots (every slot but the started mark). */
   void SetPreemptFlag(bool on);
   bool preempt_flag_set() const;
@@ -87,12 +120,69 @@ class ModelObj : public ffi::Object {
   void ClearStarted();
   bool started() const;
 
-  bool counts_progress() const { return counters_ != nullptr; }
+  bool counts_progress() const { return manifest_.progress_counters; }
   void ResetProgress();
   /*! \brief Raw per-layer counters, read without waiting for running kernels. */
   std::vector<int32_t> ReadCounters() const;
   /*! \brief Per layer, the blocks completed since the last reset (counters / threads per block). */
   std::vector<int64_t> CompletedBlocks(const std::vector<int>& ids) const;
+
+  // ---- staging (mechanism C, docs/switching.md): the environment (stage 1) and the sub-tasks
+  // (stage 2: memory and weights of a group of consecutive layers). A resident model has all of
+  // them from Init; a registered one gets them from a switcher, whose thread alone calls Prepare*/Clean*.
+  int num_groups() const { return static_cast<int>(groups_.size()); }
+  int group_of(int layer) const { return layer_group_[layer]; }
+  /*! \brief First and last layer of group `g`. */
+  std::pair<int, int> group_layers(int g) const { return groups_[g]; }
+  /*! \brief Bytes group `g` holds when prepared: the weights and activations its layers use. */
+  size_t group_bytes(int g) const { return group_bytes_[g]; }
+  /*! \brief Bytes PrepareGroup(g) would allocate now (what other prepared groups share is not counted). */
+  size_t GroupNeed(int g) const;
+  /*! \brief Weight bytes of group `g` (what its stage 2 copies from host memory). */
+  size_t group_weight_bytes(int g) const { return group_weight_bytes_[g]; }
+  /*! \brief Bytes of the environment: input and output buffers, index-check words, progress counters. */
+  size_t env_bytes() const { return env_bytes_; }
+  bool env_ready() const { return env_ready_.load(std::memory_order_acquire); }
+  GroupState group_state(int g) const { return static_cast<GroupState>(group_state_[g].load(std::memory_order_acquire)); }
+  bool CasGroup(int g, GroupState from, GroupState to) {
+    int expected = from;
+    return group_state_[g].compare_exchange_strong(expected, to, std::memory_order_acq_rel);
+  }
+  void SetGroupState(int g, GroupState state) { group_state_[g].store(state, std::memory_order_release); }
+  /*! \brief The environment and every group are prepared. */
+  bool resident() const;
+  /*! \brief Stage 1: load the kernel library, look up every candidate, create the streams, allocate
+   *  the environment. One-line TvmschedError on failure (nothing is left allocated). */
+  void PrepareEnvironment();
+  /*! \brief Free the environment (every group must be absent). */
+  void CleanEnvironment();
+  /*! \brief Stage 2 of group `g`: allocate what its layers use and copy their weights from pinned host
+   *  memory on `copy_stream` (0: synchronous), then wait for the copy. Leaves the state to the caller. */
+  void PrepareGroup(int g, StreamHandle copy_stream);
+  /*! \brief Free what group `g` alone holds: weights no other prepared group uses; activations no
+   *  prepared group uses and no group in `pending` still reads (a running request's later groups). */
+  void CleanGroup(int g, const std::vector<bool>& pending);
+  /*! \brief The switcher of a registered model (null for a resident one). */
+  Residency* residency() const { return residency_.get(); }
+  void SetResidency(std::shared_ptr<Residency> residency) { residency_ = std::move(residency); }
+  /*! \brief Why it cannot be prepared (stage 1 failed): its requests fail with this line. */
+  std::string residency_error() const;
+  void SetResidencyError(const std::string& error);
+  /*! \brief The stream serving it: woken when a switcher made progress (nullptr: none). */
+  void SetWaker(std::function<void()> waker);
+  void Wake();
+  /*! \brief Each weight's pinned host copy (registered models; empty data for resident ones). */
+  std::vector<std::pair<const void*, size_t>> host_weights() const {
+    std::vector<std::pair<const void*, size_t>> out;
+    for (const auto& [id, host] : host_weights_) out.emplace_back(host.data, host.nbytes);
+    return out;
+  }
+  /*! \brief Requests queued or running on a stream (a switcher never evicts a model in use). */
+  std::atomic<int> users{0};
+  /*! \brief A stream took a request (waits while a switcher is cleaning the environment). */
+  void AddUser();
+  /*! \brief Clean the environment if nobody uses the model and every group is absent (the switcher). */
+  bool TryCleanEnvironment();
 
   static constexpr bool _type_mutable = true;
   TVM_FFI_DECLARE_OBJECT_INFO_FINAL("tvmsched.Model", ModelObj, ffi::Object);
@@ -102,10 +192,11 @@ class ModelObj : public ffi::Object {
     ffi::Function kernel;
     int units = 0;            // its compute units, an explicit count (all units: the device's total)
   };
-  void Allocate();
   /*! \brief Device memory for `what` (a tensor, named in the error when the device has not enough). */
   void* AllocFor(const std::string& what, size_t nbytes);
-  void FreeActivations();
+  void FreeGroupBlocks(int g);
+  void PlanGroup(int g);
+  void BindLayer(int layer);
   StreamHandle StreamFor(int units);
 
   Manifest manifest_;
@@ -115,10 +206,34 @@ class ModelObj : public ffi::Object {
   std::vector<std::vector<Candidate>> candidates_;
   std::map<int, StreamHandle> streams_;  // units -> this model's stream (tenants overlap)
   StreamHandle current_stream_ = nullptr;
-  std::map<std::string, void*> weights_;  // device memory of each weight
-  std::map<std::string, void*> inputs_;   // device memory of each model input
-  std::vector<void*> storage_;            // activation blocks
-  std::map<std::string, void*> tensor_data_;  // every tensor id -> its data pointer
+  std::string kernels_;  // kernels.so, kept for stage 1
+  struct HostWeight {
+    void* data = nullptr;  // pinned host memory (registered models; resident ones drop it after the copy)
+    size_t nbytes = 0;
+  };
+  std::map<std::string, HostWeight> host_weights_;
+  std::set<std::string> env_tensors_;           // model inputs, outputs and index-check words
+  std::map<std::string, void*> env_data_;       // their device memory (stage 1)
+  std::vector<std::pair<int, int>> groups_;     // sub-tasks: first and last layer
+  std::vector<int> layer_group_;
+  std::vector<std::vector<std::string>> group_tensors_;  // non-environment tensors each group uses
+  std::map<std::string, std::vector<int>> tensor_groups_;  // ... and the groups using each
+  std::set<std::string> internal_;              // activations used by one group only: its storage blocks
+  std::vector<MemoryPlan> group_plans_;
+  std::vector<std::vector<void*>> group_blocks_;
+  std::vector<size_t> group_bytes_, group_weight_bytes_;
+  size_t env_bytes_ = 0;
+  std::unique_ptr<std::atomic<int>[]> group_state_;
+  std::atomic<bool> env_ready_{false};
+  FlagMemory flag_memory_ = FlagMemory::kAuto;
+  std::shared_ptr<Residency> residency_;
+  std::mutex env_mu_;  // orders AddUser against TryCleanEnvironment
+  mutable std::mutex error_mu_;  // guards residency_error_ (a leaf: streams take it under their locks)
+  std::mutex waker_mu_;          // guards waker_ (held while it runs: it takes the stream's lock)
+  std::string residency_error_;
+  std::function<void()> waker_;
+  std::map<std::string, void*> tensor_data_;  // allocated tensor id -> its data pointer (switcher thread only)
+  std::vector<std::vector<std::string>> layer_arg_ids_;  // per layer: the tensor of each of its first args
   std::vector<std::vector<DLTensor>> layer_args_;  // per layer: inputs, outputs, flags, counter
   std::vector<std::vector<ffi::AnyView>> layer_views_;  // per layer: views of layer_args_ (what CallPacked takes)
   FlagArray flags_;
@@ -132,6 +247,8 @@ class Model : public ffi::ObjectRef {
    *  `trusted` keys, only an artifact one of them signed (checked before anything is loaded). */
   static Model Load(const std::string& path, const std::string& device = "",
                     FlagMemory flag_memory = FlagMemory::kAuto, const TrustedKeys& trusted = TrustedKeys());
+  static Model Load(const std::string& path, const std::string& device, const LoadOptions& options,
+                    const TrustedKeys& trusted);
   TVM_FFI_DEFINE_OBJECT_REF_METHODS_NULLABLE(Model, ffi::ObjectRef, ModelObj);
 };
 

@@ -152,6 +152,12 @@ class StreamObj : public ffi::Object {
   std::optional<Launch> NextLaunch();
   bool MayLaunch(const Launch& launch) const;
   bool StartRequest();
+  /*! \brief The next launch waits for the switcher (true: the head request failed instead; go on). */
+  bool Gate();
+  /*! \brief Lease the sub-task of `layer` for the running request (false: it is not prepared). */
+  bool Lease(int layer);
+  /*! \brief A request left the queue (done or failed): the model's users and its switcher hear it. */
+  void EndRequest();
   void CpuStep(const Launch& launch, std::optional<Launch>* next);
   void GpuLaunch(const Launch& launch);
   void RetireCompleted(bool wait_oldest);
@@ -184,6 +190,7 @@ class StreamObj : public ffi::Object {
   std::vector<LaunchRecord> timeline_;
   std::vector<double> latencies_;
   std::map<std::tuple<int64_t, int, int>, double> launched_at_;
+  bool gated_ = false;  // the next launch waits for a registered model's switcher
   bool waiting_ = false;  // the GPU submitter is blocked on an event (outside the lock)
   bool preempt_waiting_ = false;  // Preempt() waits on cond_ for the running launch to return
   std::atomic<int64_t> queued_{0};  // requests_.size(), polled by the idle submitter

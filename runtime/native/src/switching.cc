@@ -1,0 +1,532 @@
+// Mechanism C (PipeSwitch-style switching): the stage threads and the pipeline rules of
+// tvmsched/switching.h. Decisions are taken under `mu_`; device work (stage 1, stage 2, cleaning)
+// runs outside it; streams are woken outside it (their hooks call in under their own locks).
+#include "tvmsched/switching.h"
+
+#include <tvm/ffi/error.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+namespace tvmsched {
+
+namespace {
+
+std::string ErrorLine(const std::exception& err) {
+  std::string text = err.what();
+  if (auto* ffi_err = dynamic_cast<const ffi::Error*>(&err)) text = ffi_err->message();
+  return text.substr(0, text.find('\n'));
+}
+
+}  // namespace
+
+class SwitcherCore : public Residency {
+ public:
+  SwitcherCore(std::shared_ptr<Device> device, SwitchOptions options) : device_(std::move(device)), options_(options) {
+    if (options_.preset_count < 1) TVM_FFI_THROW(TvmschedError) << "the preset count must be at least 1";
+    Device::MemoryStats stats = device_->memory();
+    if (!options_.budget) options_.budget = stats.budget ? stats.budget : stats.in_use + device_->FreeMemory();
+    if (stats.budget && options_.budget > stats.budget) {
+      TVM_FFI_THROW(TvmschedError) << "a switching budget of " << options_.budget << " bytes is above the device's budget of "
+                                   << stats.budget << " bytes";
+    }
+    if (!options_.threshold1) options_.threshold1 = options_.budget / 4;
+    if (!options_.threshold2) options_.threshold2 = options_.budget;
+  }
+
+  void Start() {
+    env_thread_ = std::thread([this] { EnvLoop(); });
+    memory_thread_ = std::thread([this] { MemoryLoop(); });
+  }
+
+  void Close() {
+    std::vector<ModelObj*> woken;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+      stop_ = true;
+      for (auto& [m, e] : entries_) woken.push_back(m);
+    }
+    cond_.notify_all();
+    if (env_thread_.joinable()) env_thread_.join();
+    if (memory_thread_.joinable()) memory_thread_.join();
+    for (ModelObj* m : woken) {  // requests still waiting for a switch fail; the models stay loaded
+      if (!m->resident()) m->SetResidencyError("model " + m->name() + " is not resident and its switcher is closed");
+      m->Wake();
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.clear();
+    entries_.clear();  // the models hold this core; it lets go of them (no cycle)
+  }
+
+  void Add(Model model, const std::shared_ptr<SwitcherCore>& self) {
+    ModelObj* m = model.get();
+    if (&m->device() != device_.get()) TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " is on another device";
+    if (m->residency()) TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " already has a switcher";
+    if (m->resident() || (!m->host_weights().empty() && !m->host_weights().front().first)) {
+      TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " was loaded resident; a switcher takes registered models";
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    Entry& e = entries_[m];
+    e.model = std::move(model);
+    e.m = m;
+    e.finished.assign(m->num_groups(), false);
+    e.exec_start.assign(m->num_groups(), 0);
+    m->SetResidency(self);
+  }
+
+  bool Prefetch(ModelObj* m) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Entry& e = Find(m);
+      if (e.env != kEnvNone || InQueue(m)) return m->resident();
+      size_t need = m->env_bytes();
+      for (int g = 0; g < m->num_groups(); ++g) need += m->group_bytes(g);
+      if (device_->memory().in_use + need > options_.budget) return false;
+      e.env = kEnvPreparing;
+      for (int g = 0; g < m->num_groups(); ++g) m->SetGroupState(g, kPreparing);
+    }
+    double start = Device::NowMicros();
+    try {
+      m->PrepareEnvironment();
+      Record(m, "stage1", -1, start, static_cast<int64_t>(m->env_bytes()));
+      for (int g = 0; g < m->num_groups(); ++g) {
+        double t = Device::NowMicros();
+        m->PrepareGroup(g, nullptr);
+        Record(m, "stage2", g, t, static_cast<int64_t>(m->group_bytes(g)));
+      }
+    } catch (...) {
+      std::vector<bool> none(m->num_groups(), false);
+      for (int g = 0; g < m->num_groups(); ++g) {
+        m->SetGroupState(g, kAbsent);
+        m->CleanGroup(g, none);
+      }
+      m->CleanEnvironment();
+      std::lock_guard<std::mutex> lock(mu_);
+      Find(m).env = kEnvNone;
+      throw;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Entry& e = Find(m);
+      e.env = kEnvReady;
+      e.last_used = ++clock_;
+      for (int g = 0; g < m->num_groups(); ++g) m->SetGroupState(g, kReady);
+    }
+    cond_.notify_all();
+    return true;
+  }
+
+  std::vector<StageEvent> Events() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return events_;
+  }
+
+  const SwitchOptions& options() const { return options_; }
+
+  // ---- Residency: called by streams under their locks ------------------------------------------
+  void Demand(ModelObj* m) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto found = entries_.find(m);
+    if (stop_ || found == entries_.end() || found->second.env == kEnvFailed) return;
+    if (!InQueue(m)) queue_.push_back(m);
+    cond_.notify_all();
+  }
+
+  void GroupStarted(ModelObj* m, int g) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto found = entries_.find(m);
+    if (found == entries_.end()) return;
+    found->second.running = true;
+    found->second.exec_start[g] = Device::NowMicros();
+    cond_.notify_all();
+  }
+
+  void GroupFinished(ModelObj* m, int g) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto found = entries_.find(m);
+    if (found == entries_.end()) return;
+    found->second.finished[g] = true;
+    events_.push_back({m->name(), "exec", g, found->second.exec_start[g], Device::NowMicros(), 0});
+    cond_.notify_all();
+  }
+
+  void RequestFinished(ModelObj* m) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto found = entries_.find(m);
+    if (found == entries_.end()) return;
+    Entry& e = found->second;
+    e.last_used = ++clock_;
+    e.running = false;
+    std::fill(e.finished.begin(), e.finished.end(), false);
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), m), queue_.end());  // its task is over
+    cond_.notify_all();
+  }
+
+ private:
+  enum EnvState { kEnvNone, kEnvPreparing, kEnvReady, kEnvFailed };
+  struct Entry {
+    Model model;
+    ModelObj* m = nullptr;
+    EnvState env = kEnvNone;
+    uint64_t last_used = 0;
+    bool running = false;        // a request is executing (a group started, the request not finished)
+    std::vector<bool> finished;  // groups the running request has executed
+    std::vector<double> exec_start;
+  };
+  enum ActionKind { kNone, kPrepare, kClean, kEvict, kFail };
+  struct Action {
+    ActionKind kind = kNone;
+    ModelObj* m = nullptr;
+    std::vector<int> groups;
+    std::string error;
+  };
+
+  Entry& Find(ModelObj* m) {
+    auto found = entries_.find(m);
+    if (found == entries_.end()) TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " is not registered with this switcher";
+    return found->second;
+  }
+  bool InQueue(ModelObj* m) const { return std::find(queue_.begin(), queue_.end(), m) != queue_.end(); }
+
+  void Record(ModelObj* m, const char* stage, int group, double start, int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back({m->name(), stage, group, start, Device::NowMicros(), bytes});
+  }
+
+  /*! \brief Bytes of the sub-tasks of switching models (queued tasks) that are prepared or running. */
+  size_t ActiveBytes() const {
+    size_t bytes = 0;
+    for (ModelObj* m : queue_) {
+      for (int g = 0; g < m->num_groups(); ++g) {
+        GroupState s = m->group_state(g);
+        if (s != kAbsent) bytes += m->group_bytes(g);
+      }
+    }
+    return bytes;
+  }
+
+  size_t RunningBytes() const {
+    size_t bytes = 0;
+    for (const auto& [m, e] : entries_) {
+      for (int g = 0; g < m->num_groups(); ++g) {
+        if (m->group_state(g) == kLeased) bytes += m->group_bytes(g);
+      }
+    }
+    return bytes;
+  }
+
+  /*! \brief Environments prepared ahead: ready or preparing, of models that are not the current task. */
+  size_t AheadEnvBytes() const {
+    size_t bytes = 0;
+    for (const auto& [m, e] : entries_) {
+      if ((e.env == kEnvReady || e.env == kEnvPreparing) && (queue_.empty() || queue_.front() != m)) bytes += m->env_bytes();
+    }
+    return bytes;
+  }
+
+  /*! \brief Groups the running request of `e` still has to execute (they keep their inputs). */
+  std::vector<bool> Pending(const Entry& e) const {
+    std::vector<bool> pending(e.m->num_groups(), false);
+    if (e.running) {
+      for (int g = 0; g < e.m->num_groups(); ++g) pending[g] = !e.finished[g];
+    }
+    return pending;
+  }
+
+  /*! \brief Finished sub-tasks taken back for cleaning (kFinished -> kAbsent), of `only` or of any model. */
+  Action TakeFinished(ModelObj* only) {
+    for (auto& [m, e] : entries_) {
+      if (only && m != only) continue;
+      Action action{kClean, m, {}, ""};
+      for (int g = 0; g < m->num_groups(); ++g) {
+        if (m->group_state(g) == kFinished && m->CasGroup(g, kFinished, kAbsent)) action.groups.push_back(g);
+      }
+      if (!action.groups.empty()) return action;
+    }
+    return {};
+  }
+
+  /*! \brief The least recently used idle model (no requests, not switching) with prepared sub-tasks. */
+  Action TakeVictim() {
+    Entry* victim = nullptr;
+    for (auto& [m, e] : entries_) {
+      if (InQueue(m) || m->users.load() > 0) continue;
+      bool holds = false;
+      for (int g = 0; g < m->num_groups(); ++g) holds |= m->group_state(g) == kReady || m->group_state(g) == kFinished;
+      if (holds && (!victim || e.last_used < victim->last_used)) victim = &e;
+    }
+    if (!victim) return {};
+    Action action{kEvict, victim->m, {}, ""};
+    for (int g = 0; g < victim->m->num_groups(); ++g) {
+      for (GroupState from : {kReady, kFinished}) {
+        if (victim->m->CasGroup(g, from, kAbsent)) action.groups.push_back(g);
+      }
+    }
+    return action;
+  }
+
+  /*! \brief Held sub-tasks of queued tasks behind the head (prepared ahead, not running): taken back. */
+  Action TakeHeld() {
+    for (size_t i = 1; i < queue_.size(); ++i) {
+      ModelObj* m = queue_[i];
+      Action action{kClean, m, {}, ""};
+      for (int g = 0; g < m->num_groups(); ++g) {
+        if (m->CasGroup(g, kHeld, kAbsent)) action.groups.push_back(g);
+      }
+      if (!action.groups.empty()) return action;
+    }
+    return {};
+  }
+
+  /*! \brief Stage 2 of `g` of `m` if memory allows; else what frees memory; else nothing (wait). */
+  Action TryPrepare(ModelObj* m, int g, bool next_task) {
+    size_t need = m->GroupNeed(g);
+    size_t in_use = device_->memory().in_use;
+    bool t2_ok = ActiveBytes() + m->group_bytes(g) <= options_.threshold2 || ActiveBytes() == 0;
+    if (t2_ok && in_use + need <= options_.budget) {
+      m->SetGroupState(g, kPreparing);
+      return {kPrepare, m, {g}, ""};
+    }
+    if (next_task) return {};  // the next task never evicts or cleans for its head start
+    if (in_use + need > options_.budget) {
+      if (Action a = TakeVictim(); a.kind != kNone) return a;
+    }
+    if (Action a = TakeFinished(nullptr); a.kind != kNone) return a;
+    if (Action a = TakeHeld(); a.kind != kNone) return a;
+    if (m->env_bytes() + need > options_.budget) {
+      std::ostringstream text;
+      text << "model " << m->name() << " cannot run within the memory budget: its sub-task " << g << " needs " << need
+           << " bytes and its environment " << m->env_bytes() << " bytes; the budget is " << options_.budget << " bytes";
+      return {kFail, m, {}, text.str()};
+    }
+    return {};  // wait: running requests finish and free memory
+  }
+
+  /*! \brief The next thing for the memory thread (under mu_). */
+  Action Decide(std::vector<ModelObj*>* wake) {
+    // held sub-tasks of the next task: run now if their task leads or the rule allows
+    for (size_t i = 0; i < queue_.size(); ++i) {
+      ModelObj* m = queue_[i];
+      for (int g = 0; g < m->num_groups(); ++g) {
+        if (m->group_state(g) != kHeld) continue;
+        if (i == 0 || m->group_bytes(g) + RunningBytes() <= options_.threshold2) {
+          m->SetGroupState(g, kReady);
+          wake->push_back(m);
+        }
+      }
+    }
+    if (!options_.retain) {
+      if (Action a = TakeFinished(nullptr); a.kind != kNone) return a;
+    }
+    while (!queue_.empty()) {
+      ModelObj* head = queue_.front();
+      Entry& h = entries_.at(head);
+      if (h.env == kEnvFailed) {
+        queue_.pop_front();
+        wake->push_back(head);
+        continue;
+      }
+      if (h.env != kEnvReady) return {};  // stage 1 is under way (the env thread)
+      for (int g = 0; g < head->num_groups(); ++g) {  // the first one its running request still needs
+        if (head->group_state(g) == kAbsent && !(h.running && h.finished[g])) return TryPrepare(head, g, false);
+      }
+      if (queue_.size() < 2) return {};
+      // the current task is prepared: the next task's first sub-task, under the preset-count rule
+      ModelObj* next = queue_[1];
+      if (entries_.at(next).env != kEnvReady || next->group_state(0) != kAbsent) return {};
+      int remaining = 0;
+      for (int g = 0; g < head->num_groups(); ++g) {
+        if (h.finished[g]) continue;
+        ++remaining;
+        if (head->group_bytes(g) + next->group_bytes(0) > options_.threshold2) return {};  // marked, not finished
+      }
+      if (remaining >= options_.preset_count) return {};
+      return TryPrepare(next, 0, true);
+    }
+    return {};
+  }
+
+  void MemoryLoop() {
+    device_->SetThreadUnits(0);
+    StreamHandle copy = nullptr;
+    if (std::string(device_->kind()) != "cpu") copy = device_->CreateStream(0, nullptr);
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      std::vector<ModelObj*> wake;
+      Action action = Decide(&wake);
+      if (action.kind == kNone) {
+        if (!wake.empty()) {
+          lock.unlock();
+          for (ModelObj* m : wake) m->Wake();
+          lock.lock();
+          continue;
+        }
+        cond_.wait_for(lock, std::chrono::milliseconds(50));
+        continue;
+      }
+      ModelObj* m = action.m;
+      Entry& e = entries_.at(m);
+      std::vector<bool> pending = Pending(e);
+      lock.unlock();
+      for (ModelObj* w : wake) w->Wake();
+      double start = Device::NowMicros();
+      std::string error = action.error;
+      bool prepared = false;
+      std::vector<StageEvent> cleaned;
+      if (action.kind == kPrepare) {
+        try {
+          m->PrepareGroup(action.groups[0], copy);
+          prepared = true;
+        } catch (const std::exception& err) {
+          error = ErrorLine(err);
+        }
+      } else if (action.kind == kClean || action.kind == kEvict) {
+        for (int g : action.groups) {
+          double t = Device::NowMicros();
+          m->CleanGroup(g, pending);
+          cleaned.push_back({m->name(), action.kind == kEvict ? "evict" : "clean", g, t, Device::NowMicros(),
+                             static_cast<int64_t>(m->group_bytes(g))});
+        }
+      }
+      lock.lock();
+      if (action.kind == kPrepare) {
+        int g = action.groups[0];
+        if (prepared) {
+          events_.push_back({m->name(), "stage2", g, start, Device::NowMicros(), static_cast<int64_t>(m->group_bytes(g)),
+                             static_cast<int64_t>(ActiveBytes())});
+          bool head = !queue_.empty() && queue_.front() == m;
+          m->SetGroupState(g, head || m->group_bytes(g) + RunningBytes() <= options_.threshold2 ? kReady : kHeld);
+        } else {
+          m->SetGroupState(g, kAbsent);
+        }
+      } else if (action.kind == kClean || action.kind == kEvict) {
+        events_.insert(events_.end(), cleaned.begin(), cleaned.end());
+        if (action.kind == kEvict && AheadEnvBytes() > options_.threshold1 && m->TryCleanEnvironment()) {
+          e.env = kEnvNone;  // beyond threshold 1: its environment goes too
+          events_.push_back({m->name(), "evict", -1, start, Device::NowMicros(), static_cast<int64_t>(m->env_bytes())});
+        }
+      }
+      if (!error.empty()) {
+        m->SetResidencyError(error);
+        queue_.erase(std::remove(queue_.begin(), queue_.end(), m), queue_.end());
+      }
+      lock.unlock();
+      m->Wake();
+      cond_.notify_all();
+      lock.lock();
+    }
+    lock.unlock();
+    if (copy) device_->DestroyStream(copy);
+  }
+
+  void EnvLoop() {
+    device_->SetThreadUnits(0);
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      ModelObj* m = nullptr;
+      for (ModelObj* q : queue_) {  // in demand order: the current task first, then the next ones
+        Entry& e = entries_.at(q);
+        if (e.env != kEnvNone) continue;
+        if (q != queue_.front() && AheadEnvBytes() + q->env_bytes() > options_.threshold1) break;  // paused
+        m = q;
+        break;
+      }
+      if (!m) {
+        cond_.wait_for(lock, std::chrono::milliseconds(50));
+        continue;
+      }
+      entries_.at(m).env = kEnvPreparing;
+      lock.unlock();
+      double start = Device::NowMicros();
+      std::string error;
+      try {
+        m->PrepareEnvironment();
+      } catch (const std::exception& err) {
+        error = ErrorLine(err);
+      }
+      lock.lock();
+      Entry& e = entries_.at(m);
+      if (error.empty()) {
+        e.env = kEnvReady;
+        events_.push_back({m->name(), "stage1", -1, start, Device::NowMicros(), static_cast<int64_t>(m->env_bytes()),
+                           static_cast<int64_t>(AheadEnvBytes())});
+      } else {
+        e.env = kEnvFailed;
+        m->SetResidencyError(error);
+        queue_.erase(std::remove(queue_.begin(), queue_.end(), m), queue_.end());
+      }
+      lock.unlock();
+      m->Wake();
+      cond_.notify_all();
+      lock.lock();
+    }
+  }
+
+  std::shared_ptr<Device> device_;
+  SwitchOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable cond_;
+  std::map<ModelObj*, Entry> entries_;
+  std::deque<ModelObj*> queue_;  // switch tasks in demand order: the current one first
+  std::vector<StageEvent> events_;
+  uint64_t clock_ = 0;
+  bool stop_ = false;
+  std::thread env_thread_, memory_thread_;
+};
+
+SwitcherObj::SwitcherObj(std::shared_ptr<Device> device, SwitchOptions options)
+    : core_(std::make_shared<SwitcherCore>(std::move(device), options)) {
+  core_->Start();
+}
+
+SwitcherObj::~SwitcherObj() { Close(); }
+
+void SwitcherObj::Add(Model model) { core_->Add(std::move(model), core_); }
+
+bool SwitcherObj::Prefetch(Model model) { return core_->Prefetch(model.get()); }
+
+std::vector<StageEvent> SwitcherObj::Events() const { return core_->Events(); }
+
+const SwitchOptions& SwitcherObj::options() const { return core_->options(); }
+
+void SwitcherObj::Close() { core_->Close(); }
+
+Switcher Switcher::Create(std::shared_ptr<Device> device, SwitchOptions options) {
+  return Switcher(ffi::make_object<SwitcherObj>(std::move(device), options));
+}
+
+double CopyFloorSeconds(ModelObj& model, int repeat) {
+  auto weights = model.host_weights();
+  if (weights.empty() || !weights.front().first) {
+    TVM_FFI_THROW(TvmschedError) << "the copy floor needs a registered model (its weights in pinned host memory)";
+  }
+  Device& device = model.device();
+  device.SetThreadUnits(0);
+  std::vector<void*> buffers;
+  double best = 0;
+  try {
+    for (const auto& [data, nbytes] : weights) buffers.push_back(device.Allocate(nbytes, "the copy floor of model " + model.name()));
+    StreamHandle stream = std::string(device.kind()) == "cpu" ? nullptr : device.CreateStream(0, nullptr);
+    for (int r = 0; r < std::max(1, repeat); ++r) {
+      double start = Device::NowMicros();
+      for (size_t i = 0; i < weights.size(); ++i) device.CopyToDevice(buffers[i], weights[i].first, weights[i].second, stream);
+      if (stream) device.SyncStream(stream);
+      double seconds = (Device::NowMicros() - start) / 1e6;
+      best = r == 0 ? seconds : std::min(best, seconds);
+    }
+    if (stream) device.DestroyStream(stream);
+  } catch (...) {
+    for (void* b : buffers) device.Release(b);
+    throw;
+  }
+  for (void* b : buffers) device.Release(b);
+  return best;
+}
+
+}  // namespace tvmsched

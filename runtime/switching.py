@@ -1,0 +1,238 @@
+"""Pipelined fast switching (mechanism C, PipeSwitch-style): serve more models than device memory holds.
+
+The mechanism is the engine's switcher (runtime/native/src/switching.cc): registered models keep their
+weights in pinned host memory; a request for a model that is not resident starts its task's stages:
+stage 1 (environment: kernel library, kernels, streams, input/output buffers), stage 2 per sub-task
+(device memory of a group of consecutive layers and the copy of its weights), execution (the model's
+stream launches a sub-task's layers as soon as it is prepared, while the next one is copied) and
+cleaning; the least recently used idle models are evicted when memory is wanted. docs/switching.md
+has the rules, settings and what each stage costs.
+
+    rt = Runtime("cpu", memory_budget=64 << 20, switching=SwitchSettings(preset_count=2))
+    for path in artifacts:
+        rt.load(path)            # resident while they fit, registered after that
+    rt.submit("bert", inputs)    # switches bert in if it is not resident
+    rt.switch_events()           # the recorded stages (also in export_timeline)
+"""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from tvmsched.errors import TvmschedError
+from tvmsched.native import func
+
+STAGES = ("stage1", "stage2", "exec", "clean", "evict")
+
+
+@dataclass(frozen=True)
+class SwitchSettings:
+    """The pipeline's settings (docs/switching.md); sizes in bytes, 0 takes the default.
+
+    threshold1: memory the environments prepared ahead may hold (default: a quarter of the budget);
+        stage 1 of further tasks pauses beyond it, and evicted models drop their environments.
+    threshold2: memory the running and prepared sub-tasks of switching models may hold (default: the budget).
+    preset_count: the next task's first stage 2 waits until fewer of the current task's sub-tasks are
+        unexecuted than this.
+    retain: keep a switched-in model resident until it is evicted (least recently used first); False
+        cleans every sub-task as soon as it finishes (memory holds only what runs or is about to).
+    max_groups: sub-tasks per model at most (groups of consecutive layers; 1: no pipelining).
+    """
+
+    threshold1: int = 0
+    threshold2: int = 0
+    preset_count: int = 2
+    retain: bool = True
+    max_groups: int = 8
+
+    def __post_init__(self):
+        if min(self.threshold1, self.threshold2) < 0:
+            raise TvmschedError("switching thresholds cannot be negative")
+        if self.preset_count < 1 or self.max_groups < 1:
+            raise TvmschedError("the preset count and max_groups must be at least 1")
+
+
+@dataclass(frozen=True)
+class StageEvent:
+    """One recorded stage of a model's task (group -1: its environment); times in engine µs."""
+
+    model: str
+    stage: str
+    group: int
+    start_us: float
+    end_us: float
+    bytes: int
+    held: int  # after it: stage2: switching sub-tasks' bytes (threshold 2); stage1: environments ahead (threshold 1)
+
+
+class Switcher:
+    """The engine's switcher for one device: `budget` bytes (0: the device's budget, else its free memory)."""
+
+    def __init__(self, device: str, budget: int = 0, settings: SwitchSettings = SwitchSettings()):
+        self.settings = settings
+        self.native = func("create_switcher")(device, int(budget), settings.threshold1, settings.threshold2,
+                                              settings.preset_count, settings.retain)
+        self.options = {str(k): int(v) for k, v in self.native.options().items()}
+
+    def add(self, executor, resident: bool = True) -> bool:
+        """Take a registered model; with `resident`, prepare it now if it fits (stage 1 errors raise here).
+        Returns whether it is resident."""
+        self.native.add(executor.native)
+        return bool(self.native.prefetch(executor.native)) if resident else False
+
+    def events(self) -> list[StageEvent]:
+        return [StageEvent(str(e[0]), str(e[1]), int(e[2]), float(e[3]), float(e[4]), int(e[5]), int(e[6])) for e in self.native.events()]
+
+    def close(self) -> None:
+        self.native.close()
+
+
+def groups(executor) -> list[dict]:
+    """A model's sub-tasks: layers, bytes, weight bytes and state (the engine's GroupState name)."""
+    names = ["absent", "preparing", "held", "ready", "leased", "finished"]
+    return [{"first": int(g[0]), "last": int(g[1]), "bytes": int(g[2]), "weight_bytes": int(g[3]), "state": names[int(g[4])]}
+            for g in executor.native.groups()]
+
+
+# ---- measuring switches (`tvmsched bench switch`, bench/switching.py) ---------------------------------
+
+def _latency_ms(rt, name: str, inputs) -> float:
+    """One request, submit to result, in ms (the same Python path for every variant)."""
+    start = time.perf_counter()
+    rt.submit(name, inputs).result(timeout=600)
+    return (time.perf_counter() - start) * 1e3
+
+
+def _stop_and_start_ms(path: str, device: str) -> float:
+    """A fresh process that loads the artifact and runs it once (`tvmsched run`), spawn to exit."""
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "tvmsched.cli", "run", path, "--device", device, "--json"],
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise TvmschedError(f"stop-and-start of {path} failed: {(done.stderr or done.stdout).strip()[-300:]}")
+    return (time.perf_counter() - start) * 1e3
+
+
+def measure_switching(paths: list[str], device: str = "cpu", repeat: int = 5, qos_ms: float | None = None,
+                      settings: SwitchSettings = SwitchSettings(), stop_and_start: bool = True,
+                      progress=lambda text: None) -> dict:
+    """Per model, side by side: (floor) the resident latency, the first-request latency after a switch
+    (pipelined, environments kept ahead; and cold, stage 1 included), (c) load-then-run without
+    pipelining (one sub-task), (b) stop-and-start, (d) all models resident with no budget (MPS-like),
+    and the copy floor (its weights from pinned host memory into device memory). Medians of `repeat`.
+    The switching budget holds the largest model and every environment: each switch evicts."""
+    from tvmsched.runtime import Executor, Runtime
+
+    if len(paths) < 2:
+        raise TvmschedError("bench switch needs at least two artifacts (a switch goes from one model to another)")
+    probes = {}
+    for path in paths:
+        executor = Executor(path, device, register_groups=settings.max_groups)
+        name = executor.manifest.model_name
+        if name in probes:
+            raise TvmschedError(f"two artifacts hold a model named {name!r}")
+        probes[name] = {"path": str(path), "executor": executor, "inputs": executor.random_inputs(0),
+                        "footprint": int(executor.native.env_bytes()) + sum(g["bytes"] for g in groups(executor)),
+                        "env": int(executor.native.env_bytes()), "groups": len(groups(executor)),
+                        "weight_bytes": sum(g["weight_bytes"] for g in groups(executor)),
+                        "qos_ms": qos_ms or executor.manifest.qos_ms}
+    names = list(probes)
+    rows = {name: {"model": name, "sub_tasks": p["groups"], "weight_bytes": p["weight_bytes"], "footprint_bytes": p["footprint"]}
+            for name, p in probes.items()}
+    for name, p in probes.items():
+        progress(f"copy floor: {name}")
+        rows[name]["copy_floor_ms"] = float(func("copy_floor")(p["executor"].native, max(repeat, 3))) * 1e3
+    for p in probes.values():
+        del p["executor"]
+    gc.collect()
+
+    def median(values):
+        return float(np.median(values))
+
+    # (d) and the floor: every model resident, no budget
+    with Runtime(device) as rt:
+        for name in names:
+            rt.load(probes[name]["path"])
+        for name in names:
+            _latency_ms(rt, name, probes[name]["inputs"])  # warm
+        floor = {n: [] for n in names}
+        after_other = {n: [] for n in names}
+        for _ in range(repeat):
+            for i, name in enumerate(names):
+                floor[name].append(_latency_ms(rt, name, probes[name]["inputs"]))
+                other = names[(i + 1) % len(names)]
+                _latency_ms(rt, other, probes[other]["inputs"])
+                after_other[name].append(_latency_ms(rt, name, probes[name]["inputs"]))
+    for name in names:
+        rows[name]["resident_ms"] = median(floor[name])
+        rows[name]["all_resident_ms"] = median(after_other[name])
+
+    in_use = int(func("device_memory")(device)["in_use"])
+    budget = in_use + max(p["footprint"] for p in probes.values()) + sum(p["env"] for p in probes.values()) + 65536
+    variants = {"switch_ms": settings, "no_pipeline_ms": replace(settings, max_groups=1)}
+    for key, variant in variants.items():
+        progress(f"switching: {key.removesuffix('_ms').replace('_', ' ')}")
+        variant = replace(variant, threshold1=max(variant.threshold1, sum(p["env"] for p in probes.values())))
+        device_budget = int(func("device_memory")(device)["budget"])
+        with Runtime(device, memory_budget=budget, switching=variant) as rt:
+            for name in names:
+                rt.load(probes[name]["path"], resident=False)
+            cold = {name: _latency_ms(rt, name, probes[name]["inputs"]) for name in names}  # stage 1 included
+            warm = {n: [] for n in names}
+            for _ in range(repeat):
+                for name in names:
+                    warm[name].append(_latency_ms(rt, name, probes[name]["inputs"]))
+            evictions = sum(e.stage == "evict" for e in rt.switch_events())
+        func("set_memory_budget")(device, device_budget)
+        for name in names:
+            rows[name][key] = median(warm[name])
+            if key == "switch_ms":
+                rows[name]["cold_switch_ms"] = cold[name]
+                rows[name]["evictions"] = evictions
+    if stop_and_start:
+        for name in names:
+            progress(f"stop-and-start: {name}")
+            rows[name]["stop_and_start_ms"] = median([_stop_and_start_ms(probes[name]["path"], device) for _ in range(2)])
+    for name, row in rows.items():
+        row["switch_overhead_ms"] = row["switch_ms"] - row["resident_ms"]
+        row["overhead_vs_copy_floor"] = row["switch_overhead_ms"] / row["copy_floor_ms"] if row["copy_floor_ms"] > 0 else None
+        if "stop_and_start_ms" in row:
+            row["stop_and_start_vs_switch"] = row["stop_and_start_ms"] / row["switch_ms"]
+        qos = probes[name]["qos_ms"] or 2 * row["resident_ms"]
+        row["qos_ms"] = qos
+        row["meets_qos_switched"] = row["switch_ms"] <= qos
+    # how many models one budget serves at the QoS: resident only (what fits) vs with switching
+    fits, used = 0, 0
+    for size in sorted(p["footprint"] for p in probes.values()):
+        if used + size <= budget - in_use:
+            fits, used = fits + 1, used + size
+    return {"device": device, "device_name": str(func("device_info")(device)["name"]), "budget_bytes": budget - in_use,
+            "repeat": repeat, "settings": asdict(settings), "models": list(rows.values()),
+            "served_resident_only": fits, "served_with_switching": sum(r["meets_qos_switched"] for r in rows.values())}
+
+
+def format_switching(result: dict) -> str:
+    """The measurement as a Markdown table."""
+    lines = [f"device: {result['device_name']} ({result['device']}); budget {result['budget_bytes'] / 2**20:.1f} MiB "
+             f"(the largest model + every environment); medians of {result['repeat']}",
+             "",
+             "| model | weights MiB | sub-tasks | resident ms | switch ms | overhead ms | copy floor ms | overhead / floor "
+             "| cold switch ms | no pipelining ms | all resident ms | stop-and-start ms | stop-and-start / switch |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["models"]:
+        sas = r.get("stop_and_start_ms")
+        sas_ratio = "-" if sas is None else f"{r['stop_and_start_vs_switch']:.0f}x"
+        lines.append(f"| {r['model']} | {r['weight_bytes'] / 2**20:.2f} | {r['sub_tasks']} | {r['resident_ms']:.3f} | "
+                     f"{r['switch_ms']:.3f} | {r['switch_overhead_ms']:.3f} | {r['copy_floor_ms']:.3f} | "
+                     f"{r['overhead_vs_copy_floor']:.2f} | {r['cold_switch_ms']:.3f} | {r['no_pipeline_ms']:.3f} | "
+                     f"{r['all_resident_ms']:.3f} | {'-' if sas is None else f'{sas:.0f}'} | "
+                     f"{sas_ratio} |")
+    lines += ["", f"models served by this budget at their QoS: {result['served_resident_only']} resident only, "
+                  f"{result['served_with_switching']} with switching"]
+    return "\n".join(lines)

@@ -1,0 +1,216 @@
+"""Pipelined switching (issue 13, mechanism C): registered models under a budget that cannot hold them
+all, switched in by their requests. Outputs are bit-identical to resident models after any sequence of
+switches; device memory never passes the budget (the engine checks every allocation) nor the
+thresholds; the recorded stages follow the pipeline rules; a model whose stage 1 fails fails its own
+requests with one line and the others go on."""
+
+from __future__ import annotations
+
+import gc
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from tests.helpers import assert_user_error, run_cli
+from tests.test_artifact import rewrite_member
+from tvmsched import models
+from tvmsched.errors import TvmschedError
+from tvmsched.native import func
+from tvmsched.pipeline import compile_model
+from tvmsched.runtime import Executor, Runtime
+from tvmsched.runtime.switching import SwitchSettings, groups
+
+ZOO = ("mlp", "resnet18-small", "mobilenetv2", "bert-tiny")
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    """The four artifacts, each with inputs and its resident outputs (the reference)."""
+    folder = tmp_path_factory.mktemp("switching")
+    out = {}
+    for index, name in enumerate(ZOO):
+        path = folder / f"{name}.tvms"
+        compile_model(models.build(name), name=name).save(path)
+        resident = Executor(path)
+        inputs = resident.random_inputs(index)
+        out[name] = (path, inputs, resident.run(inputs))
+        del resident
+    gc.collect()
+    return out
+
+
+@pytest.fixture
+def budget_restored():
+    before = int(func("device_memory")("cpu")["budget"])
+    yield
+    func("set_memory_budget")("cpu", before)
+
+
+def _footprint(path) -> int:
+    """Bytes a model holds when resident as the switcher prepares it (environment + every sub-task)."""
+    executor = Executor(path, register_groups=SwitchSettings().max_groups)
+    return int(executor.native.env_bytes()) + sum(g["bytes"] for g in groups(executor))
+
+
+def _same(got: dict, want: dict) -> None:
+    assert set(got) == set(want)
+    for key in want:
+        assert got[key].dtype == want[key].dtype and np.array_equal(got[key], want[key]), key
+
+
+def test_random_switch_sequences_are_bit_identical_and_stay_within_budget_and_thresholds(zoo, budget_restored):
+    gc.collect()
+    baseline = int(func("device_memory")("cpu")["in_use"])
+    sizes = {name: _footprint(path) for name, (path, _, _) in zoo.items()}
+    two_largest = sum(sorted(sizes.values())[-2:])
+    assert two_largest < sum(sizes.values())  # all four never fit
+    budget = baseline + two_largest + 4096
+    settings = SwitchSettings(threshold2=max(sizes.values()), preset_count=2)
+    rng = np.random.default_rng(13)
+    with Runtime("cpu", memory_budget=budget, switching=settings) as rt:
+        func("reset_memory_peak")("cpu")
+        for name, (path, _, _) in zoo.items():
+            rt.load(path, resident=False)
+        assert not any(m.resident for m in rt.models.values())
+        for round_ in range(30):
+            burst = list(rng.choice(ZOO, size=int(rng.integers(1, 4))))  # one to three requests in flight
+            futures = [(name, rt.submit(name, zoo[name][1])) for name in burst]
+            for name, future in futures:
+                _same(future.result(timeout=120), zoo[name][2])
+        memory = rt.memory()
+        events = rt.switch_events()
+        stats = rt.stats()
+    assert memory["peak"] <= budget
+    assert all(stats[name]["errors"] == 0 for name in ZOO)
+    evictions = [e for e in events if e.stage == "evict"]
+    assert evictions, "a budget holding two of four models must evict"
+    threshold2 = rt.switcher.options["threshold2"]
+    held = [e.held for e in events if e.stage == "stage2"]  # switching sub-tasks' bytes once each stage 2 was done
+    assert held and all(h <= threshold2 for h in held)
+
+
+def _stage(events, model, stage, group=None):
+    found = [e for e in events if e.model == model and e.stage == stage and (group is None or e.group == group)]
+    return found
+
+
+def test_recorded_stages_follow_the_pipeline_rules(zoo, budget_restored):
+    a, b = "mobilenetv2", "resnet18-small"
+    # threshold 2 holds two of a's sub-tasks: its preparation spans its execution (stage 2 of g+1 while g runs)
+    largest = max(g["bytes"] for g in groups(Executor(zoo[a][0], register_groups=SwitchSettings().max_groups)))
+    settings = SwitchSettings(threshold2=2 * largest, preset_count=2, retain=False)
+    with Runtime("cpu", switching=settings) as rt:
+        for name in (a, b):
+            rt.load(zoo[name][0], resident=False)
+        fa = rt.submit(a, zoo[a][1])  # two tasks queued at once: a is current, b next
+        fb = rt.submit(b, zoo[b][1])
+        _same(fa.result(timeout=120), zoo[a][2])
+        _same(fb.result(timeout=120), zoo[b][2])
+        events = rt.switch_events()
+        n_a = len(groups(rt.models[a].task.executor))
+    assert n_a >= 3
+    # stage 1 of the next task runs while the current one prepares
+    assert _stage(events, b, "stage1")[0].start_us < _stage(events, a, "stage2", n_a - 1)[0].end_us
+    overlaps = 0
+    for g in range(n_a):
+        prep, run = _stage(events, a, "stage2", g)[0], _stage(events, a, "exec", g)[0]
+        assert prep.end_us <= run.start_us  # a sub-task runs once prepared
+        if g + 1 < n_a:  # stage 2 of sub-task g+1 overlaps the execution of sub-task g (when the OS lets the
+            overlaps += _stage(events, a, "stage2", g + 1)[0].start_us < run.end_us  # copy thread run beside the kernels)
+        clean = _stage(events, a, "clean", g)  # retain=False: cleaned once finished
+        assert clean and clean[0].start_us >= run.end_us
+    assert overlaps >= 1
+    # the next task's first stage 2 waits until fewer than the preset count of a's sub-tasks remain
+    first_b = _stage(events, b, "stage2", 0)[0]
+    assert first_b.start_us >= _stage(events, a, "exec", n_a - settings.preset_count)[0].end_us
+
+
+def test_a_model_whose_stage_1_fails_fails_its_requests_and_the_others_go_on(zoo, tmp_path, budget_restored):
+    broken = tmp_path / "broken.tvms"
+    broken.write_bytes(zoo["mlp"][0].read_bytes())
+    rewrite_member(broken, "kernels.so", lambda _: b"not a shared library", fix_checksum=True)
+    name = "bert-tiny"
+    with Runtime("cpu") as rt:
+        rt.load(broken, name="broken", resident=False)  # registered: read and verified, not prepared
+        rt.load(zoo[name][0], resident=False)
+        for _ in range(2):
+            bad = rt.submit("broken", zoo["mlp"][1])
+            good = rt.submit(name, zoo[name][1])
+            with pytest.raises(TvmschedError) as err:
+                bad.result(timeout=60)
+            assert "kernel library is not loadable: not an ELF file" in str(err.value) and "\n" not in str(err.value)
+            _same(good.result(timeout=60), zoo[name][2])
+        with pytest.raises(TvmschedError, match="not loadable"):  # a resident load raises at once
+            rt.load(broken, name="broken2")
+
+
+def test_a_best_effort_model_is_preempted_while_it_switches_in(zoo, budget_restored):
+    name = "mobilenetv2"
+    with Runtime("cpu", timeline=True) as rt:
+        model = rt.load(zoo[name][0], resident=False)
+        future = model.task.submit(zoo[name][1])
+        cycles = 0
+        while not future.done() and cycles < 20:
+            model.task.preempt()
+            model.task.resume()
+            cycles += 1
+        _same(future.result(timeout=120), zoo[name][2])
+        assert model.resident
+        # resident now: the next request needs no stage
+        before = len(rt.switch_events())
+        _same(rt.submit(name, zoo[name][1]).result(timeout=60), zoo[name][2])
+        assert [e.stage for e in rt.switch_events()[before:]] == ["exec"] * len(groups(model.task.executor))
+        trace = rt.export_timeline(zoo[name][0].parent / "switch-trace.json")
+    events = json.loads((zoo[name][0].parent / "switch-trace.json").read_text())["traceEvents"]
+    assert trace == len(events)
+    stages = {e["name"].split()[0] for e in events if e["cat"] == "switch"}
+    assert {"stage1", "stage2", "exec"} <= stages
+
+
+def test_a_model_too_large_for_the_budget_fails_with_one_line(zoo, budget_restored):
+    gc.collect()
+    baseline = int(func("device_memory")("cpu")["in_use"])
+    small, large = "mlp", "mobilenetv2"
+    budget = baseline + _footprint(zoo[small][0]) + 4096
+    with Runtime("cpu", memory_budget=budget) as rt:
+        rt.load(zoo[small][0])
+        rt.load(zoo[large][0])  # does not fit: registered
+        assert rt.models[small].resident and not rt.models[large].resident
+        outcome = {}
+
+        def run():
+            try:
+                rt.submit(large, zoo[large][1]).result(timeout=60)
+            except TvmschedError as err:
+                outcome["error"] = str(err)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join(90)
+        assert "cannot run within the memory budget" in outcome.get("error", "") or "budget" in outcome.get("error", "")
+        _same(rt.submit(small, zoo[small][1]).result(timeout=60), zoo[small][2])
+
+
+def test_bench_switch_measures_every_variant_side_by_side(zoo):
+    paths = [str(zoo[name][0]) for name in ("mlp", "bert-tiny")]
+    done = run_cli("bench", "switch", *paths, "--repeat", "2", "--no-stop-and-start", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert [row["model"] for row in result["models"]] == ["mlp", "bert-tiny"]
+    for row in result["models"]:
+        for key in ("resident_ms", "switch_ms", "cold_switch_ms", "no_pipeline_ms", "all_resident_ms", "copy_floor_ms"):
+            assert row[key] > 0, key
+        assert row["evictions"] > 0  # the budget holds one model at a time: every switch evicts
+        assert row["switch_overhead_ms"] == pytest.approx(row["switch_ms"] - row["resident_ms"])
+        assert row["sub_tasks"] >= 1 and row["weight_bytes"] > 0
+    assert result["served_resident_only"] >= 1
+
+
+def test_bench_switch_refuses_bad_input_with_one_line(zoo, tmp_path):
+    assert_user_error(run_cli("bench", "switch", str(zoo["mlp"][0])), "at least two artifacts")
+    assert_user_error(run_cli("bench", "switch", str(zoo["mlp"][0]), str(tmp_path / "none.tvms")), "no artifact at")
+    junk = tmp_path / "junk.tvms"
+    junk.write_bytes(b"PK\x03\x04 not really")
+    assert_user_error(run_cli("bench", "switch", str(zoo["mlp"][0]), str(junk)), "junk.tvms")
