@@ -123,7 +123,7 @@ def measure_switching(paths: list[str], device: str = "cpu", repeat: int = 5, qo
                       settings: SwitchSettings = SwitchSettings(), stop_and_start: bool = True,
                       progress=lambda text: None) -> dict:
     """Per model, side by side: (floor) the resident latency, the first-request latency after a switch
-    (pipelined, environments kept ahead; and cold, stage 1 included), (c) load-then-run without
+    (pipelined, from evicted with its environment kept ahead; and cold, stage 1 included), (c) load-then-run without
     pipelining (one sub-task), (b) stop-and-start, (d) all models resident with no budget (MPS-like),
     and the copy floor (its weights from pinned host memory into device memory). Medians of `repeat`.
     The switching budget holds the largest model and every environment: each switch evicts."""
@@ -175,6 +175,8 @@ def measure_switching(paths: list[str], device: str = "cpu", repeat: int = 5, qo
 
     in_use = int(func("device_memory")(device)["in_use"])
     budget = in_use + max(p["footprint"] for p in probes.values()) + sum(p["env"] for p in probes.values()) + 65536
+    # each measured request comes after its model was evicted (environment kept ahead: a switch; gone:
+    # cold, stage 1 included); the budget holds the largest model and every environment
     variants = {"switch_ms": settings, "no_pipeline_ms": replace(settings, max_groups=1)}
     for key, variant in variants.items():
         progress(f"switching: {key.removesuffix('_ms').replace('_', ' ')}")
@@ -183,17 +185,21 @@ def measure_switching(paths: list[str], device: str = "cpu", repeat: int = 5, qo
         with Runtime(device, memory_budget=budget, switching=variant) as rt:
             for name in names:
                 rt.load(probes[name]["path"], resident=False)
-            cold = {name: _latency_ms(rt, name, probes[name]["inputs"]) for name in names}  # stage 1 included
-            warm = {n: [] for n in names}
+            executors = {name: rt.models[name].task.executor for name in names}
+            cold, warm = {n: [] for n in names}, {n: [] for n in names}
             for _ in range(repeat):
-                for name in names:
-                    warm[name].append(_latency_ms(rt, name, probes[name]["inputs"]))
+                for name in names:  # each switch-in from evicted: environment gone (cold) or kept ahead (warm)
+                    for keep_env, out in ((False, cold), (True, warm)):
+                        if not rt.switcher.native.evict(executors[name].native, keep_env):
+                            raise TvmschedError(f"could not evict {name} to measure its switch")
+                        out[name].append(_latency_ms(rt, name, probes[name]["inputs"]))
+            del executors
             evictions = sum(e.stage == "evict" for e in rt.switch_events())
         func("set_memory_budget")(device, device_budget)
         for name in names:
             rows[name][key] = median(warm[name])
             if key == "switch_ms":
-                rows[name]["cold_switch_ms"] = cold[name]
+                rows[name]["cold_switch_ms"] = median(cold[name])
                 rows[name]["evictions"] = evictions
     if stop_and_start:
         for name in names:

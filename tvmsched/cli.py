@@ -274,6 +274,34 @@ def run_cmd(artifact: str, inputs_path: str | None, output_path: str | None, dev
         click.echo(json.dumps(summary))
 
 
+@cli.group()
+def bench() -> None:
+    """Measure the runtime's mechanisms on your artifacts."""
+
+
+@bench.command("switch")
+@click.argument("artifacts", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--repeat", default=5, show_default=True, type=click.IntRange(1, 1000), help="Switches measured per model (medians).")
+@click.option("--qos-ms", type=click.FloatRange(min=0, min_open=True), help="QoS target (default: each model's own, else 2x resident).")
+@click.option("--max-groups", default=8, show_default=True, type=click.IntRange(1, 1024), help="Sub-tasks per model at most.")
+@click.option("--no-stop-and-start", is_flag=True, help="Skip the fresh-process baseline.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def bench_switch(artifacts: tuple[str, ...], device: str, repeat: int, qos_ms: float | None, max_groups: int,
+                 no_stop_and_start: bool, as_json: bool) -> None:
+    """Switch overheads of two or more ARTIFACTS: first-request latency after a switch against the
+    resident floor, stop-and-start, load-then-run without pipelining, all resident, and the copy floor."""
+    from tvmsched.runtime.switching import SwitchSettings, format_switching, measure_switching
+
+    for path in artifacts:
+        if not Path(path).is_file():
+            raise TvmschedError(f"no artifact at {path}")
+    progress = (lambda text: None) if as_json else (lambda text: click.echo(text, err=True))
+    result = measure_switching(list(artifacts), device, repeat, qos_ms, SwitchSettings(max_groups=max_groups),
+                               not no_stop_and_start, progress)
+    click.echo(json.dumps(result) if as_json else format_switching(result))
+
+
 @cli.command("inspect")
 @click.argument("artifact", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include "tvm_runtime.h"
@@ -32,6 +34,8 @@ int CpuUnits() {
   return n ? static_cast<int>(n) : 1;
 }
 
+constexpr size_t kMaxCached = size_t(1) << 30;
+
 class CpuDevice final : public Device {
  public:
   CpuDevice() : units_(CpuUnits()) {}
@@ -54,13 +58,45 @@ class CpuDevice final : public Device {
     }
     return 0;
   }
+  // The arena keeps freed blocks (up to kMaxCached bytes) for allocations of the same size: a model
+  // switched in again reuses pages already faulted in instead of paying the kernel's first-touch
+  // faults on every switch (glibc returns large blocks to the kernel at free).
   void* Alloc(size_t nbytes) override {
+    size_t size = (nbytes + kAlign - 1) / kAlign * kAlign + kAlign;
+    {
+      std::lock_guard<std::mutex> lock(cache_mu_);
+      auto found = cache_.find(size);
+      if (found != cache_.end()) {
+        void* ptr = found->second;
+        cache_.erase(found);
+        cached_ -= size;
+        sizes_[ptr] = size;
+        return ptr;
+      }
+    }
+    void* ptr = std::aligned_alloc(kAlign, size);
+    if (ptr == nullptr) TVM_FFI_THROW(TvmschedError) << "out of host memory allocating " << nbytes << " bytes";
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    sizes_[ptr] = size;
+    return ptr;
+  }
+  void Free(void* ptr) override {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    auto found = sizes_.find(ptr);
+    size_t size = found == sizes_.end() ? 0 : found->second;
+    if (found != sizes_.end()) sizes_.erase(found);
+    if (size && cached_ + size <= kMaxCached) {
+      cache_.emplace(size, ptr);
+      cached_ += size;
+    } else {
+      std::free(ptr);
+    }
+  }
+  void* AllocHost(size_t nbytes) override {
     void* ptr = std::aligned_alloc(kAlign, (nbytes + kAlign - 1) / kAlign * kAlign + kAlign);
     if (ptr == nullptr) TVM_FFI_THROW(TvmschedError) << "out of host memory allocating " << nbytes << " bytes";
     return ptr;
   }
-  void Free(void* ptr) override { std::free(ptr); }
-  void* AllocHost(size_t nbytes) override { return Alloc(nbytes); }
   void FreeHost(void* ptr) override { std::free(ptr); }
   void CopyToDevice(void* dst, const void* src, size_t n, StreamHandle) override { std::memcpy(dst, src, n); }
   void CopyToHost(void* dst, const void* src, size_t n, StreamHandle) override { std::memcpy(dst, src, n); }
@@ -112,6 +148,10 @@ class CpuDevice final : public Device {
 
  private:
   int units_;
+  std::mutex cache_mu_;
+  std::map<void*, size_t> sizes_;           // live blocks and their sizes
+  std::multimap<size_t, void*> cache_;      // freed blocks kept for reuse
+  size_t cached_ = 0;
 };
 
 }  // namespace

@@ -202,6 +202,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   refl::ObjectDef<SwitcherObj>()
       .def("add", [](Switcher s, Model m) { s->Add(std::move(m)); })
       .def("prefetch", [](Switcher s, Model m) { return s->Prefetch(std::move(m)); })
+      .def("evict", [](Switcher s, Model m, bool keep_env) { return s->Evict(std::move(m), keep_env); })
       .def("events",
            [](Switcher s) {  // [model, stage, group, start_us, end_us, bytes, held]
              ffi::Array<ffi::Array<ffi::Any>> out;

@@ -122,6 +122,19 @@ class SwitcherCore : public Residency {
     return true;
   }
 
+  /*! \brief Evict an idle model now (the memory thread does it; this waits): its sub-tasks, and its
+   *  environment too unless `keep_env`. False when it is in use or switching. */
+  bool Evict(ModelObj* m, bool keep_env) {
+    std::unique_lock<std::mutex> lock(mu_);
+    Find(m);
+    if (InQueue(m) || m->users.load() > 0) return false;
+    uint64_t ticket = ++evict_tickets_;
+    evictions_.push_back({m, keep_env, ticket});
+    cond_.notify_all();
+    cond_.wait(lock, [&] { return stop_ || evicted_ >= ticket; });
+    return !stop_;
+  }
+
   std::vector<StageEvent> Events() const {
     std::lock_guard<std::mutex> lock(mu_);
     return events_;
@@ -185,6 +198,8 @@ class SwitcherCore : public Residency {
     ModelObj* m = nullptr;
     std::vector<int> groups;
     std::string error;
+    bool drop_env = false;  // an eviction asked for: the environment goes too
+    uint64_t ticket = 0;    // ... and its caller waits for this
   };
 
   Entry& Find(ModelObj* m) {
@@ -321,6 +336,21 @@ class SwitcherCore : public Residency {
         }
       }
     }
+    while (!evictions_.empty()) {
+      EvictRequest request = evictions_.front();
+      evictions_.pop_front();
+      Action action{kEvict, request.m, {}, ""};
+      action.drop_env = !request.keep_env;
+      action.ticket = request.ticket;
+      if (!InQueue(request.m) && request.m->users.load() == 0) {
+        for (int g = 0; g < request.m->num_groups(); ++g) {
+          for (GroupState from : {kReady, kFinished}) {
+            if (request.m->CasGroup(g, from, kAbsent)) action.groups.push_back(g);
+          }
+        }
+      }
+      return action;
+    }
     if (!options_.retain) {
       if (Action a = TakeFinished(nullptr); a.kind != kNone) return a;
     }
@@ -387,7 +417,7 @@ class SwitcherCore : public Residency {
           error = ErrorLine(err);
         }
       } else if (action.kind == kClean || action.kind == kEvict) {
-        for (int g : action.groups) {
+        for (int g : action.groups) {  // (an eviction asked for may have none)
           double t = Device::NowMicros();
           m->CleanGroup(g, pending);
           cleaned.push_back({m->name(), action.kind == kEvict ? "evict" : "clean", g, t, Device::NowMicros(),
@@ -407,11 +437,13 @@ class SwitcherCore : public Residency {
         }
       } else if (action.kind == kClean || action.kind == kEvict) {
         events_.insert(events_.end(), cleaned.begin(), cleaned.end());
-        if (action.kind == kEvict && AheadEnvBytes() > options_.threshold1 && m->TryCleanEnvironment()) {
+        bool drop_env = action.drop_env || AheadEnvBytes() > options_.threshold1;
+        if (action.kind == kEvict && e.env == kEnvReady && drop_env && m->TryCleanEnvironment()) {
           e.env = kEnvNone;  // beyond threshold 1: its environment goes too
           events_.push_back({m->name(), "evict", -1, start, Device::NowMicros(), static_cast<int64_t>(m->env_bytes())});
         }
       }
+      if (action.ticket) evicted_ = std::max(evicted_, action.ticket);
       if (!error.empty()) {
         m->SetResidencyError(error);
         queue_.erase(std::remove(queue_.begin(), queue_.end(), m), queue_.end());
@@ -474,6 +506,13 @@ class SwitcherCore : public Residency {
   std::condition_variable cond_;
   std::map<ModelObj*, Entry> entries_;
   std::deque<ModelObj*> queue_;  // switch tasks in demand order: the current one first
+  struct EvictRequest {
+    ModelObj* m;
+    bool keep_env;
+    uint64_t ticket;
+  };
+  std::deque<EvictRequest> evictions_;  // asked for by Evict (tvmsched bench switch)
+  uint64_t evict_tickets_ = 0, evicted_ = 0;
   std::vector<StageEvent> events_;
   uint64_t clock_ = 0;
   bool stop_ = false;
@@ -494,6 +533,8 @@ bool SwitcherObj::Prefetch(Model model) { return core_->Prefetch(model.get()); }
 std::vector<StageEvent> SwitcherObj::Events() const { return core_->Events(); }
 
 const SwitchOptions& SwitcherObj::options() const { return core_->options(); }
+
+bool SwitcherObj::Evict(Model model, bool keep_env) { return core_->Evict(model.get(), keep_env); }
 
 void SwitcherObj::Close() { core_->Close(); }
 

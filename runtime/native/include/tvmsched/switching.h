@@ -64,6 +64,9 @@ class SwitcherObj : public ffi::Object {
   /*! \brief Prepare it now on this thread if it fits beside what is resident without evicting anything;
    *  false: it stays registered. Stage 1 failures raise here. */
   bool Prefetch(Model model);
+  /*! \brief Evict an idle registered model now (its environment too unless `keep_env`); false when
+   *  it is in use or switching. For measuring switches (tvmsched bench switch). */
+  bool Evict(Model model, bool keep_env);
   std::vector<StageEvent> Events() const;
   const SwitchOptions& options() const;
   /*! \brief Stop the threads and let go of the models (requests still waiting for a switch fail). */
