@@ -131,12 +131,18 @@ class Runtime:
                 raise TvmschedError("the runtime is shut down")
             if name in self.models:
                 raise TvmschedError(f"a model named {name!r} is already loaded")
-        if not self.switcher.add(executor, resident) and resident:
-            log.info("model %s does not fit beside the resident models: registered, switched in on demand", name)
+        self.switcher.add(executor, resident=False)
+        task = Task(executor, name, self._max_in_flight, self._progress_interval_ms)  # plans its memory first
+        try:
+            if resident and not self.switcher.prefetch(executor):
+                log.info("model %s does not fit beside the resident models: registered, switched in on demand", name)
+        except Exception:
+            task.close()
+            raise
         with self._lock:
             if name in self.models:
+                task.close()
                 raise TvmschedError(f"a model named {name!r} is already loaded")
-            task = Task(executor, name, self._max_in_flight, self._progress_interval_ms)
             if self._timeline:
                 task.record_timeline()
             layers = [[self._info(name, c) for c in layer.candidates] for layer in executor.manifest.layers]

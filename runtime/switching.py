@@ -86,6 +86,10 @@ class Switcher:
         self.native.add(executor.native)
         return bool(self.native.prefetch(executor.native)) if resident else False
 
+    def prefetch(self, executor) -> bool:
+        """Prepare a model it took now if it fits without evicting anything; whether it is resident."""
+        return bool(self.native.prefetch(executor.native))
+
     def events(self) -> list[StageEvent]:
         return [StageEvent(str(e[0]), str(e[1]), int(e[2]), float(e[3]), float(e[4]), int(e[5]), int(e[6])) for e in self.native.events()]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -104,8 +105,11 @@ def test_recorded_stages_follow_the_pipeline_rules(zoo, budget_restored):
     with Runtime("cpu", switching=settings) as rt:
         for name in (a, b):
             rt.load(zoo[name][0], resident=False)
-        fa = rt.submit(a, zoo[a][1])  # two tasks queued at once: a is current, b next
+        rt.models[a].task.preempt()  # a's stream paused: its preparation stops at threshold 2 until it runs
+        fa = rt.submit(a, zoo[a][1])  # two tasks queued: a is current, b next
         fb = rt.submit(b, zoo[b][1])
+        time.sleep(0.3)
+        rt.models[a].task.resume()
         _same(fa.result(timeout=120), zoo[a][2])
         _same(fb.result(timeout=120), zoo[b][2])
         events = rt.switch_events()
@@ -158,10 +162,10 @@ def test_a_best_effort_model_is_preempted_while_it_switches_in(zoo, budget_resto
             cycles += 1
         _same(future.result(timeout=120), zoo[name][2])
         assert model.resident
-        # resident now: the next request needs no stage
+        # resident now: the next request needs no stage (and records none)
         before = len(rt.switch_events())
         _same(rt.submit(name, zoo[name][1]).result(timeout=60), zoo[name][2])
-        assert [e.stage for e in rt.switch_events()[before:]] == ["exec"] * len(groups(model.task.executor))
+        assert rt.switch_events()[before:] == []
         trace = rt.export_timeline(zoo[name][0].parent / "switch-trace.json")
     events = json.loads((zoo[name][0].parent / "switch-trace.json").read_text())["traceEvents"]
     assert trace == len(events)

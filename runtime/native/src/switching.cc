@@ -165,7 +165,7 @@ class SwitcherCore : public Residency {
     auto found = entries_.find(m);
     if (found == entries_.end()) return;
     found->second.finished[g] = true;
-    events_.push_back({m->name(), "exec", g, found->second.exec_start[g], Device::NowMicros(), 0});
+    if (InQueue(m)) Push({m->name(), "exec", g, found->second.exec_start[g], Device::NowMicros(), 0});  // a switch's execution
     cond_.notify_all();
   }
 
@@ -211,8 +211,15 @@ class SwitcherCore : public Residency {
 
   void Record(ModelObj* m, const char* stage, int group, double start, int64_t bytes) {
     std::lock_guard<std::mutex> lock(mu_);
-    events_.push_back({m->name(), stage, group, start, Device::NowMicros(), bytes});
+    Push({m->name(), stage, group, start, Device::NowMicros(), bytes});
   }
+
+  /*! \brief Keep an event (under mu_); the oldest half goes past kMaxEvents (a server runs for long). */
+  void Push(StageEvent event) {
+    if (events_.size() >= kMaxEvents) events_.erase(events_.begin(), events_.begin() + kMaxEvents / 2);
+    events_.push_back(std::move(event));
+  }
+  static constexpr size_t kMaxEvents = 1 << 16;
 
   /*! \brief Bytes of the sub-tasks of switching models (queued tasks) that are prepared or running. */
   size_t ActiveBytes() const {
@@ -428,7 +435,7 @@ class SwitcherCore : public Residency {
       if (action.kind == kPrepare) {
         int g = action.groups[0];
         if (prepared) {
-          events_.push_back({m->name(), "stage2", g, start, Device::NowMicros(), static_cast<int64_t>(m->group_bytes(g)),
+          Push({m->name(), "stage2", g, start, Device::NowMicros(), static_cast<int64_t>(m->group_bytes(g)),
                              static_cast<int64_t>(ActiveBytes())});
           bool head = !queue_.empty() && queue_.front() == m;
           m->SetGroupState(g, head || m->group_bytes(g) + RunningBytes() <= options_.threshold2 ? kReady : kHeld);
@@ -436,25 +443,33 @@ class SwitcherCore : public Residency {
           m->SetGroupState(g, kAbsent);
         }
       } else if (action.kind == kClean || action.kind == kEvict) {
-        events_.insert(events_.end(), cleaned.begin(), cleaned.end());
+        for (StageEvent& c : cleaned) Push(std::move(c));
         bool drop_env = action.drop_env || AheadEnvBytes() > options_.threshold1;
         if (action.kind == kEvict && e.env == kEnvReady && drop_env && m->TryCleanEnvironment()) {
           e.env = kEnvNone;  // beyond threshold 1: its environment goes too
-          events_.push_back({m->name(), "evict", -1, start, Device::NowMicros(), static_cast<int64_t>(m->env_bytes())});
+          Push({m->name(), "evict", -1, start, Device::NowMicros(), static_cast<int64_t>(m->env_bytes())});
         }
       }
       if (action.ticket) evicted_ = std::max(evicted_, action.ticket);
-      if (!error.empty()) {
-        m->SetResidencyError(error);
-        queue_.erase(std::remove(queue_.begin(), queue_.end(), m), queue_.end());
-      }
-      lock.unlock();
-      m->Wake();
-      cond_.notify_all();
-      lock.lock();
+      if (!error.empty()) Fail(m, error);
+      WakeUnlocked(lock, m);
     }
     lock.unlock();
     if (copy) device_->DestroyStream(copy);
+  }
+
+  /*! \brief Its requests fail with `error` (under mu_): its task leaves the queue. */
+  void Fail(ModelObj* m, const std::string& error) {
+    m->SetResidencyError(error);
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), m), queue_.end());
+  }
+
+  /*! \brief Wake `m`'s stream and the other stage thread, outside mu_ (the stream's waker takes its lock). */
+  void WakeUnlocked(std::unique_lock<std::mutex>& lock, ModelObj* m) {
+    lock.unlock();
+    m->Wake();
+    cond_.notify_all();
+    lock.lock();
   }
 
   void EnvLoop() {
@@ -486,17 +501,13 @@ class SwitcherCore : public Residency {
       Entry& e = entries_.at(m);
       if (error.empty()) {
         e.env = kEnvReady;
-        events_.push_back({m->name(), "stage1", -1, start, Device::NowMicros(), static_cast<int64_t>(m->env_bytes()),
+        Push({m->name(), "stage1", -1, start, Device::NowMicros(), static_cast<int64_t>(m->env_bytes()),
                            static_cast<int64_t>(AheadEnvBytes())});
       } else {
         e.env = kEnvFailed;
-        m->SetResidencyError(error);
-        queue_.erase(std::remove(queue_.begin(), queue_.end(), m), queue_.end());
+        Fail(m, error);
       }
-      lock.unlock();
-      m->Wake();
-      cond_.notify_all();
-      lock.lock();
+      WakeUnlocked(lock, m);
     }
   }
 
