@@ -131,7 +131,7 @@ class Runtime:
                 raise TvmschedError("the runtime is shut down")
             if name in self.models:
                 raise TvmschedError(f"a model named {name!r} is already loaded")
-        self.switcher.add(executor, resident=False)
+        self.switcher.add(executor)
         task = Task(executor, name, self._max_in_flight, self._progress_interval_ms)  # plans its memory first
         try:
             if resident and not self.switcher.prefetch(executor):

@@ -80,11 +80,9 @@ class Switcher:
                                               settings.preset_count, settings.retain)
         self.options = {str(k): int(v) for k, v in self.native.options().items()}
 
-    def add(self, executor, resident: bool = True) -> bool:
-        """Take a registered model; with `resident`, prepare it now if it fits (stage 1 errors raise here).
-        Returns whether it is resident."""
+    def add(self, executor) -> None:
+        """Take a registered model (nothing is prepared until `prefetch` or a request)."""
         self.native.add(executor.native)
-        return bool(self.native.prefetch(executor.native)) if resident else False
 
     def prefetch(self, executor) -> bool:
         """Prepare a model it took now if it fits without evicting anything; whether it is resident."""
@@ -95,6 +93,11 @@ class Switcher:
 
     def close(self) -> None:
         self.native.close()
+
+
+def footprint(executor) -> int:
+    """Bytes a registered model holds when resident: its environment and every sub-task."""
+    return int(executor.native.env_bytes()) + sum(g["bytes"] for g in groups(executor))
 
 
 def groups(executor) -> list[dict]:
@@ -142,7 +145,7 @@ def measure_switching(paths: list[str], device: str = "cpu", repeat: int = 5, qo
         if name in probes:
             raise TvmschedError(f"two artifacts hold a model named {name!r}")
         probes[name] = {"path": str(path), "executor": executor, "inputs": executor.random_inputs(0),
-                        "footprint": int(executor.native.env_bytes()) + sum(g["bytes"] for g in groups(executor)),
+                        "footprint": footprint(executor),
                         "env": int(executor.native.env_bytes()), "groups": len(groups(executor)),
                         "weight_bytes": sum(g["weight_bytes"] for g in groups(executor)),
                         "qos_ms": qos_ms or executor.manifest.qos_ms}

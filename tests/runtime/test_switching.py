@@ -21,7 +21,7 @@ from tvmsched.errors import TvmschedError
 from tvmsched.native import func
 from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor, Runtime
-from tvmsched.runtime.switching import SwitchSettings, groups
+from tvmsched.runtime.switching import SwitchSettings, footprint, groups
 
 ZOO = ("mlp", "resnet18-small", "mobilenetv2", "bert-tiny")
 
@@ -51,8 +51,7 @@ def budget_restored():
 
 def _footprint(path) -> int:
     """Bytes a model holds when resident as the switcher prepares it (environment + every sub-task)."""
-    executor = Executor(path, register_groups=SwitchSettings().max_groups)
-    return int(executor.native.env_bytes()) + sum(g["bytes"] for g in groups(executor))
+    return footprint(Executor(path, register_groups=SwitchSettings().max_groups))
 
 
 def _same(got: dict, want: dict) -> None:

@@ -185,13 +185,14 @@ void ModelObj::Init(const std::string& path, ArtifactContents contents, const Lo
   flag_memory_ = options.flag_memory;
   const int n = num_layers();
   if (n == 0) TVM_FFI_THROW(TvmschedError) << path << " is corrupt: the model has no layers";
-  for (const Binding& b : manifest_.inputs) env_tensors_.insert(b.tensor);
-  for (const Binding& b : manifest_.outputs) env_tensors_.insert(b.tensor);
-  for (const IndexCheckSpec& c : manifest_.index_checks) env_tensors_.insert(c.tensor);
-  for (const auto& id : env_tensors_) {
-    bool input = std::any_of(manifest_.inputs.begin(), manifest_.inputs.end(), [&](const Binding& b) { return b.tensor == id; });
-    size_t nbytes = manifest_.tensors.at(id).nbytes();
-    env_bytes_ += input ? nbytes : Align(nbytes);
+  registered_ = !options.resident;
+  for (const Binding& b : manifest_.inputs) env_tensors_[b.tensor] = 0;
+  for (const Binding& b : manifest_.outputs) env_tensors_[b.tensor] = 0;
+  for (const IndexCheckSpec& c : manifest_.index_checks) env_tensors_[c.tensor] = 0;
+  for (auto& [id, bytes] : env_tensors_) {  // inputs as they are; outputs and flag words in aligned blocks
+    const TensorSpec& spec = manifest_.tensors.at(id);
+    bytes = spec.kind == "input" ? spec.nbytes() : Align(spec.nbytes());
+    env_bytes_ += bytes;
   }
   if (manifest_.progress_counters) env_bytes_ += sizeof(int32_t) * n;
   // sub-tasks: by the weight bytes each layer reads first
@@ -359,10 +360,8 @@ void ModelObj::PrepareEnvironment() {
       candidates_.push_back(std::move(cands));
     }
     for (int u : units) StreamFor(u);  // every stream a launch may use, created before any launch
-    for (const auto& id : env_tensors_) {
-      bool input = std::any_of(manifest_.inputs.begin(), manifest_.inputs.end(), [&](const Binding& b) { return b.tensor == id; });
-      size_t nbytes = manifest_.tensors.at(id).nbytes();
-      env_data_[id] = AllocFor((input ? "input " : "output ") + id, input ? nbytes : Align(nbytes));
+    for (const auto& [id, bytes] : env_tensors_) {
+      env_data_[id] = AllocFor((manifest_.tensors.at(id).kind == "input" ? "input " : "output ") + id, bytes);
     }
     if (manifest_.preempt_flags > 1) flags_ = device_->AllocFlags(manifest_.preempt_flags, flag_memory_);
     if (manifest_.progress_counters) {
@@ -422,9 +421,14 @@ void ModelObj::PlanGroup(int g) {
   for (size_t b : group_plans_[g].storage_bytes) bytes += b;
   for (const auto& id : group_tensors_[g]) {
     if (internal_.count(id)) continue;
-    bytes += host_weights_.count(id) ? host_weights_.at(id).nbytes : Align(manifest_.tensors.at(id).nbytes());
+    bytes += TensorBytes(id);
   }
   group_bytes_[g] = bytes;
+}
+
+size_t ModelObj::TensorBytes(const std::string& id) const {
+  auto host = host_weights_.find(id);
+  return host != host_weights_.end() ? host->second.nbytes : Align(manifest_.tensors.at(id).nbytes());
 }
 
 size_t ModelObj::GroupNeed(int g) const {
@@ -432,7 +436,7 @@ size_t ModelObj::GroupNeed(int g) const {
   for (size_t b : group_plans_[g].storage_bytes) bytes += b;
   for (const auto& id : group_tensors_[g]) {
     if (internal_.count(id) || tensor_data_.count(id)) continue;
-    bytes += host_weights_.count(id) ? host_weights_.at(id).nbytes : Align(manifest_.tensors.at(id).nbytes());
+    bytes += TensorBytes(id);
   }
   return bytes;
 }
@@ -465,7 +469,7 @@ void ModelObj::PrepareGroup(int g, StreamHandle copy_stream) {
         fresh.push_back(id);
         device_->CopyToDevice(data, host->second.data, host->second.nbytes, copy_stream);
       } else {
-        tensor_data_[id] = AllocFor("the activation " + id, Align(manifest_.tensors.at(id).nbytes()));
+        tensor_data_[id] = AllocFor("the activation " + id, TensorBytes(id));
         fresh.push_back(id);
       }
     }

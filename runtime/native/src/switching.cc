@@ -68,7 +68,7 @@ class SwitcherCore : public Residency {
     ModelObj* m = model.get();
     if (&m->device() != device_.get()) TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " is on another device";
     if (m->residency()) TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " already has a switcher";
-    if (m->resident() || (!m->host_weights().empty() && !m->host_weights().front().first)) {
+    if (!m->registered()) {
       TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " was loaded resident; a switcher takes registered models";
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -284,10 +284,15 @@ class SwitcherCore : public Residency {
       if (holds && (!victim || e.last_used < victim->last_used)) victim = &e;
     }
     if (!victim) return {};
-    Action action{kEvict, victim->m, {}, ""};
-    for (int g = 0; g < victim->m->num_groups(); ++g) {
+    return TakeBack(victim->m);
+  }
+
+  /*! \brief An eviction of `m`: its prepared sub-tasks taken back (kReady/kFinished -> kAbsent). */
+  Action TakeBack(ModelObj* m) {
+    Action action{kEvict, m, {}, ""};
+    for (int g = 0; g < m->num_groups(); ++g) {
       for (GroupState from : {kReady, kFinished}) {
-        if (victim->m->CasGroup(g, from, kAbsent)) action.groups.push_back(g);
+        if (m->CasGroup(g, from, kAbsent)) action.groups.push_back(g);
       }
     }
     return action;
@@ -343,19 +348,13 @@ class SwitcherCore : public Residency {
         }
       }
     }
-    while (!evictions_.empty()) {
+    if (!evictions_.empty()) {  // asked for by Evict (a model in use or switching keeps its sub-tasks)
       EvictRequest request = evictions_.front();
       evictions_.pop_front();
-      Action action{kEvict, request.m, {}, ""};
+      bool idle = !InQueue(request.m) && request.m->users.load() == 0;
+      Action action = idle ? TakeBack(request.m) : Action{kEvict, request.m, {}, ""};
       action.drop_env = !request.keep_env;
       action.ticket = request.ticket;
-      if (!InQueue(request.m) && request.m->users.load() == 0) {
-        for (int g = 0; g < request.m->num_groups(); ++g) {
-          for (GroupState from : {kReady, kFinished}) {
-            if (request.m->CasGroup(g, from, kAbsent)) action.groups.push_back(g);
-          }
-        }
-      }
       return action;
     }
     if (!options_.retain) {
@@ -555,7 +554,7 @@ Switcher Switcher::Create(std::shared_ptr<Device> device, SwitchOptions options)
 
 double CopyFloorSeconds(ModelObj& model, int repeat) {
   auto weights = model.host_weights();
-  if (weights.empty() || !weights.front().first) {
+  if (!model.registered()) {
     TVM_FFI_THROW(TvmschedError) << "the copy floor needs a registered model (its weights in pinned host memory)";
   }
   Device& device = model.device();

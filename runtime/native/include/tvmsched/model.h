@@ -171,6 +171,8 @@ class ModelObj : public ffi::Object {
   /*! \brief The stream serving it: woken when a switcher made progress (nullptr: none). */
   void SetWaker(std::function<void()> waker);
   void Wake();
+  /*! \brief Loaded with LoadOptions::resident = false (its weights stay in pinned host memory). */
+  bool registered() const { return registered_; }
   /*! \brief Each weight's pinned host copy (registered models; empty data for resident ones). */
   std::vector<std::pair<const void*, size_t>> host_weights() const {
     std::vector<std::pair<const void*, size_t>> out;
@@ -195,6 +197,8 @@ class ModelObj : public ffi::Object {
   /*! \brief Device memory for `what` (a tensor, named in the error when the device has not enough). */
   void* AllocFor(const std::string& what, size_t nbytes);
   void FreeGroupBlocks(int g);
+  /*! \brief Bytes a weight or crossing activation is allocated with (weights exact, activations aligned). */
+  size_t TensorBytes(const std::string& id) const;
   void PlanGroup(int g);
   void BindLayer(int layer);
   StreamHandle StreamFor(int units);
@@ -212,7 +216,8 @@ class ModelObj : public ffi::Object {
     size_t nbytes = 0;
   };
   std::map<std::string, HostWeight> host_weights_;
-  std::set<std::string> env_tensors_;           // model inputs, outputs and index-check words
+  bool registered_ = false;                      // loaded with resident = false: host weights kept
+  std::map<std::string, size_t> env_tensors_;   // model inputs, outputs and index-check words -> bytes
   std::map<std::string, void*> env_data_;       // their device memory (stage 1)
   std::vector<std::pair<int, int>> groups_;     // sub-tasks: first and last layer
   std::vector<int> layer_group_;
