@@ -58,10 +58,14 @@ class Executor:
     """
 
     def __init__(self, artifact: Artifact | str | Path, device: str | None = None, flag_memory: str = "auto",
-                 trusted_keys: list[str | Path] | tuple = (), register_groups: int | None = None):
+                 trusted_keys: list[str | Path] | tuple = (), register_groups: int | None = None,
+                 tiered: dict | None = None):
         keys = [str(k) for k in trusted_keys]
 
         def load(path: str, keys: list[str]):
+            if tiered is not None:  # larger than its device memory: weights streamed from host tiers (runtime/tiering.py)
+                return func("load_tiered")(path, device or "", flag_memory, keys, int(tiered["device_bytes"]),
+                                           int(tiered.get("buffer_bytes", 0)), tiered["tiers"])
             if register_groups is None:
                 return func("load_model")(path, device or "", flag_memory, keys)
             # registered: weights in pinned host memory, `register_groups` sub-tasks at most; a switcher
@@ -81,6 +85,7 @@ class Executor:
         self.manifest: Manifest = Manifest.parse(str(self.native.manifest_json()), artifact)
         self.device = self.native.device_kind()
         self.num_layers = self.native.num_layers()
+        self.tiered = tiered is not None
 
     @property
     def reuse_distance(self) -> int:

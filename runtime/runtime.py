@@ -32,7 +32,8 @@ from tvmsched.runtime.executor import Executor
 from tvmsched.runtime.policies.priority import Priorities
 from tvmsched.runtime.preemption import EngineFuture, Task
 from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, StreamView, stream_work
-from tvmsched.runtime.switching import StageEvent, SwitchSettings, Switcher
+from tvmsched.runtime.switching import StageEvent, SwitchSettings, Switcher, footprint, stage_events
+from tvmsched.runtime.tiering import TierSettings, TierShares
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,11 @@ class Model:
         """Whether its environment and every sub-task are on the device now (else a request switches it in)."""
         return bool(self.task.executor.native.resident())
 
+    @property
+    def tiered(self) -> bool:
+        """Larger than the memory budget: its weights stream from the host tiers (runtime/tiering.py)."""
+        return self.task.executor.tiered
+
 
 class Runtime:
     """Serve several compiled models on one device (thread-safe; see the module docstring).
@@ -78,15 +84,18 @@ class Runtime:
             allocation is checked); None leaves the device's budget. The accounting is per device and
             process (`memory()`). Models that do not fit beside the resident ones are registered and
             switched in when a request needs them (runtime/switching.py; the switcher's budget is this
-            one, else the device's free memory).
+            one, else the device's free memory). A model larger than the whole budget streams its weights
+            from the host tiers instead (`tiering`; it keeps the device memory left when it is loaded).
         switching: the switching pipeline's settings (SwitchSettings: thresholds 1 and 2, preset count,
             retain, sub-tasks per model).
+        tiering: where models larger than the budget keep the weights they stream (TierSettings: the
+            topology, or a plan and its GPU; default: the discovered DRAM, CXL nodes and temporary folder).
     """
 
     def __init__(self, device: str = "cpu", *, total_units: int | None = None, colocation: ColocationTable | str | None = None,
                  max_in_flight: int = 8, timeline: bool = False, policy: str = "colocation",
                  progress_interval_ms: float = 1.0, trusted_keys=(), memory_budget: int | None = None,
-                 switching: SwitchSettings = SwitchSettings()):
+                 switching: SwitchSettings = SwitchSettings(), tiering: TierSettings = TierSettings()):
         if device not in ("cpu", "cuda"):
             raise TvmschedError(f"unknown device {device!r}: use cpu or cuda")
         self.device = device
@@ -110,6 +119,9 @@ class Runtime:
         if memory_budget is not None:
             func("set_memory_budget")(device, int(memory_budget))
         self.switcher = Switcher(device, int(memory_budget or 0), switching)
+        self._memory_budget = None if memory_budget is None else int(memory_budget)
+        self._tiering = tiering
+        self._tier_shares: TierShares | None = None  # resolved by the first tiered model
 
     @property
     def scheduler(self):
@@ -117,10 +129,12 @@ class Runtime:
         return getattr(self.policy, "scheduler", None)
 
     def load(self, artifact, *, qos_ms: float | None = None, priority: str = "best_effort", name: str | None = None,
-             resident: bool = True) -> Model:
+             resident: bool = True, device_bytes: int | None = None) -> Model:
         """Load an artifact (path or Artifact) as a new request stream: resident if it fits beside the
         resident models (`resident=False`: registered only), else registered and switched in by its
-        first request (evicting the least recently used idle models)."""
+        first request (evicting the least recently used idle models). A model larger than the whole
+        memory budget streams its weights from the host tiers and keeps `device_bytes` of device memory
+        (default: all that is left)."""
         if priority not in PRIORITIES:
             raise TvmschedError(f"priority must be one of {PRIORITIES}, not {priority!r}")
         executor = Executor(artifact, self.device, trusted_keys=self._trusted_keys,
@@ -131,10 +145,14 @@ class Runtime:
                 raise TvmschedError("the runtime is shut down")
             if name in self.models:
                 raise TvmschedError(f"a model named {name!r} is already loaded")
-        self.switcher.add(executor)
+        if self._memory_budget is not None and footprint(executor) > self._memory_budget:
+            del executor  # registered only to measure it: its pinned host copy goes now
+            executor = self._load_tiered(artifact, name, device_bytes)
+        else:
+            self.switcher.add(executor)
         task = Task(executor, name, self._max_in_flight, self._progress_interval_ms)  # plans its memory first
         try:
-            if resident and not self.switcher.prefetch(executor):
+            if not executor.tiered and resident and not self.switcher.prefetch(executor):
                 log.info("model %s does not fit beside the resident models: registered, switched in on demand", name)
         except Exception:
             task.close()
@@ -154,6 +172,45 @@ class Runtime:
         if priority == "best_effort":
             self.priorities.add_best_effort(task)
         return model
+
+    def _load_tiered(self, artifact, name: str, device_bytes: int | None) -> Executor:
+        """Load a model larger than the budget with the device memory left and the tier shares left."""
+        room = self._memory_budget - self.memory()["in_use"]
+        if device_bytes is not None:
+            if device_bytes > room:
+                raise TvmschedError(f"model {name} asks for {device_bytes} bytes of device memory; {max(room, 0)} are left")
+            room = int(device_bytes)
+        if room <= 0:
+            raise TvmschedError(f"model {name} is larger than the memory budget of {self._memory_budget} bytes and "
+                                "no device memory is left to stream it through")
+        if self._tier_shares is None:
+            self._tier_shares = TierShares(self._tiering)
+        executor = Executor(artifact, self.device, trusted_keys=self._trusted_keys,
+                            tiered={"device_bytes": room, "buffer_bytes": self._tiering.buffer_bytes,
+                                    "tiers": self._tier_shares.engine_tiers()})
+        info = func("tiering_info")(executor.native)
+        self._tier_shares.take(info)
+        log.info("model %s is larger than the memory budget: %d bytes of its weights stay on the device, the rest "
+                 "stream from %s", name, int(info["resident_weight_bytes"]),
+                 ", ".join(f"{t['kind']} {int(t['used_bytes'])}" for t in info["tiers"] if int(t["used_bytes"])))
+        return executor
+
+    def tiering(self, model: Model | str) -> dict:
+        """A tiered model's placement: resident weight bytes, buffer bytes, groups, bytes per tier."""
+        info = func("tiering_info")(self._model(model).task.executor.native)
+        return {"resident_weight_bytes": int(info["resident_weight_bytes"]), "buffer_bytes": int(info["buffer_bytes"]),
+                "buffers": int(info["buffers"]),
+                "groups": int(info["groups"]), "streamed_group_bytes": [int(b) for b in info["streamed_group_bytes"]],
+                "tiers": [{k: (str(v) if k == "kind" else int(v)) for k, v in t.items()} for t in info["tiers"]],
+                "direct_io": bool(info["direct_io"])}
+
+    def tier_events(self) -> list[StageEvent]:
+        """The tiered models' streamed groups ("stream" events: bytes copied, `held`: the buffer), in engine µs."""
+        events = []
+        for model in list(self.models.values()):
+            if model.tiered:
+                events += stage_events(func("tiering_events")(model.task.executor.native))
+        return events
 
     def switch_events(self) -> list[StageEvent]:
         """The switcher's recorded stages (stage1, stage2, exec, clean, evict), in engine µs."""
@@ -257,7 +314,7 @@ class Runtime:
                                "ts": (start - started) * 1e6, "dur": (end - start) * 1e6,
                                "args": {"layer": layer, "candidate": cand,
                                         "units": model.layers[layer][cand].units}})
-        for e in self.switch_events():  # the switching stages, a row per model
+        for e in self.switch_events() + self.tier_events():  # switching stages and streamed groups, a row per model
             events.append({"name": e.stage if e.group < 0 else f"{e.stage} g{e.group}", "cat": "switch", "ph": "X", "pid": 0,
                            "tid": f"{e.model} stages", "ts": e.start_us - self._started_us, "dur": e.end_us - e.start_us,
                            "args": {"group": e.group, "bytes": e.bytes}})
@@ -273,6 +330,8 @@ class Runtime:
             models = list(self.models.values())
         for model in models:
             model.task.close()
+            if model.tiered:  # its tier memory and disk file go now, not when the last reference does
+                func("release_tiers")(model.task.executor.native)
         self.switcher.close()
 
     def __enter__(self) -> Runtime:

@@ -71,6 +71,11 @@ class StageEvent:
     held: int  # after it: stage2: switching sub-tasks' bytes (threshold 2); stage1: environments ahead (threshold 1)
 
 
+def stage_events(rows) -> list[StageEvent]:
+    """The engine's event rows [model, stage, group, start_us, end_us, bytes, held]."""
+    return [StageEvent(str(e[0]), str(e[1]), int(e[2]), float(e[3]), float(e[4]), int(e[5]), int(e[6])) for e in rows]
+
+
 class Switcher:
     """The engine's switcher for one device: `budget` bytes (0: the device's budget, else its free memory)."""
 
@@ -89,7 +94,7 @@ class Switcher:
         return bool(self.native.prefetch(executor.native))
 
     def events(self) -> list[StageEvent]:
-        return [StageEvent(str(e[0]), str(e[1]), int(e[2]), float(e[3]), float(e[4]), int(e[5]), int(e[6])) for e in self.native.events()]
+        return stage_events(self.native.events())
 
     def close(self) -> None:
         self.native.close()

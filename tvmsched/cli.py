@@ -243,14 +243,25 @@ def profile_coloc(artifacts: tuple[str, ...], out: str | None, db_url: str | Non
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: outputs, latency summary, check.")
 @click.option("--trust", "trusted", multiple=True, type=click.Path(dir_okay=False), metavar="KEY.pub",
               help="Run only an artifact signed by this public key (repeatable; README, Trust model).")
+@click.option("--memory-budget", metavar="BYTES", help="Device memory for the model (e.g. 64MiB): a larger model streams "
+              "its weights from the host tiers (docs/tiering.md).")
+@click.option("--topology", default="auto", show_default=True, metavar="auto|FILE.json",
+              help="With --memory-budget: the tiers (plan-memory's topology).")
+@click.option("--plan", "plan_path", type=click.Path(dir_okay=False), help="With --memory-budget: a plan-memory --json plan; "
+              "this run takes GPU --gpu's shares of the tiers.")
+@click.option("--gpu", default=0, show_default=True, help="The plan's GPU this run is.")
 def run_cmd(artifact: str, inputs_path: str | None, output_path: str | None, device: str | None, repeat: int,
-            check_model: str | None, as_json: bool, trusted: tuple[str, ...]) -> None:
+            check_model: str | None, as_json: bool, trusted: tuple[str, ...], memory_budget: str | None, topology: str,
+            plan_path: str | None, gpu: int) -> None:
     """Run a compiled ARTIFACT once (random inputs unless --inputs)."""
     from tvmsched.runtime import load
 
     if output_path:
         _check_folder(output_path)
-    executor = load(artifact, device, trusted_keys=trusted)
+    if memory_budget is not None:
+        executor = _BudgetRun(artifact, device, trusted, memory_budget, topology, plan_path, gpu)
+    else:
+        executor = load(artifact, device, trusted_keys=trusted)
     inputs = _read_npz(inputs_path) if inputs_path else executor.random_inputs()
     outputs = executor.run(inputs)
     summary: dict = {"artifact": artifact, "model": executor.manifest.model_name, "device": executor.device,
@@ -270,8 +281,56 @@ def run_cmd(artifact: str, inputs_path: str | None, output_path: str | None, dev
         summary.update(runs=repeat, p50_ms=float(np.percentile(times_ms, 50)), p99_ms=float(np.percentile(times_ms, 99)),
                        mean_ms=float(times_ms.mean()), min_ms=float(times_ms.min()), max_ms=float(times_ms.max()))
         echo(f"latency over {repeat} runs: p50 {summary['p50_ms']:.3f} ms, p99 {summary['p99_ms']:.3f} ms")
+    if memory_budget is not None:
+        summary["tiering"] = executor.tiering()
+        executor.close()
     if as_json:
         click.echo(json.dumps(summary))
+
+
+class _BudgetRun:
+    """`run --memory-budget`: the model in a Runtime with that budget (streamed from the tiers if larger)."""
+
+    def __init__(self, artifact: str, device: str | None, trusted, budget: str, topology: str, plan: str | None, gpu: int):
+        from tvmsched.artifact import Manifest
+        from tvmsched.native import func
+        from tvmsched.runtime import Runtime
+        from tvmsched.runtime.tiering import TierSettings, parse_bytes
+
+        nbytes = parse_bytes(budget)
+        if nbytes <= 0:
+            raise TvmschedError(f"the memory budget must be positive, not {budget}")
+        self.device = device or Manifest.verified(artifact, trusted).device
+        in_use = int(func("device_memory")(self.device)["in_use"])
+        self.rt = Runtime(self.device, trusted_keys=trusted, memory_budget=in_use + nbytes,
+                          tiering=TierSettings(topology=topology, plan=plan, gpu=gpu))
+        try:
+            self.model = self.rt.load(artifact)
+        except BaseException:
+            self.rt.shutdown()
+            raise
+        self.manifest = self.model.task.executor.manifest
+        self.random_inputs = self.model.task.executor.random_inputs
+
+    def run(self, inputs: dict) -> dict:
+        return self.rt.submit(self.model, inputs).result()
+
+    def time_runs(self, inputs: dict, repeat: int) -> list[float]:
+        import time
+
+        self.run(inputs)
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            self.run(inputs)
+            times.append(time.perf_counter() - start)
+        return times
+
+    def tiering(self) -> dict | None:
+        return self.rt.tiering(self.model) if self.model.tiered else None
+
+    def close(self) -> None:
+        self.rt.shutdown()
 
 
 @cli.group()
@@ -314,6 +373,36 @@ def inspect_cmd(artifact: str, as_json: bool, trusted: tuple[str, ...]) -> None:
 
     manifest = Manifest.verified(artifact, trusted)
     click.echo(json.dumps(manifest.to_json(), indent=1) if as_json else describe(manifest))
+
+
+@cli.command("plan-memory")
+@click.option("--topology", "topology_spec", default="auto", show_default=True, metavar="auto|FILE.json",
+              help="The GPUs and memory tiers: discovered, or a JSON file (docs/tiering.md).")
+@click.option("--task", "artifacts", multiple=True, type=click.Path(dir_okay=False), metavar="ARTIFACT.tvms",
+              help="A task: a compiled artifact (repeatable).")
+@click.option("--task-bytes", "sized", multiple=True, metavar="NAME=BYTES", help="A task given by its memory need, e.g. llm=40GiB (repeatable).")
+@click.option("--disk-dir", type=click.Path(file_okay=False), help="The disk tier's folder for --topology auto (default: the temp folder).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
+def plan_memory_cmd(topology_spec: str, artifacts: tuple[str, ...], sized: tuple[str, ...], disk_dir: str | None, as_json: bool) -> None:
+    """Plan where the tasks' memory beyond each GPU's own goes: DRAM, then CXL, then disk (docs/tiering.md)."""
+    from tvmsched.runtime.tiering import Task, Topology, format_plan, parse_bytes, plan_memory
+
+    if not artifacts and not sized:
+        raise TvmschedError("plan-memory needs at least one --task or --task-bytes")
+    topology = Topology.discover(disk_dir) if topology_spec == "auto" else Topology.load(topology_spec)
+    parts = len(topology.gpus)
+    tasks = []
+    for path in artifacts:
+        if not Path(path).is_file():
+            raise TvmschedError(f"no artifact at {path}")
+        tasks.append(Task.from_artifact(path, parts))
+    for spec in sized:
+        name, sep, size = spec.partition("=")
+        if not sep or not name:
+            raise TvmschedError(f"--task-bytes {spec!r} is not NAME=BYTES")
+        tasks.append(Task.from_bytes(name, parse_bytes(size), parts))
+    plan = plan_memory(topology, tasks)
+    click.echo(json.dumps(plan.to_json()) if as_json else format_plan(plan))
 
 
 @cli.group()

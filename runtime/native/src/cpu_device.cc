@@ -98,6 +98,8 @@ class CpuDevice final : public Device {
     return ptr;
   }
   void FreeHost(void* ptr) override { std::free(ptr); }
+  void RegisterHost(void*, size_t) override {}
+  void UnregisterHost(void*) override {}
   void CopyToDevice(void* dst, const void* src, size_t n, StreamHandle) override { std::memcpy(dst, src, n); }
   void CopyToHost(void* dst, const void* src, size_t n, StreamHandle) override { std::memcpy(dst, src, n); }
   void ReadWhileRunning(void* dst, const void* src, size_t n) override {

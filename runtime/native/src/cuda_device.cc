@@ -20,7 +20,7 @@ struct Driver {
 #define TVMSCHED_CU_FN(name) decltype(&::name) name = nullptr;
 #define TVMSCHED_CU_FNS(X)                                                                              \
   X(cuInit) X(cuGetErrorString) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain)    \
-  X(cuCtxSetCurrent) X(cuMemGetInfo) X(cuMemAlloc) X(cuMemFree) X(cuMemHostAlloc) X(cuMemFreeHost)                     \
+  X(cuCtxSetCurrent) X(cuMemGetInfo) X(cuMemAlloc) X(cuMemFree) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemHostRegister) X(cuMemHostUnregister)                     \
   X(cuMemHostGetDevicePointer) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemsetD32Async)           \
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamWaitEvent) X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange) X(cuStreamSynchronize) \
   X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuEventDestroy)            \
@@ -113,6 +113,14 @@ class CudaDevice final : public Device {
     return ptr;
   }
   void FreeHost(void* ptr) override { drv_.cuMemFreeHost(ptr); }
+  void RegisterHost(void* ptr, size_t nbytes) override {
+    MakeCurrent();
+    drv_.Check(drv_.cuMemHostRegister(ptr, nbytes, CU_MEMHOSTREGISTER_PORTABLE), "cuMemHostRegister");
+  }
+  void UnregisterHost(void* ptr) override {
+    MakeCurrent();
+    drv_.cuMemHostUnregister(ptr);
+  }
   void CopyToDevice(void* dst, const void* src, size_t n, StreamHandle stream) override {
     MakeCurrent();
     auto s = stream ? static_cast<CUstream>(stream) : read_stream_;

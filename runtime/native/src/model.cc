@@ -1,4 +1,5 @@
 #include "tvmsched/model.h"
+#include "tvmsched/tiering.h"
 
 #include <tvm/ffi/error.h>
 
@@ -176,6 +177,41 @@ std::vector<std::pair<int, int>> GroupLayers(const std::vector<size_t>& layer_we
   return groups;
 }
 
+/*! \brief Groups of a tiered model: a group ends before a layer whose streamed weights would overflow a
+ *  stream buffer, and before the first streaming layer after layers that stream nothing (so the resident
+ *  layers run while the first streamed group is copied). */
+std::vector<std::pair<int, int>> StreamGroups(const std::vector<LayerSpec>& layers, const std::set<std::string>& streamed,
+                                              const std::map<std::string, size_t>& nbytes, size_t buffer) {
+  std::vector<std::pair<int, int>> groups;
+  int first = 0;
+  size_t held = 0;
+  bool streaming = false;
+  std::set<std::string> in_group;
+  for (const LayerSpec& layer : layers) {
+    size_t add = 0;
+    std::set<std::string> mine;
+    for (const auto& id : layer.inputs) {
+      if (streamed.count(id) && !in_group.count(id) && mine.insert(id).second) add += PageRound(nbytes.at(id));
+    }
+    if (layer.index > first && ((add && !streaming) || held + add > buffer)) {
+      groups.emplace_back(first, layer.index - 1);
+      first = layer.index;
+      held = 0;
+      streaming = false;
+      in_group.clear();
+      add = 0;
+      for (const auto& id : layer.inputs) {
+        if (streamed.count(id) && !in_group.count(id) && in_group.insert(id).second) add += PageRound(nbytes.at(id));
+      }
+    }
+    in_group.insert(mine.begin(), mine.end());
+    held += add;
+    streaming = streaming || add > 0;
+  }
+  groups.emplace_back(first, static_cast<int>(layers.size()) - 1);
+  return groups;
+}
+
 }  // namespace
 
 void ModelObj::Init(const std::string& path, ArtifactContents contents, const LoadOptions& options) {
@@ -203,53 +239,27 @@ void ModelObj::Init(const std::string& path, ArtifactContents contents, const Lo
       if (contents.weights.count(id) && seen.insert(id).second) layer_weights[layer.index] += contents.weights.at(id).data.size();
     }
   }
-  groups_ = GroupLayers(layer_weights, options.resident ? 1 : options.max_groups);
-  layer_group_.assign(n, 0);
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    for (int i = groups_[g].first; i <= groups_[g].second; ++i) layer_group_[i] = static_cast<int>(g);
-  }
-  group_tensors_.assign(groups_.size(), {});
   for (const LayerSpec& layer : manifest_.layers) {
     std::vector<std::string> args;
     for (const auto* ids : {&layer.inputs, &layer.outputs}) {
       for (const auto& id : *ids) {
         if (!manifest_.tensors.count(id)) TVM_FFI_THROW(TvmschedError) << "tensor " << id << " has no storage (corrupt manifest)";
         args.push_back(id);
-        if (env_tensors_.count(id)) continue;
-        int g = layer_group_[layer.index];
-        auto& users = tensor_groups_[id];
-        if (std::find(users.begin(), users.end(), g) == users.end()) {
-          users.push_back(g);
-          group_tensors_[g].push_back(id);
-        }
       }
     }
     layer_arg_ids_.push_back(std::move(args));
   }
-  group_weight_bytes_.assign(groups_.size(), 0);
-  for (auto& [id, users] : tensor_groups_) {
-    bool weight = contents.weights.count(id) > 0;
-    if (!weight && users.size() == 1) internal_.insert(id);
-    if (weight) {
-      for (int g : users) group_weight_bytes_[g] += contents.weights.at(id).data.size();
-    }
-  }
-  group_state_.reset(new std::atomic<int>[groups_.size()]);
-  for (size_t g = 0; g < groups_.size(); ++g) group_state_[g].store(kAbsent);
-  group_plans_.resize(groups_.size());
-  group_blocks_.resize(groups_.size());
-  group_bytes_.assign(groups_.size(), 0);
   for (auto& [id, array] : contents.weights) {  // resident: copied from here; registered: kept pinned
     HostWeight& host = host_weights_[id];
     host.nbytes = array.data.size();
-    if (!options.resident) {
+    if (!options.resident && !options.tiers) {
       host.data = device_->AllocHost(host.nbytes);
       std::memcpy(host.data, array.data.data(), host.nbytes);
       array.data.clear();
       array.data.shrink_to_fit();
     }
   }
-  for (int g = 0; g < num_groups(); ++g) PlanGroup(g);
+  if (!options.tiers) SetGroups(GroupLayers(layer_weights, options.resident ? 1 : options.max_groups));
   // the layers' packed arguments (data pointers bound as tensors are allocated), built once
   DLDevice dev = device_->dl_device();
   layer_args_.clear();
@@ -271,6 +281,7 @@ void ModelObj::Init(const std::string& path, ArtifactContents contents, const Lo
     std::vector<ffi::AnyView>& views = layer_views_.emplace_back();
     for (DLTensor& arg : args) views.emplace_back(&arg);
   }
+  if (options.tiers) return InitTiered(path, contents, *options.tiers);
   if (!options.resident) return;
   PrepareEnvironment();
   try {
@@ -294,7 +305,185 @@ void ModelObj::Init(const std::string& path, ArtifactContents contents, const Lo
   }
 }
 
+void ModelObj::SetGroups(std::vector<std::pair<int, int>> groups) {
+  groups_ = std::move(groups);
+  layer_group_.assign(num_layers(), 0);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (int i = groups_[g].first; i <= groups_[g].second; ++i) layer_group_[i] = static_cast<int>(g);
+  }
+  group_tensors_.assign(groups_.size(), {});
+  tensor_groups_.clear();
+  internal_.clear();
+  for (const LayerSpec& layer : manifest_.layers) {
+    for (const auto& id : layer_arg_ids_[layer.index]) {
+      if (env_tensors_.count(id)) continue;
+      int g = layer_group_[layer.index];
+      auto& users = tensor_groups_[id];
+      if (std::find(users.begin(), users.end(), g) == users.end()) {
+        users.push_back(g);
+        group_tensors_[g].push_back(id);
+      }
+    }
+  }
+  group_weight_bytes_.assign(groups_.size(), 0);
+  for (auto& [id, users] : tensor_groups_) {
+    bool weight = host_weights_.count(id) > 0;
+    if (!weight && users.size() == 1) internal_.insert(id);
+    if (weight) {
+      for (int g : users) group_weight_bytes_[g] += host_weights_.at(id).nbytes;
+    }
+  }
+  group_state_.reset(new std::atomic<int>[groups_.size()]);
+  for (size_t g = 0; g < groups_.size(); ++g) group_state_[g].store(kAbsent);
+  group_plans_.assign(groups_.size(), MemoryPlan());
+  group_blocks_.assign(groups_.size(), {});
+  group_bytes_.assign(groups_.size(), 0);
+  for (int g = 0; g < num_groups(); ++g) PlanGroup(g);
+}
+
+void ModelObj::InitTiered(const std::string& path, ArtifactContents& contents, const TierOptions& options) {
+  const size_t room = options.device_bytes;
+  auto fail = [&](const std::string& why) { TVM_FFI_THROW(TvmschedError) << "cannot stream model " << name() << ": " << why; };
+  std::vector<std::string> order;  // weights in the order the layers first read them
+  std::map<std::string, size_t> nbytes;
+  size_t largest = 0;
+  int largest_layer = 0;
+  for (const LayerSpec& layer : manifest_.layers) {
+    size_t mine = 0;
+    std::set<std::string> seen_here;
+    for (const auto& id : layer.inputs) {
+      auto host = host_weights_.find(id);
+      if (host == host_weights_.end() || !seen_here.insert(id).second) continue;
+      mine += PageRound(host->second.nbytes);
+      if (!nbytes.count(id)) order.push_back(id);
+      nbytes[id] = host->second.nbytes;
+    }
+    if (mine > largest) largest = mine, largest_layer = layer.index;
+  }
+  if (env_bytes_ >= room) fail("its inputs and outputs alone take " + std::to_string(env_bytes_) + " of the " + std::to_string(room) + " bytes of device memory it may use");
+  size_t buffer = options.buffer_bytes ? PageRound(options.buffer_bytes) : std::max(largest, PageRound((room - env_bytes_) / 8));
+  if (buffer < largest) {
+    fail("a stream buffer of " + std::to_string(buffer) + " bytes cannot hold the weights of layer " + std::to_string(largest_layer) +
+         " (" + std::to_string(largest) + " bytes)");
+  }
+  // the weights read first stay on the device while they fit beside the environment, the activations and two
+  // buffers; where even none leaves room for two, one buffer (each group's copy then waits for the one before to run)
+  int buffers = 2;
+  long long for_resident = static_cast<long long>(room) - static_cast<long long>(env_bytes_ + 2 * buffer);
+  size_t resident = 0, slot = 0;
+  while (true) {
+    streamed_.clear();
+    resident = 0;
+    for (const auto& id : order) {
+      if (streamed_.empty() && static_cast<long long>(resident + nbytes[id]) <= for_resident) {
+        resident += nbytes[id];
+      } else {
+        streamed_.insert(id);
+      }
+    }
+    SetGroups(StreamGroups(manifest_.layers, streamed_, nbytes, buffer));
+    stream_layout_.assign(num_groups(), {});
+    stream_bytes_.assign(num_groups(), 0);
+    slot = 0;
+    size_t activations = 0;
+    for (int g = 0; g < num_groups(); ++g) {
+      for (size_t b : group_plans_[g].storage_bytes) activations += b;
+      for (const auto& id : group_tensors_[g]) {
+        if (!streamed_.count(id)) continue;
+        stream_layout_[g].emplace_back(id, stream_bytes_[g]);
+        stream_bytes_[g] += PageRound(nbytes[id]);
+      }
+      slot = std::max(slot, stream_bytes_[g]);
+    }
+    for (const auto& [id, users] : tensor_groups_) {  // activations crossing groups: allocated once
+      if (!internal_.count(id) && !host_weights_.count(id)) activations += TensorBytes(id);
+    }
+    size_t need = env_bytes_ + activations + resident + buffers * (slot + 4096);
+    if (need <= room) break;
+    if (resident == 0 && buffers == 2) {
+      buffers = 1;
+      for_resident = static_cast<long long>(room) - static_cast<long long>(env_bytes_ + buffer);
+      continue;
+    }
+    if (resident == 0) {
+      fail("it needs at least " + std::to_string(need) + " bytes of device memory (inputs and outputs " + std::to_string(env_bytes_) +
+           ", activations " + std::to_string(activations) + ", a stream buffer of " + std::to_string(slot) + ") and may use " +
+           std::to_string(room) + " (" + path + ")");
+    }
+    for_resident = static_cast<long long>(resident) - static_cast<long long>(need - room);
+  }
+  num_buffers_ = buffers;
+  buffer_bytes_ = slot;
+  resident_weight_bytes_ = resident;
+  for (int g = 0; g < num_groups(); ++g) {
+    if (stream_bytes_[g]) streamed_groups_.push_back(g);
+  }
+  std::vector<std::pair<std::string, const std::string*>> streamed;
+  for (const auto& id : order) {
+    if (streamed_.count(id)) streamed.emplace_back(id, &contents.weights.at(id).data);
+  }
+  tier_store_ = std::make_unique<TierStore>(device_, options.tiers, streamed, name());
+  PrepareEnvironment();
+  try {
+    for (const auto& id : order) {
+      if (streamed_.count(id)) continue;
+      const std::string& bytes = contents.weights.at(id).data;
+      tensor_data_[id] = AllocFor("weight " + id, bytes.size());
+      device_->CopyToDevice(tensor_data_[id], bytes.data(), bytes.size(), nullptr);
+    }
+    for (int g = 0; g < num_groups(); ++g) {
+      PrepareGroup(g, nullptr);  // activations (the streamed weights come with StreamIn)
+      SetGroupState(g, stream_bytes_[g] ? kAbsent : kReady);
+    }
+    if (!streamed_groups_.empty()) {
+      for (int b = 0; b < num_buffers_; ++b) buffers_[b] = AllocFor("a stream buffer", slot + 4096);  // page-aligned inside
+    }
+  } catch (...) {
+    for (int g = 0; g < num_groups(); ++g) FreeGroupBlocks(g);
+    for (auto& [id, data] : tensor_data_) device_->Release(data);
+    tensor_data_.clear();
+    for (void*& buffer_ptr : buffers_) {
+      if (buffer_ptr) device_->Release(buffer_ptr);
+      buffer_ptr = nullptr;
+    }
+    CleanEnvironment();
+    tier_store_.reset();
+    throw;
+  }
+  for (auto& [id, array] : contents.weights) {  // the tiers and the device hold them now
+    array.data.clear();
+    array.data.shrink_to_fit();
+  }
+  SetResidency(CreateStreamer(this));
+}
+
+void ModelObj::ReleaseTiers() {
+  if (!tier_store_) return;
+  residency_->Detach();  // its thread stops first: nothing copies from the tiers after this
+  SetResidencyError("model " + name() + " was shut down (its memory tiers are released)");
+  tier_store_.reset();
+}
+
+void ModelObj::StreamIn(int g, int slot, char* bounce, StreamHandle copy_stream, int only_tier, size_t* copied) {
+  auto address = reinterpret_cast<uintptr_t>(buffers_[slot]);
+  char* base = reinterpret_cast<char*>(PageRound(address));
+  for (int disk = 0; disk < 2; ++disk) {  // host-memory tiers first: their copies run while the disk is read
+    for (const auto& [id, offset] : stream_layout_[g]) {
+      const TierStore::Home& home = tier_store_->home(id);
+      if ((home.data == nullptr) != (disk == 1) || (only_tier >= 0 && home.tier != only_tier)) continue;
+      tier_store_->Fetch(id, base + offset, bounce ? bounce + offset : nullptr, copy_stream);
+      if (copied) *copied += home.nbytes;
+    }
+  }
+  if (copy_stream) device_->SyncStream(copy_stream);
+  if (only_tier >= 0) return;
+  for (const auto& [id, offset] : stream_layout_[g]) tensor_data_[id] = base + offset;
+  for (int i = groups_[g].first; i <= groups_[g].second; ++i) BindLayer(i);
+  for (const auto& [id, offset] : stream_layout_[g]) tensor_data_.erase(id);
+}
+
 ModelObj::~ModelObj() {
+  if (residency_) residency_->Detach();  // a streamer stops before what it copies into goes
   try {
     Synchronize();
   } catch (...) {  // a failed device: free what can be freed
@@ -302,6 +491,10 @@ ModelObj::~ModelObj() {
   for (int g = 0; g < num_groups(); ++g) FreeGroupBlocks(g);
   for (auto& [id, data] : tensor_data_) device_->Release(data);
   tensor_data_.clear();
+  for (void*& buffer : buffers_) {
+    if (buffer) device_->Release(buffer);
+    buffer = nullptr;
+  }
   CleanEnvironment();
   for (auto& [id, host] : host_weights_) {
     if (host.data) device_->FreeHost(host.data);
@@ -452,7 +645,11 @@ void ModelObj::BindLayer(int i) {
     const std::string& id = layer_arg_ids_[i][a];
     const auto& where = env_tensors_.count(id) ? env_data_ : tensor_data_;
     auto found = where.find(id);
-    layer_args_[i][a].data = found == where.end() ? nullptr : found->second;
+    if (found != where.end()) {
+      layer_args_[i][a].data = found->second;
+    } else if (!streamed_.count(id)) {  // a streamed weight keeps what StreamIn bound
+      layer_args_[i][a].data = nullptr;
+    }
   }
 }
 
@@ -460,7 +657,7 @@ void ModelObj::PrepareGroup(int g, StreamHandle copy_stream) {
   std::vector<std::string> fresh;  // allocated here: freed again if a later step fails
   try {
     for (const auto& id : group_tensors_[g]) {
-      if (internal_.count(id) || tensor_data_.count(id)) continue;
+      if (internal_.count(id) || tensor_data_.count(id) || streamed_.count(id)) continue;
       auto host = host_weights_.find(id);
       if (host != host_weights_.end()) {
         if (!host->second.data) TVM_FFI_THROW(TvmschedError) << "internal: weight " << id << " has no host copy";

@@ -27,6 +27,17 @@ ffi::Array<int64_t> ToArray(const std::vector<T>& values) {
   return out;
 }
 
+ffi::Array<ffi::Array<ffi::Any>> EventRows(const std::vector<StageEvent>& events) {  // [model, stage, group, start_us, end_us, bytes, held]
+  ffi::Array<ffi::Array<ffi::Any>> out;
+  for (const StageEvent& e : events) out.push_back({e.model, e.stage, e.group, e.start_us, e.end_us, e.bytes, e.held});
+  return out;
+}
+
+int64_t NonNegative(int64_t bytes, const char* what) {
+  if (bytes < 0) TVM_FFI_THROW(TvmschedError) << what << " cannot be negative";
+  return bytes;
+}
+
 ffi::Array<ffi::Array<int64_t>> Launches(const std::vector<Launch>& launches) {
   ffi::Array<ffi::Array<int64_t>> out;
   for (const Launch& l : launches) out.push_back({l.request, l.layer, l.candidate});
@@ -107,6 +118,64 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              options.preset_count = preset_count;
              options.retain = retain;
              return Switcher::Create(OpenDevice(kind), options);
+           })
+      .def("tvmsched.engine.load_tiered",
+           [](const std::string& path, const std::string& device, const std::string& flag_memory,
+              ffi::Array<ffi::String> trusted_key_files, int64_t device_bytes, int64_t buffer_bytes,
+              ffi::Array<ffi::Map<ffi::String, ffi::Any>> tiers) {
+             // a model larger than its device memory: weights streamed from this device's tier shares (tiering.h);
+             // tiers: [{"kind", "capacity_bytes", "numa_node" (-1: none), "path"}] in priority order
+             auto options = std::make_shared<TierOptions>();
+             options->device_bytes = static_cast<size_t>(NonNegative(device_bytes, "device memory"));
+             options->buffer_bytes = static_cast<size_t>(NonNegative(buffer_bytes, "a stream buffer"));
+             for (const auto& tier : tiers) {
+               TierShare share;
+               share.kind = tier.at("kind").cast<ffi::String>();
+               share.capacity = static_cast<size_t>(NonNegative(tier.at("capacity_bytes").cast<int64_t>(), "a tier's capacity"));
+               share.numa_node = static_cast<int>(tier.at("numa_node").cast<int64_t>());
+               share.path = tier.at("path").cast<ffi::String>();
+               options->tiers.push_back(share);
+             }
+             std::vector<std::string> files(trusted_key_files.begin(), trusted_key_files.end());
+             LoadOptions load;
+             load.flag_memory = ParseFlagMemory(flag_memory);
+             load.tiers = options;
+             return Model::Load(path, device, load, TrustedKeys::FromFiles(files));
+           })
+      .def("tvmsched.engine.tiering_info",
+           [](Model m) {
+             ffi::Map<ffi::String, ffi::Any> out;
+             TierStore* store = m->tier_store();
+             if (!store) TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " is not tiered";
+             out.Set("resident_weight_bytes", static_cast<int64_t>(m->resident_weight_bytes()));
+             out.Set("buffer_bytes", static_cast<int64_t>(m->buffer_bytes()));
+             out.Set("buffers", m->num_buffers());
+             out.Set("groups", m->num_groups());
+             ffi::Array<int64_t> streamed;
+             for (int g : m->streamed_groups()) streamed.push_back(static_cast<int64_t>(m->stream_bytes(g)));
+             out.Set("streamed_group_bytes", streamed);
+             ffi::Array<ffi::Map<ffi::String, ffi::Any>> tiers;
+             for (size_t t = 0; t < store->tiers().size(); ++t) {
+               ffi::Map<ffi::String, ffi::Any> tier;
+               tier.Set("kind", store->tiers()[t].kind);
+               tier.Set("capacity_bytes", static_cast<int64_t>(store->tiers()[t].capacity));
+               tier.Set("used_bytes", static_cast<int64_t>(store->used()[t]));
+               tiers.push_back(tier);
+             }
+             out.Set("tiers", tiers);
+             out.Set("disk_fd", store->disk_fd());
+             out.Set("direct_io", store->direct_io());
+             return out;
+           })
+      .def("tvmsched.engine.release_tiers", [](Model m) { m->ReleaseTiers(); })
+      .def("tvmsched.engine.tiering_events", [](Model m) { return EventRows(StreamerEvents(*m.get())); })
+      .def("tvmsched.engine.tier_copy_floor",
+           [](Model m, int repeat) {  // kind -> [seconds, bytes]
+             ffi::Map<ffi::String, ffi::Array<double>> out;
+             for (const auto& [kind, floor] : TierCopyFloor(*m.get(), repeat)) {
+               out.Set(kind, ffi::Array<double>{floor.first, static_cast<double>(floor.second)});
+             }
+             return out;
            })
       .def("tvmsched.engine.copy_floor", [](Model m, int repeat) { return CopyFloorSeconds(*m.get(), repeat); })
       .def("tvmsched.engine.verify_artifact",
@@ -204,11 +273,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("prefetch", [](Switcher s, Model m) { return s->Prefetch(std::move(m)); })
       .def("evict", [](Switcher s, Model m, bool keep_env) { return s->Evict(std::move(m), keep_env); })
       .def("events",
-           [](Switcher s) {  // [model, stage, group, start_us, end_us, bytes, held]
-             ffi::Array<ffi::Array<ffi::Any>> out;
-             for (const StageEvent& e : s->Events()) out.push_back({e.model, e.stage, e.group, e.start_us, e.end_us, e.bytes, e.held});
-             return out;
-           })
+           [](Switcher s) { return EventRows(s->Events()); })
       .def("options",
            [](Switcher s) {
              const SwitchOptions& o = s->options();

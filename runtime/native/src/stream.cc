@@ -145,7 +145,7 @@ Request StreamObj::Submit(ffi::Map<ffi::String, ffi::Tensor> inputs, std::vector
     }
     requests_.emplace_back(request);
     queued_.fetch_add(1, std::memory_order_release);
-    if (Residency* residency = m_->residency(); residency && !m_->resident()) residency->Demand(m_);  // stage 1 starts now
+    if (Residency* residency = m_->residency(); residency && !m_->resident()) residency->Demand(m_, -1);  // stage 1 starts now
   }
   cond_.notify_all();
   return Request(request);
@@ -314,7 +314,7 @@ std::optional<Launch> StreamObj::NextLaunch() {
     if (requests_.empty() || next_layer_ >= m_->num_layers()) return std::nullopt;  // waiting for in-flight ones
     if (next_layer_ == 0) {
       if (!m_->env_ready()) {  // a registered model whose environment (stage 1) is not prepared
-        if (Gate()) continue;
+        if (Gate(-1)) continue;
         return std::nullopt;
       }
       if (!StartRequest()) continue;  // a bad request failed alone; try the next
@@ -323,7 +323,7 @@ std::optional<Launch> StreamObj::NextLaunch() {
     Launch launch{request_ids_, next_layer_, ids.empty() ? 0 : ids[next_layer_]};
     if (!MayLaunch(launch)) return std::nullopt;
     if (m_->residency() && !Lease(next_layer_)) {
-      if (Gate()) continue;
+      if (Gate(m_->group_of(next_layer_))) continue;
       return std::nullopt;
     }
     ++next_layer_;
@@ -336,14 +336,14 @@ bool StreamObj::MayLaunch(const Launch& launch) const {
   return !(gpu_ && !in_flight_.empty() && !idempotent(launch));
 }
 
-bool StreamObj::Gate() {
+bool StreamObj::Gate(int group) {
   std::string error = m_->residency_error();
   if (!error.empty()) {  // it cannot be prepared: its requests fail, the other models go on
     FailHead(error);
     return true;
   }
   gated_ = true;
-  m_->residency()->Demand(m_);
+  m_->residency()->Demand(m_, group);
   return false;
 }
 

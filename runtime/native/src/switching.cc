@@ -143,7 +143,7 @@ class SwitcherCore : public Residency {
   const SwitchOptions& options() const { return options_; }
 
   // ---- Residency: called by streams under their locks ------------------------------------------
-  void Demand(ModelObj* m) override {
+  void Demand(ModelObj* m, int /*group*/) override {
     std::lock_guard<std::mutex> lock(mu_);
     auto found = entries_.find(m);
     if (stop_ || found == entries_.end() || found->second.env == kEnvFailed) return;

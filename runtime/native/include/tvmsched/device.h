@@ -56,6 +56,10 @@ class Device {
   /*! \brief Host memory that copies to and from the device fast (CUDA: pinned). */
   virtual void* AllocHost(size_t nbytes) = 0;
   virtual void FreeHost(void* ptr) = 0;
+  /*! \brief Make host memory allocated elsewhere (e.g. bound to a NUMA node) copy as fast as AllocHost's
+   *  (CUDA: page-locked with cuMemHostRegister; CPU: nothing to do). UnregisterHost before freeing it. */
+  virtual void RegisterHost(void* ptr, size_t nbytes) = 0;
+  virtual void UnregisterHost(void* ptr) = 0;
   /*! \brief Copies ordered on `stream` (0: synchronous); CPU copies are always synchronous. */
   virtual void CopyToDevice(void* dst, const void* src, size_t nbytes, StreamHandle stream) = 0;
   virtual void CopyToHost(void* dst, const void* src, size_t nbytes, StreamHandle stream) = 0;

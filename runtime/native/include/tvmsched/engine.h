@@ -19,6 +19,7 @@
 #include "tvmsched/model.h"
 #include "tvmsched/stream.h"
 #include "tvmsched/switching.h"
+#include "tvmsched/tiering.h"
 #include "tvmsched/timer.h"
 
 #endif  // TVMSCHED_ENGINE_H_

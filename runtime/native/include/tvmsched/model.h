@@ -48,6 +48,8 @@ MemoryPlan PlanMemory(const std::vector<LayerSpec>& layers, const std::map<std::
 MemoryPlan PlanMemory(const Manifest& manifest, int reuse_distance);
 
 class ModelObj;
+struct TierOptions;  // tvmsched/tiering.h
+class TierStore;
 
 /*! \brief How a model is loaded. */
 struct LoadOptions {
@@ -57,6 +59,9 @@ struct LoadOptions {
   bool resident = true;
   /*! \brief Sub-tasks (groups of consecutive layers) at most; 1: the whole model is one. */
   int max_groups = 1;
+  /*! \brief A model larger than its device memory: weights streamed from host tiers (tvmsched/tiering.h).
+   *  Everything else is prepared now; `resident` and `max_groups` are ignored. */
+  std::shared_ptr<const TierOptions> tiers;
 };
 
 /*! \brief What a switcher hears from the streams running a registered model (tvmsched/switching.h).
@@ -64,12 +69,14 @@ struct LoadOptions {
 class Residency {
  public:
   virtual ~Residency() = default;
-  /*! \brief A request needs an environment or a sub-task that is not prepared. */
-  virtual void Demand(ModelObj* model) = 0;
+  /*! \brief A request needs sub-task `group` (-1: the environment, or a request was queued). */
+  virtual void Demand(ModelObj* model, int group) = 0;
   virtual void GroupStarted(ModelObj* model, int group) = 0;
   virtual void GroupFinished(ModelObj* model, int group) = 0;
   /*! \brief A request of the model finished (done or failed). */
   virtual void RequestFinished(ModelObj* model) = 0;
+  /*! \brief The model is going away: stop using it (a residency it owns joins its threads here). */
+  virtual void Detach() {}
 };
 
 /*! \brief A sub-task's state (ModelObj::group_state). A stream launches a group's layers from kReady
@@ -179,6 +186,25 @@ class ModelObj : public ffi::Object {
     for (const auto& [id, host] : host_weights_) out.emplace_back(host.data, host.nbytes);
     return out;
   }
+  // ---- tiering (mechanism D, tvmsched/tiering.h): a model larger than its device memory. Its
+  // groups without streamed weights are kReady from Init; a streamer thread alone calls StreamIn.
+  bool tiered() const { return tier_store_ != nullptr; }
+  TierStore* tier_store() const { return tier_store_.get(); }
+  /*! \brief The groups with streamed weights, in layer order. */
+  const std::vector<int>& streamed_groups() const { return streamed_groups_; }
+  /*! \brief Bytes group `g` copies into a stream buffer (its streamed weights, page-aligned). */
+  size_t stream_bytes(int g) const { return stream_bytes_[g]; }
+  size_t buffer_bytes() const { return buffer_bytes_; }
+  /*! \brief Stream buffers: 2 (double buffering), or 1 where the device memory holds only one. */
+  int num_buffers() const { return num_buffers_; }
+  /*! \brief Stop streaming and give the tiers back (their memory, the disk file): its later requests fail. */
+  void ReleaseTiers();
+  size_t resident_weight_bytes() const { return resident_weight_bytes_; }
+  /*! \brief Copy group `g`'s streamed weights into stream buffer `slot` (0 or 1) on `copy_stream`
+   *  (0: synchronous; `bounce`: page-aligned host memory of buffer_bytes() for disk reads), wait for
+   *  them, and bind its layers to them. For measuring: `only_tier` >= 0 copies only the weights in that
+   *  tier and binds nothing; `copied` (if given) adds the bytes copied. */
+  void StreamIn(int g, int slot, char* bounce, StreamHandle copy_stream, int only_tier = -1, size_t* copied = nullptr);
   /*! \brief Requests queued or running on a stream (a switcher never evicts a model in use). */
   std::atomic<int> users{0};
   /*! \brief A stream took a request (waits while a switcher is cleaning the environment). */
@@ -211,6 +237,11 @@ class ModelObj : public ffi::Object {
   std::map<int, StreamHandle> streams_;  // units -> this model's stream (tenants overlap)
   StreamHandle current_stream_ = nullptr;
   std::string kernels_;  // kernels.so, kept for stage 1
+  /*! \brief Sub-tasks and what each uses (groups_, layer_group_, group_tensors_, tensor_groups_, internal_,
+   *  group_weight_bytes_, plans), from `groups` (first and last layer of each). */
+  void SetGroups(std::vector<std::pair<int, int>> groups);
+  /*! \brief Init of a tiered model (after the host weights' sizes are known). */
+  void InitTiered(const std::string& path, ArtifactContents& contents, const TierOptions& options);
   struct HostWeight {
     void* data = nullptr;  // pinned host memory (registered models; resident ones drop it after the copy)
     size_t nbytes = 0;
@@ -241,6 +272,15 @@ class ModelObj : public ffi::Object {
   std::vector<std::vector<std::string>> layer_arg_ids_;  // per layer: the tensor of each of its first args
   std::vector<std::vector<DLTensor>> layer_args_;  // per layer: inputs, outputs, flags, counter
   std::vector<std::vector<ffi::AnyView>> layer_views_;  // per layer: views of layer_args_ (what CallPacked takes)
+  // tiering
+  std::unique_ptr<TierStore> tier_store_;
+  std::set<std::string> streamed_;                 // weights that live in the host tiers
+  std::vector<int> streamed_groups_;
+  std::vector<size_t> stream_bytes_;               // per group
+  std::vector<std::vector<std::pair<std::string, size_t>>> stream_layout_;  // per group: weight -> offset in a buffer
+  size_t buffer_bytes_ = 0, resident_weight_bytes_ = 0;
+  void* buffers_[2] = {nullptr, nullptr};
+  int num_buffers_ = 2;
   FlagArray flags_;
   int32_t* counters_ = nullptr;
   int reuse_distance_ = 1;

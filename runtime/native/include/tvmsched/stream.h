@@ -153,7 +153,7 @@ class StreamObj : public ffi::Object {
   bool MayLaunch(const Launch& launch) const;
   bool StartRequest();
   /*! \brief The next launch waits for the switcher (true: the head request failed instead; go on). */
-  bool Gate();
+  bool Gate(int group);
   /*! \brief Lease the sub-task of `layer` for the running request (false: it is not prepared). */
   bool Lease(int layer);
   /*! \brief A request left the queue (done or failed): the model's users and its switcher hear it. */

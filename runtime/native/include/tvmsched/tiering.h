@@ -1,0 +1,114 @@
+/*!
+ * \file tvmsched/tiering.h
+ * \brief Mechanism D of ../shared/mechanisms.md, the execution side: a model larger than the device
+ *        memory it may use. docs/tiering.md states the plan this follows and what each part costs.
+ *
+ * A tiered model (LoadOptions::tiers) keeps on the device its environment, every activation, the
+ * weights of its first layers that fit, and two stream buffers; its other weights ("streamed") live in
+ * this device's shares of the host tiers, in priority order: DRAM and CXL (host memory bound to a NUMA
+ * node with mbind, page-locked for the device) and disk (an unnamed file, gone when the model is).
+ * Its layers are grouped so that each group's streamed weights fit one buffer; a streamer thread copies
+ * the next group's weights into the free buffer while the current group runs (double buffering), in
+ * the order the artifact's layers read them, never through demand paging. Every request runs the groups
+ * in order from the first; after the last group the first one of the next request is already loaded.
+ *
+ * The choice of the tiers' sizes is the planner's (runtime/tiering.py, a policy): the engine only
+ * fills the shares it is given and refuses a model they cannot hold.
+ */
+#ifndef TVMSCHED_TIERING_H_
+#define TVMSCHED_TIERING_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tvmsched/device.h"
+#include "tvmsched/model.h"
+#include "tvmsched/switching.h"
+
+namespace tvmsched {
+
+/*! \brief This device's share of one host tier. */
+struct TierShare {
+  std::string kind;       ///< "dram", "cxl" or "disk"
+  size_t capacity = 0;    ///< bytes this device may place there
+  int numa_node = -1;     ///< dram/cxl: bind to this node (-1: the default policy)
+  std::string path;       ///< disk: the directory of the weight file
+};
+
+/*! \brief How a model larger than its device memory is placed (LoadOptions::tiers). */
+struct TierOptions {
+  size_t device_bytes = 0;  ///< device memory the model may hold, all of it included
+  size_t buffer_bytes = 0;  ///< each of the two stream buffers (0: the largest layer's weights or 1/8 of the room, the larger)
+  std::vector<TierShare> tiers;  ///< in priority order
+};
+
+/*! \brief Where each streamed weight lives: the host tiers' memory and the disk file of one model. */
+class TierStore {
+ public:
+  struct Home {
+    int tier = -1;          ///< index into TierOptions::tiers
+    const char* data = nullptr;  ///< dram/cxl: its bytes
+    int64_t offset = -1;    ///< disk: its offset in the file (page-aligned)
+    size_t nbytes = 0;
+  };
+  /*! \brief Place `weights` (id -> bytes, in the order given) in the tiers, filling each before the next;
+   *  one TvmschedError line naming the shortfall when they cannot hold them. */
+  TierStore(std::shared_ptr<Device> device, const std::vector<TierShare>& tiers,
+            const std::vector<std::pair<std::string, const std::string*>>& weights, const std::string& model);
+  ~TierStore();
+  TierStore(const TierStore&) = delete;
+  TierStore& operator=(const TierStore&) = delete;
+
+  const Home& home(const std::string& id) const { return homes_.at(id); }
+  /*! \brief Bytes placed in each tier (by index). */
+  const std::vector<size_t>& used() const { return used_; }
+  const std::vector<TierShare>& tiers() const { return tiers_; }
+  /*! \brief Copy weight `id` into device memory `dst` on `stream` (0: synchronous); disk weights are read
+   *  into `bounce` (page-aligned host memory of at least the page-rounded size) first, except on a CPU
+   *  device, whose memory they are read into directly. Returns without waiting for the copy. */
+  void Fetch(const std::string& id, void* dst, char* bounce, StreamHandle stream);
+  /*! \brief The disk file's descriptor (-1: none); its name is already unlinked. */
+  int disk_fd() const { return fd_; }
+  bool direct_io() const { return direct_fd_ >= 0; }
+
+ private:
+  /*! \brief Give back the tiers' memory and close the file (the destructor, or a constructor that failed). */
+  void Release();
+
+  std::shared_ptr<Device> device_;
+  std::vector<TierShare> tiers_;
+  std::vector<size_t> used_;
+  struct Region {
+    char* base = nullptr;
+    size_t bytes = 0;
+  };
+  std::vector<Region> regions_;  // per tier (disk: none)
+  std::map<std::string, Home> homes_;
+  int fd_ = -1, direct_fd_ = -1;  // the disk file; direct_fd_: the same file opened with O_DIRECT (or -1)
+  bool cpu_ = true;
+};
+
+/*! \brief Round up to the page size (4096): buffer layouts and the disk file use page-aligned places. */
+inline size_t PageRound(size_t n) { return (n + 4095) / 4096 * 4096; }
+
+/*! \brief Bind `nbytes` of fresh anonymous memory to NUMA node `node` (mbind, before it is touched);
+ *  one TvmschedError line when the node does not exist or the kernel refuses. */
+void BindToNode(void* addr, size_t nbytes, int node);
+
+/*! \brief The streamer of a tiered model (ModelObj::Init gives it one): its residency, whose thread
+ *  keeps the group the running request needs next, and the one after, in the two stream buffers. */
+std::shared_ptr<Residency> CreateStreamer(ModelObj* model);
+
+/*! \brief The streamer's record: a "stream" event per group copied (bytes: what it copied). */
+std::vector<StageEvent> StreamerEvents(ModelObj& model);
+
+/*! \brief Per tier (by kind), the seconds to copy the model's weights that live there into a stream
+ *  buffer, the path its groups use (the fastest of `repeat`), and the bytes: the copy floor of a
+ *  request. The model must be idle; the buffers are loaded again afterwards. */
+std::map<std::string, std::pair<double, size_t>> TierCopyFloor(ModelObj& model, int repeat);
+
+}  // namespace tvmsched
+
+#endif  // TVMSCHED_TIERING_H_

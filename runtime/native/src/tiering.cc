@@ -1,0 +1,398 @@
+// Mechanism D, the execution side (tvmsched/tiering.h): the host tiers of a model's streamed weights
+// and the streamer thread that double-buffers them into the device ahead of their layers.
+#include "tvmsched/tiering.h"
+
+#include <fcntl.h>
+#include <linux/mempolicy.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <tvm/ffi/error.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+namespace tvmsched {
+
+namespace {
+
+std::string Bytes(size_t n) {
+  std::ostringstream out;
+  out.precision(3);
+  if (n >= (size_t(1) << 30)) {
+    out << static_cast<double>(n) / (1 << 30) << " GiB";
+  } else if (n >= (size_t(1) << 20)) {
+    out << static_cast<double>(n) / (1 << 20) << " MiB";
+  } else {
+    out << n << " bytes";
+  }
+  return out.str();
+}
+
+/*! \brief An unnamed file in `dir` (removed by the kernel when its last descriptor closes, even if the
+ *  process is killed): O_TMPFILE, else a unique name unlinked at once. */
+int OpenUnnamedFile(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd >= 0) return fd;
+  std::string path = dir + "/tvmsched-weights-XXXXXX";
+  fd = ::mkostemp(path.data(), O_CLOEXEC);
+  if (fd < 0) TVM_FFI_THROW(TvmschedError) << "cannot create the disk tier's weight file in " << dir << ": " << std::strerror(errno);
+  ::unlink(path.c_str());
+  return fd;
+}
+
+void WriteAll(int fd, const char* data, size_t n, int64_t offset, const std::string& dir) {
+  while (n > 0) {
+    ssize_t wrote = ::pwrite(fd, data, n, offset);
+    if (wrote <= 0) {
+      TVM_FFI_THROW(TvmschedError) << "cannot write the disk tier's weight file in " << dir << ": "
+                                   << (wrote < 0 ? std::strerror(errno) : "nothing written");
+    }
+    data += wrote, n -= static_cast<size_t>(wrote), offset += wrote;
+  }
+}
+
+}  // namespace
+
+void BindToNode(void* addr, size_t nbytes, int node) {
+  constexpr int kMaxNodes = 1024;
+  if (node < 0 || node >= kMaxNodes) TVM_FFI_THROW(TvmschedError) << "NUMA node " << node << " is out of range";
+  unsigned long mask[kMaxNodes / (8 * sizeof(unsigned long))] = {0};
+  mask[node / (8 * sizeof(unsigned long))] |= 1UL << (node % (8 * sizeof(unsigned long)));
+  if (syscall(SYS_mbind, addr, nbytes, MPOL_BIND, mask, kMaxNodes + 1, 0) != 0) {
+    TVM_FFI_THROW(TvmschedError) << "cannot bind " << Bytes(nbytes) << " to NUMA node " << node << ": " << std::strerror(errno)
+                                 << " (is the node online and does it have memory?)";
+  }
+}
+
+TierStore::TierStore(std::shared_ptr<Device> device, const std::vector<TierShare>& tiers,
+                     const std::vector<std::pair<std::string, const std::string*>>& weights, const std::string& model)
+    : device_(std::move(device)), tiers_(tiers), used_(tiers.size(), 0), regions_(tiers.size()), cpu_(std::string(device_->kind()) == "cpu") {
+  for (const TierShare& tier : tiers_) {
+    if (tier.kind != "dram" && tier.kind != "cxl" && tier.kind != "disk") {
+      TVM_FFI_THROW(TvmschedError) << "unknown memory tier " << tier.kind << " (dram, cxl or disk)";
+    }
+    if (tier.kind == "disk" && tier.path.empty()) TVM_FFI_THROW(TvmschedError) << "the disk tier needs a directory";
+  }
+  size_t total = 0;
+  for (const auto& [id, data] : weights) total += PageRound(data->size());
+  size_t t = 0;
+  for (const auto& [id, data] : weights) {  // each tier filled before the next, in the order the layers read them
+    size_t rounded = PageRound(data->size());
+    while (t < tiers_.size() && used_[t] + rounded > tiers_[t].capacity) ++t;
+    if (t == tiers_.size()) {
+      std::ostringstream shares;
+      size_t held = 0;
+      for (const TierShare& tier : tiers_) {
+        shares << (held || &tier != &tiers_[0] ? ", " : "") << tier.kind << " " << Bytes(tier.capacity);
+        held += tier.capacity;
+      }
+      TVM_FFI_THROW(TvmschedError) << "model " << model << " streams " << Bytes(total) << " of weights but this device's tier shares hold "
+                                   << Bytes(held) << " (" << (tiers_.empty() ? "none" : shares.str()) << "): short by at least "
+                                   << Bytes(total > held ? total - held : rounded);
+    }
+    homes_[id] = Home{static_cast<int>(t), nullptr, static_cast<int64_t>(used_[t]), data->size()};
+    used_[t] += rounded;
+  }
+  fd_ = -1;
+  try {
+    for (size_t i = 0; i < tiers_.size(); ++i) {
+      if (!used_[i]) continue;
+      const TierShare& tier = tiers_[i];
+      if (tier.kind == "disk") {
+        if (fd_ >= 0) TVM_FFI_THROW(TvmschedError) << "one disk tier per device";
+        fd_ = OpenUnnamedFile(tier.path);
+        for (const auto& [id, data] : weights) {
+          const Home& h = homes_[id];
+          if (h.tier == static_cast<int>(i)) WriteAll(fd_, data->data(), data->size(), h.offset, tier.path);
+        }
+        if (::ftruncate(fd_, static_cast<off_t>(used_[i])) != 0 || ::fdatasync(fd_) != 0) {
+          TVM_FFI_THROW(TvmschedError) << "cannot write the disk tier's weight file in " << tier.path << ": " << std::strerror(errno);
+        }
+        // read past the page cache where the file system allows it; else drop what writing cached
+        direct_fd_ = ::open(("/proc/self/fd/" + std::to_string(fd_)).c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+        if (direct_fd_ < 0) ::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
+        continue;
+      }
+      void* base = ::mmap(nullptr, used_[i], PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (base == MAP_FAILED) TVM_FFI_THROW(TvmschedError) << "cannot map " << Bytes(used_[i]) << " for the " << tier.kind << " tier";
+      regions_[i] = Region{static_cast<char*>(base), used_[i]};
+      if (tier.numa_node >= 0) BindToNode(base, used_[i], tier.numa_node);  // before the first touch places the pages
+      for (const auto& [id, data] : weights) {
+        Home& h = homes_[id];
+        if (h.tier != static_cast<int>(i)) continue;
+        h.data = regions_[i].base + h.offset;
+        std::memcpy(const_cast<char*>(h.data), data->data(), data->size());
+      }
+      device_->RegisterHost(base, used_[i]);
+    }
+  } catch (...) {
+    Release();
+    throw;
+  }
+}
+
+TierStore::~TierStore() { Release(); }
+
+void TierStore::Release() {
+  for (Region& region : regions_) {
+    if (!region.base) continue;
+    device_->UnregisterHost(region.base);
+    ::munmap(region.base, region.bytes);
+    region = Region();
+  }
+  if (direct_fd_ >= 0) ::close(direct_fd_);
+  if (fd_ >= 0) ::close(fd_);
+  direct_fd_ = fd_ = -1;
+}
+
+void TierStore::Fetch(const std::string& id, void* dst, char* bounce, StreamHandle stream) {
+  const Home& h = homes_.at(id);
+  if (h.data) return device_->CopyToDevice(dst, h.data, h.nbytes, stream);
+  char* into = cpu_ ? static_cast<char*>(dst) : bounce;  // a CPU device's memory is host memory: read straight in
+  size_t want = PageRound(h.nbytes), done = 0;
+  int fd = direct_fd_ >= 0 ? direct_fd_ : fd_;
+  while (done < h.nbytes) {
+    ssize_t got = ::pread(fd, into + done, want - done, h.offset + static_cast<int64_t>(done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      TVM_FFI_THROW(TvmschedError) << "cannot read weight " << id << " from the disk tier: " << (got < 0 ? std::strerror(errno) : "end of file");
+    }
+    done += static_cast<size_t>(got);
+  }
+  if (!cpu_) device_->CopyToDevice(dst, into, h.nbytes, stream);
+}
+
+// ---- the streamer -----------------------------------------------------------------------------
+
+namespace {
+
+class Streamer : public Residency {
+ public:
+  explicit Streamer(ModelObj* m) : m_(m), groups_(m->streamed_groups()) {}
+
+  void Demand(ModelObj*, int group) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    int at = Position(group);
+    if (at >= 0 && m_->group_state(group) < kReady) Move(at);
+  }
+  void GroupStarted(ModelObj*, int group) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    int at = Position(group);
+    if (at >= 0) Move((at + 1) % static_cast<int>(groups_.size()));
+  }
+  void GroupFinished(ModelObj*, int) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Move(cursor_);
+  }
+  void RequestFinished(ModelObj*) override {  // the next request starts from the first group
+    std::lock_guard<std::mutex> lock(mu_);
+    Move(0);
+  }
+  void Detach() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cond_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  std::vector<StageEvent> Events() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return events_;
+  }
+
+  /*! \brief Copy every streamed weight of one tier at a time into the buffers, as StreamIn does. */
+  std::map<std::string, std::pair<double, size_t>> CopyFloor(int repeat) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (m_->users.load() > 0) TVM_FFI_THROW(TvmschedError) << "model " << m_->name() << " is in use; its copy floor is measured idle";
+    measuring_ = true;
+    cond_.wait(lock, [&] { return !copying_; });
+    for (int& g : slots_) {  // take the buffers back
+      if (g >= 0 && (m_->CasGroup(g, kReady, kAbsent) || m_->CasGroup(g, kFinished, kAbsent))) g = -1;
+    }
+    lock.unlock();
+    std::map<std::string, std::pair<double, size_t>> out;
+    try {
+      out = MeasureCopies(repeat);
+    } catch (...) {
+      lock.lock();
+      measuring_ = false;
+      Notify();
+      throw;
+    }
+    lock.lock();
+    for (int& g : slots_) g = -1;  // buffer 0 was written over: both are loaded again
+    for (int g : groups_) m_->CasGroup(g, kReady, kAbsent);
+    measuring_ = false;
+    Notify();
+    return out;
+  }
+
+ private:
+  int Position(int group) const {
+    auto at = std::find(groups_.begin(), groups_.end(), group);
+    return at == groups_.end() ? -1 : static_cast<int>(at - groups_.begin());
+  }
+  void Move(int cursor) {
+    cursor_ = cursor;
+    Notify();
+  }
+  void Notify() {
+    dirty_ = true;
+    if (!started_ && !stop_ && !groups_.empty()) {  // started on first use: a stream may re-plan the activations before
+      started_ = true;
+      thread_ = std::thread([this] { Loop(); });
+    }
+    cond_.notify_all();
+  }
+
+  void Loop() {
+    StreamHandle copy = nullptr;
+    std::unique_lock<std::mutex> lock(mu_);
+    try {
+      m_->device().SetThreadUnits(0);
+      copy = m_->device().CreateStream(0, nullptr);
+      if (std::string(m_->device().kind()) != "cpu") bounce_ = static_cast<char*>(m_->device().AllocHost(m_->buffer_bytes()));
+    } catch (const std::exception& err) {
+      Fail(lock, err);
+    }
+    while (!stop_) {
+      if (!Step(lock, copy)) {
+        cond_.wait(lock, [&] { return stop_ || dirty_; });
+        dirty_ = false;
+      }
+    }
+    lock.unlock();
+    if (copy) m_->device().DestroyStream(copy);
+    if (bounce_) m_->device().FreeHost(bounce_);
+  }
+
+  /*! \brief Take back a buffer whose group is not wanted and fill a free one with a wanted group. */
+  bool Step(std::unique_lock<std::mutex>& lock, StreamHandle copy) {
+    if (measuring_ || failed_) return false;
+    int n = static_cast<int>(groups_.size());
+    int wanted[2] = {groups_[cursor_], groups_[(cursor_ + 1) % n]};
+    auto is_wanted = [&](int g) { return g == wanted[0] || g == wanted[1]; };
+    int buffers = m_->num_buffers();
+    for (int s = 0; s < buffers; ++s) {
+      int& g = slots_[s];
+      if (g >= 0 && !is_wanted(g) && (m_->CasGroup(g, kReady, kAbsent) || m_->CasGroup(g, kFinished, kAbsent))) g = -1;
+    }
+    for (int g : wanted) {
+      if (slots_[0] == g || slots_[1] == g) continue;
+      int slot = slots_[0] < 0 ? 0 : (slots_[1] < 0 && buffers > 1) ? 1 : -1;
+      if (slot < 0) return false;
+      slots_[slot] = g;
+      m_->SetGroupState(g, kPreparing);
+      copying_ = true;
+      lock.unlock();
+      double start = Device::NowMicros();
+      std::string error;
+      try {
+        m_->StreamIn(g, slot, bounce_, copy);
+      } catch (const std::exception& err) {
+        error = err.what();
+        if (auto* ffi_err = dynamic_cast<const ffi::Error*>(&err)) error = ffi_err->message();
+      }
+      double end = Device::NowMicros();
+      lock.lock();
+      copying_ = false;
+      cond_.notify_all();
+      if (!error.empty()) {
+        slots_[slot] = -1;
+        m_->SetGroupState(g, kAbsent);
+        failed_ = true;
+        m_->SetResidencyError(error.substr(0, error.find('\n')));
+      } else {
+        m_->SetGroupState(g, kReady);
+        if (events_.size() < 65536) events_.push_back({m_->name(), "stream", g, start, end, static_cast<int64_t>(m_->stream_bytes(g)), slot});
+      }
+      lock.unlock();
+      m_->Wake();  // outside mu_: the stream's waker takes the stream's lock, under which it calls in here
+      lock.lock();
+      return true;
+    }
+    return false;
+  }
+
+  void Fail(std::unique_lock<std::mutex>& lock, const std::exception& err) {
+    failed_ = true;
+    std::string text = err.what();
+    if (auto* ffi_err = dynamic_cast<const ffi::Error*>(&err)) text = ffi_err->message();
+    m_->SetResidencyError(text.substr(0, text.find('\n')));
+    lock.unlock();
+    m_->Wake();
+    lock.lock();
+  }
+
+  std::map<std::string, std::pair<double, size_t>> MeasureCopies(int repeat) {
+    Device& device = m_->device();
+    device.SetThreadUnits(0);
+    StreamHandle copy = device.CreateStream(0, nullptr);
+    bool cpu = std::string(device.kind()) == "cpu";
+    char* bounce = cpu ? nullptr : static_cast<char*>(device.AllocHost(m_->buffer_bytes()));
+    TierStore& store = *m_->tier_store();
+    std::map<std::string, std::pair<double, size_t>> out;
+    std::string error;
+    try {
+      for (size_t t = 0; t < store.tiers().size(); ++t) {
+        if (!store.used()[t]) continue;
+        double best = 1e300;
+        size_t bytes = 0;
+        for (int r = 0; r < std::max(1, repeat); ++r) {
+          bytes = 0;
+          double start = Device::NowMicros();
+          for (int g : groups_) {  // group by group, as the streamer copies them
+            m_->StreamIn(g, 0, bounce, copy, static_cast<int>(t), &bytes);
+          }
+          best = std::min(best, (Device::NowMicros() - start) * 1e-6);
+        }
+        auto& entry = out[store.tiers()[t].kind];
+        entry.first += best;
+        entry.second += bytes;
+      }
+    } catch (const std::exception& err) {
+      error = err.what();
+    }
+    if (bounce) device.FreeHost(bounce);
+    device.DestroyStream(copy);
+    if (!error.empty()) TVM_FFI_THROW(TvmschedError) << error.substr(0, error.find('\n'));
+    return out;
+  }
+
+  ModelObj* m_;
+  std::vector<int> groups_;
+  std::mutex mu_;
+  std::condition_variable cond_;
+  std::thread thread_;
+  bool started_ = false, stop_ = false, dirty_ = false, measuring_ = false, copying_ = false, failed_ = false;
+  int cursor_ = 0;           // position in groups_ of the group the running request needs next
+  int slots_[2] = {-1, -1};  // the group in each stream buffer
+  char* bounce_ = nullptr;
+  std::vector<StageEvent> events_;
+};
+
+Streamer& StreamerOf(ModelObj& model) {
+  auto* streamer = dynamic_cast<Streamer*>(model.residency());
+  if (!streamer || !model.tier_store()) TVM_FFI_THROW(TvmschedError) << "model " << model.name() << " is not tiered (or was shut down)";
+  return *streamer;
+}
+
+}  // namespace
+
+std::shared_ptr<Residency> CreateStreamer(ModelObj* model) { return std::make_shared<Streamer>(model); }
+
+std::vector<StageEvent> StreamerEvents(ModelObj& model) { return StreamerOf(model).Events(); }
+
+std::map<std::string, std::pair<double, size_t>> TierCopyFloor(ModelObj& model, int repeat) {
+  return StreamerOf(model).CopyFloor(repeat);
+}
+
+}  // namespace tvmsched

@@ -1,0 +1,175 @@
+"""Executing a memory-tiering plan (mechanism D, docs/tiering.md): models larger than the device budget
+stream their weights from DRAM, CXL (a NUMA-bound tier) and disk, bit-identical to running resident."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers import assert_user_error, run_cli
+from tvmsched import models
+from tvmsched.errors import TvmschedError
+from tvmsched.native import func
+from tvmsched.pipeline import compile_model
+from tvmsched.runtime import Runtime
+from tvmsched.runtime.executor import Executor
+from tvmsched.runtime.switching import footprint
+from tvmsched.runtime.tiering import TierSettings
+
+
+@pytest.fixture(scope="module")
+def resnet(tmp_path_factory):
+    """resnet18-small: its artifact, inputs, resident outputs and resident footprint."""
+    path = tmp_path_factory.mktemp("tiering") / "resnet18-small.tvms"
+    compile_model(models.build("resnet18-small"), name="resnet18-small").save(path)
+    resident = Executor(path)
+    inputs = [resident.random_inputs(seed) for seed in range(3)]
+    outputs = [resident.run(x) for x in inputs]
+    need = footprint(Executor(path, register_groups=8))
+    del resident
+    gc.collect()
+    return path, inputs, outputs, need
+
+
+@pytest.fixture
+def budget_restored():
+    before = int(func("device_memory")("cpu")["budget"])
+    yield
+    func("set_memory_budget")("cpu", before)
+
+
+def _topology(disk: Path, dram: int, cxl: int, disk_bytes: int = 1 << 34) -> dict:
+    # this machine has one NUMA node: the "CXL" tier is bound to node 0 with the same system call
+    return {"gpus": [{"id": 0, "memory_bytes": 1}],
+            "tiers": [{"kind": "dram", "capacity_bytes": dram}, {"kind": "cxl", "capacity_bytes": cxl, "numa_node": 0},
+                      {"kind": "disk", "capacity_bytes": disk_bytes, "path": str(disk)}]}
+
+
+def _disk_fds(folder: Path) -> list[str]:
+    """Descriptors of this process open on files in `folder` (the disk tier's unnamed files)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(folder) + "/"):
+            out.append(target)
+    return out
+
+
+@pytest.mark.parametrize("factor", [2, 4])
+def test_a_model_over_budget_streams_from_every_tier_bit_identical_within_budget(resnet, factor, tmp_path, budget_restored):
+    path, inputs, outputs, need = resnet
+    gc.collect()
+    baseline = int(func("device_memory")("cpu")["in_use"])
+    budget = baseline + need // factor
+    quarter = need // 6  # DRAM and CXL shares too small for the weights: the rest goes to disk
+    settings = TierSettings(topology=_topology(tmp_path, quarter, quarter))
+    func("reset_memory_peak")("cpu")
+    with Runtime("cpu", memory_budget=budget, tiering=settings) as rt:
+        model = rt.load(path)
+        assert model.tiered and not model.resident
+        info = rt.tiering(model)
+        used = {t["kind"]: t["used_bytes"] for t in info["tiers"]}
+        assert used["dram"] > 0 and used["cxl"] > 0 and used["disk"] > 0, info
+        assert all(t["used_bytes"] <= t["capacity_bytes"] for t in info["tiers"])
+        assert used["dram"] <= quarter and used["cxl"] <= quarter
+        streamed = info["streamed_group_bytes"]
+        assert len(streamed) >= 3 and max(streamed) <= info["buffer_bytes"]
+        for rounds in range(2):
+            for x, want in zip(inputs, outputs):
+                got = rt.submit(model, x).result(timeout=120)
+                assert set(got) == set(want)
+                for key in want:
+                    assert got[key].dtype == want[key].dtype and np.array_equal(got[key], want[key]), key
+        memory = rt.memory()
+        assert memory["peak"] <= budget and memory["budget"] == budget
+        # every request copied every streamed group, in layer order, into alternating buffers
+        events = rt.tier_events()
+        groups = [e.group for e in events]
+        cycle = sorted(set(groups))
+        assert len(cycle) == len(streamed)
+        assert groups[: 6 * len(cycle)] == cycle * 6
+        assert all(e.bytes == streamed[cycle.index(e.group)] for e in events)
+        assert {e.held for e in events} == set(range(info["buffers"]))  # the buffer each group went to
+        assert info["buffers"] == (2 if factor == 2 else 1)  # at 1/4, two buffers of its largest layer do not fit
+        assert os.listdir(tmp_path) == [] and len(set(_disk_fds(tmp_path))) == 1  # one file, without a name
+    gc.collect()
+    assert _disk_fds(tmp_path) == []  # removed at shutdown: its last descriptor is closed
+
+
+def test_resident_models_beside_a_tiered_one_and_the_tiers_shared_out(resnet, tmp_path, budget_restored):
+    path, inputs, outputs, need = resnet
+    mlp = tmp_path / "mlp.tvms"
+    compile_model(models.build("mlp"), name="mlp").save(mlp)
+    small = Executor(mlp)
+    x_small = small.random_inputs(4)
+    want_small = small.run(x_small)
+    small_need = footprint(Executor(mlp, register_groups=8))
+    del small
+    gc.collect()
+    baseline = int(func("device_memory")("cpu")["in_use"])
+    budget = baseline + small_need + need // 2
+    settings = TierSettings(topology=_topology(tmp_path, need, need))
+    with Runtime("cpu", memory_budget=budget, tiering=settings) as rt:
+        a = rt.load(mlp)
+        assert a.resident and not a.tiered
+        b = rt.load(path, name="big", device_bytes=need // 4)
+        c = rt.load(path, name="big2")  # the device memory and the tier shares left after "big"
+        assert b.tiered and c.tiered
+        placed = [sum(t["used_bytes"] for t in rt.tiering(m)["tiers"] if t["kind"] == "dram") for m in (b, c)]
+        assert sum(placed) <= need  # the two never take more than the one DRAM share
+        futures = [(rt.submit(m, x), want) for _ in range(2) for m in (a, b, c)
+                   for x, want in ([(x_small, want_small)] if m is a else zip(inputs[:1], outputs[:1]))]
+        for future, want in futures:
+            got = future.result(timeout=120)
+            for key in want:
+                assert np.array_equal(got[key], want[key]), key
+        assert rt.memory()["peak"] <= budget
+
+
+def test_too_small_shares_or_device_memory_are_one_line_errors(resnet, tmp_path, budget_restored):
+    path, _, _, need = resnet
+    baseline = int(func("device_memory")("cpu")["in_use"])
+    with Runtime("cpu", memory_budget=baseline + need // 2,
+                 tiering=TierSettings(topology=_topology(tmp_path, 4096, 4096, disk_bytes=4096))) as rt:
+        with pytest.raises(TvmschedError, match=r"short by .*"):
+            rt.load(path)
+    with Runtime("cpu", memory_budget=baseline + need // 5, tiering=TierSettings(topology=_topology(tmp_path, need, need))) as rt:
+        with pytest.raises(TvmschedError, match=r"needs at least \d+ bytes of device memory \(.*a stream buffer of \d+\)"):
+            rt.load(path)
+    bad_node = _topology(tmp_path, 4096, need)
+    bad_node["tiers"][1]["numa_node"] = 63
+    with Runtime("cpu", memory_budget=baseline + need // 2, tiering=TierSettings(topology=bad_node)) as rt:
+        with pytest.raises(TvmschedError, match="cannot bind .* to NUMA node 63"):
+            rt.load(path)
+    assert int(func("device_memory")("cpu")["in_use"]) == baseline  # nothing left allocated
+    assert _disk_fds(tmp_path) == []
+
+
+def test_run_with_a_memory_budget_streams_and_matches_the_resident_run(resnet, tmp_path):
+    path, _, _, need = resnet
+    topology = tmp_path / "topology.json"
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    topology.write_text(json.dumps(_topology(disk, need // 6, need // 6)))
+    resident = run_cli("run", str(path), "--output", str(tmp_path / "resident.npz"), "--json")
+    assert resident.returncode == 0, resident.stderr
+    tiered = run_cli("run", str(path), "--memory-budget", str(need // 3), "--topology", str(topology),
+                     "--output", str(tmp_path / "tiered.npz"), "--repeat", "3", "--json")
+    assert tiered.returncode == 0, tiered.stderr
+    summary = json.loads(tiered.stdout)
+    assert summary["tiering"]["tiers"] and summary["p50_ms"] > 0
+    with np.load(tmp_path / "resident.npz") as want, np.load(tmp_path / "tiered.npz") as got:
+        assert set(got) == set(want)
+        for key in want:
+            assert np.array_equal(got[key], want[key]), key
+    assert os.listdir(disk) == []
+    assert_user_error(run_cli("run", str(path), "--memory-budget", "12 apples"), "12 apples")
+    assert_user_error(run_cli("run", str(path), "--memory-budget", "64KiB", "--topology", str(topology)), "device memory")
