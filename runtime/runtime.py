@@ -120,6 +120,7 @@ class Runtime:
             func("set_memory_budget")(device, int(memory_budget))
         self.switcher = Switcher(device, int(memory_budget or 0), switching)
         self._memory_budget = None if memory_budget is None else int(memory_budget)
+        self._budget_room = None if memory_budget is None else int(memory_budget) - self.memory()["in_use"]  # beside what others hold
         self._tiering = tiering
         self._tier_shares: TierShares | None = None  # resolved by the first tiered model
 
@@ -145,7 +146,7 @@ class Runtime:
                 raise TvmschedError("the runtime is shut down")
             if name in self.models:
                 raise TvmschedError(f"a model named {name!r} is already loaded")
-        if self._memory_budget is not None and footprint(executor) > self._memory_budget:
+        if self._budget_room is not None and footprint(executor) > self._budget_room:
             del executor  # registered only to measure it: its pinned host copy goes now
             executor = self._load_tiered(artifact, name, device_bytes)
         else:

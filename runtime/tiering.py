@@ -461,22 +461,27 @@ def _plan_shares(plan, gpu: int, topology: Topology) -> list[tuple[Tier, int]]:
             plan = json.loads(Path(plan).read_text())
         except (OSError, ValueError) as err:
             raise TvmschedError(f"cannot read the plan {plan}: {one_line(err)}") from None
-    entries = [g for g in plan.get("gpus", []) if isinstance(g, dict) and g.get("id") == gpu] if isinstance(plan, dict) else []
-    if not entries:
+    gpus = plan.get("gpus") if isinstance(plan, dict) else None
+    if not isinstance(gpus, list) or not any(isinstance(g, dict) and g.get("id") == gpu for g in gpus):
         raise TvmschedError(f"the plan has no GPU {gpu}")
-    uses = entries[0].get("uses")
-    if not isinstance(uses, dict) or any(k not in _PRIORITY or not isinstance(v, int) or v < 0 for k, v in uses.items()):
-        raise TvmschedError(f"the plan's GPU {gpu} has no valid uses (kind -> bytes)")
-    shares = []
-    for kind, want in uses.items():  # a kind's use fills its tiers in topology order
-        for tier in (t for t in topology.tiers if t.kind == kind):
-            take = min(want, tier.capacity_bytes)
-            if take:
-                shares.append((tier, take))
-            want -= take
-        if want > 0:
-            raise TvmschedError(f"the plan's GPU {gpu} uses {want} more bytes of {kind} than the topology has")
-    return shares
+    remaining = [t.capacity_bytes for t in topology.tiers]
+    for entry in gpus:  # replay the GPUs' uses in plan order: a kind's use fills its tiers' remaining capacity in topology order
+        uses = entry.get("uses") if isinstance(entry, dict) else None
+        if not isinstance(uses, dict) or any(k not in _PRIORITY or not isinstance(v, int) or v < 0 for k, v in uses.items()):
+            raise TvmschedError(f"the plan's GPU {entry.get('id') if isinstance(entry, dict) else entry} has no valid uses (kind -> bytes)")
+        shares = []
+        for kind, want in uses.items():
+            for index in (i for i, t in enumerate(topology.tiers) if t.kind == kind):
+                take = min(want, remaining[index])
+                if take:
+                    shares.append((topology.tiers[index], take))
+                    remaining[index] -= take
+                    want -= take
+            if want > 0:
+                raise TvmschedError(f"the plan's GPU {entry.get('id')} uses {want} more bytes of {kind} than the topology has")
+        if entry.get("id") == gpu:
+            return shares
+    raise AssertionError("not reached")
 
 
 class TierShares:

@@ -173,3 +173,27 @@ def test_run_with_a_memory_budget_streams_and_matches_the_resident_run(resnet, t
     assert os.listdir(disk) == []
     assert_user_error(run_cli("run", str(path), "--memory-budget", "12 apples"), "12 apples")
     assert_user_error(run_cli("run", str(path), "--memory-budget", "64KiB", "--topology", str(topology)), "device memory")
+
+
+def test_a_runtime_takes_its_gpus_shares_from_a_plan(tmp_path):
+    from tvmsched.runtime.tiering import Task, Topology, plan_memory
+
+    topology = Topology.from_json({"gpus": [{"id": 0, "memory_bytes": 100}, {"id": 1, "memory_bytes": 100}],
+                                   "tiers": [{"kind": "dram", "capacity_bytes": 120},
+                                             {"kind": "cxl", "capacity_bytes": 30, "numa_node": 1},
+                                             {"kind": "cxl", "capacity_bytes": 50, "numa_node": 2},
+                                             {"kind": "disk", "capacity_bytes": 1000, "path": str(tmp_path)}]})
+    plan = plan_memory(topology, [Task.from_bytes("a", 300, 2), Task.from_bytes("b", 200, 2)])
+    for gpu in (0, 1):
+        entry = plan.gpu(gpu)
+        from_plan = TierSettings(topology=topology, plan=plan, gpu=gpu).shares()
+        (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
+        from_json = TierSettings(topology=topology, plan=str(tmp_path / "plan.json"), gpu=gpu).shares()
+        assert from_plan == from_json  # the per-node split is the same from the object and its JSON
+        for kind in ("dram", "cxl", "disk"):
+            assert sum(share for tier, share in from_plan if tier.kind == kind) == entry.uses.get(kind, 0)
+        assert [tier.kind for tier, _ in from_plan] == sorted((t.kind for t, _ in from_plan), key=["dram", "cxl", "disk"].index)
+    # no plan: this device is the only GPU, its shares the whole tiers
+    assert [share for _, share in TierSettings(topology=topology).shares()] == [120, 30, 50, 1000]
+    with pytest.raises(TvmschedError, match="the plan has no GPU 7"):
+        TierSettings(topology=topology, plan=plan.to_json(), gpu=7).shares()

@@ -297,12 +297,20 @@ void ModelObj::Init(const std::string& path, ArtifactContents contents, const Lo
       SetGroupState(g, kReady);
     }
   } catch (...) {
-    for (int g = 0; g < num_groups(); ++g) FreeGroupBlocks(g);
-    for (auto& [id, data] : tensor_data_) device_->Release(data);
-    tensor_data_.clear();
-    CleanEnvironment();
+    FreeDeviceMemory();
     throw;
   }
+}
+
+void ModelObj::FreeDeviceMemory() {
+  for (int g = 0; g < num_groups(); ++g) FreeGroupBlocks(g);
+  for (auto& [id, data] : tensor_data_) device_->Release(data);
+  tensor_data_.clear();
+  for (void*& buffer : buffers_) {
+    if (buffer) device_->Release(buffer);
+    buffer = nullptr;
+  }
+  CleanEnvironment();
 }
 
 void ModelObj::SetGroups(std::vector<std::pair<int, int>> groups) {
@@ -439,14 +447,7 @@ void ModelObj::InitTiered(const std::string& path, ArtifactContents& contents, c
       for (int b = 0; b < num_buffers_; ++b) buffers_[b] = AllocFor("a stream buffer", slot + 4096);  // page-aligned inside
     }
   } catch (...) {
-    for (int g = 0; g < num_groups(); ++g) FreeGroupBlocks(g);
-    for (auto& [id, data] : tensor_data_) device_->Release(data);
-    tensor_data_.clear();
-    for (void*& buffer_ptr : buffers_) {
-      if (buffer_ptr) device_->Release(buffer_ptr);
-      buffer_ptr = nullptr;
-    }
-    CleanEnvironment();
+    FreeDeviceMemory();
     tier_store_.reset();
     throw;
   }
@@ -488,14 +489,7 @@ ModelObj::~ModelObj() {
     Synchronize();
   } catch (...) {  // a failed device: free what can be freed
   }
-  for (int g = 0; g < num_groups(); ++g) FreeGroupBlocks(g);
-  for (auto& [id, data] : tensor_data_) device_->Release(data);
-  tensor_data_.clear();
-  for (void*& buffer : buffers_) {
-    if (buffer) device_->Release(buffer);
-    buffer = nullptr;
-  }
-  CleanEnvironment();
+  FreeDeviceMemory();
   for (auto& [id, host] : host_weights_) {
     if (host.data) device_->FreeHost(host.data);
   }

@@ -223,6 +223,8 @@ class ModelObj : public ffi::Object {
   /*! \brief Device memory for `what` (a tensor, named in the error when the device has not enough). */
   void* AllocFor(const std::string& what, size_t nbytes);
   void FreeGroupBlocks(int g);
+  /*! \brief Free every allocation: activations, weights, stream buffers, the environment. */
+  void FreeDeviceMemory();
   /*! \brief Bytes a weight or crossing activation is allocated with (weights exact, activations aligned). */
   size_t TensorBytes(const std::string& id) const;
   void PlanGroup(int g);
