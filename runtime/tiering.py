@@ -258,6 +258,19 @@ def plan_memory(topology: Topology, tasks: list[Task]) -> Plan:
     return Plan("forward" if len(ordered) <= n else "reverse", placements, tuple(gpus), topology)
 
 
+def fill_kind(tiers: tuple[Tier, ...], remaining: list[int], kind: str, nbytes: int) -> list[tuple[int, int]]:
+    """Take `nbytes` of a kind from its tiers in topology order: [(tier index, bytes)]; `remaining` is
+    updated. What the tiers cannot hold is left out (the caller checks the sum)."""
+    split = []
+    for i, tier in enumerate(tiers):
+        amount = min(nbytes, remaining[i]) if tier.kind == kind else 0
+        if amount:
+            split.append((i, amount))
+            remaining[i] -= amount
+            nbytes -= amount
+    return split
+
+
 def _cover(gpu: Gpu, load: int, tiers: tuple[Tier, ...], remaining: list[int], unassigned: int) -> tuple[GpuPlan, int]:
     """One GPU's shares (remaining capacity of a kind / GPUs not yet assigned) and what it takes of
     them, in priority order, only what it needs; `remaining` is updated. Returns the entry and the
@@ -269,12 +282,7 @@ def _cover(gpu: Gpu, load: int, tiers: tuple[Tier, ...], remaining: list[int], u
         shares[kind] = sum(remaining[i] for i in indices) // unassigned
         uses[kind] = take = min(rest, shares[kind])
         rest -= take
-        for i in indices:  # tiers of a kind fill in topology order
-            amount = min(take, remaining[i])
-            if amount:
-                split.append((i, amount))
-                remaining[i] -= amount
-                take -= amount
+        split += fill_kind(tiers, remaining, kind, take)
     return GpuPlan(gpu.id, gpu.memory_bytes, load, load - gpu.memory_bytes, shares, uses, tuple(split)), rest
 
 
@@ -471,14 +479,10 @@ def _plan_shares(plan, gpu: int, topology: Topology) -> list[tuple[Tier, int]]:
             raise TvmschedError(f"the plan's GPU {entry.get('id') if isinstance(entry, dict) else entry} has no valid uses (kind -> bytes)")
         shares = []
         for kind, want in uses.items():
-            for index in (i for i, t in enumerate(topology.tiers) if t.kind == kind):
-                take = min(want, remaining[index])
-                if take:
-                    shares.append((topology.tiers[index], take))
-                    remaining[index] -= take
-                    want -= take
-            if want > 0:
-                raise TvmschedError(f"the plan's GPU {entry.get('id')} uses {want} more bytes of {kind} than the topology has")
+            split = fill_kind(topology.tiers, remaining, kind, want)
+            shares += [(topology.tiers[index], nbytes) for index, nbytes in split]
+            if want > sum(nbytes for _, nbytes in split):
+                raise TvmschedError(f"the plan's GPU {entry.get('id')} uses more {kind} than the topology has left")
         if entry.get("id") == gpu:
             return shares
     raise AssertionError("not reached")

@@ -188,21 +188,23 @@ std::vector<std::pair<int, int>> StreamGroups(const std::vector<LayerSpec>& laye
   bool streaming = false;
   std::set<std::string> in_group;
   for (const LayerSpec& layer : layers) {
-    size_t add = 0;
-    std::set<std::string> mine;
+    std::set<std::string> mine;  // its streamed weights
     for (const auto& id : layer.inputs) {
-      if (streamed.count(id) && !in_group.count(id) && mine.insert(id).second) add += PageRound(nbytes.at(id));
+      if (streamed.count(id)) mine.insert(id);
     }
+    auto added = [&] {  // bytes the group grows by with this layer
+      size_t add = 0;
+      for (const auto& id : mine) add += in_group.count(id) ? 0 : PageRound(nbytes.at(id));
+      return add;
+    };
+    size_t add = added();
     if (layer.index > first && ((add && !streaming) || held + add > buffer)) {
       groups.emplace_back(first, layer.index - 1);
       first = layer.index;
       held = 0;
       streaming = false;
       in_group.clear();
-      add = 0;
-      for (const auto& id : layer.inputs) {
-        if (streamed.count(id) && !in_group.count(id) && in_group.insert(id).second) add += PageRound(nbytes.at(id));
-      }
+      add = added();
     }
     in_group.insert(mine.begin(), mine.end());
     held += add;
@@ -450,10 +452,6 @@ void ModelObj::InitTiered(const std::string& path, ArtifactContents& contents, c
     FreeDeviceMemory();
     tier_store_.reset();
     throw;
-  }
-  for (auto& [id, array] : contents.weights) {  // the tiers and the device hold them now
-    array.data.clear();
-    array.data.shrink_to_fit();
   }
   SetResidency(CreateStreamer(this));
 }

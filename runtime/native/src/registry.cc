@@ -163,7 +163,6 @@ TVM_FFI_STATIC_INIT_BLOCK() {
                tiers.push_back(tier);
              }
              out.Set("tiers", tiers);
-             out.Set("disk_fd", store->disk_fd());
              out.Set("direct_io", store->direct_io());
              return out;
            })

@@ -13,17 +13,10 @@
 #include <sstream>
 #include <thread>
 
+#include "error_line.h"
+
 namespace tvmsched {
 
-namespace {
-
-std::string ErrorLine(const std::exception& err) {
-  std::string text = err.what();
-  if (auto* ffi_err = dynamic_cast<const ffi::Error*>(&err)) text = ffi_err->message();
-  return text.substr(0, text.find('\n'));
-}
-
-}  // namespace
 
 class SwitcherCore : public Residency {
  public:

@@ -17,6 +17,8 @@
 #include <sstream>
 #include <thread>
 
+#include "error_line.h"
+
 namespace tvmsched {
 
 namespace {
@@ -99,7 +101,6 @@ TierStore::TierStore(std::shared_ptr<Device> device, const std::vector<TierShare
     homes_[id] = Home{static_cast<int>(t), nullptr, static_cast<int64_t>(used_[t]), data->size()};
     used_[t] += rounded;
   }
-  fd_ = -1;
   try {
     for (size_t i = 0; i < tiers_.size(); ++i) {
       if (!used_[i]) continue;
@@ -214,24 +215,20 @@ class Streamer : public Residency {
     if (m_->users.load() > 0) TVM_FFI_THROW(TvmschedError) << "model " << m_->name() << " is in use; its copy floor is measured idle";
     measuring_ = true;
     cond_.wait(lock, [&] { return !copying_; });
-    for (int& g : slots_) {  // take the buffers back
-      if (g >= 0 && (m_->CasGroup(g, kReady, kAbsent) || m_->CasGroup(g, kFinished, kAbsent))) g = -1;
-    }
+    for (int& g : slots_) g = -1;  // buffer 0 is written over: every group is loaded again afterwards
+    for (int g : groups_) m_->CasGroup(g, kReady, kAbsent) || m_->CasGroup(g, kFinished, kAbsent);
     lock.unlock();
     std::map<std::string, std::pair<double, size_t>> out;
+    std::string error;
     try {
       out = MeasureCopies(repeat);
-    } catch (...) {
-      lock.lock();
-      measuring_ = false;
-      Notify();
-      throw;
+    } catch (const std::exception& err) {
+      error = ErrorLine(err);
     }
     lock.lock();
-    for (int& g : slots_) g = -1;  // buffer 0 was written over: both are loaded again
-    for (int g : groups_) m_->CasGroup(g, kReady, kAbsent);
     measuring_ = false;
     Notify();
+    if (!error.empty()) TVM_FFI_THROW(TvmschedError) << error;
     return out;
   }
 
@@ -298,8 +295,7 @@ class Streamer : public Residency {
       try {
         m_->StreamIn(g, slot, bounce_, copy);
       } catch (const std::exception& err) {
-        error = err.what();
-        if (auto* ffi_err = dynamic_cast<const ffi::Error*>(&err)) error = ffi_err->message();
+        error = ErrorLine(err);
       }
       double end = Device::NowMicros();
       lock.lock();
@@ -309,7 +305,7 @@ class Streamer : public Residency {
         slots_[slot] = -1;
         m_->SetGroupState(g, kAbsent);
         failed_ = true;
-        m_->SetResidencyError(error.substr(0, error.find('\n')));
+        m_->SetResidencyError(error);
       } else {
         m_->SetGroupState(g, kReady);
         if (events_.size() < 65536) events_.push_back({m_->name(), "stream", g, start, end, static_cast<int64_t>(m_->stream_bytes(g)), slot});
@@ -324,9 +320,7 @@ class Streamer : public Residency {
 
   void Fail(std::unique_lock<std::mutex>& lock, const std::exception& err) {
     failed_ = true;
-    std::string text = err.what();
-    if (auto* ffi_err = dynamic_cast<const ffi::Error*>(&err)) text = ffi_err->message();
-    m_->SetResidencyError(text.substr(0, text.find('\n')));
+    m_->SetResidencyError(ErrorLine(err));
     lock.unlock();
     m_->Wake();
     lock.lock();
@@ -359,11 +353,11 @@ class Streamer : public Residency {
         entry.second += bytes;
       }
     } catch (const std::exception& err) {
-      error = err.what();
+      error = ErrorLine(err);
     }
     if (bounce) device.FreeHost(bounce);
     device.DestroyStream(copy);
-    if (!error.empty()) TVM_FFI_THROW(TvmschedError) << error.substr(0, error.find('\n'));
+    if (!error.empty()) TVM_FFI_THROW(TvmschedError) << error;
     return out;
   }
 

@@ -69,8 +69,6 @@ class TierStore {
    *  into `bounce` (page-aligned host memory of at least the page-rounded size) first, except on a CPU
    *  device, whose memory they are read into directly. Returns without waiting for the copy. */
   void Fetch(const std::string& id, void* dst, char* bounce, StreamHandle stream);
-  /*! \brief The disk file's descriptor (-1: none); its name is already unlinked. */
-  int disk_fd() const { return fd_; }
   bool direct_io() const { return direct_fd_ >= 0; }
 
  private:
