@@ -406,6 +406,47 @@ def plan_memory_cmd(topology_spec: str, artifacts: tuple[str, ...], sized: tuple
 
 
 @cli.group()
+def collectives() -> None:
+    """Time-sharing a switch's in-network aggregation among training jobs (mechanism E)."""
+
+
+_POLICY = click.Choice(["tdm", "exclusive", "spatial", "mina", "none"])
+
+
+@collectives.command("controller")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=7470, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--policy", type=_POLICY, default="tdm", show_default=True, help="Who gets the switch.")
+@click.option("--round-timeout", default=0.5, show_default=True, type=click.FloatRange(0.001, 60), help="Seconds a consensus round waits for replies.")
+@click.option("--lease", default=3.0, show_default=True, type=click.FloatRange(0.01, 3600), help="Seconds of AllReduces an agreed state covers.")
+def collectives_controller(host: str, port: int, policy: str, round_timeout: float, lease: float) -> None:
+    """Run the shared controller: cluster state and the consensus protocol, until interrupted."""
+    from tvmsched.runtime.collectives.controller import Controller
+
+    ctl = Controller(host, port, policy, round_timeout_s=round_timeout, lease_s=lease)
+    ctl.serve(on_ready=lambda p: click.echo(f"controller listening on {host}:{p} (policy {policy})"))
+
+
+@collectives.command("switch")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=7471, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--mode", type=click.Choice(["tdm", "spatial"]), default="tdm", show_default=True,
+              help="tdm: one job aggregates at a time; spatial: jobs share the bandwidth.")
+@click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True), help="Emulated link rate (default: as fast as the machine).")
+@click.option("--slots", default=1, show_default=True, type=click.IntRange(1, 1024), help="Jobs aggregating at once (spatial mode).")
+@click.option("--op-timeout", default=2.0, show_default=True, type=click.FloatRange(0.001, 3600), help="Seconds an operation waits for its job's ranks.")
+def collectives_switch(host: str, port: int, mode: str, link_gbps: float | None, slots: int, op_timeout: float) -> None:
+    """Run the aggregation service that plays an in-network-aggregation switch, until interrupted."""
+    from tvmsched.runtime.collectives.switch import serve
+
+    try:
+        serve(host, port, mode=mode, link_gbps=link_gbps, op_timeout_s=op_timeout, slots=slots,
+              on_ready=lambda p: click.echo(f"switch listening on {host}:{p} (mode {mode})"))
+    except OSError as err:
+        raise TvmschedError(f"switch cannot listen on {host}:{port}: {err.strerror or err}") from None
+
+
+@cli.group()
 def db() -> None:
     """The tuning database (SQLite, PostgreSQL or the HTTP service)."""
 

@@ -1,0 +1,209 @@
+"""Mechanism E for real: jobs of 2-4 ranks train with DDP through their agents, one controller, one
+aggregation service, all processes on 127.0.0.1 (Gloo), bounded in time."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tvmsched.runtime.collectives.controller import Controller, Faults
+from tvmsched.runtime.collectives.switch import SwitchServer
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN = ROOT / "examples" / "ddp_train.py"
+sys.path.insert(0, str(TRAIN.parent))
+from ddp_train import model as train_model  # noqa: E402
+
+JOBS = {"a": 2, "b": 3, "c": 4}  # job → ranks
+STEPS = 60
+DEADLINE_S = 120
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(tmp: Path, jobs: dict[str, int], controller: int, switch: int, extra=(), steps=STEPS):
+    procs = {}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    for job, world in jobs.items():
+        port = _free_port()
+        for rank in range(world):
+            cmd = [sys.executable, str(TRAIN), "--job", job, "--rank", str(rank), "--world", str(world),
+                   "--master-port", str(port), "--controller", f"127.0.0.1:{controller}", "--switch", f"127.0.0.1:{switch}",
+                   "--steps", str(steps), "--wait-state", "30", "--timeout", "15", "--out", str(tmp / f"{job}{rank}.json"), *extra]
+            procs[(job, rank)] = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return procs
+
+
+def _wait(procs, deadline_s=DEADLINE_S):
+    end = time.time() + deadline_s
+    for key, p in procs.items():
+        try:
+            p.wait(timeout=max(end - time.time(), 0.1))
+        except subprocess.TimeoutExpired:
+            for q in procs.values():
+                q.kill()
+            pytest.fail(f"rank {key} hung (still running after {deadline_s} s)")
+
+
+def _reports(tmp: Path, jobs: dict[str, int]):
+    return {(j, r): json.loads((tmp / f"{j}{r}.json").read_text()) for j, w in jobs.items() for r in range(w)}
+
+
+def _reference_params(world: int, steps: int) -> np.ndarray:
+    """What plain data-parallel SGD gives: every rank's gradient on its own batches, averaged (the
+    plain AllReduce), applied to one model — computed in this process, no communication at all."""
+    torch.manual_seed(0)
+    net = train_model(256, 3)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    gens = [torch.Generator().manual_seed(1000 + r) for r in range(world)]
+    for _ in range(steps):
+        grads = None
+        for g in gens:
+            x, y = torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
+            net.zero_grad()
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            mine = [p.grad.clone() for p in net.parameters()]
+            grads = mine if grads is None else [a + b for a, b in zip(grads, mine)]
+        for p, gsum in zip(net.parameters(), grads):
+            p.grad = gsum / world
+        opt.step()
+    params = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+    return params[:: max(1, params.numel() // 4096)].numpy()
+
+
+def _assert_same_decisions(reports, jobs):
+    for job, world in jobs.items():
+        logs = [reports[(job, r)]["decisions"] for r in range(world)]
+        n = min(len(log) for log in logs)
+        assert n > 0
+        for r in range(1, world):
+            assert logs[r][:n] == logs[0][:n], f"job {job}: rank {r} decided differently from rank 0"
+
+
+def _overlaps(log):
+    ops = [e for e in log if e["verdict"] == "done"]
+    return [(a, b) for a, b in itertools.combinations(ops, 2)
+            if a["job"] != b["job"] and a["start"] < b["end"] and b["start"] < a["end"]]
+
+
+@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory):
+    """Three jobs (2, 3 and 4 ranks) train at once through their agents under the TDM controller."""
+    tmp = tmp_path_factory.mktemp("tdm")
+    switch = SwitchServer(op_timeout_s=2.0)
+    sport = switch.start()
+    ctl = Controller(policy="tdm", refresh_s=0.2, lease_s=2.0)
+    cport = ctl.start()
+    try:
+        _wait(_launch(tmp, JOBS, cport, sport))
+        yield _reports(tmp, JOBS), switch.log(), ctl.rounds
+    finally:
+        ctl.stop()
+        switch.stop()
+
+
+def test_gradients_equal_a_plain_allreduce(shared_run):
+    reports, _, _ = shared_run
+    for job, world in JOBS.items():
+        ref = _reference_params(world, STEPS)
+        for r in range(world):
+            rep = reports[(job, r)]
+            assert rep["error"] is None, rep["error"]
+            np.testing.assert_allclose(rep["params"], ref, rtol=1e-4, atol=1e-5, err_msg=f"job {job} rank {r}")
+        assert len({reports[(job, r)]["params_sha"] for r in range(world)}) == 1  # ranks stay identical
+
+
+def test_jobs_share_the_switch_but_never_at_once(shared_run):
+    reports, log, rounds = shared_run
+    assert not _overlaps(log)
+    done_jobs = {e["job"] for e in log if e["verdict"] == "done"}
+    assert done_jobs == set(JOBS), f"only {done_jobs} aggregated in the network"
+    for job, world in JOBS.items():
+        paths = reports[(job, 0)]["stats"]["paths"]
+        assert paths.get("innet", 0) > 0 and paths.get("ring", 0) > 0, paths  # the switch is shared in time
+    assert any(r["outcome"] == "commit" for r in rounds)
+
+
+def test_every_rank_of_a_job_takes_the_same_decision(shared_run):
+    reports, _, _ = shared_run
+    _assert_same_decisions(reports, JOBS)
+    for job, world in JOBS.items():  # and applied the same rounds
+        outcomes = [[(rid, out) for rid, out, _ in reports[(job, r)]["rounds"]] for r in range(world)]
+        assert all(set(o) == set(outcomes[0]) for o in outcomes)
+
+
+def test_lost_and_late_protocol_messages_never_split_a_job(tmp_path):
+    switch = SwitchServer(op_timeout_s=2.0)
+    sport = switch.start()
+    ctl = Controller(policy="tdm", refresh_s=0.1, lease_s=2.0, round_timeout_s=0.2,
+                     faults=Faults(drop=0.25, delay_s=(0.0, 0.4), seed=3))
+    cport = ctl.start()
+    jobs = {"a": 2, "b": 3}
+    try:
+        _wait(_launch(tmp_path, jobs, cport, sport, extra=["--drop-replies", "0.2"]))
+        reports = _reports(tmp_path, jobs)
+    finally:
+        ctl.stop()
+        switch.stop()
+    assert any(r["outcome"] != "commit" for r in ctl.rounds)  # the faults did bite ...
+    assert any(r.get("seqs") for r in ctl.rounds)  # ... and jobs still agreed on new states
+    _assert_same_decisions(reports, jobs)
+    assert not _overlaps(switch.log())
+    for job, world in jobs.items():
+        assert all(reports[(job, r)]["error"] is None for r in range(world))
+        np.testing.assert_allclose(reports[(job, 0)]["params"], _reference_params(world, STEPS), rtol=1e-4, atol=1e-5)
+
+
+def test_kill_one_rank_and_the_controller_nothing_hangs(tmp_path):
+    switch = SwitchServer(op_timeout_s=1.0)
+    sport = switch.start()
+    cport = _free_port()
+    controller = subprocess.Popen([sys.executable, "-m", "tvmsched.cli", "collectives", "controller", "--port", str(cport),
+                                   "--lease", "1.0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "listening" in controller.stdout.readline()
+        jobs = {"a": 2, "b": 2, "c": 3}
+        procs = _launch(tmp_path, jobs, cport, sport, extra=["--compute-ms", "10"], steps=400)
+        _until(lambda: len(switch.log()) > 20, 60)
+        os.kill(procs[("b", 1)].pid, signal.SIGKILL)
+        _until(lambda: len(switch.log()) > 60, 60)
+        controller.kill()
+        survivors = {k: p for k, p in procs.items() if k != ("b", 1)}
+        _wait(survivors)
+        reports = {k: json.loads((tmp_path / f"{k[0]}{k[1]}.json").read_text()) for k in survivors}
+    finally:
+        controller.kill()
+        switch.stop()
+    assert "Error" in reports[("b", 0)]["error"]  # its peer died: the job fails, it does not hang
+    for key in [k for k in survivors if k[0] != "b"]:
+        assert reports[key]["error"] is None, reports[key]["error"]
+        assert len(reports[key]["steps"]) == 400
+    ab = {j: w for j, w in jobs.items() if j != "b"}
+    _assert_same_decisions({k: v for k, v in reports.items() if k[0] != "b"}, ab)
+    for job in ab:  # after the controller died, the last lease ran out and the job went on with ring
+        tail = reports[(job, 0)]["decisions"][-20:]
+        assert all(not innet for _, _, innet, _ in tail)
+        np.testing.assert_allclose(reports[(job, 0)]["params"], _reference_params(jobs[job], 400), rtol=1e-3, atol=1e-4)
+
+
+def _until(cond, timeout_s):
+    end = time.time() + timeout_s
+    while not cond():
+        if time.time() > end:
+            pytest.fail("timed out waiting for the jobs to make progress")
+        time.sleep(0.05)
