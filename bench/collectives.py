@@ -3,7 +3,7 @@ and the JCT of three concurrent small DDP jobs under every policy, with the simu
 
     python bench/collectives.py --out bench/results/raw/collectives_measured.json [--steps 40]
 
-1. Overhead: two Gloo ranks; blocks of plain `dist.all_reduce` and of the same AllReduce through an
+1. Overhead: one Gloo rank (the agent's cost alone) and two (contending for this machine's 2 cores); blocks of plain `dist.all_reduce` and of the same AllReduce through an
    agent whose installed state makes `decide` do real work (three jobs' profiles, TDM) alternate, so
    noise hits both alike. Reported: per-op latency of each (p50/p99), the agent's own cost (hand-over
    to launch, when the queue was empty) and `decide` alone.
@@ -45,7 +45,7 @@ def _pct(xs, q):
 
 # -- 1. overhead (runs inside each rank) -----------------------------------------------------------------
 
-def overhead_worker(rank: int, port: int, ops: int, out: str) -> None:
+def overhead_worker(rank: int, world: int, port: int, ops: int, out: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -53,7 +53,7 @@ def overhead_worker(rank: int, port: int, ops: int, out: str) -> None:
     from tvmsched.runtime.collectives.decision import JobState, OpTiming, Profile, SwitchState, decide
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     now = time.time()
     prof = Profile(step_s=0.05, ops=tuple(OpTiming(i * 0.004, 1 << 20, 0.003, 0.0015) for i in range(8)), hosts=2)
     jobs = tuple(JobState(name, prof, ref_seq=0, ref_time=now + k * 0.01, eff_seq=0, lease_seq=1 << 40)
@@ -82,16 +82,16 @@ def overhead_worker(rank: int, port: int, ops: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def overhead(ops: int) -> dict:
+def overhead(ops: int, world: int) -> dict:
     port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [subprocess.Popen([sys.executable, __file__, "overhead-worker", str(r), str(port), str(ops), f"{tmp}/{r}.json"],
-                                  env={**os.environ, "OMP_NUM_THREADS": "1"}) for r in range(2)]
+        procs = [subprocess.Popen([sys.executable, __file__, "overhead-worker", str(r), str(world), str(port), str(ops), f"{tmp}/{r}.json"],
+                                  env={**os.environ, "OMP_NUM_THREADS": "1"}) for r in range(world)]
         for p in procs:
             p.wait(timeout=600)
         d = json.loads(Path(f"{tmp}/0.json").read_text())
     us = lambda xs, q: round(_pct(xs, q) * 1e6, 1)  # noqa: E731
-    return {"ops": len(d["plain"]), "bytes": 1024,
+    return {"world": world, "ops": len(d["plain"]), "bytes": 1024,
             **{f"{k}_p{int(q * 100)}_us": us(d[k], q) for k in ("plain", "agent", "own", "decide") for q in (0.5, 0.99)},
             "added_p50_us": round((_pct(d["agent"], 0.5) - _pct(d["plain"], 0.5)) * 1e6, 1),
             "added_p99_us": round((_pct(d["agent"], 0.99) - _pct(d["plain"], 0.99)) * 1e6, 1)}
@@ -138,23 +138,22 @@ def jct_run(policy: str, steps: int, link_gbps: float, compute_ms: float, tmp: P
             "round_p50_ms": _pct(committed, 0.5) * 1e3 if committed else None,
             "round_p99_ms": _pct(committed, 0.99) * 1e3 if committed else None,
             "errors": [r["error"] for r in reports.values() if r["error"]],
-            "step_s": statistics.median(s for r in reports.values() for s in r["steps"][2:])}
+            "step_s": statistics.median(s for r in reports.values() for s in r["steps"][2:]),
+            "step_bytes": reports[("j0", 0)]["stats"]["step_bytes"]}
 
 
-def predicted(policy: str, steps: int, link_gbps: float, compute_s: float, bucket_bytes: list[int]) -> float | None:
-    """The simulator's average JCT for the same three jobs on one switch."""
-    try:
-        from tvmsched.runtime.collectives.simulator import JobSpec, simulate_jobs
-    except ImportError:
-        return None
-    specs = [JobSpec(name=f"j{k}", steps=steps, compute_s=compute_s, buckets=tuple(bucket_bytes), hosts=2) for k in range(3)]
-    res = simulate_jobs(specs, policy, link_gbps=link_gbps)
-    return statistics.mean(res["jct_s"].values())
+def predicted(policy: str, steps: int, link_gbps: float, compute_s: float, bucket_bytes: list[int]) -> float:
+    """The simulator's average JCT for the same three jobs on one switch (MINA's cost model at the
+    emulated link rate; each step computes `compute_s`, then its buckets' AllReduces)."""
+    from tvmsched.runtime.collectives.simulator import JobSpec, simulate_jobs
+
+    specs = [JobSpec(name=f"j{k}", steps=steps, bucket_bytes=tuple(bucket_bytes), compute_s=compute_s, hosts=2) for k in range(3)]
+    return simulate_jobs(specs, policy, link_gbps=link_gbps)["avg_jct_s"]
 
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "overhead-worker":
-        overhead_worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+        overhead_worker(*map(int, sys.argv[2:6]), sys.argv[6])
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench/results/raw/collectives_measured.json"))
@@ -166,7 +165,7 @@ def main() -> int:
     args = ap.parse_args()
     result = {"date": datetime.date.today().isoformat(), "machine": platform.node(), "cpus": os.cpu_count(),
               "command": " ".join(["python", "bench/collectives.py", *sys.argv[1:]]),
-              "overhead": overhead(args.ops), "link_gbps": args.link_gbps, "compute_ms": args.compute_ms, "steps": args.steps}
+              "overhead": [overhead(args.ops, 1), overhead(args.ops, 2)], "link_gbps": args.link_gbps, "compute_ms": args.compute_ms, "steps": args.steps}
     print(json.dumps(result["overhead"]), flush=True)
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -174,6 +173,15 @@ def main() -> int:
             runs.append(jct_run(policy, args.steps, args.link_gbps, args.compute_ms, Path(tmp)))
             print(json.dumps({k: v for k, v in runs[-1].items() if k not in ("jct_s", "paths")}), flush=True)
     result["jct"] = runs
+    # the simulator on the same jobs: compute per step = the measured step without AllReduces (policy none)
+    none = next((r for r in runs if r["policy"] == "none"), None)
+    if none is not None:
+        buckets = none["step_bytes"]
+        ring = sum(50e-6 + b * 8 / (args.link_gbps * 1e9) for b in buckets)
+        compute_s = max(none["step_s"] - ring, 0.0)
+        for r in runs:
+            r["simulated_avg_jct_s"] = predicted(r["policy"], args.steps, args.link_gbps, compute_s, buckets)
+        result["simulated_compute_s"] = compute_s
     Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 

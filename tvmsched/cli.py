@@ -446,6 +446,38 @@ def collectives_switch(host: str, port: int, mode: str, link_gbps: float | None,
         raise TvmschedError(f"switch cannot listen on {host}:{port}: {err.strerror or err}") from None
 
 
+@collectives.command("simulate")
+@click.option("--trace", required=True, type=click.IntRange(1, 10), help="Host-count trace (1-10, as MINA numbers them).")
+@click.option("--policy", type=click.Choice(["tdm", "exclusive", "spatial", "mina", "greedy", "none"]), default="tdm", show_default=True)
+@click.option("--jobs", default=1000, show_default=True, type=click.IntRange(1, 1_000_000))
+@click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True), help="Link rate (default: the setting's).")
+@click.option("--setting", type=click.Choice(["mina", "comm-heavy"]), default="mina", show_default=True,
+              help="mina: MINA's published setting; comm-heavy: slower links, larger models, wider jobs.")
+@click.option("--placement", type=click.Choice(["first-fit", "locality"]), default="locality", show_default=True)
+@click.option("--tree", type=click.Choice(["first-fit", "least-load"]), default="least-load", show_default=True)
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def collectives_simulate(trace: int, policy: str, jobs: int, link_gbps: float | None, setting: str, placement: str,
+                         tree: str, seed: int, as_json: bool) -> None:
+    """Simulate a fat-tree cluster of training jobs sharing switches' in-network aggregation."""
+    from tqdm import tqdm
+
+    from tvmsched.runtime.collectives.simulator import simulate
+
+    with tqdm(total=jobs, unit="job", desc=f"{policy} trace {trace}", disable=None, leave=False, file=sys.stderr) as bar:
+        res = simulate(trace, policy, jobs=jobs, link_gbps=link_gbps, seed=seed, placement=placement, tree=tree,
+                       setting=setting, progress=lambda done, total: bar.update(done - bar.n))
+    if as_json:
+        click.echo(json.dumps(res))
+        return
+    click.echo(f"policy {policy}, trace {trace}, {jobs} jobs, {res['link_gbps']:g} Gb/s links ({setting} setting; "
+               f"placement {placement}, trees {tree})")
+    click.echo(f"  average JCT   {res['avg_jct_s']:.3f} s   (no in-network aggregation {res['avg_jct_none_s']:.3f} s, "
+               f"every job exclusive {res['avg_jct_ideal_s']:.3f} s)")
+    click.echo(f"  JCTScore      {res['jct_score']:.3f}")
+    click.echo(f"  in-network    {res['innet_fraction']:.1%} of AllReduce bytes")
+
+
 @cli.group()
 def db() -> None:
     """The tuning database (SQLite, PostgreSQL or the HTTP service)."""

@@ -98,6 +98,7 @@ class Agent:
         self._launch_times: list[tuple[float, float, bool]] = []
         self._step = _Step()
         self._steps_done = 0
+        self._last_step_bytes: list[int] = []
         self._last_report = 0.0
         self._prev_origin = 0.0
         self._stop = threading.Event()
@@ -254,6 +255,7 @@ class Agent:
         """Rank 0 reports the step's profile, anchored one period later (where the next step starts)."""
         self._step = _Step()
         self._steps_done += 1
+        self._last_step_bytes = st.nbytes
         step_s, self._prev_origin = st.origin - self._prev_origin, st.origin
         if self.rank != 0 or self._ctl is None or self._steps_done < 2:
             return
@@ -384,7 +386,7 @@ class Agent:
     def stats(self) -> dict:
         paths = collections.Counter(p for _, _, _, p in self.decisions)
         return {"job": self.job, "rank": self.rank, "allreduces": len(self.decisions), "paths": dict(paths),
-                "rounds": len(self.rounds), "version": self._state.version}
+                "rounds": len(self.rounds), "version": self._state.version, "step_bytes": self._last_step_bytes}
 
 
 def ddp_hook(agent: "Agent", bucket) -> torch.futures.Future[torch.Tensor]:

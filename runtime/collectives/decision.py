@@ -15,8 +15,8 @@ The rule, as mechanism E states it, for AllReduce `seq` of job J (window [start,
 (1) an AllReduce of another job predicted to hold the switch when J's starts, (2) none of another job
 predicted during J's window → J takes it, (3) else CalcScore (score.py) for J's and every overlapping
 one; the highest takes it, the others run ring at once (they never wait). (1) and (3) are one test:
-J takes the switch iff its score beats every overlapping AllReduce of another job (ties: smaller job
-id) — an earlier one that beat J holds it now, an earlier one that lost to J ran ring. The test is
+J takes the switch iff it ranks before every overlapping AllReduce of another job (score.order_key:
+higher score, then shorter remaining time, then smaller job id) — an earlier one that beat J holds it now, an earlier one that lost to J ran ring. The test is
 pairwise, so two overlapping predicted AllReduces never both take the switch.
 
 Policies (`SwitchState.policy`): `tdm` (this rule with score.calc_score), `mina` (the same rule with
@@ -31,7 +31,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from tvmsched.errors import TvmschedError
-from tvmsched.runtime.collectives.score import Op, calc_score, mina_score
+from tvmsched.runtime.collectives.score import Op, calc_score, mina_score, order_key
 
 POLICIES = ("tdm", "mina", "exclusive", "spatial", "none")
 
@@ -159,15 +159,14 @@ def decide(state: SwitchState, job: str, seq: int) -> Decision:
     start, op = _predicted(me, seq)
     end = start + op.innet_s
     score = calc_score if policy == "tdm" else mina_score
-    mine = score(_op(me, seq, op))
+    mine = order_key(_op(me, seq, op), score)
     rivals = 0
     for other in state.jobs:
         if other.job == job or other.profile is None or not other.profile.ops:
             continue
         for oseq, oop in _overlapping(other, start, end):
             rivals += 1
-            theirs = score(_op(other, oseq, oop))
-            if theirs > mine or (theirs == mine and other.job < job):
+            if order_key(_op(other, oseq, oop), score) < mine:
                 return Decision(False, f"{other.job}#{oseq} scores higher")
     return Decision(True, "free" if not rivals else f"highest of {rivals + 1}")
 

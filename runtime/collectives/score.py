@@ -62,7 +62,9 @@ def mina_score(op: Op) -> float:
     return saving(op) * op.hosts / max(op.wait_s + op.innet_s, 1e-12)
 
 
-def _key(op: Op, score) -> tuple:
+def order_key(op: Op, score=calc_score) -> tuple:
+    """Sorts the op that should get the switch first: higher score, then shorter remaining time, then
+    smaller job id. The real decision (decision.py) and the simulator both compare ops by it."""
     return (-score(op), op.remaining_s, _job_key(op.job))
 
 
@@ -73,4 +75,4 @@ def _job_key(job: str) -> tuple:
 
 def ranked(ops: Iterable[Op], score=calc_score) -> list[Op]:
     """`ops` highest score first; ties: shorter remaining time, then smaller job id."""
-    return sorted(ops, key=lambda op: _key(op, score))
+    return sorted(ops, key=lambda op: order_key(op, score))
