@@ -72,9 +72,20 @@ def host_traces(path: str | os.PathLike | None = None) -> list[list[list[int]]]:
     the copy bundled with the package (data/README.md)."""
     path = Path(path or os.environ.get(TRACES_ENV) or DEFAULT_TRACES)
     try:
-        return json.loads(path.read_text())
+        traces = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise TvmschedError(f"cannot read host-count traces from {path}: {err}") from None
+    if not isinstance(traces, list) or not traces or not all(_is_trace(t) for t in traces):
+        raise TvmschedError(f"{path} is not a list of host-count traces (each a non-empty list of [hosts >= 1, weight > 0] pairs)")
+    return traces
+
+
+def _is_trace(trace) -> bool:
+    def number(x, low):
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and x >= low and math.isfinite(x)
+    return isinstance(trace, list) and bool(trace) and all(
+        isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and number(p[0], 1) and number(p[1], 0) and p[1] > 0
+        for p in trace)
 
 
 def job_timing(profile: Profile, hosts: int, setting: Setting) -> Timing:

@@ -228,3 +228,22 @@ def test_bad_job_specs():
         simulate_jobs([JobSpec("a", 0, (MB,), 0.01)], "tdm")
     with pytest.raises(TvmschedError, match="cannot read host-count traces"):
         simulate(1, "tdm", jobs=5, traces_path="/nonexistent/traces.json")
+
+
+def test_cli_simulate_prints_the_issue_schema_and_rejects_bad_input(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "tvmsched.cli", "collectives", "simulate", "--trace", "2", "--policy", "exclusive", "--jobs", "40"]
+    out = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert {"policy": "exclusive", "trace": 2, "jobs": 40}.items() <= res.items()
+    assert res["avg_jct_ideal_s"] <= res["avg_jct_s"] <= res["avg_jct_none_s"] and 0 <= res["jct_score"] <= 1
+    bad = subprocess.run([*cmd[:-2], "--jobs", "0"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("error:") and "Traceback" not in bad.stderr
+    traces = tmp_path / "t.json"
+    traces.write_text("[[[2, 1]], \"x\"]")
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**__import__("os").environ, "TVMSCHED_HOST_TRACES": str(traces)})
+    assert bad.returncode == 2 and bad.stderr.startswith("error:"), bad.stderr
