@@ -2,8 +2,8 @@
 
     python bench/collectives_sim.py [--traces 1-10] [--jobs 1000] [--seed 0] [--workers 2] \
         [--out bench/results/raw/collectives_sim.json]
-    python bench/collectives_sim.py --sweep [--traces 1,4,7] [--links 12.5,25,50,100,200] [--jobs 1000] \
-        [--out bench/results/raw/collectives_sim_sweep.json]
+    python bench/collectives_sim.py --sweep [--traces 1,4,7] [--links 12.5,25,37.5,50,62.5,75,87.5,100,200] \
+        [--jobs 1000] [--out bench/results/raw/collectives_sim_sweep.json]
 
 Runs, for every host-count trace: each sharing policy with our placement and tree choice; the
 SHARP-default baselines (exclusive and greedy with first-fit hosts and trees, MINA's baseline); the
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import platform
 import statistics
 import sys
@@ -57,7 +58,7 @@ def plan(traces: list[int], jobs: int, seed: int) -> list[dict]:
     return runs
 
 
-SWEEP_LINKS = (12.5, 25.0, 50.0, 100.0, 200.0)
+SWEEP_LINKS = (12.5, 25.0, 37.5, 50.0, 62.5, 75.0, 87.5, 100.0, 200.0)
 SWEEP_CONFIGS = (("tdm", "locality", "least-load"), ("exclusive", "locality", "least-load"),
                  ("exclusive", "first-fit", "first-fit"))
 
@@ -76,7 +77,8 @@ def sweep_table(results: list[dict]) -> str:
     for g in sorted({r["link_gbps"] for r in results}):
         rows = []
         for t in sorted({r["trace"] for r in results if r["link_gbps"] == g}):
-            tdm, ex, ff = by[g, t, "tdm", "locality"], by[g, t, "exclusive", "locality"], by[g, t, "exclusive", "first-fit"]
+            tdm, ex = by[g, t, "tdm", "locality"], by[g, t, "exclusive", "locality"]
+            ff = by[g, t, "exclusive", "first-fit"]
             rows.append((t, tdm["avg_jct_none_s"], tdm["avg_jct_ideal_s"], ex["avg_jct_s"], ff["avg_jct_s"],
                          tdm["avg_jct_s"], ex["avg_jct_s"] / tdm["avg_jct_s"], ff["avg_jct_s"] / tdm["avg_jct_s"]))
         for t, *v in rows + [("mean", *[statistics.mean(r[i] for r in rows) for i in range(1, 8)])]:
@@ -229,7 +231,9 @@ def main() -> int:
     meta = {"date": datetime.date.today().isoformat(), "machine": platform.node(), "python": platform.python_version(),
             "command": "python " + " ".join(sys.argv), "wall_s": time.perf_counter() - start}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps({**meta, "results": results}, indent=1))
+    # JCTScore is 0/0 (NaN) where none == ideal (fast links in --sweep): written as null, not as invalid JSON
+    clean = [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()} for r in results]
+    Path(out).write_text(json.dumps({**meta, "results": clean}, indent=1, allow_nan=False))
     print(sweep_table(results) if args.sweep else report(results))
     return 0
 
