@@ -91,7 +91,7 @@ def main() -> None:
     report["params_sha"] = hashlib.sha256(params.numpy().tobytes()).hexdigest()
     report["params"] = params[:: max(1, params.numel() // 4096)].tolist()
     if agent is not None:
-        report["decisions"] = agent.decisions
+        report["decisions"] = list(agent.decisions)
         report["rounds"] = agent.rounds
         report["stats"] = agent.stats()
         agent.close()

@@ -47,6 +47,8 @@ class _Request:
     last: bool  # the last AllReduce of a training step
     seq: int = -1
     queued: bool = False  # another request was ahead of it when it was handed over
+    version: int = 0  # the state it was decided under ...
+    innet: bool = False  # ... and the decision
     started: float = 0.0
     path: str = ""
 
@@ -75,11 +77,14 @@ class Agent:
     `controller`, `switch`: "HOST:PORT" of the shared controller and of the aggregation service
     (without a controller every AllReduce runs ring). `steps`: the job's training steps, if known
     (CalcScore favours jobs near their end). `link_gbps`: emulate a cluster link on one machine — a
-    ring AllReduce is not finished before 50 µs + bytes / link rate (the switch paces its own side)."""
+    ring AllReduce is not finished before 50 µs + bytes / link rate (the switch paces its own side).
+    `history`: how many of the last AllReduces' decisions `decisions` keeps. `drop_replies`, `seed`:
+    lose that fraction of this rank's protocol replies (fault injection for tests)."""
 
     def __init__(self, job: str, *, group=None, controller: str | None = None, switch: str | None = None,
                  switch_name: str = "switch0", store=None, steps: int | None = None, link_gbps: float | None = None,
-                 lock_timeout_s: float = 1.0, report_s: float = 0.5, drop_replies: float = 0.0, seed: int | None = None):
+                 lock_timeout_s: float = 1.0, report_s: float = 0.5, history: int = 100_000,
+                 drop_replies: float = 0.0, seed: int | None = None):
         self.job, self.group = job, group
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
@@ -93,9 +98,11 @@ class Agent:
         self._seq = 0  # AllReduces launched so far (the next one's sequence number)
         self._state = SwitchState()
         self._broken: BaseException | None = None
-        self.decisions: list[tuple[int, int, bool, str]] = []  # (seq, state version, in-network?, final path)
+        # the last `history` AllReduces: (seq, state version, in-network?, final path), in seq order
+        self.decisions: collections.deque[tuple[int, int, bool, str]] = collections.deque(maxlen=history)
+        self._paths: collections.Counter = collections.Counter()  # final paths of every AllReduce
         self.rounds: list[tuple[int, str, int]] = []  # (round, outcome, seq)
-        self._launch_times: list[tuple[float, float, bool]] = []
+        self._launch_times: collections.deque[tuple[float, float, bool]] = collections.deque(maxlen=history)
         self._step = _Step()
         self._steps_done = 0
         self._last_step_bytes: list[int] = []
@@ -165,7 +172,7 @@ class Agent:
         d = decide(state, self.job, req.seq)
         req.started = time.time()
         self._launch_times.append((req.started, req.ready, req.queued))
-        self.decisions.append((req.seq, state.version, d.innet, ""))
+        req.version, req.innet = state.version, d.innet
         if d.innet and self._switch_addr is not None and req.tensor.dtype == torch.float32 and req.tensor.is_contiguous():
             req.path = "innet"
             self._switch_jobs.put(req)
@@ -195,8 +202,8 @@ class Agent:
 
     def _finish(self, req: _Request, err: BaseException | None) -> None:
         elapsed = time.time() - req.started
-        seq, version, innet, _ = self.decisions[req.seq]
-        self.decisions[req.seq] = (seq, version, innet, req.path)
+        self.decisions.append((req.seq, req.version, req.innet, req.path))  # one in flight: finishes in seq order
+        self._paths[req.path] += 1
         with self._mu:
             self._inflight = None
             if err is not None:
@@ -384,8 +391,7 @@ class Agent:
         return [s - r for s, r, queued in self._launch_times if not queued]
 
     def stats(self) -> dict:
-        paths = collections.Counter(p for _, _, _, p in self.decisions)
-        return {"job": self.job, "rank": self.rank, "allreduces": len(self.decisions), "paths": dict(paths),
+        return {"job": self.job, "rank": self.rank, "allreduces": sum(self._paths.values()), "paths": dict(self._paths),
                 "rounds": len(self.rounds), "version": self._state.version, "step_bytes": self._last_step_bytes}
 
 

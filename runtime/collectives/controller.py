@@ -17,6 +17,7 @@ ends, then ring. The asyncio loop runs on its own thread (`start`) or in the for
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import math
 import random
@@ -78,7 +79,7 @@ class Controller:
         self._switches: dict[str, _Switch] = {}
         self._waiting: dict[tuple, asyncio.Future] = {}  # (round, reply kind, job, rank) → its reply
         self._next_round = 0
-        self.rounds: list[dict] = []  # one record per round (read by tests and benchmarks)
+        self.rounds: collections.deque[dict] = collections.deque(maxlen=10_000)  # the last rounds (tests, benchmarks)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._thread: threading.Thread | None = None
