@@ -3,8 +3,8 @@ and the JCT of three concurrent small DDP jobs under every policy, with the simu
 
     python bench/collectives.py --out bench/results/raw/collectives_measured.json [--steps 40]
 
-1. Overhead: one Gloo rank (the agent's cost alone) and two (contending for this machine's 2 cores); blocks of plain `dist.all_reduce` and of the same AllReduce through an
-   agent whose installed state makes `decide` do real work (three jobs' profiles, TDM) alternate, so
+1. Overhead: one Gloo rank (the agent's cost alone) and two (contending for this machine's 2 cores);
+   blocks of plain `dist.all_reduce` and of the same AllReduce through an agent whose installed state makes `decide` do real work (three jobs' profiles, TDM) alternate, so
    noise hits both alike. Reported: per-op latency of each (p50/p99), the agent's own cost (hand-over
    to launch, when the queue was empty) and `decide` alone.
 2. JCT: three jobs x 2 ranks train the example MLP (examples/ddp_train.py) at once under one
