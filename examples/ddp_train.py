@@ -16,6 +16,7 @@ import datetime
 import hashlib
 import json
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -29,6 +30,10 @@ def model(width: int, depth: int) -> nn.Module:
     for _ in range(depth):
         layers += [nn.Linear(width, width), nn.ReLU()]
     return nn.Sequential(*layers, nn.Linear(width, 10))
+
+
+def _error(err: BaseException) -> str:
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
 def main() -> None:
@@ -55,11 +60,15 @@ def main() -> None:
     args = ap.parse_args()
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.master_port}", rank=args.rank,
-                            world_size=args.world, timeout=datetime.timedelta(seconds=args.timeout))
-    torch.manual_seed(0)
-    net = model(args.width, args.depth)
-    ddp = nn.parallel.DistributedDataParallel(net, bucket_cap_mb=args.bucket_mb)
+    try:  # a peer that dies before training starts fails this rank here, with a report
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.master_port}", rank=args.rank,
+                                world_size=args.world, timeout=datetime.timedelta(seconds=args.timeout))
+        torch.manual_seed(0)
+        net = model(args.width, args.depth)
+        ddp = nn.parallel.DistributedDataParallel(net, bucket_cap_mb=args.bucket_mb)
+    except Exception as err:
+        Path(args.out).write_text(json.dumps({"job": args.job, "rank": args.rank, "steps": [], "error": _error(err)}))
+        raise SystemExit(1) from None
     agent = None
     if not args.reference:
         agent = collectives.Agent(args.job, controller=args.controller, switch=args.switch, steps=args.steps,
@@ -84,8 +93,10 @@ def main() -> None:
             loss.backward()
             opt.step()
             report["steps"].append(time.time() - t0)
+            if len(report["steps"]) == 1:
+                Path(args.out + ".running").touch()  # for whoever waits for training to be under way
     except Exception as err:  # a dead peer: the job fails (it never hangs: the process group times out)
-        report["error"] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        report["error"] = _error(err)
     report["jct_s"] = time.time() - start
     params = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
     report["params_sha"] = hashlib.sha256(params.numpy().tobytes()).hexdigest()

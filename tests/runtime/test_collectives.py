@@ -179,9 +179,9 @@ def test_kill_one_rank_and_the_controller_nothing_hangs(tmp_path):
         assert "listening" in controller.stdout.readline()
         jobs = {"a": 2, "b": 2, "c": 3}
         procs = _launch(tmp_path, jobs, cport, sport, extra=["--compute-ms", "10"], steps=400)
-        _until(lambda: len(switch.log()) > 20, 60)
+        _until(lambda: all((tmp_path / f"{j}{r}.json.running").exists() for j, w in jobs.items() for r in range(w)), 90)
         os.kill(procs[("b", 1)].pid, signal.SIGKILL)
-        _until(lambda: len(switch.log()) > 60, 60)
+        _until(lambda: len(switch.log()) > 40, 60)
         controller.kill()
         survivors = {k: p for k, p in procs.items() if k != ("b", 1)}
         _wait(survivors)
