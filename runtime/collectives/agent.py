@@ -272,7 +272,10 @@ class Agent:
             return
         self._last_report = time.time()
         steps_left = None if self.steps is None else max(self.steps - self._steps_done, 0)
-        prof = Profile.measured(step_s, st.ready, st.nbytes, st.ring_s, st.innet_s, hosts=self.world, steps_left=steps_left)
+        try:
+            prof = Profile.measured(step_s, st.ready, st.nbytes, st.ring_s, st.innet_s, hosts=self.world, steps_left=steps_left)
+        except TvmschedError:  # a step too short to time (the clock did not move): report the next one
+            return
         self._send_ctl({"op": "profile", "profile": asdict(prof), "ref_seq": st.first_seq + len(st.ready),
                         "ref_time": st.origin + step_s, "ops_per_s": len(st.ready) / max(step_s, 1e-6),
                         "changed": self._steps_done == 2})

@@ -157,7 +157,7 @@ class Controller:
                 self._message(job, rank, msg)
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
             pass
-        except (wire.ProtocolError, _BadHello) as err:
+        except (wire.ProtocolError, _BadHello, TypeError, ValueError, KeyError) as err:
             log.warning("controller: dropping a connection: %s", err)
             try:
                 wire.write(writer, {"ok": False, "error": str(err)})
@@ -217,6 +217,11 @@ class Controller:
             elif op == "prepared":  # a late reply to a round that is over: tell the rank to let go
                 self._send(job.conns.get(rank), {"op": "abort", "round": msg.get("round")}, faults=False)
         elif op == "profile" and rank == 0:
+            try:  # a report that cannot become a state is the reporter's fault: drop its connection
+                _profile(msg.get("profile"))
+                int(msg.get("ref_seq", 0)), float(msg.get("ref_time", 0.0)), float(msg.get("ops_per_s") or 0.0)
+            except (TypeError, ValueError, KeyError, AttributeError, TvmschedError) as err:
+                raise wire.ProtocolError(f"job {job.name}: bad profile report ({err})") from None
             first = job.profile is None
             job.profile = msg
             if first or msg.get("changed"):
@@ -236,7 +241,12 @@ class Controller:
                 sw.dirty.clear()
                 continue
             sw.dirty.clear()
-            if not await self._round(sw):
+            try:
+                ok = await self._round(sw)
+            except Exception:  # noqa: BLE001 - a bug must not stop the switch's rounds for good
+                log.exception("controller: round on %s failed", sw.name)
+                ok = False
+            if not ok:
                 sw.dirty.set()
                 await asyncio.sleep(self._rng.uniform(0.01, 0.05))  # retry later
 

@@ -57,6 +57,11 @@ class Profile:
     hosts: int = 2
     steps_left: int | None = None
 
+    def __post_init__(self) -> None:
+        numbers = [self.step_s] + [x for o in self.ops for x in (o.offset_s, o.ring_s, o.innet_s, o.exposed, o.nbytes)]
+        if not self.ops or not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in numbers) or self.step_s <= 0:
+            raise TvmschedError("a profile needs a positive step time and at least one AllReduce with finite, non-negative timings")
+
     @functools.cached_property
     def reach_s(self) -> float:
         """How far past its step's first AllReduce the step's last in-network window ends."""
@@ -186,6 +191,7 @@ def _overlapping(js: JobState, start: float, end: float):
     period = max(prof.step_s, 1e-9)
     first = math.floor((start - prof.reach_s - js.ref_time) / period)
     last = math.ceil((end - js.ref_time) / period)
+    first = max(first, last - 64)  # (an AllReduce never spans more steps than this)
     for step in range(first, last + 1):
         base = js.ref_time + step * period
         for i, o in enumerate(prof.ops):

@@ -207,3 +207,29 @@ def _until(cond, timeout_s):
         if time.time() > end:
             pytest.fail("timed out waiting for the jobs to make progress")
         time.sleep(0.05)
+
+
+def test_controller_drops_a_hostile_peer_and_keeps_serving():
+    from tvmsched.runtime.collectives import wire
+
+    ctl = Controller(policy="tdm", refresh_s=0.05)
+    port = ctl.start()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as bad:  # not a hello
+            wire.send(bad, {"op": "prepared", "round": [1]})
+            reply, _ = wire.recv(bad)
+            assert reply == {"ok": False, "error": "the first message must be hello"}
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as bad:  # a profile no state can hold
+            wire.send(bad, {"op": "hello", "job": "x", "rank": 0, "world": 1})
+            assert wire.recv(bad)[0]["ok"]
+            wire.send(bad, {"op": "profile", "profile": {"step_s": -1, "ops": [], "hosts": 1}, "ref_seq": 0, "ref_time": 0})
+            while "ok" not in (msg := wire.recv(bad)[0]):  # rounds for x go on until the bad report lands
+                if msg["op"] == "prepare":
+                    wire.send(bad, {"op": "prepared", "round": msg["round"], "seq": 0})
+            assert msg["ok"] is False and "bad profile report" in msg["error"]
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as good:  # and a well-behaved job still gets rounds
+            wire.send(good, {"op": "hello", "job": "y", "rank": 0, "world": 1})
+            assert wire.recv(good)[0]["ok"]
+            assert wire.recv(good)[0]["op"] == "prepare"
+    finally:
+        ctl.stop()
