@@ -177,7 +177,9 @@ def main() -> int:
     none = next((r for r in runs if r["policy"] == "none"), None)
     if none is not None:
         buckets = none["step_bytes"]
-        ring = sum(50e-6 + b * 8 / (args.link_gbps * 1e9) for b in buckets)
+        from tvmsched.runtime.collectives.workloads import LATENCY_S, transfer_s
+
+        ring = sum(transfer_s(b, 2, args.link_gbps * 1e9 / 8, LATENCY_S) for b in buckets)
         compute_s = max(none["step_s"] - ring, 0.0)
         for r in runs:
             r["simulated_avg_jct_s"] = predicted(r["policy"], args.steps, args.link_gbps, compute_s, buckets)

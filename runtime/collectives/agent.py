@@ -18,6 +18,7 @@ as its peers did: commit → apply the state from the agreed seq, abort/timeout 
 
 import collections
 import datetime
+import heapq
 import json
 import logging
 import queue
@@ -33,10 +34,9 @@ import torch.distributed as dist
 from tvmsched.errors import TvmschedError
 from tvmsched.runtime.collectives import wire
 from tvmsched.runtime.collectives.decision import Profile, SwitchState, decide
+from tvmsched.runtime.collectives.workloads import LATENCY_S, transfer_s
 
 log = logging.getLogger(__name__)
-
-LATENCY_S = 50e-6  # the modeled per-AllReduce latency (link_gbps emulation), as mechanism E's cost model
 
 
 @dataclass
@@ -187,7 +187,8 @@ class Agent:
             self._finish(req, err)
             return
         if self._pacer is not None:
-            due = req.started + LATENCY_S + req.tensor.numel() * req.tensor.element_size() * 8 / (self.link_gbps * 1e9)
+            nbytes = req.tensor.numel() * req.tensor.element_size()
+            due = req.started + transfer_s(nbytes, self.world, self.link_gbps * 1e9 / 8, LATENCY_S)
             work.get_future().add_done_callback(lambda f: self._pacer.at(due, self._finish_work, req, f))
         else:
             work.get_future().add_done_callback(lambda f: self._finish_work(req, f))
@@ -433,14 +434,12 @@ class _Pacer:
         self._thread.start()
 
     def at(self, due: float, fn, *args) -> None:
-        import heapq
         with self._cv:
             self._n += 1
             heapq.heappush(self._heap, (due, self._n, fn, args))
             self._cv.notify()
 
     def _run(self) -> None:
-        import heapq
         while True:
             with self._cv:
                 while not self._closed and (not self._heap or self._heap[0][0] > time.time()):

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from tvmsched.errors import TvmschedError
 from tvmsched.runtime.collectives import wire
-from tvmsched.runtime.collectives.decision import POLICIES, JobState, SwitchState
+from tvmsched.runtime.collectives.decision import POLICIES, JobState, Profile, SwitchState
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ class Controller:
                 self._send(job.conns.get(rank), {"op": "abort", "round": msg.get("round")}, faults=False)
         elif op == "profile" and rank == 0:
             try:  # a report that cannot become a state is the reporter's fault: drop its connection
-                _profile(msg.get("profile"))
+                Profile.from_json(msg["profile"])
                 int(msg.get("ref_seq", 0)), float(msg.get("ref_time", 0.0)), float(msg.get("ops_per_s") or 0.0)
             except (TypeError, ValueError, KeyError, AttributeError, TvmschedError) as err:
                 raise wire.ProtocolError(f"job {job.name}: bad profile report ({err})") from None
@@ -328,16 +328,9 @@ class Controller:
             seq, rep = seqs[name], job.profile or {}
             rate = float(rep.get("ops_per_s") or 0.0)
             lease = max(64, math.ceil(rate * self.lease_s)) if rate > 0 else 1024
-            jobs.append(JobState(job=name, profile=_profile(rep.get("profile")), ref_seq=int(rep.get("ref_seq", 0)),
+            jobs.append(JobState(job=name, profile=Profile.from_json(rep["profile"]) if rep else None, ref_seq=int(rep.get("ref_seq", 0)),
                                  ref_time=float(rep.get("ref_time", 0.0)), eff_seq=seq, lease_seq=seq + lease - 1))
         return SwitchState(version=sw.version, policy=self.policy, jobs=tuple(jobs), owner=sw.owner)
-
-
-def _profile(obj):
-    if not obj:
-        return None
-    return SwitchState.from_json({"version": 0, "policy": "none", "jobs": [
-        {"job": "-", "profile": obj, "ref_seq": 0, "ref_time": 0, "eff_seq": 0, "lease_seq": 0}]}).jobs[0].profile
 
 
 class _BadHello(Exception):

@@ -68,6 +68,12 @@ class Profile:
         return max(o.offset_s + o.innet_s for o in self.ops)
 
     @staticmethod
+    def from_json(obj: dict) -> Profile:
+        """The inverse of dataclasses.asdict (a report on the wire, a state's entry)."""
+        return Profile(step_s=float(obj["step_s"]), ops=tuple(OpTiming(**o) for o in obj["ops"]),
+                       hosts=int(obj["hosts"]), steps_left=obj.get("steps_left"))
+
+    @staticmethod
     def measured(step_s: float, ready: list[float], nbytes: list[int], ring_s: list[float],
                  innet_s: list[float], hosts: int, steps_left: int | None = None) -> Profile:
         """A profile from one step's measurements (`ready`: when each AllReduce was handed to the agent,
@@ -125,12 +131,7 @@ class SwitchState:
 
     @staticmethod
     def from_json(obj: dict) -> SwitchState:
-        def profile(p):
-            if p is None:
-                return None
-            return Profile(step_s=float(p["step_s"]), ops=tuple(OpTiming(**o) for o in p["ops"]),
-                           hosts=int(p["hosts"]), steps_left=p.get("steps_left"))
-        jobs = tuple(JobState(job=str(j["job"]), profile=profile(j["profile"]), ref_seq=int(j["ref_seq"]),
+        jobs = tuple(JobState(job=str(j["job"]), profile=None if j["profile"] is None else Profile.from_json(j["profile"]), ref_seq=int(j["ref_seq"]),
                               ref_time=float(j["ref_time"]), eff_seq=int(j["eff_seq"]), lease_seq=int(j["lease_seq"]))
                      for j in obj["jobs"])
         return SwitchState(version=int(obj["version"]), policy=str(obj["policy"]), jobs=jobs, owner=obj.get("owner"))

@@ -55,7 +55,7 @@ class Setting:
     models: tuple[str, ...] = workloads.MODELS
     host_scale: int = 1  # multiplies every host count drawn from the trace
     gpu: Gpu = field(default_factory=Gpu)
-    latency_s: float = 50e-6
+    latency_s: float = workloads.LATENCY_S
     innet_speedup: float = 2.0  # SHARP: in-network AllReduce moves half the bytes of a ring's
     k: int = 16
 
@@ -248,7 +248,7 @@ def _check_spec(spec: JobSpec) -> None:
         raise TvmschedError(f"job {spec.name!r}: compute_s and arrival_s must be >= 0 and hosts >= 1")
 
 
-def simulate_jobs(jobs: list[JobSpec], policy: str, *, link_gbps: float = 100.0, latency_s: float = 50e-6,
+def simulate_jobs(jobs: list[JobSpec], policy: str, *, link_gbps: float = 100.0, latency_s: float = workloads.LATENCY_S,
                   innet_speedup: float = 2.0, ring_s: Callable[[int], float] | None = None,
                   innet_s: Callable[[int], float] | None = None) -> dict:
     """Run `jobs` on one switch that aggregates one job at a time; per-job JCT (arrival to end).

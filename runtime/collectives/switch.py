@@ -37,11 +37,11 @@ import numpy as np
 
 from tvmsched.errors import TvmschedError
 from tvmsched.runtime.collectives import wire
+from tvmsched.runtime.collectives.workloads import LATENCY_S
 
 logger = logging.getLogger(__name__)
 
 MODES = ("tdm", "spatial")
-LATENCY_S = 50e-6  # modeled switch latency of one in-network AllReduce
 CHUNK = 1 << 20  # payload bytes read, summed or written at a time
 LINGER_S = 60.0  # at least this long a refused or aborted verdict is remembered for late ranks
 LOG_LIMIT = 1 << 18  # finished operations kept (the oldest half is dropped past it)
@@ -339,7 +339,7 @@ class _Service:
         session = _Session(writer.get_extra_info("peername"))
         try:
             while True:
-                await self._dispatch(session, await _read_header(reader), reader, writer)
+                await self._dispatch(session, await wire.read_header(reader), reader, writer)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except wire.ProtocolError as err:
@@ -402,12 +402,6 @@ class _Service:
 
     async def _stats(self, session: _Session, head: dict, reader, writer) -> None:
         await _send(writer, {"stats": self.switch.stats()})
-
-
-async def _read_header(reader: asyncio.StreamReader) -> dict:
-    """A message's header alone, so that its payload is checked before it is read."""
-    length = wire._header_length(await reader.readexactly(4))
-    return wire._decode_header(await reader.readexactly(length))
 
 
 async def _verdict(op: _Op, reader: asyncio.StreamReader) -> None:

@@ -83,10 +83,16 @@ def recv(sock: socket.socket, into: memoryview | None = None) -> tuple[dict, mem
 
 # -- asyncio streams (controller, switch) ------------------------------------------------------------
 
+async def read_header(reader: asyncio.StreamReader) -> dict:
+    """A message's header alone, so that its payload can be checked before it is read (its `nbytes`
+    bytes follow on the stream)."""
+    length = _header_length(await reader.readexactly(_LEN.size))
+    return _decode_header(await reader.readexactly(length))
+
+
 async def read(reader: asyncio.StreamReader) -> tuple[dict, bytes]:
     """One message from a stream; raises asyncio.IncompleteReadError at end of stream."""
-    length = _header_length(await reader.readexactly(_LEN.size))
-    obj = _decode_header(await reader.readexactly(length))
+    obj = await read_header(reader)
     nbytes = obj.get("nbytes", 0)
     return obj, (await reader.readexactly(nbytes) if nbytes else b"")
 

@@ -218,6 +218,9 @@ def step_time(p: Profile, durations: list[float]) -> float:
     return max(t, p.sync)
 
 
+LATENCY_S = 50e-6  # MINA's per-AllReduce latency (the simulator's, the emulated links' and the switch's)
+
+
 def transfer_s(size: int, hosts: int, bandwidth: float, latency: float, speedup: float = 1.0) -> float:
     """MINA's AllReduce time: latency + size / (bandwidth x speedup) (ring: 1, SHARP in-network: 2);
     a single host pays only the latency."""
