@@ -26,7 +26,11 @@ def layer_funcs(mod) -> dict[str, object]:
 
 
 def default_schedule(funcs: dict[str, object], target) -> dict[str, object]:
-    """TVM's default schedules: dlight rules on GPU; CPU PrimFuncs compile as they are."""
+    """Default schedules without search: dlight's rules on GPU, ours (tvmsched.cpu_schedule) on CPU."""
+    if target.kind.name == "llvm":
+        from tvmsched import cpu_schedule
+
+        return cpu_schedule.default_schedule(funcs, target)
     if target.kind.name != "cuda":
         return funcs
     import tvm

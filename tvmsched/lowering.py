@@ -6,7 +6,7 @@ from tvmsched.errors import TvmschedError, one_line
 
 
 def legalize_and_fuse(mod, target, clamp_take: bool = True):
-    """FoldBatchnormToConv2D → DecomposeOpsForInference → LegalizeOps → AnnotateTIROpPattern → FoldConstant → FuseOps → FuseTIR → DCE, under `target`.
+    """FoldBatchnormToConv2D → DecomposeOpsForInference → ConvertLayout (CPU) → LegalizeOps → AnnotateTIROpPattern → FoldConstant → FuseOps → FuseTIR → DCE, under `target`.
 
     With `clamp_take`, `take` (ONNX Gather) clamps its indices instead of TVM's unchecked "fast" mode,
     which reads out of bounds on a bad index: memory-safe on its own, beside the index checks.
@@ -14,12 +14,15 @@ def legalize_and_fuse(mod, target, clamp_take: bool = True):
     import tvm
     from tvm import relax
 
+    cpu = target.kind.name == "llvm"
     passes = tvm.ir.transform.Sequential(
         [
             relax.transform.FoldBatchnormToConv2D(),
             relax.transform.DecomposeOpsForInference(),
+            *([relax.transform.ConvertLayout(CPU_LAYOUTS)] if cpu else []),
             relax.transform.LegalizeOps(customize_legalize_map={**nan_propagating_legalizations(),
-                                                                **(clamped_take() if clamp_take else {})}),
+                                                                **(clamped_take() if clamp_take else {}),
+                                                                **(vectorizable_math() if cpu else {})}),
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
@@ -32,6 +35,24 @@ def legalize_and_fuse(mod, target, clamp_take: bool = True):
             return passes(mod)
     except Exception as err:
         raise TvmschedError(f"lowering the model to TIR failed: {one_line(err)}") from None
+
+
+# Convolutions on CPU: NHWC data, HWIO weights (transposed once, at compile time, by FoldConstant), so a
+# vector of output channels is contiguous in the weights and the output (cpu_schedule.TiledReduction).
+CPU_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "HWIO"]}
+
+
+def vectorizable_math() -> dict:
+    """Erf as TOPI's polynomial `fast_erf` (what onnxruntime's MLAS does too): LLVM vectorizes it; the libm call does not."""
+    from tvm import topi
+
+    def erf(bb, call):
+        x = call.args[0]
+        if str(x.ty.dtype) not in ("float32", "float16"):
+            return bb.call_te(topi.erf, x, primfunc_name_hint="erf")
+        return bb.call_te(topi.fast_erf, x, primfunc_name_hint="erf")
+
+    return {"relax.erf": erf}
 
 
 def nan_propagating_legalizations() -> dict:

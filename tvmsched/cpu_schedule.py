@@ -1,0 +1,339 @@
+"""Default CPU schedules: dlight-style rules that give every fused layer a reasonable schedule without search.
+
+TVM's dlight has GEMV and reduction (softmax, norms) rules for CPU only; on its own every other legalized
+loop nest runs unscheduled and single-threaded. The rules here are schedules of TVM's own kernels
+(`tvm.s_tir.Schedule` primitives on the legalized PrimFuncs), tried in order on each layer:
+
+- `TiledReduction`: a layer with one reduction (matmul, batch matmul, dense, conv2d in NHWC/HWIO —
+  grouped and depthwise included —, pooling, mean) whose innermost output axis is contiguous in every
+  operand it reads. Output tiles of `rows x vector` accumulate in registers: outer tiles fused and
+  parallel, reduction loops, then `rows` unrolled and `vector` vectorized with the target's width;
+  cheap producers (padding, casts, layout) inlined, the epilogue (bias, residual, activation)
+  computed per tile.
+- dlight's `cpu.Reduction` (softmax, layer norm) and `cpu.GEMV`.
+- `Injective`: element-wise and layout chains: outer loops fused and parallel, inner loop vectorized.
+- `Fallback`: anything else: each block's outer spatial loops fused and parallel.
+
+Convolutions get this layout at compile time: `lowering.legalize_and_fuse` converts conv2d to
+NHWC data / HWIO weights for CPU targets (weights transposed once by constant folding), so a vector
+of output channels is contiguous in the weights and the output.
+
+Tuning (MetaSchedule) replaces these schedules layer by layer where it finds better ones.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tvm import s_tir, tirx
+from tvm.sym.pattern import detect_linear_equation
+from tvm.s_tir import dlight as dl
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+from tvm.target.codegen import llvm_get_vector_width
+
+log = logging.getLogger(__name__)
+
+MAX_ACCUMULATORS = 24  # vector registers kept as accumulators per tile (AVX-512 has 32, AVX2 16)
+MAX_ROWS = 8
+MIN_PARALLEL_WORK = 2048  # output elements below which a layer stays on one thread (thread wake-up costs more)
+
+
+def vector_lanes(target, bits: int = 32) -> int:
+    """Vector lanes of `bits`-wide elements for the llvm target (its mcpu's widest vector unit)."""
+    try:
+        width = int(llvm_get_vector_width(target))
+    except Exception:  # noqa: BLE001 - an LLVM without the query: assume SSE
+        width = 128
+    return max(width if width > 0 else 128, 128) // bits
+
+
+def rules():
+    """The default CPU rules, in the order they are tried."""
+    return [TiledReduction(), dl.cpu.GEMV(), dl.cpu.Reduction(), Injective(), Fallback()]
+
+
+def default_schedule(funcs: dict[str, object], target) -> dict[str, object]:
+    """{name: PrimFunc} → {name: scheduled PrimFunc} with the first rule that applies to each."""
+    scheduled = {}
+    for name, func in funcs.items():
+        sch = schedule(func, target)
+        scheduled[name] = func if sch is None else sch.mod["main"].with_attr("global_symbol", name)
+    return scheduled
+
+
+def schedule(func, target):
+    """The default schedule of one PrimFunc (a `tvm.s_tir.Schedule` with its trace), or None to leave it as is.
+
+    A rule that raises on an unexpected loop nest is skipped (the next rule gets the layer), so a
+    layer never fails to compile because of a default schedule.
+    """
+    func = func.with_attr("global_symbol", "main")
+    with target:
+        for rule in rules():
+            try:
+                sch = rule.apply(func, target, False)
+            except Exception as err:  # noqa: BLE001 - schedule primitives raise ScheduleError and TVMError
+                log.debug("rule %s failed: %s", type(rule).__name__, str(err).splitlines()[0] if str(err) else err)
+                continue
+            if isinstance(sch, list):
+                sch = sch[0] if sch else None
+            if sch is not None:
+                return sch
+    return None
+
+
+def _extent(sch, loop) -> int | None:
+    extent = sch.get(loop).extent
+    return int(extent) if isinstance(extent, tirx.IntImm) else None
+
+
+def _blocks(sch):
+    return list(sch.get_child_blocks(get_root_block(sch)))
+
+
+def _is_spatial(sch, block) -> bool:
+    return all(int(iv.iter_type) == 0 for iv in sch.get(block).iter_vars)
+
+
+def _inline_cheap(sch, keep) -> None:
+    """Inline every spatial block except `keep` and the outputs, producers and epilogues alike."""
+    for block in _blocks(sch):
+        if sch.get(block).name_hint == sch.get(keep).name_hint or not _is_spatial(sch, block):
+            continue
+        try:
+            sch.compute_inline(block)
+        except Exception:  # noqa: BLE001 - an output block, or one with several consumers: stays
+            pass
+
+
+def _vectorize_spatial(sch, block, lanes: int, parallel: bool = True) -> None:
+    """Fuse the outer loops (parallel when the block is big enough) and vectorize the innermost loop."""
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    extents = [_extent(sch, loop) for loop in loops]
+    if any(e is None for e in extents):
+        return
+    inner = loops[-1]
+    total = 1
+    for extent in extents:
+        total *= extent
+    outer = loops[:-1]
+    if extents[-1] >= 4:
+        factor = next((f for f in (lanes * 2, lanes, lanes // 2, 4) if f >= 4 and extents[-1] % f == 0), None)
+        if factor is not None:
+            if extents[-1] > factor:
+                rest, inner = sch.split(inner, factors=[None, factor])
+                outer = [*outer, rest]
+            sch.vectorize(inner)
+    if outer and parallel and total >= MIN_PARALLEL_WORK:
+        sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+
+
+class TiledReduction(CPUScheduleRule):
+    """Register-tiled reduction: parallel output tiles, reduction loops, unrolled rows x vectorized lanes."""
+
+    def apply(self, func, target, _tunable):
+        if not self.is_target_available(target):
+            return None
+        for inline_producers in (True, False):
+            sch = s_tir.Schedule(func)
+            reductions = [b for b in _blocks(sch) if not _is_spatial(sch, b)]
+            if len(reductions) != 1:
+                return None
+            red = reductions[0]
+            if inline_producers:
+                _inline_cheap(sch, red)
+            else:
+                _inline_epilogues(sch, red)
+            if _tile(sch, _find(sch, red), vector_lanes(target)):
+                return sch
+        return None
+
+
+def _find(sch, block):
+    """The block with `block`'s name in the (possibly rewritten) schedule."""
+    return sch.get_sblock(sch.get(block).name_hint)
+
+
+def _inline_epilogues(sch, red) -> None:
+    """Inline the spatial blocks after the reduction (not its producers)."""
+    name = sch.get(red).name_hint
+    after = False
+    for block in _blocks(sch):
+        if sch.get(block).name_hint == name:
+            after = True
+            continue
+        if after:
+            try:
+                sch.compute_inline(block)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _contiguous_in(var, regions) -> bool:
+    """`var` indexes only the last dimension of each region, with stride 1 (or not at all)."""
+    for region in regions:
+        dims = [r.min for r in region.region]
+        for i, index in enumerate(dims):
+            used = _var_in(index, var)
+            if not used:
+                continue
+            if i != len(dims) - 1:
+                return False
+            coeff = detect_linear_equation(index, [var])
+            if len(coeff) != 2 or not isinstance(coeff[0], tirx.IntImm) or int(coeff[0]) != 1:
+                return False
+    return True
+
+
+def _var_in(expr, var) -> bool:
+    """Whether `var` occurs in `expr`."""
+    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
+
+
+def _tile(sch, red, lanes: int) -> bool:
+    """Tile the reduction block `red`; False when its innermost output axis cannot be vectorized."""
+    block = sch.get(red)
+    if len(block.writes) != 1 or block.writes[0].source.dtype not in ("float32", "float16", "float64", "int32"):
+        return False
+    bits = block.writes[0].source.dtype.bits if hasattr(block.writes[0].source.dtype, "bits") else 32
+    lanes = max(lanes * 32 // bits, 4)
+    loops = sch.get_loops(red)
+    iters = list(block.iter_vars)
+    if len(loops) != len(iters):
+        return False
+    if any(_extent(sch, loop) != int(iv.dom.extent) for loop, iv in zip(loops, iters) if isinstance(iv.dom.extent, tirx.IntImm)):
+        return False
+    spatial = [i for i, iv in enumerate(iters) if int(iv.iter_type) == 0]
+    reduce = [i for i, iv in enumerate(iters) if int(iv.iter_type) != 0]
+    if not spatial or not reduce or max(spatial) > min(reduce):
+        return False
+    write = [r.min for r in block.writes[0].region]
+    last = write[-1] if write else None
+    v = next((i for i in spatial if last is not None and last.same_as(iters[i].var)), None)
+    if v is None or not _contiguous_in(iters[v].var, block.reads):
+        return False
+    extents = [_extent(sch, loop) for loop in loops]
+    if any(e is None for e in extents):
+        return False
+    ev = extents[v]
+    tv = next((f for f in (lanes * 2, lanes, lanes // 2, 4) if f >= 4 and ev % f == 0), None)
+    if tv is None:
+        return False
+    vectors = -(-tv // lanes)
+    rows_max = max(1, min(MAX_ROWS, MAX_ACCUMULATORS // vectors))
+    u = next((i for i in reversed(spatial) if i != v and extents[i] > 1), None)
+    tu = 1 if u is None else max(d for d in range(1, rows_max + 1) if extents[u] % d == 0)
+
+    vo, vi = sch.split(loops[v], factors=[None, tv])
+    outer = [loops[i] for i in spatial if i not in (u, v)]
+    if u is not None and tu > 1:
+        uo, ui = sch.split(loops[u], factors=[None, tu])
+        outer += [vo, uo]
+        inner = [ui, vi]
+    else:
+        outer += [vo] + ([loops[u]] if u is not None else [])
+        inner = [vi]
+    reductions = [loops[i] for i in reduce]
+    sch.reorder(*outer, *reductions, *inner)
+    total = 1
+    for e in (extents[i] for i in spatial):
+        total *= e
+    tile = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+    if total >= MIN_PARALLEL_WORK and (_extent(sch, tile) or 1) > 1:
+        sch.parallel(tile)
+    consumers = sch.get_consumers(red)
+    if len(consumers) == 1 and not _is_output(sch, red):
+        epilogue = consumers[0]
+        sch.reverse_compute_at(epilogue, tile, preserve_unit_loops=True)
+        sch.set_scope(red, 0, "local")
+    else:
+        epilogue = sch.cache_write(red, 0, "local")
+        sch.reverse_compute_at(epilogue, tile, preserve_unit_loops=True)
+    _vectorize_tile(sch, epilogue, tv)
+    if len(inner) == 2:
+        sch.unroll(inner[0])
+    sch.vectorize(inner[-1])
+    sch.decompose_reduction(red, reductions[0])  # after vectorize: the init keeps the loop kinds
+    return True
+
+
+def _is_output(sch, block) -> bool:
+    func = sch.mod["main"]
+    outputs = {p.name for p in func.params}
+    return any(w.source.name in outputs for w in sch.get(block).writes)
+
+
+def _vectorize_tile(sch, block, tv: int) -> None:
+    """The epilogue or init block inside a tile: its innermost loop (the vector) vectorized."""
+    loops = sch.get_loops(block)
+    inner = loops[-1]
+    extent = _extent(sch, inner)
+    if extent == tv:
+        sch.vectorize(inner)
+    elif extent and extent % tv == 0:
+        _, vec = sch.split(inner, factors=[None, tv])
+        sch.vectorize(vec)
+
+
+class Injective(CPUScheduleRule):
+    """Element-wise / layout chains: inlined into the outputs; each output block parallel outside, vector inside."""
+
+    def apply(self, func, target, _tunable):
+        return _injective(self, func, target)
+
+
+class Fallback(CPUScheduleRule):
+    """Each block: outer spatial loops fused and parallel (reduction loops stay inside, serial)."""
+
+    def apply(self, func, target, _tunable):
+        return _fallback(self, func, target)
+
+
+def _injective(self, func, target):
+    if not self.is_target_available(target):
+        return None
+    sch = s_tir.Schedule(func)
+    blocks = _blocks(sch)
+    if not blocks or not all(_is_spatial(sch, b) for b in blocks):
+        return None
+    for block in blocks[:-1]:
+        try:
+            sch.compute_inline(block)
+        except Exception:  # noqa: BLE001
+            pass
+    lanes = vector_lanes(target)
+    for block in _blocks(sch):
+        _vectorize_spatial(sch, block, lanes)
+    return sch
+
+
+def _fallback(self, func, target):
+    if not self.is_target_available(target):
+        return None
+    sch = s_tir.Schedule(func)
+    lanes = vector_lanes(target)
+    for block in _blocks(sch):
+        if _is_spatial(sch, block):
+            _vectorize_spatial(sch, block, lanes)
+            continue
+        iters = list(sch.get(block).iter_vars)
+        loops = sch.get_loops(block)
+        if len(loops) != len(iters):
+            continue
+        lead = []
+        for loop, iv in zip(loops, iters):
+            if int(iv.iter_type) != 0:
+                break
+            lead.append(loop)
+        extents = [_extent(sch, loop) for loop in lead]
+        if not lead or any(e is None for e in extents):
+            continue
+        total = 1
+        for e in extents:
+            total *= e
+        if total >= 2 and total * max(1, len(loops) - len(lead)) >= MIN_PARALLEL_WORK // 4:
+            sch.parallel(sch.fuse(*lead) if len(lead) > 1 else lead[0])
+    return sch
