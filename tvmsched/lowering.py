@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 from tvmsched.errors import TvmschedError, one_line
+
+log = logging.getLogger(__name__)
 
 
 def legalize_and_fuse(mod, target, clamp_take: bool = True):
@@ -19,7 +23,6 @@ def legalize_and_fuse(mod, target, clamp_take: bool = True):
         [
             relax.transform.FoldBatchnormToConv2D(),
             relax.transform.DecomposeOpsForInference(),
-            *([relax.transform.ConvertLayout(CPU_LAYOUTS)] if cpu else []),
             relax.transform.LegalizeOps(customize_legalize_map={**nan_propagating_legalizations(),
                                                                 **(clamped_take() if clamp_take else {}),
                                                                 **(vectorizable_math() if cpu else {})}),
@@ -31,6 +34,8 @@ def legalize_and_fuse(mod, target, clamp_take: bool = True):
         ]
     )
     try:
+        if cpu:
+            mod = to_cpu_layouts(mod)
         with target:
             return passes(mod)
     except Exception as err:
@@ -40,6 +45,75 @@ def legalize_and_fuse(mod, target, clamp_take: bool = True):
 # Convolutions on CPU: NHWC data, HWIO weights (transposed once, at compile time, by FoldConstant), so a
 # vector of output channels is contiguous in the weights and the output (cpu_schedule.TiledReduction).
 CPU_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "HWIO"]}
+
+
+def to_cpu_layouts(mod):
+    """Convolutions in NHWC/HWIO (CPU_LAYOUTS), when the model has any.
+
+    ConvertLayout's layout inference for `stack` crashes (IndexError, or SIGFPE on other shapes), so
+    stacks become expand_dims + concat first; a model it still rejects keeps its layouts.
+    """
+    import tvm
+    from tvm import relax
+
+    ops = _ops(mod)
+    if not ops & set(CPU_LAYOUTS):
+        return mod
+    if "relax.stack" in ops:
+        mod = _unstack(mod)
+    try:
+        return relax.transform.ConvertLayout(CPU_LAYOUTS)(mod)
+    except (tvm.error.TVMError, IndexError, ValueError) as err:  # a layout inference bug: keep NCHW
+        log.warning("keeping the model's conv layouts: ConvertLayout failed: %s", one_line(err))
+        return mod
+
+
+def _ops(mod) -> set[str]:
+    from tvm import relax
+
+    names = set()
+
+    @relax.expr_functor.visitor
+    class Ops(relax.PyExprVisitor):
+        def visit_call_(self, call):
+            if isinstance(call.op, tvm_op()):
+                names.add(call.op.name)
+            super().visit_call_(call)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            Ops().visit_expr(func)
+    return names
+
+
+def tvm_op():
+    import tvm
+
+    return tvm.ir.Op
+
+
+def _unstack(mod):
+    """relax.stack(xs, axis) → concat([expand_dims(x, axis) ...], axis)."""
+    from tvm import relax
+
+    @relax.expr_functor.mutator
+    class Unstack(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if not (isinstance(call.op, tvm_op()) and call.op.name == "relax.stack"):
+                return call
+            axis = int(call.attrs.axis)
+            fields = call.args[0].fields if isinstance(call.args[0], relax.Tuple) else None
+            if fields is None:
+                return call
+            expanded = [self.builder_.emit(relax.op.expand_dims(x, axis)) for x in fields]
+            return relax.op.concat(expanded, axis=axis)
+
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mutator = Unstack(mod)
+            mod[gv] = mutator.visit_expr(func)
+    return mod
 
 
 def vectorizable_math() -> dict:
