@@ -120,7 +120,7 @@ def _vectorize_spatial(sch, block, lanes: int, parallel: bool = True) -> None:
     for extent in extents:
         total *= extent
     outer = loops[:-1]
-    if extents[-1] >= 4:
+    if extents[-1] >= 4 and not _has_bool(sch, block):
         factor = next((f for f in (lanes * 2, lanes, lanes // 2, 4) if f >= 4 and extents[-1] % f == 0), None)
         if factor is not None:
             if extents[-1] > factor:
@@ -129,6 +129,12 @@ def _vectorize_spatial(sch, block, lanes: int, parallel: bool = True) -> None:
             sch.vectorize(inner)
     if outer and parallel and total >= MIN_PARALLEL_WORK:
         sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+
+
+def _has_bool(sch, block) -> bool:
+    """Whether the block reads or writes a bool buffer (LLVM stores vectors of i1 packed: wrong results)."""
+    stmt = sch.get(block)
+    return any(str(r.source.dtype) == "bool" for r in (*stmt.reads, *stmt.writes))
 
 
 class TiledReduction(CPUScheduleRule):
@@ -197,6 +203,8 @@ def _tile(sch, red, lanes: int) -> bool:
     """Tile the reduction block `red`; False when its innermost output axis cannot be vectorized."""
     block = sch.get(red)
     if len(block.writes) != 1 or block.writes[0].source.dtype not in ("float32", "float16", "float64", "int32"):
+        return False
+    if _has_bool(sch, red):
         return False
     bits = block.writes[0].source.dtype.bits if hasattr(block.writes[0].source.dtype, "bits") else 32
     lanes = max(lanes * 32 // bits, 4)
@@ -315,6 +323,12 @@ def _fallback(self, func, target):
         return None
     sch = s_tir.Schedule(func)
     lanes = vector_lanes(target)
+    for block in _blocks(sch)[:-1]:
+        if _is_spatial(sch, block):
+            try:
+                sch.compute_inline(block)
+            except Exception:  # noqa: BLE001 - several consumers, or an output: stays a block
+                pass
     for block in _blocks(sch):
         if _is_spatial(sch, block):
             _vectorize_spatial(sch, block, lanes)
