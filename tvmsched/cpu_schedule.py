@@ -10,7 +10,7 @@ loop nest runs unscheduled and single-threaded. The rules here are schedules of 
   parallel, reduction loops, then `rows` unrolled and `vector` vectorized with the target's width;
   cheap producers (padding, casts, layout) inlined, the epilogue (bias, residual, activation)
   computed per tile.
-- dlight's `cpu.Reduction` (softmax, layer norm) and `cpu.GEMV`.
+- dlight's `cpu.GEMV`, and its `cpu.Reduction` (softmax, layer norm) where its loop nest is right.
 - `Injective`: element-wise and layout chains: outer loops fused and parallel, inner loop vectorized.
 - `Fallback`: anything else: each block's outer spatial loops fused and parallel.
 
@@ -50,7 +50,7 @@ def vector_lanes(target, bits: int = 32) -> int:
 
 def rules():
     """The default CPU rules, in the order they are tried."""
-    return [TiledReduction(), dl.cpu.GEMV(), dl.cpu.Reduction(), Injective(), Fallback()]
+    return [TiledReduction(), dl.cpu.GEMV(), RowReduction(), Injective(), Fallback()]
 
 
 def default_schedule(funcs: dict[str, object], target) -> dict[str, object]:
@@ -232,17 +232,17 @@ def _tile(sch, red, lanes: int) -> bool:
         return False
     vectors = -(-tv // lanes)
     rows_max = max(1, min(MAX_ROWS, MAX_ACCUMULATORS // vectors))
-    u = next((i for i in reversed(spatial) if i != v and extents[i] > 1), None)
-    tu = 1 if u is None else max(d for d in range(1, rows_max + 1) if extents[u] % d == 0)
+    u, tu = _rows(spatial, v, extents, rows_max)
 
     vo, vi = sch.split(loops[v], factors=[None, tv])
-    outer = [loops[i] for i in spatial if i not in (u, v)]
+    # the vector tile outermost: its weight panel (reduction x tv) stays in cache across all rows
+    outer = [vo] + [loops[i] for i in spatial if i not in (u, v)]
     if u is not None and tu > 1:
-        uo, ui = sch.split(loops[u], factors=[None, tu])
-        outer += [vo, uo]
+        uo, ui = sch.split(loops[u], factors=[None, tu])  # a ragged last tile is predicated
+        outer.append(uo)
         inner = [ui, vi]
     else:
-        outer += [vo] + ([loops[u]] if u is not None else [])
+        outer += [loops[u]] if u is not None else []
         inner = [vi]
     reductions = [loops[i] for i in reduce]
     sch.reorder(*outer, *reductions, *inner)
@@ -268,6 +268,21 @@ def _tile(sch, red, lanes: int) -> bool:
     return True
 
 
+def _rows(spatial: list[int], v: int, extents: list[int], rows_max: int) -> tuple[int | None, int]:
+    """The spatial axis unrolled as accumulator rows, and how many: the axis and row count that waste
+    the least of the tile (a ragged last tile computes nothing), preferring more rows and inner axes."""
+    best, best_key = None, None
+    for i in reversed(spatial):
+        if i == v or extents[i] <= 1:
+            continue
+        for rows in range(min(rows_max, extents[i]), 0, -1):
+            used = extents[i] / (-(-extents[i] // rows) * rows)
+            key = (used >= 0.85, rows if used >= 0.85 else used)
+            if best_key is None or key > best_key:
+                best, best_key = (i, rows), key
+    return best if best is not None else (None, 1)
+
+
 def _is_output(sch, block) -> bool:
     func = sch.mod["main"]
     outputs = {p.name for p in func.params}
@@ -284,6 +299,36 @@ def _vectorize_tile(sch, block, tv: int) -> None:
     elif extent and extent % tv == 0:
         _, vec = sch.split(inner, factors=[None, tv])
         sch.vectorize(vec)
+
+
+class RowReduction(dl.cpu.Reduction):
+    """dlight's CPU softmax / norm rule, where it is right: reductions over more than one row (over a single
+    row it parallelizes the last block's columns and recomputes every reduction in each: quadratic)."""
+
+    def apply(self, func, target, tunable):
+        sch = s_tir.Schedule(func)
+        for block in _blocks(sch):
+            iters = sch.get(block).iter_vars
+            lead = []
+            for iv in iters:
+                if int(iv.iter_type) != 0:
+                    break
+                lead.append(iv)
+            extents = [_const(iv.dom.extent) for iv in lead]
+            if not _is_spatial(sch, block) and (None in extents or _product(extents) < 2):
+                return None
+        return super().apply(func, target, tunable)
+
+
+def _product(values) -> int:
+    total = 1
+    for value in values:
+        total *= value
+    return total
+
+
+def _const(expr) -> int | None:
+    return int(expr) if isinstance(expr, tirx.IntImm) else None
 
 
 class Injective(CPUScheduleRule):
