@@ -17,6 +17,7 @@ import tvm_ffi
 from tvmsched.artifact import Artifact, Manifest
 from tvmsched.errors import TvmschedError, one_line
 from tvmsched.native import func
+from tvmsched.targets import check_cpu_features
 
 def to_engine(inputs: dict[str, np.ndarray]) -> dict:
     """Host arrays as tvm-ffi tensors (zero-copy for C-contiguous numpy arrays)."""
@@ -75,6 +76,8 @@ class Executor:
         if isinstance(artifact, Artifact):
             if keys:
                 raise TvmschedError("trusted keys check signed artifact files: pass the artifact's path, not an Artifact")
+            # the engine checks files as it loads them; a temporary file's name would mean nothing in the error
+            check_cpu_features(artifact.manifest, f"the artifact of model {artifact.manifest.model_name}")
             with tempfile.TemporaryDirectory(prefix="tvmsched-") as tmp:
                 path = Path(tmp) / "model.tvms"
                 artifact.save(path)

@@ -94,6 +94,13 @@ class Manifest:
     preempt_flags: int = 0  # length of the int32 flag array every kernel takes last (0: not instrumented)
     progress_counters: bool = False  # kernels take a progress counter after the flags (passes.progress)
     index_checks: tuple[IndexCheck, ...] = ()  # run-time index bounds checks (empty: none, or compiled unchecked)
+    # The CPU the kernels were compiled for (LLVM's name: "znver5", "x86-64-v3", "generic"; None: not
+    # recorded, an artifact older than the field, which is compiled generic) and the CPU features they
+    # need (LLVM's names, tvmsched.targets.X86_RUNTIME_FEATURES): the engine refuses to load the
+    # artifact on a CPU that lacks one. cpu_features_unchecked: why they are not recorded (non-x86-64).
+    cpu: str | None = None
+    cpu_features: tuple[str, ...] = ()
+    cpu_features_unchecked: str | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict:
@@ -136,6 +143,7 @@ class Manifest:
                 "tensors": {k: TensorSpec(tuple(v["shape"]), v["dtype"], v["kind"]) for k, v in data["tensors"].items()},
                 "layers": layers,
                 "index_checks": tuple(IndexCheck(**{**c, "bounds": tuple(c["bounds"])}) for c in data.get("index_checks", ())),
+                "cpu_features": tuple(data.get("cpu_features", ())),
             }
         )
 

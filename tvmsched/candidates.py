@@ -198,6 +198,8 @@ def with_units(target, k: int):
     import tvm
 
     config = {key: str(target.attrs[key]) for key in ("mtriple", "mcpu") if key in target.attrs}
+    if "mattr" in target.attrs:
+        config["mattr"] = [str(a) for a in target.attrs["mattr"]]
     return tvm.target.Target({"kind": "llvm", **config, "num-cores": k})
 
 

@@ -261,6 +261,8 @@ Manifest ParseManifest(const std::string& text) {
   m.preempt_flags = static_cast<int>(json["preempt_flags"].integer_or(0));
   if (m.preempt_flags < 0 || m.preempt_flags > 4096) throw std::invalid_argument("manifest.preempt_flags out of range");
   if (!json["qos_ms"].null()) m.qos_ms = json["qos_ms"].number();
+  if (!json["cpu"].null()) m.cpu = json["cpu"].str();  // absent (older artifacts): compiled generic
+  if (!json["cpu_features"].null()) m.cpu_features = json["cpu_features"].strings();
   CheckInvariants(m);
   return m;
 }

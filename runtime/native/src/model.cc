@@ -505,6 +505,7 @@ Model Model::Load(const std::string& path, const std::string& device, const Load
   if (!device.empty() && device != compiled_for) {
     TVM_FFI_THROW(TvmschedError) << "the artifact was compiled for " << compiled_for << ", not " << device;
   }
+  CheckCpuFeatures(contents.manifest, path);  // before its kernels.so (host code included) is loaded
   auto obj = ffi::make_object<ModelObj>(OpenDevice(compiled_for));
   obj->Init(path, std::move(contents), options);
   return Model(obj);

@@ -188,6 +188,21 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              out.Set("signer", contents.signer);
              return out;
            })
+      .def("tvmsched.engine.cpu_features",
+           []() {  // {"checked": features the engine checks, "host": those this CPU has, "levels": {level: features}}
+             ffi::Map<ffi::String, ffi::Any> out;
+             auto strings = [](const std::vector<std::string>& items) {
+               ffi::Array<ffi::String> array;
+               for (const std::string& item : items) array.push_back(ffi::String(item));
+               return array;
+             };
+             out.Set("checked", strings(CheckedCpuFeatures()));
+             out.Set("host", strings(HostCpuFeatures()));
+             ffi::Map<ffi::String, ffi::Array<ffi::String>> levels;
+             for (const auto& [name, features] : CpuLevels()) levels.Set(name, strings(features));
+             out.Set("levels", levels);
+             return out;
+           })
       .def("tvmsched.engine.plan_memory",
            [](ffi::Array<ffi::Array<ffi::Array<ffi::String>>> layers, ffi::Map<ffi::String, int64_t> nbytes,
               ffi::Array<ffi::String> keep, int reuse_distance) {

@@ -67,6 +67,8 @@ struct Manifest {
   int preempt_flags = 0;          ///< length of the flag array every kernel takes last (0: none)
   bool progress_counters = false;  ///< kernels take a per-layer counter after the flags
   std::optional<double> qos_ms;
+  std::string cpu;                        ///< the CPU the kernels were compiled for (LLVM's name; "": not recorded)
+  std::vector<std::string> cpu_features;  ///< CPU features the kernels need (LLVM's names; x86-64 only)
 };
 
 /*! \brief A host array read from weights.npz (C order). */
@@ -125,6 +127,17 @@ constexpr int kMaxJsonDepth = 64;
 /*! \brief Throw std::invalid_argument naming `what` if `text`'s brackets nest deeper than `max_depth`
  *  (a scan without recursion, run before any JSON parser sees `text`). */
 void CheckJsonDepth(const std::string& text, const std::string& what, int max_depth);
+
+/*! \brief Refuse, with one TvmschedError line naming `what` (the artifact), to load kernels that need CPU
+ *  features this CPU lacks (manifest.cpu_features against CPUID and the OS's XSAVE state); x86-64 only. */
+void CheckCpuFeatures(const Manifest& manifest, const std::string& what);
+
+/*! \brief The CPU features the engine can check (LLVM's names, sorted), and those this CPU has. */
+std::vector<std::string> CheckedCpuFeatures();
+std::vector<std::string> HostCpuFeatures();
+
+/*! \brief The x86-64 levels ("x86-64-v2" .. "x86-64-v4") and the checked features each needs. */
+std::map<std::string, std::vector<std::string>> CpuLevels();
 
 /*! \brief Lowercase hex SHA-256 of `data` (OpenSSL). */
 std::string Sha256Hex(const std::string& data);
