@@ -33,12 +33,38 @@ def _shape(spec) -> str:
     return "x".join(map(str, spec.shape)) + f" {spec.dtype}"
 
 
+def tuning_workloads(tuning: dict) -> dict[str, dict]:
+    """The tuning summary's entries of distinct workloads (PrimFuncs sharing a workload point at its first)."""
+    return {name: v for name, v in tuning["layers"].items() if v.get("workload", name) in ("", name)}
+
+
 def _tuning_lines(tuning: dict | None) -> list[str]:
     if not tuning:
         return ["tuning: none (default schedules)"]
-    statuses = [layer["status"] for layer in tuning["layers"].values()]
-    counts = ", ".join(f"{statuses.count(s)} {s}" for s in ("tuned", "cached", "fallback") if s in statuses)
-    return [f"tuning: {tuning['trials_per_layer']} trials/layer into {tuning['database']}: {counts}"]
+    workloads = tuning_workloads(tuning)
+    statuses = [v["status"] for v in workloads.values()]
+    counts = ", ".join(f"{statuses.count(s)} {s}" for s in ("tuned", "cached", "default-kept", "fallback", "skipped") if s in statuses)
+    budget = []
+    if tuning.get("tune_minutes") is not None:
+        budget.append(f"{tuning['tune_minutes']:g} min budget" + (" (deadline hit)" if tuning.get("deadline_hit") else ""))
+    if tuning.get("trials_per_layer"):
+        budget.append(f"{tuning['trials_per_layer']} trials/workload" + (" at most" if budget else ""))
+    lines = [f"tuning: {', '.join(budget) or 'records only'} into {tuning['database']}: {counts}"]
+    if "workloads" not in tuning:  # an artifact from before per-workload summaries
+        return lines
+    lines.append(
+        f"  {tuning['workloads']} distinct workloads in {tuning['layer_count']} layers; {tuning['trials']} new trials in "
+        f"{tuning['tuning_seconds']:.0f} s ({tuning['trials_per_minute']:.1f} trials/min), stage {tuning['seconds']:.0f} s, "
+        f"{tuning['seeded']} searches seeded with the default schedule"
+    )
+    lines.append(f"  {'workload':40s} {'layers':>6} {'status':>12} {'trials':>6} {'s':>7} {'default us':>11} {'tuned us':>11}  kernel")
+    us = lambda v: "-" if v is None else f"{v:.4g}"  # noqa: E731
+    for name, v in workloads.items():
+        lines.append(
+            f"  {name[:40]:40s} {v['layers']:>6} {v['status']:>12} {v['trials']:>6} {v['seconds']:>7.1f} "
+            f"{us(v['default_us']):>11} {us(v['tuned_us']):>11}  {v['kernel']}"
+        )
+    return lines
 
 
 def _candidate(c) -> str:

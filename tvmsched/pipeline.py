@@ -33,6 +33,7 @@ def compile_model(
     tune_trials: int = 0,
     database=None,
     qos_ms: float | None = None,
+    tune_minutes: float | None = None,
     units: list[int] | None = None,
     rpc: str | None = None,
     preempt_checks: bool = True,
@@ -47,7 +48,10 @@ def compile_model(
         target: "llvm", "cuda", a TVM target tag or a JSON target dict.
         input_shapes: static shapes for inputs whose ONNX shape is dynamic.
         name: the model name recorded in the manifest.
-        tune_trials: MetaSchedule trials per layer; 0 keeps TVM's default schedules.
+        tune_trials: MetaSchedule trials per distinct layer workload; 0 keeps the default schedules (unless
+            `tune_minutes`). With `tune_minutes`, each workload's cap.
+        tune_minutes: a time budget for tuning the whole model, split across its workloads by their share of
+            the default-schedule latency (tuning.tune_model).
         database: a URL (sqlite, postgresql, http) or a MetaSchedule Database for tuning records.
         qos_ms: the model's latency target: build restricted-unit candidates per layer (needs tuning).
         units: unit counts to consider for candidates (default: 1..all units).
@@ -60,8 +64,9 @@ def compile_model(
     """
     if qos_ms is not None and qos_ms <= 0:
         raise TvmschedError("--qos-ms needs a positive target")
-    if rpc is not None and (tune_trials <= 0 or qos_ms is not None):
-        raise TvmschedError("--rpc measures tuning trials: it needs --tune-trials > 0 and no --qos-ms (not supported yet)")
+    check_tuning_budget(tune_trials, tune_minutes, qos_ms)
+    if rpc is not None and ((tune_trials <= 0 and tune_minutes is None) or qos_ms is not None):
+        raise TvmschedError("--rpc measures tuning trials: it needs --tune-trials > 0 or --tune-minutes, and no --qos-ms (not supported yet)")
     kind = make_target(target).kind.name
     if qos_ms is not None and tune_trials > 0 and kind != "llvm":
         raise TvmschedError(
@@ -71,7 +76,7 @@ def compile_model(
     graph, funcs, tvm_target = lower_model(model, target, input_shapes, index_checks)
     plan = _choose_kernels(
         graph, funcs, tvm_target, tune_trials=tune_trials, database=database, qos_ms=qos_ms, units=units, rpc=rpc,
-        progress=progress,
+        progress=progress, tune_minutes=tune_minutes,
     )
     if preempt_checks:
         plan = _instrumented(plan, gpu=kind != "llvm")
@@ -180,14 +185,19 @@ def _instrumented(plan: KernelPlan, *, gpu: bool) -> KernelPlan:
     return dataclasses.replace(plan, kernels=kernels_, candidates=candidates, preempt_flags=FLAG_LEN)
 
 
-def _choose_kernels(graph, funcs: dict, tvm_target, *, tune_trials, database, qos_ms, units, rpc, progress) -> KernelPlan:
-    """Default schedules; tuned ones when tuning; restricted-unit candidates when a QoS target is set."""
+def _choose_kernels(
+    graph, funcs: dict, tvm_target, *, tune_trials, database, qos_ms, units, rpc, progress, tune_minutes=None
+) -> KernelPlan:
+    """Default schedules; tuned ones when tuning (where they measure faster); restricted-unit candidates
+    when a QoS target is set."""
     default = "dlight" if tvm_target.kind.name == "cuda" else "default"
     scheduled = kernels.default_schedule(funcs, tvm_target)
     tuned, summary = {}, None
-    if tune_trials > 0:
+    if tune_trials > 0 or tune_minutes is not None:
         database = open_tuning_database(database, tvm_target)
-        tuned, summary = _tune(funcs, tvm_target, database, tune_trials, rpc, progress)
+        tuned, summary = _tune(
+            funcs, tvm_target, database, tune_trials, rpc, progress, graph=graph, defaults=dict(scheduled), minutes=tune_minutes
+        )
         scheduled.update(tuned)
     if qos_ms is None:
         return KernelPlan(
@@ -240,19 +250,123 @@ def open_tuning_database(database, tvm_target, token: str | None = None):
     return open_database(database, target=tvm_target, units=units, token=token)
 
 
-def _tune(funcs: dict, tvm_target, database, trials: int, rpc: str | None, progress: bool) -> tuple[dict, dict]:
-    """Tune into the database; returns the tuned PrimFuncs and a summary for the manifest."""
+def check_tuning_budget(tune_trials: int, tune_minutes: float | None, qos_ms: float | None) -> None:
+    """--tune-trials N (trials per workload) and --tune-minutes M (a budget for the model) combine: with
+    both, M is split across the workloads and N caps each one."""
+    import math
+
+    if tune_trials < 0:
+        raise TvmschedError("--tune-trials must be >= 0")
+    if tune_minutes is None:
+        return
+    if not math.isfinite(tune_minutes) or tune_minutes <= 0:
+        raise TvmschedError(f"--tune-minutes must be a positive number of minutes, not {tune_minutes:g}")
+    if qos_ms is not None:
+        raise TvmschedError("--tune-minutes does not apply to --qos-ms candidate builds yet: give them --tune-trials")
+
+
+def _tune(
+    funcs: dict, tvm_target, database, trials: int, rpc: str | None, progress: bool, *, graph=None,
+    defaults: dict | None = None, minutes: float | None = None,
+) -> tuple[dict, dict]:
+    """Tune each distinct workload into the database (tuning.tune_model); returns the PrimFuncs whose tuned
+    kernel won against the default schedule, and a summary for the manifest."""
+    from collections import Counter
+
     from tvmsched import tuning
 
     url = getattr(getattr(database, "store", None), "url", type(database).__name__)
     runner = tuning.rpc_runner(rpc) if rpc else None
-    tuned, report = tuning.tune_layers(funcs, tvm_target, database, trials=trials, runner=runner, progress=progress)
+    counts = Counter(layer.func for layer in graph.layers) if graph is not None else None
+    measure = None if rpc or graph is None else _layer_timer(graph, tvm_target)
+    run = tuning.tune_model(
+        funcs, tvm_target, database, trials=trials, minutes=minutes, layer_counts=counts, defaults=defaults,
+        measure=measure, seed_schedule=tuning.default_seed_schedule(tvm_target), runner=runner, progress=progress,
+    )
     summary = {
-        "trials_per_layer": trials,
+        "trials_per_layer": trials if trials > 0 else None,  # per distinct workload (None: set by the budget)
+        "tune_minutes": minutes,
         "database": url,
-        "layers": {r.func: {"status": r.status, "trials": r.trials, "seconds": round(r.seconds, 2), "message": r.message} for r in report},
+        "workloads": run.workloads,
+        "layer_count": run.layers,
+        "trials": run.trials,
+        "tuning_seconds": round(run.tune_seconds, 2),
+        "seconds": round(run.seconds, 2),
+        "trials_per_minute": round(run.trials_per_minute, 2),
+        "deadline_hit": run.deadline_hit,
+        "seeded": run.seeded,
+        "layers": {r.func: _tuning_entry(r) for r in run.report},
     }
-    return tuned, summary
+    return run.scheduled, summary
+
+
+def _tuning_entry(r) -> dict:
+    """One PrimFunc's line of the manifest's tuning summary (latencies in us, None where not measured)."""
+    rounded = lambda us: None if us is None else round(us, 3)  # noqa: E731
+    kernel = r.kernel or "default"
+    return {
+        "status": r.status, "trials": r.trials, "seconds": round(r.seconds, 2), "message": r.message,
+        "workload": r.workload, "layers": r.layers, "planned_trials": r.planned_trials, "seeded": r.seeded,
+        "default_us": rounded(r.default_us), "tuned_us": rounded(r.tuned_us),
+        "best_us": rounded(r.tuned_us if kernel == "tuned" else r.default_us), "kernel": kernel,
+    }
+
+
+def _layer_timer(graph, tvm_target):
+    """A `measure(name, func)` (tuning.tune_model) timing scheduled PrimFuncs at all units on random data of
+    the layer's shapes, with `.many({name: func})` to time a batch built as one module; None where kernels of
+    the target cannot run here."""
+    if tvm_target.kind.name != "llvm":
+        return None
+    return _LayerTimer(graph, tvm_target)
+
+
+class _LayerTimer:
+    """Median of 5 timed batches of at least 10 ms each (TVM's evaluator runs the kernel once untimed first),
+    on a thread whose TVM pool has all units: ~60 ms per kernel, enough to split a budget and to pick the
+    faster of two kernels."""
+
+    REPEAT, MIN_REPEAT_MS = 5, 10
+
+    def __init__(self, graph, tvm_target) -> None:
+        from tvmsched.candidates import cpu_units
+        from tvmsched.layers import arg_specs
+
+        self.specs, self.target, self.units = arg_specs(graph), tvm_target, cpu_units(tvm_target)
+
+    def __call__(self, name: str, func) -> float:
+        return self.many({name: func})[name]
+
+    def many(self, funcs: dict) -> dict[str, float]:
+        """{name: us} of a batch of PrimFuncs, compiled together."""
+        import threading
+
+        import numpy as np
+        import tvm
+
+        from tvmsched.measure import _random
+        from tvmsched.runtime.units import set_cpu_units
+
+        symbols = {name: f"k{i}" for i, name in enumerate(funcs)}
+        mod = tvm.IRModule({tvm.ir.GlobalVar(symbols[n]): f.with_attr("global_symbol", symbols[n]) for n, f in funcs.items()})
+        lib, dev, rng, out = tvm.compile(mod, self.target).mod, tvm.cpu(), np.random.default_rng(0), {}
+
+        def run() -> None:
+            try:
+                set_cpu_units(self.units)  # TVM thread pools are per Python thread
+                for name, symbol in symbols.items():
+                    args = [tvm.runtime.tensor(_random(rng, shape, dtype), dev) for shape, dtype in self.specs[name]]
+                    timer = lib.time_evaluator(symbol, dev, number=1, repeat=self.REPEAT, min_repeat_ms=self.MIN_REPEAT_MS)
+                    out[name] = float(np.median(timer(*args).results)) * 1e6
+            except Exception as err:  # noqa: BLE001  (re-raised in the caller's thread)
+                out["\0error"] = err
+
+        thread = threading.Thread(target=run, name="tvmsched-layer-timer")
+        thread.start()
+        thread.join()
+        if "\0error" in out:
+            raise out["\0error"]
+        return out
 
 
 def _manifest(
@@ -261,11 +375,13 @@ def _manifest(
     import tvm
 
     from tvmsched.index_checks import describe
+    from tvmsched.targets import cpu_requirements
 
     output_names = [value.name for value in model.graph.output]
     if len(output_names) != len(graph.outputs):
         raise TvmschedError(f"the model declares {len(output_names)} outputs but computes {len(graph.outputs)}")
     device = device_kind(tvm_target)
+    cpu, cpu_features, cpu_unchecked = cpu_requirements(tvm_target)
     layers = tuple(
         Layer(
             index=layer.index,
@@ -284,6 +400,9 @@ def _manifest(
         model_name=name,
         target=target_json(target),
         device=device,
+        cpu=cpu,
+        cpu_features=cpu_features,
+        cpu_features_unchecked=cpu_unchecked,
         device_code=kernels.cuda_device_code() if device == "cuda" else "native",
         inputs=tuple(Binding(n, t) for n, t in zip(frontend.input_signature_names(model), graph.inputs)),
         outputs=tuple(Binding(n, t) for n, t in zip(output_names, graph.outputs)),

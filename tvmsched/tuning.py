@@ -7,6 +7,7 @@ import `tvm.s_tir.tensor_intrin` (a 25-35 s import that times out the default bu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 import random
@@ -39,13 +40,23 @@ RUN_TIMEOUT_S = 120  # generous: a loaded 2-core machine makes MetaSchedule's 30
 
 @dataclass(frozen=True)
 class LayerTuning:
-    """What tuning did for one PrimFunc."""
+    """What tuning did for one PrimFunc (for `tune_model`: for its workload, shared by equal PrimFuncs)."""
 
     func: str
-    status: str  # "tuned" | "cached" (records already in the database) | "fallback" (no valid record)
-    trials: int  # new records committed by this run
+    # "tuned" (new records, the tuned kernel won) | "cached" (records already in the database) |
+    # "default-kept" (tuned now, but the default schedule measured faster) | "fallback" (no valid record) |
+    # "skipped" (the --tune-minutes deadline came first)
+    status: str
+    trials: int  # new records committed by this run (the seeded default record not counted)
     seconds: float
     message: str = ""
+    workload: str = ""  # the PrimFunc whose tuning this one shares (itself for the representative)
+    layers: int = 1  # model layers running this workload (all its equal PrimFuncs)
+    planned_trials: int = 0  # the trials it was given (budget share, or --tune-trials)
+    default_us: float | None = None  # measured latency of the default schedule (None: not measured here)
+    tuned_us: float | None = None  # measured latency of the best tuning record's kernel
+    kernel: str = ""  # which one the artifact runs: "tuned" | "default"
+    seeded: bool = False  # the default schedule was committed as the search's starting record
 
 
 def build_candidate(mod, target, _params=None):
@@ -62,6 +73,49 @@ def make_builder(timeout_s: int = BUILD_TIMEOUT_S, max_workers: int | None = Non
     import tvm.s_tir.meta_schedule as ms
 
     return ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=timeout_s, max_workers=max_workers)
+
+
+BUILDS_PER_WORKER = 256  # a pooled build worker is replaced after this many builds (TVM's workers leak memory)
+_POOLED_BUILDER = None
+
+
+def pooled_builder(timeout_s: int = BUILD_TIMEOUT_S, max_workers: int | None = None):
+    """A MetaSchedule builder like `make_builder`'s whose worker processes live across search iterations and
+    workloads: LocalBuilder starts a fresh pool for every batch (and one more to check itself), each worker
+    importing TVM, about 6 s per batch on a loaded 2-core machine. Call `.close()` when done."""
+    global _POOLED_BUILDER
+    if _POOLED_BUILDER is None:
+        from tvm.ir.utils import derived_object
+        from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
+        from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params, _worker_func
+        from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
+
+        @derived_object
+        class PooledBuilder(PyBuilder):
+            def __init__(self, timeout_s, max_workers):
+                super().__init__()
+                self.timeout_s = timeout_s
+                self.pool = PopenPoolExecutor(
+                    max_workers=max_workers or os.cpu_count() or 1, timeout=timeout_s, maximum_process_uses=BUILDS_PER_WORKER
+                )
+
+            def build(self, build_inputs):
+                jobs = [(build_candidate, None, b.mod, b.target, _serialize_params(b.params)) for b in build_inputs]
+                results = []
+                for done in self.pool.map_with_error_catching(lambda job: _worker_func(*job), jobs):
+                    if done.status == StatusKind.COMPLETE:
+                        results.append(BuilderResult(done.value, None))
+                    elif done.status == StatusKind.TIMEOUT:
+                        results.append(BuilderResult(None, f"PooledBuilder: Timeout, killed after {self.timeout_s} seconds"))
+                    else:
+                        results.append(BuilderResult(None, f"PooledBuilder: An exception occurred\n{done.value}"))
+                return results
+
+            def close(self) -> None:
+                self.pool.shutdown()
+
+        _POOLED_BUILDER = PooledBuilder
+    return _POOLED_BUILDER(timeout_s, max_workers)
 
 
 def rpc_runner(spec: str, session_timeout_s: int = 60):
@@ -151,6 +205,499 @@ def tune_layers(
     return scheduled, report
 
 
+# ---- whole models: one tuning per workload, a time budget, the default schedule as the floor ----------------
+
+MIN_TRIALS = 8  # per workload under --tune-minutes: one small search iteration
+BUDGET_TRIALS_PER_ITER = 16  # search iterations under a budget (the deadline is checked between iterations)
+PRIOR_TRIALS_PER_MINUTE = 30.0  # until this run has measured its own rate (2 cores: convs ~20-30/min, matmuls ~80/min)
+OVERRUN = 1.25  # a workload may run this far past its share of the remaining time before it is stopped
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Structurally equal PrimFuncs (one MetaSchedule workload: the task module's structural hash) and
+    how many model layers run them."""
+
+    name: str  # the representative: the first of `members` in model order
+    func: object
+    members: tuple[str, ...]
+    layers: int
+
+
+def group_workloads(funcs: dict[str, object], layer_counts: dict[str, int] | None = None) -> list[Workload]:
+    """Group PrimFuncs by structural equality of their task modules (the global symbol set to "main",
+    so names do not matter), in first-seen order. `layer_counts`: layers calling each PrimFunc (default 1)."""
+    import tvm_ffi
+
+    counts = layer_counts or {}
+    buckets: dict[int, list[tuple[object, list[str]]]] = {}
+    ordered: list[list[str]] = []
+    for name, func in funcs.items():
+        mod = task_module(func)
+        entries = buckets.setdefault(tvm_ffi.structural_hash(mod), [])
+        for other, names in entries:
+            if tvm_ffi.structural_equal(other, mod):
+                names.append(name)
+                break
+        else:
+            entries.append((mod, [name]))
+            ordered.append(entries[-1][1])
+    return [Workload(names[0], funcs[names[0]], tuple(names), sum(counts.get(n, 1) for n in names)) for names in ordered]
+
+
+@dataclass
+class TuningRun:
+    """What `tune_model` did: the kernels to use and the numbers for the manifest."""
+
+    scheduled: dict[str, object]  # PrimFunc name -> tuned PrimFunc, only where the tuned kernel won
+    report: list[LayerTuning]  # one per PrimFunc, in the order of `funcs`
+    workloads: int
+    layers: int
+    trials: int  # new records (seeded defaults not counted)
+    tune_seconds: float  # spent inside MetaSchedule
+    seconds: float  # the whole stage: measuring, seeding, tuning, comparing
+    minutes: float | None
+    deadline_hit: bool
+    seeded: int
+
+    @property
+    def trials_per_minute(self) -> float:
+        return 60.0 * self.trials / self.tune_seconds if self.tune_seconds > 0 else 0.0
+
+
+def budget_share(left_s: float, weight: float, remaining_weight: float, rate_per_s: float, cap: int = 0) -> tuple[int, float]:
+    """(trials, seconds) of a workload: its weight's share of the time left to the workloads not tuned yet,
+    at the measured trials per second; at least MIN_TRIALS, at most `cap` (0: no cap)."""
+    seconds = left_s * weight / remaining_weight if remaining_weight > 0 else left_s
+    trials = max(MIN_TRIALS, round(seconds * rate_per_s))
+    return (min(trials, cap) if cap > 0 else trials), seconds
+
+
+class _Stopper:
+    """Decides, before each search iteration, whether a workload's tuning goes on (see `_deadline_search`)."""
+
+    def __init__(self, deadline: float | None, stop_at: float | None, per_iter: int, interrupted=None) -> None:
+        self.deadline, self.stop_at, self.per_iter, self.interrupted = deadline, stop_at, per_iter, interrupted
+        self.started = time.monotonic()
+        self.measured = 0
+        self.stopped_by: str | None = None  # "deadline" | "share" | "interrupt" when it ended the search early
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if self.interrupted is not None and self.interrupted.is_set():  # Ctrl-C: end this workload now
+            self.stopped_by = "interrupt"
+            return True
+        if self.measured == 0:  # the first iteration always runs, unless the model's deadline has passed
+            if self.deadline is not None and now >= self.deadline:
+                self.stopped_by = "deadline"
+                return True
+            return False
+        next_end = now + (now - self.started) / self.measured * self.per_iter  # when another iteration would end
+        if self.deadline is not None and next_end > self.deadline:
+            self.stopped_by = "deadline"
+        elif self.stop_at is not None and next_end > self.stop_at and self.measured >= MIN_TRIALS:
+            self.stopped_by = "share"
+        return self.stopped_by is not None
+
+
+_DEADLINE_SEARCH = None
+
+
+def _deadline_search(inner, stopper: _Stopper):
+    """`inner` (an EvolutionarySearch) that ends when `stopper()` says so: no more candidates, so
+    MetaSchedule's task scheduler terminates the task itself (terminating it from a measure callback
+    trips the scheduler's checks). The population, cost model and database seeding are inner's."""
+    global _DEADLINE_SEARCH
+    if _DEADLINE_SEARCH is None:
+        from tvm.ir.utils import derived_object
+        from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
+
+        @derived_object
+        class DeadlineSearch(PySearchStrategy):
+            def __init__(self, inner, stopper):
+                self.inner, self.stopper = inner, stopper
+
+            def _initialize_with_tune_context(self, context) -> None:
+                self.inner._initialize_with_tune_context(context)
+
+            def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None):
+                self.inner.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database, cost_model)
+
+            def post_tuning(self) -> None:
+                self.inner.post_tuning()
+
+            def generate_measure_candidates(self):
+                if self.stopper():
+                    return None
+                return self.inner.generate_measure_candidates()
+
+            def notify_runner_results(self, measure_candidates, results) -> None:
+                self.stopper.measured += len(results)
+                self.inner.notify_runner_results(measure_candidates, results)
+
+            def clone(self):
+                return DeadlineSearch(self.inner.clone(), self.stopper)
+
+        _DEADLINE_SEARCH = DeadlineSearch
+    return _DEADLINE_SEARCH(inner, stopper)
+
+
+@contextlib.contextmanager
+def _work_dir(folder: str | None):
+    """MetaSchedule's work folder (its per-task logs): `folder` when given and kept, else a temporary one."""
+    if folder is not None:
+        os.makedirs(folder, exist_ok=True)
+        yield folder
+        return
+    with tempfile.TemporaryDirectory(prefix="tvmsched-tune-") as tmp:
+        yield tmp
+
+
+def default_seed_schedule(target):
+    """`tvmsched.cpu_schedule.schedule(func, target)` (a tvm.s_tir.Schedule with its trace, or None) where it
+    exists and the target is a CPU; None otherwise (no seeding)."""
+    if target.kind.name != "llvm":
+        return None
+    try:
+        from tvmsched import cpu_schedule
+    except ImportError:
+        return None
+    except Exception as err:  # noqa: BLE001  (a broken module must not stop tuning)
+        log.warning("tvmsched.cpu_schedule does not import (%s): tuning starts without the default schedule", one_line(err))
+        return None
+    schedule = getattr(cpu_schedule, "schedule", None)
+    return schedule if callable(schedule) else None
+
+
+def _trace_key(trace) -> str:
+    return str(trace.as_json(remove_postproc=True))
+
+
+def default_trace(func, target, schedule_fn):
+    """The trace of `schedule_fn(func, target)` if it replays on the task module (where MetaSchedule will
+    replay it), else None (no schedule, an empty one, or one made on another module)."""
+    if schedule_fn is None:
+        return None
+    try:
+        sch = schedule_fn(func, target)
+        trace = None if sch is None else sch.trace
+        if trace is None or len(trace.insts) == 0:
+            return None
+        replay(func, trace)
+        return trace
+    except Exception as err:  # noqa: BLE001  (no seed is better than no tuning)
+        log.info("the default schedule cannot seed tuning: %s", one_line(err))
+        return None
+
+
+def replay(func, trace):
+    """`func` scheduled by `trace` (a tuning record's or a default schedule's), as a PrimFunc."""
+    from tvm.s_tir.schedule import Schedule
+
+    sch = Schedule(task_module(func))
+    trace.apply_to_schedule(sch, remove_postproc=False)
+    return sch.mod["main"]
+
+
+def ms_run_secs(builder, runner, func, target) -> list[float] | None:
+    """Run times of a scheduled PrimFunc measured as MetaSchedule measures its candidates (its builder
+    and runner), so that a seeded record ranks fairly among the search's; None if that fails."""
+    import tvm
+    import tvm.s_tir.meta_schedule as ms
+
+    try:
+        mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+        built = builder.build([ms.builder.BuilderInput(mod, target)])[0]
+        if built.error_msg:
+            raise RuntimeError(built.error_msg)
+        args_info = ms.arg_info.ArgInfo.from_prim_func(func)
+        result = runner.run([ms.runner.RunnerInput(built.artifact_path, target.kind.name, args_info)])[0].result()
+        if result.error_msg:
+            raise RuntimeError(result.error_msg)
+        return [float(secs) for secs in result.run_secs]
+    except Exception as err:  # noqa: BLE001
+        log.info("measuring the default schedule with MetaSchedule's runner failed: %s", one_line(err))
+        return None
+
+
+def seed_default_record(database, func, target, trace, run_secs: list[float]) -> bool:
+    """Commit the default schedule (its trace, its measured run times) as a tuning record of the workload:
+    MetaSchedule's evolutionary search takes the workload's best records from the database into its first
+    population (EvolutionarySearch: PickBestFromDatabase, init_measured_ratio of the population), so the
+    search starts from the default schedule and mutates it along with its random samples."""
+    import tvm.s_tir.meta_schedule as ms
+
+    try:
+        mod = task_module(func)
+        workload = database.commit_workload(mod)
+        args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+        database.commit_tuning_record(ms.database.TuningRecord(trace, workload, run_secs, target, args_info))
+        return True
+    except TvmschedError:
+        raise
+    except Exception as err:  # noqa: BLE001
+        log.warning("could not seed tuning with the default schedule: %s", one_line(err))
+        return False
+
+
+def best_search_record(database, func, target, seed_key: str | None, k: int = 16):
+    """The workload's fastest record that is not the seeded default schedule (None if there is none)."""
+    mod = task_module(func)
+    best = database.query_tuning_record(mod, target, "main")
+    if best is None or seed_key is None or _trace_key(best.trace) != seed_key:
+        return best
+    return next((r for r in database.get_top_k(database.commit_workload(mod), k) if _trace_key(r.trace) != seed_key), None)
+
+
+def tune_model(
+    funcs: dict[str, object],
+    target,
+    database,
+    *,
+    trials: int = 0,
+    minutes: float | None = None,
+    layer_counts: dict[str, int] | None = None,
+    defaults: dict[str, object] | None = None,
+    measure=None,
+    seed_schedule=None,
+    runner=None,
+    progress: bool = True,
+    work_dir: str | None = None,
+) -> TuningRun:
+    """Tune a model's PrimFuncs: each distinct workload once, within a trial count or a time budget,
+    starting from and never ending slower than the default schedule.
+
+    Args:
+        funcs: PrimFunc name -> unscheduled PrimFunc (model order).
+        trials: trials per workload (`minutes` unset), or each workload's cap (with `minutes`; 0: no cap).
+        minutes: a budget for this whole stage: split across the workloads not yet in the database by
+            their share of the model's default latency (layers x measured latency; estimated FLOPs where
+            nothing can be measured here), turned into trials at the rate measured so far (recomputed after
+            every workload), at least MIN_TRIALS each, heaviest first; the search stops at the deadline
+            (the iteration in flight, at most BUDGET_TRIALS_PER_ITER trials, finishes first).
+        layer_counts: model layers calling each PrimFunc (weights the budget; default 1).
+        defaults: PrimFunc name -> default-scheduled PrimFunc (kernels.default_schedule), the floor.
+        measure: `measure(name, func) -> microseconds` of a scheduled PrimFunc of `name`'s shapes (optionally
+            with `measure.many({name: func}) -> {name: us}`), or None where kernels cannot be measured here
+            (then the tuned kernel is kept unmeasured).
+        seed_schedule: `f(func, target) -> tvm.s_tir.Schedule | None`, the default schedule to seed each
+            search with (`default_seed_schedule(target)`); None: no seeding.
+        work_dir: keep MetaSchedule's logs under work_dir/<workload>/ (default: temporary).
+    """
+    from tqdm import tqdm
+
+    if minutes is None and trials <= 0:
+        raise TvmschedError("tuning needs --tune-trials > 0 or --tune-minutes")
+    start = time.monotonic()
+    deadline = None if minutes is None else start + minutes * 60.0
+    defaults = defaults or funcs
+    groups = group_workloads(funcs, layer_counts)
+    measured: dict[str, float | None] = {}
+
+    def default_us(w: Workload) -> float | None:
+        if w.name not in measured:
+            measured[w.name] = _measured(measure, w.name, defaults[w.name])
+        return measured[w.name]
+
+    seeds = {w.name: default_trace(w.func, target, seed_schedule) for w in groups}
+    seed_keys = {name: None if t is None else _trace_key(t) for name, t in seeds.items()}
+    cached = {w.name for w in groups if best_search_record(database, w.func, target, seed_keys[w.name]) is not None}
+    weights = {w.name: float(w.layers) for w in groups}
+    if minutes is not None:  # the split needs every workload's latency first
+        if hasattr(measure, "many"):  # one build for all of them
+            try:
+                measured.update(measure.many({w.name: defaults[w.name] for w in groups}))
+            except Exception as err:  # noqa: BLE001  (then one by one)
+                log.info("measuring the default schedules together failed (%s): one by one", one_line(err))
+        costs = {w.name: default_us(w) for w in groups}
+        if not all(costs.values()):
+            costs = {w.name: _flops(w.func) or 1.0 for w in groups}
+        weights = {w.name: w.layers * costs[w.name] for w in groups}
+    pending = [w for w in groups if w.name not in cached]
+    if minutes is not None:
+        pending.sort(key=lambda w: -weights[w.name])
+    outcomes: dict[str, LayerTuning] = {}
+    chosen: dict[str, object] = {}  # workload -> trace of the tuned kernel it runs
+    totals = {"trials": 0, "seconds": 0.0, "seeded": 0}
+    deadline_hit = False
+    bar = tqdm(total=len(groups), desc="tuning", unit="workload", disable=not progress, file=sys.stderr)
+    workers = _SharedWorkers(runner)
+    with bar, tensor_intrin_import_skipped(target), _interruptible() as interrupted, contextlib.closing(workers):
+        for w in [w for w in groups if w.name in cached]:
+            outcomes[w.name], chosen[w.name] = _decide(w, LayerTuning(w.name, "cached", 0, 0.0), database, target,
+                                                       default_us(w), measure, seed_keys[w.name])
+            _report_progress(bar, w, outcomes[w.name], progress)
+        for index, w in enumerate(pending):
+            planned, stop_at = trials, None
+            if deadline is not None:
+                now = time.monotonic()
+                left = deadline - now
+                rate = totals["trials"] / totals["seconds"] if totals["trials"] >= MIN_TRIALS else PRIOR_TRIALS_PER_MINUTE / 60
+                if left <= 0 or (totals["trials"] >= MIN_TRIALS and left < MIN_TRIALS / rate / 2):
+                    deadline_hit = True
+                    for rest in pending[index:]:
+                        outcomes[rest.name] = LayerTuning(rest.name, "skipped", 0, 0.0, "the --tune-minutes deadline came first",
+                                                          default_us=measured.get(rest.name), kernel="default")
+                        _report_progress(bar, rest, outcomes[rest.name], progress)
+                    break
+                planned, seconds = budget_share(left, weights[w.name], sum(weights[p.name] for p in pending[index:]), rate, trials)
+                stop_at = now + seconds * OVERRUN
+            bar.set_postfix_str(f"{w.name[:32]} x{w.layers}, {planned} trials")
+            seeded = False
+            if seeds[w.name] is not None:
+                run_secs = ms_run_secs(workers.builder(), workers.runner(), replay(w.func, seeds[w.name]), target)
+                if run_secs is None and default_us(w) is not None:
+                    run_secs = [default_us(w) * 1e-6]
+                seeded = run_secs is not None and seed_default_record(database, w.func, target, seeds[w.name], run_secs)
+            totals["seeded"] += seeded
+            stopper = None
+            if deadline is not None:
+                stopper = _Stopper(deadline, stop_at, min(planned, BUDGET_TRIALS_PER_ITER), interrupted)
+            folder = None if work_dir is None else os.path.join(work_dir, w.name)
+            per_iter = BUDGET_TRIALS_PER_ITER if deadline is not None else 64
+            outcome = _tune_one(w.name, w.func, target, database, planned, workers.runner(), check_cached=False,
+                                per_iter=per_iter, stopper=stopper, work_dir=folder, builder=workers.builder())
+            totals["trials"] += outcome.trials  # counted after the seed was committed
+            totals["seconds"] += outcome.seconds
+            message = outcome.message
+            if stopper is not None and stopper.stopped_by:
+                deadline_hit |= stopper.stopped_by == "deadline"
+                reason = {"deadline": "the model's deadline", "share": "the end of its time share", "interrupt": "Ctrl-C"}
+                message = message or f"search stopped at {reason[stopper.stopped_by]}"
+            outcome = dataclasses.replace(outcome, message=message, seeded=bool(seeded), planned_trials=planned)
+            outcomes[w.name], chosen[w.name] = _decide(w, outcome, database, target, default_us(w), measure, seed_keys[w.name])
+            _report_progress(bar, w, outcomes[w.name], progress)
+            if interrupted.is_set():  # Ctrl-C during that workload: stop here (its records are saved)
+                raise KeyboardInterrupt
+    scheduled, report = {}, []
+    for w in groups:
+        outcome = outcomes[w.name]
+        for member in w.members:
+            shared = outcome if member == w.name else dataclasses.replace(outcome, func=member, trials=0, seconds=0.0, seeded=False)
+            report.append(dataclasses.replace(shared, workload=w.name, layers=w.layers))
+            if outcome.kernel == "tuned":
+                scheduled[member] = replay(funcs[member], chosen[w.name])
+    order = {name: i for i, name in enumerate(funcs)}
+    report.sort(key=lambda r: order[r.func])
+    return TuningRun(
+        scheduled, report, len(groups), sum(w.layers for w in groups), totals["trials"], totals["seconds"],
+        time.monotonic() - start, minutes, deadline_hit, totals["seeded"],
+    )
+
+
+class _SharedWorkers:
+    """One pooled builder and (unless given) one local runner for all the workloads of a model, started
+    when first needed (a model whose workloads are all in the database starts no worker)."""
+
+    def __init__(self, runner) -> None:
+        self.given_runner, self._builder, self._runner = runner, None, None
+
+    def builder(self):
+        if self._builder is None:
+            self._builder = pooled_builder()
+        return self._builder
+
+    def runner(self):
+        if self.given_runner is not None:
+            return self.given_runner
+        if self._runner is None:
+            self._runner = local_runner()
+        return self._runner
+
+    def close(self) -> None:
+        if self._builder is not None:
+            self._builder.close()
+        pool = getattr(self._runner, "pool", None)
+        if pool is not None:
+            pool.shutdown()
+
+
+def _measured(measure, name: str, func) -> float | None:
+    if measure is None:
+        return None
+    try:
+        return float(measure(name, func))
+    except Exception as err:  # noqa: BLE001  (an unmeasurable kernel is reported, not fatal)
+        log.warning("could not measure %s: %s", name, one_line(err))
+        return None
+
+
+def _decide(w: Workload, outcome: LayerTuning, database, target, default_us, measure, seed_key) -> tuple[LayerTuning, object]:
+    """Keep the faster of the best record the search found and the default schedule, both measured here
+    alike (the seeded record's time came from MetaSchedule's runner: not compared with ours).
+    Returns the outcome and the trace of the tuned kernel to run (None: the default)."""
+    if outcome.status in ("fallback", "skipped"):
+        return dataclasses.replace(outcome, default_us=default_us, kernel="default"), None
+    kept = "cached" if outcome.status == "cached" else "default-kept"
+    record = best_search_record(database, w.func, target, seed_key)
+    if record is None:
+        if outcome.seeded or (seed_key is not None and database.query_tuning_record(task_module(w.func), target, "main")):
+            message = outcome.message or "the search found no valid schedule besides the default"
+            return dataclasses.replace(outcome, status=kept, message=message, default_us=default_us, kernel="default"), None
+        message = outcome.message or "no valid record"
+        return dataclasses.replace(outcome, status="fallback", message=message, default_us=default_us, kernel="default"), None
+    try:
+        tuned = replay(w.func, record.trace)
+        if _signature(tuned) != _signature(w.func):  # the layer's tensors would not fit it
+            raise ValueError("it changes the kernel's parameters")
+    except Exception as err:  # noqa: BLE001  (a record that no longer replays)
+        log.warning("the best record of %s cannot be used: %s", w.name, one_line(err))
+        return dataclasses.replace(outcome, status="fallback", message=f"the best record cannot be used: {one_line(err)[:150]}",
+                                   default_us=default_us, kernel="default"), None
+    tuned_us = _measured(measure, w.name, tuned)
+    if measure is not None and tuned_us is None:
+        return dataclasses.replace(outcome, status="fallback", message="the tuned kernel could not be measured",
+                                   default_us=default_us, kernel="default"), None
+    if default_us is not None and tuned_us is not None and default_us <= tuned_us:
+        message = f"default {default_us:.4g} us <= tuned {tuned_us:.4g} us"
+        message = f"{outcome.message}; {message}" if outcome.message else message
+        return dataclasses.replace(outcome, status=kept, default_us=default_us, tuned_us=tuned_us, kernel="default",
+                                   message=message), None
+    return dataclasses.replace(outcome, default_us=default_us, tuned_us=tuned_us, kernel="tuned"), record.trace
+
+
+def _signature(func) -> list[tuple[str, str]]:
+    """(shape, dtype) of each parameter, as text."""
+    sig = []
+    for param in func.params:
+        ty = getattr(param, "ty", None)
+        sig.append((str(getattr(ty, "shape", "")), str(getattr(ty, "dtype", getattr(param, "dtype", "")))))
+    return sig
+
+
+def _report_progress(bar, w: Workload, outcome: LayerTuning, progress: bool) -> None:
+    bar.update(1)
+    if not progress:
+        return
+    timing = ""
+    if outcome.default_us is not None:
+        timing = f", default {outcome.default_us:.4g} us" + (f", tuned {outcome.tuned_us:.4g} us" if outcome.tuned_us is not None else "")
+    bar.write(f"  {w.name} (x{w.layers}): {outcome.status}, {outcome.trials} trials, {outcome.seconds:.1f} s{timing}; "
+              f"runs the {outcome.kernel or 'default'} kernel", file=sys.stderr)
+
+
+def _flops(func) -> float:
+    import tvm
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    try:
+        return float(estimate_tir_flops(tvm.IRModule({"main": func})))
+    except Exception:  # noqa: BLE001  (the estimator rejects some loop nests)
+        return 0.0
+
+
+def space_generator(target):
+    """MetaSchedule's design space for `target`. On CPUs its generic llvm rules: for an "mcpu" with AVX-512 or
+    VNNI, MetaSchedule would pick its x86 int8 dot-product rules, which need the tensor intrinsics (the 30 s
+    `tvm.s_tir.tensor_intrin` import this module skips: "TensorIntrin 'dot_16x4_vnni' is not registered")
+    and do nothing for float layers."""
+    if target.kind.name != "llvm":
+        return "post-order-apply"
+    import tvm.s_tir.meta_schedule as ms
+
+    return ms.space_generator.PostOrderApply(sch_rules="llvm", postprocs="llvm", mutator_probs="llvm")
+
+
 def search_strategy(trials: int):
     """Evolutionary search with a population scaled to the budget (512 costs ~5 s/iteration on 2 cores)."""
     import tvm.s_tir.meta_schedule as ms
@@ -158,20 +705,24 @@ def search_strategy(trials: int):
     return ms.search_strategy.EvolutionarySearch(population_size=min(512, max(32, 8 * trials)))
 
 
-def _tune_one(name: str, func, target, database, trials: int, runner) -> LayerTuning:
+def _tune_one(
+    name: str, func, target, database, trials: int, runner, *, check_cached: bool = True, per_iter: int = 64,
+    stopper: "_Stopper | None" = None, work_dir: str | None = None, builder=None,
+) -> LayerTuning:
     import tvm.s_tir.meta_schedule as ms
 
     mod = task_module(func)
-    if database.query_tuning_record(mod, target, "main") is not None:
+    if check_cached and database.query_tuning_record(mod, target, "main") is not None:
         return LayerTuning(name, "cached", 0, 0.0)
     before, start = len(database), time.perf_counter()
     drop_unnamed_ms_log_handlers()
+    strategy = search_strategy(trials) if stopper is None else _deadline_search(search_strategy(trials), stopper)
     try:
-        with tempfile.TemporaryDirectory(prefix="tvmsched-tune-") as work_dir, _ms_console_quieted():
+        with _work_dir(work_dir) as folder, _ms_console_quieted():
             ms.tune_tir(
-                mod, target, work_dir, max_trials_global=trials, num_trials_per_iter=min(trials, 64),
-                builder=make_builder(), runner=runner or local_runner(), database=database,
-                strategy=search_strategy(trials),
+                mod, target, folder, max_trials_global=trials, num_trials_per_iter=min(trials, per_iter),
+                builder=builder or make_builder(), runner=runner or local_runner(), database=database, strategy=strategy,
+                space=space_generator(target),
             )
     except TvmschedError:  # the database refused or is unreachable: the user must act
         raise
@@ -268,7 +819,7 @@ def sample_schedules(func, target, count: int, *, seed: int = 0, attempts_per_sa
 
     mod = task_module(func)
     with tensor_intrin_import_skipped(target):
-        context = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply", task_name="main")
+        context = ms.TuneContext(mod=mod, target=target, space_generator=space_generator(target), task_name="main")
         spaces = context.space_generator.generate_design_space(mod)
         postprocs = context.space_generator.postprocs
     found: dict[str, object] = {}

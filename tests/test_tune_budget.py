@@ -1,0 +1,174 @@
+"""Tuning whole models: each distinct workload tuned once, a time budget (--tune-minutes), the default
+schedule as the search's seed and as the floor (tuning never ends slower than the default)."""
+
+import functools
+import itertools
+import json
+import math
+from collections import defaultdict
+
+import numpy as np
+import onnx
+
+from tests.helpers import assert_user_error, onnxruntime_outputs, run_cli
+from tvmsched import models, pipeline, tuning
+from tvmsched.models.common import GraphBuilder, dense, make_model
+from tvmsched.runtime import Executor
+
+TRIALS = 8
+REPEATS = 4  # identical Gemm+Relu layers
+
+
+def repeated_model(repeats: int = REPEATS, width: int = 64) -> onnx.ModelProto:
+    """`repeats` Gemm+Relu layers of the same shape (different weights), then Softmax: two workloads."""
+    g = GraphBuilder(0)
+    x = "input"
+    for i in range(repeats):
+        x = g.op("Relu", [dense(g, x, f"fc{i}", width, width)], f"fc{i}.relu")
+    g.op("Softmax", [x], "output", axis=-1)
+    return make_model(g, "repeated", {"input": [1, width]}, {"output": [1, width]})
+
+
+def stand_in_seed(func, target):
+    """A default schedule to seed with that does not depend on tvmsched.cpu_schedule's current rules."""
+    from tvm.s_tir import Schedule
+
+    sch = Schedule(func)
+    sch.annotate(sch.get_sblock("root"), "meta_schedule.parallel", 2)
+    return sch
+
+
+def fake_timer(default_us: float, tuned_us: float):
+    """`_layer_timer` stand-in: tune_model measures a workload's default schedule first, then its tuned one."""
+    calls = defaultdict(itertools.count)
+    return lambda graph, target: lambda name, func: default_us if next(calls[name]) == 0 else tuned_us
+
+
+def check_against_onnxruntime(artifact, model) -> None:
+    inputs = models.random_inputs(model, seed=3)
+    expected = onnxruntime_outputs(model, inputs)["output"]
+    np.testing.assert_allclose(Executor(artifact).run(inputs)["output"], expected, rtol=1e-4, atol=1e-5)
+
+
+# ---- no tuning needed ---------------------------------------------------------------------------------------
+
+
+def test_equal_primfuncs_group_into_one_workload():
+    import tvm
+
+    model = repeated_model()
+    graph, funcs, _ = pipeline.lower_model(model)
+    (fc,) = [name for name in funcs if "matmul" in name]
+    copy = tvm.ir.load_json(tvm.ir.save_json(funcs[fc])).with_attr("global_symbol", "another_name")
+    groups = tuning.group_workloads({**funcs, "fc_copy": copy}, {fc: 4, "fc_copy": 2})
+    assert [(w.name, w.members, w.layers) for w in groups] == [(fc, (fc, "fc_copy"), 6), ("softmax", ("softmax",), 1)]
+    assert len(graph.layers) == REPEATS + 1  # Relax already shares one PrimFunc among the identical layers
+
+
+def test_budget_split_follows_the_weights():
+    assert tuning.budget_share(60, 3, 4, 1.0) == (45, 45.0)  # 3/4 of the minute at one trial per second
+    assert tuning.budget_share(60, 1, 4, 1.0) == (15, 15.0)
+    assert tuning.budget_share(60, 1, 100, 1.0)[0] == tuning.MIN_TRIALS  # a small share still gets the minimum
+    assert tuning.budget_share(600, 1, 1, 1.0, cap=32) == (32, 600.0)  # --tune-trials caps it
+
+
+def test_search_stops_before_an_iteration_that_would_pass_the_deadline():
+    import time
+
+    now = time.monotonic()
+    assert tuning._Stopper(now - 1, None, 16)() is True  # the deadline has passed: not even one iteration
+    fresh = tuning._Stopper(now + 60, now + 30, 16)
+    assert fresh() is False  # the first iteration always runs
+    fresh.started, fresh.measured = now - 20, 16  # 20 s for 16 trials: the next iteration ends at ~+20 s
+    assert fresh() is False
+    fresh.started = now - 40  # ... at ~+40 s, past its share (+30 s)
+    assert fresh() is True and fresh.stopped_by == "share"
+    late = tuning._Stopper(now + 10, None, 16)
+    late.started, late.measured = now - 20, 16  # ends at ~+20 s, past the model's deadline
+    assert late() is True and late.stopped_by == "deadline"
+
+
+def test_bad_budgets_are_user_errors(tmp_path, capsys):
+    from tvmsched.cli import main
+
+    model = tmp_path / "m.onnx"
+    onnx.save(repeated_model(), model)
+    cases = {
+        ("--tune-minutes", "0"): "positive number of minutes",
+        ("--tune-minutes", "nan"): "positive number of minutes",
+        ("--tune-minutes", "inf"): "positive number of minutes",
+        ("--tune-minutes", "soon"): "not a valid float",
+        ("--tune-minutes", "1", "--qos-ms", "5"): "--qos-ms",
+        ("--tune-trials", "-3"): "--tune-trials must be >= 0",
+    }
+    for args, fragment in cases.items():
+        assert main(["compile", str(model), *args]) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and fragment in err[0], (args, err)
+    assert not list(tmp_path.glob("*.tvms"))
+    assert_user_error(run_cli("compile", model, "--tune-minutes", "-1"), "--tune-minutes", "not -1")
+
+
+# ---- real MetaSchedule tuning into real SQLite databases ----------------------------------------------------
+
+
+def test_each_workload_is_tuned_once_seeded_and_kept_only_when_faster(tmp_path, monkeypatch):
+    model, db = repeated_model(), f"sqlite:///{tmp_path / 'tuning.db'}"
+    from tvmsched.tuning_db import open_store
+
+    monkeypatch.setattr(tuning, "default_seed_schedule", lambda target: stand_in_seed)
+    monkeypatch.setattr(tuning, "tune_model", functools.partial(tuning.tune_model, work_dir=str(tmp_path / "ms")))
+    monkeypatch.setattr(pipeline, "_layer_timer", fake_timer(default_us=1e6, tuned_us=1.0))  # tuned wins
+    first = pipeline.compile_model(model, tune_trials=TRIALS, database=db)
+    summary = first.manifest.tuning
+    assert (summary["workloads"], summary["layer_count"], summary["seeded"]) == (2, REPEATS + 1, 2)
+    entries = list(summary["layers"].values())
+    assert [(e["status"], e["kernel"], e["layers"]) for e in entries] == [("tuned", "tuned", REPEATS), ("tuned", "tuned", 1)]
+    assert all(e["seeded"] and 0 < e["trials"] <= TRIALS and e["best_us"] == e["tuned_us"] == 1.0 for e in entries)
+    stats = open_store(db).stats()
+    assert stats == {**stats, "workloads": 2, "records": summary["trials"] + 2}  # each workload once, plus its seed
+    assert [layer.candidates[0].schedule for layer in first.manifest.layers] == ["tuned"] * (REPEATS + 1)
+    check_against_onnxruntime(first, model)
+    for workload in summary["layers"]:  # MetaSchedule's search started from the seeded default schedule
+        log = "".join(p.read_text() for p in (tmp_path / "ms" / workload / "logs").glob("*task_0*"))
+        assert "Picked top 1 candidate(s) from database" in log, workload
+
+    monkeypatch.setattr(pipeline, "_layer_timer", fake_timer(default_us=1.0, tuned_us=2.0))  # now the default wins
+    second = pipeline.compile_model(model, tune_trials=TRIALS, database=db)
+    entries = list(second.manifest.tuning["layers"].values())
+    assert [(e["status"], e["kernel"], e["trials"], e["best_us"]) for e in entries] == [("cached", "default", 0, 1.0)] * 2
+    assert open_store(db).stats()["records"] == stats["records"]
+    assert {layer.candidates[0].schedule for layer in second.manifest.layers} == {"default"}
+    check_against_onnxruntime(second, model)
+
+
+def test_budget_stops_at_the_deadline_and_keeps_the_faster_kernel(tmp_path):
+    model, db = tmp_path / "repeated.onnx", f"sqlite:///{tmp_path / 'budget.db'}"
+    onnx.save(repeated_model(), model)
+    budget_min = 0.1  # 6 s: about one search iteration on a 2-core machine
+    result = run_cli("compile", model, "-o", tmp_path / "r.tvms", "--tune-minutes", budget_min, "--db", db)
+    assert result.returncode == 0, result.stderr[-3000:]
+    manifest = json.loads(run_cli("inspect", tmp_path / "r.tvms", "--json").stdout)
+    summary = manifest["tuning"]
+    assert summary["tune_minutes"] == budget_min and summary["trials_per_layer"] is None
+    assert summary["deadline_hit"] and summary["workloads"] == 2
+    entries = summary["layers"]
+    assert {e["status"] for e in entries.values()} <= {"tuned", "default-kept", "fallback", "skipped"}
+    assert any(e["status"] == "skipped" for e in entries.values()) or all(e["trials"] for e in entries.values())
+    for e in entries.values():  # no workload ran past its first iteration
+        assert e["trials"] <= min(e["planned_trials"], tuning.BUDGET_TRIALS_PER_ITER), e
+    records = json.loads(run_cli("db", "stats", "--db", db, "--json").stdout)["records"]
+    assert records == summary["trials"] + summary["seeded"] == sum(e["trials"] + e["seeded"] for e in entries.values())
+    assert summary["seconds"] < budget_min * 60 + 120  # overshoot: the measuring and the iteration in flight
+    # the kernel kept is the faster one as measured (the default where tuning did not beat it or did not run)
+    for name, e in entries.items():
+        if e["tuned_us"] is not None and e["default_us"] is not None:
+            assert e["kernel"] == ("tuned" if e["tuned_us"] < e["default_us"] else "default"), e
+            assert math.isclose(e["best_us"], min(e["tuned_us"], e["default_us"]), rel_tol=1e-6)
+        else:
+            assert e["kernel"] == "default"
+        schedules = {layer["candidates"][0]["schedule"] for layer in manifest["layers"] if layer["func"] == name}
+        assert schedules == ({"tuned"} if e["kernel"] == "tuned" else {"default"}), (name, schedules)
+    described = run_cli("inspect", tmp_path / "r.tvms").stdout
+    assert "2 distinct workloads in 5 layers" in described and "trials/min" in described
+    assert "for 2 distinct workloads in 5 layers" in result.stdout
