@@ -12,50 +12,13 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-CHILD = r"""
-import json, os, sys, time
-import numpy as np
-engine, path, repeat, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-def rss_mb():  # VmHWM: peak RSS of this process image (ru_maxrss would include the parent's, kept across exec)
-    line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
-    return int(line.split()[1]) / 1024
-if engine == "tvmsched":
-    os.environ["TVM_NUM_THREADS"] = str(threads)
-    import tvm, tvmsched.runtime
-    base = rss_mb()
-    ex = tvmsched.runtime.load(path)
-    inputs = ex.random_inputs(seed=0)
-    ex.run(inputs)
-    times = ex.time_runs(inputs, repeat, warmup=3)
-else:
-    import onnxruntime as ort
-    from tvmsched import models
-    import onnx
-    base = rss_mb()
-    opts = ort.SessionOptions(); opts.intra_op_num_threads = threads; opts.inter_op_num_threads = 1
-    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
-    inputs = models.random_inputs(onnx.load(path, load_external_data=False), seed=0)
-    for _ in range(3): sess.run(None, inputs)
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter(); sess.run(None, inputs); times.append(time.perf_counter() - t)
-ms = np.array(times) * 1e3
-print(json.dumps({"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
-                  "peak_rss_mb": rss_mb(), "model_rss_mb": rss_mb() - base}))
-"""
-
-
-def measure_engine(engine: str, path: Path, repeat: int, threads: int) -> dict:
-    env = {**os.environ, "TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
-    out = subprocess.run([sys.executable, "-c", CHILD, engine, str(path), str(repeat), str(threads)],
-                         capture_output=True, text=True, env=env, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import measure_engine  # noqa: E402  (bench/ is not a package; the engine children live there)
 
 
 def bench_model(name: str, folder: Path, repeat: int, threads: int) -> dict:

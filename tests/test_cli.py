@@ -240,3 +240,42 @@ except TvmschedError as err:
     result = subprocess.run([sys.executable, "-c", "import sys\n" + script], capture_output=True, text=True, timeout=300)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: the ONNX importer rejected the model"), result.stderr
+
+
+def test_run_check_with_repeat_times_onnxruntime_side_by_side(compiled):
+    """issue 16: `run --check M.onnx --repeat N` times onnxruntime on the same inputs and threads and prints
+    both latencies and their ratio; the first latency line and the JSON keys of before stay as they were."""
+    model, artifact = compiled
+    result = run_cli("run", artifact, "--check", model, "--repeat", "3")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("latency over 3 runs: p50 ") for line in lines)
+    assert any(line.startswith("side by side over 3 runs, same inputs, ") for line in lines)
+    rows = {line.split()[0]: line.split()[1:] for line in lines if line.startswith("  ") and line.split()}
+    assert set(rows) >= {"tvmsched", "onnxruntime", "tvmsched/onnxruntime"}
+    assert all(float(v) >= 0 for v in rows["tvmsched"] + rows["onnxruntime"])
+    assert all(v.endswith("x") for v in rows["tvmsched/onnxruntime"])
+    summary = json.loads(run_cli("run", artifact, "--check", model, "--repeat", "4", "--json").stdout)
+    compare = summary["compare"]
+    assert summary["runs"] == 4 and compare["onnxruntime"]["runs"] == 4 and compare["threads"] >= 1
+    assert compare["ratio_p50"] == pytest.approx(summary["p50_ms"] / compare["onnxruntime"]["p50_ms"])
+    plain = run_cli("run", artifact, "--repeat", "2")  # no model to compare with: no onnxruntime timing
+    assert plain.returncode == 0 and "onnxruntime" not in plain.stdout and "p50" in plain.stdout
+
+
+def test_onnxruntime_timed_with_the_runtime_threads(compiled):
+    """The reference session: intra-op threads = the engine's, one inter-op thread, sequential."""
+    import os
+
+    import onnxruntime
+
+    from tvmsched import compare
+
+    model, _ = compiled
+    assert compare.runtime_threads("cpu") == int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count())
+    options = compare.onnxruntime_session(str(model), 1).get_session_options()
+    assert (options.intra_op_num_threads, options.inter_op_num_threads) == (1, 1)
+    assert options.execution_mode == onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    table = compare.side_by_side([0.004, 0.006], [0.001, 0.001], threads=1)  # p50 5 ms, p99 5.98 ms against 1 ms
+    assert table["ratio_p50"] == pytest.approx(5.0) and table["tvmsched"]["runs"] == 2
+    assert compare.format_table(table)[-1].split()[-2:] == ["5.00x", "5.98x"]

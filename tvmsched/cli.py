@@ -28,11 +28,15 @@ def models() -> None:
 
 @models.command("list")
 def models_list() -> None:
-    """List the bundled models."""
-    from tvmsched.models import list_models
+    """List the bundled models and the real architectures."""
+    from tvmsched.models import REAL_MODELS, list_models
+    from tvmsched.models.real import cache_dir
 
     for spec in list_models():
         click.echo(f"{spec.name:16s} {spec.description}")
+    click.echo(f"\nreal architectures (exported or filled on first build, cached in {cache_dir()}):")
+    for real in REAL_MODELS.values():
+        click.echo(f"{real.name:16s} {real.description}")
 
 
 @models.command("build")
@@ -43,20 +47,30 @@ def models_build(name: str, output: str | None, seed: int) -> None:
     """Write the bundled model NAME as an ONNX file."""
     from tvmsched.models import UnknownModelError, save
 
+    from tvmsched.models import REAL_MODELS
+
     output = output or f"{name}.onnx"
     try:
         save(name, output, seed=seed)
     except UnknownModelError as err:
         raise TvmschedError(err.args[0]) from None
     click.echo(f"wrote {output}")
+    if name in REAL_MODELS and REAL_MODELS[name].dynamic:
+        click.echo(f"its axes {', '.join(REAL_MODELS[name].dynamic)} are dynamic: tvmsched compile {output} "
+                   f"{REAL_MODELS[name].input_shape_options()}")
 
 
 @cli.command("compile")
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Artifact file (default MODEL.tvms).")
-@click.option("--target", default="llvm", show_default=True, help="llvm, cuda, a TVM target tag or a JSON target.")
+@click.option("--target", default="llvm", show_default=True,
+              help="llvm (this machine's CPU), llvm:LEVEL (portable, x86-64-v2, x86-64-v3, x86-64-v4 or an LLVM CPU "
+                   "name such as skylake-avx512), cuda, a TVM target tag or a JSON target.")
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=D1,D2,...", help="Fix a dynamic input shape.")
-@click.option("--tune-trials", default=0, show_default=True, help="MetaSchedule trials per layer (0: default schedules).")
+@click.option("--tune-trials", default=0, show_default=True,
+              help="MetaSchedule trials per distinct layer workload (0: default schedules); with --tune-minutes, each one's cap.")
+@click.option("--tune-minutes", type=float, metavar="M",
+              help="Tune the model within M minutes: split across its distinct workloads by their share of the latency.")
 @click.option("--db", "db_url", help="Tuning database: sqlite:///F, postgresql+psycopg://..., or http://host:port.")
 @click.option("--db-token-file", type=click.Path(dir_okay=False), help="Bearer token for writes to a database service.")
 @click.option("--qos-ms", type=float, help="Model latency target: build restricted-unit candidates per layer.")
@@ -71,14 +85,17 @@ def models_build(name: str, output: str | None, seed: int) -> None:
 @click.option("--sign", "sign_key", type=click.Path(dir_okay=False), metavar="KEYFILE",
               help="Sign the artifact with this Ed25519 private key (tvmsched keys generate).")
 def compile_cmd(
-    model: str, output: str | None, target: str, input_shapes: tuple[str, ...], tune_trials: int, db_url: str | None,
-    db_token_file: str | None, qos_ms: float | None, units_csv: str | None, rpc: str | None, preempt_checks: bool,
-    progress_counters: bool, index_checks: bool, sign_key: str | None,
+    model: str, output: str | None, target: str, input_shapes: tuple[str, ...], tune_trials: int,
+    tune_minutes: float | None, db_url: str | None, db_token_file: str | None, qos_ms: float | None,
+    units_csv: str | None, rpc: str | None, preempt_checks: bool, progress_counters: bool, index_checks: bool,
+    sign_key: str | None,
 ) -> None:
-    """Compile an ONNX MODEL into a per-layer artifact (tuned with --tune-trials)."""
+    """Compile an ONNX MODEL into a per-layer artifact (tuned with --tune-trials and/or --tune-minutes)."""
     from tvmsched.frontend import parse_input_shapes
+    from tvmsched.pipeline import check_tuning_budget
     from tvmsched.targets import is_cuda_spec
 
+    check_tuning_budget(tune_trials, tune_minutes, qos_ms)  # before any long work
     shapes = parse_input_shapes(input_shapes)
     signing_key = None
     if sign_key:  # read before compiling: a bad key fails fast
@@ -93,11 +110,11 @@ def compile_cmd(
         prepare_cuda_build()
     from tvmsched.pipeline import compile_file
 
-    if tune_trials < 0:
-        raise TvmschedError("--tune-trials must be >= 0")
-    database = _open_database(db_url, db_token_file, target) if tune_trials or qos_ms else None
+    tuning = tune_trials > 0 or tune_minutes is not None
+    database = _open_database(db_url, db_token_file, target) if tuning or qos_ms else None
     artifact = compile_file(
-        model, target=target, input_shapes=shapes, tune_trials=tune_trials, database=database, progress=tune_trials > 0,
+        model, target=target, input_shapes=shapes, tune_trials=tune_trials, tune_minutes=tune_minutes,
+        database=database, progress=tuning,
         qos_ms=qos_ms, units=_parse_units(units_csv), rpc=rpc, preempt_checks=preempt_checks,
         progress_counters=progress_counters, index_checks=index_checks,
     )
@@ -239,7 +256,9 @@ def profile_coloc(artifacts: tuple[str, ...], out: str | None, db_url: str | Non
 @click.option("--output", "output_path", type=click.Path(dir_okay=False), help="Write outputs to this .npz.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), help="Default: the artifact's device.")
 @click.option("--repeat", default=0, show_default=True, help="Time N runs and print p50/p99 latency.")
-@click.option("--check", "check_model", type=click.Path(dir_okay=False), help="Compare outputs with onnxruntime on this ONNX model.")
+@click.option("--check", "check_model", type=click.Path(dir_okay=False),
+              help="Compare outputs with onnxruntime on this ONNX model; with --repeat (CPU) also time onnxruntime on "
+              "the same inputs and threads and print both latencies side by side.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: outputs, latency summary, check.")
 @click.option("--trust", "trusted", multiple=True, type=click.Path(dir_okay=False), metavar="KEY.pub",
               help="Run only an artifact signed by this public key (repeatable; README, Trust model).")
@@ -277,10 +296,19 @@ def run_cmd(artifact: str, inputs_path: str | None, output_path: str | None, dev
     if check_model:
         summary["check"] = _check_against_onnxruntime(check_model, inputs, outputs, echo=echo)
     if repeat > 0:
-        times_ms = np.array(executor.time_runs(inputs, repeat)) * 1e3
-        summary.update(runs=repeat, p50_ms=float(np.percentile(times_ms, 50)), p99_ms=float(np.percentile(times_ms, 99)),
-                       mean_ms=float(times_ms.mean()), min_ms=float(times_ms.min()), max_ms=float(times_ms.max()))
+        from tvmsched import compare
+
+        side_by_side = check_model and executor.device == "cpu"  # onnxruntime runs on CPU: same device, same threads
+        if side_by_side:
+            comparison = compare.compare_with_onnxruntime(executor, check_model, inputs, repeat)
+            summary.update(comparison["tvmsched"])
+            summary["compare"] = {k: v for k, v in comparison.items() if k != "tvmsched"}
+        else:
+            summary.update(compare.latency_summary(executor.time_runs(inputs, repeat)))
         echo(f"latency over {repeat} runs: p50 {summary['p50_ms']:.3f} ms, p99 {summary['p99_ms']:.3f} ms")
+        if side_by_side:
+            for line in compare.format_table(comparison):
+                echo(line)
     if memory_budget is not None:
         summary["tiering"] = executor.tiering()
         executor.close()
@@ -571,14 +599,20 @@ def _read_token(path: str | None) -> str | None:
 
 
 def _print_tuning_summary(tuning: dict) -> None:
-    layers = tuning["layers"]
-    counts = {status: sum(v["status"] == status for v in layers.values()) for status in ("tuned", "cached", "fallback")}
+    from tvmsched.inspect import tuning_workloads
+
+    layers = tuning["layers"]  # one entry per PrimFunc; PrimFuncs sharing a workload share its outcome
+    counts = {s: sum(v["status"] == s for v in layers.values()) for s in ("tuned", "cached", "default-kept", "fallback", "skipped")}
     trials = sum(v["trials"] for v in layers.values())
+    rate = f" in {tuning['tuning_seconds']:.0f} s ({tuning['trials_per_minute']:.1f} trials/min)" if tuning.get("tuning_seconds") else ""
+    shared = f" for {tuning['workloads']} distinct workloads in {tuning['layer_count']} layers" if "workloads" in tuning else ""
     click.echo(
         f"tuning: {counts['tuned']} layers tuned, {counts['cached']} from the database, "
-        f"{counts['fallback']} fell back to the default schedule; {trials} new trials"
+        f"{counts['default-kept']} kept the faster default schedule, {counts['fallback']} fell back to the default schedule"
+        + (f", {counts['skipped']} skipped at the --tune-minutes deadline" if counts["skipped"] else "")
+        + f"; {trials} new trials{rate}{shared}"
     )
-    for name, v in layers.items():
+    for name, v in tuning_workloads(tuning).items():
         if v["status"] == "fallback":
             click.echo(f"  fallback: {name}: {v['message'] or 'no valid record'}")
 
