@@ -2,6 +2,8 @@
 
 Every model is generated on demand with ``onnx.helper`` from seeded random
 weights (opset 17, IR version 8); nothing is downloaded or stored on disk.
+Real architectures (PyTorch exports, the onnx package's light models with seeded
+weights) are in :data:`REAL_MODELS` (``models.real``, cached on disk).
 
 Example:
     >>> from tvmsched import models
@@ -105,15 +107,21 @@ def _lookup(name: str) -> ModelSpec:
     try:
         return MODELS[name]
     except KeyError:
+        from .real import REAL_MODELS
+
+        if name in REAL_MODELS:
+            spec = REAL_MODELS[name]
+            return ModelSpec(spec.name, spec.description, spec.builder)
         valid = ", ".join(MODELS)
-        raise UnknownModelError(f"unknown model {name!r}; valid names: {valid}") from None
+        raise UnknownModelError(f"unknown model {name!r}; valid names: {valid}; real architectures: "
+                                f"{', '.join(REAL_MODELS)}") from None
 
 
 def build(name: str, seed: int = 0) -> onnx.ModelProto:
-    """Builds a registered model.
+    """Builds a registered model (or a real architecture, :data:`REAL_MODELS`, from its on-disk cache).
 
     Args:
-        name: Registry name, see :func:`list_models`.
+        name: Registry name, see :func:`list_models` and :data:`REAL_MODELS`.
         seed: Weight seed; the same seed gives byte-identical models.
 
     Returns:
@@ -122,6 +130,10 @@ def build(name: str, seed: int = 0) -> onnx.ModelProto:
     Raises:
         UnknownModelError: If ``name`` is not registered.
     """
+    if name not in MODELS and _lookup(name):
+        from .real import build_real
+
+        return build_real(name, seed)
     return _lookup(name).builder(seed)
 
 
@@ -139,8 +151,29 @@ def save(name: str, path: str | PathLike[str], seed: int = 0) -> Path:
     Raises:
         UnknownModelError: If ``name`` is not registered.
     """
-    model = build(name, seed)
     out = Path(path)
+    if name not in MODELS and _lookup(name):  # a real architecture: a copy of the cached file
+        import shutil
+
+        from .real import real_model_path
+
+        source = real_model_path(name, seed)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, out)
+        return out
+    model = build(name, seed)
     out.parent.mkdir(parents=True, exist_ok=True)
     onnx.save_model(model, str(out))
     return out
+
+
+_REAL_NAMES = ("REAL_MODELS", "RealModelSpec", "RealInput", "build_real", "real_inputs", "real_model_path")
+
+
+def __getattr__(name: str):
+    """The real architectures (models.real) load on first use: they import torch."""
+    if name in _REAL_NAMES:
+        from . import real
+
+        return getattr(real, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
 import logging
 import sys
+import traceback
 from pathlib import Path
 
 import onnx
@@ -121,14 +124,24 @@ def to_relax(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, ...],
 def import_model(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, ...], str]], *, check_indices: bool = True):
     """Import a checked ONNX model into Relax: (IRModule, index checks).
 
+    First, with the input shapes of `signature` fixed, what is computable at compile time (the shape
+    arithmetic of dynamic-axes exports) is folded into constants (tvmsched.onnx_fold), and forms TVM's
+    importer lacks are rewritten (tvmsched.onnx_rewrites). A refusal of TVM's importer names the node.
+
     With `check_indices`, run-time indices are bounds-checked (tvmsched.index_checks): `main` then
     returns one int32 flag per check after the model's own outputs, in the order of the checks.
     """
-    from tvm.relax.frontend.onnx import from_onnx
-
     from tvmsched.index_checks import guard_indices
-    from tvmsched.onnx_rewrites import expand_layernorm_statistics, fold_batchnorm_into_conv, propagate_nan
+    from tvmsched.onnx_fold import fold_constants
+    from tvmsched.onnx_rewrites import (
+        expand_layernorm_statistics,
+        fold_batchnorm_into_conv,
+        propagate_nan,
+        upgrade_legacy_forms,
+    )
 
+    model = fold_constants(model, signature)  # the shape arithmetic of dynamic-axes exports, with the shapes fixed
+    model = upgrade_legacy_forms(model)  # Slice-1 attributes, per-channel PRelu slopes
     model = propagate_nan(fold_batchnorm_into_conv(expand_layernorm_statistics(model)))
     checks = []
     if check_indices:
@@ -136,16 +149,59 @@ def import_model(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, .
     shapes = {name: list(shape) for name, (shape, _) in signature.items()}
     dtypes = {name: dtype for name, (_, dtype) in signature.items()}
     failure = None
-    with native_stderr() as native:
+    with native_stderr() as native, contextlib.redirect_stdout(io.StringIO()):  # it prints a failing node's inputs
+        importer = _importer(shape_dict=shapes, dtype_dict=dtypes)
         try:
-            mod = from_onnx(model, shape_dict=shapes, dtype_dict=dtypes)
+            mod = importer.from_onnx(model.graph, _default_opset(model))
         except Exception as err:  # noqa: BLE001 - the importer raises many types; all are the model's problem
-            failure = one_line(err)
+            failure = exception_reason(err)
+            node = importer.tvmsched_node
+        del importer
         gc.collect()  # a failed import's BlockBuilder warns when freed: here, not after our error line
     if failure is not None:
-        raise TvmschedError(f"the ONNX importer rejected the model: {failure}")
+        if node is None:
+            raise TvmschedError(f"the ONNX importer rejected the model: {failure}")
+        where = f"node {node.name!r}" if node.name else f"node writing {node.output[0]!r}"  # rewrites renumber nodes
+        raise TvmschedError(f"the ONNX importer rejected the model at {node.op_type} {where}: {failure}")
     sys.stderr.write(native[0])  # a successful import's warnings stay visible
     return mod, checks
+
+
+def exception_reason(err: BaseException) -> str:
+    """One line for an importer failure: its message, or for a bare assert the failing source line."""
+    message = one_line(err)
+    if message != type(err).__name__:
+        return message
+    frames = traceback.extract_tb(err.__traceback__)
+    line = frames[-1].line if frames else ""
+    return f"{type(err).__name__} ({line})" if line else message
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
+def _importer(**options):
+    """TVM's ONNX graph importer, remembering the node it converts (for the one-line error naming it).
+
+    `from_onnx` without its wrapper: the wrapper only re-runs onnx's checker (validate does it)
+    and reads the opset.
+    """
+    from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
+
+    class Importer(ONNXGraphImporter):
+        tvmsched_node: onnx.NodeProto | None = None
+
+        def _parse_value_proto(self, value_proto):  # called once per node, before its conversion
+            if isinstance(value_proto, onnx.NodeProto):
+                self.tvmsched_node = value_proto
+            return super()._parse_value_proto(value_proto)
+
+        def _construct_nodes(self, graph):
+            super()._construct_nodes(graph)
+            self.tvmsched_node = None  # what fails after the last node is the model's, not that node's
+
+    return Importer(keep_params_in_input=False, sanitize=True, **options)
 
 
 def parse_input_shapes(values: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...]]:

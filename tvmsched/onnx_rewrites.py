@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+
+log = logging.getLogger(__name__)
 
 
 def expand_layernorm_statistics(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -178,3 +182,92 @@ def _apply_bn_folds(model: onnx.ModelProto, folded: dict) -> onnx.ModelProto:
     used = {name for node in nodes for name in node.input}
     initializers = [init for init in initializers if init.name in used]
     return with_graph(model, nodes, initializers)
+
+
+def upgrade_legacy_forms(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Forms TVM's importer has no converter for, rewritten into ones it has (run after onnx_fold: the
+    result is no longer valid ONNX for the model's opset, only for TVM's importer):
+
+    * Slice-1 (opset < 10: starts / ends / axes attributes) becomes the Slice-10 form, with the three
+      as int64 constant inputs (TVM converts Slice from its opset-13 form only).
+    * PRelu whose slope is one value per channel, shape [C], on an input of rank >= 3 whose channel
+      axis (1) has C entries but whose last axis does not: ONNX broadcasts the slope against the last
+      axis (onnxruntime rejects such a model), old exporters (Caffe2, MXNet) meant per channel, and TVM
+      asserts in lowering. The slope is reshaped to [C, 1, ..., 1] (per channel), with a warning.
+    """
+    if not any(n.op_type in ("Slice", "PRelu") and n.domain in ("", "ai.onnx") for n in model.graph.node):
+        return model
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    shapes = None
+    nodes, initializers, changed = [], list(model.graph.initializer), False
+    for index, node in enumerate(model.graph.node):
+        if node.domain not in ("", "ai.onnx"):
+            nodes.append(node)
+            continue
+        if node.op_type == "Slice" and opset < 10 and len(node.input) == 1:
+            prefix = f"_tvmsched_slice{index}"
+            attrs = {a.name: list(a.ints) for a in node.attribute}
+            names = []
+            for key in ("starts", "ends", "axes"):
+                if key in attrs:
+                    names.append(f"{prefix}_{key}")
+                    initializers.append(numpy_helper.from_array(np.array(attrs[key], np.int64), names[-1]))
+            nodes.append(helper.make_node("Slice", [node.input[0], *names], list(node.output), name=node.name))
+            changed = True
+            continue
+        if node.op_type == "PRelu" and len(node.input) == 2:
+            if shapes is None or node.input[0] not in shapes:
+                shapes = _shapes(model, tuple(node.input))
+            x, slope = shapes.get(node.input[0]), shapes.get(node.input[1])
+            if (x is not None and slope is not None and len(x) >= 3 and len(slope) == 1 and slope[0] not in (1, None)
+                    and x[1] == slope[0] and x[-1] != slope[0]):
+                log.warning(
+                    "PRelu node %r: slope of shape [%d] does not broadcast against the input %s by ONNX's rules "
+                    "(it would apply along the last axis; onnxruntime rejects it): applied per channel (axis 1), "
+                    "as old exporters meant", node.name or f"#{index}", slope[0], list(x))
+                shape_name = f"_tvmsched_prelu{index}_shape"
+                sloped = f"_tvmsched_prelu{index}_slope"
+                initializers.append(numpy_helper.from_array(np.array([slope[0]] + [1] * (len(x) - 2), np.int64),
+                                                            shape_name))
+                nodes += [helper.make_node("Reshape", [node.input[1], shape_name], [sloped]),
+                          helper.make_node("PRelu", [node.input[0], sloped], list(node.output), name=node.name)]
+                changed = True
+                continue
+            if x is not None and slope is not None and not _broadcasts(slope, x):
+                from tvmsched.errors import TvmschedError
+
+                raise TvmschedError(
+                    f"unsupported PRelu at node {node.name or f'#{index}'!r}: its slope of shape {list(slope)} does not "
+                    f"broadcast against its input {list(x)} (ONNX aligns the slope with the input's last axes)")
+        nodes.append(node)
+    return with_graph(model, nodes, initializers) if changed else model
+
+
+def _broadcasts(small: list, big: list) -> bool:
+    """`small` broadcasts to `big` by ONNX's unidirectional rule (unknown dims are given the benefit of the doubt)."""
+    if len(small) > len(big):
+        return False
+    return all(s in (1, None) or b is None or s == b for s, b in zip(reversed(small), reversed(big)))
+
+
+def _shapes(model: onnx.ModelProto, names: tuple[str, ...] = ()) -> dict[str, list | None]:
+    """Tensor name -> dims (None where unknown) from the model's value_info (onnx_fold records them), or
+    from inference when one of `names` is not there."""
+    shapes = _declared_shapes(model)
+    if all(name in shapes for name in names):
+        return shapes
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - shapes stay unknown; the importer reports what it cannot convert
+        return shapes
+    return _declared_shapes(inferred)
+
+
+def _declared_shapes(inferred: onnx.ModelProto) -> dict[str, list | None]:
+    shapes = {}
+    for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+        tensor = value.type.tensor_type
+        if value.type.HasField("tensor_type") and tensor.HasField("shape"):
+            shapes[value.name] = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+    shapes.update((init.name, list(init.dims)) for init in inferred.graph.initializer)
+    return shapes
