@@ -19,13 +19,13 @@ def legalize_and_fuse(mod, target, clamp_take: bool = True):
     from tvm import relax
 
     cpu = target.kind.name == "llvm"
+    legalizations = {**nan_propagating_legalizations(), **(clamped_take() if clamp_take else {}),
+                     **(vectorizable_math() if cpu else {})}
     passes = tvm.ir.transform.Sequential(
         [
             relax.transform.FoldBatchnormToConv2D(),
             relax.transform.DecomposeOpsForInference(),
-            relax.transform.LegalizeOps(customize_legalize_map={**nan_propagating_legalizations(),
-                                                                **(clamped_take() if clamp_take else {}),
-                                                                **(vectorizable_math() if cpu else {})}),
+            relax.transform.LegalizeOps(customize_legalize_map=legalizations),
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
@@ -39,7 +39,45 @@ def legalize_and_fuse(mod, target, clamp_take: bool = True):
         with target:
             return passes(mod)
     except Exception as err:
-        raise TvmschedError(f"lowering the model to TIR failed: {one_line(err)}") from None
+        failing = _failing_legalization(mod, target, legalizations)
+        raise TvmschedError(f"lowering the model to TIR failed: {failing or one_line(err)}") from None
+
+
+def _failing_legalization(mod, target, legalizations: dict) -> str | None:
+    """After a failed lowering: LegalizeOps again with every op's legalization wrapped, to name the op that
+    fails and its operands ("unsupported relax.nn.prelu(...): reason"); None when legalization passes."""
+    import tvm
+    from tvm import relax
+
+    from tvmsched.frontend import exception_reason
+
+    failures: list[str] = []
+
+    def wrap(name, func):
+        def legalize(bb, call):
+            try:
+                return func(bb, call)
+            except Exception as err:
+                if not failures:
+                    operands = ", ".join(" ".join(str(arg.ty).split()) for arg in call.args)
+                    failures.append(f"unsupported {name}({operands}): {exception_reason(err)}")
+                raise
+
+        return legalize
+
+    wrapped = {}
+    for name in tvm.ir.Op.list_op_names():
+        op = tvm.ir.Op.get(name)
+        func = legalizations.get(name) or (op.get_attr("FLegalize") if op.has_attr("FLegalize") else None)
+        if func is not None:
+            wrapped[name] = wrap(name, func)
+    try:
+        with target:
+            tvm.ir.transform.Sequential([relax.transform.FoldBatchnormToConv2D(), relax.transform.DecomposeOpsForInference(),
+                                         relax.transform.LegalizeOps(customize_legalize_map=wrapped)])(mod)
+    except Exception:  # noqa: BLE001 - the failure is reported by the caller; this only names it
+        pass
+    return failures[0] if failures else None
 
 
 # Convolutions on CPU: NHWC data, HWIO weights (transposed once, at compile time, by FoldConstant), so a
@@ -50,8 +88,9 @@ CPU_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "HWIO"]}
 def to_cpu_layouts(mod):
     """Convolutions in NHWC/HWIO (CPU_LAYOUTS), when the model has any.
 
-    ConvertLayout's layout inference for `stack` crashes (IndexError, or SIGFPE on other shapes), so
-    stacks become expand_dims + concat first; a model it still rejects keeps its layouts.
+    ConvertLayout's layout inference for `stack` crashes (IndexError, or SIGFPE on other shapes) and
+    rejects `dropout`'s tuple, so stacks become expand_dims + concat and dropouts (identity at inference)
+    their input first; a model it still rejects keeps its layouts.
     """
     import tvm
     from tvm import relax
@@ -59,11 +98,11 @@ def to_cpu_layouts(mod):
     ops = _ops(mod)
     if not ops & set(CPU_LAYOUTS):
         return mod
-    if "relax.stack" in ops:
+    if ops & {"relax.stack", "relax.nn.dropout"}:
         mod = _unstack(mod)
     try:
         return relax.transform.ConvertLayout(CPU_LAYOUTS)(mod)
-    except (tvm.error.TVMError, IndexError, ValueError) as err:  # a layout inference bug: keep NCHW
+    except (tvm.error.InternalError, IndexError, ValueError) as err:  # a layout inference bug: keep NCHW (0.27 has no TVMError)
         log.warning("keeping the model's conv layouts: ConvertLayout failed: %s", one_line(err))
         return mod
 
@@ -93,13 +132,15 @@ def tvm_op():
 
 
 def _unstack(mod):
-    """relax.stack(xs, axis) → concat([expand_dims(x, axis) ...], axis)."""
+    """relax.stack(xs, axis) → concat([expand_dims(x, axis) ...], axis); dropout(x) → (x, x)."""
     from tvm import relax
 
     @relax.expr_functor.mutator
     class Unstack(relax.PyExprMutator):
         def visit_call_(self, call):
             call = super().visit_call_(call)
+            if isinstance(call.op, tvm_op()) and call.op.name == "relax.nn.dropout":
+                return relax.Tuple([call.args[0], call.args[0]])  # inference: identity (the mask unused)
             if not (isinstance(call.op, tvm_op()) and call.op.name == "relax.stack"):
                 return call
             axis = int(call.attrs.axis)
@@ -117,16 +158,36 @@ def _unstack(mod):
 
 
 def vectorizable_math() -> dict:
-    """Erf as TOPI's polynomial `fast_erf` (what onnxruntime's MLAS does too): LLVM vectorizes it; the libm call does not."""
-    from tvm import topi
+    """Erf, Exp and Sigmoid as TOPI's polynomial approximations (what onnxruntime's MLAS does too): LLVM
+    vectorizes them; libm calls stay scalar. fast_erf is within 4e-7, fast_exp within 5e-6 relative.
+    The approximations clamp their input, so NaN stays NaN (and exp(x > 88.72) inf) explicitly."""
+    from tvm import te, tirx, topi
 
-    def erf(bb, call):
-        x = call.args[0]
-        if str(x.ty.dtype) not in ("float32", "float16"):
-            return bb.call_te(topi.erf, x, primfunc_name_hint="erf")
-        return bb.call_te(topi.fast_erf, x, primfunc_name_hint="erf")
+    def exact_dtype(call) -> bool:
+        return str(call.args[0].ty.dtype) != "float32"
 
-    return {"relax.erf": erf}
+    def fast_exp(x):
+        big = tirx.const(88.72283935546875, x.dtype)
+        inf = tirx.const(float("inf"), x.dtype)
+        approx = topi.fast_exp(x)
+        return te.compute(x.shape, lambda *i: tirx.Select(tirx.isnan(x(*i)), x(*i),
+                                                         tirx.Select(x(*i) > big, inf, approx(*i))), name="exp")
+
+    def fast_erf(x):
+        approx = topi.fast_erf(x)
+        return te.compute(x.shape, lambda *i: tirx.Select(tirx.isnan(x(*i)), x(*i), approx(*i)), name="erf")
+
+    def sigmoid(x):
+        negated = topi.negative(x)
+        e = fast_exp(negated)
+        one = tirx.const(1.0, x.dtype)
+        return te.compute(x.shape, lambda *i: one / (one + e(*i)), name="sigmoid")
+
+    def legalize(exact, fast, name):
+        return lambda bb, call: bb.call_te(exact if exact_dtype(call) else fast, call.args[0], primfunc_name_hint=name)
+
+    return {"relax.erf": legalize(topi.erf, fast_erf, "erf"), "relax.exp": legalize(topi.exp, fast_exp, "exp"),
+            "relax.sigmoid": legalize(topi.sigmoid, sigmoid, "sigmoid")}
 
 
 def nan_propagating_legalizations() -> dict:
