@@ -228,6 +228,14 @@ def _tile(sch, red, lanes: int) -> bool:
         return False
     ev = extents[v]
     tv = next((f for f in (lanes * 2, lanes, lanes // 2, 4) if f >= 4 and ev % f == 0), None)
+    if tv is None and ev > lanes:  # a ragged output axis (GPT-2's 50257-word head): pad it to whole vectors
+        try:
+            sch.pad_einsum(red, [lanes if i == v else 1 for i in range(len(iters))])
+        except Exception:  # noqa: BLE001 - not an einsum (pad_einsum's own conditions)
+            return False
+        loops = sch.get_loops(red)
+        extents = [_extent(sch, loop) for loop in loops]
+        tv = lanes
     if tv is None:
         return False
     vectors = -(-tv // lanes)
