@@ -92,8 +92,13 @@ def compile_cmd(
 ) -> None:
     """Compile an ONNX MODEL into a per-layer artifact (tuned with --tune-trials and/or --tune-minutes)."""
     from tvmsched.frontend import parse_input_shapes
-    from tvmsched.pipeline import check_tuning_budget
     from tvmsched.targets import is_cuda_spec
+
+    if is_cuda_spec(target):  # before anything imports TVM (tvmsched.pipeline does)
+        from tvmsched.cuda_toolchain import prepare_cuda_build
+
+        prepare_cuda_build()
+    from tvmsched.pipeline import check_tuning_budget
 
     check_tuning_budget(tune_trials, tune_minutes, qos_ms)  # before any long work
     shapes = parse_input_shapes(input_shapes)
@@ -104,10 +109,6 @@ def compile_cmd(
         signing_key = load_private_key(sign_key)
     output = output or str(Path(model).with_suffix(".tvms"))
     _check_folder(output)
-    if is_cuda_spec(target):
-        from tvmsched.cuda_toolchain import prepare_cuda_build
-
-        prepare_cuda_build()
     from tvmsched.pipeline import compile_file
 
     tuning = tune_trials > 0 or tune_minutes is not None

@@ -153,7 +153,7 @@ def test_realtime_requests_preempt_best_effort_work_and_it_resumes(zoo_tasks):
     priorities = Priorities()
     best_effort, realtime = Task(Executor(be_artifact), "be"), Task(Executor(rt_artifact), "rt")
     priorities.add_best_effort(best_effort)
-    be_futures = [best_effort.submit(be_inputs) for _ in range(10)]
+    be_futures = [best_effort.submit(be_inputs) for _ in range(400)]  # still queued while the real-time requests come
     rt_results = []
     for _ in range(10):
         time.sleep(0.003)

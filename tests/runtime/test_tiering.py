@@ -63,7 +63,7 @@ def _disk_fds(folder: Path) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("factor", [2, 4])
+@pytest.mark.parametrize("factor", [2, 3])
 def test_a_model_over_budget_streams_from_every_tier_bit_identical_within_budget(resnet, factor, tmp_path, budget_restored):
     path, inputs, outputs, need = resnet
     gc.collect()
@@ -98,7 +98,7 @@ def test_a_model_over_budget_streams_from_every_tier_bit_identical_within_budget
         assert groups[: 6 * len(cycle)] == cycle * 6
         assert all(e.bytes == streamed[cycle.index(e.group)] for e in events)
         assert {e.held for e in events} == set(range(info["buffers"]))  # the buffer each group went to
-        assert info["buffers"] == (2 if factor == 2 else 1)  # at 1/4, two buffers of its largest layer do not fit
+        assert info["buffers"] == (2 if factor == 2 else 1)  # at 1/3, two buffers of its largest layer do not fit
         assert os.listdir(tmp_path) == [] and len(set(_disk_fds(tmp_path))) == 1  # one file, without a name
     gc.collect()
     assert _disk_fds(tmp_path) == []  # removed at shutdown: its last descriptor is closed
@@ -115,12 +115,12 @@ def test_resident_models_beside_a_tiered_one_and_the_tiers_shared_out(resnet, tm
     del small
     gc.collect()
     baseline = int(func("device_memory")("cpu")["in_use"])
-    budget = baseline + small_need + need // 2
+    budget = baseline + small_need + 2 * (need // 3)
     settings = TierSettings(topology=_topology(tmp_path, need, need))
     with Runtime("cpu", memory_budget=budget, tiering=settings) as rt:
         a = rt.load(mlp)
         assert a.resident and not a.tiered
-        b = rt.load(path, name="big", device_bytes=need // 4)
+        b = rt.load(path, name="big", device_bytes=need // 3)
         c = rt.load(path, name="big2")  # the device memory and the tier shares left after "big"
         assert b.tiered and c.tiered
         placed = [sum(t["used_bytes"] for t in rt.tiering(m)["tiers"] if t["kind"] == "dram") for m in (b, c)]
