@@ -24,6 +24,7 @@ Tuning (MetaSchedule) replaces these schedules layer by layer where it finds bet
 from __future__ import annotations
 
 import logging
+import math
 
 from tvm import s_tir, tirx
 from tvm.sym.pattern import detect_linear_equation
@@ -96,18 +97,22 @@ def _is_spatial(sch, block) -> bool:
     return all(int(iv.iter_type) == 0 for iv in sch.get(block).iter_vars)
 
 
-def _inline_cheap(sch, keep) -> None:
-    """Inline every spatial block except `keep` and the outputs, producers and epilogues alike."""
-    for block in _blocks(sch):
-        if sch.get(block).name_hint == sch.get(keep).name_hint or not _is_spatial(sch, block):
-            continue
+def _try_inline(sch, blocks) -> None:
+    """compute_inline each block that can be (an output block, or one with several consumers, stays)."""
+    for block in blocks:
         try:
             sch.compute_inline(block)
-        except Exception:  # noqa: BLE001 - an output block, or one with several consumers: stays
+        except Exception:  # noqa: BLE001 - ScheduleError: this block cannot be inlined
             pass
 
 
-def _vectorize_spatial(sch, block, lanes: int, parallel: bool = True) -> None:
+def _inline_cheap(sch, keep) -> None:
+    """Inline every spatial block except `keep` and the outputs, producers and epilogues alike."""
+    name = sch.get(keep).name_hint
+    _try_inline(sch, [b for b in _blocks(sch) if sch.get(b).name_hint != name and _is_spatial(sch, b)])
+
+
+def _vectorize_spatial(sch, block, lanes: int) -> None:
     """Fuse the outer loops (parallel when the block is big enough) and vectorize the innermost loop."""
     loops = sch.get_loops(block)
     if not loops:
@@ -116,9 +121,6 @@ def _vectorize_spatial(sch, block, lanes: int, parallel: bool = True) -> None:
     if any(e is None for e in extents):
         return
     inner = loops[-1]
-    total = 1
-    for extent in extents:
-        total *= extent
     outer = loops[:-1]
     if extents[-1] >= 4 and not _has_bool(sch, block):
         factor = next((f for f in (lanes * 2, lanes, lanes // 2, 4) if f >= 4 and extents[-1] % f == 0), None)
@@ -127,7 +129,7 @@ def _vectorize_spatial(sch, block, lanes: int, parallel: bool = True) -> None:
                 rest, inner = sch.split(inner, factors=[None, factor])
                 outer = [*outer, rest]
             sch.vectorize(inner)
-    if outer and parallel and total >= MIN_PARALLEL_WORK:
+    if outer and math.prod(extents) >= MIN_PARALLEL_WORK:
         sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
 
 
@@ -153,7 +155,7 @@ class TiledReduction(CPUScheduleRule):
                 _inline_cheap(sch, red)
             else:
                 _inline_epilogues(sch, red)
-            if _tile(sch, _find(sch, red), vector_lanes(target)):
+            if _tile(sch, _find(sch, red), target):
                 return sch
         return None
 
@@ -165,17 +167,8 @@ def _find(sch, block):
 
 def _inline_epilogues(sch, red) -> None:
     """Inline the spatial blocks after the reduction (not its producers)."""
-    name = sch.get(red).name_hint
-    after = False
-    for block in _blocks(sch):
-        if sch.get(block).name_hint == name:
-            after = True
-            continue
-        if after:
-            try:
-                sch.compute_inline(block)
-            except Exception:  # noqa: BLE001
-                pass
+    names = [sch.get(b).name_hint for b in _blocks(sch)]
+    _try_inline(sch, [sch.get_sblock(n) for n in names[names.index(sch.get(red).name_hint) + 1 :]])
 
 
 def _contiguous_in(var, regions) -> bool:
@@ -199,15 +192,14 @@ def _var_in(expr, var) -> bool:
     return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
 
 
-def _tile(sch, red, lanes: int) -> bool:
+def _tile(sch, red, target) -> bool:
     """Tile the reduction block `red`; False when its innermost output axis cannot be vectorized."""
     block = sch.get(red)
     if len(block.writes) != 1 or block.writes[0].source.dtype not in ("float32", "float16", "float64", "int32"):
         return False
     if _has_bool(sch, red):
         return False
-    bits = block.writes[0].source.dtype.bits if hasattr(block.writes[0].source.dtype, "bits") else 32
-    lanes = max(lanes * 32 // bits, 4)
+    lanes = max(vector_lanes(target, block.writes[0].source.dtype.bits), 4)
     loops = sch.get_loops(red)
     iters = list(block.iter_vars)
     if len(loops) != len(iters):
@@ -254,11 +246,8 @@ def _tile(sch, red, lanes: int) -> bool:
         inner = [vi]
     reductions = [loops[i] for i in reduce]
     sch.reorder(*outer, *reductions, *inner)
-    total = 1
-    for e in (extents[i] for i in spatial):
-        total *= e
     tile = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-    if total >= MIN_PARALLEL_WORK and (_extent(sch, tile) or 1) > 1:
+    if math.prod(extents[i] for i in spatial) >= MIN_PARALLEL_WORK and (_extent(sch, tile) or 1) > 1:
         sch.parallel(tile)
     consumers = sch.get_consumers(red)
     if len(consumers) == 1 and not _is_output(sch, red):
@@ -316,23 +305,16 @@ class RowReduction(dl.cpu.Reduction):
     def apply(self, func, target, tunable):
         sch = s_tir.Schedule(func)
         for block in _blocks(sch):
-            iters = sch.get(block).iter_vars
-            lead = []
-            for iv in iters:
-                if int(iv.iter_type) != 0:
-                    break
-                lead.append(iv)
-            extents = [_const(iv.dom.extent) for iv in lead]
-            if not _is_spatial(sch, block) and (None in extents or _product(extents) < 2):
+            iters = list(sch.get(block).iter_vars)
+            extents = [_const(iv.dom.extent) for iv in iters[: _leading_spatial(iters)]]
+            if not _is_spatial(sch, block) and (None in extents or math.prod(extents) < 2):
                 return None
         return super().apply(func, target, tunable)
 
 
-def _product(values) -> int:
-    total = 1
-    for value in values:
-        total *= value
-    return total
+def _leading_spatial(iters) -> int:
+    """How many of a block's iter vars come before its first reduction var."""
+    return next((i for i, iv in enumerate(iters) if int(iv.iter_type) != 0), len(iters))
 
 
 def _const(expr) -> int | None:
@@ -343,64 +325,39 @@ class Injective(CPUScheduleRule):
     """Element-wise / layout chains: inlined into the outputs; each output block parallel outside, vector inside."""
 
     def apply(self, func, target, _tunable):
-        return _injective(self, func, target)
+        if not self.is_target_available(target):
+            return None
+        sch = s_tir.Schedule(func)
+        blocks = _blocks(sch)
+        if not blocks or not all(_is_spatial(sch, b) for b in blocks):
+            return None
+        _try_inline(sch, blocks[:-1])
+        lanes = vector_lanes(target)
+        for block in _blocks(sch):
+            _vectorize_spatial(sch, block, lanes)
+        return sch
 
 
 class Fallback(CPUScheduleRule):
     """Each block: outer spatial loops fused and parallel (reduction loops stay inside, serial)."""
 
     def apply(self, func, target, _tunable):
-        return _fallback(self, func, target)
-
-
-def _injective(self, func, target):
-    if not self.is_target_available(target):
-        return None
-    sch = s_tir.Schedule(func)
-    blocks = _blocks(sch)
-    if not blocks or not all(_is_spatial(sch, b) for b in blocks):
-        return None
-    for block in blocks[:-1]:
-        try:
-            sch.compute_inline(block)
-        except Exception:  # noqa: BLE001
-            pass
-    lanes = vector_lanes(target)
-    for block in _blocks(sch):
-        _vectorize_spatial(sch, block, lanes)
-    return sch
-
-
-def _fallback(self, func, target):
-    if not self.is_target_available(target):
-        return None
-    sch = s_tir.Schedule(func)
-    lanes = vector_lanes(target)
-    for block in _blocks(sch)[:-1]:
-        if _is_spatial(sch, block):
-            try:
-                sch.compute_inline(block)
-            except Exception:  # noqa: BLE001 - several consumers, or an output: stays a block
-                pass
-    for block in _blocks(sch):
-        if _is_spatial(sch, block):
-            _vectorize_spatial(sch, block, lanes)
-            continue
-        iters = list(sch.get(block).iter_vars)
-        loops = sch.get_loops(block)
-        if len(loops) != len(iters):
-            continue
-        lead = []
-        for loop, iv in zip(loops, iters):
-            if int(iv.iter_type) != 0:
-                break
-            lead.append(loop)
-        extents = [_extent(sch, loop) for loop in lead]
-        if not lead or any(e is None for e in extents):
-            continue
-        total = 1
-        for e in extents:
-            total *= e
-        if total >= 2 and total * max(1, len(loops) - len(lead)) >= MIN_PARALLEL_WORK // 4:
-            sch.parallel(sch.fuse(*lead) if len(lead) > 1 else lead[0])
-    return sch
+        if not self.is_target_available(target):
+            return None
+        sch = s_tir.Schedule(func)
+        lanes = vector_lanes(target)
+        _try_inline(sch, [b for b in _blocks(sch)[:-1] if _is_spatial(sch, b)])
+        for block in _blocks(sch):
+            if _is_spatial(sch, block):
+                _vectorize_spatial(sch, block, lanes)
+                continue
+            loops = sch.get_loops(block)
+            iters = list(sch.get(block).iter_vars)
+            lead = loops[: _leading_spatial(iters)]
+            extents = [_extent(sch, loop) for loop in lead]
+            if len(loops) != len(iters) or not lead or None in extents:
+                continue
+            total = math.prod(extents)
+            if total >= 2 and total * max(1, len(loops) - len(lead)) >= MIN_PARALLEL_WORK // 4:
+                sch.parallel(sch.fuse(*lead) if len(lead) > 1 else lead[0])
+        return sch
