@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import platform
 
 from tvmsched.errors import TvmschedError
 
@@ -205,35 +204,14 @@ def host_cpu_features() -> tuple[str, ...]:
 
 
 def check_cpu_features(manifest, what: str) -> None:
-    """Refuse, as the engine does when it loads an artifact file (runtime/native/src/cpu_features.cc,
-    whose host features and levels this asks for), kernels that need CPU features this CPU lacks;
-    for artifacts that are not files yet (`what` names the artifact in the error)."""
-    if not manifest.cpu_features or not is_x86_64(platform.machine().lower()):  # the engine checks x86-64 only
+    """Refuse kernels that need CPU features this CPU lacks, for an artifact that is not a file yet: the
+    engine's own check (runtime/native/src/cpu_features.cc, run when it loads an artifact file), with
+    `what` naming the artifact in the error."""
+    if not manifest.cpu_features:
         return
     from tvmsched.native import func
 
-    info = func("cpu_features")()
-    has = {str(f) for f in info["host"]}
-    missing = [f for f in manifest.cpu_features if f not in has]
-    if not missing:
-        return
-    levels = {str(name): {str(f) for f in features} for name, features in info["levels"].items()}
-    level = next((name for name in X86_LEVELS if levels.get(name, {None}) <= has), "portable")
-    raise TvmschedError(
-        f"{what} was compiled for {manifest.cpu or 'another CPU'} and needs CPU features {', '.join(missing)} that "
-        f"this CPU ({_cpu_model()}) lacks; recompile with --target llvm on this machine or --target llvm:{level}"
-    )
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name") and ":" in line and line.split(":", 1)[1].strip():
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "x86-64"
+    func("check_cpu_features")(manifest.cpu or "", list(manifest.cpu_features), what)
 
 
 def device_kind(target) -> str:

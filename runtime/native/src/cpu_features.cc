@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <fstream>
 #include <set>
-#include <sstream>
 
 #include "tvmsched/artifact.h"
 
@@ -145,13 +144,13 @@ std::vector<std::string> CheckedCpuFeatures() {
   return out;
 }
 
-std::vector<std::string> HostCpuFeatures() {
+const std::set<std::string>& HostCpuFeatures() {
 #ifdef TVMSCHED_X86
   static const std::set<std::string> features = DetectHostFeatures();
-  return std::vector<std::string>(features.begin(), features.end());
 #else
-  return {};
+  static const std::set<std::string> features;
 #endif
+  return features;
 }
 
 std::map<std::string, std::vector<std::string>> CpuLevels() {
@@ -161,12 +160,15 @@ std::map<std::string, std::vector<std::string>> CpuLevels() {
 }
 
 void CheckCpuFeatures(const Manifest& manifest, const std::string& what) {
+  CheckCpuFeatures(manifest.cpu, manifest.cpu_features, what);
+}
+
+void CheckCpuFeatures(const std::string& cpu, const std::vector<std::string>& features, const std::string& what) {
 #ifdef TVMSCHED_X86
-  if (manifest.cpu_features.empty()) return;
-  std::vector<std::string> host = HostCpuFeatures();
-  std::set<std::string> has(host.begin(), host.end());
+  if (features.empty()) return;
+  const std::set<std::string>& has = HostCpuFeatures();
   std::vector<std::string> missing;  // a name the engine does not know is one it cannot vouch for: missing too
-  for (const std::string& f : manifest.cpu_features) {
+  for (const std::string& f : features) {
     if (!has.count(f)) missing.push_back(f);
   }
   if (missing.empty()) return;
@@ -177,11 +179,12 @@ void CheckCpuFeatures(const Manifest& manifest, const std::string& what) {
       break;
     }
   }
-  TVM_FFI_THROW(TvmschedError) << what << " was compiled for " << (manifest.cpu.empty() ? "another CPU" : manifest.cpu)
+  TVM_FFI_THROW(TvmschedError) << what << " was compiled for " << (cpu.empty() ? "another CPU" : cpu)
                                << " and needs CPU features " << Join(missing) << " that this CPU (" << HostCpuModel()
                                << ") lacks; recompile with --target llvm on this machine or --target llvm:" << level;
 #else
-  (void)manifest;  // other architectures: not checked (their artifacts record no x86 features)
+  (void)cpu;  // other architectures: not checked (their artifacts record no x86 features)
+  (void)features;
   (void)what;
 #endif
 }

@@ -197,11 +197,17 @@ TVM_FFI_STATIC_INIT_BLOCK() {
                return array;
              };
              out.Set("checked", strings(CheckedCpuFeatures()));
-             out.Set("host", strings(HostCpuFeatures()));
+             const std::set<std::string>& host = HostCpuFeatures();
+             out.Set("host", strings(std::vector<std::string>(host.begin(), host.end())));
              ffi::Map<ffi::String, ffi::Array<ffi::String>> levels;
              for (const auto& [name, features] : CpuLevels()) levels.Set(name, strings(features));
              out.Set("levels", levels);
              return out;
+           })
+      .def("tvmsched.engine.check_cpu_features",
+           [](ffi::String cpu, ffi::Array<ffi::String> features, ffi::String what) {
+             std::vector<std::string> names(features.begin(), features.end());
+             CheckCpuFeatures(std::string(cpu), names, std::string(what));
            })
       .def("tvmsched.engine.plan_memory",
            [](ffi::Array<ffi::Array<ffi::Array<ffi::String>>> layers, ffi::Map<ffi::String, int64_t> nbytes,

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -131,10 +132,12 @@ void CheckJsonDepth(const std::string& text, const std::string& what, int max_de
 /*! \brief Refuse, with one TvmschedError line naming `what` (the artifact), to load kernels that need CPU
  *  features this CPU lacks (manifest.cpu_features against CPUID and the OS's XSAVE state); x86-64 only. */
 void CheckCpuFeatures(const Manifest& manifest, const std::string& what);
+/*! \brief The same check for an artifact that is not a file yet (`cpu`, `features` as in the manifest). */
+void CheckCpuFeatures(const std::string& cpu, const std::vector<std::string>& features, const std::string& what);
 
 /*! \brief The CPU features the engine can check (LLVM's names, sorted), and those this CPU has. */
 std::vector<std::string> CheckedCpuFeatures();
-std::vector<std::string> HostCpuFeatures();
+const std::set<std::string>& HostCpuFeatures();
 
 /*! \brief The x86-64 levels ("x86-64-v2" .. "x86-64-v4") and the checked features each needs. */
 std::map<std::string, std::vector<std::string>> CpuLevels();
