@@ -44,13 +44,11 @@ if engine == "tvmsched":
     start = time.perf_counter(); ex.run(inputs); first = time.perf_counter() - start
     times = ex.time_runs(inputs, runs(first), warmup=3 if first < 1 else 1)
 else:
-    import onnxruntime as ort
     from tvmsched import models
+    from tvmsched.compare import onnxruntime_session
     import onnx
     base = rss_mb()
-    opts = ort.SessionOptions(); opts.intra_op_num_threads = threads; opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    sess = onnxruntime_session(path, threads)
     if inputs_path and os.path.exists(inputs_path):
         with np.load(inputs_path) as saved:
             inputs = {i.name: saved[i.name] for i in sess.get_inputs()}
@@ -94,7 +92,7 @@ if spec.get("compile", True):
     compile_s = time.perf_counter() - start
     artifact.save(spec["artifact"])
     m = artifact.manifest
-    result = {"compile_s": compile_s, "layers": len(m.layers), "device": m.device, "cpu": getattr(m, "cpu", None),
+    result = {"compile_s": compile_s, "layers": len(m.layers), "device": m.device, "cpu": m.cpu,
               "artifact_mb": os.path.getsize(spec["artifact"]) / 1e6}
 else:
     result = {}
@@ -107,9 +105,10 @@ class ChildFailed(RuntimeError):
     """A child process exited non-zero (or ran out of time): its last stderr lines are the message."""
 
 
-def _run_child(argv: list[str], env: dict | None = None, timeout: float | None = None) -> dict:
+def run_child(argv: list[str], env: dict | None = None, timeout: float | None = None, cwd: str | None = None) -> dict:
     try:
-        out = subprocess.run([sys.executable, "-c", *argv], capture_output=True, text=True, env=env, timeout=timeout)
+        out = subprocess.run([sys.executable, "-c", *argv], capture_output=True, text=True, env=env, timeout=timeout,
+                             cwd=cwd)
     except subprocess.TimeoutExpired:
         raise ChildFailed(f"timed out after {timeout:.0f} s") from None
     if out.returncode != 0:
@@ -127,7 +126,7 @@ def measure_engine(engine: str, path: Path, repeat: int, threads: int, inputs_pa
     """p50/p99 ms, runs and peak RSS of `engine` ("tvmsched" on an artifact, "onnxruntime" on an ONNX file)
     in a fresh child process with `threads` threads."""
     argv = [CHILD, engine, str(path), str(repeat), str(threads), str(inputs_path or ""), str(max_seconds)]
-    return _run_child(argv, engine_env(threads), timeout)
+    return run_child(argv, engine_env(threads), timeout)
 
 
 def compile_in_child(name: str, registry: str, onnx_path: Path, artifact_path: Path, target: str = "llvm",
@@ -138,7 +137,7 @@ def compile_in_child(name: str, registry: str, onnx_path: Path, artifact_path: P
     model's is in that registry's cache, not `onnx_path`). `compile=False`: only build (and write the inputs)."""
     spec = {"name": name, "registry": registry, "onnx": str(onnx_path), "artifact": str(artifact_path),
             "target": target, "seed": seed, "inputs": str(inputs_path or ""), "compile": compile}
-    return _run_child([COMPILE_CHILD, json.dumps(spec)], engine_env(threads) if threads else None, timeout)
+    return run_child([COMPILE_CHILD, json.dumps(spec)], engine_env(threads) if threads else None, timeout)
 
 
 X86_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",

@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from _common import ChildFailed, run_child  # noqa: E402
 
 CHILD = r"""
 import json, sys, time
@@ -48,12 +49,10 @@ def timed(tree: Path | None, path: Path, shapes: dict) -> dict:
     env = dict(os.environ, TVM_NUM_THREADS=os.environ.get("TVM_NUM_THREADS", str(os.cpu_count() or 1)))
     if tree is not None:
         env["PYTHONPATH"] = f"{tree}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    out = subprocess.run([sys.executable, "-c", CHILD, str(path), json.dumps(shapes)], capture_output=True, text=True,
-                         env=env, cwd="/")
-    if out.returncode != 0:
-        lines = [line for line in out.stderr.strip().splitlines() if line.strip()] or ["(no stderr)"]
-        return {"error": lines[-1][-300:]}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    try:  # from "/": the current folder comes first on sys.path and would shadow the earlier tree
+        return run_child([CHILD, str(path), json.dumps(shapes)], env, cwd="/")
+    except ChildFailed as err:
+        return {"error": str(err)}
 
 
 def main() -> None:

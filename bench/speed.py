@@ -9,7 +9,7 @@ Untuned: per model (the bundled zoo, plus `tvmsched.models.REAL_MODELS` when tha
 seconds (compile_file alone, default schedules, in a fresh process), tvmsched p50, onnxruntime p50 and their ratio;
 then the median and the largest ratio against the goals (median <= 3x, none above 6x) and compile seconds
 against today's (--baseline-json, taken from bench/results/compile.md; goal <= 2x).
-Tuned: `tvmsched compile --tune-minutes N` (or --tune-trials where that option is absent) of the --tuned models
+Tuned: `tvmsched compile --tune-minutes N` of the --tuned models
 into a tuning database of this benchmark, tuned p50 against onnxruntime p50 (goal <= 1.0x).
 
 Resumable: every finished model is written to the raw JSON at once (--raw), and a later run skips the models
@@ -42,14 +42,10 @@ GOAL_MEDIAN, GOAL_MAX, GOAL_COMPILE, GOAL_TUNED = 3.0, 6.0, 2.0, 1.0
 # -- the models -----------------------------------------------------------------------------------------------
 
 def real_registry() -> dict:
-    """tvmsched.models.REAL_MODELS (models/real.py) when it exists, else nothing: name -> its spec."""
-    from tvmsched import models
+    """tvmsched.models.REAL_MODELS (models/real.py): name -> its spec."""
+    from tvmsched.models import REAL_MODELS
 
-    try:
-        real = models.REAL_MODELS
-    except (AttributeError, ImportError):  # no real registry in this tvmsched, or its exporter (torch) is missing
-        return {}
-    return dict(real) if isinstance(real, dict) else {str(name): None for name in real}
+    return dict(REAL_MODELS)
 
 
 def registries(include_slow: bool = True) -> dict[str, str]:
@@ -125,12 +121,6 @@ def side_by_side(row: dict, artifact: Path, inputs: Path, args) -> dict:
     return row
 
 
-def compile_supports_tune_minutes() -> bool:
-    helptext = subprocess.run([sys.executable, "-m", "tvmsched.cli", "compile", "--help"], capture_output=True,
-                              text=True).stdout
-    return "--tune-minutes" in helptext
-
-
 def run_teeing_stderr(command: list[str], env: dict) -> tuple[int, str, str]:
     """Run `command` showing its stderr (the tuning progress) as it comes; its exit code, stdout, stderr's tail."""
     import threading
@@ -160,12 +150,8 @@ def tuned_row(name: str, registry: str, args) -> dict:
     except ChildFailed as err:
         row["error"] = f"build: {err}"
         return row
-    if compile_supports_tune_minutes():
-        budget = ["--tune-minutes", f"{args.tune_minutes:g}"]
-        row["budget"] = f"{args.tune_minutes:g} min"
-    else:
-        budget = ["--tune-trials", str(args.tune_trials)]
-        row["budget"] = f"{args.tune_trials} trials/layer (no --tune-minutes in this tvmsched)"
+    budget = ["--tune-minutes", f"{args.tune_minutes:g}"]
+    row["budget"] = f"{args.tune_minutes:g} min"
     shapes = [f"--input-shape={k}={','.join(map(str, v))}" for k, v in (row.get("input_shapes") or {}).items()]
     command = [sys.executable, "-m", "tvmsched.cli", "compile", row["onnx"], "-o", str(artifact), "--target",
                args.target, *shapes, *budget, "--db", args.tune_db]
@@ -313,7 +299,6 @@ def main() -> None:
     parser.add_argument("--skip-untuned", action="store_true", help="Only the --tuned models.")
     parser.add_argument("--tuned", help="Comma-separated models to tune and compare (e.g. resnet18-small,bert-tiny,resnet50).")
     parser.add_argument("--tune-minutes", type=float, default=30.0, help="Tuning budget per model (compile --tune-minutes).")
-    parser.add_argument("--tune-trials", type=int, default=64, help="Trials per layer where compile has no --tune-minutes.")
     parser.add_argument("--tune-db", help="Tuning database (default: sqlite:///WORK/tuning.db, this benchmark's own).")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="Threads of both engines.")
     parser.add_argument("--repeat", type=int, default=30, help="Timed runs per engine (fewer for slow models, --max-seconds).")

@@ -17,31 +17,17 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+from tvmsched.compare import latency_summary, time_onnxruntime
 
 RESULTS = Path(__file__).parent / "results"
 
 
 def latency_ms(executor, inputs, repeat: int) -> dict:
-    ms = np.array(executor.time_runs(inputs, repeat, warmup=3)) * 1e3
-    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99))}
+    return latency_summary(executor.time_runs(inputs, repeat, warmup=3))
 
 
 def ort_latency_ms(model, inputs, repeat: int) -> dict:
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.inter_op_num_threads = os.cpu_count(), 1
-    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    for _ in range(3):
-        session.run(None, inputs)
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        session.run(None, inputs)
-        times.append(time.perf_counter() - start)
-    ms = np.array(times) * 1e3
-    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99))}
+    return latency_summary(time_onnxruntime(model.SerializeToString(), inputs, repeat, os.cpu_count(), warmup=3))
 
 
 def bench_model(name: str, trials: int, qos_factor: float, folder: Path, repeat: int) -> dict:

@@ -20,16 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+from tvmsched.compare import latency_summary, runtime_threads, time_onnxruntime
 
 RESULTS = Path(__file__).parent / "results"
-
-
-def threads() -> int:
-    """The CPU threads both engines use: tvmsched's (TVM_NUM_THREADS, which tvmsched defaults to all cores)."""
-    import tvmsched  # noqa: F401  (sets TVM_NUM_THREADS when unset)
-
-    return int(os.environ["TVM_NUM_THREADS"])
 
 
 def load(name: str):
@@ -44,26 +37,7 @@ def load(name: str):
 
 
 def p50_ms(seconds) -> float:
-    return float(np.percentile(np.asarray(seconds) * 1e3, 50))
-
-
-def ort_p50_ms(model, inputs: dict, repeat: int, n_threads: int) -> float:
-    """onnxruntime on CPU with n_threads intra-op threads, one inter-op thread, sequential execution."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = n_threads, 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    feeds = {i.name: inputs[i.name] for i in session.get_inputs()}
-    for _ in range(3):
-        session.run(None, feeds)
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        session.run(None, feeds)
-        times.append(time.perf_counter() - start)
-    return p50_ms(times)
+    return latency_summary(seconds)["p50_ms"]
 
 
 def compile_at(model, name: str, minutes: float, trials_cap: int, folder: Path) -> tuple[object, float]:
@@ -85,7 +59,7 @@ def bench_model(spec: str, budgets: list[float], trials_cap: int, repeat: int, f
 
     name, model = load(spec)
     inputs = models.random_inputs(model, seed=0)
-    n_threads = threads()
+    n_threads = runtime_threads()
     compiled = [(minutes, *compile_at(model, name, minutes, trials_cap, folder)) for minutes in budgets]
     rows = []
     for minutes, artifact, compile_s in compiled:  # timed after all compiles: no tuning runs beside the timing
@@ -93,7 +67,7 @@ def bench_model(spec: str, budgets: list[float], trials_cap: int, repeat: int, f
         row = {
             "model": name, "minutes": minutes, "compile_s": compile_s, "threads": n_threads,
             "tvmsched_p50_ms": p50_ms(executor.time_runs(inputs, repeat, warmup=3)),
-            "onnxruntime_p50_ms": ort_p50_ms(model, inputs, repeat, n_threads),
+            "onnxruntime_p50_ms": p50_ms(time_onnxruntime(model.SerializeToString(), inputs, repeat, n_threads, warmup=3)),
         }
         tuning = artifact.manifest.tuning
         if tuning:

@@ -31,8 +31,9 @@ def runtime_threads(device: str = "cpu") -> int:
     return int(func("device_info")(device)["total_units"])
 
 
-def onnxruntime_session(model_path: str, threads: int):
-    """A CPU session with `threads` intra-op threads, one inter-op thread, sequential execution."""
+def onnxruntime_session(model: str | bytes, threads: int):
+    """A CPU session of `model` (a path, or the serialized model) with `threads` intra-op threads, one inter-op
+    thread, sequential execution."""
     try:
         import onnxruntime
     except ImportError:
@@ -42,15 +43,20 @@ def onnxruntime_session(model_path: str, threads: int):
     options.inter_op_num_threads = 1
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
     try:
-        return onnxruntime.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+        return onnxruntime.InferenceSession(model if isinstance(model, bytes) else str(model), options,
+                                            providers=["CPUExecutionProvider"])
     except Exception as err:  # noqa: BLE001  (onnxruntime raises its own types)
-        raise TvmschedError(f"onnxruntime cannot load {model_path}: {one_line(err)}") from None
+        raise TvmschedError(f"onnxruntime cannot load {_named(model)}: {one_line(err)}") from None
 
 
-def time_onnxruntime(model_path: str, inputs: dict[str, np.ndarray], repeat: int, threads: int,
+def _named(model: str | bytes) -> str:
+    return "the model" if isinstance(model, bytes) else str(model)
+
+
+def time_onnxruntime(model: str | bytes, inputs: dict[str, np.ndarray], repeat: int, threads: int,
                      warmup: int = 2) -> list[float]:
-    """Seconds per `session.run` of `model_path` on `inputs` (after `warmup` untimed runs)."""
-    session = onnxruntime_session(model_path, threads)
+    """Seconds per `session.run` of `model` (a path or the serialized model) on `inputs` (after `warmup` untimed runs)."""
+    session = onnxruntime_session(model, threads)
     feeds = {i.name: inputs[i.name] for i in session.get_inputs() if i.name in inputs}
     try:
         for _ in range(warmup):
@@ -61,7 +67,7 @@ def time_onnxruntime(model_path: str, inputs: dict[str, np.ndarray], repeat: int
             session.run(None, feeds)
             times.append(time.perf_counter() - start)
     except Exception as err:  # noqa: BLE001
-        raise TvmschedError(f"onnxruntime cannot run {model_path}: {one_line(err)}") from None
+        raise TvmschedError(f"onnxruntime cannot run {_named(model)}: {one_line(err)}") from None
     return times
 
 
