@@ -6,6 +6,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import traceback
 from collections.abc import Iterator
 
 
@@ -40,3 +41,13 @@ def native_stderr() -> Iterator[list[str]]:
             os.close(saved)
             tmp.seek(0)
             captured.append(tmp.read().decode(errors="replace"))
+
+
+def exception_reason(err: BaseException) -> str:
+    """One line for an importer failure: its message, or for a bare assert the failing source line."""
+    message = one_line(err)
+    if message != type(err).__name__:
+        return message
+    frames = traceback.extract_tb(err.__traceback__)
+    line = frames[-1].line if frames else ""
+    return f"{type(err).__name__} ({line})" if line else message

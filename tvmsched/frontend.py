@@ -7,12 +7,12 @@ import gc
 import io
 import logging
 import sys
-import traceback
 from pathlib import Path
 
 import onnx
 
-from tvmsched.errors import TvmschedError, native_stderr, one_line
+from tvmsched.errors import TvmschedError, exception_reason, native_stderr, one_line
+from tvmsched.validate import default_opset
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def import_model(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, .
     with native_stderr() as native, contextlib.redirect_stdout(io.StringIO()):  # it prints a failing node's inputs
         importer = _importer(shape_dict=shapes, dtype_dict=dtypes)
         try:
-            mod = importer.from_onnx(model.graph, _default_opset(model))
+            mod = importer.from_onnx(model.graph, default_opset(model) or 1)
         except Exception as err:  # noqa: BLE001 - the importer raises many types; all are the model's problem
             failure = exception_reason(err)
             node = importer.tvmsched_node
@@ -165,20 +165,6 @@ def import_model(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, .
         raise TvmschedError(f"the ONNX importer rejected the model at {node.op_type} {where}: {failure}")
     sys.stderr.write(native[0])  # a successful import's warnings stay visible
     return mod, checks
-
-
-def exception_reason(err: BaseException) -> str:
-    """One line for an importer failure: its message, or for a bare assert the failing source line."""
-    message = one_line(err)
-    if message != type(err).__name__:
-        return message
-    frames = traceback.extract_tb(err.__traceback__)
-    line = frames[-1].line if frames else ""
-    return f"{type(err).__name__} ({line})" if line else message
-
-
-def _default_opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
 
 
 def _importer(**options):

@@ -49,7 +49,7 @@ def _failing_legalization(mod, target, legalizations: dict) -> str | None:
     import tvm
     from tvm import relax
 
-    from tvmsched.frontend import exception_reason
+    from tvmsched.errors import exception_reason
 
     failures: list[str] = []
 
@@ -108,6 +108,7 @@ def to_cpu_layouts(mod):
 
 
 def _ops(mod) -> set[str]:
+    import tvm
     from tvm import relax
 
     names = set()
@@ -115,7 +116,7 @@ def _ops(mod) -> set[str]:
     @relax.expr_functor.visitor
     class Ops(relax.PyExprVisitor):
         def visit_call_(self, call):
-            if isinstance(call.op, tvm_op()):
+            if isinstance(call.op, tvm.ir.Op):
                 names.add(call.op.name)
             super().visit_call_(call)
 
@@ -125,36 +126,29 @@ def _ops(mod) -> set[str]:
     return names
 
 
-def tvm_op():
-    import tvm
-
-    return tvm.ir.Op
-
-
 def _unstack(mod):
-    """relax.stack(xs, axis) → concat([expand_dims(x, axis) ...], axis); dropout(x) → (x, x)."""
+    """relax.stack(xs, axis) → concat([expand_dims(x, axis) ...], axis); dropout(x) → (x, x). A new module."""
+    import tvm
     from tvm import relax
 
     @relax.expr_functor.mutator
     class Unstack(relax.PyExprMutator):
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            if isinstance(call.op, tvm_op()) and call.op.name == "relax.nn.dropout":
+            name = call.op.name if isinstance(call.op, tvm.ir.Op) else None
+            if name == "relax.nn.dropout":
                 return relax.Tuple([call.args[0], call.args[0]])  # inference: identity (the mask unused)
-            if not (isinstance(call.op, tvm_op()) and call.op.name == "relax.stack"):
+            if name != "relax.stack" or not isinstance(call.args[0], relax.Tuple):
                 return call
             axis = int(call.attrs.axis)
-            fields = call.args[0].fields if isinstance(call.args[0], relax.Tuple) else None
-            if fields is None:
-                return call
-            expanded = [self.builder_.emit(relax.op.expand_dims(x, axis)) for x in fields]
+            expanded = [self.builder_.emit(relax.op.expand_dims(x, axis)) for x in call.args[0].fields]
             return relax.op.concat(expanded, axis=axis)
 
-    for gv, func in list(mod.functions.items()):
+    out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)  # the caller's module stays as it was
+    for gv, func in mod.functions.items():
         if isinstance(func, relax.Function):
-            mutator = Unstack(mod)
-            mod[gv] = mutator.visit_expr(func)
-    return mod
+            out[gv] = Unstack(out).visit_expr(func)
+    return out
 
 
 def vectorizable_math() -> dict:

@@ -27,7 +27,6 @@ from onnx import helper, numpy_helper
 log = logging.getLogger(__name__)
 
 MAX_FOLDED_BYTES = 4 << 20  # a folded tensor larger than this stays computed at run time (as onnxruntime keeps big ones)
-MAX_ROUNDS = 16
 _SMALL_ELEMENTS = 4096  # constants up to this size are shown to shape inference (Reshape targets, pads, ...)
 _RANDOM = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                      "Bernoulli", "Dropout"})  # Dropout: random in training mode; identity otherwise (TVM drops it)
@@ -73,26 +72,21 @@ class _Folder:
     # -- the passes ------------------------------------------------------------------------------
 
     def run(self) -> bool:
-        """Fold in topological passes (shapes inferred node by node as the pass goes) until none folds."""
-        changed_any = False
-        for _ in range(MAX_ROUNDS):
-            self.types = self._known_types()
-            kept, changed = [], False
-            for node in self.nodes:
-                values = self._fold(node)
-                if values is None:
-                    kept.append(node)
-                    self._infer_node(node)
-                    continue
-                for name, value in values.items():
-                    self.arrays[name] = self.folded[name] = value
-                    self.types[name] = (helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape))
-                changed = True
-            self.nodes = kept
-            if not changed:
-                break
-            changed_any = True
-        return changed_any
+        """Fold in one pass in graph order (topological: the checker holds it), shapes inferred node by node as
+        it goes, so every value folded or inferred is known to the nodes after it; whether anything folded."""
+        self.types = self._known_types()
+        kept = []
+        for node in self.nodes:
+            values = self._fold(node)
+            if values is None:
+                kept.append(node)
+                self._infer_node(node)
+                continue
+            for name, value in values.items():
+                self.arrays[name] = self.folded[name] = value
+                self.types[name] = (helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape))
+        changed, self.nodes = len(kept) != len(self.nodes), kept
+        return changed
 
     def _known_types(self) -> dict[str, tuple[int, list | None]]:
         types = {}

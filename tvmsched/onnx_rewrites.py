@@ -8,6 +8,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from tvmsched.validate import default_opset
+
 log = logging.getLogger(__name__)
 
 
@@ -20,7 +22,7 @@ def expand_layernorm_statistics(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
     model = onnx.shape_inference.infer_shapes(model)
     ranks = _ranks(model)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    opset = default_opset(model) or 17
     nodes, initializers = [], list(model.graph.initializer)
     for index, node in enumerate(model.graph.node):
         if node.op_type != "LayerNormalization" or len([o for o in node.output if o]) == 1:
@@ -197,7 +199,7 @@ def upgrade_legacy_forms(model: onnx.ModelProto) -> onnx.ModelProto:
     """
     if not any(n.op_type in ("Slice", "PRelu") and n.domain in ("", "ai.onnx") for n in model.graph.node):
         return model
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    opset = default_opset(model) or 1
     shapes = None
     nodes, initializers, changed = [], list(model.graph.initializer), False
     for index, node in enumerate(model.graph.node):
