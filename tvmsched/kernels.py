@@ -72,3 +72,14 @@ def cuda_device_code() -> str:
     import tvm
 
     return "fatbin" if tvm.runtime.enabled("cuda") else "source"
+
+
+def estimated_flops(func) -> float:
+    """TVM's FLOP estimate of a PrimFunc; 0.0 where the estimator rejects its loop nest (FLOPs are informative only)."""
+    import tvm
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    try:
+        return float(estimate_tir_flops(tvm.IRModule({"main": func})))
+    except Exception:  # noqa: BLE001 - the estimator rejects some loop nests
+        return 0.0

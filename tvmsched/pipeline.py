@@ -196,7 +196,7 @@ def _choose_kernels(
     if tune_trials > 0 or tune_minutes is not None:
         database = open_tuning_database(database, tvm_target)
         tuned, summary = _tune(
-            funcs, tvm_target, database, tune_trials, rpc, progress, graph=graph, defaults=dict(scheduled), minutes=tune_minutes
+            funcs, tvm_target, database, tune_trials, rpc, progress, graph=graph, defaults=scheduled, minutes=tune_minutes
         )
         scheduled.update(tuned)
     if qos_ms is None:
@@ -266,8 +266,8 @@ def check_tuning_budget(tune_trials: int, tune_minutes: float | None, qos_ms: fl
 
 
 def _tune(
-    funcs: dict, tvm_target, database, trials: int, rpc: str | None, progress: bool, *, graph=None,
-    defaults: dict | None = None, minutes: float | None = None,
+    funcs: dict, tvm_target, database, trials: int, rpc: str | None, progress: bool, *, graph: Graph,
+    defaults: dict, minutes: float | None = None,
 ) -> tuple[dict, dict]:
     """Tune each distinct workload into the database (tuning.tune_model); returns the PrimFuncs whose tuned
     kernel won against the default schedule, and a summary for the manifest."""
@@ -277,8 +277,8 @@ def _tune(
 
     url = getattr(getattr(database, "store", None), "url", type(database).__name__)
     runner = tuning.rpc_runner(rpc) if rpc else None
-    counts = Counter(layer.func for layer in graph.layers) if graph is not None else None
-    measure = None if rpc or graph is None else _layer_timer(graph, tvm_target)
+    counts = Counter(layer.func for layer in graph.layers)
+    measure = None if rpc else _layer_timer(graph, tvm_target)
     run = tuning.tune_model(
         funcs, tvm_target, database, trials=trials, minutes=minutes, layer_counts=counts, defaults=defaults,
         measure=measure, seed_schedule=tuning.default_seed_schedule(tvm_target), runner=runner, progress=progress,
@@ -388,7 +388,7 @@ def _manifest(
             func=layer.func,
             inputs=layer.inputs,
             outputs=layer.outputs,
-            flops=_flops(funcs[layer.func]),
+            flops=kernels.estimated_flops(funcs[layer.func]),
             bytes=sum(graph.tensors[t].nbytes for t in (*layer.inputs, *layer.outputs)),
             candidates=tuple(plan.candidates[layer.func]),
             qos_bound_us=plan.bounds.get(layer.func),
@@ -419,13 +419,3 @@ def _manifest(
             for tensor, bit, c in graph.index_checks
         ),
     )
-
-
-def _flops(func) -> float:
-    import tvm
-    from tvm.s_tir.analysis import estimate_tir_flops
-
-    try:
-        return float(estimate_tir_flops(tvm.IRModule({"main": func})))
-    except Exception:  # the estimator rejects some loop nests; FLOPs are informative only
-        return 0.0

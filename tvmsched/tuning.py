@@ -20,6 +20,7 @@ import time
 import types
 from dataclasses import dataclass
 
+from tvmsched import kernels
 from tvmsched.errors import TvmschedError, one_line
 
 log = logging.getLogger(__name__)
@@ -457,7 +458,7 @@ def tune_model(
     trials: int = 0,
     minutes: float | None = None,
     layer_counts: dict[str, int] | None = None,
-    defaults: dict[str, object] | None = None,
+    defaults: dict[str, object],
     measure=None,
     seed_schedule=None,
     runner=None,
@@ -490,7 +491,6 @@ def tune_model(
         raise TvmschedError("tuning needs --tune-trials > 0 or --tune-minutes")
     start = time.monotonic()
     deadline = None if minutes is None else start + minutes * 60.0
-    defaults = defaults or funcs
     groups = group_workloads(funcs, layer_counts)
     measured: dict[str, float | None] = {}
 
@@ -503,7 +503,8 @@ def tune_model(
     seed_keys = {name: None if t is None else _trace_key(t) for name, t in seeds.items()}
     cached = {w.name for w in groups if best_search_record(database, w.func, target, seed_keys[w.name]) is not None}
     weights = {w.name: float(w.layers) for w in groups}
-    if minutes is not None:  # the split needs every workload's latency first
+    pending = [w for w in groups if w.name not in cached]
+    if minutes is not None:  # the split needs every workload's latency first; heaviest first
         if hasattr(measure, "many"):  # one build for all of them
             try:
                 measured.update(measure.many({w.name: defaults[w.name] for w in groups}))
@@ -511,10 +512,8 @@ def tune_model(
                 log.info("measuring the default schedules together failed (%s): one by one", one_line(err))
         costs = {w.name: default_us(w) for w in groups}
         if not all(costs.values()):
-            costs = {w.name: _flops(w.func) or 1.0 for w in groups}
+            costs = {w.name: kernels.estimated_flops(w.func) or 1.0 for w in groups}
         weights = {w.name: w.layers * costs[w.name] for w in groups}
-    pending = [w for w in groups if w.name not in cached]
-    if minutes is not None:
         pending.sort(key=lambda w: -weights[w.name])
     outcomes: dict[str, LayerTuning] = {}
     chosen: dict[str, object] = {}  # workload -> trace of the tuned kernel it runs
@@ -674,16 +673,6 @@ def _report_progress(bar, w: Workload, outcome: LayerTuning, progress: bool) -> 
         timing = f", default {outcome.default_us:.4g} us" + (f", tuned {outcome.tuned_us:.4g} us" if outcome.tuned_us is not None else "")
     bar.write(f"  {w.name} (x{w.layers}): {outcome.status}, {outcome.trials} trials, {outcome.seconds:.1f} s{timing}; "
               f"runs the {outcome.kernel or 'default'} kernel", file=sys.stderr)
-
-
-def _flops(func) -> float:
-    import tvm
-    from tvm.s_tir.analysis import estimate_tir_flops
-
-    try:
-        return float(estimate_tir_flops(tvm.IRModule({"main": func})))
-    except Exception:  # noqa: BLE001  (the estimator rejects some loop nests)
-        return 0.0
 
 
 def space_generator(target):
