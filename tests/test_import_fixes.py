@@ -11,6 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.helpers import onnxruntime_outputs
 from tvmsched.errors import TvmschedError
 from tvmsched.onnx_fold import MAX_FOLDED_BYTES, fold_constants
 from tvmsched.pipeline import compile_model
@@ -27,15 +28,10 @@ def _model(nodes, inputs, outputs, initializers=(), opset=17, ir_version=8) -> o
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_version)
 
 
-def _reference(model: onnx.ModelProto, feeds: dict) -> dict:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
-
-
 def _assert_matches(model: onnx.ModelProto, feeds: dict, input_shapes: dict | None = None, reference_model=None,
                     rtol: float = 1e-4) -> None:
     outputs = Executor(compile_model(model, input_shapes=input_shapes)).run(feeds)
-    reference = _reference(reference_model or model, feeds)
+    reference = onnxruntime_outputs(reference_model or model, feeds)
     assert sorted(outputs) == sorted(reference)
     for name, want in reference.items():
         got = outputs[name]
@@ -126,7 +122,7 @@ def test_fold_replaces_shape_arithmetic_by_constants_and_records_static_shapes()
     assert [d.dim_value for d in folded.graph.output[0].type.tensor_type.shape.dim] == [2, 12]
     assert {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in folded.graph.value_info} == {"flat": [2, 12]}
     x = np.random.default_rng(4).standard_normal((2, 3, 4)).astype(np.float32)
-    np.testing.assert_array_equal(_reference(folded, {"x": x})["y"], _reference(model, {"x": x})["y"])
+    np.testing.assert_array_equal(onnxruntime_outputs(folded, {"x": x})["y"], onnxruntime_outputs(model, {"x": x})["y"])
     assert len(model.graph.node) == 6  # the input model is not changed
 
 

@@ -17,7 +17,8 @@ import os
 import numpy as np
 import pytest
 
-from tests.helpers import run_cli
+from tests.helpers import onnxruntime_outputs, run_cli
+from tvmsched.compare import onnxruntime_session
 from tvmsched import models
 from tvmsched.pipeline import compile_file
 from tvmsched.runtime import Executor
@@ -35,9 +36,7 @@ def _params():
 
 
 def _reference(path, feeds: dict) -> dict:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = onnxruntime_session(path, 2)
     return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
 
 
@@ -78,13 +77,8 @@ def test_light_model_weights_are_seeded_and_finite() -> None:
     assert not any(n.op_type == "ConstantOfShape" for n in first.graph.node)
     inputs = [v.name for v in first.graph.input]
     assert inputs == ["data_0"]  # initializers are no longer listed as inputs
-    outputs = _reference_model(first, models.real_inputs("squeezenet"))
+    outputs = list(onnxruntime_outputs(first, models.real_inputs("squeezenet")).values())
     assert all(np.isfinite(o).all() for o in outputs)
-
-
-def _reference_model(model, feeds):
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
 
 
 def test_cli_builds_a_dynamic_export_compiles_it_with_input_shapes_and_checks_it(tmp_path) -> None:

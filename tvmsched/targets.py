@@ -91,12 +91,12 @@ def host_mattr() -> tuple[str, ...]:
     import tvm
 
     cpu = host_cpu()
-    if cpu is None or not is_x86_64(str(tvm.get_global_func("target.llvm_get_system_triple")())):
+    if cpu is None:
         return ()
-    model = tvm.target.Target({"kind": "llvm", "mcpu": cpu})
-    enabled = {str(name) for name in tvm.get_global_func("target.llvm_get_cpu_features")(model)}
-    lacking = (enabled & set(X86_RUNTIME_FEATURES)) - set(host_cpu_features())
-    return tuple(f"-{name}" for name in sorted(lacking))
+    _, needed, unchecked = cpu_requirements(tvm.target.Target({"kind": "llvm", "mcpu": cpu}))
+    if unchecked:  # not x86-64
+        return ()
+    return tuple(f"-{name}" for name in sorted(set(needed) - set(host_cpu_features())))
 
 
 def target_json(spec: str) -> dict:
