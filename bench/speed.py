@@ -171,13 +171,19 @@ def tuned_row(name: str, registry: str, args) -> dict:
 
 # -- the report -----------------------------------------------------------------------------------------------
 
+def compile_ratio(row: dict, baseline: dict) -> float | None:
+    """Compile seconds against today's: both from the baseline file where it timed this tree beside the earlier
+    one (bench/compile_then_now.py: same machine, same run), else this row's against the file's."""
+    name, then = row["model"], baseline.get("compile_s", {}).get(row["model"])
+    now = baseline.get("compile_s_now", {}).get(name, row.get("compile_s"))
+    return now / then if then and now else None
+
+
 def goals(raw: dict) -> dict:
     """Median and largest untuned ratio, compile seconds against today's, tuned ratios; each against its goal."""
     rows = [r for r in raw["untuned"].values() if "ratio_p50" in r]
     ratios = {r["model"]: r["ratio_p50"] for r in rows}
-    baseline = raw.get("baseline", {}).get("compile_s", {})
-    compile_ratios = {r["model"]: r["compile_s"] / baseline[r["model"]] for r in rows
-                      if baseline.get(r["model"]) and "compile_s" in r}
+    compile_ratios = {r["model"]: ratio for r in rows if (ratio := compile_ratio(r, raw.get("baseline", {})))}
     tuned = {r["model"]: r["ratio_p50"] for r in raw["tuned"].values() if "ratio_p50" in r}
     out = {"models": len(ratios), "failed": sorted(m for m, r in raw["untuned"].items() if "error" in r)}
     if ratios:
@@ -202,7 +208,7 @@ def _ms(value: float) -> str:
     return f"{value:.1f}" if value >= 100 else f"{value:.3f}" if value >= 0.01 else f"{value:.2g}"
 
 
-def markdown(raw: dict) -> str:
+def markdown(raw: dict, prose: str | None = None) -> str:
     meta = raw["meta"]
     g = goals(raw)
     lines = [
@@ -224,8 +230,8 @@ def markdown(raw: dict) -> str:
     baseline = raw.get("baseline", {}).get("compile_s", {})
     for name, r in raw["untuned"].items():
         today = f"{baseline[name]:.1f}" if name in baseline else "–"
-        if name in baseline and "compile_s" in r and baseline[name]:
-            today += f" ({r['compile_s'] / baseline[name]:.1f}x)"
+        if (ratio := compile_ratio({**r, "model": name}, raw.get("baseline", {}))) is not None:
+            today += f" ({ratio:.1f}x)"
         if "error" in r:
             compiled = f"{r['compile_s']:.1f}" if "compile_s" in r else "–"
             lines.append(f"| {name} | {r['registry']} | {r.get('layers', '–')} | {compiled} | {today} | "
@@ -265,10 +271,26 @@ def markdown(raw: dict) -> str:
             lines += ["", "Tuned with " + "; ".join(f"`{c}`" for c in commands[:1]) + (" (and likewise for the others)." if len(commands) > 1 else ".")]
     else:
         lines.append("Not run yet: `python bench/speed.py --tuned resnet18-small,bert-tiny,MODEL --tune-minutes 30`.")
-    lines += ["", "## GPU", "", "Not measured by this script (CPU only); the GPU rows against PyTorch come from a GPU machine."]
-    lines += ["", "## Reading", "", "_To be written from the numbers above: where the ratio comes from per kind of model "
-              "(convolutions, depthwise, transformers), what tuning bought, and what is left._"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + (prose or PROSE_PLACEHOLDER)
+
+
+PROSE_PLACEHOLDER = """## GPU
+
+Not measured by this script (CPU only); the GPU rows against PyTorch come from a GPU machine.
+
+## Reading
+
+_To be written from the numbers above: where the ratio comes from per kind of model (convolutions, depthwise,
+transformers), what tuning bought, and what is left._
+"""
+
+
+def written_prose(out: Path) -> str | None:
+    """The hand-written sections of an existing report (from "## GPU" on), kept when the tables are rewritten."""
+    text = out.read_text() if out.exists() else ""
+    start = text.find("## GPU")
+    prose = text[start:] if start >= 0 else ""
+    return prose if prose and "_To be written" not in prose else None
 
 
 # -- main -----------------------------------------------------------------------------------------------------
@@ -325,8 +347,9 @@ def main() -> None:
         print(f"wrote {args.baseline_json}: {compile_s}")
         return
     raw = load_raw(args.raw, args.fresh)
-    if args.report:
-        args.out.write_text(markdown(raw))
+    if args.report:  # the tables again, against the baseline file as it is now
+        raw["baseline"] = load_baseline(args.baseline_json)
+        args.out.write_text(markdown(raw, written_prose(args.out)))
         print(f"wrote {args.out}")
         return
 
@@ -343,7 +366,7 @@ def main() -> None:
 
     def save() -> None:
         write_json_atomic(args.raw, raw)
-        args.out.write_text(markdown(raw))
+        args.out.write_text(markdown(raw, written_prose(args.out)))
 
     started = time.perf_counter()
     plan = [("untuned", m) for m in untuned] + [("tuned", m) for m in tuned]
