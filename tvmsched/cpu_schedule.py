@@ -27,6 +27,8 @@ import logging
 import math
 
 from tvm import s_tir, tirx
+from tvm.ir import Range
+from tvm.sym import Analyzer
 from tvm.sym.pattern import detect_linear_equation
 from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.analysis import get_root_block
@@ -171,17 +173,26 @@ def _inline_epilogues(sch, red) -> None:
     _try_inline(sch, [sch.get_sblock(n) for n in names[names.index(sch.get(red).name_hint) + 1 :]])
 
 
-def _contiguous_in(var, regions) -> bool:
-    """`var` indexes only the last dimension of each region, with stride 1 (or not at all)."""
+def _vector_reads(var, extent: int, regions, tv: int) -> bool:
+    """Whether `tv` consecutive values of `var` (from a multiple of `tv`) read each region as one
+    contiguous vector or one broadcast value: `var` split as `vo * tv + vi`, the lane `vi` may index
+    only the last dimension, with stride 1. A grouped convolution's `ff // group_width` input channel
+    is one value per vector when `tv` divides the group width."""
+    dtype = var.ty.dtype
+    vo = tirx.Var("vo", dtype)
+    vi = tirx.Var("vi", dtype)
+    analyzer = Analyzer()
+    analyzer.bind(vo, Range.from_min_extent(tirx.const(0, dtype), tirx.const(max(extent // tv, 1), dtype)))
+    analyzer.bind(vi, Range.from_min_extent(tirx.const(0, dtype), tirx.const(tv, dtype)))
+    analyzer.bind(var, vo * tirx.const(tv, dtype) + vi)  # simplify() substitutes the split for var
     for region in regions:
-        dims = [r.min for r in region.region]
+        dims = [analyzer.simplify(r.min) for r in region.region]
         for i, index in enumerate(dims):
-            used = _var_in(index, var)
-            if not used:
+            if not _var_in(index, vi):
                 continue
             if i != len(dims) - 1:
                 return False
-            coeff = detect_linear_equation(index, [var])
+            coeff = detect_linear_equation(index, [vi])
             if len(coeff) != 2 or not isinstance(coeff[0], tirx.IntImm) or int(coeff[0]) != 1:
                 return False
     return True
@@ -213,14 +224,16 @@ def _tile(sch, red, target) -> bool:
     write = [r.min for r in block.writes[0].region]
     last = write[-1] if write else None
     v = next((i for i in spatial if last is not None and last.same_as(iters[i].var)), None)
-    if v is None or not _contiguous_in(iters[v].var, block.reads):
-        return False
     extents = [_extent(sch, loop) for loop in loops]
-    if any(e is None for e in extents):
+    if v is None or any(e is None for e in extents):
         return False
-    ev = extents[v]
-    tv = next((f for f in (lanes * 2, lanes, lanes // 2, 4) if f >= 4 and ev % f == 0), None)
-    if tv is None and ev > lanes:  # a ragged output axis (GPT-2's 50257-word head): pad it to whole vectors
+    ev, var = extents[v], iters[v].var
+    tiles = [f for f in (lanes * 2, lanes, lanes // 2, 4) if f >= 4 and ev % f == 0]
+    tv = next((f for f in tiles if _vector_reads(var, ev, block.reads, f)), None)
+    if tv is None and tiles:
+        return False
+    if tv is None and ev > lanes and _vector_reads(var, ev, block.reads, lanes):
+        # a ragged output axis (GPT-2's 50257-word head): pad it to whole vectors
         try:
             sch.pad_einsum(red, [lanes if i == v else 1 for i in range(len(iters))])
         except Exception:  # noqa: BLE001 - not an einsum (pad_einsum's own conditions)
