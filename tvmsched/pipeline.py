@@ -339,6 +339,15 @@ class _LayerTimer:
 
     def many(self, funcs: dict) -> dict[str, float]:
         """{name: us} of a batch of PrimFuncs, compiled together."""
+        return dict(zip(funcs, self._time(list(funcs.items()))))
+
+    def pair(self, name: str, first, second) -> tuple[float, float]:
+        """(us, us) of two schedules of `name`, timed in alternation (a drifting machine slows both alike)."""
+        a, b = self._time([(name, first), (name, second)])
+        return a, b
+
+    def _time(self, entries: list) -> list[float]:
+        """Median us of each (name, PrimFunc), built as one module; the kernels take turns batch by batch."""
         import threading
 
         import numpy as np
@@ -347,26 +356,31 @@ class _LayerTimer:
         from tvmsched.measure import _random
         from tvmsched.runtime.units import set_cpu_units
 
-        symbols = {name: f"k{i}" for i, name in enumerate(funcs)}
-        mod = tvm.IRModule({tvm.ir.GlobalVar(symbols[n]): f.with_attr("global_symbol", symbols[n]) for n, f in funcs.items()})
+        mod = tvm.IRModule({tvm.ir.GlobalVar(f"k{i}"): f.with_attr("global_symbol", f"k{i}") for i, (_, f) in enumerate(entries)})
         lib, dev, rng, out = tvm.compile(mod, self.target).mod, tvm.cpu(), np.random.default_rng(0), {}
 
         def run() -> None:
             try:
                 set_cpu_units(self.units)  # TVM thread pools are per Python thread
-                for name, symbol in symbols.items():
+                timers = []
+                for i, (name, _) in enumerate(entries):
                     args = [tvm.runtime.tensor(_random(rng, shape, dtype), dev) for shape, dtype in self.specs[name]]
-                    timer = lib.time_evaluator(symbol, dev, number=1, repeat=self.REPEAT, min_repeat_ms=self.MIN_REPEAT_MS)
-                    out[name] = float(np.median(timer(*args).results)) * 1e6
+                    timer = lib.time_evaluator(f"k{i}", dev, number=1, repeat=1, min_repeat_ms=self.MIN_REPEAT_MS)
+                    timers.append((timer, args))
+                samples = [[] for _ in entries]
+                for _ in range(self.REPEAT):
+                    for i, (timer, args) in enumerate(timers):
+                        samples[i].extend(timer(*args).results)
+                out["us"] = [float(np.median(s)) * 1e6 for s in samples]
             except Exception as err:  # noqa: BLE001  (re-raised in the caller's thread)
-                out["\0error"] = err
+                out["error"] = err
 
         thread = threading.Thread(target=run, name="tvmsched-layer-timer")
         thread.start()
         thread.join()
-        if "\0error" in out:
-            raise out["\0error"]
-        return out
+        if "error" in out:
+            raise out["error"]
+        return out["us"]
 
 
 def _manifest(

@@ -524,7 +524,7 @@ def tune_model(
     with bar, tensor_intrin_import_skipped(target), _interruptible() as interrupted, contextlib.closing(workers):
         for w in [w for w in groups if w.name in cached]:
             outcomes[w.name], chosen[w.name] = _decide(w, LayerTuning(w.name, "cached", 0, 0.0), database, target,
-                                                       default_us(w), measure, seed_keys[w.name])
+                                                       default_us(w), measure, seed_keys[w.name], defaults)
             _report_progress(bar, w, outcomes[w.name], progress)
         for index, w in enumerate(pending):
             planned, stop_at = trials, None
@@ -564,7 +564,7 @@ def tune_model(
                 reason = {"deadline": "the model's deadline", "share": "the end of its time share", "interrupt": "Ctrl-C"}
                 message = message or f"search stopped at {reason[stopper.stopped_by]}"
             outcome = dataclasses.replace(outcome, message=message, seeded=bool(seeded), planned_trials=planned)
-            outcomes[w.name], chosen[w.name] = _decide(w, outcome, database, target, default_us(w), measure, seed_keys[w.name])
+            outcomes[w.name], chosen[w.name] = _decide(w, outcome, database, target, default_us(w), measure, seed_keys[w.name], defaults)
             _report_progress(bar, w, outcomes[w.name], progress)
             if interrupted.is_set():  # Ctrl-C during that workload: stop here (its records are saved)
                 raise KeyboardInterrupt
@@ -621,9 +621,10 @@ def _measured(measure, name: str, func) -> float | None:
         return None
 
 
-def _decide(w: Workload, outcome: LayerTuning, database, target, default_us, measure, seed_key) -> tuple[LayerTuning, object]:
-    """Keep the faster of the best record the search found and the default schedule, both measured here
-    alike (the seeded record's time came from MetaSchedule's runner: not compared with ours).
+def _decide(w: Workload, outcome: LayerTuning, database, target, default_us, measure, seed_key, defaults) -> tuple[LayerTuning, object]:
+    """Keep the faster of the best record the search found and the default schedule (`defaults[w.name]`), both
+    measured here alike and, where `measure.pair` can, side by side (the seeded record's time came from
+    MetaSchedule's runner: not compared with ours; `default_us`, from the stage's start, only splits the budget).
     Returns the outcome and the trace of the tuned kernel to run (None: the default)."""
     if outcome.status in ("fallback", "skipped"):
         return dataclasses.replace(outcome, default_us=default_us, kernel="default"), None
@@ -643,7 +644,14 @@ def _decide(w: Workload, outcome: LayerTuning, database, target, default_us, mea
         log.warning("the best record of %s cannot be used: %s", w.name, one_line(err))
         return dataclasses.replace(outcome, status="fallback", message=f"the best record cannot be used: {one_line(err)[:150]}",
                                    default_us=default_us, kernel="default"), None
-    tuned_us = _measured(measure, w.name, tuned)
+    if hasattr(measure, "pair") and default_us is not None:  # the two timed together, not minutes apart
+        try:
+            default_us, tuned_us = measure.pair(w.name, defaults[w.name], tuned)
+        except Exception as err:  # noqa: BLE001  (an unmeasurable kernel is reported, not fatal)
+            log.warning("could not measure %s: %s", w.name, one_line(err))
+            tuned_us = None
+    else:
+        tuned_us = _measured(measure, w.name, tuned)
     if measure is not None and tuned_us is None:
         return dataclasses.replace(outcome, status="fallback", message="the tuned kernel could not be measured",
                                    default_us=default_us, kernel="default"), None
