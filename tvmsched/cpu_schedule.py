@@ -71,6 +71,11 @@ def schedule(func, target):
     A rule that raises on an unexpected loop nest is skipped (the next rule gets the layer), so a
     layer never fails to compile because of a default schedule.
     """
+    return schedule_with_rule(func, target)[1]
+
+
+def schedule_with_rule(func, target):
+    """(name of the rule that scheduled `func`, its schedule), or (None, None): `schedule`, saying which rule."""
     func = func.with_attr("global_symbol", "main")
     with target:
         for rule in rules():
@@ -82,8 +87,8 @@ def schedule(func, target):
             if isinstance(sch, list):
                 sch = sch[0] if sch else None
             if sch is not None:
-                return sch
-    return None
+                return type(rule).__name__, sch
+    return None, None
 
 
 def _extent(sch, loop) -> int | None:

@@ -101,10 +101,62 @@ def to_cpu_layouts(mod):
     if ops & {"relax.stack", "relax.nn.dropout"}:
         mod = _unstack(mod)
     try:
-        return relax.transform.ConvertLayout(CPU_LAYOUTS)(mod)
+        mod = relax.transform.ConvertLayout(CPU_LAYOUTS)(mod)
     except (tvm.error.InternalError, IndexError, ValueError) as err:  # a layout inference bug: keep NCHW (0.27 has no TVMError)
         log.warning("keeping the model's conv layouts: ConvertLayout failed: %s", one_line(err))
         return mod
+    return _pad_groups(mod)
+
+
+GROUP_WIDTH_MULTIPLE = 8  # output channels per group: a tile of 8 lanes at least (a 4-lane tile uses a quarter of AVX-512)
+
+
+def _pad_groups(mod):
+    """Grouped NHWC convolutions whose groups have a width no wide vector tile divides (ShuffleNet's 34 and
+    68 channels per group) compute each group padded to a multiple of GROUP_WIDTH_MULTIPLE with zero filters (the weights
+    padded once by constant folding), then drop the padding: conv2d(x, w) → reshape(slice(reshape(
+    conv2d(x, pad(w)))). The convolution then vectorizes across a group's channels. A new module."""
+    import tvm
+    from tvm import relax
+
+    def static(shape) -> list[int] | None:
+        dims = getattr(shape, "values", None)
+        return None if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims) else [int(d) for d in dims]
+
+    @relax.expr_functor.mutator
+    class PadGroups(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
+                return call
+            attrs = call.attrs
+            groups = int(attrs.groups)
+            layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout)
+            w_shape, out_shape = static(call.args[1].ty.shape), static(call.ty.shape)
+            if groups <= 1 or layouts != ("NHWC", "HWIO", "NHWC") or w_shape is None or out_shape is None:
+                return call
+            width = w_shape[3] // groups
+            if width <= 1 or width == 4 or width % GROUP_WIDTH_MULTIPLE == 0:
+                return call
+            multiple = 4 if width < 4 else GROUP_WIDTH_MULTIPLE  # 2 channels: 4, not 8 (half the waste)
+            padded = -(-width // multiple) * multiple
+            kh, kw, cin = w_shape[:3]
+            emit = self.builder_.emit
+            weight = emit(relax.op.reshape(call.args[1], [kh, kw, cin, groups, width]))
+            weight = emit(relax.op.nn.pad(weight, [0, 0] * 4 + [0, padded - width]))
+            weight = emit(relax.op.reshape(weight, [kh, kw, cin, groups * padded]))
+            conv = emit(relax.op.nn.conv2d(call.args[0], weight, attrs.strides, attrs.padding, attrs.dilation, groups,
+                                           "NHWC", "HWIO", "NHWC", attrs.out_dtype or None))
+            n, h, w, _ = out_shape
+            wide = emit(relax.op.reshape(conv, [n, h, w, groups, padded]))
+            kept = emit(relax.op.strided_slice(wide, axes=[4], begin=[0], end=[width]))
+            return relax.op.reshape(kept, out_shape)
+
+    out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            out[gv] = PadGroups(out).visit_expr(func)
+    return out
 
 
 def _ops(mod) -> set[str]:
