@@ -294,14 +294,16 @@ def run_cmd(artifact: str, inputs_path: str | None, output_path: str | None, dev
         with open(output_path, "wb") as out:  # exactly this name (np.savez would append .npz)
             np.savez(out, **outputs)
         echo(f"wrote {output_path}")
-    if check_model:
-        summary["check"] = _check_against_onnxruntime(check_model, inputs, outputs, echo=echo)
-    if repeat > 0:
-        from tvmsched import compare
+    from tvmsched import compare
 
+    session = None  # one onnxruntime session checks the outputs and, with --repeat, is timed
+    if check_model:
+        session = compare.onnxruntime_session(check_model, compare.runtime_threads("cpu"))
+        summary["check"] = _check_against_onnxruntime(check_model, inputs, outputs, echo=echo, session=session)
+    if repeat > 0:
         side_by_side = check_model and executor.device == "cpu"  # onnxruntime runs on CPU: same device, same threads
         if side_by_side:
-            comparison = compare.compare_with_onnxruntime(executor, check_model, inputs, repeat)
+            comparison = compare.compare_with_onnxruntime(executor, session, inputs, repeat)
             summary.update(comparison["tvmsched"])
             summary["compare"] = {k: v for k, v in comparison.items() if k != "tvmsched"}
         else:
@@ -626,15 +628,16 @@ def _read_npz(path: str) -> dict[str, np.ndarray]:
         raise TvmschedError(f"cannot read inputs from {path}: {one_line(err)}") from None
 
 
-def _check_against_onnxruntime(model_path: str, inputs: dict, outputs: dict, tol: float = 1e-4, echo=click.echo) -> dict:
-    """Outputs against onnxruntime: |out - ref| <= tol + tol * |ref| elementwise (numpy's isclose),
-    NaN where onnxruntime has NaN; a model onnxruntime cannot run, or one with other outputs, is a user error."""
+def _check_against_onnxruntime(model_path: str, inputs: dict, outputs: dict, tol: float = 1e-4, echo=click.echo,
+                               session=None) -> dict:
+    """Outputs against onnxruntime (`session`, default a new one of `model_path`): |out - ref| <= tol + tol * |ref|
+    elementwise (numpy's isclose), NaN where onnxruntime has NaN; a model onnxruntime cannot run, or one with
+    other outputs, is a user error."""
+    from tvmsched.compare import onnxruntime_session, runtime_threads
+
+    if session is None:
+        session = onnxruntime_session(model_path, runtime_threads("cpu"))
     try:
-        import onnxruntime
-    except ImportError:
-        raise TvmschedError("--check needs onnxruntime (pip install onnxruntime)") from None
-    try:
-        session = onnxruntime.InferenceSession(model_path, providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
         if sorted(names) != sorted(outputs):
             raise TvmschedError(f"{model_path} has outputs {sorted(names)}, the artifact {sorted(outputs)}: not the same model")

@@ -7,6 +7,7 @@ Used by `tvmsched run --check M.onnx --repeat N` and by bench/speed.py.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 
@@ -37,7 +38,7 @@ def onnxruntime_session(model: str | bytes, threads: int):
     try:
         import onnxruntime
     except ImportError:
-        raise TvmschedError("timing onnxruntime needs onnxruntime (pip install onnxruntime)") from None
+        raise TvmschedError("comparing with onnxruntime needs onnxruntime (pip install onnxruntime)") from None
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = int(threads)
     options.inter_op_num_threads = 1
@@ -49,14 +50,14 @@ def onnxruntime_session(model: str | bytes, threads: int):
         raise TvmschedError(f"onnxruntime cannot load {_named(model)}: {one_line(err)}") from None
 
 
-def _named(model: str | bytes) -> str:
-    return "the model" if isinstance(model, bytes) else str(model)
+def _named(model) -> str:
+    return str(model) if isinstance(model, (str, os.PathLike)) else "the model"
 
 
-def time_onnxruntime(model: str | bytes, inputs: dict[str, np.ndarray], repeat: int, threads: int,
-                     warmup: int = 2) -> list[float]:
-    """Seconds per `session.run` of `model` (a path or the serialized model) on `inputs` (after `warmup` untimed runs)."""
-    session = onnxruntime_session(model, threads)
+def time_onnxruntime(model, inputs: dict[str, np.ndarray], repeat: int, threads: int, warmup: int = 2) -> list[float]:
+    """Seconds per `session.run` of `model` (a path, the serialized model, or an `onnxruntime_session` of it,
+    which `threads` then does not change) on `inputs` (after `warmup` untimed runs)."""
+    session = model if hasattr(model, "get_inputs") else onnxruntime_session(model, threads)
     feeds = {i.name: inputs[i.name] for i in session.get_inputs() if i.name in inputs}
     try:
         for _ in range(warmup):
@@ -92,11 +93,12 @@ def format_table(comparison: dict) -> list[str]:
     ]
 
 
-def compare_with_onnxruntime(executor, model_path: str, inputs: dict[str, np.ndarray], repeat: int,
+def compare_with_onnxruntime(executor, model, inputs: dict[str, np.ndarray], repeat: int,
                              threads: int | None = None, warmup: int = 2) -> dict:
-    """Time `executor` (anything with `time_runs(inputs, repeat)`, in seconds) and then onnxruntime on the
-    same inputs with the same thread count (default: the engine's CPU threads); `side_by_side` of both."""
+    """Time `executor` (anything with `time_runs(inputs, repeat)`, in seconds) and then onnxruntime (`model`: as
+    `time_onnxruntime` takes it) on the same inputs with the same thread count (default: the engine's CPU
+    threads); `side_by_side` of both."""
     threads = threads or runtime_threads("cpu")
     ours = executor.time_runs(inputs, repeat)
-    theirs = time_onnxruntime(model_path, inputs, repeat, threads, warmup=warmup)
+    theirs = time_onnxruntime(model, inputs, repeat, threads, warmup=warmup)
     return side_by_side(ours, theirs, threads)

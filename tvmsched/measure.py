@@ -31,6 +31,38 @@ def measure_at_units(func, target, arg_specs, units_list: list[int], *, repeat: 
 
 def timed_in_thread(timer, args, units: int) -> float:
     """Time in a fresh thread whose TVM pool has `units` threads (pools are per Python thread)."""
+
+    def run() -> float:
+        timer(*args)  # warm-up
+        return float(np.median(timer(*args).results)) * 1e6
+
+    return in_thread(run, units, name=f"measure-{units}u")
+
+
+def measure_together(entries: list, target, units: int, *, repeat: int = 5, min_repeat_ms: int = 10) -> list[float]:
+    """Median latency in microseconds of each (scheduled PrimFunc, arg_specs) of `entries`, built as one module
+    and timed at `units` in turns, one batch of each per round (a drifting machine slows all of them alike)."""
+    import tvm
+
+    mod = tvm.IRModule({tvm.ir.GlobalVar(f"k{i}"): f.with_attr("global_symbol", f"k{i}") for i, (f, _) in enumerate(entries)})
+    lib, dev, rng = tvm.compile(mod, target).mod, tvm.cpu(), np.random.default_rng(0)
+
+    def run() -> list[float]:
+        timers = []
+        for i, (_, specs) in enumerate(entries):
+            args = [tvm.runtime.tensor(_random(rng, shape, dtype), dev) for shape, dtype in specs]
+            timers.append((lib.time_evaluator(f"k{i}", dev, number=1, repeat=1, min_repeat_ms=min_repeat_ms), args))
+        samples = [[] for _ in entries]
+        for _ in range(repeat):
+            for i, (timer, args) in enumerate(timers):
+                samples[i].extend(timer(*args).results)
+        return [float(np.median(s)) * 1e6 for s in samples]
+
+    return in_thread(run, units, name="measure-together")
+
+
+def in_thread(fn, units: int, name: str = "measure"):
+    """fn() in a fresh thread whose TVM pool has `units` threads; its result, or its exception re-raised here."""
     from tvmsched.runtime.units import set_cpu_units
 
     result: dict[str, object] = {}
@@ -38,17 +70,16 @@ def timed_in_thread(timer, args, units: int) -> float:
     def run() -> None:
         try:
             set_cpu_units(units)
-            timer(*args)  # warm-up
-            result["us"] = float(np.median(timer(*args).results)) * 1e6
+            result["value"] = fn()
         except Exception as err:  # re-raised in the caller's thread
             result["error"] = err
 
-    thread = threading.Thread(target=run, name=f"measure-{units}u")
+    thread = threading.Thread(target=run, name=name)
     thread.start()
     thread.join()
     if "error" in result:
         raise result["error"]
-    return result["us"]
+    return result["value"]
 
 
 def _random(rng, shape, dtype) -> np.ndarray:

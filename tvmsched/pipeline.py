@@ -348,39 +348,10 @@ class _LayerTimer:
 
     def _time(self, entries: list) -> list[float]:
         """Median us of each (name, PrimFunc), built as one module; the kernels take turns batch by batch."""
-        import threading
+        from tvmsched.measure import measure_together
 
-        import numpy as np
-        import tvm
-
-        from tvmsched.measure import _random
-        from tvmsched.runtime.units import set_cpu_units
-
-        mod = tvm.IRModule({tvm.ir.GlobalVar(f"k{i}"): f.with_attr("global_symbol", f"k{i}") for i, (_, f) in enumerate(entries)})
-        lib, dev, rng, out = tvm.compile(mod, self.target).mod, tvm.cpu(), np.random.default_rng(0), {}
-
-        def run() -> None:
-            try:
-                set_cpu_units(self.units)  # TVM thread pools are per Python thread
-                timers = []
-                for i, (name, _) in enumerate(entries):
-                    args = [tvm.runtime.tensor(_random(rng, shape, dtype), dev) for shape, dtype in self.specs[name]]
-                    timer = lib.time_evaluator(f"k{i}", dev, number=1, repeat=1, min_repeat_ms=self.MIN_REPEAT_MS)
-                    timers.append((timer, args))
-                samples = [[] for _ in entries]
-                for _ in range(self.REPEAT):
-                    for i, (timer, args) in enumerate(timers):
-                        samples[i].extend(timer(*args).results)
-                out["us"] = [float(np.median(s)) * 1e6 for s in samples]
-            except Exception as err:  # noqa: BLE001  (re-raised in the caller's thread)
-                out["error"] = err
-
-        thread = threading.Thread(target=run, name="tvmsched-layer-timer")
-        thread.start()
-        thread.join()
-        if "error" in out:
-            raise out["error"]
-        return out["us"]
+        return measure_together([(f, self.specs[name]) for name, f in entries], self.target, self.units,
+                                repeat=self.REPEAT, min_repeat_ms=self.MIN_REPEAT_MS)
 
 
 def _manifest(
