@@ -166,3 +166,21 @@ def test_onnxruntime_session_sees_the_original_model():
     executor = Executor(compile_model(CASES["ScatterND"][0]()))
     assert [b.name for b in executor.manifest.outputs] == ["y"]
     assert list(executor.run(_feeds(CASES["ScatterND"][0](), [[0], [1]]))) == ["y"]
+
+
+def test_several_checks_share_a_flag_word_and_name_the_right_node():
+    """Three checked Gathers: their flags are bits of one word (a chain of Adds; a variadic Sum imported as
+    stack + sum); the error names the node whose indices were out of range, whichever bit it is."""
+    nodes = [helper.make_node("Gather", ["d", f"i{k}"], [f"g{k}"], name=f"lookup{k}") for k in range(3)]
+    nodes += [helper.make_node("Add", ["g0", "g1"], ["s"]), helper.make_node("Add", ["s", "g2"], ["y"])]
+    model = make_model(nodes, [_info(f"i{k}", TensorProto.INT64, [3]) for k in range(3)], [_info("y", TensorProto.FLOAT, [3, 6])],
+                       [numpy_helper.from_array(DATA, "d")])
+    executor = Executor(compile_model(model))
+    assert [c.node for c in executor.manifest.index_checks] == ["lookup0", "lookup1", "lookup2"]
+    feeds = {f"i{k}": np.array([0, -1, k], np.int64) for k in range(3)}
+    np.testing.assert_array_equal(executor.run(feeds)["y"], onnxruntime_outputs(model, feeds)["y"])
+    for bad in (2, 1, 0):
+        wrong = {**feeds, f"i{bad}": np.array([0, 5, 1], np.int64)}
+        with pytest.raises(TvmschedError, match=f"Gather node 'lookup{bad}' \\(indices 'i{bad}'\\)"):
+            executor.run(wrong)
+    np.testing.assert_array_equal(executor.run(feeds)["y"], onnxruntime_outputs(model, feeds)["y"])

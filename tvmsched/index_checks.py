@@ -99,7 +99,13 @@ def guard_indices(model: onnx.ModelProto, signature: dict) -> tuple[onnx.ModelPr
             for bit, check in enumerate(group):
                 initializers.append(numpy_helper.from_array(np.array(1 << bit, np.int32), f"{check.output}_bit"))
                 nodes.append(helper.make_node("Mul", [check.output, f"{check.output}_bit"], [f"{check.output}_shifted"]))
-            nodes.append(helper.make_node("Sum", [f"{c.output}_shifted" for c in group], [out]))
+            # a chain of Adds, not one variadic Sum (TVM imports that as stack + sum, and ConvertLayout
+            # crashes in stack's layout inference)
+            total = f"{group[0].output}_shifted"
+            for i, check in enumerate(group[1:], 1):
+                partial = out if i == len(group) - 1 else f"{out}_partial{i}"
+                nodes.append(helper.make_node("Add", [total, f"{check.output}_shifted"], [partial]))
+                total = partial
         outputs.append(helper.make_tensor_value_info(out, TensorProto.INT32, []))
     from tvmsched.onnx_rewrites import with_graph
 
