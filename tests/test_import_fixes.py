@@ -70,8 +70,8 @@ def test_prelu_slope_that_cannot_broadcast_names_the_op():
     slope = numpy_helper.from_array(np.full(5, 0.1, np.float32), "slope")
     model = _model([helper.make_node("PRelu", ["x", "slope"], ["y"], name="bad_prelu")], [("x", F, [1, 8, 6, 6])],
                    [("y", F, [1, 8, 6, 6])], [slope])
-    with pytest.raises(TvmschedError, match=r"unsupported PRelu at node 'bad_prelu': its slope of shape \[5\] does not "
-                                            r"broadcast against its input \[1, 8, 6, 6\]"):
+    with pytest.raises(TvmschedError, match=r"PRelu node 'bad_prelu': its slope 'slope' of shape \[5\] does not "
+                                            r"broadcast against its input 'x' of shape \[1, 8, 6, 6\]"):
         compile_model(model)
 
 

@@ -221,8 +221,7 @@ def upgrade_legacy_forms(model: onnx.ModelProto) -> onnx.ModelProto:
             if shapes is None or node.input[0] not in shapes:
                 shapes = _shapes(model, tuple(node.input))
             x, slope = shapes.get(node.input[0]), shapes.get(node.input[1])
-            if (x is not None and slope is not None and len(x) >= 3 and len(slope) == 1 and slope[0] not in (1, None)
-                    and x[1] == slope[0] and x[-1] != slope[0]):
+            if per_channel_prelu(x, slope):
                 log.warning(
                     "PRelu node %r: slope of shape [%d] does not broadcast against the input %s by ONNX's rules "
                     "(it would apply along the last axis; onnxruntime rejects it): applied per channel (axis 1), "
@@ -235,17 +234,17 @@ def upgrade_legacy_forms(model: onnx.ModelProto) -> onnx.ModelProto:
                           helper.make_node("PRelu", [node.input[0], sloped], list(node.output), name=node.name)]
                 changed = True
                 continue
-            if x is not None and slope is not None and not _broadcasts(slope, x):
-                from tvmsched.errors import TvmschedError
-
-                raise TvmschedError(
-                    f"unsupported PRelu at node {node.name or f'#{index}'!r}: its slope of shape {list(slope)} does not "
-                    f"broadcast against its input {list(x)} (ONNX aligns the slope with the input's last axes)")
         nodes.append(node)
     return with_graph(model, nodes, initializers) if changed else model
 
 
-def _broadcasts(small: list, big: list) -> bool:
+def per_channel_prelu(x: list | None, slope: list | None) -> bool:
+    """A PRelu slope of shape [C] meant per channel of an input of rank >= 3 (see upgrade_legacy_forms)."""
+    return (x is not None and slope is not None and len(x) >= 3 and len(slope) == 1 and slope[0] not in (1, None)
+            and x[1] == slope[0] and x[-1] != slope[0])
+
+
+def broadcasts(small: list, big: list) -> bool:
     """`small` broadcasts to `big` by ONNX's unidirectional rule (unknown dims are given the benefit of the doubt)."""
     if len(small) > len(big):
         return False

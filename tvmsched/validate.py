@@ -214,6 +214,8 @@ def _explicit_checks(model: onnx.ModelProto, facts: Facts) -> None:
             _check_batchnorm(node, where, facts)
         elif node.op_type == "Pad":
             _check_pad(node, where, facts)
+        elif node.op_type == "PRelu":
+            _check_prelu(node, where, facts)
         for out in node.output:
             dims = facts.shape(out) if out else None
             if dims and any(d is not None and d < 0 for d in dims):
@@ -297,6 +299,22 @@ def _check_batchnorm(node: onnx.NodeProto, where: str, facts: Facts) -> None:
                 f"{where}: {role} {name!r} has shape {_shown(dims)} but its input {node.input[0]!r} has {channels} channels "
                 "(scale, B, mean and var need one value per channel)"
             )
+
+
+def _check_prelu(node: onnx.NodeProto, where: str, facts: Facts) -> None:
+    """The slope broadcasts against the input by ONNX's rule, or is the per-channel form old exporters wrote
+    (onnx_rewrites.upgrade_legacy_forms applies it per channel); TVM's lowering asserts on anything else."""
+    from tvmsched.onnx_rewrites import broadcasts, per_channel_prelu
+
+    if len(node.input) < 2:
+        return
+    x, slope = facts.shape(node.input[0]), facts.shape(node.input[1])
+    if x is None or slope is None or broadcasts(slope, x) or per_channel_prelu(x, slope):
+        return
+    raise TvmschedError(
+        f"{where}: its slope {node.input[1]!r} of shape {_shown(slope)} does not broadcast against its input "
+        f"{node.input[0]!r} of shape {_shown(x)} (ONNX aligns the slope with the input's last axes)"
+    )
 
 
 def _check_pad(node: onnx.NodeProto, where: str, facts: Facts) -> None:
