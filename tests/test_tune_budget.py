@@ -5,10 +5,17 @@ import functools
 import itertools
 import json
 import math
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 
 from tests.helpers import assert_user_error, onnxruntime_outputs, run_cli
 from tvmsched import models, pipeline, tuning
@@ -172,3 +179,33 @@ def test_budget_stops_at_the_deadline_and_keeps_the_faster_kernel(tmp_path):
     described = run_cli("inspect", tmp_path / "r.tvms").stdout
     assert "2 distinct workloads in 5 layers" in described and "trials/min" in described
     assert "for 2 distinct workloads in 5 layers" in result.stdout
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_busy_tuning_workers_die_with_a_killed_compile():
+    """A compile killed (SIGKILL, a timeout) while a build worker is busy left that worker running under init
+    until its job ended: found after CI runs. The workers now die with the process that started them."""
+    script = textwrap.dedent("""
+        import os, signal, time
+        from tvmsched import tuning
+        builder = tuning.pooled_builder(max_workers=1)
+        print(builder.pool.submit(os.getpid).result(), flush=True)
+        builder.pool.submit(time.sleep, 120)  # the worker is busy when its parent dies
+        time.sleep(1)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    worker = int(proc.stdout.split()[0])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _alive(worker):
+        time.sleep(0.2)
+    assert not _alive(worker), f"build worker {worker} outlived its parent"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import logging
 import random
@@ -73,7 +74,25 @@ def build_candidate(mod, target, _params=None):
 def make_builder(timeout_s: int = BUILD_TIMEOUT_S, max_workers: int | None = None):
     import tvm.s_tir.meta_schedule as ms
 
-    return ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=timeout_s, max_workers=max_workers)
+    return ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=timeout_s, max_workers=max_workers,
+                                   initializer=die_with_parent)
+
+
+def die_with_parent(then=None) -> None:
+    """In a MetaSchedule worker process: be killed when the process that started it dies (Linux), then run
+    `then`. A compile killed, timed out or crashed otherwise leaves its build and run workers behind, re-parented
+    to init, each holding TVM's memory."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent died before the prctl
+            os._exit(1)
+    except (OSError, AttributeError):  # not Linux: workers end when their pipe closes, as before
+        pass
+    if then is not None:
+        then()
 
 
 BUILDS_PER_WORKER = 256  # a pooled build worker is replaced after this many builds (TVM's workers leak memory)
@@ -97,7 +116,8 @@ def pooled_builder(timeout_s: int = BUILD_TIMEOUT_S, max_workers: int | None = N
                 super().__init__()
                 self.timeout_s = timeout_s
                 self.pool = PopenPoolExecutor(
-                    max_workers=max_workers or os.cpu_count() or 1, timeout=timeout_s, maximum_process_uses=BUILDS_PER_WORKER
+                    max_workers=max_workers or os.cpu_count() or 1, timeout=timeout_s, maximum_process_uses=BUILDS_PER_WORKER,
+                    initializer=die_with_parent,
                 )
 
             def build(self, build_inputs):
@@ -139,7 +159,7 @@ def local_runner(initializer=None):
     """MetaSchedule's LocalRunner with a generous timeout; `initializer` runs in its worker."""
     import tvm.s_tir.meta_schedule as ms
 
-    return ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S, initializer=initializer)
+    return ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S, initializer=functools.partial(die_with_parent, initializer))
 
 
 def task_module(func):
