@@ -395,8 +395,8 @@ def _trace_key(trace) -> str:
 
 
 def default_trace(func, target, schedule_fn):
-    """The trace of `schedule_fn(func, target)` if it replays on the task module (where MetaSchedule will
-    replay it), else None (no schedule, an empty one, or one made on another module)."""
+    """(trace, the PrimFunc it schedules) of `schedule_fn(func, target)` if the trace replays on the task module
+    (where MetaSchedule will replay it), else None (no schedule, an empty one, or one made on another module)."""
     if schedule_fn is None:
         return None
     try:
@@ -404,8 +404,7 @@ def default_trace(func, target, schedule_fn):
         trace = None if sch is None else sch.trace
         if trace is None or len(trace.insts) == 0:
             return None
-        replay(func, trace)
-        return trace
+        return trace, replay(func, trace)
     except Exception as err:  # noqa: BLE001  (no seed is better than no tuning)
         log.info("the default schedule cannot seed tuning: %s", one_line(err))
         return None
@@ -520,7 +519,7 @@ def tune_model(
         return measured[w.name]
 
     seeds = {w.name: default_trace(w.func, target, seed_schedule) for w in groups}
-    seed_keys = {name: None if t is None else _trace_key(t) for name, t in seeds.items()}
+    seed_keys = {name: None if seed is None else _trace_key(seed[0]) for name, seed in seeds.items()}
     cached = {w.name for w in groups if best_search_record(database, w.func, target, seed_keys[w.name]) is not None}
     weights = {w.name: float(w.layers) for w in groups}
     pending = [w for w in groups if w.name not in cached]
@@ -564,10 +563,11 @@ def tune_model(
             bar.set_postfix_str(f"{w.name[:32]} x{w.layers}, {planned} trials")
             seeded = False
             if seeds[w.name] is not None:
-                run_secs = ms_run_secs(workers.builder(), workers.runner(), replay(w.func, seeds[w.name]), target)
+                trace, seeded_func = seeds[w.name]
+                run_secs = ms_run_secs(workers.builder(), workers.runner(), seeded_func, target)
                 if run_secs is None and default_us(w) is not None:
                     run_secs = [default_us(w) * 1e-6]
-                seeded = run_secs is not None and seed_default_record(database, w.func, target, seeds[w.name], run_secs)
+                seeded = run_secs is not None and seed_default_record(database, w.func, target, trace, run_secs)
             totals["seeded"] += seeded
             stopper = None
             if deadline is not None:

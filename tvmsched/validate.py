@@ -20,10 +20,12 @@ machine, the rest on the device the artifact runs on, and no tensor over what th
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
 import numpy as np
+
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
@@ -71,7 +73,7 @@ def check_model(model: onnx.ModelProto) -> None:
         if not full_check:
             _explicit_checks(model, Facts.of(model, strip_outputs=True))
     try:
-        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+        onnx.shape_inference.infer_shapes(_without_weights(model), check_type=True, strict_mode=True, data_prop=True)
     except Exception as err:
         raise TvmschedError(f"the model fails ONNX shape inference: {_onnx_message(err)}") from None
 
@@ -131,17 +133,16 @@ def _device_memory(tvm_target) -> tuple[int | None, str]:
 class Facts:
     """What inference (non-strict, with data propagation) says about every tensor of a model."""
 
-    model: onnx.ModelProto  # inferred
+    model: onnx.ModelProto  # inferred; the large initializers as graph inputs of their type (no data)
     opset: int
     types: dict  # tensor name -> (elem type, dims: list of int or None (unknown)) or (elem type, None) (no shape)
     constants: dict  # tensor name -> TensorProto (initializers, Constant node values)
     producers: dict  # tensor name -> (index, node)
+    initializers: frozenset = frozenset()  # the initializers' names
 
     @classmethod
     def of(cls, model: onnx.ModelProto, *, strip_outputs: bool) -> Facts:
-        probe = onnx.ModelProto()
-        probe.CopyFrom(model)
-        del probe.graph.value_info[:]
+        probe = _without_weights(model)
         if strip_outputs:  # infer outputs from the inputs alone, to compare with what is declared
             for value in probe.graph.output:
                 value.ClearField("type")
@@ -154,7 +155,7 @@ class Facts:
             if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
                 types[value.name] = (value.type.tensor_type.elem_type, _dims(value.type.tensor_type))
         constants = {}
-        for init in probe.graph.initializer:
+        for init in model.graph.initializer:
             types[init.name] = (init.data_type, list(init.dims))
             constants[init.name] = init
         producers = {}
@@ -165,7 +166,8 @@ class Facts:
                 value = next((a.t for a in node.attribute if a.name == "value"), None)
                 if value is not None:
                     constants[node.output[0]] = value
-        return cls(probe, default_opset(probe) or 1, types, constants, producers)
+        return cls(probe, default_opset(probe) or 1, types, constants, producers,
+                   frozenset(init.name for init in model.graph.initializer))
 
     def shape(self, name: str) -> list | None:
         return self.types.get(name, (0, None))[1]
@@ -190,13 +192,36 @@ class Facts:
         return known
 
     def describe(self, name: str, constant: set[str]) -> str:
+        if name in self.initializers:
+            return "an initializer"
         if name in {v.name for v in self.model.graph.input}:
             return "a graph input"
-        if name in {i.name for i in self.model.graph.initializer}:
-            return "an initializer"
         index, node = self.producers.get(name, (None, None))
         where = f"{node.op_type} node {_node_name(node, index)}" if node is not None else "a node"
         return f"computed at compile time by {where}" if name in constant else f"the output of {where}"
+
+
+SHOWN_ELEMENTS = 4096  # initializers up to this size are given to shape inference with their values
+
+
+def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy for shape inference: the initializers above SHOWN_ELEMENTS become graph inputs of their type and
+    shape (inference needs the values of shape-like tensors only), no value_info. Copying and serializing a
+    model's weights cost most of a compile's validation (BERT-base: 2-3 s each time)."""
+    probe = onnx.ModelProto(ir_version=model.ir_version)
+    probe.opset_import.extend(model.opset_import)
+    probe.functions.extend(model.functions)
+    graph = model.graph
+    probe.graph.name = graph.name
+    for field in ("node", "input", "output", "sparse_initializer"):
+        getattr(probe.graph, field).extend(getattr(graph, field))
+    listed = {v.name for v in graph.input}
+    for init in graph.initializer:
+        if math.prod(init.dims) <= SHOWN_ELEMENTS:
+            probe.graph.initializer.append(init)
+        elif init.name not in listed:
+            probe.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    return probe
 
 
 def _explicit_checks(model: onnx.ModelProto, facts: Facts) -> None:
