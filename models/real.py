@@ -378,14 +378,15 @@ if torch is not None:
             super().__init__(*layers)
 
     class SqueezeExcite(nn.Module):
-        def __init__(self, channels, reduced):
+        def __init__(self, channels, reduced, act=F.silu):
             super().__init__()
             self.reduce = nn.Conv2d(channels, reduced, 1)
             self.expand = nn.Conv2d(reduced, channels, 1)
+            self.act = act
 
         def forward(self, x):
             s = F.adaptive_avg_pool2d(x, 1)
-            return x * torch.sigmoid(self.expand(F.silu(self.reduce(s))))
+            return x * torch.sigmoid(self.expand(self.act(self.reduce(s))))
 
     class MBConv(nn.Module):
         """EfficientNet's mobile inverted bottleneck: expand, depthwise, squeeze-excite, project."""
@@ -455,6 +456,38 @@ if torch is not None:
         def forward(self, x):
             x = F.adaptive_avg_pool2d(self.features(x), 1)
             return self.classifier(torch.flatten(x, 1))
+
+    class RegNetBlock(nn.Module):
+        """RegNetY's residual bottleneck (ratio 1): 1x1, grouped 3x3 of a fixed group width, squeeze-excite, 1x1."""
+
+        def __init__(self, cin, cout, stride, group_width):
+            super().__init__()
+            bn = dict(eps=1e-5, same=False)
+            self.a = ConvBNAct(cin, cout, 1, act=nn.ReLU, **bn)
+            self.b = ConvBNAct(cout, cout, 3, stride, groups=cout // group_width, act=nn.ReLU, **bn)
+            self.se = SqueezeExcite(cout, max(1, round(0.25 * cin)), act=F.relu)
+            self.c = ConvBNAct(cout, cout, 1, act=None, **bn)
+            self.shortcut = ConvBNAct(cin, cout, 1, stride, act=None, **bn) if stride != 1 or cin != cout else nn.Identity()
+
+        def forward(self, x):
+            return F.relu(self.c(self.se(self.b(self.a(x)))) + self.shortcut(x))
+
+    class RegNetY400MF(nn.Module):
+        # (depth, width) per stage, group width 8: the published RegNetY-400MF
+        STAGES = ((1, 48), (3, 104), (6, 208), (6, 440))
+
+        def __init__(self, classes=1000, group_width=8):
+            super().__init__()
+            blocks, cin = [ConvBNAct(3, 32, 3, 2, act=nn.ReLU, eps=1e-5, same=False)], 32
+            for depth, width in self.STAGES:
+                for i in range(depth):
+                    blocks.append(RegNetBlock(cin, width, 2 if i == 0 else 1, group_width))
+                    cin = width
+            self.trunk = nn.Sequential(*blocks)
+            self.fc = nn.Linear(cin, classes)
+
+        def forward(self, x):
+            return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.trunk(x), 1), 1))
 
     class LayerNorm2d(nn.Module):
         """ConvNeXt's channels-first LayerNorm, written out (mean / pow / sqrt) as in the reference code."""
@@ -1035,6 +1068,9 @@ REAL_MODELS: dict[str, RealModelSpec] = {
         RealModelSpec("mobilenetv2-tf", "MobileNetV2 1.0 with TF 'same' padding computed at run time (dynamic Pad), "
                       "ReLU6; input 1x3x224x224 -> 1x1000", "pytorch",
                       _image_export(lambda rng: MobileNetV2()), _image_inputs(), _IMAGE_AXES),
+        RealModelSpec("regnety-400mf", "RegNetY-400MF (depths 1-3-6-6, widths 48-440, grouped 3x3 convs of group width "
+                      "8, squeeze-excite); input 1x3x224x224 -> 1x1000", "pytorch",
+                      _image_export(lambda rng: RegNetY400MF()), _image_inputs(), _IMAGE_AXES),
         RealModelSpec("convnext-t", "ConvNeXt-T (depths 3-3-9-3, dims 96-768), LayerNorm2d written out, layer scale; "
                       "input 1x3x224x224 -> 1x1000", "pytorch",
                       _image_export(lambda rng: ConvNeXt(rng)), _image_inputs(), _IMAGE_AXES),
