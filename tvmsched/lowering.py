@@ -113,9 +113,9 @@ GROUP_WIDTH_MULTIPLE = 8  # output channels per group: a tile of 8 lanes at leas
 
 def _pad_groups(mod):
     """Grouped NHWC convolutions whose groups have a width no wide vector tile divides (ShuffleNet's 34 and
-    68 channels per group) compute each group padded to a multiple of GROUP_WIDTH_MULTIPLE with zero filters (the weights
-    padded once by constant folding), then drop the padding: conv2d(x, w) → reshape(slice(reshape(
-    conv2d(x, pad(w)))). The convolution then vectorizes across a group's channels. A new module."""
+    68 channels per group) compute each group padded to a multiple of GROUP_WIDTH_MULTIPLE with zero filters
+    (the weights padded once by constant folding), then drop the padding: conv2d(x, w) → reshape(slice(
+    reshape(conv2d(x, pad(w))))). The convolution then vectorizes across a group's channels. A new module."""
     import tvm
     from tvm import relax
 
@@ -152,11 +152,7 @@ def _pad_groups(mod):
             kept = emit(relax.op.strided_slice(wide, axes=[4], begin=[0], end=[width]))
             return relax.op.reshape(kept, out_shape)
 
-    out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            out[gv] = PadGroups(out).visit_expr(func)
-    return out
+    return _rewritten(mod, PadGroups)
 
 
 def _ops(mod) -> set[str]:
@@ -196,10 +192,18 @@ def _unstack(mod):
             expanded = [self.builder_.emit(relax.op.expand_dims(x, axis)) for x in call.args[0].fields]
             return relax.op.concat(expanded, axis=axis)
 
-    out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)  # the caller's module stays as it was
+    return _rewritten(mod, Unstack)
+
+
+def _rewritten(mod, mutator):
+    """A new module whose Relax functions are rewritten by `mutator` (a PyExprMutator class); the caller's stays."""
+    import tvm
+    from tvm import relax
+
+    out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
     for gv, func in mod.functions.items():
         if isinstance(func, relax.Function):
-            out[gv] = Unstack(out).visit_expr(func)
+            out[gv] = mutator(out).visit_expr(func)
     return out
 
 
