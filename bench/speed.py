@@ -152,6 +152,9 @@ def tuned_row(name: str, registry: str, args) -> dict:
         return row
     budget = ["--tune-minutes", f"{args.tune_minutes:g}"]
     row["budget"] = f"{args.tune_minutes:g} min"
+    if args.records_only:  # the database holds a --tune-minutes run's records: compile from them, search nothing new
+        budget = ["--tune-minutes", "0.01"]
+        row["budget"] = f"{args.tune_minutes:g} min (its records)"
     shapes = [f"--input-shape={k}={','.join(map(str, v))}" for k, v in (row.get("input_shapes") or {}).items()]
     command = [sys.executable, "-m", "tvmsched.cli", "compile", row["onnx"], "-o", str(artifact), "--target",
                args.target, *shapes, *budget, "--db", args.tune_db]
@@ -322,6 +325,9 @@ def main() -> None:
     parser.add_argument("--tuned", help="Comma-separated models to tune and compare (e.g. resnet18-small,bert-tiny,resnet50).")
     parser.add_argument("--tune-minutes", type=float, default=30.0, help="Tuning budget per model (compile --tune-minutes).")
     parser.add_argument("--tune-db", help="Tuning database (default: sqlite:///WORK/tuning.db, this benchmark's own).")
+    parser.add_argument("--records-only", action="store_true",
+                        help="--tune-db already holds a --tune-minutes run of the model (bench/tuning_budget.py --keep-db): "
+                             "compile from its records without searching, time side by side.")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="Threads of both engines.")
     parser.add_argument("--repeat", type=int, default=30, help="Timed runs per engine (fewer for slow models, --max-seconds).")
     parser.add_argument("--max-seconds", type=float, default=20.0, help="About this many seconds of timed runs per engine (0: no cap).")

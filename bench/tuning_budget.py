@@ -136,14 +136,18 @@ def main() -> None:
     parser.add_argument("--trials-cap", type=int, default=0, help="--tune-trials with the budget: trials per workload at most.")
     parser.add_argument("--repeat", type=int, default=50)
     parser.add_argument("--out", type=Path, default=RESULTS / "tuning_budget.md")
+    parser.add_argument("--keep-db", type=Path, metavar="DIR",
+                        help="Keep each budget's SQLite database in DIR (<model>-<M>min.db; default: a temporary folder).")
     args = parser.parse_args()
     if any(m < 0 for m in args.minutes):
         parser.error("budgets must be >= 0 minutes")
     budgets = sorted({0.0, *args.minutes})
     rows = []
     with tempfile.TemporaryDirectory(prefix="tvmsched-budget-") as tmp:
+        folder = args.keep_db or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
         for spec in args.models:
-            rows += bench_model(spec, budgets, args.trials_cap, args.repeat, Path(tmp))
+            rows += bench_model(spec, budgets, args.trials_cap, args.repeat, folder)
     raw = args.out.parent / "raw" / f"{args.out.stem}.json"
     raw.parent.mkdir(parents=True, exist_ok=True)
     raw.write_text(json.dumps(rows, indent=1))
