@@ -105,7 +105,33 @@ def to_cpu_layouts(mod):
     except (tvm.error.InternalError, IndexError, ValueError) as err:  # a layout inference bug: keep NCHW (0.27 has no TVMError)
         log.warning("keeping the model's conv layouts: ConvertLayout failed: %s", one_line(err))
         return mod
-    return _pad_groups(mod)
+    return _pad_groups(_fold_weight_layouts(mod))
+
+
+def _fold_weight_layouts(mod):
+    """ConvertLayout's permute_dims and reshapes of constant weights and biases, done here in numpy: FoldConstant
+    would legalize, build and run one kernel for each (~40 ms apiece; two per convolution). A new module."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    @relax.expr_functor.mutator
+    class FoldWeights(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if not (isinstance(call.op, tvm.ir.Op) and call.args and isinstance(call.args[0], tvm.ir.Constant)):
+                return call
+            value = call.args[0].value.numpy()
+            if call.op.name == "relax.permute_dims":
+                axes = None if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
+                return relax.const(np.ascontiguousarray(np.transpose(value, axes)), str(value.dtype))
+            shape = getattr(call.ty, "shape", None)
+            dims = getattr(shape, "values", None)
+            if call.op.name == "relax.reshape" and dims is not None and all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+                return relax.const(value.reshape([int(d) for d in dims]), str(value.dtype))
+            return call
+
+    return _rewritten(mod, FoldWeights)
 
 
 GROUP_WIDTH_MULTIPLE = 8  # output channels per group: a tile of 8 lanes at least (a 4-lane tile uses a quarter of AVX-512)
@@ -127,14 +153,9 @@ def _pad_groups(mod):
     @relax.expr_functor.mutator
     class PadGroups(relax.PyExprMutator):
         def constant(self, expr):
-            """The value of a constant weight, or of ConvertLayout's permute_dims of one; else None."""
+            """The value of a constant weight (bound to a var or not), else None."""
             if isinstance(expr, relax.Var):
                 expr = self.lookup_binding(expr)
-                if not (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
-                        and expr.op.name == "relax.permute_dims" and isinstance(expr.args[0], tvm.ir.Constant)):
-                    return None
-                axes = None if expr.attrs.axes is None else [int(a) for a in expr.attrs.axes]
-                return np.transpose(expr.args[0].value.numpy(), axes)
             return expr.value.numpy() if isinstance(expr, tvm.ir.Constant) else None
 
         def visit_call_(self, call):
