@@ -298,12 +298,13 @@ def run_cmd(artifact: str, inputs_path: str | None, output_path: str | None, dev
 
     session = None  # one onnxruntime session checks the outputs and, with --repeat, is timed
     if check_model:
-        session = compare.onnxruntime_session(check_model, compare.runtime_threads("cpu"))
+        threads = compare.runtime_threads("cpu")
+        session = compare.onnxruntime_session(check_model, threads)
         summary["check"] = _check_against_onnxruntime(check_model, inputs, outputs, echo=echo, session=session)
     if repeat > 0:
         side_by_side = check_model and executor.device == "cpu"  # onnxruntime runs on CPU: same device, same threads
         if side_by_side:
-            comparison = compare.compare_with_onnxruntime(executor, session, inputs, repeat)
+            comparison = compare.compare_with_onnxruntime(executor, session, inputs, repeat, threads, name=check_model)
             summary.update(comparison["tvmsched"])
             summary["compare"] = {k: v for k, v in comparison.items() if k != "tvmsched"}
         else:

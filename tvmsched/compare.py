@@ -7,7 +7,6 @@ Used by `tvmsched run --check M.onnx --repeat N` and by bench/speed.py.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 
@@ -47,17 +46,14 @@ def onnxruntime_session(model: str | bytes, threads: int):
         return onnxruntime.InferenceSession(model if isinstance(model, bytes) else str(model), options,
                                             providers=["CPUExecutionProvider"])
     except Exception as err:  # noqa: BLE001  (onnxruntime raises its own types)
-        raise TvmschedError(f"onnxruntime cannot load {_named(model)}: {one_line(err)}") from None
+        raise TvmschedError(f"onnxruntime cannot load {'the model' if isinstance(model, bytes) else model}: "
+                            f"{one_line(err)}") from None
 
 
-def _named(model) -> str:
-    return str(model) if isinstance(model, (str, os.PathLike)) else "the model"
-
-
-def time_onnxruntime(model, inputs: dict[str, np.ndarray], repeat: int, threads: int, warmup: int = 2) -> list[float]:
-    """Seconds per `session.run` of `model` (a path, the serialized model, or an `onnxruntime_session` of it,
-    which `threads` then does not change) on `inputs` (after `warmup` untimed runs)."""
-    session = model if hasattr(model, "get_inputs") else onnxruntime_session(model, threads)
+def time_onnxruntime(session, inputs: dict[str, np.ndarray], repeat: int, warmup: int = 2,
+                     name: str = "the model") -> list[float]:
+    """Seconds per `session.run` of an `onnxruntime_session` on `inputs` (after `warmup` untimed runs); `name`
+    names the model in an error."""
     feeds = {i.name: inputs[i.name] for i in session.get_inputs() if i.name in inputs}
     try:
         for _ in range(warmup):
@@ -68,7 +64,7 @@ def time_onnxruntime(model, inputs: dict[str, np.ndarray], repeat: int, threads:
             session.run(None, feeds)
             times.append(time.perf_counter() - start)
     except Exception as err:  # noqa: BLE001
-        raise TvmschedError(f"onnxruntime cannot run {_named(model)}: {one_line(err)}") from None
+        raise TvmschedError(f"onnxruntime cannot run {name}: {one_line(err)}") from None
     return times
 
 
@@ -93,12 +89,10 @@ def format_table(comparison: dict) -> list[str]:
     ]
 
 
-def compare_with_onnxruntime(executor, model, inputs: dict[str, np.ndarray], repeat: int,
-                             threads: int | None = None, warmup: int = 2) -> dict:
-    """Time `executor` (anything with `time_runs(inputs, repeat)`, in seconds) and then onnxruntime (`model`: as
-    `time_onnxruntime` takes it) on the same inputs with the same thread count (default: the engine's CPU
-    threads); `side_by_side` of both."""
-    threads = threads or runtime_threads("cpu")
+def compare_with_onnxruntime(executor, session, inputs: dict[str, np.ndarray], repeat: int, threads: int,
+                             name: str = "the model") -> dict:
+    """Time `executor` (anything with `time_runs(inputs, repeat)`, in seconds) and then onnxruntime (an
+    `onnxruntime_session` made with `threads`, the engine's) on the same inputs; `side_by_side` of both."""
     ours = executor.time_runs(inputs, repeat)
-    theirs = time_onnxruntime(model, inputs, repeat, threads, warmup=warmup)
+    theirs = time_onnxruntime(session, inputs, repeat, name=name)
     return side_by_side(ours, theirs, threads)

@@ -57,9 +57,9 @@ def guard_indices(model: onnx.ModelProto, signature: dict) -> tuple[onnx.ModelPr
     """
     if not any(n.op_type in _INDEX_OPS and n.domain in ("", "ai.onnx") for n in model.graph.node):
         return model, []
-    from tvmsched.validate import Facts, with_input_shapes
+    from tvmsched.validate import Facts
 
-    facts = Facts.of(with_input_shapes(model, signature), strip_outputs=False)
+    facts = Facts.of(model, strip_outputs=False, signature=signature)
     runtime = _runtime_tensors(model)
     nodes, initializers, outputs, checks = [], list(model.graph.initializer), list(model.graph.output), []
     for index, node in enumerate(model.graph.node):

@@ -26,17 +26,12 @@ def measure_at_units(func, target, arg_specs, units_list: list[int], *, repeat: 
     rng = np.random.default_rng(0)
     args = [tvm.runtime.tensor(_random(rng, shape, dtype), dev) for shape, dtype in arg_specs]
     timer = lib.mod.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
-    return {k: timed_in_thread(timer, args, k) for k in units_list}
-
-
-def timed_in_thread(timer, args, units: int) -> float:
-    """Time in a fresh thread whose TVM pool has `units` threads (pools are per Python thread)."""
 
     def run() -> float:
         timer(*args)  # warm-up
         return float(np.median(timer(*args).results)) * 1e6
 
-    return in_thread(run, units, name=f"measure-{units}u")
+    return {k: in_thread(run, k, name=f"measure-{k}u") for k in units_list}  # TVM thread pools are per Python thread
 
 
 def measure_together(entries: list, target, units: int, *, repeat: int = 5, min_repeat_ms: int = 10) -> list[float]:

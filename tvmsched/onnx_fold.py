@@ -7,13 +7,14 @@ supported yet", "Reshape expects the input tensor to have known shape", "broadca
 even when every input shape is given. Once the input shapes are fixed, all of it is constant: this pass
 does what onnxruntime's basic graph optimizer does before running such a model —
 
-1. fix the graph inputs to the compiled shapes and run ONNX shape inference (with data propagation);
-2. replace Shape / Size of statically shaped tensors by constants;
-3. evaluate every node whose inputs are all constant (onnx's reference implementation, one node at a
-   time), unless it is random, has a subgraph, produces a graph output, or its output would be larger
-   than `MAX_FOLDED_BYTES`;
-4. repeat while something folds (a folded Reshape shape makes the next shapes static), then drop the
-   dead nodes and initializers and record the now-static shapes in value_info and the graph outputs.
+1. fix the graph inputs to the compiled shapes;
+2. in graph order (topological), one pass: replace Shape / Size of statically shaped tensors by
+   constants; evaluate every node whose inputs are all constant (onnx's reference implementation, one
+   node at a time), unless it is random, has a subgraph, produces a graph output, or its output would be
+   larger than `MAX_FOLDED_BYTES`; infer the shapes of every node kept (ONNX's per-node inference, with
+   the values of small constants), so a folded Reshape target makes the next shapes static;
+3. drop the dead nodes and initializers and record the now-static shapes in value_info and the graph
+   outputs.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from tvmsched.validate import SHOWN_ELEMENTS, fixed_input, model_shell
+
 log = logging.getLogger(__name__)
 
 MAX_FOLDED_BYTES = 4 << 20  # a folded tensor larger than this stays computed at run time (as onnxruntime keeps big ones)
-_SMALL_ELEMENTS = 4096  # constants up to this size are shown to shape inference (Reshape targets, pads, ...)
 _RANDOM = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                      "Bernoulli", "Dropout"})  # Dropout: random in training mode; identity otherwise (TVM drops it)
 _DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -55,18 +57,7 @@ class _Folder:
         self.arrays: dict[str, np.ndarray] = {}  # constant values read or computed so far
         self.folded: dict[str, np.ndarray] = {}  # tensors computed here (become initializers)
         self.graph_outputs = {o.name for o in model.graph.output}
-        self.inputs = []
-        for value in model.graph.input:
-            if value.name in self.inits:
-                continue
-            fixed = onnx.ValueInfoProto()
-            fixed.CopyFrom(value)
-            if value.name in signature and value.type.HasField("tensor_type"):
-                shape = fixed.type.tensor_type.shape
-                shape.ClearField("dim")
-                for d in signature[value.name][0]:
-                    shape.dim.add().dim_value = int(d)
-            self.inputs.append(fixed)
+        self.inputs = [fixed_input(value, signature) for value in model.graph.input if value.name not in self.inits]
         self.types: dict[str, tuple[int, list | None]] = {}  # elem type, dims (None: unknown)
 
     # -- the passes ------------------------------------------------------------------------------
@@ -94,8 +85,6 @@ class _Folder:
             types[value.name] = _type_of(value.type)
         for name, init in self.inits.items():
             types[name] = (init.data_type, list(init.dims))
-        for name, value in self.folded.items():
-            types[name] = (helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape))
         return types
 
     def _infer_node(self, node: onnx.NodeProto) -> None:
@@ -106,9 +95,9 @@ class _Folder:
             return
         try:
             schema = onnx.defs.get_schema(node.op_type, self.opsets.get(node.domain or "", 1), node.domain or "")
-            input_types = {name: _type_proto(*self.types[name]) for name in inputs}
+            input_types = {name: helper.make_tensor_type_proto(*self.types[name]) for name in inputs}
             data = {name: numpy_helper.from_array(self.arrays[name], name) for name in inputs
-                    if name in self.arrays and self.arrays[name].size <= _SMALL_ELEMENTS}
+                    if name in self.arrays and self.arrays[name].size <= SHOWN_ELEMENTS}
             inferred = onnx.shape_inference.infer_node_outputs(
                 schema, node, input_types, data, opset_imports=list(self.model.opset_import),
                 ir_version=max(self.model.ir_version, 4))
@@ -177,6 +166,12 @@ class _Folder:
     def _evaluate(self, node: onnx.NodeProto) -> dict[str, np.ndarray] | None:
         from onnx.reference import ReferenceEvaluator
 
+        tensor = next((a.t for a in node.attribute if a.name == "value"), None) if node.op_type == "Constant" else None
+        if tensor is not None:  # its value as it is (no evaluator built for it)
+            try:
+                return {node.output[0]: numpy_helper.to_array(tensor)}
+            except Exception:  # noqa: BLE001 - external or malformed data: the evaluator says
+                pass
         feeds = {name: self.arrays[name] for name in node.input if name}
         graph = helper.make_graph(
             [node], "fold",
@@ -209,7 +204,7 @@ class _Folder:
         live.reverse()
         initializers = [init for name, init in self.inits.items() if name in needed and name not in self.folded]
         initializers += [numpy_helper.from_array(value, name) for name, value in self.folded.items() if name in needed]
-        folded = _shell(self.model)
+        folded = model_shell(self.model)
         graph = folded.graph
         graph.node.extend(live)
         graph.initializer.extend(initializers)
@@ -233,27 +228,6 @@ class _Folder:
         return folded
 
 
-def _shell(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of `model` whose graph has no nodes, initializers, inputs or value_info (the weights of a
-    large model are not copied only to be replaced)."""
-    shell = onnx.ModelProto()
-    _copy_fields(model, shell, skip=("graph",))
-    _copy_fields(model.graph, shell.graph, skip=("node", "initializer", "input", "value_info"))
-    return shell
-
-
-def _copy_fields(source, target, skip: tuple[str, ...]) -> None:
-    for field, value in source.ListFields():
-        if field.name in skip:
-            continue
-        if field.is_repeated:
-            getattr(target, field.name).extend(value)
-        elif field.message_type is not None:
-            getattr(target, field.name).CopyFrom(value)
-        else:
-            setattr(target, field.name, value)
-
-
 def _outer_names(graph: onnx.GraphProto) -> set[str]:
     names = set()
     for node in graph.node:
@@ -272,7 +246,3 @@ def _type_of(type_proto: onnx.TypeProto) -> tuple[int, list | None]:
     if not tensor.HasField("shape"):
         return (tensor.elem_type, None)
     return (tensor.elem_type, [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim])
-
-
-def _type_proto(elem: int, dims: list | None) -> onnx.TypeProto:
-    return helper.make_tensor_type_proto(elem, dims)

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from tvmsched.validate import default_opset
+from tvmsched.validate import Facts, default_opset
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +20,7 @@ def expand_layernorm_statistics(model: onnx.ModelProto) -> onnx.ModelProto:
     """
     if not any(n.op_type == "LayerNormalization" and len([o for o in n.output if o]) > 1 for n in model.graph.node):
         return model
-    model = onnx.shape_inference.infer_shapes(model)
-    ranks = _ranks(model)
+    ranks = {name: len(dims) for name, (_, dims) in Facts.of(model, strip_outputs=False).types.items() if dims is not None}
     opset = default_opset(model) or 17
     nodes, initializers = [], list(model.graph.initializer)
     for index, node in enumerate(model.graph.node):
@@ -47,10 +46,7 @@ def propagate_nan(model: onnx.ModelProto) -> onnx.ModelProto:
     """
     if not any(n.op_type in _NAN_DROPPING for n in model.graph.node):
         return model
-    inferred = onnx.shape_inference.infer_shapes(model)
-    types = {v.name: v.type.tensor_type.elem_type
-             for v in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output)}
-    types.update((t.name, t.data_type) for t in model.graph.initializer)
+    types = {name: elem for name, (elem, _) in Facts.of(model, strip_outputs=False).types.items()}
     nodes = []
     for index, node in enumerate(model.graph.node):
         data = [i for i in node.input[: _NAN_DROPPING.get(node.op_type) or len(node.input)] if i]
@@ -115,13 +111,6 @@ def with_graph(model: onnx.ModelProto, nodes, initializers=None, outputs=None) -
 
 def _attrs(node) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name in ("axis", "epsilon", "stash_type")}
-
-
-def _ranks(model: onnx.ModelProto) -> dict[str, int]:
-    values = [*model.graph.input, *model.graph.value_info, *model.graph.output]
-    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in values if v.type.tensor_type.HasField("shape")}
-    ranks.update({init.name: len(init.dims) for init in model.graph.initializer})
-    return ranks
 
 
 def fold_batchnorm_into_conv(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -200,7 +189,7 @@ def upgrade_legacy_forms(model: onnx.ModelProto) -> onnx.ModelProto:
     if not any(n.op_type in ("Slice", "PRelu") and n.domain in ("", "ai.onnx") for n in model.graph.node):
         return model
     opset = default_opset(model) or 1
-    shapes = None
+    facts = None  # inferred at the first PRelu
     nodes, initializers, changed = [], list(model.graph.initializer), False
     for index, node in enumerate(model.graph.node):
         if node.domain not in ("", "ai.onnx"):
@@ -218,9 +207,8 @@ def upgrade_legacy_forms(model: onnx.ModelProto) -> onnx.ModelProto:
             changed = True
             continue
         if node.op_type == "PRelu" and len(node.input) == 2:
-            if shapes is None or node.input[0] not in shapes:
-                shapes = _shapes(model, tuple(node.input))
-            x, slope = shapes.get(node.input[0]), shapes.get(node.input[1])
+            facts = facts or Facts.of(model, strip_outputs=False)
+            x, slope = facts.shape(node.input[0]), facts.shape(node.input[1])
             if per_channel_prelu(x, slope):
                 log.warning(
                     "PRelu node %r: slope of shape [%d] does not broadcast against the input %s by ONNX's rules "
@@ -242,33 +230,3 @@ def per_channel_prelu(x: list | None, slope: list | None) -> bool:
     """A PRelu slope of shape [C] meant per channel of an input of rank >= 3 (see upgrade_legacy_forms)."""
     return (x is not None and slope is not None and len(x) >= 3 and len(slope) == 1 and slope[0] not in (1, None)
             and x[1] == slope[0] and x[-1] != slope[0])
-
-
-def broadcasts(small: list, big: list) -> bool:
-    """`small` broadcasts to `big` by ONNX's unidirectional rule (unknown dims are given the benefit of the doubt)."""
-    if len(small) > len(big):
-        return False
-    return all(s in (1, None) or b is None or s == b for s, b in zip(reversed(small), reversed(big)))
-
-
-def _shapes(model: onnx.ModelProto, names: tuple[str, ...] = ()) -> dict[str, list | None]:
-    """Tensor name -> dims (None where unknown) from the model's value_info (onnx_fold records them), or
-    from inference when one of `names` is not there."""
-    shapes = _declared_shapes(model)
-    if all(name in shapes for name in names):
-        return shapes
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001 - shapes stay unknown; the importer reports what it cannot convert
-        return shapes
-    return _declared_shapes(inferred)
-
-
-def _declared_shapes(inferred: onnx.ModelProto) -> dict[str, list | None]:
-    shapes = {}
-    for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
-        tensor = value.type.tensor_type
-        if value.type.HasField("tensor_type") and tensor.HasField("shape"):
-            shapes[value.name] = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
-    shapes.update((init.name, list(init.dims)) for init in inferred.graph.initializer)
-    return shapes

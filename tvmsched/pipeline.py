@@ -314,8 +314,8 @@ def _tuning_entry(r) -> dict:
 
 def _layer_timer(graph, tvm_target):
     """A `measure(name, func)` (tuning.tune_model) timing scheduled PrimFuncs at all units on random data of
-    the layer's shapes, with `.many({name: func})` to time a batch built as one module; None where kernels of
-    the target cannot run here."""
+    the layer's shapes, with `.many({name: func})` to time a batch built as one module and `.pair(name, a, b)`
+    two schedules of one layer side by side; None where kernels of the target cannot run here."""
     if tvm_target.kind.name != "llvm":
         return None
     return _LayerTimer(graph, tvm_target)
@@ -343,8 +343,7 @@ class _LayerTimer:
 
     def pair(self, name: str, first, second) -> tuple[float, float]:
         """(us, us) of two schedules of `name`, timed in alternation (a drifting machine slows both alike)."""
-        a, b = self._time([(name, first), (name, second)])
-        return a, b
+        return tuple(self._time([(name, first), (name, second)]))
 
     def _time(self, entries: list) -> list[float]:
         """Median us of each (name, PrimFunc), built as one module; the kernels take turns batch by batch."""

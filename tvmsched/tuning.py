@@ -75,19 +75,24 @@ def make_builder(timeout_s: int = BUILD_TIMEOUT_S, max_workers: int | None = Non
     import tvm.s_tir.meta_schedule as ms
 
     return ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=timeout_s, max_workers=max_workers,
-                                   initializer=die_with_parent)
+                                   initializer=worker_initializer())
 
 
-def die_with_parent(then=None) -> None:
-    """In a MetaSchedule worker process: be killed when the process that started it dies (Linux), then run
-    `then`. A compile killed, timed out or crashed otherwise leaves its build and run workers behind, re-parented
-    to init, each holding TVM's memory."""
+def worker_initializer(then=None):
+    """The initializer of our MetaSchedule workers: die with this process (`die_with_parent`), then run `then`."""
+    return functools.partial(die_with_parent, os.getpid(), then)
+
+
+def die_with_parent(parent: int, then=None) -> None:
+    """In a MetaSchedule worker process: be killed when `parent`, the process that started it, dies (Linux),
+    then run `then`. A compile killed, timed out or crashed otherwise leaves its build and run workers behind,
+    re-parented to init, each holding TVM's memory."""
     import ctypes
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-        if os.getppid() == 1:  # the parent died before the prctl
+        if os.getppid() != parent:  # the parent died before the prctl (a parent that is PID 1 is fine)
             os._exit(1)
     except (OSError, AttributeError):  # not Linux: workers end when their pipe closes, as before
         pass
@@ -117,7 +122,7 @@ def pooled_builder(timeout_s: int = BUILD_TIMEOUT_S, max_workers: int | None = N
                 self.timeout_s = timeout_s
                 self.pool = PopenPoolExecutor(
                     max_workers=max_workers or os.cpu_count() or 1, timeout=timeout_s, maximum_process_uses=BUILDS_PER_WORKER,
-                    initializer=die_with_parent,
+                    initializer=worker_initializer(),
                 )
 
             def build(self, build_inputs):
@@ -159,7 +164,7 @@ def local_runner(initializer=None):
     """MetaSchedule's LocalRunner with a generous timeout; `initializer` runs in its worker."""
     import tvm.s_tir.meta_schedule as ms
 
-    return ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S, initializer=functools.partial(die_with_parent, initializer))
+    return ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S, initializer=worker_initializer(initializer))
 
 
 def task_module(func):
@@ -498,8 +503,8 @@ def tune_model(
         layer_counts: model layers calling each PrimFunc (weights the budget; default 1).
         defaults: PrimFunc name -> default-scheduled PrimFunc (kernels.default_schedule), the floor.
         measure: `measure(name, func) -> microseconds` of a scheduled PrimFunc of `name`'s shapes (optionally
-            with `measure.many({name: func}) -> {name: us}`), or None where kernels cannot be measured here
-            (then the tuned kernel is kept unmeasured).
+            with `measure.many({name: func}) -> {name: us}` and `measure.pair(name, a, b) -> (us, us)`, timed side
+            by side), or None where kernels cannot be measured here (then the tuned kernel is kept unmeasured).
         seed_schedule: `f(func, target) -> tvm.s_tir.Schedule | None`, the default schedule to seed each
             search with (`default_seed_schedule(target)`); None: no seeding.
         work_dir: keep MetaSchedule's logs under work_dir/<workload>/ (default: temporary).
@@ -521,18 +526,18 @@ def tune_model(
     seeds = {w.name: default_trace(w.func, target, seed_schedule) for w in groups}
     seed_keys = {name: None if seed is None else _trace_key(seed[0]) for name, seed in seeds.items()}
     cached = {w.name for w in groups if best_search_record(database, w.func, target, seed_keys[w.name]) is not None}
-    weights = {w.name: float(w.layers) for w in groups}
+    weights = {w.name: float(w.layers) for w in groups}  # the budget's split (by latency, with a budget)
     pending = [w for w in groups if w.name not in cached]
-    if minutes is not None:  # the split needs every workload's latency first; heaviest first
+    if minutes is not None and pending:  # the split needs the searched workloads' latency first; heaviest first
         if hasattr(measure, "many"):  # one build for all of them
             try:
-                measured.update(measure.many({w.name: defaults[w.name] for w in groups}))
+                measured.update(measure.many({w.name: defaults[w.name] for w in pending}))
             except Exception as err:  # noqa: BLE001  (then one by one)
                 log.info("measuring the default schedules together failed (%s): one by one", one_line(err))
-        costs = {w.name: default_us(w) for w in groups}
+        costs = {w.name: default_us(w) for w in pending}
         if not all(costs.values()):
-            costs = {w.name: kernels.estimated_flops(w.func) or 1.0 for w in groups}
-        weights = {w.name: w.layers * costs[w.name] for w in groups}
+            costs = {w.name: kernels.estimated_flops(w.func) or 1.0 for w in pending}
+        weights = {w.name: w.layers * costs[w.name] for w in pending}
         pending.sort(key=lambda w: -weights[w.name])
     outcomes: dict[str, LayerTuning] = {}
     chosen: dict[str, object] = {}  # workload -> trace of the tuned kernel it runs
@@ -543,7 +548,7 @@ def tune_model(
     with bar, tensor_intrin_import_skipped(target), _interruptible() as interrupted, contextlib.closing(workers):
         for w in [w for w in groups if w.name in cached]:
             outcomes[w.name], chosen[w.name] = _decide(w, LayerTuning(w.name, "cached", 0, 0.0), database, target,
-                                                       default_us(w), measure, seed_keys[w.name], defaults)
+                                                       default_us, measure, seed_keys[w.name], defaults)
             _report_progress(bar, w, outcomes[w.name], progress)
         for index, w in enumerate(pending):
             planned, stop_at = trials, None
@@ -584,7 +589,7 @@ def tune_model(
                 reason = {"deadline": "the model's deadline", "share": "the end of its time share", "interrupt": "Ctrl-C"}
                 message = message or f"search stopped at {reason[stopper.stopped_by]}"
             outcome = dataclasses.replace(outcome, message=message, seeded=bool(seeded), planned_trials=planned)
-            outcomes[w.name], chosen[w.name] = _decide(w, outcome, database, target, default_us(w), measure, seed_keys[w.name], defaults)
+            outcomes[w.name], chosen[w.name] = _decide(w, outcome, database, target, default_us, measure, seed_keys[w.name], defaults)
             _report_progress(bar, w, outcomes[w.name], progress)
             if interrupted.is_set():  # Ctrl-C during that workload: stop here (its records are saved)
                 raise KeyboardInterrupt
@@ -643,19 +648,20 @@ def _measured(measure, name: str, func) -> float | None:
 
 def _decide(w: Workload, outcome: LayerTuning, database, target, default_us, measure, seed_key, defaults) -> tuple[LayerTuning, object]:
     """Keep the faster of the best record the search found and the default schedule (`defaults[w.name]`), both
-    measured here alike and, where `measure.pair` can, side by side (the seeded record's time came from
-    MetaSchedule's runner: not compared with ours; `default_us`, from the stage's start, only splits the budget).
+    measured here alike and, where `measure.pair` can, side by side in one build (the seeded record's time came
+    from MetaSchedule's runner: not compared with ours). `default_us(w)`: the default's latency measured alone
+    (cached; used where there is no pair to time).
     Returns the outcome and the trace of the tuned kernel to run (None: the default)."""
     if outcome.status in ("fallback", "skipped"):
-        return dataclasses.replace(outcome, default_us=default_us, kernel="default"), None
+        return dataclasses.replace(outcome, default_us=default_us(w), kernel="default"), None
     kept = "cached" if outcome.status == "cached" else "default-kept"
     record = best_search_record(database, w.func, target, seed_key)
     if record is None:
         if outcome.seeded or (seed_key is not None and database.query_tuning_record(task_module(w.func), target, "main")):
             message = outcome.message or "the search found no valid schedule besides the default"
-            return dataclasses.replace(outcome, status=kept, message=message, default_us=default_us, kernel="default"), None
+            return dataclasses.replace(outcome, status=kept, message=message, default_us=default_us(w), kernel="default"), None
         message = outcome.message or "no valid record"
-        return dataclasses.replace(outcome, status="fallback", message=message, default_us=default_us, kernel="default"), None
+        return dataclasses.replace(outcome, status="fallback", message=message, default_us=default_us(w), kernel="default"), None
     try:
         tuned = replay(w.func, record.trace)
         if _signature(tuned) != _signature(w.func):  # the layer's tensors would not fit it
@@ -663,24 +669,24 @@ def _decide(w: Workload, outcome: LayerTuning, database, target, default_us, mea
     except Exception as err:  # noqa: BLE001  (a record that no longer replays)
         log.warning("the best record of %s cannot be used: %s", w.name, one_line(err))
         return dataclasses.replace(outcome, status="fallback", message=f"the best record cannot be used: {one_line(err)[:150]}",
-                                   default_us=default_us, kernel="default"), None
-    if hasattr(measure, "pair") and default_us is not None:  # the two timed together, not minutes apart
+                                   default_us=default_us(w), kernel="default"), None
+    base_us = tuned_us = None
+    if hasattr(measure, "pair"):  # the two timed together, not minutes apart
         try:
-            default_us, tuned_us = measure.pair(w.name, defaults[w.name], tuned)
-        except Exception as err:  # noqa: BLE001  (an unmeasurable kernel is reported, not fatal)
-            log.warning("could not measure %s: %s", w.name, one_line(err))
-            tuned_us = None
-    else:
-        tuned_us = _measured(measure, w.name, tuned)
+            base_us, tuned_us = measure.pair(w.name, defaults[w.name], tuned)
+        except Exception as err:  # noqa: BLE001  (one of the two does not build or run: each alone)
+            log.info("timing %s's default and tuned kernels together failed (%s): each alone", w.name, one_line(err))
+    if tuned_us is None:
+        base_us, tuned_us = default_us(w), _measured(measure, w.name, tuned)
     if measure is not None and tuned_us is None:
         return dataclasses.replace(outcome, status="fallback", message="the tuned kernel could not be measured",
-                                   default_us=default_us, kernel="default"), None
-    if default_us is not None and tuned_us is not None and default_us <= tuned_us:
-        message = f"default {default_us:.4g} us <= tuned {tuned_us:.4g} us"
+                                   default_us=base_us, kernel="default"), None
+    if base_us is not None and tuned_us is not None and base_us <= tuned_us:
+        message = f"default {base_us:.4g} us <= tuned {tuned_us:.4g} us"
         message = f"{outcome.message}; {message}" if outcome.message else message
-        return dataclasses.replace(outcome, status=kept, default_us=default_us, tuned_us=tuned_us, kernel="default",
+        return dataclasses.replace(outcome, status=kept, default_us=base_us, tuned_us=tuned_us, kernel="default",
                                    message=message), None
-    return dataclasses.replace(outcome, default_us=default_us, tuned_us=tuned_us, kernel="tuned"), record.trace
+    return dataclasses.replace(outcome, default_us=base_us, tuned_us=tuned_us, kernel="tuned"), record.trace
 
 
 def _signature(func) -> list[tuple[str, str]]:

@@ -85,7 +85,7 @@ def check_tensor_sizes(model: onnx.ModelProto, signature: dict, tvm_target=None)
         signature: input name -> (static shape, dtype), --input-shape overrides applied.
         tvm_target: the compile target (its device's memory bounds the run-time tensors).
     """
-    facts = Facts.of(with_input_shapes(model, signature), strip_outputs=True)
+    facts = Facts.of(model, strip_outputs=True, signature=signature)
     host, host_name = host_memory_bytes(), "this machine's memory"
     device, device_name = _device_memory(tvm_target)
     constant = facts.compile_time_tensors()
@@ -141,8 +141,9 @@ class Facts:
     initializers: frozenset = frozenset()  # the initializers' names
 
     @classmethod
-    def of(cls, model: onnx.ModelProto, *, strip_outputs: bool) -> Facts:
-        probe = _without_weights(model)
+    def of(cls, model: onnx.ModelProto, *, strip_outputs: bool, signature: dict | None = None) -> Facts:
+        """Inference on a copy without the weights, its graph inputs fixed to `signature`'s shapes if given."""
+        probe = _without_weights(model, signature)
         if strip_outputs:  # infer outputs from the inputs alone, to compare with what is declared
             for value in probe.graph.output:
                 value.ClearField("type")
@@ -204,17 +205,15 @@ class Facts:
 SHOWN_ELEMENTS = 4096  # initializers up to this size are given to shape inference with their values
 
 
-def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+def _without_weights(model: onnx.ModelProto, signature: dict | None = None) -> onnx.ModelProto:
     """A copy for shape inference: the initializers above SHOWN_ELEMENTS become graph inputs of their type and
-    shape (inference needs the values of shape-like tensors only), no value_info. Copying and serializing a
-    model's weights cost most of a compile's validation (BERT-base: 2-3 s each time)."""
-    probe = onnx.ModelProto(ir_version=model.ir_version)
-    probe.opset_import.extend(model.opset_import)
-    probe.functions.extend(model.functions)
+    shape (inference needs the values of shape-like tensors only), no value_info; the graph inputs fixed to
+    `signature`'s shapes. Copying and serializing a model's weights cost most of a compile's validation
+    (BERT-base: 2-3 s each time)."""
+    probe = model_shell(model)
     graph = model.graph
-    probe.graph.name = graph.name
-    for field in ("node", "input", "output", "sparse_initializer"):
-        getattr(probe.graph, field).extend(getattr(graph, field))
+    probe.graph.node.extend(graph.node)
+    probe.graph.input.extend(fixed_input(value, signature or {}) for value in graph.input)
     listed = {v.name for v in graph.input}
     for init in graph.initializer:
         if math.prod(init.dims) <= SHOWN_ELEMENTS:
@@ -329,17 +328,24 @@ def _check_batchnorm(node: onnx.NodeProto, where: str, facts: Facts) -> None:
 def _check_prelu(node: onnx.NodeProto, where: str, facts: Facts) -> None:
     """The slope broadcasts against the input by ONNX's rule, or is the per-channel form old exporters wrote
     (onnx_rewrites.upgrade_legacy_forms applies it per channel); TVM's lowering asserts on anything else."""
-    from tvmsched.onnx_rewrites import broadcasts, per_channel_prelu
+    from tvmsched.onnx_rewrites import per_channel_prelu
 
     if len(node.input) < 2:
         return
     x, slope = facts.shape(node.input[0]), facts.shape(node.input[1])
-    if x is None or slope is None or broadcasts(slope, x) or per_channel_prelu(x, slope):
+    if x is None or slope is None or _broadcasts(slope, x) or per_channel_prelu(x, slope):
         return
     raise TvmschedError(
         f"{where}: its slope {node.input[1]!r} of shape {_shown(slope)} does not broadcast against its input "
         f"{node.input[0]!r} of shape {_shown(x)} (ONNX aligns the slope with the input's last axes)"
     )
+
+
+def _broadcasts(small: list, big: list) -> bool:
+    """`small` broadcasts to `big` by ONNX's unidirectional rule (unknown dims are given the benefit of the doubt)."""
+    if len(small) > len(big):
+        return False
+    return all(s in (1, None) or b is None or s == b for s, b in zip(reversed(small), reversed(big)))
 
 
 def _check_pad(node: onnx.NodeProto, where: str, facts: Facts) -> None:
@@ -368,17 +374,37 @@ def _check_pad(node: onnx.NodeProto, where: str, facts: Facts) -> None:
             )
 
 
-def with_input_shapes(model: onnx.ModelProto, signature: dict) -> onnx.ModelProto:
-    """A copy whose graph inputs have the static shapes the model is compiled for."""
-    fixed = onnx.ModelProto()
-    fixed.CopyFrom(model)
-    for value in fixed.graph.input:
-        if value.name in signature and value.type.HasField("tensor_type"):
-            shape = value.type.tensor_type.shape
-            shape.ClearField("dim")
-            for d in signature[value.name][0]:
-                shape.dim.add().dim_value = int(d)
+def fixed_input(value: onnx.ValueInfoProto, signature: dict) -> onnx.ValueInfoProto:
+    """A copy of a graph input with the static shape `signature` (name -> (shape, dtype)) gives it, if any."""
+    fixed = onnx.ValueInfoProto()
+    fixed.CopyFrom(value)
+    if value.name in signature and value.type.HasField("tensor_type"):
+        shape = fixed.type.tensor_type.shape
+        shape.ClearField("dim")
+        for d in signature[value.name][0]:
+            shape.dim.add().dim_value = int(d)
     return fixed
+
+
+def model_shell(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` whose graph has no nodes, initializers, inputs or value_info (the weights of a large
+    model are not copied only to be replaced)."""
+    shell = onnx.ModelProto()
+    _copy_fields(model, shell, skip=("graph",))
+    _copy_fields(model.graph, shell.graph, skip=("node", "initializer", "input", "value_info"))
+    return shell
+
+
+def _copy_fields(source, target, skip: tuple[str, ...]) -> None:
+    for field, value in source.ListFields():
+        if field.name in skip:
+            continue
+        if field.is_repeated:
+            getattr(target, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(target, field.name).CopyFrom(value)
+        else:
+            setattr(target, field.name, value)
 
 
 _ONNX_NODE = re.compile(r"\(op_type:([^,)]+)(?:, node name: ([^)]*))?\):\s*(?:\[\w+\]\s*)?(.*)")
