@@ -45,7 +45,7 @@ if engine == "tvmsched":
     times = ex.time_runs(inputs, runs(first), warmup=3 if first < 1 else 1)
 else:
     from tvmsched import models
-    from tvmsched.compare import onnxruntime_session
+    from tvmsched.compare import onnxruntime_session, time_onnxruntime
     import onnx
     base = rss_mb()
     sess = onnxruntime_session(path, threads)
@@ -54,13 +54,11 @@ else:
             inputs = {i.name: saved[i.name] for i in sess.get_inputs()}
     else:
         inputs = models.random_inputs(onnx.load(path, load_external_data=False), seed=0)
-    start = time.perf_counter(); sess.run(None, inputs); first = time.perf_counter() - start
-    for _ in range(2 if first < 1 else 0): sess.run(None, inputs)
-    times = []
-    for _ in range(runs(first)):
-        t = time.perf_counter(); sess.run(None, inputs); times.append(time.perf_counter() - t)
-ms = np.array(times) * 1e3
-print(json.dumps({"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)), "runs": len(times),
+    (first,) = time_onnxruntime(sess, inputs, 1, warmup=0, name=path)
+    times = time_onnxruntime(sess, inputs, runs(first), warmup=2 if first < 1 else 0, name=path)
+from tvmsched.compare import latency_summary
+summary = latency_summary(times)
+print(json.dumps({"p50_ms": summary["p50_ms"], "p99_ms": summary["p99_ms"], "runs": summary["runs"],
                   "peak_rss_mb": rss_mb(), "model_rss_mb": rss_mb() - base}))
 """
 

@@ -41,19 +41,12 @@ GOAL_MEDIAN, GOAL_MAX, GOAL_COMPILE, GOAL_TUNED = 3.0, 6.0, 2.0, 1.0
 
 # -- the models -----------------------------------------------------------------------------------------------
 
-def real_registry() -> dict:
-    """tvmsched.models.REAL_MODELS (models/real.py): name -> its spec."""
-    from tvmsched.models import REAL_MODELS
-
-    return dict(REAL_MODELS)
-
-
 def registries(include_slow: bool = True) -> dict[str, str]:
     """Every model this benchmark can run: name -> "zoo" or "real"; real models marked slow only if asked."""
     from tvmsched import models
 
     names = {name: "zoo" for name in models.MODELS}
-    for name, spec in real_registry().items():
+    for name, spec in models.REAL_MODELS.items():
         if include_slow or not getattr(spec, "slow", False):
             names.setdefault(name, "real")
     return names

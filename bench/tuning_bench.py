@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tvmsched.compare import latency_summary, time_onnxruntime
+from tvmsched.compare import latency_summary, onnxruntime_session, time_onnxruntime
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -27,7 +27,8 @@ def latency_ms(executor, inputs, repeat: int) -> dict:
 
 
 def ort_latency_ms(model, inputs, repeat: int) -> dict:
-    return latency_summary(time_onnxruntime(model.SerializeToString(), inputs, repeat, os.cpu_count(), warmup=3))
+    session = onnxruntime_session(model.SerializeToString(), os.cpu_count())
+    return latency_summary(time_onnxruntime(session, inputs, repeat, warmup=3))
 
 
 def bench_model(name: str, trials: int, qos_factor: float, folder: Path, repeat: int) -> dict:
