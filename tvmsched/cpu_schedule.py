@@ -118,11 +118,9 @@ def _try_inline(sch, blocks) -> None:
 def _inline_cheap(sch, keep) -> None:
     """Inline every spatial block except `keep` (a reduction), the outputs and the padding worth a copy,
     producers and epilogues alike."""
-    name = sch.get(keep).name_hint
     reduced = math.prod(_const(iv.dom.extent) or 1 for iv in sch.get(keep).iter_vars if int(iv.iter_type) != 0)
     copy_padding = reduced >= PAD_COPY_MIN_REDUCTION
-    _try_inline(sch, [b for b in _blocks(sch) if sch.get(b).name_hint != name and _is_spatial(sch, b)
-                      and not (copy_padding and _is_padding(sch, b))])
+    _try_inline(sch, [b for b in _blocks(sch) if _is_spatial(sch, b) and not (copy_padding and _is_padding(sch, b))])
 
 
 def _is_padding(sch, block) -> bool:
@@ -149,7 +147,7 @@ def _vectorize_spatial(sch, block, lanes: int) -> None:
     inner = loops[-1]
     outer = loops[:-1]
     if extents[-1] >= 4 and not _has_bool(sch, block):
-        factor = next((f for f in (lanes * 2, lanes, lanes // 2, 4) if f >= 4 and extents[-1] % f == 0), None)
+        factor = next(iter(_vector_factors(extents[-1], lanes)), None)
         if factor is not None:
             if extents[-1] > factor:
                 rest, inner = sch.split(inner, factors=[None, factor])
@@ -157,6 +155,11 @@ def _vectorize_spatial(sch, block, lanes: int) -> None:
             sch.vectorize(inner)
     if outer and math.prod(extents) >= MIN_PARALLEL_WORK:
         sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+
+
+def _vector_factors(extent: int, lanes: int) -> list[int]:
+    """The vector widths that divide `extent`, widest first: two vectors, one, half of one, 4 lanes."""
+    return [f for f in (lanes * 2, lanes, lanes // 2, 4) if f >= 4 and extent % f == 0]
 
 
 def _has_bool(sch, block) -> bool:
@@ -171,6 +174,7 @@ class TiledReduction(CPUScheduleRule):
     def apply(self, func, target, _tunable):
         if not self.is_target_available(target):
             return None
+        lanes = vector_lanes(target)  # of 32-bit elements
         for inline_producers in (True, False):
             sch = s_tir.Schedule(func)
             reductions = [b for b in _blocks(sch) if not _is_spatial(sch, b)]
@@ -183,9 +187,9 @@ class TiledReduction(CPUScheduleRule):
                 _inline_epilogues(sch, red)
             names = [sch.get(b).name_hint for b in _blocks(sch)]
             producers = names[: names.index(sch.get(red).name_hint)]  # left standing: padding (or all)
-            if _tile(sch, _find(sch, red), target):
+            if _tile(sch, _find(sch, red), lanes):
                 for name in producers:
-                    _vectorize_spatial(sch, sch.get_sblock(name), vector_lanes(target))
+                    _vectorize_spatial(sch, sch.get_sblock(name), lanes)
                 return sch
         return None
 
@@ -231,14 +235,15 @@ def _var_in(expr, var) -> bool:
     return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
 
 
-def _tile(sch, red, target) -> bool:
-    """Tile the reduction block `red`; False when its innermost output axis cannot be vectorized."""
+def _tile(sch, red, lanes32: int) -> bool:
+    """Tile the reduction block `red` (`lanes32`: the target's vector lanes of 32-bit elements); False when its
+    innermost output axis cannot be vectorized."""
     block = sch.get(red)
     if len(block.writes) != 1 or block.writes[0].source.dtype not in ("float32", "float16", "float64", "int32"):
         return False
     if _has_bool(sch, red):
         return False
-    lanes = max(vector_lanes(target, block.writes[0].source.dtype.bits), 4)
+    lanes = max(lanes32 * 32 // block.writes[0].source.dtype.bits, 4)
     loops = sch.get_loops(red)
     iters = list(block.iter_vars)
     if len(loops) != len(iters):
@@ -256,12 +261,11 @@ def _tile(sch, red, target) -> bool:
     if v is None or any(e is None for e in extents):
         return False
     ev, var = extents[v], iters[v].var
-    tiles = [f for f in (lanes * 2, lanes, lanes // 2, 4) if f >= 4 and ev % f == 0]
+    tiles = _vector_factors(ev, lanes)
     tv = next((f for f in tiles if _vector_reads(var, ev, block.reads, f)), None)
-    if tv is None and tiles:
-        return False
-    if tv is None and ev > lanes and _vector_reads(var, ev, block.reads, lanes):
-        # a ragged output axis (GPT-2's 50257-word head): pad it to whole vectors
+    if tv is None:  # no tile reads whole vectors; or a ragged output axis (GPT-2's 50257-word head): pad it
+        if tiles or ev <= lanes or not _vector_reads(var, ev, block.reads, lanes):
+            return False
         try:
             sch.pad_einsum(red, [lanes if i == v else 1 for i in range(len(iters))])
         except Exception:  # noqa: BLE001 - not an einsum (pad_einsum's own conditions)
@@ -269,8 +273,6 @@ def _tile(sch, red, target) -> bool:
         loops = sch.get_loops(red)
         extents = [_extent(sch, loop) for loop in loops]
         tv = lanes
-    if tv is None:
-        return False
     vectors = -(-tv // lanes)
     rows_max = max(1, min(MAX_ROWS, MAX_ACCUMULATORS // vectors))
     u, tu = _rows(spatial, v, extents, rows_max)

@@ -102,7 +102,7 @@ def to_cpu_layouts(mod):
         mod = _unstack(mod)
     try:
         mod = relax.transform.ConvertLayout(CPU_LAYOUTS)(mod)
-    except (tvm.error.InternalError, IndexError, ValueError) as err:  # a layout inference bug: keep NCHW (0.27 has no TVMError)
+    except (RuntimeError, IndexError, ValueError) as err:  # a layout inference bug (InternalError is a RuntimeError): keep NCHW
         log.warning("keeping the model's conv layouts: ConvertLayout failed: %s", one_line(err))
         return mod
     return _pad_groups(_fold_weight_layouts(mod))
@@ -125,13 +125,20 @@ def _fold_weight_layouts(mod):
             if call.op.name == "relax.permute_dims":
                 axes = None if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
                 return relax.const(np.ascontiguousarray(np.transpose(value, axes)), str(value.dtype))
-            shape = getattr(call.ty, "shape", None)
-            dims = getattr(shape, "values", None)
-            if call.op.name == "relax.reshape" and dims is not None and all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-                return relax.const(value.reshape([int(d) for d in dims]), str(value.dtype))
+            dims = _static_shape(getattr(call.ty, "shape", None))
+            if call.op.name == "relax.reshape" and dims is not None:
+                return relax.const(value.reshape(dims), str(value.dtype))
             return call
 
     return _rewritten(mod, FoldWeights)
+
+
+def _static_shape(shape) -> list[int] | None:
+    """A Relax shape's dims as ints, or None if it has a symbolic one (or is no shape)."""
+    import tvm
+
+    dims = getattr(shape, "values", None)
+    return None if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims) else [int(d) for d in dims]
 
 
 GROUP_WIDTH_MULTIPLE = 8  # output channels per group: a tile of 8 lanes at least (a 4-lane tile uses a quarter of AVX-512)
@@ -145,10 +152,6 @@ def _pad_groups(mod):
     import numpy as np
     import tvm
     from tvm import relax
-
-    def static(shape) -> list[int] | None:
-        dims = getattr(shape, "values", None)
-        return None if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims) else [int(d) for d in dims]
 
     @relax.expr_functor.mutator
     class PadGroups(relax.PyExprMutator):
@@ -165,14 +168,13 @@ def _pad_groups(mod):
             attrs = call.attrs
             groups = int(attrs.groups)
             layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout)
-            w_shape, out_shape = static(call.args[1].ty.shape), static(call.ty.shape)
+            w_shape, out_shape = _static_shape(call.args[1].ty.shape), _static_shape(call.ty.shape)
             if groups <= 1 or layouts != ("NHWC", "HWIO", "NHWC") or w_shape is None or out_shape is None:
                 return call
             width = w_shape[3] // groups
-            if width <= 1 or width == 4 or width % GROUP_WIDTH_MULTIPLE == 0:
+            padded = padded_group_width(width)
+            if padded is None:
                 return call
-            multiple = 4 if width < 4 else GROUP_WIDTH_MULTIPLE  # 2 channels: 4, not 8 (half the waste)
-            padded = -(-width // multiple) * multiple
             kh, kw, cin = w_shape[:3]
             emit = self.builder_.emit
             known = self.constant(call.args[1])
@@ -190,7 +192,15 @@ def _pad_groups(mod):
             kept = emit(relax.op.strided_slice(wide, axes=[4], begin=[0], end=[width]))
             return relax.op.reshape(kept, out_shape)
 
-    return relax.transform.DeadCodeElimination()(_rewritten(mod, PadGroups))  # the unpadded weights' transposes
+    return _rewritten(mod, PadGroups)
+
+
+def padded_group_width(width: int) -> int | None:
+    """The width a group of `width` output channels is computed at (`_pad_groups`), or None: kept as it is."""
+    if width <= 1 or width == 4 or width % GROUP_WIDTH_MULTIPLE == 0:
+        return None
+    multiple = 4 if width < 4 else GROUP_WIDTH_MULTIPLE  # 2 channels: 4, not 8 (half the waste)
+    return -(-width // multiple) * multiple
 
 
 def _ops(mod) -> set[str]:
@@ -254,16 +264,13 @@ def vectorizable_math() -> dict:
     def exact_dtype(call) -> bool:
         return str(call.args[0].ty.dtype) != "float32"
 
-    def fast_exp(x):
+    def clamped_exp(x):
         big = tirx.const(88.72283935546875, x.dtype)
         inf = tirx.const(float("inf"), x.dtype)
         approx = topi.fast_exp(x)
-        return te.compute(x.shape, lambda *i: tirx.Select(tirx.isnan(x(*i)), x(*i),
-                                                         tirx.Select(x(*i) > big, inf, approx(*i))), name="exp")
+        return te.compute(x.shape, lambda *i: tirx.Select(x(*i) > big, inf, approx(*i)), name="exp")
 
-    def fast_erf(x):
-        approx = topi.fast_erf(x)
-        return te.compute(x.shape, lambda *i: tirx.Select(tirx.isnan(x(*i)), x(*i), approx(*i)), name="erf")
+    fast_exp, fast_erf = _nan_first(clamped_exp), _nan_first(topi.fast_erf)
 
     def sigmoid(x):
         negated = topi.negative(x)
@@ -284,22 +291,29 @@ def nan_propagating_legalizations() -> dict:
     TVM lowers them to max/min, which LLVM and CUDA implement as maxnum/minnum (a NaN operand is dropped:
     Relu(NaN) = 0). Each float result takes the NaN of any float tensor operand (broadcast like the op).
     """
-    from tvm import te, topi
+    from tvm import topi
 
     def nan_first(te_func, name: str):
-        def compute(*args):
-            result = te_func(*args)
-            if "float" not in str(result.dtype):
-                return result
-            for arg in args:
-                if isinstance(arg, te.Tensor) and "float" in str(arg.dtype):
-                    result = topi.where(topi.isnan(arg), arg, result)
-            return result
-
-        return lambda bb, call: bb.call_te(compute, *call.args, primfunc_name_hint=name)
+        return lambda bb, call: bb.call_te(_nan_first(te_func), *call.args, primfunc_name_hint=name)
 
     return {"relax.nn.relu": nan_first(topi.nn.relu, "relu"), "relax.clip": nan_first(topi.clip, "tir_clip"),
             "relax.maximum": nan_first(topi.maximum, "maximum"), "relax.minimum": nan_first(topi.minimum, "minimum")}
+
+
+def _nan_first(te_func):
+    """`te_func` (a TE compute) whose float result takes the NaN of any float tensor operand (broadcast like it)."""
+    from tvm import te, topi
+
+    def compute(*args):
+        result = te_func(*args)
+        if "float" not in str(result.dtype):
+            return result
+        for arg in args:
+            if isinstance(arg, te.Tensor) and "float" in str(arg.dtype):
+                result = topi.where(topi.isnan(arg), arg, result)
+        return result
+
+    return compute
 
 
 def clamped_take() -> dict:
