@@ -109,9 +109,13 @@ def _lookup(name: str) -> ModelSpec:
     except KeyError:
         from .real import REAL_MODELS
 
-        if name in REAL_MODELS:
+        if name in REAL_MODELS:  # built through its on-disk cache
+            from functools import partial
+
+            from .real import build_real
+
             spec = REAL_MODELS[name]
-            return ModelSpec(spec.name, spec.description, spec.builder)
+            return ModelSpec(spec.name, spec.description, partial(build_real, name))
         valid = ", ".join(MODELS)
         raise UnknownModelError(f"unknown model {name!r}; valid names: {valid}; real architectures: "
                                 f"{', '.join(REAL_MODELS)}") from None
@@ -130,10 +134,6 @@ def build(name: str, seed: int = 0) -> onnx.ModelProto:
     Raises:
         UnknownModelError: If ``name`` is not registered.
     """
-    if name not in MODELS and _lookup(name):
-        from .real import build_real
-
-        return build_real(name, seed)
     return _lookup(name).builder(seed)
 
 
@@ -152,7 +152,7 @@ def save(name: str, path: str | PathLike[str], seed: int = 0) -> Path:
         UnknownModelError: If ``name`` is not registered.
     """
     out = Path(path)
-    if name not in MODELS and _lookup(name):  # a real architecture: a copy of the cached file
+    if name not in MODELS and _lookup(name):  # a real architecture (or an error naming both lists): the cached file
         import shutil
 
         from .real import real_model_path

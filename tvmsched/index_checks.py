@@ -99,8 +99,8 @@ def guard_indices(model: onnx.ModelProto, signature: dict) -> tuple[onnx.ModelPr
             for bit, check in enumerate(group):
                 initializers.append(numpy_helper.from_array(np.array(1 << bit, np.int32), f"{check.output}_bit"))
                 nodes.append(helper.make_node("Mul", [check.output, f"{check.output}_bit"], [f"{check.output}_shifted"]))
-            # a chain of Adds, not one variadic Sum (TVM imports that as stack + sum, and ConvertLayout
-            # crashes in stack's layout inference)
+            # a chain of Adds, not one variadic Sum (TVM imports that as stack + sum: a copy of every flag,
+            # and a stack lowering.to_cpu_layouts has to rewrite before ConvertLayout)
             total = f"{group[0].output}_shifted"
             for i, check in enumerate(group[1:], 1):
                 partial = out if i == len(group) - 1 else f"{out}_partial{i}"

@@ -25,7 +25,6 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
-
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
