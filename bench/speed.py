@@ -145,8 +145,8 @@ def tuned_row(name: str, registry: str, args) -> dict:
         return row
     budget = ["--tune-minutes", f"{args.tune_minutes:g}"]
     row["budget"] = f"{args.tune_minutes:g} min"
-    if args.records_only:  # the database holds a --tune-minutes run's records: compile from them, search nothing new
-        budget = ["--tune-minutes", "0.01"]
+    if args.records_only:  # the database holds a --tune-minutes run's records: --db alone compiles from them
+        budget = []
         row["budget"] = f"{args.tune_minutes:g} min (its records)"
     shapes = [f"--input-shape={k}={','.join(map(str, v))}" for k, v in (row.get("input_shapes") or {}).items()]
     command = [sys.executable, "-m", "tvmsched.cli", "compile", row["onnx"], "-o", str(artifact), "--target",

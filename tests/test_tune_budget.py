@@ -148,6 +148,22 @@ def test_each_workload_is_tuned_once_seeded_and_kept_only_when_faster(tmp_path, 
     assert {layer.candidates[0].schedule for layer in second.manifest.layers} == {"default"}
     check_against_onnxruntime(second, model)
 
+    # the database alone (no trials, no budget): its records, kept where faster, and no search
+    monkeypatch.setattr(pipeline, "_layer_timer", fake_timer(default_us=3.0, tuned_us=2.0))
+    third = pipeline.compile_model(model, database=db)
+    assert third.manifest.tuning["records_only"] and third.manifest.tuning["trials"] == 0
+    entries = list(third.manifest.tuning["layers"].values())
+    assert [(e["status"], e["kernel"], e["trials"], e["best_us"]) for e in entries] == [("cached", "tuned", 0, 2.0)] * 2
+    assert open_store(db).stats()["records"] == stats["records"]
+    assert {layer.candidates[0].schedule for layer in third.manifest.layers} == {"tuned"}
+    check_against_onnxruntime(third, model)
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    fourth = pipeline.compile_model(model, database=empty)
+    entries = list(fourth.manifest.tuning["layers"].values())
+    assert [(e["status"], e["kernel"], e["message"]) for e in entries] == [("skipped", "default", "no tuned record in the database")] * 2
+    assert open_store(empty).stats()["records"] == 0
+    check_against_onnxruntime(fourth, model)
+
 
 def test_budget_stops_at_the_deadline_and_keeps_the_faster_kernel(tmp_path):
     model, db = tmp_path / "repeated.onnx", f"sqlite:///{tmp_path / 'budget.db'}"
@@ -179,6 +195,17 @@ def test_budget_stops_at_the_deadline_and_keeps_the_faster_kernel(tmp_path):
     described = run_cli("inspect", tmp_path / "r.tvms").stdout
     assert "2 distinct workloads in 5 layers" in described and "trials/min" in described
     assert "for 2 distinct workloads in 5 layers" in result.stdout
+
+    again = run_cli("compile", model, "-o", tmp_path / "again.tvms", "--db", db)  # --db alone: its records, no search
+    assert again.returncode == 0, again.stderr[-3000:]
+    replayed = json.loads(run_cli("inspect", tmp_path / "again.tvms", "--json").stdout)["tuning"]
+    assert replayed["records_only"] and replayed["trials"] == 0 and replayed["tune_minutes"] is None
+    assert json.loads(run_cli("db", "stats", "--db", db, "--json").stdout)["records"] == records
+    for name, e in entries.items():  # a workload the budget searched has its records; a skipped one has none
+        if e["status"] in ("tuned", "default-kept", "skipped"):
+            assert replayed["layers"][name]["status"] == ("skipped" if e["status"] == "skipped" else "cached"), (e, replayed["layers"][name])
+    skipped = sum(e["status"] == "skipped" for e in replayed["layers"].values())
+    assert (f"{skipped} had no record" in again.stdout) == bool(skipped), again.stdout
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")

@@ -71,7 +71,8 @@ def models_build(name: str, output: str | None, seed: int) -> None:
               help="MetaSchedule trials per distinct layer workload (0: default schedules); with --tune-minutes, each one's cap.")
 @click.option("--tune-minutes", type=float, metavar="M",
               help="Tune the model within M minutes: split across its distinct workloads by their share of the latency.")
-@click.option("--db", "db_url", help="Tuning database: sqlite:///F, postgresql+psycopg://..., or http://host:port.")
+@click.option("--db", "db_url", help="Tuning database: sqlite:///F, postgresql+psycopg://..., or http://host:port. "
+              "Alone (no --tune-*): compile with its records for this target, where they measure faster; no search.")
 @click.option("--db-token-file", type=click.Path(dir_okay=False), help="Bearer token for writes to a database service.")
 @click.option("--qos-ms", type=float, help="Model latency target: build restricted-unit candidates per layer.")
 @click.option("--units", "units_csv", metavar="K1,K2,...", help="Unit counts for candidates (default: 1..all).")
@@ -111,7 +112,7 @@ def compile_cmd(
     _check_folder(output)
     from tvmsched.pipeline import compile_file
 
-    tuning = tune_trials > 0 or tune_minutes is not None
+    tuning = tune_trials > 0 or tune_minutes is not None or db_url is not None  # a search, or the records of --db
     database = _open_database(db_url, db_token_file, target) if tuning or qos_ms else None
     artifact = compile_file(
         model, target=target, input_shapes=shapes, tune_trials=tune_trials, tune_minutes=tune_minutes,
@@ -613,7 +614,8 @@ def _print_tuning_summary(tuning: dict) -> None:
     click.echo(
         f"tuning: {counts['tuned']} layers tuned, {counts['cached']} from the database, "
         f"{counts['default-kept']} kept the faster default schedule, {counts['fallback']} fell back to the default schedule"
-        + (f", {counts['skipped']} skipped at the --tune-minutes deadline" if counts["skipped"] else "")
+        + (f", {counts['skipped']} " + ("had no record" if tuning.get("records_only") else "skipped at the --tune-minutes deadline")
+           if counts["skipped"] else "")
         + f"; {trials} new trials{rate}{shared}"
     )
     for name, v in tuning_workloads(tuning).items():

@@ -52,7 +52,9 @@ def compile_model(
             `tune_minutes`). With `tune_minutes`, each workload's cap.
         tune_minutes: a time budget for tuning the whole model, split across its workloads by their share of
             the default-schedule latency (tuning.tune_model).
-        database: a URL (sqlite, postgresql, http) or a MetaSchedule Database for tuning records.
+        database: a URL (sqlite, postgresql, http) or a MetaSchedule Database for tuning records. Given
+            without `tune_trials`, `tune_minutes` or `qos_ms`: the layers run the database's records for this
+            target where they measure faster than the default schedule (no search).
         qos_ms: the model's latency target: build restricted-unit candidates per layer (needs tuning).
         units: unit counts to consider for candidates (default: 1..all units).
         rpc: "HOST:PORT:KEY" of a TVM RPC tracker: measure tuning candidates on its devices.
@@ -60,7 +62,7 @@ def compile_model(
         progress_counters: kernels count their completed blocks into a per-layer counter (passes.progress).
         index_checks: bounds-check indices read from run-time data (Gather, Scatter*, ...); off only to
             measure what the checks cost: an unchecked artifact reads and writes out of bounds on bad indices.
-        progress: show a progress bar while tuning.
+        progress: show a progress bar while tuning (or deciding between records and default schedules).
     """
     if qos_ms is not None and qos_ms <= 0:
         raise TvmschedError("--qos-ms needs a positive target")
@@ -193,10 +195,12 @@ def _choose_kernels(
     default = "dlight" if tvm_target.kind.name == "cuda" else "default"
     scheduled = kernels.default_schedule(funcs, tvm_target)
     tuned, summary = {}, None
-    if tune_trials > 0 or tune_minutes is not None:
+    searching = tune_trials > 0 or tune_minutes is not None
+    if searching or (database is not None and qos_ms is None):  # without a search: the database's records
         database = open_tuning_database(database, tvm_target)
         tuned, summary = _tune(
-            funcs, tvm_target, database, tune_trials, rpc, progress, graph=graph, defaults=scheduled, minutes=tune_minutes
+            funcs, tvm_target, database, tune_trials, rpc, progress, graph=graph, defaults=scheduled, minutes=tune_minutes,
+            records_only=not searching,
         )
         scheduled.update(tuned)
     if qos_ms is None:
@@ -267,10 +271,11 @@ def check_tuning_budget(tune_trials: int, tune_minutes: float | None, qos_ms: fl
 
 def _tune(
     funcs: dict, tvm_target, database, trials: int, rpc: str | None, progress: bool, *, graph: Graph,
-    defaults: dict, minutes: float | None = None,
+    defaults: dict, minutes: float | None = None, records_only: bool = False,
 ) -> tuple[dict, dict]:
-    """Tune each distinct workload into the database (tuning.tune_model); returns the PrimFuncs whose tuned
-    kernel won against the default schedule, and a summary for the manifest."""
+    """Tune each distinct workload into the database (tuning.tune_model; with `records_only`, search nothing
+    and use the records already there); returns the PrimFuncs whose tuned kernel won against the default
+    schedule, and a summary for the manifest."""
     from collections import Counter
 
     from tvmsched import tuning
@@ -282,10 +287,12 @@ def _tune(
     run = tuning.tune_model(
         funcs, tvm_target, database, trials=trials, minutes=minutes, layer_counts=counts, defaults=defaults,
         measure=measure, seed_schedule=tuning.default_seed_schedule(tvm_target), runner=runner, progress=progress,
+        records_only=records_only,
     )
     summary = {
         "trials_per_layer": trials if trials > 0 else None,  # per distinct workload (None: set by the budget)
         "tune_minutes": minutes,
+        "records_only": records_only,
         "database": url,
         "workloads": run.workloads,
         "layer_count": run.layers,

@@ -47,7 +47,7 @@ class LayerTuning:
     func: str
     # "tuned" (new records, the tuned kernel won) | "cached" (records already in the database) |
     # "default-kept" (tuned now, but the default schedule measured faster) | "fallback" (no valid record) |
-    # "skipped" (the --tune-minutes deadline came first)
+    # "skipped" (the --tune-minutes deadline came first, or records only and none in the database)
     status: str
     trials: int  # new records committed by this run (the seeded default record not counted)
     seconds: float
@@ -488,6 +488,7 @@ def tune_model(
     runner=None,
     progress: bool = True,
     work_dir: str | None = None,
+    records_only: bool = False,
 ) -> TuningRun:
     """Tune a model's PrimFuncs: each distinct workload once, within a trial count or a time budget,
     starting from and never ending slower than the default schedule.
@@ -508,10 +509,14 @@ def tune_model(
         seed_schedule: `f(func, target) -> tvm.s_tir.Schedule | None`, the default schedule to seed each
             search with (`default_seed_schedule(target)`); None: no seeding.
         work_dir: keep MetaSchedule's logs under work_dir/<workload>/ (default: temporary).
+        records_only: search nothing: the workloads with a record in the database are decided as above,
+            the others keep the default schedule (status "skipped"); `trials` and `minutes` are unused.
     """
     from tqdm import tqdm
 
-    if minutes is None and trials <= 0:
+    if records_only:
+        trials, minutes = 0, None
+    elif minutes is None and trials <= 0:
         raise TvmschedError("tuning needs --tune-trials > 0 or --tune-minutes")
     start = time.monotonic()
     deadline = None if minutes is None else start + minutes * 60.0
@@ -528,6 +533,8 @@ def tune_model(
     cached = {w.name for w in groups if best_search_record(database, w.func, target, seed_keys[w.name]) is not None}
     weights = {w.name: float(w.layers) for w in groups}  # the budget's split (by latency, with a budget)
     pending = [w for w in groups if w.name not in cached]
+    unsearched = pending if records_only else []
+    pending = [] if records_only else pending
     if minutes is not None and pending:  # the split needs the searched workloads' latency first; heaviest first
         if hasattr(measure, "many"):  # one build for all of them
             try:
@@ -549,6 +556,9 @@ def tune_model(
         for w in [w for w in groups if w.name in cached]:
             outcomes[w.name], chosen[w.name] = _decide(w, LayerTuning(w.name, "cached", 0, 0.0), database, target,
                                                        default_us, measure, seed_keys[w.name], defaults)
+            _report_progress(bar, w, outcomes[w.name], progress)
+        for w in unsearched:
+            outcomes[w.name] = LayerTuning(w.name, "skipped", 0, 0.0, "no tuned record in the database", kernel="default")
             _report_progress(bar, w, outcomes[w.name], progress)
         for index, w in enumerate(pending):
             planned, stop_at = trials, None
