@@ -2,6 +2,7 @@
 (never a crash), and many client threads over several tenants get correct outputs."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -181,3 +182,19 @@ def test_runtime_submit_to_an_unknown_model_is_one_line(mlp):
         rt.load(mlp)
         with pytest.raises(TvmschedError, match="no model named 'nope' is loaded \\(loaded: mlp\\)"):
             rt.submit("nope", {})
+
+
+@pytest.mark.parametrize("given, expected", [(None, "30000"), ("7", "7")])
+def test_the_engine_shortens_tvms_worker_spin_unless_the_user_set_it(mlp, given, expected):
+    """TVM's pool workers spin 300000 yields before sleeping and a stream's close joins its submitter's pool:
+    closing took about a second idle, over 30 s on a loaded machine. The engine sets a tenth before TVM's
+    runtime starts a pool; a value the user set is left alone."""
+    code = ("import ctypes, sys\nfrom tvmsched.runtime import Executor\nexecutor = Executor(sys.argv[1])\n"
+            "executor.run(executor.random_inputs(0))\nlibc = ctypes.CDLL(None)\nlibc.getenv.restype = ctypes.c_char_p\n"
+            "print(libc.getenv(b'TVM_THREAD_POOL_SPIN_COUNT').decode())")
+    env = {k: v for k, v in os.environ.items() if k != "TVM_THREAD_POOL_SPIN_COUNT"}
+    if given is not None:
+        env["TVM_THREAD_POOL_SPIN_COUNT"] = given
+    result = subprocess.run([sys.executable, "-c", code, str(mlp)], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == expected

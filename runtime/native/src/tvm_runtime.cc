@@ -17,6 +17,7 @@ namespace {
 std::mutex mutex;  // guards lib_dir and the loaded flags
 std::string lib_dir;
 bool runtime_loaded = false, cuda_loaded = false;
+constexpr const char* kSpinCount = "30000";
 
 std::string LibDir() {
   if (!lib_dir.empty()) return lib_dir;
@@ -37,6 +38,11 @@ void EnsureTvmRuntime(bool cuda) {
   std::lock_guard<std::mutex> lock(mutex);
   std::string dir = LibDir();
   if (!runtime_loaded) {
+    // TVM's pool workers spin kSpinCount yields before they sleep (300000 by default: about a second when
+    // idle, tens of seconds on a loaded machine), and a thread's pool is joined when that thread exits, so
+    // closing a stream waited for its submitter's workers to stop spinning. A tenth keeps them warm across
+    // layers and back-to-back requests; the user's own setting wins.
+    setenv("TVM_THREAD_POOL_SPIN_COUNT", kSpinCount, /*overwrite=*/0);
     if (!OpenGlobal(dir + "/libtvm_runtime.so")) {
       TVM_FFI_THROW(TvmschedError) << "cannot load TVM's runtime library from " << dir
                                    << " (set TVMSCHED_TVM_LIBDIR): " << dlerror();
