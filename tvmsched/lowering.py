@@ -256,9 +256,10 @@ def _rewritten(mod, mutator):
 
 
 def vectorizable_math() -> dict:
-    """Erf, Exp and Sigmoid as TOPI's polynomial approximations (what onnxruntime's MLAS does too): LLVM
-    vectorizes them; libm calls stay scalar. fast_erf is within 4e-7, fast_exp within 5e-6 relative.
-    The approximations clamp their input, so NaN stays NaN (and exp(x > 88.72) inf) explicitly."""
+    """Erf, Exp, Sigmoid and Softmax with TOPI's polynomial approximations (what onnxruntime's MLAS does too):
+    LLVM vectorizes them; libm calls stay scalar. fast_erf is within 4e-7, fast_exp within 5e-6 relative.
+    The approximations clamp their input, so NaN stays NaN (and exp(x > 88.72) inf) explicitly: a NaN in a
+    softmax row makes the whole row NaN, as the exact one does."""
     from tvm import te, tirx, topi
 
     def exact_dtype(call) -> bool:
@@ -278,11 +279,30 @@ def vectorizable_math() -> dict:
         one = tirx.const(1.0, x.dtype)
         return te.compute(x.shape, lambda *i: one / (one + e(*i)), name="sigmoid")
 
+    def softmax(x, axis: int):
+        """TOPI's softmax blocks (max, exp of the difference, sum, divide), the exp vectorizable."""
+        axis %= len(x.shape)
+        row = lambda i, k: i[:axis] + (k,) + i[axis:]  # noqa: E731  (the reduced axis put back)
+        rest = lambda i: i[:axis] + i[axis + 1:]  # noqa: E731
+        reduced = [d for i, d in enumerate(x.shape) if i != axis]
+        k1, k2 = te.reduce_axis((0, x.shape[axis]), name="k"), te.reduce_axis((0, x.shape[axis]), name="k")
+        max_elem = te.compute(reduced, lambda *i: te.max(x[row(i, k1)], axis=k1), name="T_softmax_maxelem")
+        delta = te.compute(x.shape, lambda *i: x(*i) - max_elem(*rest(i)), name="T_softmax_delta")
+        e = fast_exp(delta)
+        expsum = te.compute(reduced, lambda *i: te.sum(e[row(i, k2)], axis=k2), name="T_softmax_expsum")
+        return te.compute(x.shape, lambda *i: e(*i) / expsum(*rest(i)), name="T_softmax_norm", attrs={"axis": axis})
+
     def legalize(exact, fast, name):
         return lambda bb, call: bb.call_te(exact if exact_dtype(call) else fast, call.args[0], primfunc_name_hint=name)
 
+    def legalize_softmax(bb, call):
+        axis = int(call.attrs.axis)
+        if exact_dtype(call):
+            return bb.call_te(topi.nn.softmax, call.args[0], axis, primfunc_name_hint="softmax")
+        return bb.call_te(softmax, call.args[0], axis, primfunc_name_hint="softmax")
+
     return {"relax.erf": legalize(topi.erf, fast_erf, "erf"), "relax.exp": legalize(topi.exp, fast_exp, "exp"),
-            "relax.sigmoid": legalize(topi.sigmoid, sigmoid, "sigmoid")}
+            "relax.sigmoid": legalize(topi.sigmoid, sigmoid, "sigmoid"), "relax.nn.softmax": legalize_softmax}
 
 
 def nan_propagating_legalizations() -> dict:
