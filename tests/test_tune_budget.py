@@ -72,6 +72,25 @@ def test_equal_primfuncs_group_into_one_workload():
     assert len(graph.layers) == REPEATS + 1  # Relax already shares one PrimFunc among the identical layers
 
 
+def test_two_schedules_of_a_layer_are_timed_cold_side_by_side():
+    """The keep-or-drop timing flushes the caches of all but the first argument before every run (TVM's
+    cache_flush_cpu_non_first_arg): each kernel gets COLD_RUNS single-run samples, warm or cold alike valid."""
+    from tvmsched.candidates import cpu_units
+    from tvmsched.layers import arg_specs
+
+    graph, funcs, target = pipeline.lower_model(repeated_model(width=256))
+    defaults = pipeline.kernels.default_schedule(funcs, target)
+    name = next(iter(funcs))
+    entries = [(defaults[name], arg_specs(graph)[name]), (funcs[name], arg_specs(graph)[name])]
+    from tvmsched.measure import measure_together
+
+    cold = measure_together(entries, target, cpu_units(target), repeat=3, cold=True)
+    warm = measure_together(entries, target, cpu_units(target), repeat=3)
+    assert all(math.isfinite(us) and us > 0 for us in cold + warm), (cold, warm)
+    timer = pipeline._layer_timer(graph, target)
+    assert timer.COLD_RUNS >= 10 and all(us > 0 for us in timer.pair(name, defaults[name], funcs[name]))
+
+
 def test_budget_split_follows_the_weights():
     assert tuning.budget_share(60, 3, 4, 1.0) == (45, 45.0)  # 3/4 of the minute at one trial per second
     assert tuning.budget_share(60, 1, 4, 1.0) == (15, 15.0)

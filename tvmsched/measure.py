@@ -34,9 +34,14 @@ def measure_at_units(func, target, arg_specs, units_list: list[int], *, repeat: 
     return {k: in_thread(run, k, name=f"measure-{k}u") for k in units_list}  # TVM thread pools are per Python thread
 
 
-def measure_together(entries: list, target, units: int, *, repeat: int = 5, min_repeat_ms: int = 10) -> list[float]:
+def measure_together(entries: list, target, units: int, *, repeat: int = 5, min_repeat_ms: int = 10,
+                     cold: bool = False) -> list[float]:
     """Median latency in microseconds of each (scheduled PrimFunc, arg_specs) of `entries`, built as one module
-    and timed at `units` in turns, one batch of each per round (a drifting machine slows all of them alike)."""
+    and timed at `units` in turns, one batch of each per round (a drifting machine slows all of them alike).
+
+    `cold`: each round is one run after the CPU caches are flushed of every argument but the first (the
+    input a previous layer just wrote), as a layer runs inside a model whose weights do not stay in cache;
+    warm repeats of one layer keep its weights in L2 and favour schedules that need them there."""
     import tvm
 
     mod = tvm.IRModule({tvm.ir.GlobalVar(f"k{i}"): f.with_attr("global_symbol", f"k{i}") for i, (f, _) in enumerate(entries)})
@@ -46,7 +51,8 @@ def measure_together(entries: list, target, units: int, *, repeat: int = 5, min_
         timers = []
         for i, (_, specs) in enumerate(entries):
             args = [tvm.runtime.tensor(_random(rng, shape, dtype), dev) for shape, dtype in specs]
-            timers.append((lib.time_evaluator(f"k{i}", dev, number=1, repeat=1, min_repeat_ms=min_repeat_ms), args))
+            flush = {"min_repeat_ms": 0, "f_preproc": "cache_flush_cpu_non_first_arg"} if cold else {"min_repeat_ms": min_repeat_ms}
+            timers.append((lib.time_evaluator(f"k{i}", dev, number=1, repeat=1, **flush), args))
         samples = [[] for _ in entries]
         for _ in range(repeat):
             for i, (timer, args) in enumerate(timers):
