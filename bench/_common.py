@@ -83,17 +83,14 @@ else:
     onnx_path = spec["onnx"]
     if not os.path.exists(onnx_path):
         models.save(spec["name"], onnx_path, seed=spec["seed"])
-if spec.get("compile", True):
-    compile_model(models.build("tiny"), target=spec["target"], name="warmup")
-    start = time.perf_counter()
-    artifact = compile_file(onnx_path, target=spec["target"], input_shapes=shapes)
-    compile_s = time.perf_counter() - start
-    artifact.save(spec["artifact"])
-    m = artifact.manifest
-    result = {"compile_s": compile_s, "layers": len(m.layers), "device": m.device, "cpu": m.cpu,
-              "artifact_mb": os.path.getsize(spec["artifact"]) / 1e6}
-else:
-    result = {}
+compile_model(models.build("tiny"), target=spec["target"], name="warmup")
+start = time.perf_counter()
+artifact = compile_file(onnx_path, target=spec["target"], input_shapes=shapes)
+compile_s = time.perf_counter() - start
+artifact.save(spec["artifact"])
+m = artifact.manifest
+result = {"compile_s": compile_s, "layers": len(m.layers), "device": m.device, "cpu": m.cpu,
+          "artifact_mb": os.path.getsize(spec["artifact"]) / 1e6}
 result.update(onnx=onnx_path, onnx_mb=os.path.getsize(onnx_path) / 1e6, input_shapes=shapes)
 print(json.dumps(result))
 """
@@ -129,12 +126,12 @@ def measure_engine(engine: str, path: Path, repeat: int, threads: int, inputs_pa
 
 def compile_in_child(name: str, registry: str, onnx_path: Path, artifact_path: Path, target: str = "llvm",
                      seed: int = 0, threads: int | None = None, timeout: float | None = None,
-                     inputs_path: Path | None = None, compile: bool = True) -> dict:
+                     inputs_path: Path | None = None) -> dict:
     """Build `name` from its registry if missing, compile it (default schedules) into `artifact_path` in a fresh
     process; compile seconds (compile_file only), layers, sizes, and "onnx": the ONNX file it compiled (a real
-    model's is in that registry's cache, not `onnx_path`). `compile=False`: only build (and write the inputs)."""
+    model's is in that registry's cache, not `onnx_path`)."""
     spec = {"name": name, "registry": registry, "onnx": str(onnx_path), "artifact": str(artifact_path),
-            "target": target, "seed": seed, "inputs": str(inputs_path or ""), "compile": compile}
+            "target": target, "seed": seed, "inputs": str(inputs_path or "")}
     return run_child([COMPILE_CHILD, json.dumps(spec)], engine_env(threads) if threads else None, timeout)
 
 

@@ -9,8 +9,9 @@ Untuned: per model (the bundled zoo, plus `tvmsched.models.REAL_MODELS` when tha
 seconds (compile_file alone, default schedules, in a fresh process), tvmsched p50, onnxruntime p50 and their ratio;
 then the median and the largest ratio against the goals (median <= 3x, none above 6x) and compile seconds
 against today's (--baseline-json, taken from bench/results/compile.md; goal <= 2x).
-Tuned: `tvmsched compile --tune-minutes N` of the --tuned models
-into a tuning database of this benchmark, tuned p50 against onnxruntime p50 (goal <= 1.0x).
+Tuned: `tvmsched compile --tune-minutes N` of the --tuned models into a tuning database of this benchmark
+(--records-only: `tvmsched compile --db` from a database already tuned), tuned p50 against onnxruntime p50
+(goal <= 1.0x), with the default schedules' p50 timed in the same run.
 
 Resumable: every finished model is written to the raw JSON at once (--raw), and a later run skips the models
 already there (--redo M1,M2 or --fresh measures them again). Work files (ONNX, artifacts, the tuning database)
@@ -132,14 +133,14 @@ def run_teeing_stderr(command: list[str], env: dict) -> tuple[int, str, str]:
 
 
 def tuned_row(name: str, registry: str, args) -> dict:
-    """Tune-compile with the CLI (as a user would), then both engines side by side."""
+    """Tune-compile with the CLI (as a user would), then the tuned artifact, onnxruntime and the default
+    schedules' artifact side by side in this run."""
     work = args.work
-    artifact, inputs = work / f"{name}-tuned.tvms", work / f"{name}.inputs.npz"
+    artifact, default, inputs = work / f"{name}-tuned.tvms", work / f"{name}-default.tvms", work / f"{name}.inputs.npz"
     row: dict = {"model": name, "registry": registry, "threads": args.threads, "db": args.tune_db}
-    try:  # the ONNX file and the inputs (the untuned row's, or built here for a tuned-only run)
-        row.update(compile_in_child(name, registry, work / f"{name}.onnx", artifact, target=args.target,
-                                    threads=args.threads, inputs_path=inputs if registry == "real" else None,
-                                    compile=False))
+    try:  # the ONNX file, the inputs (the untuned row's, or drawn here) and the default schedules' artifact
+        row.update(compile_in_child(name, registry, work / f"{name}.onnx", default, target=args.target,
+                                    threads=args.threads, inputs_path=inputs if registry == "real" else None))
     except ChildFailed as err:
         row["error"] = f"build: {err}"
         return row
@@ -162,7 +163,14 @@ def tuned_row(name: str, registry: str, args) -> dict:
         last = [line for line in stderr_tail.replace("\r", "\n").splitlines() if line.strip()][-1:] or [""]
         row["error"] = f"tuned compile: exit {returncode}: {last[0][-400:]}"
         return row
-    return side_by_side(row, artifact, inputs, args)
+    row = side_by_side(row, artifact, inputs, args)
+    if "error" not in row:  # the default schedules timed in this run too: milliseconds across runs do not compare
+        try:
+            row["default"] = measure_engine("tvmsched", default, args.repeat, args.threads, inputs, args.max_seconds,
+                                            timeout=args.run_timeout)
+        except ChildFailed as err:
+            row["error"] = f"default schedules: {err}"
+    return row
 
 
 # -- the report -----------------------------------------------------------------------------------------------
@@ -251,10 +259,10 @@ def markdown(raw: dict, prose: str | None = None) -> str:
         lines.append(f"- Failed: {', '.join(g['failed'])} (reason in the table; raw: bench/results/raw/speed.json).")
     lines += ["", "## Tuned", ""]
     if raw["tuned"]:
-        lines += ["| model | budget | tune wall s | untuned p50 ms | tuned p50 ms | onnxruntime p50 ms | tuned/ort p50 | goal ≤ 1.0x |",
+        lines += ["| model | budget | tune wall s | untuned p50 ms (same run) | tuned p50 ms | onnxruntime p50 ms | tuned/ort p50 | goal ≤ 1.0x |",
                   "|---|---|---|---|---|---|---|---|"]
         for name, r in raw["tuned"].items():
-            untuned = raw["untuned"].get(name, {}).get("tvmsched", {}).get("p50_ms")
+            untuned = r.get("default", {}).get("p50_ms")  # this run's (not the untuned table's: another run)
             untuned_text = _ms(untuned) if untuned else "–"
             if "error" in r:
                 lines.append(f"| {name} | {r.get('budget', '–')} | {r.get('tune_wall_s', 0):.0f} | {untuned_text} | "
@@ -305,7 +313,7 @@ def progress(index: int, total: int, section: str, row: dict, started: float) ->
     if "error" in row:
         print(f"{head}: FAILED {row['error'][:400]}  ({elapsed:.0f} s)", flush=True)
         return
-    compile_text = f"compile {row['compile_s']:.1f} s" if "compile_s" in row else f"tuned in {row['tune_wall_s']:.0f} s"
+    compile_text = f"tuned in {row['tune_wall_s']:.0f} s" if "tune_wall_s" in row else f"compile {row['compile_s']:.1f} s"
     print(f"{head}: {compile_text}, tvmsched {_ms(row['tvmsched']['p50_ms'])} ms, onnxruntime "
           f"{_ms(row['onnxruntime']['p50_ms'])} ms -> {row['ratio_p50']:.2f}x  ({elapsed:.0f} s)", flush=True)
 
