@@ -1,6 +1,8 @@
 """Tuning trials measured through TVM's RPC tracker and server (loopback), as for a remote GPU."""
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -39,19 +41,19 @@ def tracker():
     port, server_port, key = free_port(), free_port(), "tvmsched-test-cpu"
     # both need --port-end above --port (its default, 9199, makes a higher --port fail to bind)
     procs = [subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)]
     time.sleep(1)
     procs.append(subprocess.Popen(
         [sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{port}", "--key", key,
          "--host", "127.0.0.1", "--port", str(server_port), "--port-end", str(server_port + 1)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     ))
     try:
         wait_for_key(port, key)
         yield f"127.0.0.1:{port}:{key}"
-    finally:
+    finally:  # each runs its server in a popen_worker child: the whole group goes (a lone terminate orphaned them)
         for proc in procs:
-            proc.terminate()
+            os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(10)
 
 
