@@ -612,14 +612,16 @@ def _print_tuning_summary(tuning: dict) -> None:
     rate = f" in {tuning['tuning_seconds']:.0f} s ({tuning['trials_per_minute']:.1f} trials/min)" if tuning.get("tuning_seconds") else ""
     shared = f" for {tuning['workloads']} distinct workloads in {tuning['layer_count']} layers" if "workloads" in tuning else ""
     from_records = sum(v["status"] == "cached" and v.get("kernel") == "tuned" for v in layers.values())
+    cached = f"{counts['cached']} from the database"
+    if counts["cached"]:
+        cached += f" ({from_records} run a record's kernel, the others measured faster with the default)"
+    skipped = ""
+    if counts["skipped"]:
+        why = "had no record" if tuning.get("records_only") else "skipped at the --tune-minutes deadline"
+        skipped = f", {counts['skipped']} {why}"
     click.echo(
-        f"tuning: {counts['tuned']} layers tuned, {counts['cached']} from the database"
-        + (f" ({from_records} run a record's kernel, the others measured faster with the default)" if counts["cached"] else "")
-        + ", "
-        f"{counts['default-kept']} kept the faster default schedule, {counts['fallback']} fell back to the default schedule"
-        + (f", {counts['skipped']} " + ("had no record" if tuning.get("records_only") else "skipped at the --tune-minutes deadline")
-           if counts["skipped"] else "")
-        + f"; {trials} new trials{rate}{shared}"
+        f"tuning: {counts['tuned']} layers tuned, {cached}, {counts['default-kept']} kept the faster default schedule, "
+        f"{counts['fallback']} fell back to the default schedule{skipped}; {trials} new trials{rate}{shared}"
     )
     for name, v in tuning_workloads(tuning).items():
         if v["status"] == "fallback":

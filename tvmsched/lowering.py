@@ -92,7 +92,6 @@ def to_cpu_layouts(mod):
     rejects `dropout`'s tuple, so stacks become expand_dims + concat and dropouts (identity at inference)
     their input first; a model it still rejects keeps its layouts.
     """
-    import tvm
     from tvm import relax
 
     ops = _ops(mod)
@@ -292,17 +291,13 @@ def vectorizable_math() -> dict:
         expsum = te.compute(reduced, lambda *i: te.sum(e[row(i, k2)], axis=k2), name="T_softmax_expsum")
         return te.compute(x.shape, lambda *i: e(*i) / expsum(*rest(i)), name="T_softmax_norm", attrs={"axis": axis})
 
-    def legalize(exact, fast, name):
-        return lambda bb, call: bb.call_te(exact if exact_dtype(call) else fast, call.args[0], primfunc_name_hint=name)
-
-    def legalize_softmax(bb, call):
-        axis = int(call.attrs.axis)
-        if exact_dtype(call):
-            return bb.call_te(topi.nn.softmax, call.args[0], axis, primfunc_name_hint="softmax")
-        return bb.call_te(softmax, call.args[0], axis, primfunc_name_hint="softmax")
+    def legalize(exact, fast, name, attrs=lambda call: ()):
+        return lambda bb, call: bb.call_te(exact if exact_dtype(call) else fast, call.args[0], *attrs(call),
+                                           primfunc_name_hint=name)
 
     return {"relax.erf": legalize(topi.erf, fast_erf, "erf"), "relax.exp": legalize(topi.exp, fast_exp, "exp"),
-            "relax.sigmoid": legalize(topi.sigmoid, sigmoid, "sigmoid"), "relax.nn.softmax": legalize_softmax}
+            "relax.sigmoid": legalize(topi.sigmoid, sigmoid, "sigmoid"),
+            "relax.nn.softmax": legalize(topi.nn.softmax, softmax, "softmax", lambda call: (int(call.attrs.axis),))}
 
 
 def nan_propagating_legalizations() -> dict:

@@ -47,12 +47,13 @@ def measure_together(entries: list, target, units: int, *, repeat: int = 5, min_
     mod = tvm.IRModule({tvm.ir.GlobalVar(f"k{i}"): f.with_attr("global_symbol", f"k{i}") for i, (f, _) in enumerate(entries)})
     lib, dev, rng = tvm.compile(mod, target).mod, tvm.cpu(), np.random.default_rng(0)
 
+    batch = {"min_repeat_ms": 0, "f_preproc": "cache_flush_cpu_non_first_arg"} if cold else {"min_repeat_ms": min_repeat_ms}
+
     def run() -> list[float]:
         timers = []
         for i, (_, specs) in enumerate(entries):
             args = [tvm.runtime.tensor(_random(rng, shape, dtype), dev) for shape, dtype in specs]
-            flush = {"min_repeat_ms": 0, "f_preproc": "cache_flush_cpu_non_first_arg"} if cold else {"min_repeat_ms": min_repeat_ms}
-            timers.append((lib.time_evaluator(f"k{i}", dev, number=1, repeat=1, **flush), args))
+            timers.append((lib.time_evaluator(f"k{i}", dev, number=1, repeat=1, **batch), args))
         samples = [[] for _ in entries]
         for _ in range(repeat):
             for i, (timer, args) in enumerate(timers):

@@ -532,9 +532,9 @@ def tune_model(
     seed_keys = {name: None if seed is None else _trace_key(seed[0]) for name, seed in seeds.items()}
     cached = {w.name for w in groups if best_search_record(database, w.func, target, seed_keys[w.name]) is not None}
     weights = {w.name: float(w.layers) for w in groups}  # the budget's split (by latency, with a budget)
-    pending = [w for w in groups if w.name not in cached]
-    unsearched = pending if records_only else []
-    pending = [] if records_only else pending
+    pending, unsearched = [w for w in groups if w.name not in cached], []
+    if records_only:
+        pending, unsearched = [], pending
     if minutes is not None and pending:  # the split needs the searched workloads' latency first; heaviest first
         if hasattr(measure, "many"):  # one build for all of them
             try:
