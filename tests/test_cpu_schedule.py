@@ -82,3 +82,73 @@ def test_padding_is_a_parallel_vectorized_copy_not_a_test_per_multiply_add():
             assert {int(tirx.ForKind.PARALLEL), int(tirx.ForKind.VECTORIZED)} <= kinds, kinds
         got = Executor(compile_model(model)).run(feeds)["y"]
         np.testing.assert_allclose(got, onnxruntime_outputs(model, feeds)["y"], rtol=1e-4, atol=1e-3)
+
+
+def dense(n: int, gemm: bool, seed: int = 0):
+    """x [rows, 24] @ w + b, then Relu: a MatMul (w [24, n]) or a Gemm (w [n, 24], transB)."""
+    rng = np.random.default_rng(seed)
+    rows = [5] if gemm else [2, 5]
+    w = rng.standard_normal((n, 24) if gemm else (24, n)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
+    if gemm:
+        nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["c"], transB=1)]
+    else:
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["c"])]
+    nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*rows, 24])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*rows, n])], inits)
+    return model, {"x": rng.standard_normal((*rows, 24)).astype(np.float32)}
+
+
+def weight_shapes(model, target) -> dict[str, list[tuple[int, ...]]]:
+    """Each lowered layer's constant operands' shapes (lifted to parameters named param_*)."""
+    mod, _ = frontend.import_model(model, frontend.input_signature(model, {}))
+    funcs = layer_funcs(lowering.legalize_and_fuse(mod, target))
+    return {name: [tuple(int(d) for d in param.shape) for param in func.params if "param" in param.name]
+            for name, func in funcs.items()}
+
+
+@pytest.mark.parametrize("n,gemm", [(64, False), (64, True), (48, False), (7, False), (7, True)])
+def test_dense_weights_are_packed_at_compile_time(n, gemm):
+    """A constant weight [K, N] is read packed as [N / tv, K, tv] (tv: the vector tile on N), so one output
+    tile's weights are contiguous (a 128x1408x512 matmul 1.33x faster); N with no vector tile stays [K, N]."""
+    model, feeds = dense(n, gemm)
+    target = make_target("llvm")
+    lanes = cpu_schedule.vector_lanes(target)
+    tiles = cpu_schedule.vector_factors(n, lanes)
+    shapes = [s for name, shapes in weight_shapes(model, target).items() if "matmul" in name for s in shapes]
+    want = (n // tiles[0], 24, tiles[0]) if tiles else (24, n)
+    assert want in shapes, shapes
+    got = Executor(compile_model(model)).run(feeds)["y"]
+    np.testing.assert_allclose(got, onnxruntime_outputs(model, feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_convolution_weights_are_packed_at_compile_time():
+    """One-group NHWC convolutions read HWIO weights packed as [CO / tv, KH, KW, CI, tv]; grouped ones keep
+    HWIO (their tile spans one group); strided, dilated and asymmetrically padded ones match onnxruntime."""
+    target = make_target("llvm")
+    tv = cpu_schedule.vector_factors(64, cpu_schedule.vector_lanes(target))[0]
+    model, feeds = grouped_conv(16, 64, 1, 3)
+    shapes = [s for name, shapes in weight_shapes(model, target).items() if "conv2d" in name for s in shapes]
+    assert (64 // tv, 3, 3, 16, tv) in shapes, shapes
+    grouped, _ = grouped_conv(32, 128, 2, 5)
+    shapes = [s for name, shapes in weight_shapes(grouped, target).items() if "conv2d" in name for s in shapes]
+    assert (5, 5, 16, 128) in shapes, shapes
+    rng = np.random.default_rng(1)
+    for strides, dilations, pads in (((2, 2), (1, 1), (1, 1, 1, 1)), ((1, 2), (2, 1), (0, 2, 1, 0))):
+        weight = numpy_helper.from_array(rng.standard_normal((32, 8, 3, 3)).astype(np.float32), "w")
+        node = helper.make_node("Conv", ["x", "w"], ["y"], strides=strides, dilations=dilations, pads=pads)
+        out = [(size + pads[i] + pads[i + 2] - dilations[i] * 2 - 1) // strides[i] + 1 for i, size in enumerate((11, 13))]
+        model = make_model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 11, 13])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, *out])], [weight])
+        feeds = {"x": rng.standard_normal((1, 8, 11, 13)).astype(np.float32)}
+        got = Executor(compile_model(model)).run(feeds)["y"]
+        np.testing.assert_allclose(got, onnxruntime_outputs(model, feeds)["y"], rtol=1e-4, atol=1e-4)
+
+
+def test_cuda_keeps_the_weight_layouts():
+    """Packing is for the CPU tiles: dlight's GPU rules expect the weights as the model has them."""
+    model, _ = dense(64, False)
+    shapes = [s for name, shapes in weight_shapes(model, make_target("cuda")).items() for s in shapes]
+    assert (24, 64) in shapes, shapes

@@ -147,7 +147,7 @@ def _vectorize_spatial(sch, block, lanes: int) -> None:
     inner = loops[-1]
     outer = loops[:-1]
     if extents[-1] >= 4 and not _has_bool(sch, block):
-        factor = next(iter(_vector_factors(extents[-1], lanes)), None)
+        factor = next(iter(vector_factors(extents[-1], lanes)), None)
         if factor is not None:
             if extents[-1] > factor:
                 rest, inner = sch.split(inner, factors=[None, factor])
@@ -157,7 +157,7 @@ def _vectorize_spatial(sch, block, lanes: int) -> None:
         sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
 
 
-def _vector_factors(extent: int, lanes: int) -> list[int]:
+def vector_factors(extent: int, lanes: int) -> list[int]:
     """The vector widths that divide `extent`, widest first: two vectors, one, half of one, 4 lanes."""
     return [f for f in (lanes * 2, lanes, lanes // 2, 4) if f >= 4 and extent % f == 0]
 
@@ -261,7 +261,7 @@ def _tile(sch, red, lanes32: int) -> bool:
     if v is None or any(e is None for e in extents):
         return False
     ev, var = extents[v], iters[v].var
-    tiles = _vector_factors(ev, lanes)
+    tiles = vector_factors(ev, lanes)
     tv = next((f for f in tiles if _vector_reads(var, ev, block.reads, f)), None)
     if tv is None:  # no tile reads whole vectors; or a ragged output axis (GPT-2's 50257-word head): pad it
         if tiles or ev <= lanes or not _vector_reads(var, ev, block.reads, lanes):
