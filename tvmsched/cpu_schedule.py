@@ -15,8 +15,10 @@ loop nest runs unscheduled and single-threaded. The rules here are schedules of 
 - `Fallback`: anything else: each block's outer spatial loops fused and parallel.
 
 Convolutions get this layout at compile time: `lowering.legalize_and_fuse` converts conv2d to
-NHWC data / HWIO weights for CPU targets (weights transposed once by constant folding), so a vector
-of output channels is contiguous in the weights and the output.
+NHWC data / HWIO weights for CPU targets, so a vector of output channels is contiguous in the weights
+and the output; `lowering.pack_weights` then packs constant matmul and one-group convolution weights
+with the output channels split by this rule's vector tile ([K, N] -> [N / tv, K, tv]), so the weights one
+output tile reads over its whole reduction are contiguous too.
 
 Tuning (MetaSchedule) replaces these schedules layer by layer where it finds better ones.
 """

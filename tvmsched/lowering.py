@@ -10,7 +10,7 @@ log = logging.getLogger(__name__)
 
 
 def legalize_and_fuse(mod, target, clamp_take: bool = True):
-    """FoldBatchnormToConv2D → DecomposeOpsForInference → ConvertLayout (CPU) → LegalizeOps → AnnotateTIROpPattern → FoldConstant → FuseOps → FuseTIR → DCE, under `target`.
+    """(CPU: ConvertLayout to NHWC, then pack_weights) → FoldBatchnormToConv2D → DecomposeOpsForInference → LegalizeOps → AnnotateTIROpPattern → FoldConstant → FuseOps → FuseTIR → DCE, under `target`.
 
     With `clamp_take`, `take` (ONNX Gather) clamps its indices instead of TVM's unchecked "fast" mode,
     which reads out of bounds on a bad index: memory-safe on its own, beside the index checks.
@@ -140,14 +140,12 @@ def pack_weights(mod, target):
     output tile are then contiguous, not `tv` values every N. Each layer computes the same op (same name,
     shape and epilogues). A new module; the caller's stays.
 
-    Side by side (bench/results/speed.md): a 128x1408x512 matmul 1.33x, 128x768x3072 1.6x faster."""
+    One layer, both layouts, the same schedule, side by side: bench/results/weight_packing.md."""
     import numpy as np
     import tvm
     from tvm import relax, te, topi
 
     from tvmsched.cpu_schedule import vector_factors, vector_lanes
-
-    lanes = vector_lanes(target)
 
     def packed_matmul(x, packed):
         tv = packed.shape[-1]
@@ -169,8 +167,10 @@ def pack_weights(mod, target):
                                                     * packed[c // tv, rh, rw, rc, c % tv], axis=[rh, rw, rc]),
                           name="conv2d_nhwc")
 
-    def tile(channels: int) -> int | None:
-        factors = vector_factors(channels, lanes)
+    def tile(weight) -> int | None:
+        """The vector tile on the weight's output channels (its last axis) for its dtype's lanes, or None."""
+        lanes = max(vector_lanes(target, weight.dtype.itemsize * 8), 4)  # as TiledReduction's tile
+        factors = vector_factors(weight.shape[-1], lanes)
         return factors[0] if factors else None
 
     @relax.expr_functor.mutator
@@ -204,9 +204,9 @@ def pack_weights(mod, target):
         def matmul(self, call):
             weight = self.weight(call, call.attrs.out_dtype)
             rank = _static_rank(call.args[0].ty)
-            if weight is None or weight.ndim != 2 or rank is None or rank < 2 or tile(weight.shape[1]) is None:
+            if weight is None or weight.ndim != 2 or rank is None or rank < 2 or tile(weight) is None:
                 return call
-            (k, n), tv = weight.shape, tile(weight.shape[1])
+            (k, n), tv = weight.shape, tile(weight)
             packed = np.ascontiguousarray(weight.reshape(k, n // tv, tv).transpose(1, 0, 2))
             return self.builder_.call_te(packed_matmul, call.args[0], relax.const(packed, str(weight.dtype)),
                                          primfunc_name_hint="matmul")
@@ -217,10 +217,10 @@ def pack_weights(mod, target):
             weight = self.weight(call, attrs.out_dtype)
             if weight is None or int(attrs.groups) != 1 or layouts != ("NHWC", "HWIO", "NHWC") or weight.ndim != 4:
                 return call
-            if _static_shape(call.args[0].ty.shape) is None or tile(weight.shape[3]) is None:
+            if _static_shape(call.args[0].ty.shape) is None or tile(weight) is None:
                 return call
             kh, kw, ci, co = weight.shape
-            tv = tile(co)
+            tv = tile(weight)
             packed = np.ascontiguousarray(weight.reshape(kh, kw, ci, co // tv, tv).transpose(3, 0, 1, 2, 4))
             ints = lambda values: [int(v) for v in values]  # noqa: E731
             return self.builder_.call_te(packed_conv, call.args[0], relax.const(packed, str(weight.dtype)),

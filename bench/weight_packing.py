@@ -1,0 +1,165 @@
+"""Weight packing (issue 16, bench/results/weight_packing.md): one layer with its constant weight as the model has
+it ([K, N] matmul weights, HWIO convolution weights) against the same layer after `lowering.pack_weights`
+([N / tv, K, tv], [CO / tv, KH, KW, CI, tv]), both under the default CPU schedule, timed side by side.
+
+    python bench/weight_packing.py [--repeat 20] [--out bench/results/weight_packing.md]
+
+Shapes: the matmuls of llama-small, distilbert / bert-base and a 128-row LM head, and 3x3 convolutions of
+ResNet-18 at 56x56 / 14x14 and of VGG-19. Each kernel is timed warm (the weights stay in cache across runs) and cold
+(TVM's cache_flush_cpu_non_first_arg before every run: the weights come from DRAM, as inside a whole model);
+the two layouts' runs alternate, and the outputs are checked against numpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import machine_info, machine_line  # noqa: E402
+
+HERE = Path(__file__).parent
+
+# (label, kind, data shape, weight shape, conv padding)
+CASES = [
+    ("llama-small q/o projection", "matmul", (1, 128, 512), (512, 512), 0),
+    ("llama-small gate/up", "matmul", (1, 128, 512), (512, 1408), 0),
+    ("llama-small down", "matmul", (1, 128, 1408), (1408, 512), 0),
+    ("bert-base / distilbert FFN up", "matmul", (1, 128, 768), (768, 3072), 0),
+    ("bert-base / distilbert FFN down", "matmul", (1, 128, 3072), (3072, 768), 0),
+    ("llama-small LM head", "matmul", (1, 128, 512), (512, 32000), 0),
+    ("resnet18 3x3 conv, 56x56x64", "conv2d", (1, 56, 56, 64), (3, 3, 64, 64), 1),
+    ("resnet18 3x3 conv, 14x14x256", "conv2d", (1, 14, 14, 256), (3, 3, 256, 256), 1),
+    ("vgg19 3x3 conv, 28x28x512", "conv2d", (1, 28, 28, 256), (3, 3, 256, 512), 1),
+]
+
+
+def layer_module(kind: str, data_shape, weight: np.ndarray, padding: int):
+    """A Relax module computing one layer of `kind` on a data input and the constant `weight`."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(list(data_shape), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w = relax.const(weight)
+            if kind == "matmul":
+                out = bb.emit(relax.op.matmul(x, w))
+            else:
+                out = bb.emit(relax.op.nn.conv2d(x, w, padding=[padding] * 4, data_layout="NHWC", kernel_layout="HWIO"))
+            bb.emit_output(out)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def build_layer(mod, target):
+    """The module's one legalized PrimFunc under the default CPU schedule, built; the weight as it reads it, and
+    its output shape."""
+    import tvm
+    from tvm import relax
+
+    from tvmsched import cpu_schedule
+
+    with target:
+        mod = relax.transform.LegalizeOps()(mod)
+    (func,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    weights = [b.value.numpy() for b in _constants(mod)]
+    scheduled = cpu_schedule.default_schedule({"main": func}, target)["main"]
+    lib = tvm.compile(tvm.IRModule({"main": scheduled}), target=target)
+    return lib, weights[0], [int(d) for d in func.params[-1].shape]
+
+
+def _constants(mod) -> list:
+    """The constants the main function's calls take (call_tir's argument tuple included)."""
+    import tvm
+    from tvm import relax
+
+    found = []
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            args = list(getattr(binding.value, "args", []))
+            while args:
+                arg = args.pop(0)
+                if isinstance(arg, relax.Tuple):
+                    args += list(arg.fields)
+                elif isinstance(arg, tvm.ir.Constant):
+                    found.append(arg)
+    return found
+
+
+def time_pair(libs: dict, args: dict, repeat: int) -> dict:
+    """Median seconds per layout, warm and cold, the layouts' runs alternating."""
+    import tvm
+
+    out = {}
+    for mode in ("warm", "cold"):
+        options = dict(f_preproc="cache_flush_cpu_non_first_arg") if mode == "cold" else {}
+        samples = {name: [] for name in libs}
+        for _ in range(5):
+            for name, lib in libs.items():
+                timer = lib.mod.time_evaluator("main", tvm.cpu(), number=1 if mode == "cold" else 10,
+                                               repeat=repeat, min_repeat_ms=0, **options)
+                samples[name] += list(timer(*args[name]).results)
+        out[mode] = {name: float(np.median(v)) for name, v in samples.items()}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=20, help="Timed runs per layout per round (5 rounds).")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "weight_packing.md")
+    args = parser.parse_args()
+
+    import tvm
+
+    from tvmsched import lowering
+    from tvmsched.targets import make_target
+
+    target = make_target("llvm")
+    rng = np.random.default_rng(0)
+    rows = []
+    for label, kind, data_shape, weight_shape, padding in CASES:
+        data = rng.standard_normal(data_shape).astype(np.float32)
+        weight = rng.standard_normal(weight_shape).astype(np.float32)
+        mod = layer_module(kind, data_shape, weight, padding)
+        libs, tensors, outputs = {}, {}, {}
+        for name, layer in (("as the model has it", mod), ("packed", lowering.pack_weights(mod, target))):
+            libs[name], w, out_shape = build_layer(layer, target)
+            tensors[name] = [tvm.runtime.tensor(data), tvm.runtime.tensor(w), tvm.runtime.tensor(np.zeros(out_shape, np.float32))]
+            libs[name](*tensors[name])
+            outputs[name] = tensors[name][-1].numpy()
+        want = data @ weight if kind == "matmul" else None
+        plain, packed = outputs.values()
+        np.testing.assert_allclose(packed, plain, rtol=1e-4, atol=1e-3)
+        if want is not None:
+            np.testing.assert_allclose(packed, want, rtol=1e-4, atol=1e-3)
+        times = time_pair(libs, tensors, args.repeat)
+        rows.append((label, kind, data_shape, weight_shape, tensors["packed"][1].shape, times))
+        print(f"{label}: warm {times['warm']['as the model has it'] / times['warm']['packed']:.2f}x, cold "
+              f"{times['cold']['as the model has it'] / times['cold']['packed']:.2f}x faster packed", flush=True)
+    write_report(args.out, rows, args.repeat)
+
+
+def write_report(out: Path, rows, repeat: int) -> None:
+    lines = ["# Weight packing: one layer, its weight as the model has it against packed (issue 16)", "",
+             f"Command: `python bench/weight_packing.py --repeat {repeat}`  ", machine_line(machine_info()), "",
+             "Both layouts under the same default CPU schedule (tvmsched/cpu_schedule.py), 5 alternating rounds of "
+             f"{repeat} timed runs each, medians; cold: caches flushed of all but the input before every run.", "",
+             "| layer | data | weight | packed weight | warm us (model's) | warm us (packed) | warm speed-up "
+             "| cold us (model's) | cold us (packed) | cold speed-up |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for label, _kind, data, weight, packed, t in rows:
+        cells = []
+        for mode in ("warm", "cold"):
+            a, b = t[mode]["as the model has it"], t[mode]["packed"]
+            cells += [f"{a * 1e6:.1f}", f"{b * 1e6:.1f}", f"{a / b:.2f}x"]
+        shape = lambda s: "x".join(str(int(d)) for d in s)  # noqa: E731
+        lines.append(f"| {label} | {shape(data)} | {shape(weight)} | {shape(packed)} | " + " | ".join(cells) + " |")
+    out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
