@@ -7,7 +7,7 @@ it ([K, N] matmul weights, HWIO convolution weights) against the same layer afte
 Shapes: the matmuls of llama-small, distilbert / bert-base and a 128-row LM head, and 3x3 convolutions of
 ResNet-18 at 56x56 / 14x14 and of VGG-19. Each kernel is timed warm (the weights stay in cache across runs) and cold
 (TVM's cache_flush_cpu_non_first_arg before every run: the weights come from DRAM, as inside a whole model);
-the two layouts' runs alternate, and the outputs are checked against numpy.
+the two layouts' runs alternate. The packed layer's output is checked against the other's (and numpy's, for matmuls).
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def layer_module(kind: str, data_shape, weight: np.ndarray, padding: int):
 
 
 def build_layer(mod, target):
-    """The module's one legalized PrimFunc under the default CPU schedule, built; the weight as it reads it, and
-    its output shape."""
+    """The module's one legalized PrimFunc under the default CPU schedule, the weight as it reads it, and
+    the PrimFunc's (shape, dtype) arguments."""
     import tvm
     from tvm import relax
 
@@ -68,8 +68,7 @@ def build_layer(mod, target):
     (func,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
     weights = [b.value.numpy() for b in _constants(mod)]
     scheduled = cpu_schedule.default_schedule({"main": func}, target)["main"]
-    lib = tvm.compile(tvm.IRModule({"main": scheduled}), target=target)
-    return lib, weights[0], [int(d) for d in func.params[-1].shape]
+    return scheduled, weights[0], [([int(d) for d in p.shape], str(p.dtype)) for p in func.params]
 
 
 def _constants(mod) -> list:
@@ -90,26 +89,23 @@ def _constants(mod) -> list:
     return found
 
 
-def time_pair(libs: dict, args: dict, repeat: int) -> dict:
-    """Median seconds per layout, warm and cold, the layouts' runs alternating."""
-    import tvm
+def time_pair(funcs: dict, specs: dict, target, repeat: int) -> dict:
+    """Median microseconds per layout, warm and cold, the layouts taking turns (tvmsched.measure.measure_together,
+    the keep-or-drop decision's timer): warm, `repeat` batches of at least 10 ms; cold, 5 x `repeat` single runs."""
+    from tvmsched.candidates import cpu_units
+    from tvmsched.measure import measure_together
 
+    entries = [(funcs[name], specs[name]) for name in funcs]
     out = {}
-    for mode in ("warm", "cold"):
-        options = dict(f_preproc="cache_flush_cpu_non_first_arg") if mode == "cold" else {}
-        samples = {name: [] for name in libs}
-        for _ in range(5):
-            for name, lib in libs.items():
-                timer = lib.mod.time_evaluator("main", tvm.cpu(), number=1 if mode == "cold" else 10,
-                                               repeat=repeat, min_repeat_ms=0, **options)
-                samples[name] += list(timer(*args[name]).results)
-        out[mode] = {name: float(np.median(v)) for name, v in samples.items()}
+    for mode, runs in (("warm", repeat), ("cold", 5 * repeat)):
+        times = measure_together(entries, target, cpu_units(target), repeat=runs, cold=mode == "cold")
+        out[mode] = dict(zip(funcs, times))
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=20, help="Timed runs per layout per round (5 rounds).")
+    parser.add_argument("--repeat", type=int, default=20, help="Warm batches per layout (cold: 5x as many single runs).")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "weight_packing.md")
     args = parser.parse_args()
 
@@ -125,19 +121,19 @@ def main() -> None:
         data = rng.standard_normal(data_shape).astype(np.float32)
         weight = rng.standard_normal(weight_shape).astype(np.float32)
         mod = layer_module(kind, data_shape, weight, padding)
-        libs, tensors, outputs = {}, {}, {}
+        funcs, specs, outputs = {}, {}, {}
         for name, layer in (("as the model has it", mod), ("packed", lowering.pack_weights(mod, target))):
-            libs[name], w, out_shape = build_layer(layer, target)
-            tensors[name] = [tvm.runtime.tensor(data), tvm.runtime.tensor(w), tvm.runtime.tensor(np.zeros(out_shape, np.float32))]
-            libs[name](*tensors[name])
-            outputs[name] = tensors[name][-1].numpy()
+            funcs[name], w, specs[name] = build_layer(layer, target)
+            tensors = [tvm.runtime.tensor(data), tvm.runtime.tensor(w), tvm.runtime.tensor(np.zeros(specs[name][-1][0], np.float32))]
+            tvm.compile(tvm.IRModule({"main": funcs[name]}), target=target)(*tensors)
+            outputs[name] = tensors[-1].numpy()
         want = data @ weight if kind == "matmul" else None
         plain, packed = outputs.values()
         np.testing.assert_allclose(packed, plain, rtol=1e-4, atol=1e-3)
         if want is not None:
             np.testing.assert_allclose(packed, want, rtol=1e-4, atol=1e-3)
-        times = time_pair(libs, tensors, args.repeat)
-        rows.append((label, kind, data_shape, weight_shape, tensors["packed"][1].shape, times))
+        times = time_pair(funcs, specs, target, args.repeat)
+        rows.append((label, kind, data_shape, weight_shape, specs["packed"][1][0], times))
         print(f"{label}: warm {times['warm']['as the model has it'] / times['warm']['packed']:.2f}x, cold "
               f"{times['cold']['as the model has it'] / times['cold']['packed']:.2f}x faster packed", flush=True)
     write_report(args.out, rows, args.repeat)
@@ -146,15 +142,17 @@ def main() -> None:
 def write_report(out: Path, rows, repeat: int) -> None:
     lines = ["# Weight packing: one layer, its weight as the model has it against packed (issue 16)", "",
              f"Command: `python bench/weight_packing.py --repeat {repeat}`  ", machine_line(machine_info()), "",
-             "Both layouts under the same default CPU schedule (tvmsched/cpu_schedule.py), 5 alternating rounds of "
-             f"{repeat} timed runs each, medians; cold: caches flushed of all but the input before every run.", "",
+             "Both layouts under the same default CPU schedule (tvmsched/cpu_schedule.py), built as one module and "
+             "timed in turns by tvmsched.measure.measure_together: warm, the median of "
+             f"{repeat} batches of at least 10 ms; cold, the median of {5 * repeat} single runs, caches flushed of all "
+             "but the input before each.", "",
              "| layer | data | weight | packed weight | warm us (model's) | warm us (packed) | warm speed-up "
              "| cold us (model's) | cold us (packed) | cold speed-up |", "|---|---|---|---|---|---|---|---|---|---|"]
     for label, _kind, data, weight, packed, t in rows:
         cells = []
         for mode in ("warm", "cold"):
             a, b = t[mode]["as the model has it"], t[mode]["packed"]
-            cells += [f"{a * 1e6:.1f}", f"{b * 1e6:.1f}", f"{a / b:.2f}x"]
+            cells += [f"{a:.1f}", f"{b:.1f}", f"{a / b:.2f}x"]
         shape = lambda s: "x".join(str(int(d)) for d in s)  # noqa: E731
         lines.append(f"| {label} | {shape(data)} | {shape(weight)} | {shape(packed)} | " + " | ".join(cells) + " |")
     out.write_text("\n".join(lines) + "\n")

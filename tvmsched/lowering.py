@@ -175,19 +175,9 @@ def pack_weights(mod, target):
 
     @relax.expr_functor.mutator
     class PackWeights(relax.PyExprMutator):
-        def constant(self, expr):
-            """The value of a constant (bound to a var or not; a Gemm's transposed one too), else None."""
-            if isinstance(expr, relax.Var):
-                expr = self.lookup_binding(expr)
-            if isinstance(expr, relax.Call) and getattr(expr.op, "name", None) == "relax.permute_dims":
-                value = self.constant(expr.args[0])
-                axes = None if expr.attrs.axes is None else [int(a) for a in expr.attrs.axes]
-                return None if value is None else np.transpose(value, axes)
-            return expr.value.numpy() if isinstance(expr, tvm.ir.Constant) else None
-
         def weight(self, call, out_dtype):
             """The call's constant float weight (its second operand) of the data's dtype, or None."""
-            weight = self.constant(call.args[1])
+            weight = _constant_value(self, call.args[1])
             if weight is None or "float" not in str(weight.dtype) or str(call.args[0].ty.dtype) != str(weight.dtype):
                 return None
             return weight if str(out_dtype or "") in ("", "void", str(weight.dtype)) else None
@@ -204,9 +194,11 @@ def pack_weights(mod, target):
         def matmul(self, call):
             weight = self.weight(call, call.attrs.out_dtype)
             rank = _static_rank(call.args[0].ty)
-            if weight is None or weight.ndim != 2 or rank is None or rank < 2 or tile(weight) is None:
+            if weight is None or weight.ndim != 2 or rank is None or rank < 2:
                 return call
             (k, n), tv = weight.shape, tile(weight)
+            if tv is None:
+                return call
             packed = np.ascontiguousarray(weight.reshape(k, n // tv, tv).transpose(1, 0, 2))
             return self.builder_.call_te(packed_matmul, call.args[0], relax.const(packed, str(weight.dtype)),
                                          primfunc_name_hint="matmul")
@@ -217,21 +209,17 @@ def pack_weights(mod, target):
             weight = self.weight(call, attrs.out_dtype)
             if weight is None or int(attrs.groups) != 1 or layouts != ("NHWC", "HWIO", "NHWC") or weight.ndim != 4:
                 return call
-            if _static_shape(call.args[0].ty.shape) is None or tile(weight) is None:
-                return call
             kh, kw, ci, co = weight.shape
             tv = tile(weight)
+            if _static_shape(call.args[0].ty.shape) is None or tv is None:
+                return call
             packed = np.ascontiguousarray(weight.reshape(kh, kw, ci, co // tv, tv).transpose(3, 0, 1, 2, 4))
             ints = lambda values: [int(v) for v in values]  # noqa: E731
             return self.builder_.call_te(packed_conv, call.args[0], relax.const(packed, str(weight.dtype)),
                                          ints(attrs.strides), ints(attrs.padding), ints(attrs.dilation),
                                          primfunc_name_hint="conv2d")
 
-    rewriter = PackWeights(mod)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-    return rewriter.builder_.get()
+    return _rewritten(mod, PackWeights)
 
 
 def _static_rank(ty) -> int | None:
@@ -262,12 +250,6 @@ def _pad_groups(mod):
 
     @relax.expr_functor.mutator
     class PadGroups(relax.PyExprMutator):
-        def constant(self, expr):
-            """The value of a constant weight (bound to a var or not), else None."""
-            if isinstance(expr, relax.Var):
-                expr = self.lookup_binding(expr)
-            return expr.value.numpy() if isinstance(expr, tvm.ir.Constant) else None
-
         def visit_call_(self, call):
             call = super().visit_call_(call)
             if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
@@ -284,7 +266,7 @@ def _pad_groups(mod):
                 return call
             kh, kw, cin = w_shape[:3]
             emit = self.builder_.emit
-            known = self.constant(call.args[1])
+            known = _constant_value(self, call.args[1])
             if known is not None:  # padded here: FoldConstant builds and runs a kernel per op (~40 ms each)
                 pads = [(0, 0)] * 4 + [(0, padded - width)]
                 weight = relax.const(np.pad(known.reshape(kh, kw, cin, groups, width), pads).reshape(kh, kw, cin, groups * padded))
@@ -351,15 +333,31 @@ def _unstack(mod):
 
 
 def _rewritten(mod, mutator):
-    """A new module whose Relax functions are rewritten by `mutator` (a PyExprMutator class); the caller's stays."""
+    """A new module whose Relax functions are rewritten by `mutator` (a PyExprMutator class), with the PrimFuncs
+    its builder added (`builder_.call_te`); the caller's module stays."""
+    from tvm import relax
+
+    rewriter = mutator(mod)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+    return rewriter.builder_.get()
+
+
+def _constant_value(mutator, expr):
+    """The numpy value of a constant operand seen by `mutator` (a PyExprMutator): a constant, a var bound to
+    one, or a transposed constant (a Gemm's transB weight, folded here); else None."""
+    import numpy as np
     import tvm
     from tvm import relax
 
-    out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            out[gv] = mutator(out).visit_expr(func)
-    return out
+    if isinstance(expr, relax.Var):
+        expr = mutator.lookup_binding(expr)
+    if isinstance(expr, relax.Call) and getattr(expr.op, "name", None) == "relax.permute_dims":
+        value = _constant_value(mutator, expr.args[0])
+        axes = None if expr.attrs.axes is None else [int(a) for a in expr.attrs.axes]
+        return None if value is None else np.transpose(value, axes)
+    return expr.value.numpy() if isinstance(expr, tvm.ir.Constant) else None
 
 
 def vectorizable_math() -> dict:
