@@ -101,6 +101,9 @@ class Manifest:
     cpu: str | None = None
     cpu_features: tuple[str, ...] = ()
     cpu_features_unchecked: str | None = None
+    # CUDA: the SM count the default schedules were tiled for (tvmsched.targets.gpu_sms; None: a CPU artifact,
+    # or one older than the field). A candidate's waves are its blocks over its units, or over these SMs.
+    gpu_sms: int | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict:

@@ -10,7 +10,8 @@ def describe(manifest: Manifest) -> str:
     weights = sum(spec.nbytes for spec in tensors.values() if spec.kind == "weight")
     lines = [
         f"model {manifest.model_name}  schema v{manifest.schema_version}  tvmsched {manifest.tvmsched_version}  tvm {manifest.tvm_version}",
-        f"target {manifest.target}  device {manifest.device} ({manifest.device_code})",
+        f"target {manifest.target}  device {manifest.device} ({manifest.device_code})"
+        + (f"  tiled for {manifest.gpu_sms} SMs (waves: blocks / SMs)" if manifest.gpu_sms else ""),
         "inputs  " + ", ".join(f"{b.name} {_shape(tensors[b.tensor])}" for b in manifest.inputs),
         "outputs " + ", ".join(f"{b.name} {_shape(tensors[b.tensor])}" for b in manifest.outputs),
         *([f"QoS target {manifest.qos_ms} ms"] if manifest.qos_ms else []),
@@ -22,7 +23,7 @@ def describe(manifest: Manifest) -> str:
     ]
     for layer in manifest.layers:
         out = " ".join(_shape(tensors[t]) for t in layer.outputs)
-        cands = ", ".join(_candidate(c) for c in layer.candidates)
+        cands = ", ".join(_candidate(c, manifest.gpu_sms) for c in layer.candidates)
         bound = "" if layer.qos_bound_us is None else f"  [bound {layer.qos_bound_us:.3g} us; at units " + ", ".join(
             f"{k}: {t:.3g}" for k, t in (layer.unit_latency_us or {}).items()) + " us]"
         lines.append(f"{layer.index:>3}  {layer.func[:40]:40s} {out:22s} {layer.flops / 1e6:9.3f} {layer.bytes / 1e3:9.1f}  {cands}{bound}")
@@ -67,8 +68,12 @@ def _tuning_lines(tuning: dict | None) -> list[str]:
     return lines
 
 
-def _candidate(c) -> str:
+def _candidate(c, sms: int | None = None) -> str:
     preempt = "" if c.preempt_check is None else f", {'idempotent' if c.idempotent else 'NOT idempotent'}, checks: {c.preempt_check}"
+    units = c.units or sms  # a GPU candidate's waves: its blocks over the SMs it runs on
+    waves = f" {c.blocks / units:.2f}w" if sms and c.blocks and units else ""
     if c.units is None:
-        return f"{c.id}:{c.kernel} ({c.schedule}{preempt})"
-    return f"{c.id}: {c.units}u {c.blocks}b {c.latency_us:.3g}us ({c.schedule}{preempt})"
+        blocks = f" {c.blocks}b{waves}" if sms and c.blocks else ""
+        return f"{c.id}:{c.kernel}{blocks} ({c.schedule}{preempt})"
+    latency = "-" if c.latency_us is None else f"{c.latency_us:.3g}"
+    return f"{c.id}: {c.units}u {c.blocks}b{waves} {latency}us ({c.schedule}{preempt})"

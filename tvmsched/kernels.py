@@ -26,7 +26,8 @@ def layer_funcs(mod) -> dict[str, object]:
 
 
 def default_schedule(funcs: dict[str, object], target) -> dict[str, object]:
-    """Default schedules without search: dlight's rules on GPU, ours (tvmsched.cpu_schedule) on CPU."""
+    """Default schedules without search: dlight's rules tiled to fill the GPU (tvmsched.gpu_schedule) on CUDA, ours
+    (tvmsched.cpu_schedule) on CPU."""
     if target.kind.name == "llvm":
         from tvmsched import cpu_schedule
 
@@ -36,9 +37,10 @@ def default_schedule(funcs: dict[str, object], target) -> dict[str, object]:
     import tvm
     from tvm.s_tir import dlight as dl
 
-    rules = dl.ApplyDefaultSchedule(
-        dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()
-    )
+    from tvmsched.gpu_schedule import default_rules
+    from tvmsched.targets import gpu_sms
+
+    rules = dl.ApplyDefaultSchedule(*default_rules(gpu_sms(target)))
     with target:
         scheduled = rules(tvm.IRModule({tvm.ir.GlobalVar(name): f for name, f in funcs.items()}))
     return {gv.name_hint: f for gv, f in scheduled.functions.items()}

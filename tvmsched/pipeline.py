@@ -368,7 +368,7 @@ def _manifest(
     import tvm
 
     from tvmsched.index_checks import describe
-    from tvmsched.targets import cpu_requirements
+    from tvmsched.targets import cpu_requirements, gpu_sms
 
     output_names = [value.name for value in model.graph.output]
     if len(output_names) != len(graph.outputs):
@@ -396,6 +396,7 @@ def _manifest(
         cpu=cpu,
         cpu_features=cpu_features,
         cpu_features_unchecked=cpu_unchecked,
+        gpu_sms=gpu_sms(tvm_target) if device == "cuda" else None,
         device_code=kernels.cuda_device_code() if device == "cuda" else "native",
         inputs=tuple(Binding(n, t) for n, t in zip(frontend.input_signature_names(model), graph.inputs)),
         outputs=tuple(Binding(n, t) for n, t in zip(output_names, graph.outputs)),

@@ -19,6 +19,13 @@ from tvmsched.errors import TvmschedError
 # The GPU this project is benchmarked on; `--target cuda` means this tag.
 DEFAULT_CUDA_TAG = "nvidia/nvidia-h100"
 
+# SMs of the data-centre GPU of each CUDA architecture (TVM's targets carry no SM count): the default
+# schedules tile each layer to launch at least one block per SM. TVMSCHED_GPU_SMS overrides it (an
+# H100 PCIe has 114, an RTX 4090 128, an L4 58).
+GPU_SMS = {"sm_70": 80, "sm_75": 40, "sm_80": 108, "sm_86": 84, "sm_89": 142, "sm_90": 132, "sm_90a": 132, "sm_100": 148,
+           "sm_100a": 148, "sm_120": 170}
+GPU_SMS_FALLBACK = 132  # an architecture not listed: the H100's
+
 # `llvm:LEVEL` names that mean "no mcpu": generic code for the target architecture.
 PORTABLE_LEVELS = ("portable", "generic")
 # `llvm:LEVEL` names (and JSON "mcpu" values) that mean the CPU of the compiling machine.
@@ -217,3 +224,14 @@ def check_cpu_features(manifest, what: str) -> None:
 def device_kind(target) -> str:
     """'cuda' or 'cpu': the runtime device a target's kernels run on."""
     return "cuda" if target.kind.name == "cuda" else "cpu"
+
+
+def gpu_sms(target) -> int:
+    """The SM count a CUDA target's kernels are tiled for: TVMSCHED_GPU_SMS, else its architecture's
+    data-centre GPU (GPU_SMS)."""
+    override = os.environ.get("TVMSCHED_GPU_SMS", "").strip()
+    if override:
+        if not override.isdigit() or not 0 < int(override) <= 1024:
+            raise TvmschedError(f"TVMSCHED_GPU_SMS must be an SM count from 1 to 1024, not {override!r}")
+        return int(override)
+    return GPU_SMS.get(str(target.attrs.get("arch", "")), GPU_SMS_FALLBACK)

@@ -1,0 +1,170 @@
+"""Default CUDA schedules fill the GPU (tvmsched.gpu_schedule), checked without a GPU.
+
+Waves: every layer holding >= 2% of a zoo model's FLOPs launches at least one block per SM in each of its
+launches. Numerics: TIR's meaning is sequential (a thread binding only says where an iteration runs), so a
+scheduled CUDA PrimFunc with its thread loops made serial and its shared/local buffers plain computes what
+the GPU computes; built for the CPU, it must match the unscheduled layer.
+"""
+
+import re
+
+import numpy as np
+import pytest
+
+from tests.helpers import run_cli
+from tvmsched import gpu_schedule, kernels, models
+from tvmsched.gpu_schedule import Tiling, choose_tiling
+from tvmsched.passes.launch_geometry import launch_blocks
+from tvmsched.pipeline import lower_model
+
+H100_SMS = 132
+
+
+@pytest.fixture(scope="module")
+def scheduled():
+    """{model: (unscheduled funcs, scheduled funcs, FLOP share of each func)} for the CUDA target."""
+    out = {}
+    for name in ("bert-tiny", "resnet18-small", "mobilenetv2", "resnet18"):
+        graph, funcs, target = lower_model(models.build(name), "cuda")
+        uses = {}
+        for layer in graph.layers:
+            uses[layer.func] = uses.get(layer.func, 0) + 1
+        flops = {f: kernels.estimated_flops(funcs[f]) * uses[f] for f in funcs}
+        total = sum(flops.values())
+        out[name] = (funcs, kernels.default_schedule(funcs, target), {f: v / total for f, v in flops.items()})
+    return out
+
+
+@pytest.mark.parametrize("name", ["bert-tiny", "resnet18-small", "mobilenetv2", "resnet18"])
+def test_heavy_layers_launch_a_full_wave(scheduled, name):
+    import tvm
+
+    _, funcs, share = scheduled[name]
+    heavy = [f for f in funcs if share[f] >= 0.02]
+    assert heavy
+    short = {f: launch_blocks(tvm.IRModule({"main": funcs[f]})) for f in heavy}
+    short = {f: b for f, b in short.items() if not b or min(b) < H100_SMS}
+    assert not short, f"{name}: layers launching less than a wave of {H100_SMS} SMs: {short}"
+
+
+def test_choose_tiling_keeps_large_tiles_where_they_fill_the_gpu():
+    # ResNet-18's first 3x3 convolution at 56x56x64 (K = 3*3*64): plenty of outputs for a large tile
+    t = choose_tiling(1, 56 * 56, 64, 576, H100_SMS)
+    assert t.split_k == 1 and t.blocks(1, 56 * 56, 64) >= H100_SMS
+    assert t.tile[0] * t.tile[1] >= 16 * 32
+    # a GPU with fewer SMs takes a larger tile for the same layer, never a smaller one
+    few = choose_tiling(1, 56 * 56, 64, 576, 16)
+    assert few.tile[0] * few.tile[1] >= t.tile[0] * t.tile[1]
+
+
+def test_choose_tiling_splits_k_only_where_no_tile_fills_the_gpu():
+    # BERT-tiny's 128x128x128 projection: small tiles reach a wave, no split
+    assert choose_tiling(1, 128, 128, 128, H100_SMS).split_k == 1
+    # a 1x1 convolution at 3x3 with 960 input channels: 2880 outputs, a long K
+    t = choose_tiling(1, 9, 320, 960, H100_SMS)
+    assert t.split_k > 1 and t.blocks(1, 9, 320) >= H100_SMS
+    assert gpu_schedule.slice_length(960, t.split_k) % gpu_schedule.MICRO_K == 0
+    # too few outputs and too short a K: the most blocks there are, no split below one shared stage
+    t = choose_tiling(1, 4, 8, 16, H100_SMS)
+    assert t.split_k == 1 and t.blocks(1, 4, 8) == 1
+
+
+def _serial(func):
+    """The scheduled PrimFunc with every thread binding a serial loop and shared / local buffers plain."""
+    import tvm
+
+    text = func.script()
+    text, bound = re.subn(
+        r'T\.thread_binding\(([^,()]+(?:\([^()]*\))?), thread="[^"]+"(?:, annotations=\{[^{}]*\})?\)', r"T.serial(\1)", text
+    )
+    assert bound, "not a GPU schedule"
+    text = re.sub(r', scope="(?:shared|local)"', "", text)
+    return tvm.script.from_source(text)
+
+
+def _run_on_cpu(func, inputs):
+    import tvm
+
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm")
+    out = func.params[-1]
+    tensors = [tvm.runtime.tensor(x) for x in inputs]
+    tensors.append(tvm.runtime.tensor(np.full([int(d) for d in out.shape], np.nan, str(out.dtype))))
+    lib(*tensors)
+    return tensors[-1].numpy()
+
+
+@pytest.mark.parametrize("name", ["bert-tiny", "resnet18-small", "mobilenetv2"])
+def test_scheduled_layers_compute_the_layer(scheduled, name):
+    plain, funcs, _ = scheduled[name]
+    rng = np.random.default_rng(7)
+    checked = split = 0
+    for f, func in funcs.items():
+        extents = gpu_schedule.matmul_extents(plain[f])
+        if extents is None:
+            continue
+        inputs = [rng.standard_normal([int(d) for d in p.shape]).astype(str(p.dtype)) for p in plain[f].params[:-1]]
+        want = _run_on_cpu(plain[f], inputs)
+        np.testing.assert_allclose(_run_on_cpu(_serial(func), inputs), want, rtol=1e-4, atol=1e-4, err_msg=f)
+        checked += 1
+        split += choose_tiling(*extents, H100_SMS).split_k > 1
+    assert checked >= 5
+    if name != "bert-tiny":
+        assert split, "no split-K layer was checked"
+
+
+def test_split_k_layer_keeps_its_epilogue():
+    """A matmul + bias + ReLU whose K is split: two launches, both a full wave, the epilogue after the sum."""
+    import onnx
+    import tvm
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    w, bias = rng.standard_normal([1024, 64]).astype("float32"), rng.standard_normal([64]).astype("float32")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "b"], ["z"]),
+         helper.make_node("Relu", ["z"], ["out"])],
+        "split_k", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 1024])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 8, 64])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    _, funcs, target = lower_model(model, "cuda")
+    (name,) = [f for f in funcs if "matmul" in f]
+    assert choose_tiling(*gpu_schedule.matmul_extents(funcs[name]), H100_SMS).split_k > 1
+    func = kernels.default_schedule({name: funcs[name]}, target)[name]
+    blocks = launch_blocks(tvm.IRModule({"main": func}))
+    assert len(blocks) == 2 and min(blocks) >= H100_SMS, blocks
+    data = rng.standard_normal([1, 8, 1024]).astype("float32")
+    consts = [p for p in funcs[name].params[1:-1]]
+    inputs = [data] + [rng.standard_normal([int(d) for d in p.shape]).astype("float32") for p in consts]
+    want = _run_on_cpu(funcs[name], inputs)
+    np.testing.assert_allclose(_run_on_cpu(_serial(func), inputs), want, rtol=1e-4, atol=1e-4)
+    assert np.all(want >= 0)  # the ReLU ran
+
+
+def test_sm_count_override(monkeypatch):
+    from tvmsched.errors import TvmschedError
+    from tvmsched.targets import gpu_sms, make_target
+
+    target = make_target("cuda")
+    assert gpu_sms(target) == H100_SMS
+    monkeypatch.setenv("TVMSCHED_GPU_SMS", "58")
+    assert gpu_sms(target) == 58
+    monkeypatch.setenv("TVMSCHED_GPU_SMS", "lots")
+    with pytest.raises(TvmschedError, match="TVMSCHED_GPU_SMS"):
+        gpu_sms(target)
+
+
+def test_inspect_shows_sms_and_waves(tmp_path):
+    import onnx
+
+    model = tmp_path / "m.onnx"
+    onnx.save(models.build("bert-tiny"), model)
+    result = run_cli("compile", model, "--target", "cuda", "-o", tmp_path / "m.tvms")
+    assert result.returncode == 0, result.stderr
+    text = run_cli("inspect", tmp_path / "m.tvms").stdout
+    assert f"tiled for {H100_SMS} SMs" in text
+    waves = [float(w) for w in re.findall(r" \d+b (\d+\.\d+)w ", text)]
+    assert waves and max(waves) >= 1.0
+    assert Tiling(8, 8, 1, 1).tile == (8, 8)
