@@ -4,12 +4,18 @@
 # apache-tvm-ffi wheel for the GPU machine's Python 3.12. Carry `.devkit` with the device tool's
 # `carry`, and start every device command with:  source .devkit/activate.sh
 # Usage (from the repo root, with the project's venv active):  bash bench/gpu/make-kit.sh
+#        bash bench/gpu/make-kit.sh --tvm-only DIR   # just DIR/tvm-runtime.tgz (tests unpack it to run without the compiler)
 # Project copy of ../shared/device/make-kit.sh: also packs a tvmsched wheel into the kit.
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 kit="$root/.devkit"
-grep -qx '/.devkit/' "$root/.git/info/exclude" 2>/dev/null || echo '/.devkit/' >> "$root/.git/info/exclude"
-rm -rf "$kit" && mkdir -p "$kit/wheels"
+tvm_only=
+if [ "${1:-}" = --tvm-only ]; then tvm_only=1; kit=${2:?usage: make-kit.sh --tvm-only DIR}; fi
+if [ -z "$tvm_only" ]; then
+  grep -qx '/.devkit/' "$root/.git/info/exclude" 2>/dev/null || echo '/.devkit/' >> "$root/.git/info/exclude"
+  rm -rf "$kit"
+fi
+mkdir -p "$kit/wheels"
 tvm_dir=$(python -c 'import os, tvm; print(os.path.dirname(tvm.__file__))')
 ffi_ver=$(python -c 'import importlib.metadata as m; print(m.version("apache-tvm-ffi"))')
 stage=$(mktemp -d)
@@ -18,15 +24,20 @@ rm -rf "$stage/tvm/lib/libtvm_compiler.so" "$stage/tvm/3rdparty" "$stage/tvm/src
 find "$stage/tvm" -name __pycache__ -prune -exec rm -rf {} +
 tar czf "$kit/tvm-runtime.tgz" -C "$stage" tvm
 rm -rf "$stage"
+if [ -n "$tvm_only" ]; then rmdir "$kit/wheels" 2>/dev/null || true; exit 0; fi
 python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 -d "$kit/wheels" "apache-tvm-ffi==$ffi_ver"
 python -m pip wheel -q --no-deps -w "$kit/wheels" "$root" >/dev/null
+(cd "$kit" && cksum tvm-runtime.tgz wheels/*.whl) > "$kit/stamp"
 cat > "$kit/activate.sh" <<'EOS'
-# Source at the start of a device command: installs the kit under /tmp/devkit-site once per machine.
-if [ ! -d /tmp/devkit-site/tvm ]; then
-  mkdir -p /tmp/devkit-site && tar xzf .devkit/tvm-runtime.tgz -C /tmp/devkit-site &&
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/devkit-site .devkit/wheels/*.whl
+# Source at the start of a device command (from the repo root): installs the kit under /tmp/devkit-site,
+# again whenever the carried kit differs from the one installed (a warm machine keeps /tmp). The wheels
+# are unzipped (all a wheel install does for these), so pip is not needed there.
+if [ "$(cat .devkit/stamp)" != "$(cat /tmp/devkit-site/.stamp 2>/dev/null)" ]; then
+  rm -rf /tmp/devkit-site && mkdir -p /tmp/devkit-site && tar xzf .devkit/tvm-runtime.tgz -C /tmp/devkit-site &&
+  python3 -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \
+    /tmp/devkit-site .devkit/wheels/*.whl && cp .devkit/stamp /tmp/devkit-site/.stamp
 fi
 export PYTHONPATH=/tmp/devkit-site:$PWD${PYTHONPATH:+:$PYTHONPATH} TVM_USE_RUNTIME_LIB=1
 EOS
