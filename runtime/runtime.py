@@ -80,11 +80,13 @@ class Runtime:
             the units), "fcfs" (one request at a time in arrival order, fastest candidates).
         trusted_keys: Ed25519 public key files: `load` accepts only artifact files one of them signed
             (an artifact is native code; README, "Trust model").
-        memory_budget: bytes of device memory the engine may allocate for models on this device (every
-            allocation is checked); None leaves the device's budget. The accounting is per device and
-            process (`memory()`). Models that do not fit beside the resident ones are registered and
-            switched in when a request needs them (runtime/switching.py; the switcher's budget is this
-            one, else the device's free memory). A model larger than the whole budget streams its weights
+        memory_budget: bytes of device memory this Runtime's models may allocate (every allocation is
+            checked); None: no budget of its own. The budget is this Runtime's alone (`memory()`): other
+            Runtimes and plain executors of the process count against their own budgets or none, and the
+            device's capacity (what really exists) is checked apart from it. Models that do not fit beside
+            the resident ones are registered and switched in when a request needs them
+            (runtime/switching.py; the switcher's budget is this one, else the device's free memory). A
+            model larger than the whole budget streams its weights
             from the host tiers instead (`tiering`; it keeps the device memory left when it is loaded).
         switching: the switching pipeline's settings (SwitchSettings: thresholds 1 and 2, preset count,
             retain, sub-tasks per model).
@@ -116,11 +118,12 @@ class Runtime:
         self._closed = False
         self._started_us = float(func("now_us")())
         self._trusted_keys = tuple(str(k) for k in trusted_keys)
-        if memory_budget is not None:
-            func("set_memory_budget")(device, int(memory_budget))
-        self.switcher = Switcher(device, int(memory_budget or 0), switching)
+        if memory_budget is not None and int(memory_budget) <= 0:
+            raise TvmschedError(f"a memory budget must be a positive number of bytes, not {memory_budget}")
+        self._memory_scope = func("create_memory_scope")(int(memory_budget or 0))  # its models count against it alone
+        self.switcher = Switcher(device, int(memory_budget or 0), switching, memory_scope=self._memory_scope)
         self._memory_budget = None if memory_budget is None else int(memory_budget)
-        self._budget_room = None if memory_budget is None else int(memory_budget) - self.memory()["in_use"]  # beside what others hold
+        self._budget_room = self._memory_budget
         self._tiering = tiering
         self._tier_shares: TierShares | None = None  # resolved by the first tiered model
 
@@ -139,7 +142,7 @@ class Runtime:
         if priority not in PRIORITIES:
             raise TvmschedError(f"priority must be one of {PRIORITIES}, not {priority!r}")
         executor = Executor(artifact, self.device, trusted_keys=self._trusted_keys,
-                            register_groups=self.switcher.settings.max_groups)
+                            register_groups=self.switcher.settings.max_groups, memory_scope=self._memory_scope)
         name = name or executor.manifest.model_name
         with self._lock:
             if self._closed:
@@ -188,7 +191,7 @@ class Runtime:
             self._tier_shares = TierShares(self._tiering)
         executor = Executor(artifact, self.device, trusted_keys=self._trusted_keys,
                             tiered={"device_bytes": room, "buffer_bytes": self._tiering.buffer_bytes,
-                                    "tiers": self._tier_shares.engine_tiers()})
+                                    "tiers": self._tier_shares.engine_tiers()}, memory_scope=self._memory_scope)
         info = func("tiering_info")(executor.native)
         self._tier_shares.take(info)
         log.info("model %s is larger than the memory budget: %d bytes of its weights stay on the device, the rest "
@@ -218,8 +221,9 @@ class Runtime:
         return self.switcher.events()
 
     def memory(self) -> dict[str, int]:
-        """The engine's accounting of this device's model memory: in_use, peak and budget (0: none) in bytes."""
-        return {str(k): int(v) for k, v in func("device_memory")(self.device).items()}
+        """The engine's accounting of this Runtime's model memory: in_use, peak and budget (0: none) in bytes.
+        (The whole device's, every Runtime and plain executor of the process included: `func("device_memory")`.)"""
+        return {str(k): int(v) for k, v in func("memory_scope_stats")(self._memory_scope).items()}
 
     def _model(self, model: Model | str) -> Model:
         if isinstance(model, Model):

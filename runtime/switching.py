@@ -77,12 +77,14 @@ def stage_events(rows) -> list[StageEvent]:
 
 
 class Switcher:
-    """The engine's switcher for one device: `budget` bytes (0: the device's budget, else its free memory)."""
+    """The engine's switcher for one device: `budget` bytes (0: `memory_scope`'s budget, else the device's, else
+    its free memory). With `memory_scope` (a Runtime's), only the memory of that scope's models counts as in use,
+    and it takes only models loaded into that scope."""
 
-    def __init__(self, device: str, budget: int = 0, settings: SwitchSettings = SwitchSettings()):
+    def __init__(self, device: str, budget: int = 0, settings: SwitchSettings = SwitchSettings(), memory_scope=None):
         self.settings = settings
         self.native = func("create_switcher")(device, int(budget), settings.threshold1, settings.threshold2,
-                                              settings.preset_count, settings.retain)
+                                              settings.preset_count, settings.retain, memory_scope)
         self.options = {str(k): int(v) for k, v in self.native.options().items()}
 
     def add(self, executor) -> None:
@@ -185,15 +187,13 @@ def measure_switching(paths: list[str], device: str = "cpu", repeat: int = 5, qo
         rows[name]["resident_ms"] = median(floor[name])
         rows[name]["all_resident_ms"] = median(after_other[name])
 
-    in_use = int(func("device_memory")(device)["in_use"])
-    budget = in_use + max(p["footprint"] for p in probes.values()) + sum(p["env"] for p in probes.values()) + 65536
+    budget = max(p["footprint"] for p in probes.values()) + sum(p["env"] for p in probes.values()) + 65536
     # each measured request comes after its model was evicted (environment kept ahead: a switch; gone:
     # cold, stage 1 included); the budget holds the largest model and every environment
     variants = {"switch_ms": settings, "no_pipeline_ms": replace(settings, max_groups=1)}
     for key, variant in variants.items():
         progress(f"switching: {key.removesuffix('_ms').replace('_', ' ')}")
         variant = replace(variant, threshold1=max(variant.threshold1, sum(p["env"] for p in probes.values())))
-        device_budget = int(func("device_memory")(device)["budget"])
         with Runtime(device, memory_budget=budget, switching=variant) as rt:
             for name in names:
                 rt.load(probes[name]["path"], resident=False)
@@ -207,7 +207,6 @@ def measure_switching(paths: list[str], device: str = "cpu", repeat: int = 5, qo
                         out[name].append(_latency_ms(rt, name, probes[name]["inputs"]))
             del executors
             evictions = sum(e.stage == "evict" for e in rt.switch_events())
-        func("set_memory_budget")(device, device_budget)
         for name in names:
             rows[name][key] = median(warm[name])
             if key == "switch_ms":
@@ -228,9 +227,9 @@ def measure_switching(paths: list[str], device: str = "cpu", repeat: int = 5, qo
     # how many models one budget serves at the QoS: resident only (what fits) vs with switching
     fits, used = 0, 0
     for size in sorted(p["footprint"] for p in probes.values()):
-        if used + size <= budget - in_use:
+        if used + size <= budget:
             fits, used = fits + 1, used + size
-    return {"device": device, "device_name": str(func("device_info")(device)["name"]), "budget_bytes": budget - in_use,
+    return {"device": device, "device_name": str(func("device_info")(device)["name"]), "budget_bytes": budget,
             "repeat": repeat, "settings": asdict(settings), "models": list(rows.values()),
             "served_resident_only": fits, "served_with_switching": sum(r["meets_qos_switched"] for r in rows.values())}
 

@@ -221,6 +221,7 @@ void ModelObj::Init(const std::string& path, ArtifactContents contents, const Lo
   manifest_json_ = std::move(contents.manifest_json);
   kernels_ = std::move(contents.kernels);
   flag_memory_ = options.flag_memory;
+  scope_ = options.scope;
   const int n = num_layers();
   if (n == 0) TVM_FFI_THROW(TvmschedError) << path << " is corrupt: the model has no layers";
   registered_ = !options.resident;
@@ -512,7 +513,7 @@ Model Model::Load(const std::string& path, const std::string& device, const Load
 }
 
 void* ModelObj::AllocFor(const std::string& what, size_t nbytes) {
-  return device_->Allocate(nbytes, "cannot load model " + manifest_.model_name + ": " + what);
+  return device_->Allocate(nbytes, "cannot load model " + manifest_.model_name + ": " + what, scope_);
 }
 
 bool ModelObj::resident() const {

@@ -7,9 +7,25 @@
 #include "tvmsched/engine.h"
 
 namespace tvmsched {
+
+/*! \brief A Runtime's memory budget, as Python holds it (tvmsched.engine.create_memory_scope). */
+class MemoryScopeObj : public ffi::Object {
+ public:
+  std::shared_ptr<MemoryScope> scope;
+  static constexpr bool _type_mutable = true;
+  TVM_FFI_DECLARE_OBJECT_INFO_FINAL("tvmsched.MemoryScope", MemoryScopeObj, ffi::Object);
+};
+
+class MemoryScopeRef : public ffi::ObjectRef {
+ public:
+  TVM_FFI_DEFINE_OBJECT_REF_METHODS_NULLABLE(MemoryScopeRef, ffi::ObjectRef, MemoryScopeObj);
+};
+
 namespace {
 
 namespace refl = tvm::ffi::reflection;
+
+std::shared_ptr<MemoryScope> ScopeOf(const MemoryScopeRef& ref) { return ref.defined() ? ref->scope : nullptr; }
 
 std::vector<int> Ids(const ffi::Array<int64_t>& ids) {
   std::vector<int> out;
@@ -90,15 +106,32 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              out.Set("us_per_call", ffi::Array<double>(timing.us_per_call));
              return out;
            })
+      .def("tvmsched.engine.create_memory_scope",
+           [](int64_t budget) {  // a Runtime's budget: its models count against it (0: none, still counted)
+             auto obj = ffi::make_object<MemoryScopeObj>();
+             obj->scope = std::make_shared<MemoryScope>(static_cast<size_t>(NonNegative(budget, "a memory budget")));
+             return MemoryScopeRef(obj);
+           })
+      .def("tvmsched.engine.memory_scope_stats",
+           [](MemoryScopeRef ref) {
+             ffi::Map<ffi::String, int64_t> out;
+             out.Set("in_use", static_cast<int64_t>(ref->scope->in_use()));
+             out.Set("peak", static_cast<int64_t>(ref->scope->peak()));
+             out.Set("budget", static_cast<int64_t>(ref->scope->budget()));
+             return out;
+           })
       .def("tvmsched.engine.load_model",
            [](const std::string& path, const std::string& device, const std::string& flag_memory,
-              ffi::Array<ffi::String> trusted_key_files) {
+              ffi::Array<ffi::String> trusted_key_files, MemoryScopeRef scope) {
              std::vector<std::string> files(trusted_key_files.begin(), trusted_key_files.end());
-             return Model::Load(path, device, ParseFlagMemory(flag_memory), TrustedKeys::FromFiles(files));
+             LoadOptions options;
+             options.flag_memory = ParseFlagMemory(flag_memory);
+             options.scope = ScopeOf(scope);
+             return Model::Load(path, device, options, TrustedKeys::FromFiles(files));
            })
       .def("tvmsched.engine.register_model",
            [](const std::string& path, const std::string& device, const std::string& flag_memory,
-              ffi::Array<ffi::String> trusted_key_files, int max_groups) {
+              ffi::Array<ffi::String> trusted_key_files, int max_groups, MemoryScopeRef scope) {
              // read and verified; the weights wait in pinned host memory for a switcher (switching.h)
              std::vector<std::string> files(trusted_key_files.begin(), trusted_key_files.end());
              if (max_groups < 1) TVM_FFI_THROW(TvmschedError) << "a model needs at least 1 sub-task, not " << max_groups;
@@ -106,10 +139,12 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              options.flag_memory = ParseFlagMemory(flag_memory);
              options.resident = false;
              options.max_groups = max_groups;
+             options.scope = ScopeOf(scope);
              return Model::Load(path, device, options, TrustedKeys::FromFiles(files));
            })
       .def("tvmsched.engine.create_switcher",
-           [](const std::string& kind, int64_t budget, int64_t threshold1, int64_t threshold2, int preset_count, bool retain) {
+           [](const std::string& kind, int64_t budget, int64_t threshold1, int64_t threshold2, int preset_count, bool retain,
+              MemoryScopeRef scope) {
              if (budget < 0 || threshold1 < 0 || threshold2 < 0) TVM_FFI_THROW(TvmschedError) << "memory sizes cannot be negative";
              SwitchOptions options;
              options.budget = static_cast<size_t>(budget);
@@ -117,12 +152,13 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              options.threshold2 = static_cast<size_t>(threshold2);
              options.preset_count = preset_count;
              options.retain = retain;
+             options.scope = ScopeOf(scope);
              return Switcher::Create(OpenDevice(kind), options);
            })
       .def("tvmsched.engine.load_tiered",
            [](const std::string& path, const std::string& device, const std::string& flag_memory,
               ffi::Array<ffi::String> trusted_key_files, int64_t device_bytes, int64_t buffer_bytes,
-              ffi::Array<ffi::Map<ffi::String, ffi::Any>> tiers) {
+              ffi::Array<ffi::Map<ffi::String, ffi::Any>> tiers, MemoryScopeRef scope) {
              // a model larger than its device memory: weights streamed from this device's tier shares (tiering.h);
              // tiers: [{"kind", "capacity_bytes", "numa_node" (-1: none), "path"}] in priority order
              auto options = std::make_shared<TierOptions>();
@@ -140,6 +176,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              LoadOptions load;
              load.flag_memory = ParseFlagMemory(flag_memory);
              load.tiers = options;
+             load.scope = ScopeOf(scope);
              return Model::Load(path, device, load, TrustedKeys::FromFiles(files));
            })
       .def("tvmsched.engine.tiering_info",
@@ -288,6 +325,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("read_counters", [](Model m) { return ToArray(m->ReadCounters()); })
       .def("completed_blocks", [](Model m, ffi::Array<int64_t> ids) { return ToArray(m->CompletedBlocks(Ids(ids))); });
 
+  refl::ObjectDef<MemoryScopeObj>();
   refl::ObjectDef<SwitcherObj>()
       .def("add", [](Switcher s, Model m) { s->Add(std::move(m)); })
       .def("prefetch", [](Switcher s, Model m) { return s->Prefetch(std::move(m)); })

@@ -23,7 +23,12 @@ class SwitcherCore : public Residency {
   SwitcherCore(std::shared_ptr<Device> device, SwitchOptions options) : device_(std::move(device)), options_(options) {
     if (options_.preset_count < 1) TVM_FFI_THROW(TvmschedError) << "the preset count must be at least 1";
     Device::MemoryStats stats = device_->memory();
-    if (!options_.budget) options_.budget = stats.budget ? stats.budget : stats.in_use + device_->FreeMemory();
+    if (!options_.budget && options_.scope) options_.budget = options_.scope->budget();
+    if (!options_.budget) options_.budget = stats.budget ? stats.budget : InUse() + device_->FreeMemory();
+    if (options_.scope && options_.scope->budget() && options_.budget > options_.scope->budget()) {
+      TVM_FFI_THROW(TvmschedError) << "a switching budget of " << options_.budget << " bytes is above its runtime's budget of "
+                                   << options_.scope->budget() << " bytes";
+    }
     if (stats.budget && options_.budget > stats.budget) {
       TVM_FFI_THROW(TvmschedError) << "a switching budget of " << options_.budget << " bytes is above the device's budget of "
                                    << stats.budget << " bytes";
@@ -61,6 +66,9 @@ class SwitcherCore : public Residency {
     ModelObj* m = model.get();
     if (&m->device() != device_.get()) TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " is on another device";
     if (m->residency()) TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " already has a switcher";
+    if (m->scope() != options_.scope) {
+      TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " counts against another memory budget than its switcher's";
+    }
     if (!m->registered()) {
       TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " was loaded resident; a switcher takes registered models";
     }
@@ -80,7 +88,7 @@ class SwitcherCore : public Residency {
       if (e.env != kEnvNone || InQueue(m)) return m->resident();
       size_t need = m->env_bytes();
       for (int g = 0; g < m->num_groups(); ++g) need += m->group_bytes(g);
-      if (device_->memory().in_use + need > options_.budget) return false;
+      if (InUse() + need > options_.budget) return false;
       e.env = kEnvPreparing;
       for (int g = 0; g < m->num_groups(); ++g) m->SetGroupState(g, kPreparing);
     }
@@ -307,7 +315,7 @@ class SwitcherCore : public Residency {
   /*! \brief Stage 2 of `g` of `m` if memory allows; else what frees memory; else nothing (wait). */
   Action TryPrepare(ModelObj* m, int g, bool next_task) {
     size_t need = m->GroupNeed(g);
-    size_t in_use = device_->memory().in_use;
+    size_t in_use = InUse();
     bool t2_ok = ActiveBytes() + m->group_bytes(g) <= options_.threshold2 || ActiveBytes() == 0;
     if (t2_ok && in_use + need <= options_.budget) {
       m->SetGroupState(g, kPreparing);
@@ -325,7 +333,28 @@ class SwitcherCore : public Residency {
            << " bytes and its environment " << m->env_bytes() << " bytes; the budget is " << options_.budget << " bytes";
       return {kFail, m, {}, text.str()};
     }
+    if (in_use + need > options_.budget && RunningBytes() == 0 && !Busy()) {  // nothing will free memory: no end to a wait
+      std::ostringstream text;
+      text << "model " << m->name() << " cannot be switched in: its sub-task " << g << " needs " << need << " bytes; "
+           << in_use << " of the budget of " << options_.budget << " bytes are held by memory no request of its runtime "
+           << "will free (models loaded resident, streamed models, or models of another switcher)";
+      return {kFail, m, {}, text.str()};
+    }
     return {};  // wait: running requests finish and free memory
+  }
+
+  /*! \brief Bytes in use by the switched models' budget: their scope's, else the whole device's. */
+  size_t InUse() const { return options_.scope ? options_.scope->in_use() : device_->memory().in_use; }
+
+  /*! \brief Whether an environment or a sub-task is being prepared (its failure would give memory back). */
+  bool Busy() const {
+    for (const auto& [m, e] : entries_) {
+      if (e.env == kEnvPreparing) return true;
+      for (int g = 0; g < m->num_groups(); ++g) {
+        if (m->group_state(g) == kPreparing) return true;
+      }
+    }
+    return false;
   }
 
   /*! \brief The next thing for the memory thread (under mu_). */

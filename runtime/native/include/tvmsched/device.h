@@ -28,6 +28,27 @@ using EventHandle = void*;
 /*! \brief Where the preempt flag lives on a GPU (see Device::AllocFlags). */
 enum class FlagMemory { kAuto, kHostMapped, kDevice };
 
+/*!
+ * \brief A memory budget for a set of models (one Runtime's): what they allocate counts against it, and
+ *  Allocate refuses to pass it. Other models of the process (other Runtimes, plain executors) count
+ *  against their own scopes or none; the device's capacity is checked apart from any scope.
+ */
+class MemoryScope {
+ public:
+  explicit MemoryScope(size_t budget) : budget_(budget) {}
+  size_t budget() const { return budget_; }
+  size_t in_use() const;
+  size_t peak() const;
+  /*! \brief Count `nbytes` for `what`, or one TvmschedError line when the budget would be passed. */
+  void Reserve(size_t nbytes, const std::string& what, const char* kind);
+  void Unreserve(size_t nbytes);
+
+ private:
+  const size_t budget_;
+  mutable std::mutex mu_;
+  size_t in_use_ = 0, peak_ = 0;
+};
+
 /*! \brief Memory the kernels take as an int32 array, written by the host (the preempt flag). */
 struct FlagArray {
   int32_t* device_ptr = nullptr;  ///< what kernels read (CPU: host memory; CUDA: device or host-mapped)
@@ -103,8 +124,9 @@ class Device {
     size_t budget = 0;  ///< Allocate refuses to go past it (0: no budget)
   };
   /*! \brief `nbytes` of device memory for `what` (named in the error), or one TvmschedError line when
-   *  the budget would be exceeded or the device has not enough. Checked at every allocation. */
-  void* Allocate(size_t nbytes, const std::string& what);
+   *  `scope`'s budget (the models of one Runtime) or the device's would be exceeded, or the device has
+   *  not enough. Checked at every allocation; the memory counts against `scope` until released. */
+  void* Allocate(size_t nbytes, const std::string& what, std::shared_ptr<MemoryScope> scope = nullptr);
   /*! \brief Free what Allocate returned. */
   void Release(void* ptr);
   MemoryStats memory() const;
@@ -114,7 +136,11 @@ class Device {
 
  private:
   mutable std::mutex account_mu_;
-  std::map<void*, size_t> live_;
+  struct Live {
+    size_t nbytes;
+    std::shared_ptr<MemoryScope> scope;
+  };
+  std::map<void*, Live> live_;
   MemoryStats stats_;
 };
 

@@ -62,6 +62,8 @@ struct LoadOptions {
   /*! \brief A model larger than its device memory: weights streamed from host tiers (tvmsched/tiering.h).
    *  Everything else is prepared now; `resident` and `max_groups` are ignored. */
   std::shared_ptr<const TierOptions> tiers;
+  /*! \brief The budget its memory counts against (its Runtime's); null: none but the device's. */
+  std::shared_ptr<MemoryScope> scope;
 };
 
 /*! \brief What a switcher hears from the streams running a registered model (tvmsched/switching.h).
@@ -93,6 +95,8 @@ class ModelObj : public ffi::Object {
 
   const Manifest& manifest() const { return manifest_; }
   Device& device() const { return *device_; }
+  /*! \brief The budget its memory counts against (null: none but the device's). */
+  const std::shared_ptr<MemoryScope>& scope() const { return scope_; }
   const std::string& name() const { return manifest_.model_name; }
   int num_layers() const { return static_cast<int>(manifest_.layers.size()); }
   int reuse_distance() const { return reuse_distance_; }
@@ -234,6 +238,7 @@ class ModelObj : public ffi::Object {
   Manifest manifest_;
   std::string manifest_json_;
   std::shared_ptr<Device> device_;
+  std::shared_ptr<MemoryScope> scope_;
   ffi::Optional<ffi::Module> library_;
   std::vector<std::vector<Candidate>> candidates_;
   std::map<int, StreamHandle> streams_;  // units -> this model's stream (tenants overlap)

@@ -35,11 +35,14 @@
 namespace tvmsched {
 
 struct SwitchOptions {
-  size_t budget = 0;      ///< bytes (0: the device's budget if it has one, else what is in use plus its free memory)
+  size_t budget = 0;      ///< bytes (0: the scope's budget, else the device's, else what is in use plus its free memory)
   size_t threshold1 = 0;  ///< environments prepared ahead (0: budget / 4)
   size_t threshold2 = 0;  ///< running + prepared sub-tasks of switching models (0: the budget)
   int preset_count = 2;   ///< the next task's first stage 2 waits until fewer of the current's sub-tasks remain
   bool retain = true;     ///< keep a switched-in model resident until evicted (false: clean each finished sub-task)
+  /*! \brief The budget of the models it switches (their Runtime's): `budget` 0 means this one's, and only
+   *  their memory counts as in use. Null: the device's accounting (budget, else its free memory). */
+  std::shared_ptr<MemoryScope> scope;
 };
 
 /*! \brief One recorded stage: "stage1", "stage2", "exec", "clean" or "evict" (group -1: the environment). */
