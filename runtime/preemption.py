@@ -115,6 +115,19 @@ def failed_future(error: Exception) -> Future:
     return future
 
 
+def default_stall_timeout_s() -> float:
+    """The engine watchdog's stall timeout (seconds a request may wait for its model to be switched in before it
+    fails with one line naming the stage): TVMSCHED_STALL_TIMEOUT_S, else 60 (0: no watchdog)."""
+    text = os.environ.get("TVMSCHED_STALL_TIMEOUT_S", "").strip()
+    try:
+        value = float(text) if text else 60.0
+    except ValueError:
+        raise TvmschedError(f"TVMSCHED_STALL_TIMEOUT_S must be a number of seconds, not {text!r}") from None
+    if not value >= 0:
+        raise TvmschedError(f"TVMSCHED_STALL_TIMEOUT_S cannot be negative, not {text!r}")
+    return value
+
+
 class Task:
     """A request stream over one artifact, with its own kernel queue and submitter thread (in the engine).
 
@@ -126,9 +139,10 @@ class Task:
     """
 
     def __init__(self, executor: Executor, name: str = "task", max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
-                 progress_interval_ms: float = 1.0):
+                 progress_interval_ms: float = 1.0, stall_timeout_s: float | None = None):
         self.executor, self.name = executor, name
-        self.stream = func("create_stream")(executor.native, name, max_in_flight, IDLE_SPIN_US, progress_interval_ms)
+        stall = default_stall_timeout_s() if stall_timeout_s is None else float(stall_timeout_s)
+        self.stream = func("create_stream")(executor.native, name, max_in_flight, IDLE_SPIN_US, progress_interval_ms, stall)
 
     def submit(self, inputs: dict, candidate_ids: list[int] | None = None) -> Future:
         """Queue one request; the future resolves to its outputs (or the error its inputs caused)."""

@@ -92,12 +92,16 @@ class Runtime:
             retain, sub-tasks per model).
         tiering: where models larger than the budget keep the weights they stream (TierSettings: the
             topology, or a plan and its GPU; default: the discovered DRAM, CXL nodes and temporary folder).
+        stall_timeout_s: the engine's watchdog: a request that waits this long for its model to be switched
+            in fails with one line naming the stage it is stuck in (None: TVMSCHED_STALL_TIMEOUT_S, else 60;
+            0: no watchdog).
     """
 
     def __init__(self, device: str = "cpu", *, total_units: int | None = None, colocation: ColocationTable | str | None = None,
                  max_in_flight: int = 8, timeline: bool = False, policy: str = "colocation",
                  progress_interval_ms: float = 1.0, trusted_keys=(), memory_budget: int | None = None,
-                 switching: SwitchSettings = SwitchSettings(), tiering: TierSettings = TierSettings()):
+                 switching: SwitchSettings = SwitchSettings(), tiering: TierSettings = TierSettings(),
+                 stall_timeout_s: float | None = None):
         if device not in ("cpu", "cuda"):
             raise TvmschedError(f"unknown device {device!r}: use cpu or cuda")
         self.device = device
@@ -125,6 +129,7 @@ class Runtime:
         self._memory_budget = None if memory_budget is None else int(memory_budget)
         self._budget_room = self._memory_budget
         self._tiering = tiering
+        self._stall_timeout_s = stall_timeout_s
         self._tier_shares: TierShares | None = None  # resolved by the first tiered model
 
     @property
@@ -154,7 +159,8 @@ class Runtime:
             executor = self._load_tiered(artifact, name, device_bytes)
         else:
             self.switcher.add(executor)
-        task = Task(executor, name, self._max_in_flight, self._progress_interval_ms)  # plans its memory first
+        task = Task(executor, name, self._max_in_flight, self._progress_interval_ms,  # plans its memory first
+                    stall_timeout_s=self._stall_timeout_s)
         try:
             if not executor.tiered and resident and not self.switcher.prefetch(executor):
                 log.info("model %s does not fit beside the resident models: registered, switched in on demand", name)

@@ -140,3 +140,52 @@ def test_a_switch_that_cannot_find_room_fails_instead_of_waiting(zoo):
             rt.submit(other, load(path).random_inputs(seed=0)).result(timeout=120)
         assert "cannot be switched in" in str(err.value) and "\n" not in str(err.value), str(err.value)
         del blocker
+
+
+def test_the_watchdog_fails_a_request_stuck_waiting_for_a_switch_in(zoo):
+    """A best-effort model preempted mid-request holds its one sub-task; another model's switch-in waits for
+    that memory. With a 1 s stall timeout the waiting request fails with one line naming the stage; the
+    preempted request, resumed, still gives the direct run's outputs."""
+    held, waiting = zoo["mobilenetv2"], zoo["resnet18-small"]
+    settings = SwitchSettings(max_groups=1)
+    probe = Executor(waiting, register_groups=1)
+    assert footprint(probe) < footprint(Executor(held, register_groups=1))
+    budget = footprint(Executor(held, register_groups=1)) + int(probe.native.env_bytes()) + 4096  # its stage 1 fits
+    del probe
+    x_held, x_waiting = load(held).random_inputs(seed=4), load(waiting).random_inputs(seed=5)
+    want = _direct(held, x_held)
+    with Runtime("cpu", memory_budget=budget, switching=settings, stall_timeout_s=1) as rt:
+        a = rt.load(held, qos_ms=10_000, name="held")
+        b = rt.load(waiting, qos_ms=10_000, name="waiting", resident=False)
+        task = rt.models["held"].task
+        for _ in range(500):  # pause it mid-request (a request of 51 layers; a few tries at most)
+            future = rt.submit(a, x_held)
+            task.preempt()
+            state = task.state()
+            if state is not None and state.done.min() >= 0:  # started (its progress reset to 0), not finished
+                break
+            task.resume()
+            future.result(timeout=60)
+        else:
+            pytest.fail("could not preempt the model mid-request")
+        with pytest.raises(TvmschedError) as err:
+            rt.submit(b, x_waiting).result(timeout=60)
+        message = str(err.value)
+        assert "watchdog" in message and "switched in" in message and "\n" not in message, message
+        task.resume()
+        got = future.result(timeout=60)
+        for name, value in want.items():
+            np.testing.assert_array_equal(got[name], value)
+        rt.submit(b, x_waiting).result(timeout=60)  # with the memory free again, it switches in
+
+
+def test_the_stall_timeout_setting_is_checked(monkeypatch):
+    from tvmsched.runtime.preemption import default_stall_timeout_s
+
+    monkeypatch.setenv("TVMSCHED_STALL_TIMEOUT_S", "2.5")
+    assert default_stall_timeout_s() == 2.5
+    monkeypatch.setenv("TVMSCHED_STALL_TIMEOUT_S", "soon")
+    with pytest.raises(TvmschedError, match="TVMSCHED_STALL_TIMEOUT_S"):
+        default_stall_timeout_s()
+    monkeypatch.delenv("TVMSCHED_STALL_TIMEOUT_S")
+    assert default_stall_timeout_s() == 60

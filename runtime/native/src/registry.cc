@@ -267,8 +267,11 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              return ffi::Array<ffi::Any>{ToArray(plan.storage_bytes), assignment};
            })
       .def("tvmsched.engine.create_stream",
-           [](Model model, const std::string& name, int max_in_flight, double idle_spin_us, double progress_interval_ms) {
+           [](Model model, const std::string& name, int max_in_flight, double idle_spin_us, double progress_interval_ms,
+              double stall_timeout_s) {
+             if (stall_timeout_s < 0) TVM_FFI_THROW(TvmschedError) << "a stall timeout cannot be negative";
              StreamOptions options;
+             options.stall_timeout_s = stall_timeout_s;
              options.max_in_flight = max_in_flight;
              options.idle_spin_us = idle_spin_us;
              options.progress_interval_ms = progress_interval_ms;

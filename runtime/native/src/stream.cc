@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <sstream>
 
 namespace tvmsched {
 
@@ -285,6 +286,11 @@ void StreamObj::SubmitLoop() {
       auto ready = [this] { return closed_ || (!paused_ && HasWork() && !(gated_ && in_flight_.empty())); };
       while (!cond_.wait_for(lock, std::chrono::milliseconds(100), ready)) {
         if (!HasWork() && use_count() == 1) closed_ = true;
+        if (std::string stall = Stalled(); !stall.empty()) {  // the watchdog: no end to this wait in sight
+          FailHead(stall);
+          gated_ = false;
+          break;
+        }
       }
       if (closed_ && !HasWork()) return;
       if (paused_) continue;  // closing while paused: Close() resumes first
@@ -342,9 +348,23 @@ bool StreamObj::Gate(int group) {
     FailHead(error);
     return true;
   }
+  if (!gated_ || gated_group_ != group) gated_since_us_ = Device::NowMicros();
   gated_ = true;
+  gated_group_ = group;
   m_->residency()->Demand(m_, group);
   return false;
+}
+
+std::string StreamObj::Stalled() const {
+  if (!gated_ || paused_ || closed_ || requests_.empty() || !in_flight_.empty() || options_.stall_timeout_s <= 0) return "";
+  double waited_s = (Device::NowMicros() - gated_since_us_) / 1e6;
+  if (waited_s < options_.stall_timeout_s) return "";
+  std::ostringstream text;
+  text << "model " << m_->name() << ": a request waited " << static_cast<int64_t>(waited_s) << " s for "
+       << (gated_group_ < 0 ? std::string("its environment to be prepared (switching stage 1)")
+                            : "its sub-task " + std::to_string(gated_group_) + " to be switched in (switching stage 2: device memory)")
+       << " and was failed by the watchdog (stall timeout " << options_.stall_timeout_s << " s)";
+  return text.str();
 }
 
 bool StreamObj::Lease(int layer) {

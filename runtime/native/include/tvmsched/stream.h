@@ -108,6 +108,9 @@ struct StreamOptions {
   int max_in_flight = 8;          ///< launches kept on a GPU at once (CPU launches are synchronous)
   double idle_spin_us = 200;      ///< the submitter polls this long for new work before sleeping
   double progress_interval_ms = 1;  ///< CUDA counters copied to the bitmap this often
+  /*! \brief The watchdog: a request whose next launch has waited this long for its model to be switched in
+   *  (a stage that makes no progress) fails with one line naming that stage (0: it waits as long as it takes). */
+  double stall_timeout_s = 60;
 };
 
 class StreamObj : public ffi::Object {
@@ -191,6 +194,10 @@ class StreamObj : public ffi::Object {
   std::vector<double> latencies_;
   std::map<std::tuple<int64_t, int, int>, double> launched_at_;
   bool gated_ = false;  // the next launch waits for a registered model's switcher
+  double gated_since_us_ = 0;  // when it began waiting (the watchdog's clock)
+  int gated_group_ = -1;       // for what: a sub-task, or -1: the environment
+  /*! \brief The watchdog's verdict on a gated head request (under mutex_): its error line, or empty. */
+  std::string Stalled() const;
   bool waiting_ = false;  // the GPU submitter is blocked on an event (outside the lock)
   bool preempt_waiting_ = false;  // Preempt() waits on cond_ for the running launch to return
   std::atomic<int64_t> queued_{0};  // requests_.size(), polled by the idle submitter
