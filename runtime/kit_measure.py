@@ -8,8 +8,13 @@ come from the device. CPU: each unit count is a TVM thread pool of that many thr
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -44,9 +49,11 @@ def default_unit_counts(full: int, granularity: int) -> list[int]:
     return [*range(granularity, full, granularity), full]
 
 
-def measure_kit(kit_dir: str | Path, units: list[int] | None = None, *, repeat: int = 5, progress: bool = True) -> dict:
+def measure_kit(kit_dir: str | Path, units: list[int] | str | None = None, *, repeat: int = 5, progress: bool = True) -> dict:
     """Median latency (us) of every sample of every function at each unit count.
 
+    units: the unit counts (None: partition multiples on GPUs, 1..all on CPUs; "all": only all units, as a
+    tuning round needs).
     Returns the results document `tvmsched tune import` reads: kit id, device facts, unit counts,
     and times_us[func][symbol][units] (None where a kernel failed).
     """
@@ -61,6 +68,8 @@ def measure_kit(kit_dir: str | Path, units: list[int] | None = None, *, repeat: 
     tvm.runtime.empty((1,), "float32", dev)  # creates the device's context before any driver call
     timer = _EngineTimer(kit["device"])
     full, granularity, kind = timer.device_units()  # queried from the device
+    if units == "all":
+        units = [full]
     grid_limited = kit.get("mechanism") == "grid_limit"
     if grid_limited:  # the kernels restrict themselves: only the counts they were built for
         units = sorted({*(units or kit["grid_limit_units"]), full})
@@ -73,7 +82,7 @@ def measure_kit(kit_dir: str | Path, units: list[int] | None = None, *, repeat: 
     total = sum(len(entry["samples"]) for entry in kit["funcs"])
     with tqdm(total=total, desc="measuring", unit="kernel", disable=not progress, file=sys.stderr) as bar:
         for entry in kit["funcs"]:
-            lib = tvm.runtime.load_module(str(kit_dir / entry["library"]))
+            lib = load_library(kit, kit_dir, entry)
             args = [tvm.runtime.tensor(_random(shape, dtype), dev) for shape, dtype in entry["args"]]
             per_func = times.setdefault(entry["func"], {})
             for sample in entry["samples"]:
@@ -89,6 +98,72 @@ def measure_kit(kit_dir: str | Path, units: list[int] | None = None, *, repeat: 
         "mechanism": "grid_limit" if grid_limited else timer.mechanism,
         "times_us": times,
     }
+
+
+def load_library(kit: dict, kit_dir: str | Path, entry: dict):
+    """A kit layer's kernel library, loaded into this process.
+
+    A CUDA library built without nvcc carries CUDA source that TVM compiles when it is loaded, through its
+    `tvm_callback_cuda_compile`; TVM's own callback (tvm.support.nvcc) asks the compiler library for the
+    current target (`Target.current`, which a runtime-only TVM lacks: "module 'tvm.target._ffi_api' has no
+    attribute 'TargetCurrent'"), so the load compiles through `cuda_source_compiler` instead, for the kit's
+    target architecture.
+    """
+    import tvm
+
+    path = Path(kit_dir) / entry["library"]
+    try:
+        with cuda_source_compiler(kit.get("target", {}).get("arch") if kit.get("device") == "cuda" else None):
+            return tvm.runtime.load_module(str(path))
+    except TvmschedError:
+        raise
+    except Exception as err:  # noqa: BLE001  (a library that does not load is the kit's fault, stated in one line)
+        raise TvmschedError(f"cannot load the kit's library {path}: {one_line(err)}") from None
+
+
+@contextlib.contextmanager
+def cuda_source_compiler(arch: str | None):
+    """While the block runs, CUDA source that TVM loads is compiled by `compile_cuda_source(code, arch)` (nvcc
+    on the PATH, no TVM compiler library needed) instead of TVM's callback. No-op without `arch`."""
+    import tvm_ffi
+
+    name = "tvm_callback_cuda_compile"
+    if not arch:
+        yield
+        return
+    previous = tvm_ffi.get_global_func(name, allow_missing=True)
+    tvm_ffi.register_global_func(name, lambda code, *_: compile_cuda_source(code, arch), override=True)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            tvm_ffi.register_global_func(name, previous, override=True)
+
+
+# what TVM's nvcc build passes besides the architecture (tvm.support.nvcc._compile_cuda_nvcc), so a kernel
+# compiled where it is loaded is the kernel a build here would have embedded
+NVCC_FLAGS = [
+    "-O3", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_BFLOAT16_OPERATORS__",
+    "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "-U__CUDA_NO_BFLOAT162_OPERATORS__", "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
+    "--expt-relaxed-constexpr", "--expt-extended-lambda", "--use_fast_math",
+]
+
+
+def compile_cuda_source(code: str, arch: str) -> bytearray:
+    """A fatbin of CUDA source for `arch` (e.g. "sm_90a"), by nvcc."""
+    nvcc = shutil.which("nvcc") or (os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc") if os.environ.get("CUDA_HOME") else None)
+    if nvcc is None or not os.path.exists(nvcc):
+        raise TvmschedError("the kit's CUDA kernels are source code (the kit was built without nvcc) and this machine "
+                            "has no nvcc to compile them: rebuild the kit with `tvmsched tune kit` where nvcc is on the PATH")
+    with tempfile.TemporaryDirectory(prefix="tvmsched-cuda-") as tmp:
+        source, target = os.path.join(tmp, "kernels.cu"), os.path.join(tmp, "kernels.fatbin")
+        Path(source).write_text(code)
+        ptxas = f"--ptxas-options=--register-usage-level={os.environ.get('TVM_CUDA_PTXAS_REG_LEVEL', '10')}"
+        done = subprocess.run([nvcc, "--fatbin", "-arch", arch, *NVCC_FLAGS, ptxas, "-o", target, source],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise TvmschedError(f"nvcc could not compile the kit's CUDA kernels for {arch}: {one_line(RuntimeError(done.stderr or done.stdout))}")
+        return bytearray(Path(target).read_bytes())
 
 
 class _EngineTimer:

@@ -87,7 +87,7 @@ def test_cli_round_trip_and_bad_inputs(measured, tmp_path):
     model = tmp_path / "tiny.onnx"
     models.save("tiny", model)
     kit = tmp_path / "kit"
-    out = run_cli("tune", "kit", model, "--target", "llvm", "--samples", "2", "-o", kit)
+    out = run_cli("tune", "kit", model, "--target", "llvm", "--samples", "2", "--fresh", "-o", kit)
     assert out.returncode == 0 and "1 layers" in out.stdout, out.stderr
     out = run_cli("tune", "measure", kit, "-o", tmp_path / "r.json", "--units", "1")
     assert out.returncode == 0 and json.loads((tmp_path / "r.json").read_text())["units"] == [1], out.stderr

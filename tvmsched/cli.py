@@ -178,12 +178,21 @@ def tune() -> None:
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=D1,D2,...", help="Fix a dynamic input shape.")
 @click.option("--grid-limit", "grid_csv", metavar="K1,K2,...",
               help="GPUs without green contexts: also build each kernel grid-limited to these SM counts.")
-def tune_kit(model: str, out_dir: str, target: str, samples: int, input_shapes: tuple[str, ...], grid_csv: str | None) -> None:
-    """Sample and build schedules of every layer of MODEL into a measurement kit."""
+@click.option("--db", "db_url", help="Database whose measured records seed later rounds (default: the local SQLite file).")
+@click.option("--db-token-file", type=click.Path(dir_okay=False), help="Bearer token for a database service.")
+@click.option("--fresh", is_flag=True, help="Random samples for every layer, ignoring the database's records (a new round 1).")
+def tune_kit(model: str, out_dir: str, target: str, samples: int, input_shapes: tuple[str, ...], grid_csv: str | None,
+             db_url: str | None, db_token_file: str | None, fresh: bool) -> None:
+    """Sample and build schedules of every layer of MODEL into a measurement kit.
+
+    Layers whose workload has measured records in the database (imported from earlier rounds) are sampled by
+    MetaSchedule's evolutionary search seeded from those records; the others at random (round 1).
+    """
     from tvmsched.frontend import load_onnx, parse_input_shapes
     from tvmsched.targets import is_cuda_spec
 
     shapes = parse_input_shapes(input_shapes)
+    token = _read_token(db_token_file)
     if is_cuda_spec(target):
         from tvmsched.cuda_toolchain import prepare_cuda_build
 
@@ -191,21 +200,25 @@ def tune_kit(model: str, out_dir: str, target: str, samples: int, input_shapes: 
     from tvmsched.measure_kit import build_kit
 
     kit = build_kit(load_onnx(model), out_dir, target=target, samples=samples, input_shapes=shapes, name=Path(model).stem,
-                    grid_limit_units=_parse_units(grid_csv))
+                    grid_limit_units=_parse_units(grid_csv), database=db_url, token=token, seeded=not fresh)
     count = sum(len(entry["samples"]) for entry in kit["funcs"])
-    click.echo(f"wrote {out_dir}: {len(kit['funcs'])} layers, {count} kernels for {kit['device']}")
+    seeded = [entry["seeded"] for entry in kit["funcs"] if entry.get("seeded")]
+    how = (f"{len(seeded)} of {len(kit['funcs'])} layers searched from {sum(s['records'] for s in seeded)} measured records"
+           if seeded else "random samples")
+    click.echo(f"wrote {out_dir}: round {kit['round']} ({how}), {len(kit['funcs'])} layers, {count} kernels for {kit['device']}")
 
 
 @tune.command("measure")
 @click.argument("kit_dir", type=click.Path(file_okay=False))
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Results JSON file.")
-@click.option("--units", "units_csv", metavar="K1,K2,...", help="Unit counts (default: GPU partition multiples; CPU 1..all).")
+@click.option("--units", "units_csv", metavar="K1,K2,...|all",
+              help="Unit counts (default: GPU partition multiples; CPU 1..all); 'all': only all units (a tuning round).")
 @click.option("--repeat", default=5, show_default=True, help="Timed batches per kernel and unit count (median).")
 def tune_measure(kit_dir: str, output: str, units_csv: str | None, repeat: int) -> None:
     """Time every kernel of a kit at each unit count on this machine's device (needs only the TVM runtime)."""
     from tvmsched.runtime.kit_measure import measure_kit, write_results
 
-    results = measure_kit(kit_dir, _parse_units(units_csv), repeat=repeat)
+    results = measure_kit(kit_dir, "all" if units_csv == "all" else _parse_units(units_csv), repeat=repeat)
     write_results(results, output)
     click.echo(f"wrote {output}: {results['device_name']}, units {results['units']}")
 
@@ -217,7 +230,7 @@ def tune_measure(kit_dir: str, output: str, units_csv: str | None, repeat: int) 
 @click.option("--db-token-file", type=click.Path(dir_okay=False), help="Bearer token for a database service.")
 def tune_import(kit_dir: str, results_path: str, db_url: str | None, db_token_file: str | None) -> None:
     """Store a kit's measurements as tuning records, scoped by unit count."""
-    from tvmsched.measure_kit import import_results
+    from tvmsched.measure_kit import import_results, round_summary
     from tvmsched.tuning_db.json_limits import loads as bounded_loads
 
     try:
@@ -225,7 +238,12 @@ def tune_import(kit_dir: str, results_path: str, db_url: str | None, db_token_fi
     except (OSError, ValueError) as err:  # ValueError: not JSON, or nested too deeply to parse
         raise TvmschedError(f"cannot read results {results_path}: {one_line(err)}") from None
     stored = import_results(kit_dir, results, db_url, token=_read_token(db_token_file))
-    click.echo(f"stored {stored} measured records")
+    summary = round_summary(kit_dir, results)
+    found = ""
+    if summary["seeded_layers"]:
+        found = (f"; {summary['faster']} of {summary['seeded_layers']} seeded layers measured faster than the database's best "
+                 f"(sum of the layers' best {summary['database_best_sum_us']:.4g} -> {summary['best_sum_us']:.4g} us)")
+    click.echo(f"round {summary['round']}: stored {stored} measured records{found}")
 
 
 @cli.command("profile-coloc")

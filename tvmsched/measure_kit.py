@@ -1,11 +1,16 @@
 """Build-here / measure-there tuning for devices this machine lacks (the GPU machine has no TVM compiler).
 
-1. `build_kit` (here): per layer, MetaSchedule samples random schedules from its design space
-   (replay-trace search), all built into one library per layer; kit.json lists them.
+1. `build_kit` (here): per layer, schedules from MetaSchedule's design space, all built into one library per
+   layer; kit.json lists them. Round 1 (no measured record of the layer's workload in the database): random
+   samples (replay-trace search). Later rounds: MetaSchedule's evolutionary search seeded from the database's
+   measured records (its first population takes the top records; an XGB cost model trained on all the model's
+   measured records ranks the mutants), so each round concentrates near the best measured so far; schedules
+   equal to a measured record are left out.
 2. `tvmsched.runtime.kit_measure.measure_kit` (there): times every sample at each unit count.
 3. `import_results` (here): every measured (sample, unit count) becomes a tuning record of the
    database, scoped by that unit count (all units: 0 on GPUs). Nothing unmeasured is stored.
-Then `tvmsched compile --qos-ms` plans the candidates from those records without a device.
+K rounds of N samples: repeat 1-3 K times with the same database. Then `tvmsched compile --db` runs the best
+records, or `tvmsched compile --qos-ms` plans the candidates from those records without a device.
 """
 
 from __future__ import annotations
@@ -28,17 +33,22 @@ log = logging.getLogger(__name__)
 
 
 def build_kit(model, out_dir: str | Path, *, target: str = "cuda", samples: int = 32, input_shapes=None,
-              name: str = "model", grid_limit_units: list[int] | None = None, progress: bool = True) -> dict:
+              name: str = "model", grid_limit_units: list[int] | None = None, progress: bool = True,
+              database=None, token: str | None = None, seeded: bool = False, measured_ratio: float = 0.2) -> dict:
     """Sample and build `samples` schedules of every layer of `model` into `out_dir`; returns kit.json.
 
     grid_limit_units: CUDA without green contexts: also build each sample grid-limited to each of
     these SM counts (passes.grid_limit); they are measured on the whole device.
+    seeded: draw the samples of layers with measured records (this target, all units) in `database` (a URL or
+    TuningDatabase; None: the default one) by the seeded evolutionary search (see the module docstring); the
+    other layers, and all of them without `seeded`, get random samples (round 1). measured_ratio: the share of
+    the search's first population taken from the database (tuning.SeededSearch).
     """
     import tvm
     from tqdm import tqdm
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
-    from tvmsched.pipeline import lower_model
+    from tvmsched.pipeline import lower_model, open_tuning_database
     from tvmsched.tuning_db.ms_adapter import target_dict
 
     if samples < 1:
@@ -47,13 +57,24 @@ def build_kit(model, out_dir: str | Path, *, target: str = "cuda", samples: int 
     if grid_limit_units and tvm_target.kind.name != "cuda":
         raise TvmschedError("grid limiting restricts GPU kernels: it needs --target cuda")
     specs = arg_specs(graph)
+    search = None
+    if seeded:
+        search = tuning.SeededSearch(tvm_target, open_tuning_database(database, tvm_target, token=token),
+                                     measured_ratio=measured_ratio)
+        for workload in tuning.group_workloads(funcs):  # the cost model learns each workload's records once
+            search.learn(workload.func)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     entries = []
     bar = tqdm(funcs.items(), desc="sampling and building", unit="layer", disable=not progress, file=sys.stderr)
     for index, (func_name, func) in enumerate(bar):
         bar.set_postfix_str(func_name[:40])
-        schedules = tuning.sample_schedules(func, tvm_target, samples, seed=index)
+        seed = None
+        if search is not None and search.records(func):
+            seed = search.sample(func, samples, seed=index)
+            schedules = seed.schedules
+        else:
+            schedules = tuning.sample_schedules(func, tvm_target, samples, seed=index)
         built = _build(func_name, schedules, tvm_target, out, grid_limit_units or [])
         if not built:
             log.warning("layer %s: no valid sampled schedule; it keeps the default schedule", func_name)
@@ -64,8 +85,12 @@ def build_kit(model, out_dir: str | Path, *, target: str = "cuda", samples: int 
             "library": built[0],
             "args": [[list(shape), dtype] for shape, dtype in specs[func_name]],
             "workload": tvm.ir.save_json(mod),
-            "args_info": [_plain(a.as_json()) for a in ArgInfo.from_prim_func(mod["main"])],
-            "samples": [{"symbol": sym, "trace": _plain(sch.trace.as_json()), "grid_limited": variants}
+            "args_info": [tuning.plain_json(a.as_json()) for a in ArgInfo.from_prim_func(mod["main"])],
+            "search": "replay" if seed is None else "evolutionary",
+            "seeded": None if seed is None else {
+                "records": seed.records, "best_us": seed.best_us, "population_seeds": seed.population_seeds,
+            },
+            "samples": [{"symbol": sym, "trace": tuning.plain_json(sch.trace.as_json()), "grid_limited": variants}
                         for sym, sch, variants in built[1]],
         })
     device = "cuda" if tvm_target.kind.name == "cuda" else "cpu"
@@ -73,9 +98,24 @@ def build_kit(model, out_dir: str | Path, *, target: str = "cuda", samples: int 
         "version": KIT_VERSION, "id": uuid.uuid4().hex, "model": name, "device": device,
         "mechanism": "grid_limit" if grid_limit_units else ("green_context" if device == "cuda" else "cpu_threads"),
         "grid_limit_units": sorted(set(grid_limit_units or [])), "target": target_dict(tvm_target), "funcs": entries,
+        "round": kit_round(entries, samples), "samples_per_layer": samples,
+        "device_code": kernels.cuda_device_code() if device == "cuda" else "native",
     }
     (out / KIT_FILE).write_text(json.dumps(kit))
     return kit
+
+
+def kit_round(entries: list[dict], samples: int) -> int:
+    """The round a kit is: 1 when no layer was seeded from measured records, else one more than the rounds of
+    `samples` measurements per layer that the most measured workload's records make up (layers sharing a
+    workload add their samples to the same records). With the same --samples every round, this counts the
+    rounds imported; records from other tuning (compile --tune-*) count too."""
+    per_workload: dict[str, list[int]] = {}
+    for entry in entries:
+        if entry.get("seeded"):
+            per_workload.setdefault(entry["workload"], []).append(entry["seeded"]["records"])
+    rounds = [math.ceil(max(counts) / (samples * len(counts))) for counts in per_workload.values()]
+    return 1 + max(rounds, default=0)
 
 
 def _build(func_name: str, schedules: list, target, out: Path, grid_units: list[int]):
@@ -144,20 +184,29 @@ def import_results(kit_dir: str | Path, results: dict, database=None, token: str
     return stored
 
 
+def round_summary(kit_dir: str | Path, results: dict) -> dict:
+    """What a measured round found: per layer the fastest sample at all units and, for the layers the round's
+    search was seeded for, the database's best when the kit was built (both in us)."""
+    kit = read_kit(kit_dir)
+    full, times = str(results.get("full_units")), results.get("times_us") or {}
+    layers = {}
+    for entry in kit["funcs"]:
+        measured = [t.get(full) for t in (times.get(entry["func"]) or {}).values() if isinstance(t, dict)]
+        measured = [us for us in measured if isinstance(us, (int, float)) and math.isfinite(us) and us > 0]
+        before = (entry.get("seeded") or {}).get("best_us")
+        layers[entry["func"]] = {"round_best_us": min(measured, default=None), "database_best_us": before}
+    seeded = {f: v for f, v in layers.items() if v["database_best_us"] is not None and v["round_best_us"] is not None}
+    return {
+        "round": kit.get("round", 1), "layers": layers, "seeded_layers": len(seeded),
+        "faster": sum(v["round_best_us"] < v["database_best_us"] for v in seeded.values()),
+        "database_best_sum_us": sum(v["database_best_us"] for v in seeded.values()),
+        "best_sum_us": sum(min(v["round_best_us"], v["database_best_us"]) for v in seeded.values()),
+    }
+
+
 def record_units(units: int, full: int, unit_kind: str) -> int:
     """The units a record is stamped with: on GPUs all SMs are 0 (what MetaSchedule tuning stamps)."""
     return 0 if unit_kind.startswith("gpu_sm") and units >= full else units
-
-
-def _plain(obj):
-    """JSON-able Python values of a (possibly partly) TVM-container JSON object."""
-    from tvm.s_tir.meta_schedule.utils import _json_de_tvm
-
-    if isinstance(obj, (list, tuple)):
-        return [_plain(item) for item in obj]
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    return _json_de_tvm(obj)
 
 
 def _load_mod(text: str):

@@ -535,6 +535,8 @@ def tune_model(
     pending, unsearched = [w for w in groups if w.name not in cached], []
     if records_only:
         pending, unsearched = [], pending
+    if pending and runner is None:  # MetaSchedule's LocalRunner measures here: the target's device must exist
+        require_local_device(target)
     if minutes is not None and pending:  # the split needs the searched workloads' latency first; heaviest first
         if hasattr(measure, "many"):  # one build for all of them
             try:
@@ -864,9 +866,253 @@ def sample_schedules(func, target, count: int, *, seed: int = 0, attempts_per_sa
         sch = Schedule(mod, seed=seeds.randrange(1, 2**31 - 1))
         try:
             Trace(trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
+            sch.enter_postproc()  # marks what follows as postprocessing, as MetaSchedule's records do (see `replays_as_seed`)
             if not all(proc.apply(sch) for proc in postprocs):
                 continue
         except Exception:  # noqa: BLE001  (an invalid sample is skipped, as MetaSchedule does)
             continue
         found.setdefault(str(sch.trace.as_json()), sch)
     return list(found.values())
+
+
+# ---- rounds of build-here / measure-there tuning (tvmsched.measure_kit) -------------------------------------
+
+ROUND_TRAIN_RECORDS = 4096  # at most this many measured records per workload train the cost model
+ROUND_SEARCH_ITERS = 4  # search iterations per workload and round (each gives up to `count` new candidates)
+
+
+@dataclass
+class SeededSample:
+    """Schedules a search round drew for one workload, and what the database gave it."""
+
+    schedules: list  # tvm.s_tir.Schedule, none of them equal to a measured record's
+    records: int  # measured records of the workload in the database's scope
+    best_us: float | None  # the fastest of them
+    population_seeds: list[dict]  # {"trace": trace key digest, "us": ...} of the records the search took as its first population
+
+
+class SeededSearch:
+    """MetaSchedule's evolutionary search seeded from a database's measured records, for kits built here and
+    measured on another machine (several short rounds instead of one live tuning session).
+
+    One XGB cost model (MetaSchedule's) is trained on the measured records of all the workloads given to `learn`;
+    each workload's search then starts from its database's top records (EvolutionarySearch: PickBestFromDatabase,
+    `init_measured_ratio` of the population) plus random samples, evolves them by the cost model's predictions, and
+    returns the picks (mostly the predicted best, `eps_greedy` of them random) that no measured record equals.
+    Nothing is committed to the database: the kit's samples become records only when measured and imported."""
+
+    def __init__(self, target, database, *, measured_ratio: float = 0.2) -> None:
+        """measured_ratio: the share of the search's first population taken from the database's top records
+        (EvolutionarySearch's init_measured_ratio; MetaSchedule's default 0.2)."""
+        import tvm.s_tir.meta_schedule as ms
+
+        self.target, self.database, self.measured_ratio = target, database, measured_ratio
+        self.cost_model = ms.cost_model.XGBModel(num_warmup_samples=1, verbose_eval=10**9, num_tuning_cores=os.cpu_count())
+        self._records: dict[int, list] = {}  # id(func) -> measured records, fastest first
+
+    def records(self, func) -> list:
+        """The workload's measured records (fastest first, at most ROUND_TRAIN_RECORDS) in the database's scope."""
+        key = id(func)
+        if key not in self._records:
+            mod = task_module(func)
+            found = []
+            if self.database.has_workload(mod):
+                found = self.database.get_top_k(self.database.commit_workload(mod), ROUND_TRAIN_RECORDS)
+            self._records[key] = [r for r in found if r.run_secs and all(float(s) > 0 for s in r.run_secs)]
+        return self._records[key]
+
+    def learn(self, func) -> int:
+        """Train the cost model on the workload's measured records; returns how many."""
+        import tvm.s_tir.meta_schedule as ms
+
+        records = self.records(func)
+        if records:
+            with self._context(func, None) as context:
+                candidates = [r.as_measure_candidate() for r in records]
+                self.cost_model.update(context, candidates, [ms.runner.RunnerResult(r.run_secs, None) for r in records])
+        return len(records)
+
+    def sample(self, func, count: int, *, seed: int = 0) -> SeededSample:
+        """Up to `count` schedules of `func` from a search seeded with its measured records."""
+        import tvm.s_tir.meta_schedule as ms
+        import tvm_ffi
+
+        records = self.records(func)
+        measured = {tvm_ffi.structural_hash(r.as_measure_candidate().sch.mod) for r in records}
+        population = min(512, max(64, 16 * count))
+        strategy = ms.search_strategy.EvolutionarySearch(
+            population_size=population, init_measured_ratio=self.measured_ratio, init_min_unmeasured=min(50, population // 2))
+        found: dict[int, object] = {}
+        with self._context(func, strategy, seed) as context:
+            design_spaces = context.space_generator.generate_design_space(context.mod)
+            postprocs = context.space_generator.postprocs
+            watch = _seed_watch(self.database, [r for r in records if replays_as_seed(context.mod, r.trace, postprocs)])
+            # the search's picks may repeat its measured seeds (it knows only what it picked itself as measured):
+            # ask for that many more, so that one iteration usually yields `count` new schedules
+            per_iter = count + min(len(watch.seedable), int(population * self.measured_ratio))
+            context.pre_tuning(per_iter * ROUND_SEARCH_ITERS, per_iter, design_spaces, watch, self.cost_model)
+            try:
+                for _ in range(ROUND_SEARCH_ITERS):
+                    candidates = context.generate_measure_candidates()
+                    if not candidates:
+                        break
+                    for candidate in candidates:
+                        key = tvm_ffi.structural_hash(candidate.sch.mod)
+                        if key not in measured and len(found) < count:
+                            found.setdefault(key, candidate.sch)
+                    if len(found) >= count:
+                        break
+                    # advances the search (nothing is measured here; nothing reaches the cost model or database)
+                    unmeasured = ms.runner.RunnerResult(None, "measured on the device later")
+                    context.notify_runner_results(candidates, [unmeasured] * len(candidates))
+            finally:
+                context.post_tuning()
+        best = min((float(sum(r.run_secs) / len(r.run_secs)) for r in records), default=None)
+        return SeededSample(list(found.values()), len(records), None if best is None else best * 1e6, watch.seeds)
+
+    @contextlib.contextmanager
+    def _context(self, func, strategy, seed: int = 0):
+        import tvm.s_tir.meta_schedule as ms
+
+        drop_unnamed_ms_log_handlers()
+        with tensor_intrin_import_skipped(self.target), _ms_console_quieted():
+            yield ms.TuneContext(mod=task_module(func), target=self.target, space_generator=space_generator(self.target),
+                                 search_strategy=strategy, task_name="main", rand_state=seed + 1)
+
+
+def replays_as_seed(mod, trace, postprocs) -> bool:
+    """Whether MetaSchedule's search can take a record's trace into its population: replayed without its
+    postprocessing steps, then postprocessed anew (EvolutionarySearch's PickBestFromDatabase). A trace whose
+    postprocessing steps are not marked as such (kits sampled before 2026-11-26 recorded them as schedule steps)
+    fails that replay inside the search's worker threads, which ends the whole search with "Check failed:
+    old_outputs.size() == new_outputs.size()"."""
+    from tvm.s_tir.schedule import Schedule
+
+    if not any(inst.kind.name == "EnterPostproc" for inst in trace.insts):
+        return False
+    try:
+        sch = Schedule(mod)
+        trace.apply_to_schedule(sch, remove_postproc=True)
+        sch.enter_postproc()
+        return all(proc.apply(sch) for proc in postprocs)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def trace_digest(trace) -> str:
+    """A short key of a trace (a Trace, or its JSON as kits store it): the same for a kit's sample and the
+    database record made of it."""
+    import hashlib
+    import json
+
+    text = json.dumps(plain_json(trace.as_json() if hasattr(trace, "as_json") else trace))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def plain_json(obj):
+    """JSON-able Python values of a (possibly partly) TVM-container JSON object."""
+    from tvm.s_tir.meta_schedule.utils import _json_de_tvm
+
+    if isinstance(obj, (list, tuple)):
+        return [plain_json(item) for item in obj]
+    if isinstance(obj, dict):
+        return {str(k): plain_json(v) for k, v in obj.items()}
+    return _json_de_tvm(obj)
+
+
+_SEED_WATCH = None
+
+
+def _seed_watch(database, seedable: list):
+    """`database` for one workload's search, read-only: its top records are `seedable` (the workload's records
+    that replay as seeds, fastest first), and the ones the search takes are noted in `.seeds`."""
+    global _SEED_WATCH
+    if _SEED_WATCH is None:
+        from tvm.ir.utils import derived_object
+        from tvm.s_tir.meta_schedule.database import PyDatabase
+
+        @derived_object
+        class SeedWatch(PyDatabase):
+            def __init__(self, inner, seedable):
+                super().__init__()
+                self.inner, self.seedable, self.seeds = inner, seedable, []
+
+            def has_workload(self, mod):
+                return self.inner.has_workload(mod)
+
+            def commit_workload(self, mod):
+                return self.inner.commit_workload(mod)
+
+            def commit_tuning_record(self, record):
+                raise TvmschedError("a search round commits no record: only measured ones are imported")
+
+            def get_top_k(self, workload, top_k):
+                top = self.seedable[:max(0, top_k)]
+                self.seeds.extend({"trace": trace_digest(r.trace), "us": float(sum(r.run_secs) / len(r.run_secs)) * 1e6}
+                                  for r in top if r.run_secs)
+                return top
+
+            def get_all_tuning_records(self):
+                return self.inner.get_all_tuning_records()
+
+            def query_tuning_record(self, mod, target, workload_name):
+                return self.inner.query_tuning_record(mod, target, workload_name)
+
+            def query_schedule(self, mod, target, workload_name):
+                return self.inner.query_schedule(mod, target, workload_name)
+
+            def query_ir_module(self, mod, target, workload_name):
+                return self.inner.query_ir_module(mod, target, workload_name)
+
+            def __len__(self):
+                return len(self.inner)
+
+        _SEED_WATCH = SeedWatch
+    return _SEED_WATCH(database, seedable)
+
+
+# ---- where tuning trials are measured ---------------------------------------------------------------------------
+
+
+def device_kind(target) -> str:
+    """The runtime device kind a target's kernels run on: "cpu" for llvm, else the target's kind ("cuda")."""
+    return "cpu" if target.kind.name == "llvm" else target.kind.name
+
+
+def local_device_present(kind: str) -> bool:
+    """Whether this machine has device 0 of `kind` (CPUs always; CUDA: a driver and a GPU)."""
+    if kind == "cpu":
+        return True
+    import tvm
+
+    try:
+        return bool(tvm.device(kind, 0).exist)
+    except Exception:  # noqa: BLE001  (a runtime without that device kind)
+        return False
+
+
+def measurement_runner(target, rpc: str | None = None, *, device_present: bool | None = None):
+    """The MetaSchedule runner that measures tuning trials for `target`: an RPCRunner when `rpc` names a
+    tracker, else MetaSchedule's LocalRunner on this machine's device of the target's kind (MetaSchedule runs each
+    candidate on `tvm.device(target.kind.name, 0)`: a CUDA target's on GPU 0). `device_present`: whether that
+    device exists (default: asked of TVM); without one, a user error that names the other ways to tune."""
+    if rpc:
+        return rpc_runner(rpc)
+    require_local_device(target, device_present)
+    return local_runner()
+
+
+def require_local_device(target, device_present: bool | None = None) -> str:
+    """The device kind that measures `target`'s trials on this machine (see `measurement_runner`); a user error
+    where this machine has none (`device_present`: default asked of TVM)."""
+    kind = device_kind(target)
+    if device_present is None:
+        device_present = local_device_present(kind)
+    if not device_present:
+        raise TvmschedError(
+            f"tuning for {target.kind.name} measures its trials on a {kind} device and this machine has none: "
+            f"tune on the GPU machine itself, measure over RPC (--rpc HOST:PORT:KEY), or build kits here and "
+            f"measure them there in rounds (tvmsched tune kit / tune measure / tune import, then compile --db; "
+            f"see docs/tuning-gpu.md)"
+        )
+    return kind
