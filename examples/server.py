@@ -7,6 +7,9 @@
 Each --model is NAME=ARTIFACT[:QOS_MS[:PRIORITY]] (priority realtime or best_effort). --colocation URL
 loads this device's interference profile from a tuning database (`tvmsched profile-coloc --db URL`).
 --trust KEY.pub (repeatable) loads only artifacts signed by one of those keys (README, "Trust model").
+An artifact is native code that runs with the server's rights as it loads: without --trust nothing is
+verified beyond checksums (anyone can recompute them), so a server loading artifacts it did not build
+must pass --trust; TVMSCHED_REQUIRE_SIGNATURE=1 in the environment refuses any artifact loaded without it.
 A request body over --max-body-bytes (default 16 MiB) is answered 413 before more of it is read.
 
 GET /metrics (prometheus-client, one registry per app): per model tvmsched_requests_total,
@@ -28,7 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily
 from pydantic import BaseModel
 
-from tvmsched.errors import TvmschedError
+from tvmsched.errors import TvmschedError, printable
 from tvmsched.runtime import Runtime
 
 
@@ -212,7 +215,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--colocation", help="tuning-database URL holding a colocation profile of this device")
     parser.add_argument("--trust", action="append", default=[], metavar="KEY.pub",
-                        help="load only artifacts signed by this Ed25519 public key (repeatable)")
+                        help="load only artifacts signed by this Ed25519 public key (repeatable); without it an "
+                        "artifact's code runs unverified (TVMSCHED_REQUIRE_SIGNATURE=1 makes it mandatory)")
     parser.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="larger request bodies get 413")
     args = parser.parse_args()
     try:
@@ -221,7 +225,7 @@ def main() -> None:
         app = create_app([parse_model(spec) for spec in args.model], args.device, args.colocation, args.trust,
                          args.max_body_bytes)
     except TvmschedError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {printable(str(err))}", file=sys.stderr)
         sys.exit(2)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 

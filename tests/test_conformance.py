@@ -51,10 +51,16 @@ def test_run_case_compares_outputs() -> None:
 
 
 def test_sweep_survives_crashing_and_hanging_workers() -> None:
-    cases = [_Poison("crash", (os._exit, (3,))), _Poison("hang", (time.sleep, (600,))), _perturbed(_real_case())]
-    crash, hang, wrong = run_sweep(cases, workers=1, progress=False, timeout_s=5)
-    assert (crash.status, crash.message) == ("error", "worker crashed (exit code 3)")
-    assert (hang.status, hang.message) == ("error", "timed out after 5 s")
+    """Independent of the machine's speed: a case's clock starts when its worker is ready (a fresh worker's
+    start is not counted), the poisons crash or hang at once, and the real case, a TVM compile that a loaded
+    2-core machine may take many seconds over, gets a deadline only a real hang reaches."""
+    crash, hang = _Poison("crash", (os._exit, (3,))), _Poison("hang", (time.sleep, (3600,)))
+    first, hung, after_hang = run_sweep([crash, hang, crash], workers=1, progress=False, timeout_s=5)
+    assert (first.status, first.message) == ("error", "worker crashed (exit code 3)")
+    assert (hung.status, hung.message) == ("error", "timed out after 5 s")
+    assert (after_hang.status, after_hang.message) == ("error", "worker crashed (exit code 3)")  # a new worker
+    after_crash, wrong = run_sweep([crash, _perturbed(_real_case())], workers=1, progress=False, timeout_s=1800)
+    assert (after_crash.status, after_crash.message) == ("error", "worker crashed (exit code 3)")
     assert wrong.status == "fail", wrong
 
 

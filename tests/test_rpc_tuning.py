@@ -21,7 +21,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_for_key(port: int, key: str, timeout_s: float = 60) -> None:
+def wait_for_key(port: int, key: str, timeout_s: float = 300) -> None:  # returns once registered
     from tvm import rpc
 
     deadline = time.monotonic() + timeout_s

@@ -120,3 +120,18 @@ def test_example_server_refuses_untrusted_artifacts(signed):
     result = subprocess.run([sys.executable, "examples/server.py", "--model", f"u={signed / 'u.tvms'}", "--trust",
                              str(signed / "me.pub"), "--port", "1"], capture_output=True, text=True, timeout=120)
     assert_user_error(result, "u.tvms is not signed")
+
+
+def test_an_environment_that_requires_signatures_refuses_unsigned_loads_on_every_entry_point(signed):
+    """TVMSCHED_REQUIRE_SIGNATURE=1: every loader of artifact code needs trusted keys (README, Trust model);
+    readers that load no code (inspect) still read unsigned artifacts."""
+    env = {**os.environ, "TVMSCHED_REQUIRE_SIGNATURE": "1"}
+    cli = lambda *args: subprocess.run([sys.executable, "-m", "tvmsched.cli", *map(str, args)], capture_output=True,  # noqa: E731
+                                       text=True, env=env, timeout=600)
+    assert_user_error(cli("run", signed / "u.tvms"), "TVMSCHED_REQUIRE_SIGNATURE is set")
+    assert_user_error(cli("run", signed / "s.tvms"), "TVMSCHED_REQUIRE_SIGNATURE is set")  # signed, but no key given
+    assert cli("run", signed / "s.tvms", "--trust", signed / "me.pub").returncode == 0
+    assert cli("inspect", signed / "u.tvms").returncode == 0
+    server = subprocess.run([sys.executable, "examples/server.py", "--model", f"u={signed / 'u.tvms'}", "--port", "1"],
+                            capture_output=True, text=True, timeout=600, env=env)
+    assert_user_error(server, "TVMSCHED_REQUIRE_SIGNATURE is set")

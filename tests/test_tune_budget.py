@@ -201,7 +201,11 @@ def test_budget_stops_at_the_deadline_and_keeps_the_faster_kernel(tmp_path):
         assert e["trials"] <= min(e["planned_trials"], tuning.BUDGET_TRIALS_PER_ITER), e
     records = json.loads(run_cli("db", "stats", "--db", db, "--json").stdout)["records"]
     assert records == summary["trials"] + summary["seeded"] == sum(e["trials"] + e["seeded"] for e in entries.values())
-    assert summary["seconds"] < budget_min * 60 + 120  # overshoot: the measuring and the iteration in flight
+    # no workload started after the deadline: every one that ran started before it, after the searches of those
+    # that ran before it, so all searches but one (the last started, at most the longest) fit in the budget. Measured
+    # by the searches' own times, not the wall clock: true however slow the machine (a slow one skips workloads)
+    searched = [e["seconds"] for e in entries.values() if e["status"] != "skipped"]
+    assert sum(searched) - max(searched, default=0) <= budget_min * 60 + 0.1, searched
     # the kernel kept is the faster one as measured (the default where tuning did not beat it or did not run)
     for name, e in entries.items():
         if e["tuned_us"] is not None and e["default_us"] is not None:
@@ -247,7 +251,7 @@ def test_busy_tuning_workers_die_with_a_killed_compile():
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     worker = int(proc.stdout.split()[0])
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 300  # a hang guard: the loop ends as soon as the worker is gone
     while time.monotonic() < deadline and _alive(worker):
         time.sleep(0.2)
     assert not _alive(worker), f"build worker {worker} outlived its parent"

@@ -11,13 +11,16 @@ import dataclasses
 import hashlib
 import io
 import json
+import math
+import types
+import typing
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from tvmsched.errors import TvmschedError, one_line
+from tvmsched.errors import TvmschedError, printable
 from tvmsched.layers import TensorSpec
 
 SCHEMA_VERSION = 1
@@ -123,10 +126,16 @@ class Manifest:
         try:
             return cls.from_json(json.loads(text))
         except (KeyError, TypeError, ValueError, RecursionError) as err:
-            raise TvmschedError(f"{path} is a corrupt artifact: bad manifest ({one_line(err)})") from None
+            raise TvmschedError(f"{path} is a corrupt artifact: bad manifest ({printable(str(err).strip())})") from None
 
     @classmethod
     def from_json(cls, data: dict) -> Manifest:
+        """The manifest of `data` (a manifest.json), every field checked against its type: a ValueError
+        or TypeError naming the first field that is not what it claims (the engine checks the ranges of
+        the numbers it reads; here every number must be finite and >= 0)."""
+        _check_json(data, cls, "manifest")
+        if data.get("tuning") is not None:
+            _check_tuning_summary(data["tuning"])
         layers = tuple(
             Layer(
                 **{
@@ -149,6 +158,75 @@ class Manifest:
                 "cpu_features": tuple(data.get("cpu_features", ())),
             }
         )
+
+
+def _check_json(value, hint, where: str) -> None:
+    """Raise ValueError naming `where` unless the JSON `value` has the type `hint` (a field's annotation:
+    a dataclass is an object of its fields, a tuple a list; numbers finite and >= 0)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return
+        hint = next(a for a in args if a is not type(None))
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise ValueError(f"{where} is not an object")
+        hints = typing.get_type_hints(hint)
+        for key, item in value.items():
+            if key in hints:  # an unknown field is refused when the dataclass is built
+                _check_json(item, hints[key], f"{where}.{key}")
+    elif hint is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where} is not a boolean")
+    elif hint in (int, float):
+        number = isinstance(value, int) or (hint is float and isinstance(value, float))
+        if isinstance(value, bool) or not number:
+            raise ValueError(f"{where} is not {'an integer' if hint is int else 'a number'}")
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{where} is {value}, not a finite number >= 0")
+    elif hint is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{where} is not a string")
+    elif tuple in (hint, origin):
+        if not isinstance(value, (list, tuple)):  # JSON's list, or the tuple of a to_json() not yet serialized
+            raise ValueError(f"{where} is not a list")
+        for i, item in enumerate(value):
+            _check_json(item, args[0] if args else typing.Any, f"{where}[{i}]")
+    elif dict in (hint, origin):
+        if not isinstance(value, dict):
+            raise ValueError(f"{where} is not an object")
+        for key, item in value.items():
+            if args:
+                _check_json(item, args[1], f"{where}.{key}")
+
+
+# The tuning summary (tvmsched.pipeline) that inspect shows: each field's type; the second set, the fields
+# a summary with per-workload totals ("workloads") always has.
+_TUNING_SUMMARY = {"database": str, "layers": dict, "trials_per_layer": int | None, "tune_minutes": float | None,
+                   "records_only": bool | None, "deadline_hit": bool | None, "workloads": int, "layer_count": int,
+                   "trials": int, "tuning_seconds": float, "seconds": float, "trials_per_minute": float, "seeded": int}
+_TUNING_ENTRY = {"status": str, "trials": int, "seconds": float, "message": str | None, "workload": str | None,
+                 "layers": int, "planned_trials": int | None, "seeded": bool | None, "default_us": float | None,
+                 "tuned_us": float | None, "best_us": float | None, "kernel": str}
+_WORKLOAD_ERA = ({"layer_count", "trials", "tuning_seconds", "seconds", "trials_per_minute", "seeded"},
+                 {"trials", "seconds", "layers", "default_us", "tuned_us", "kernel"})
+
+
+def _check_tuning_summary(tuning) -> None:
+    def check(value, fields: dict, required: set, where: str) -> None:
+        if not isinstance(value, dict):
+            raise ValueError(f"{where} is not an object")
+        for key in sorted(required - value.keys()):
+            raise ValueError(f"{where} lacks {key}")
+        for key, hint in fields.items():
+            if key in value:
+                _check_json(value[key], hint, f"{where}.{key}")
+
+    per_workload = isinstance(tuning, dict) and "workloads" in tuning
+    check(tuning, _TUNING_SUMMARY, {"database", "layers"} | (_WORKLOAD_ERA[0] if per_workload else set()), "manifest.tuning")
+    for name, entry in tuning["layers"].items():
+        check(entry, _TUNING_ENTRY, {"status"} | (_WORKLOAD_ERA[1] if per_workload else set()), f"manifest.tuning.layers.{name}")
 
 
 @dataclass(frozen=True)

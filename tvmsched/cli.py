@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from tvmsched.errors import TvmschedError, one_line
+from tvmsched.errors import TvmschedError, one_line, printable
 
 
 @click.group()
@@ -281,7 +281,10 @@ def profile_coloc(artifacts: tuple[str, ...], out: str | None, db_url: str | Non
               "the same inputs and threads and print both latencies side by side.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: outputs, latency summary, check.")
 @click.option("--trust", "trusted", multiple=True, type=click.Path(dir_okay=False), metavar="KEY.pub",
-              help="Run only an artifact signed by this public key (repeatable; README, Trust model).")
+              help="Run only an artifact signed by this public key (repeatable), checked before any of its code is "
+              "loaded. Without --trust nothing is verified beyond checksums, which anyone can recompute: an unsigned "
+              "artifact is code that runs with your rights as it loads (README, Trust model). "
+              "TVMSCHED_REQUIRE_SIGNATURE=1 in the environment makes --trust mandatory.")
 @click.option("--memory-budget", metavar="BYTES", help="Device memory for the model (e.g. 64MiB): a larger model streams "
               "its weights from the host tiers (docs/tiering.md).")
 @click.option("--topology", default="auto", show_default=True, metavar="auto|FILE.json",
@@ -292,7 +295,10 @@ def profile_coloc(artifacts: tuple[str, ...], out: str | None, db_url: str | Non
 def run_cmd(artifact: str, inputs_path: str | None, output_path: str | None, device: str | None, repeat: int,
             check_model: str | None, as_json: bool, trusted: tuple[str, ...], memory_budget: str | None, topology: str,
             plan_path: str | None, gpu: int) -> None:
-    """Run a compiled ARTIFACT once (random inputs unless --inputs)."""
+    """Run a compiled ARTIFACT once (random inputs unless --inputs).
+
+    An artifact is native code: loading it runs its kernels.so, library constructors included, with your
+    rights. Run only artifacts you built, or pass --trust with the public key of whoever built them."""
     from tvmsched.runtime import load
 
     if output_path:
@@ -418,7 +424,8 @@ def bench_switch(artifacts: tuple[str, ...], device: str, repeat: int, qos_ms: f
 @click.option("--trust", "trusted", multiple=True, type=click.Path(dir_okay=False), metavar="KEY.pub",
               help="Also require a signature by this public key (repeatable).")
 def inspect_cmd(artifact: str, as_json: bool, trusted: tuple[str, ...]) -> None:
-    """Show an artifact's layers, kernels, shapes, FLOPs and bytes (checked as a load checks it, code not loaded)."""
+    """Show an artifact's layers, kernels, shapes, FLOPs and bytes (checked as a load checks it; its code is
+    never loaded, so inspecting an untrusted artifact runs none of it)."""
     from tvmsched.artifact import Manifest
     from tvmsched.inspect import describe
 
@@ -696,12 +703,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cli.main(args=argv, prog_name="tvmsched", standalone_mode=False)
     except TvmschedError as err:
-        click.echo(f"error: {err}", err=True)
+        click.echo(f"error: {printable(str(err).strip())}", err=True)
         return 2
     except click.exceptions.Exit as exit_:
         return exit_.exit_code
     except click.ClickException as err:
-        click.echo(f"error: {err.format_message()}", err=True)
+        click.echo(f"error: {printable(err.format_message())}", err=True)
         return 2
     except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("interrupted", err=True)
@@ -711,7 +718,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # a bug or an unexpected TVM failure: still one line
         if os.environ.get("TVMSCHED_DEBUG"):
             raise
-        click.echo(f"error: internal error ({type(err).__name__}): {one_line(err)} (TVMSCHED_DEBUG=1 shows the traceback)", err=True)
+        click.echo(f"error: internal error ({type(err).__name__}): {printable(one_line(err))} (TVMSCHED_DEBUG=1 shows the traceback)",
+                   err=True)
         return 1
     return 0
 

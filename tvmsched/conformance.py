@@ -31,6 +31,9 @@ SUPPORTED_OPS: frozenset[str] = frozenset(
 )  # fmt: skip
 
 DEFAULT_TIMEOUT_S = 120.0
+# A case's clock starts when its worker is ready (spawned and imported): starting one on a loaded machine can take
+# long, and would otherwise eat into the first case's time. A worker that never gets ready is given up after this.
+STARTUP_TIMEOUT_S = 300.0
 _MAX_MESSAGE = 300
 
 
@@ -116,7 +119,8 @@ def run_sweep(
 ) -> list[CaseResult]:
     """Run `cases` in `workers` reusable worker processes; results come back in the order of `cases`.
 
-    A worker that dies or runs past `timeout_s` on a case makes that case an "error" and is replaced.
+    A worker that dies or runs past `timeout_s` on a case (counted from when the worker was ready to run
+    it, so a slow start of the worker is not counted) makes that case an "error" and is replaced.
     """
     from tqdm import tqdm
 
@@ -147,15 +151,18 @@ def run_sweep(
 def _collect(pool: list[_Worker], timeout_s: float) -> list[tuple[int, CaseResult]]:
     """Wait for the busy workers; return the finished jobs (a crashed or hung worker is killed)."""
     busy = [w for w in pool if w.job is not None]
-    first_deadline = min(w.started + timeout_s for w in busy)
+    first_deadline = min(w.deadline(timeout_s) for w in busy)
     handles = [w.conn for w in busy] + [w.process.sentinel for w in busy]
     ready = wait(handles, max(0.0, first_deadline - time.monotonic()))
     done = []
     for worker in busy:
         if worker.conn in ready or worker.process.sentinel in ready:
-            done.append(worker.receive())
-        elif time.monotonic() - worker.started > timeout_s:
-            done.append(worker.fail(f"timed out after {timeout_s:.0f} s"))
+            finished = worker.receive()  # None: the worker just got ready, its case's clock starts now
+            if finished is not None:
+                done.append(finished)
+        elif time.monotonic() > worker.deadline(timeout_s):
+            why = f"timed out after {timeout_s:.0f} s" if worker.ready else f"worker did not start in {STARTUP_TIMEOUT_S:.0f} s"
+            done.append(worker.fail(why))
     return done
 
 
@@ -169,8 +176,14 @@ class _Worker:
         self.process.start()
         child.close()
         self.job: tuple[int, str] | None = None
-        self.started = 0.0
+        self.spawned = self.started = time.monotonic()
+        self.ready = False  # the worker has said it is ready (spawned, imports done)
         self.alive = True
+
+    def deadline(self, timeout_s: float) -> float:
+        """When the current case counts as hung: `timeout_s` after the later of its submission and the worker
+        getting ready; while the worker starts, STARTUP_TIMEOUT_S after it was spawned."""
+        return self.started + timeout_s if self.ready else self.spawned + max(timeout_s, STARTUP_TIMEOUT_S)
 
     def submit(self, index: int, case) -> None:
         self.job, self.started = (index, case.name), time.monotonic()
@@ -179,12 +192,15 @@ class _Worker:
         except OSError:  # the worker died; `receive` reports it as a crash
             pass
 
-    def receive(self) -> tuple[int, CaseResult]:
+    def receive(self) -> tuple[int, CaseResult] | None:
         try:
             result = self.conn.recv()
         except (EOFError, OSError):
-            self.process.join(5)
+            self.process.join(60)  # it is exiting: returns as soon as it has, however loaded the machine
             return self.fail(f"worker crashed (exit code {self.process.exitcode})")
+        if result == _READY:
+            self.ready, self.started = True, time.monotonic()
+            return None
         index, self.job = self.job[0], None
         return index, result
 
@@ -208,11 +224,15 @@ class _Worker:
         self.conn.close()
 
 
+_READY = "ready"
+
+
 def _worker_main(conn: Connection, threads: int) -> None:
     """Worker loop: receive a case, send back its result; None stops it. Compiler chatter goes to /dev/null."""
     os.environ["TVM_NUM_THREADS"] = str(threads)  # before TVM is imported in this process
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
+    conn.send(_READY)
     while (case := conn.recv()) is not None:
         conn.send(run_case(case))

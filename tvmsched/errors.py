@@ -14,6 +14,12 @@ class TvmschedError(Exception):
     """A problem with the user's input (model, artifact, options), stated in one line."""
 
 
+def printable(text: str) -> str:
+    """`text` with every character that is not printable escaped (a newline as \\n, ESC as \\x1b): one
+    line that cannot move a terminal's cursor, whatever a hostile artifact or model put in it."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def one_line(err: BaseException) -> str:
     """The last non-empty line of an exception's message (TVM puts the reason there)."""
     lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]

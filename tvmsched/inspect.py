@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tvmsched.artifact import Manifest
+from tvmsched.errors import printable
 
 
 def describe(manifest: Manifest) -> str:
@@ -27,7 +28,7 @@ def describe(manifest: Manifest) -> str:
         bound = "" if layer.qos_bound_us is None else f"  [bound {layer.qos_bound_us:.3g} us; at units " + ", ".join(
             f"{k}: {t:.3g}" for k, t in (layer.unit_latency_us or {}).items()) + " us]"
         lines.append(f"{layer.index:>3}  {layer.func[:40]:40s} {out:22s} {layer.flops / 1e6:9.3f} {layer.bytes / 1e3:9.1f}  {cands}{bound}")
-    return "\n".join(lines)
+    return "\n".join(map(printable, lines))  # names from the manifest cannot add lines or drive the terminal
 
 
 def _shape(spec) -> str:

@@ -3,7 +3,8 @@
 //   tvmsched_run [--device cpu|cuda] [--trust KEY.pub ...] ARTIFACT IN.npz OUT.npz
 //
 // With --trust (repeatable), only an artifact signed by one of the keys is loaded (README, "Trust
-// model"); the signature is checked before any of the artifact's code is.
+// model"); the signature is checked before any of the artifact's code is. Without --trust the artifact's
+// kernels.so runs unverified (TVMSCHED_REQUIRE_SIGNATURE=1 in the environment refuses that).
 // IN.npz holds one array per model input (np.savez(path, input=x)); OUT.npz gets one array per
 // model output, keyed by output name (np.load(path)["output"]). Any problem: one `error: ...` line
 // on stderr and exit status 2.

@@ -17,6 +17,7 @@
 //   A body over --max-body-bytes (default 16 MiB) is answered 413 without being read.
 //
 // --trust KEY.pub (repeatable): load only artifacts signed by one of these keys (README, "Trust model").
+// Without it an artifact's kernels.so runs unverified (TVMSCHED_REQUIRE_SIGNATURE=1 in the environment refuses that).
 //
 // HTTP: cpp-httplib; JSON: nlohmann-json; both from Debian (libcpp-httplib-dev, nlohmann-json3-dev).
 #include <httplib.h>

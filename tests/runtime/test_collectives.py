@@ -27,7 +27,8 @@ from ddp_train import model as train_model  # noqa: E402
 
 JOBS = {"a": 2, "b": 3, "c": 4}  # job → ranks
 STEPS = 60
-DEADLINE_S = 120
+DEADLINE_S = 900  # a hang guard: nine torch processes on a loaded 2-core machine may take minutes
+PROCESS_GROUP_TIMEOUT_S = 120  # Gloo's rendezvous and collectives (a peer still importing torch is not dead)
 
 
 def _free_port() -> int:
@@ -44,7 +45,7 @@ def _launch(tmp: Path, jobs: dict[str, int], controller: int, switch: int, extra
         for rank in range(world):
             cmd = [sys.executable, str(TRAIN), "--job", job, "--rank", str(rank), "--world", str(world),
                    "--master-port", str(port), "--controller", f"127.0.0.1:{controller}", "--switch", f"127.0.0.1:{switch}",
-                   "--steps", str(steps), "--wait-state", "30", "--timeout", "15", "--out", str(tmp / f"{job}{rank}.json"), *extra]
+                   "--steps", str(steps), "--wait-state", "120", "--timeout", str(PROCESS_GROUP_TIMEOUT_S), "--out", str(tmp / f"{job}{rank}.json"), *extra]
             procs[(job, rank)] = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     return procs
 
@@ -184,9 +185,9 @@ def test_kill_one_rank_and_the_controller_nothing_hangs(tmp_path):
         assert "listening" in controller.stdout.readline()
         jobs = {"a": 2, "b": 2, "c": 3}
         procs = _launch(tmp_path, jobs, cport, sport, extra=["--compute-ms", "10"], steps=400)
-        _until(lambda: all((tmp_path / f"{j}{r}.json.running").exists() for j, w in jobs.items() for r in range(w)), 90)
+        _until(lambda: all((tmp_path / f"{j}{r}.json.running").exists() for j, w in jobs.items() for r in range(w)), DEADLINE_S)
         os.kill(procs[("b", 1)].pid, signal.SIGKILL)
-        _until(lambda: len(switch.log()) > 40, 60)
+        _until(lambda: len(switch.log()) > 40, DEADLINE_S)
         controller.kill()
         survivors = {k: p for k, p in procs.items() if k != ("b", 1)}
         _wait(survivors)
@@ -220,11 +221,11 @@ def test_controller_drops_a_hostile_peer_and_keeps_serving():
     ctl = Controller(policy="tdm", refresh_s=0.05)
     port = ctl.start()
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as bad:  # not a hello
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as bad:  # not a hello
             wire.send(bad, {"op": "prepared", "round": [1]})
             reply, _ = wire.recv(bad)
             assert reply == {"ok": False, "error": "the first message must be hello"}
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as bad:  # a profile no state can hold
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as bad:  # a profile no state can hold
             wire.send(bad, {"op": "hello", "job": "x", "rank": 0, "world": 1})
             assert wire.recv(bad)[0]["ok"]
             wire.send(bad, {"op": "profile", "profile": {"step_s": -1, "ops": [], "hosts": 1}, "ref_seq": 0, "ref_time": 0})
@@ -232,7 +233,7 @@ def test_controller_drops_a_hostile_peer_and_keeps_serving():
                 if msg["op"] == "prepare":
                     wire.send(bad, {"op": "prepared", "round": msg["round"], "seq": 0})
             assert msg["ok"] is False and "bad profile report" in msg["error"]
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as good:  # and a well-behaved job still gets rounds
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as good:  # and a well-behaved job still gets rounds
             wire.send(good, {"op": "hello", "job": "y", "rank": 0, "world": 1})
             assert wire.recv(good)[0]["ok"]
             assert wire.recv(good)[0]["op"] == "prepare"

@@ -24,6 +24,11 @@ from tvmsched.runtime.collectives.switch import (
 )
 
 HOST = "127.0.0.1"
+# Waits, socket timeouts and the ops' own timeout are hang guards: each returns as soon as its event happens, so
+# they are generous (a loaded 2-core machine may stall a thread for seconds); no test depends on them firing,
+# except the one that sets a short op timeout on purpose.
+WAIT_S = 60
+OP_TIMEOUT_S = 120.0
 
 
 @pytest.fixture
@@ -32,7 +37,7 @@ def start_switch():
     servers = []
 
     def start(**options) -> SwitchServer:
-        server = SwitchServer(**options)
+        server = SwitchServer(**{"op_timeout_s": OP_TIMEOUT_S, **options})  # a slow rank never aborts an op
         server.start()
         servers.append(server)
         return server
@@ -113,7 +118,7 @@ def test_sums_are_exact_for_every_rank(start_switch):
 
 def test_two_jobs_hammering_take_turns_and_agree(start_switch):
     server = start_switch(link_gbps=0.1)  # a 64 KiB op holds the slot ~2.7 ms
-    world, count, deadline = 2, 16384, time.monotonic() + 10
+    world, count, deadline = 2, 16384, time.monotonic() + WAIT_S  # ends when both counts are reached
 
     def rank(job: str, r: int) -> list[str]:
         verdicts, array = [], integers(r, count)
@@ -142,7 +147,7 @@ def test_a_refused_op_stays_refused_for_its_later_ranks(start_switch):
     array = integers(0, 100)
     with ThreadPoolExecutor(1) as pool:
         first = pool.submit(reduce_once, server.port, "A", 0, 2, array)
-        server.wait_until(holding("A"), 5)
+        server.wait_until(holding("A"), WAIT_S)
         assert reduce_once(server.port, "B", 0, 2, array) == ("refused", "A")
         assert reduce_once(server.port, "A", 1, 2, array)[0] == "done"
         assert first.result()[0] == "done"
@@ -152,18 +157,18 @@ def test_a_refused_op_stays_refused_for_its_later_ranks(start_switch):
 
 
 def test_a_missing_rank_times_out_and_frees_the_slot(start_switch):
+    """The timeout must fire, so nothing here may need to happen before it does (another job being refused
+    while A holds the slot is the test above's, with a timeout that never fires)."""
     server = start_switch(op_timeout_s=0.3)
     array = integers(0, 100)
     with ThreadPoolExecutor(1) as pool:
         began = time.monotonic()
         lonely = pool.submit(reduce_once, server.port, "A", 0, 2, array)
-        server.wait_until(holding("A"), 5)
-        assert reduce_once(server.port, "B", 0, 1, array) == ("refused", "A")
-        status, reason = lonely.result()
+        status, reason = lonely.result(timeout=WAIT_S)
         elapsed = time.monotonic() - began
     assert status == "aborted" and "timeout" in reason
-    assert 0.3 <= elapsed < 2.0
-    assert reduce_once(server.port, "B", 0, 1, array, seq=1)[0] == "done"
+    assert elapsed >= 0.3  # not before the timeout (after it, however slow the machine)
+    assert reduce_once(server.port, "B", 0, 1, array)[0] == "done"
     assert reduce_once(server.port, "A", 1, 2, array)[0] == "aborted"  # a late rank gets the same verdict
     entry = next(e for e in server.log() if e["job"] == "A")
     assert entry["verdict"] == "aborted" and entry["ranks"] == [0, 1]
@@ -176,17 +181,17 @@ def test_a_rank_that_closes_aborts_its_op_and_frees_the_slot(start_switch, momen
     payload = integers(0, count).tobytes()
     with ThreadPoolExecutor(1) as pool:
         other = pool.submit(reduce_once, server.port, "A", 1, 3, integers(1, count))
-        server.wait_until(holding("A", "summed", rank=1), 5)
-        sock = socket.create_connection((HOST, server.port), timeout=5)
+        server.wait_until(holding("A", "summed", rank=1), WAIT_S)
+        sock = socket.create_connection((HOST, server.port), timeout=WAIT_S)
         sock.sendall(frame({"op": "hello", "job": "A", "rank": 0, "world": 3}))
         sock.sendall(frame({"op": "reduce", "job": "A", "seq": 0, "dtype": "float32", "count": count,
                             "nbytes": len(payload)}))
         sock.sendall(payload[: len(payload) // 2] if moment == "mid-payload" else payload)
-        server.wait_until(holding("A", "arrived" if moment == "mid-payload" else "summed", rank=0), 5)
+        server.wait_until(holding("A", "arrived" if moment == "mid-payload" else "summed", rank=0), WAIT_S)
         sock.close()
-        status, reason = other.result(timeout=5)
+        status, reason = other.result(timeout=WAIT_S)
     assert status == "aborted" and "rank 0 closed" in reason
-    assert server.wait_until(lambda stats: not stats["holders"], 5)
+    assert server.wait_until(lambda stats: not stats["holders"], WAIT_S)
     assert reduce_once(server.port, "B", 0, 1, integers(0, 10))[0] == "done"
     assert reduce_once(server.port, "A", 2, 3, integers(2, count)) == ("aborted", reason)  # a late rank too
 
@@ -195,10 +200,10 @@ def test_ranks_that_disagree_abort_the_op(start_switch):
     server = start_switch()
     with ThreadPoolExecutor(1) as pool:
         first = pool.submit(reduce_once, server.port, "A", 0, 2, integers(0, 10))
-        server.wait_until(holding("A"), 5)
+        server.wait_until(holding("A"), WAIT_S)
         status, reason = reduce_once(server.port, "A", 1, 2, integers(1, 11))
         assert status == "aborted" and "11 elements" in reason
-        assert first.result(timeout=5) == ("aborted", reason)
+        assert first.result(timeout=WAIT_S) == ("aborted", reason)
     assert server.stats()["holders"] == []
 
 
@@ -219,17 +224,17 @@ def test_hostile_input_closes_only_that_connection(start_switch):
     ]
     unframed = [b"\xde\xad\xbe\xef" * 8, struct.pack(">I", 1 << 30) + b"{}", struct.pack(">I", 0)]
     for message in framed + unframed:
-        with socket.create_connection((HOST, server.port), timeout=5) as sock:
+        with socket.create_connection((HOST, server.port), timeout=WAIT_S) as sock:
             sock.sendall(message)
             replies = replies_until_closed(sock)
         errors = [reply for reply in replies if reply.get("ok") is not True]
         assert len(errors) <= 1 and all(reply["ok"] is False and reply["error"] for reply in errors), replies
         assert errors or message in unframed, (message[:80], replies)
-    with socket.create_connection((HOST, server.port), timeout=5) as sock:  # half a message, then gone
+    with socket.create_connection((HOST, server.port), timeout=WAIT_S) as sock:  # half a message, then gone
         sock.sendall(hello + frame({**reduce, "count": CHUNK, "nbytes": 4 * CHUNK}) + b"\0" * 100)
     arrays = [integers(r, 1000) for r in range(2)]
     assert all(np.array_equal(v, arrays[0] + arrays[1]) for _, v in run_job(server.port, "H", arrays, seq=1))
-    assert server.wait_until(lambda stats: stats["connections"] == 0 and not stats["holders"], 5)
+    assert server.wait_until(lambda stats: stats["connections"] == 0 and not stats["holders"], WAIT_S)
 
 
 def test_link_pacing_takes_at_least_the_modeled_time(start_switch):
@@ -242,7 +247,7 @@ def test_link_pacing_takes_at_least_the_modeled_time(start_switch):
     elapsed = time.monotonic() - began
     (entry,) = server.log()
     assert entry["end"] - entry["start"] >= modeled - 1e-3
-    assert modeled <= elapsed < modeled + 2.0
+    assert elapsed >= modeled  # never faster than the link allows (slower: the machine's speed, not pacing)
 
 
 def test_spatial_mode_admits_concurrent_jobs_sharing_the_link(start_switch):
@@ -250,9 +255,9 @@ def test_spatial_mode_admits_concurrent_jobs_sharing_the_link(start_switch):
     server = start_switch(mode="spatial", slots=2, link_gbps=gbps)
     with ThreadPoolExecutor(2) as pool:
         a0 = pool.submit(reduce_once, server.port, "A", 0, 2, integers(0, big))
-        server.wait_until(holding("A"), 5)
+        server.wait_until(holding("A"), WAIT_S)
         b0 = pool.submit(reduce_once, server.port, "B", 0, 2, integers(0, small))
-        server.wait_until(holding("B"), 5)
+        server.wait_until(holding("B"), WAIT_S)
         assert reduce_once(server.port, "C", 0, 1, integers(0, 10))[0] == "refused"  # both slots taken
         assert reduce_once(server.port, "B", 1, 2, integers(1, small))[0] == "done"
         assert reduce_once(server.port, "A", 1, 2, integers(1, big))[0] == "done"
@@ -264,7 +269,8 @@ def test_spatial_mode_admits_concurrent_jobs_sharing_the_link(start_switch):
 
 
 def test_the_process_entry_point_serves_until_sigterm():
-    process = subprocess.Popen([sys.executable, "-m", "tvmsched.runtime.collectives.switch", "--port", "0"],
+    process = subprocess.Popen([sys.executable, "-m", "tvmsched.runtime.collectives.switch", "--port", "0",
+                                "--op-timeout", str(OP_TIMEOUT_S)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = process.stdout.readline()
@@ -277,7 +283,7 @@ def test_the_process_entry_point_serves_until_sigterm():
         assert sorted(entry["ranks"]) == [0, 1, 2]
         assert query(HOST, port, {"op": "stats"})["stats"]["done"] == 1
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=10) == 0
+        assert process.wait(timeout=WAIT_S) == 0
     finally:
         process.kill()
         process.communicate()
@@ -311,7 +317,7 @@ def test_stopping_the_server_releases_a_waiting_rank(start_switch):
     server = start_switch(op_timeout_s=30)
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(reduce_once, server.port, "A", 0, 2, integers(0, 10))
-        server.wait_until(holding("A", "summed", rank=0), 5)
+        server.wait_until(holding("A", "summed", rank=0), WAIT_S)
         server.stop()
         with pytest.raises(ConnectionError):
-            waiting.result(timeout=5)
+            waiting.result(timeout=WAIT_S)

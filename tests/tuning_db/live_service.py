@@ -13,7 +13,7 @@ from tests.helpers import free_port
 from tvmsched.tuning_db.service import create_app
 from tvmsched.tuning_db.store import SQLStore
 
-START_TIMEOUT_S = 30
+START_TIMEOUT_S = 300  # a hang guard: the loop ends when the service is up
 
 
 @contextlib.contextmanager

@@ -17,15 +17,13 @@ WORKERS, RECORDS, SHARED = 4, 50, 20
 def test_concurrent_writers(backend, tmp_path, request):
     url = f"sqlite:///{tmp_path / 'shared.db'}" if backend == "sqlite" else request.getfixturevalue("pg_url")
     workloads = real_workloads()
-    start_at = time.time() + 3.0  # after every worker has imported its modules
+    start_at = time.time() + 3.0  # most likely after every worker has imported its modules (if not: less overlap)
     ctx = multiprocessing.get_context("spawn")
-    t0 = time.time()
     with ctx.Pool(WORKERS) as pool:
-        results = pool.starmap(
+        results = pool.starmap_async(
             concurrent_writer,
             [(url, w, start_at, workloads, RECORDS, SHARED) for w in range(WORKERS)],
-        )
-    assert time.time() - t0 < 60
+        ).get(timeout=900)  # a hang guard: each worker imports TVM, which a loaded 2-core machine does slowly
 
     errors = [e for r in results for e in r["errors"]]
     assert errors == [], "\n".join(errors)

@@ -7,7 +7,16 @@
 #include <tvm/ffi/extra/json.h>
 #include <tvm/ffi/string.h>
 
-#include <fstream>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <iomanip>
 #include <set>
 #include <sstream>
@@ -47,6 +56,23 @@ uint32_t Le32(const std::string& b, size_t at) {
 uint16_t Le16(const std::string& b, size_t at) { return uint16_t(uint8_t(b[at]) | uint8_t(b[at + 1]) << 8); }
 uint64_t Le64(const std::string& b, size_t at) { return uint64_t(Le32(b, at)) | uint64_t(Le32(b, at + 4)) << 32; }
 
+/*! \brief `text` with control characters escaped (\\n, \\x1b): manifest strings quoted in an error keep it one line. */
+std::string Printable(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    auto byte = static_cast<uint8_t>(c);
+    if (c == '\n') out += "\\n";
+    else if (byte < 0x20 || byte == 0x7f) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof(escaped), "\\x%02x", byte);
+      out += escaped;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 [[noreturn]] void Corrupt(const std::string& what, const std::string& why) {
   TVM_FFI_THROW(TvmschedError) << what << " is not a readable tvmsched artifact (truncated or corrupt: " << why << ")";
 }
@@ -75,6 +101,24 @@ class Json {
     return *v;
   }
   int64_t integer_or(int64_t fallback) const { return null() ? fallback : integer(); }
+  /*! \brief An integer in [lo, hi] (null: `fallback`), else a one-line error naming the field. */
+  int64_t integer_in(int64_t lo, int64_t hi, int64_t fallback) const {
+    if (null()) return fallback;
+    int64_t v = integer();
+    if (v < lo || v > hi) Fail(("is " + std::to_string(v) + ", outside " + std::to_string(lo) + ".." + std::to_string(hi)).c_str());
+    return v;
+  }
+  /*! \brief A finite number in [lo, hi] (null: `fallback`), else a one-line error naming the field. */
+  double number_in(double lo, double hi, double fallback) const {
+    if (null()) return fallback;
+    double v = number();
+    if (!std::isfinite(v) || v < lo || v > hi) {
+      std::ostringstream text;
+      text << "is " << v << ", outside " << lo << ".." << hi;
+      Fail(text.str().c_str());
+    }
+    return v;
+  }
   double number() const {
     if (auto i = value_.as<int64_t>()) return static_cast<double>(*i);
     auto v = value_.as<double>();
@@ -104,9 +148,18 @@ class Json {
     }
     return out;
   }
+  /*! \brief A string that names something (a tensor, kernel, CPU feature...): no control characters, so that
+   *  an error quoting it stays one line. */
+  std::string name() const {
+    std::string s = str();
+    for (char c : s) {
+      if (static_cast<uint8_t>(c) < 0x20 || c == 0x7f) Fail("contains a control character");
+    }
+    return s;
+  }
   std::vector<std::string> strings() const {
     std::vector<std::string> out;
-    for (const Json& item : items()) out.push_back(item.str());
+    for (const Json& item : items()) out.push_back(item.name());
     return out;
   }
 
@@ -192,22 +245,50 @@ void CheckJsonDepth(const std::string& text, const std::string& what, int max_de
 
 namespace {
 
+// Bounds of the manifest's numbers: far beyond any real machine or kernel, so that a value outside them
+// is a corrupt or hostile manifest (refused with one line), never a number shown or used as if real.
+constexpr int64_t kMaxUnits = 1 << 16;          // CPU threads or SMs a candidate runs on; GPU threads per block
+constexpr int64_t kMaxBlocks = int64_t(1) << 40;  // blocks of one launch (GPU grids top out near 2^63, real ones far lower)
+constexpr int64_t kMaxBytes = int64_t(1) << 50;   // a layer's or candidate's bytes
+constexpr double kMaxLatencyUs = 3.6e9;           // an hour, in microseconds
+
+/*! \brief Whether `text` is well-formed UTF-8 (JSON's encoding; Python decodes the manifest as it). */
+bool IsUtf8(const std::string& text) {
+  for (size_t i = 0; i < text.size();) {
+    auto byte = [&](size_t at) { return static_cast<uint8_t>(text[at]); };
+    uint8_t c = byte(i);
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (len == 0 || i + len > text.size()) return false;
+    uint32_t code = len == 1 ? c : len == 2 ? c & 0x1f : len == 3 ? c & 0x0f : c & 0x07;
+    for (size_t k = 1; k < len; ++k) {
+      if ((byte(i + k) & 0xc0) != 0x80) return false;
+      code = code << 6 | (byte(i + k) & 0x3f);
+    }
+    static const uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};  // overlong forms are not UTF-8
+    if (code < kMin[len] || code > 0x10ffff || (code >= 0xd800 && code <= 0xdfff)) return false;
+    i += len;
+  }
+  return true;
+}
+
 Manifest ParseManifest(const std::string& text) {
+  if (!IsUtf8(text)) throw std::invalid_argument("manifest.json is not UTF-8");
   CheckJsonDepth(text, "manifest.json", kMaxJsonDepth);
   ffi::String error;
   ffi::Any root = ffi::json::Parse(ffi::String(text), &error);
   if (!error.empty()) throw std::invalid_argument("manifest.json is not JSON: " + std::string(error));
   Json json(root, "manifest");
   Manifest m;
-  m.schema_version = static_cast<int>(json["schema_version"].integer());
+  // clamped, never wrapped into the version this engine reads; the caller reports any other version
+  m.schema_version = static_cast<int>(std::clamp<int64_t>(json["schema_version"].integer(), -(1 << 30), 1 << 30));
   if (m.schema_version != kSchemaVersion) return m;  // the caller reports the version
-  m.model_name = json["model_name"].str();
+  m.model_name = json["model_name"].name();
   m.device = json["device"].str();
   if (m.device != "cpu" && m.device != "cuda") throw std::invalid_argument("manifest.device must be cpu or cuda");
-  m.device_code = json["device_code"].str();
+  m.device_code = json["device_code"].name();
   m.progress_counters = !json["progress_counters"].null() && json["progress_counters"].boolean();
   for (const char* side : {"inputs", "outputs"}) {
-    for (const Json& b : json[side].items()) (side[0] == 'i' ? m.inputs : m.outputs).push_back({b["name"].str(), b["tensor"].str()});
+    for (const Json& b : json[side].items()) (side[0] == 'i' ? m.inputs : m.outputs).push_back({b["name"].name(), b["tensor"].name()});
   }
   for (const auto& [id, t] : json["tensors"].entries()) {
     TensorSpec spec;
@@ -216,9 +297,9 @@ Manifest ParseManifest(const std::string& text) {
       if (dim < 0 || dim > (int64_t(1) << 40)) throw std::invalid_argument("tensor " + id + " has a bad shape");
       spec.shape.push_back(dim);
     }
-    spec.dtype_name = t["dtype"].str();
+    spec.dtype_name = t["dtype"].name();
     spec.dtype = ParseDType(spec.dtype_name);
-    spec.kind = t["kind"].str();
+    spec.kind = t["kind"].name();
     m.tensors.emplace(id, std::move(spec));
   }
   auto known = [&](const std::string& id) {
@@ -229,39 +310,47 @@ Manifest ParseManifest(const std::string& text) {
   for (const Binding& b : m.outputs) known(b.tensor);
   for (const Json& l : json["layers"].items()) {
     LayerSpec layer;
-    layer.index = static_cast<int>(l["index"].integer());
-    layer.func = l["func"].str();
+    if (l["index"].integer() != static_cast<int64_t>(m.layers.size())) throw std::invalid_argument("layers are out of order");
+    layer.index = static_cast<int>(m.layers.size());
+    layer.func = l["func"].name();
     for (const auto& id : l["inputs"].strings()) layer.inputs.push_back(known(id));
     for (const auto& id : l["outputs"].strings()) layer.outputs.push_back(known(id));
     for (const Json& c : l["candidates"].items()) {
       CandidateSpec cand;
-      cand.id = static_cast<int>(c["id"].integer());
-      cand.kernel = c["kernel"].str();
-      cand.units = static_cast<int>(c["units"].integer_or(0));
-      cand.mechanism = c["mechanism"].null() ? "" : c["mechanism"].str();
+      int64_t id = c["id"].integer();  // numbered by position (CheckInvariants), compared before any narrowing
+      cand.id = id == static_cast<int64_t>(layer.candidates.size()) ? static_cast<int>(id) : -1;
+      cand.kernel = c["kernel"].name();
+      cand.units = static_cast<int>(c["units"].integer_in(0, kMaxUnits, 0));
+      cand.mechanism = c["mechanism"].null() ? "" : c["mechanism"].name();
       cand.idempotent = !c["idempotent"].null() && c["idempotent"].boolean();
-      cand.threads = std::max<int64_t>(1, c["threads"].integer_or(1));
+      cand.threads = c["threads"].integer_in(1, kMaxUnits, 1);
       // the progress bitmap's unit: blocks the kernels count when they count, else the launch's blocks
-      int64_t blocks = (m.progress_counters ? c["progress_blocks"] : c["blocks"]).integer_or(1);
-      cand.blocks = std::max<int64_t>(1, blocks);
-      cand.latency_us = c["latency_us"].null() ? 1.0 : c["latency_us"].number();
+      int64_t blocks = c["blocks"].integer_in(0, kMaxBlocks, 1), progress_blocks = c["progress_blocks"].integer_in(0, kMaxBlocks, 1);
+      cand.blocks = std::max<int64_t>(1, m.progress_counters ? progress_blocks : blocks);
+      cand.latency_us = c["latency_us"].number_in(0, kMaxLatencyUs, 1.0);
+      c["memory_bytes"].integer_in(0, kMaxBytes, 0);  // shown by inspect; range-checked like the rest
       layer.candidates.push_back(std::move(cand));
     }
+    l["flops"].number_in(0, 1e21, 0);
+    l["bytes"].integer_in(0, kMaxBytes, 0);
+    l["qos_bound_us"].number_in(0, kMaxLatencyUs, 0);
+    if (!l["unit_latency_us"].null()) {
+      for (const auto& [units, latency] : l["unit_latency_us"].entries()) latency.number_in(0, kMaxLatencyUs, 0);
+    }
     if (layer.candidates.empty()) throw std::invalid_argument("layer " + layer.func + " has no candidates");
-    if (layer.index != static_cast<int>(m.layers.size())) throw std::invalid_argument("layers are out of order");
     m.layers.push_back(std::move(layer));
   }
   if (!json["index_checks"].null()) {
     for (const Json& c : json["index_checks"].items()) {
       int64_t bit = c["bit"].integer();
       if (bit < 0 || bit > 30) throw std::invalid_argument("index check bit " + std::to_string(bit) + " is out of range");
-      m.index_checks.push_back({known(c["tensor"].str()), static_cast<int>(bit), c["message"].str()});
+      m.index_checks.push_back({known(c["tensor"].name()), static_cast<int>(bit), c["message"].str()});
     }
   }
-  m.preempt_flags = static_cast<int>(json["preempt_flags"].integer_or(0));
-  if (m.preempt_flags < 0 || m.preempt_flags > 4096) throw std::invalid_argument("manifest.preempt_flags out of range");
-  if (!json["qos_ms"].null()) m.qos_ms = json["qos_ms"].number();
-  if (!json["cpu"].null()) m.cpu = json["cpu"].str();  // absent (older artifacts): compiled generic
+  m.preempt_flags = static_cast<int>(json["preempt_flags"].integer_in(0, 4096, 0));
+  if (!json["qos_ms"].null()) m.qos_ms = json["qos_ms"].number_in(0, kMaxLatencyUs / 1000, 0);
+  json["gpu_sms"].integer_in(1, kMaxUnits, 1);
+  if (!json["cpu"].null()) m.cpu = json["cpu"].name();  // absent (older artifacts): compiled generic
   if (!json["cpu_features"].null()) m.cpu_features = json["cpu_features"].strings();
   CheckInvariants(m);
   return m;
@@ -359,10 +448,54 @@ std::map<std::string, std::string> ReadStoredZip(const std::string& b, const std
   return members;
 }
 
-ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& trusted) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) TVM_FFI_THROW(TvmschedError) << "artifact not found: " << path;
-  std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+std::string ReadRegularFile(const std::string& path, const std::string& what) {
+  // O_NONBLOCK: opening a FIFO with no writer returns at once (and is refused below) instead of waiting
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    if (err == ENOENT || err == ENOTDIR) TVM_FFI_THROW(TvmschedError) << what << " not found: " << path;
+    if (err == EISDIR) TVM_FFI_THROW(TvmschedError) << what << " " << path << " is a directory, not a file";
+    TVM_FFI_THROW(TvmschedError) << "cannot open " << what << " " << path << ": " << std::strerror(err);
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0) TVM_FFI_THROW(TvmschedError) << "cannot read " << what << " " << path << ": " << std::strerror(errno);
+  if (S_ISDIR(st.st_mode)) TVM_FFI_THROW(TvmschedError) << what << " " << path << " is a directory, not a file";
+  if (!S_ISREG(st.st_mode)) {  // a FIFO, socket or device: it could block, or never end
+    const char* kind = S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISSOCK(st.st_mode) ? "a socket" : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "not a regular file";
+    TVM_FFI_THROW(TvmschedError) << what << " " << path << " is " << kind << ", not a regular file";
+  }
+  long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0 && static_cast<uint64_t>(st.st_size) > static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)) {
+    TVM_FFI_THROW(TvmschedError) << what << " " << path << " is " << st.st_size << " bytes, more than this machine's memory";
+  }
+  std::string bytes(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) TVM_FFI_THROW(TvmschedError) << "cannot read " << what << " " << path << ": " << std::strerror(errno);
+    if (n == 0) break;  // shrank while read: the checks that follow see what is there
+    done += static_cast<size_t>(n);
+  }
+  bytes.resize(done);
+  return bytes;
+}
+
+bool SignatureRequired() {
+  const char* value = std::getenv("TVMSCHED_REQUIRE_SIGNATURE");
+  return value != nullptr && *value != '\0' && std::string(value) != "0";
+}
+
+ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& trusted, bool for_loading) {
+  if (for_loading && trusted.empty() && SignatureRequired()) {
+    TVM_FFI_THROW(TvmschedError) << "refusing to load " << path << " without a trusted key: TVMSCHED_REQUIRE_SIGNATURE is set, "
+                                 << "so only artifacts signed by a trusted key are loaded (--trust KEY.pub, trusted_keys=)";
+  }
+  std::string bytes = ReadRegularFile(path, "artifact");
   auto members = ReadStoredZip(bytes, path, 16);
   bytes.clear();
   for (const char* name : {"manifest.json", "kernels.so", "weights.npz", "checksums.json"}) {
@@ -388,7 +521,9 @@ ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& truste
   try {
     out.manifest = ParseManifest(members["manifest.json"]);
   } catch (const std::invalid_argument& err) {
-    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights (" << err.what() << ")";
+    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights (" << Printable(err.what()) << ")";
+  } catch (const ffi::Error& err) {
+    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights (" << Printable(err.message()) << ")";
   }
   int version = out.manifest.schema_version;
   if (version > kSchemaVersion) {
@@ -411,9 +546,9 @@ ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& truste
       out.weights.emplace(id, std::move(array));
     }
   } catch (const std::invalid_argument& err) {
-    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights (" << err.what() << ")";
+    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights (" << Printable(err.what()) << ")";
   } catch (const ffi::Error& err) {
-    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights (" << err.message() << ")";
+    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights (" << Printable(err.message()) << ")";
   }
   out.signer = signer;
   out.manifest_json = std::move(members["manifest.json"]);

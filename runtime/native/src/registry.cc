@@ -219,7 +219,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              // everything ReadArtifact checks (the signature first, with keys), without loading the kernels:
              // {"manifest_json": the verified manifest, "signer": key id or ""}
              std::vector<std::string> files(trusted_key_files.begin(), trusted_key_files.end());
-             ArtifactContents contents = ReadArtifact(path, TrustedKeys::FromFiles(files));
+             ArtifactContents contents = ReadArtifact(path, TrustedKeys::FromFiles(files), /*for_loading=*/false);
              ffi::Map<ffi::String, ffi::String> out;
              out.Set("manifest_json", contents.manifest_json);
              out.Set("signer", contents.signer);

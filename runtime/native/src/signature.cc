@@ -70,11 +70,9 @@ void TrustedKeys::AddPem(const std::string& pem, const std::string& what) {
 TrustedKeys TrustedKeys::FromFiles(const std::vector<std::string>& paths) {
   TrustedKeys keys;
   for (const std::string& path : paths) {
-    std::ifstream file(path, std::ios::binary);
-    if (!file) TVM_FFI_THROW(TvmschedError) << "trusted key not found: " << path;
-    std::stringstream text;
-    text << file.rdbuf();
-    keys.AddPem(text.str(), path);
+    std::string text = ReadRegularFile(path, "trusted key");
+    if (text.size() > 64 * 1024) TVM_FFI_THROW(TvmschedError) << path << " is too large to be a key file";
+    keys.AddPem(text, path);
   }
   return keys;
 }

@@ -114,8 +114,20 @@ class TrustedKeys {
  * \brief Read and verify an artifact. Every problem (missing, truncated, compressed or oversized
  *  members, checksum mismatch, newer schema, bad manifest or weights) is one TvmschedError line.
  *  With `trusted` keys, an artifact they did not sign is refused before any other member is used.
+ *  `for_loading`: the caller will load its kernels.so (run its code); then, where the environment sets
+ *  TVMSCHED_REQUIRE_SIGNATURE (to anything but "" or "0"), an artifact read without trusted keys is refused
+ *  (readers that run no code, like `tvmsched inspect`, pass false).
  */
-ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& trusted = TrustedKeys());
+ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& trusted = TrustedKeys(), bool for_loading = true);
+
+/*! \brief Whether the environment requires every artifact whose code is loaded to be signed by a trusted key
+ *  (TVMSCHED_REQUIRE_SIGNATURE set to anything but "" or "0"). */
+bool SignatureRequired();
+
+/*! \brief The bytes of the regular file at `path` (`what` names it in errors: "artifact", "trusted key").
+ *  A missing file, a directory, a FIFO, socket or device (which could block or never end) and a file
+ *  larger than this machine's memory are one TvmschedError line each. */
+std::string ReadRegularFile(const std::string& path, const std::string& what);
 
 /*! \brief The members of a zip archive of stored members, by name; `what` names it in errors. More
  *  than `max_members` members, compressed members, or members past the end are one-line errors. */
