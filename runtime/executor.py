@@ -36,6 +36,8 @@ def candidate_list(candidate_ids) -> list[int]:
     """A candidate-ID list as the engine takes it (one int per layer; None or empty: candidate 0)."""
     if candidate_ids is None:
         return []
+    if isinstance(candidate_ids, tvm_ffi.Array):  # already the engine's (a Runtime converts each list once)
+        return candidate_ids
     try:
         ids = [operator.index(i) for i in candidate_ids]
     except TypeError:
@@ -43,7 +45,11 @@ def candidate_list(candidate_ids) -> list[int]:
     return ids
 
 
-def from_engine(outputs) -> dict[str, np.ndarray]:
+def from_engine(outputs, names: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+    """The engine's outputs as numpy arrays (zero-copy); `names`: the model's output names, read one by one
+    (iterating the engine's map costs ~4 µs, a lookup ~0.4)."""
+    if names is not None:
+        return {name: np.from_dlpack(outputs[name]) for name in names}
     return {str(name): np.from_dlpack(value) for name, value in outputs.items()}
 
 
@@ -90,6 +96,7 @@ class Executor:
         self.manifest: Manifest = Manifest.parse(str(self.native.manifest_json()), artifact)
         self.device = self.native.device_kind()
         self.num_layers = self.native.num_layers()
+        self.output_names = tuple(binding.name for binding in self.manifest.outputs)
         self.tiered = tiered is not None
 
     @property
@@ -115,11 +122,11 @@ class Executor:
         self.native.synchronize()
 
     def get_outputs(self) -> dict[str, np.ndarray]:
-        return from_engine(self.native.get_outputs())
+        return from_engine(self.native.get_outputs(), self.output_names)
 
     def run(self, inputs: dict[str, np.ndarray], candidate_ids: list[int] | None = None) -> dict[str, np.ndarray]:
         """Run the whole model once and return its outputs keyed by ONNX output name."""
-        return from_engine(self.native.run(to_engine(inputs), candidate_list(candidate_ids)))
+        return from_engine(self.native.run(to_engine(inputs), candidate_list(candidate_ids)), self.output_names)
 
     def time_runs(self, inputs: dict[str, np.ndarray], repeat: int, warmup: int = 2) -> list[float]:
         """Seconds per whole-model run (layers only, device-synchronised, timed in the engine)."""

@@ -15,6 +15,8 @@ real-time models preempt best-effort ones (policies.priority.Priorities).
 from __future__ import annotations
 
 import asyncio
+import functools
+import gc
 import json
 import logging
 import queue
@@ -24,13 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import tvm_ffi
 
 from tvmsched.errors import TvmschedError
 from tvmsched.native import func
 from tvmsched.runtime import policies
-from tvmsched.runtime.executor import Executor
+from tvmsched.runtime.executor import Executor, candidate_list
 from tvmsched.runtime.policies.priority import Priorities
-from tvmsched.runtime.preemption import EngineFuture, Task
+from tvmsched.runtime.preemption import EngineFuture, Task, hold_gc
 from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, StreamView, stream_work
 from tvmsched.runtime.switching import StageEvent, SwitchSettings, Switcher, footprint, stage_events
 from tvmsched.runtime.tiering import TierSettings, TierShares
@@ -51,6 +54,8 @@ class Model:
     fastest: tuple[int, ...] = ()  # the fastest candidate of every layer
     serial_latencies_ms: list[float] = field(default_factory=list)  # fcfs: measured from submit() in Python
     rejected: int = 0  # requests refused at submit (bad inputs); failures while running are the stream's
+    request: policies.Request | None = field(default=None, repr=False)  # the policy's view, rebuilt on every load
+    engine_ids: dict = field(default_factory=dict, repr=False)  # candidate-ID lists converted for the engine
 
     @property
     def resident(self) -> bool:
@@ -95,13 +100,18 @@ class Runtime:
         stall_timeout_s: the engine's watchdog: a request that waits this long for its model to be switched
             in fails with one line naming the stage it is stuck in (None: TVMSCHED_STALL_TIMEOUT_S, else 60;
             0: no watchdog).
+        freeze_gc: keep Python's garbage collection out of requests: after each load the heap is collected once
+            and frozen (`gc.freeze()`: later collections skip what existed then: modules, loaded models, your
+            data), and no automatic collection starts inside `submit()` or its future's `result()` (one that
+            falls due there runs at your code's next allocation). The last such Runtime to shut down unfreezes
+            the heap. False: the collector is left alone.
     """
 
     def __init__(self, device: str = "cpu", *, total_units: int | None = None, colocation: ColocationTable | str | None = None,
                  max_in_flight: int = 8, timeline: bool = False, policy: str = "colocation",
                  progress_interval_ms: float = 1.0, trusted_keys=(), memory_budget: int | None = None,
                  switching: SwitchSettings = SwitchSettings(), tiering: TierSettings = TierSettings(),
-                 stall_timeout_s: float | None = None):
+                 stall_timeout_s: float | None = None, freeze_gc: bool = True):
         if device not in ("cpu", "cuda"):
             raise TvmschedError(f"unknown device {device!r}: use cpu or cuda")
         self.device = device
@@ -130,6 +140,9 @@ class Runtime:
         self._budget_room = self._memory_budget
         self._tiering = tiering
         self._stall_timeout_s = stall_timeout_s
+        self._freeze_gc = freeze_gc
+        self._froze = False  # counted in _freezers (froze the heap at a load, not shut down yet)
+        self._monitor = functools.partial(_monitor, self.models)  # the policies' view of the streams (no cycle)
         self._tier_shares: TierShares | None = None  # resolved by the first tiered model
 
     @property
@@ -160,7 +173,7 @@ class Runtime:
         else:
             self.switcher.add(executor)
         task = Task(executor, name, self._max_in_flight, self._progress_interval_ms,  # plans its memory first
-                    stall_timeout_s=self._stall_timeout_s)
+                    stall_timeout_s=self._stall_timeout_s, quiet_gc=self._freeze_gc)
         try:
             if not executor.tiered and resident and not self.switcher.prefetch(executor):
                 log.info("model %s does not fit beside the resident models: registered, switched in on demand", name)
@@ -179,8 +192,14 @@ class Runtime:
             model = Model(name, qos_ms or executor.manifest.qos_ms, priority, task, layers,
                           tuple(policies.fastest_ids(layers)))
             self.models[name] = model
+            for each in self.models.values():  # built once, not per request (loaded_models changed)
+                each.request = policies.Request(each.name, each.layers, each.qos_ms, self._monitor, self.total_units,
+                                                len(self.models), each.fastest)
         if priority == "best_effort":
             self.priorities.add_best_effort(task)
+        if self._freeze_gc:
+            _freeze_heap(first=not self._froze)
+            self._froze = True
         return model
 
     def _load_tiered(self, artifact, name: str, device_bytes: int | None) -> Executor:
@@ -249,17 +268,21 @@ class Runtime:
         model = self._model(model)
         if self._closed:
             raise TvmschedError("the runtime is shut down")
-        ids = self.policy.choose(policies.Request(model.name, model.layers, model.qos_ms, self.monitor,
-                                                  self.total_units, len(self.models), model.fastest))
-        if self.policy.serial:
-            return self._serial_submit(model, inputs, ids)
-        if model.priority == "realtime":
-            future = self.priorities.submit_realtime(model.task, inputs, ids)
-        else:
-            future = model.task.submit(inputs, ids)
-        if not isinstance(future, EngineFuture):  # refused before it reached the engine's queue
-            model.rejected += 1
-        return future
+        quiet = hold_gc(self._freeze_gc)  # no collection starts in this code (freeze_gc)
+        try:
+            ids = _engine_ids(model, self.policy.choose(model.request))
+            if self.policy.serial:
+                return self._serial_submit(model, inputs, ids)
+            if model.priority == "realtime":
+                future = self.priorities.submit_realtime(model.task, inputs, ids)
+            else:
+                future = model.task.submit(inputs, ids)
+            if not isinstance(future, EngineFuture):  # refused before it reached the engine's queue
+                model.rejected += 1
+            return future
+        finally:
+            if quiet:
+                gc.enable()
 
     def _serial_submit(self, model: Model, inputs, ids) -> Future:
         """One request at a time, in arrival order (the time-sharing baseline)."""
@@ -288,12 +311,7 @@ class Runtime:
 
     def monitor(self) -> dict[str, StreamView]:
         """The resource monitor: every busy stream's work still to run (from its progress bitmap and queue)."""
-        views = {}
-        for name, model in list(self.models.items()):
-            state = model.task.state()
-            if state is not None:
-                views[name] = StreamView(name, stream_work(model.layers, state))
-        return views
+        return _monitor(self.models)
 
     def stats(self) -> dict[str, dict]:
         """Per model: requests, errors, QoS violations, latency p50/p99 (ms), launches and re-runs."""
@@ -310,7 +328,7 @@ class Runtime:
                 "launches": int(counts["launches"]), "reruns": int(counts["reruns"]),
             }
         decisions = [d.seconds * 1e6 for d in self.scheduler.decisions] if self.scheduler is not None else []
-        out["_scheduler"] = {"decisions": len(decisions),
+        out["_scheduler"] = {"decisions": self.scheduler.decided if self.scheduler is not None else 0,  # p50/p99: the last 10k
                              "p50_us": float(np.percentile(decisions, 50)) if decisions else None,
                              "p99_us": float(np.percentile(decisions, 99)) if decisions else None}
         return out
@@ -344,12 +362,56 @@ class Runtime:
             if model.tiered:  # its tier memory and disk file go now, not when the last reference does
                 func("release_tiers")(model.task.executor.native)
         self.switcher.close()
+        if self._froze:
+            self._froze = False
+            _thaw_heap()
 
     def __enter__(self) -> Runtime:
         return self
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+def _monitor(models: dict[str, Model]) -> dict[str, StreamView]:
+    views = {}
+    for name, model in list(models.items()):
+        state = model.task.state()
+        if state is not None:
+            views[name] = StreamView(name, stream_work(model.layers, state))
+    return views
+
+
+def _engine_ids(model: Model, ids) -> tvm_ffi.Array:
+    """A policy's candidate-ID list as the engine takes it, converted once per distinct list (up to 16 per model)."""
+    key = tuple(ids)
+    found = model.engine_ids.get(key)
+    if found is None:
+        found = tvm_ffi.convert(candidate_list(ids))
+        if len(model.engine_ids) < 16:
+            model.engine_ids[key] = found
+    return found
+
+
+_freezers = 0  # Runtimes with freeze_gc that froze the heap and are not shut down yet
+_freezers_lock = threading.Lock()
+
+
+def _freeze_heap(first: bool) -> None:
+    """Collect once, then freeze what is left: later collections (gen 2 included) skip it."""
+    global _freezers
+    with _freezers_lock:
+        _freezers += first
+        gc.collect()
+        gc.freeze()
+
+
+def _thaw_heap() -> None:
+    global _freezers
+    with _freezers_lock:
+        _freezers -= 1
+        if _freezers == 0:
+            gc.unfreeze()
 
 
 def plot_timeline(events: list[dict], path: str | Path) -> None:

@@ -19,15 +19,18 @@ do not interfere).
 from __future__ import annotations
 
 import bisect
+import collections
 import itertools
 import logging
 import time
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 log = logging.getLogger(__name__)
 
 MAX_OVERHEAD = 0.99  # interference per unit time is capped below 1 (which would never finish)
 LOOKAHEAD_REQUESTS = 4  # queued requests of a stream the estimate looks at, besides the running one
+DECISION_HISTORY = 10_000  # decisions LayerScheduler.decisions keeps (the latest); `decided` counts them all
 
 
 @dataclass(frozen=True)
@@ -45,8 +48,7 @@ class StreamView:
     remaining: tuple[CandidateInfo, ...]
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):  # a tuple: one allocation per request (a frozen dataclass costs ~4x as much)
     model: str
     candidate_ids: tuple[int, ...]
     estimated_ms: float
@@ -102,7 +104,10 @@ class ColocationTable:
 class LayerScheduler:
     def __init__(self, table: ColocationTable):
         self.table = table
-        self.decisions: list[Decision] = []
+        # the latest decisions only: a list of every one grew by a tracked object per request, for ever (memory, and
+        # ever costlier gen-2 garbage collections)
+        self.decisions: collections.deque[Decision] = collections.deque(maxlen=DECISION_HISTORY)
+        self.decided = 0  # decisions taken since it was created
         self._fastest_us: dict[str, float] = {}  # model -> latency of its fastest candidates
 
     def choose(self, model: str, layers: list[list[CandidateInfo]], qos_ms: float | None, others: list[StreamView],
@@ -125,6 +130,7 @@ class LayerScheduler:
         meets = qos_ms is None or estimate_us <= qos_ms * 1e3
         decision = Decision(model, tuple(ids), estimate_us / 1e3, meets, len(others), time.perf_counter() - start)
         self.decisions.append(decision)
+        self.decided += 1
         if log.isEnabledFor(logging.INFO):
             log.info("schedule %s: ids %s, estimated %.3f ms (QoS %s ms%s), %d other streams, decided in %.1f us",
                      model, list(ids), decision.estimated_ms, qos_ms, "" if meets else ", AT RISK", len(others), decision.seconds * 1e6)
