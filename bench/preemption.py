@@ -147,7 +147,7 @@ def mix(artifact_dir: Path, realtime: str, best_effort: str, device: str, second
         ms = np.array(latencies) * 1e3
         return {"rt_p50_ms": float(np.percentile(ms, 50)), "rt_p99_ms": float(np.percentile(ms, 99)),
                 "rt_requests": len(ms), "be_requests": be_done[0], "be_per_s": be_done[0] / elapsed,
-                "preemptions": len(priorities.preemptions) if priorities else 0}
+                "preemptions": priorities.preempted if priorities else 0}
 
     results = {mode: run(mode) for mode in ("alone", "preemption", "shared")}
     rt_busy = len(arrivals) * rt_alone_s / seconds  # fraction of time the RT stream needs alone

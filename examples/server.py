@@ -11,6 +11,8 @@ An artifact is native code that runs with the server's rights as it loads: witho
 verified beyond checksums (anyone can recompute them), so a server loading artifacts it did not build
 must pass --trust; TVMSCHED_REQUIRE_SIGNATURE=1 in the environment refuses any artifact loaded without it.
 A request body over --max-body-bytes (default 16 MiB) is answered 413 before more of it is read.
+A request's X-Request-Id header comes back on its answer. SIGTERM: no new connections, the requests in flight
+are answered, queued ones finish, exit status 0 (bench/soak.py checks it under load).
 
 GET /metrics (prometheus-client, one registry per app): per model tvmsched_requests_total,
 tvmsched_errors_total, tvmsched_qos_violations_total, tvmsched_preemptions_total and the histogram
@@ -147,6 +149,30 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
+class AnswerHeaders:
+    """ASGI middleware: a request's X-Request-Id header comes back on its answer (errors and 413 included), so a
+    client can match answers to requests; while the server drains (DrainingServer), answers close their connection."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        request_id = dict(scope.get("headers") or ()).get(b"x-request-id")
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                extra = [(b"x-request-id", request_id)] if request_id is not None else []
+                if getattr(scope["app"].state, "draining", False):
+                    extra.append((b"connection", b"close"))
+                if extra:
+                    message = {**message, "headers": [*message.get("headers", ()), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
 def create_app(specs: list[tuple[str, str, float | None, str]], device: str = "cpu", colocation: str | None = None,
                trusted_keys: list[str] | tuple = (), max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     runtime = Runtime(device, colocation=colocation, trusted_keys=trusted_keys)
@@ -158,6 +184,7 @@ def create_app(specs: list[tuple[str, str, float | None, str]], device: str = "c
 
     app = FastAPI(title="tvmsched inference", lifespan=lifespan)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(AnswerHeaders)  # outermost: the 413 of BodyLimit carries the id too
     metrics = Metrics(runtime)
     try:
         for name, path, qos_ms, priority in specs:
@@ -205,8 +232,35 @@ def create_app(specs: list[tuple[str, str, float | None, str]], device: str = "c
     return app
 
 
-def main() -> None:
+def draining_server(app: FastAPI, host: str, port: int, grace_s: float = 2.0):
+    """uvicorn's server, drained on SIGTERM (or SIGINT): it stops accepting, answers what arrives on the open
+    connections (closing each after its answer), and when they are closed, or after `grace_s`, shuts down as
+    uvicorn does (requests in flight answered, then the runtime: its queued requests finish); exit status 0.
+    uvicorn alone closes an idle keep-alive connection at once, dropping a request the client has just written
+    on it unread, and then raises the signal again (the process ends killed by it)."""
     import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        draining_since: float | None = None
+
+        def handle_exit(self, sig, frame) -> None:
+            if self.draining_since is None:
+                self.draining_since = time.monotonic()
+                app.state.draining = True
+            else:  # a second signal: uvicorn's shutdown now (SIGINT twice: without waiting)
+                super().handle_exit(sig, frame)
+
+        async def on_tick(self, counter: int) -> bool:
+            if self.draining_since is None:
+                return await super().on_tick(counter)
+            for server in self.servers:
+                server.close()  # no new connections (idempotent)
+            return not self.server_state.connections or time.monotonic() - self.draining_since > grace_s
+
+    return DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+
+
+def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", action="append", required=True, help="NAME=ARTIFACT[:QOS_MS[:PRIORITY]]")
@@ -227,7 +281,7 @@ def main() -> None:
     except TvmschedError as err:
         print(f"error: {printable(str(err))}", file=sys.stderr)
         sys.exit(2)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    draining_server(app, args.host, args.port).run()
 
 
 if __name__ == "__main__":

@@ -250,7 +250,8 @@ class Task:
         return self.counts()["preemptions"]
 
     def latencies_us(self) -> list[float]:
-        """Submit-to-finish time of every completed request, in order (engine clock)."""
+        """Submit-to-finish times of the latest completed requests (8192 to 16384; `counts()["completed"]`
+        counts them all), in order (engine clock)."""
         return list(self.stream.latencies_us())
 
     def close(self, timeout: float | None = None) -> None:

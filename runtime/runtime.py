@@ -15,6 +15,7 @@ real-time models preempt best-effort ones (policies.priority.Priorities).
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import gc
 import json
@@ -52,7 +53,8 @@ class Model:
     task: Task
     layers: list[list[CandidateInfo]]
     fastest: tuple[int, ...] = ()  # the fastest candidate of every layer
-    serial_latencies_ms: list[float] = field(default_factory=list)  # fcfs: measured from submit() in Python
+    # fcfs: measured from submit() in Python; the latest ones only, like the engine's (a server runs for long)
+    serial_latencies_ms: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=1 << 14))
     rejected: int = 0  # requests refused at submit (bad inputs); failures while running are the stream's
     request: policies.Request | None = field(default=None, repr=False)  # the policy's view, rebuilt on every load
     engine_ids: dict = field(default_factory=dict, repr=False)  # candidate-ID lists converted for the engine
@@ -314,14 +316,15 @@ class Runtime:
         return _monitor(self.models)
 
     def stats(self) -> dict[str, dict]:
-        """Per model: requests, errors, QoS violations, latency p50/p99 (ms), launches and re-runs."""
+        """Per model: requests, errors, QoS violations, latency p50/p99 (ms), launches and re-runs (QoS violations
+        and percentiles: of the latest 8192 to 16384 requests; the counts: since the model was loaded)."""
         out = {}
         for name, m in list(self.models.items()):
             counts = m.task.counts()
             latencies = m.serial_latencies_ms if self.policy.serial else [us / 1e3 for us in m.task.latencies_us()]
             lat = np.array(latencies) if latencies else None
             out[name] = {
-                "priority": m.priority, "qos_ms": m.qos_ms, "requests": len(latencies), "errors": int(counts["failed"]) + m.rejected,
+                "priority": m.priority, "qos_ms": m.qos_ms, "requests": int(counts["completed"]), "errors": int(counts["failed"]) + m.rejected,
                 "qos_violations": 0 if m.qos_ms is None or lat is None else int((lat > m.qos_ms).sum()),
                 "p50_ms": None if lat is None else float(np.percentile(lat, 50)),
                 "p99_ms": None if lat is None else float(np.percentile(lat, 99)),

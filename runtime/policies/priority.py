@@ -7,19 +7,30 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future
 
+KEEP_PREEMPTIONS = 1024  # reports `preemptions` keeps (the latest; past twice as many the oldest go)
+
 
 class Priorities:
     def __init__(self):
         self._lock = threading.Lock()
         self._best_effort: list = []  # Tasks
         self._realtime_active = 0
-        self.preemptions: list = []  # PreemptReports
+        # the latest PreemptReports, KEEP_PREEMPTIONS to twice as many (a server runs for long: ~250 B each, kept
+        # for ever before); `preempted` counts them all
+        self.preemptions: list = []
+        self.preempted = 0
 
     def add_best_effort(self, task) -> None:
         with self._lock:
             self._best_effort.append(task)
             if self._realtime_active:
-                self.preemptions.append(task.preempt())
+                self._record(task.preempt())
+
+    def _record(self, report) -> None:  # under self._lock
+        if len(self.preemptions) >= 2 * KEEP_PREEMPTIONS:
+            del self.preemptions[:-KEEP_PREEMPTIONS]
+        self.preemptions.append(report)
+        self.preempted += 1
 
     def submit_realtime(self, task, inputs: dict, candidate_ids: list[int] | None = None) -> Future:
         with self._lock:
@@ -27,7 +38,7 @@ class Priorities:
             if self._realtime_active == 1:
                 for best_effort in self._best_effort:
                     if best_effort.busy:
-                        self.preemptions.append(best_effort.preempt())
+                        self._record(best_effort.preempt())
         try:
             future = task.submit(inputs, candidate_ids)
         except Exception:

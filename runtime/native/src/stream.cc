@@ -11,6 +11,8 @@ namespace tvmsched {
 
 namespace {
 
+constexpr size_t kMaxLatencies = 1 << 14;  // latencies a stream keeps (Latencies(): between half and all of them)
+
 /*! \brief Poll `ready` for up to `spin_us`, yielding the core to any other runnable thread between polls
  *  (a hand-off between threads then costs no futex wake-up, and a busy core loses little). */
 void SpinUntil(const std::function<bool()>& ready, double spin_us) {
@@ -565,6 +567,8 @@ void StreamObj::Deliver() {
     double now = Device::NowMicros();
     if (item.second.second.empty()) {  // counted before the waiter wakes, so stats include it
       std::lock_guard<std::mutex> lock(mutex_);
+      // the latest ones only (a server runs for long): past kMaxLatencies the oldest half goes
+      if (latencies_.size() >= kMaxLatencies) latencies_.erase(latencies_.begin(), latencies_.begin() + kMaxLatencies / 2);
       latencies_.push_back(now - item.first->submitted_us);
     }
     item.first->Finish(std::move(item.second.first), ffi::String(item.second.second), now);

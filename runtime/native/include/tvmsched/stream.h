@@ -137,7 +137,8 @@ class StreamObj : public ffi::Object {
   void SyncProgress();
   void RecordTimeline(bool on);
   std::vector<LaunchRecord> Timeline() const;
-  /*! \brief Submit-to-finish time of every completed request, in completion order. */
+  /*! \brief Submit-to-finish times of the latest completed requests (8192 to 16384 of them), in completion
+   *  order; `completed` counts them all. */
   std::vector<double> Latencies() const;
   /*! \brief Finish queued requests (resuming if paused), then stop the submitter. */
   void Close();
