@@ -107,7 +107,8 @@ def test_slim_cuda_artifact_travels_without_its_weights(tmp_path):
 def kit_site(tmp_path_factory):
     """The kit's TVM (bench/gpu/make-kit.sh --tvm-only: no libtvm_compiler.so) unpacked as the device does."""
     folder = tmp_path_factory.mktemp("kit")
-    done = subprocess.run(["bash", str(GPU_DIR / "make-kit.sh"), "--tvm-only", str(folder)], capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run(["bash", str(GPU_DIR / "make-kit.sh"), "--tvm-only", str(folder)], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "PYTHON": sys.executable})
     assert done.returncode == 0, done.stderr
     site = folder / "site"
     with tarfile.open(folder / "tvm-runtime.tgz") as archive:

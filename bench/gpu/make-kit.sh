@@ -16,8 +16,11 @@ if [ -z "$tvm_only" ]; then
   rm -rf "$kit"
 fi
 mkdir -p "$kit/wheels"
-tvm_dir=$(python -c 'import os, tvm; print(os.path.dirname(tvm.__file__))')
-ffi_ver=$(python -c 'import importlib.metadata as m; print(m.version("apache-tvm-ffi"))')
+# the project's Python (PYTHON, else the repo's .venv, else the one on PATH): CI runs without the venv active
+py=${PYTHON:-python}
+if [ -z "${PYTHON:-}" ] && [ -x "$root/.venv/bin/python" ]; then py="$root/.venv/bin/python"; fi
+tvm_dir=$("$py" -c 'import os, tvm; print(os.path.dirname(tvm.__file__))')
+ffi_ver=$("$py" -c 'import importlib.metadata as m; print(m.version("apache-tvm-ffi"))')
 stage=$(mktemp -d)
 cp -r "$tvm_dir" "$stage/tvm"
 rm -rf "$stage/tvm/lib/libtvm_compiler.so" "$stage/tvm/3rdparty" "$stage/tvm/src" "$stage/tvm/include" "$stage/tvm/web"
@@ -25,10 +28,10 @@ find "$stage/tvm" -name __pycache__ -prune -exec rm -rf {} +
 tar czf "$kit/tvm-runtime.tgz" -C "$stage" tvm
 rm -rf "$stage"
 if [ -n "$tvm_only" ]; then rmdir "$kit/wheels" 2>/dev/null || true; exit 0; fi
-python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+"$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 -d "$kit/wheels" "apache-tvm-ffi==$ffi_ver"
-python -m pip wheel -q --no-deps -w "$kit/wheels" "$root" >/dev/null
+"$py" -m pip wheel -q --no-deps -w "$kit/wheels" "$root" >/dev/null
 (cd "$kit" && cksum tvm-runtime.tgz wheels/*.whl) > "$kit/stamp"
 cat > "$kit/activate.sh" <<'EOS'
 # Source at the start of a device command (from the repo root): installs the kit under /tmp/devkit-site,

@@ -61,11 +61,10 @@ def _same(got: dict, want: dict) -> None:
 
 def test_random_switch_sequences_are_bit_identical_and_stay_within_budget_and_thresholds(zoo, budget_restored):
     gc.collect()
-    baseline = int(func("device_memory")("cpu")["in_use"])
     sizes = {name: _footprint(path) for name, (path, _, _) in zoo.items()}
     two_largest = sum(sorted(sizes.values())[-2:])
     assert two_largest < sum(sizes.values())  # all four never fit
-    budget = baseline + two_largest + 4096
+    budget = two_largest + 4096
     settings = SwitchSettings(threshold2=max(sizes.values()), preset_count=2)
     rng = np.random.default_rng(13)
     with Runtime("cpu", memory_budget=budget, switching=settings) as rt:
@@ -173,9 +172,8 @@ def test_a_best_effort_model_is_preempted_while_it_switches_in(zoo, budget_resto
 
 def test_a_model_too_large_for_the_budget_and_the_memory_left_fails_with_one_line(zoo, budget_restored):
     gc.collect()
-    baseline = int(func("device_memory")("cpu")["in_use"])
     small, large = "mlp", "mobilenetv2"
-    budget = baseline + _footprint(zoo[small][0]) + 4096
+    budget = _footprint(zoo[small][0]) + 4096
     with Runtime("cpu", memory_budget=budget) as rt:
         rt.load(zoo[small][0])
         assert rt.models[small].resident

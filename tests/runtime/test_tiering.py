@@ -67,8 +67,7 @@ def _disk_fds(folder: Path) -> list[str]:
 def test_a_model_over_budget_streams_from_every_tier_bit_identical_within_budget(resnet, factor, tmp_path, budget_restored):
     path, inputs, outputs, need = resnet
     gc.collect()
-    baseline = int(func("device_memory")("cpu")["in_use"])
-    budget = baseline + need // factor
+    budget = need // factor
     quarter = need // 6  # DRAM and CXL shares too small for the weights: the rest goes to disk
     settings = TierSettings(topology=_topology(tmp_path, quarter, quarter))
     func("reset_memory_peak")("cpu")
@@ -114,8 +113,7 @@ def test_resident_models_beside_a_tiered_one_and_the_tiers_shared_out(resnet, tm
     small_need = footprint(Executor(mlp, register_groups=8))
     del small
     gc.collect()
-    baseline = int(func("device_memory")("cpu")["in_use"])
-    budget = baseline + small_need + 2 * (need // 3)
+    budget = small_need + 2 * (need // 3)
     settings = TierSettings(topology=_topology(tmp_path, need, need))
     with Runtime("cpu", memory_budget=budget, tiering=settings) as rt:
         a = rt.load(mlp)
@@ -137,16 +135,16 @@ def test_resident_models_beside_a_tiered_one_and_the_tiers_shared_out(resnet, tm
 def test_too_small_shares_or_device_memory_are_one_line_errors(resnet, tmp_path, budget_restored):
     path, _, _, need = resnet
     baseline = int(func("device_memory")("cpu")["in_use"])
-    with Runtime("cpu", memory_budget=baseline + need // 2,
+    with Runtime("cpu", memory_budget=need // 2,
                  tiering=TierSettings(topology=_topology(tmp_path, 4096, 4096, disk_bytes=4096))) as rt:
         with pytest.raises(TvmschedError, match=r"short by .*"):
             rt.load(path)
-    with Runtime("cpu", memory_budget=baseline + need // 5, tiering=TierSettings(topology=_topology(tmp_path, need, need))) as rt:
+    with Runtime("cpu", memory_budget=need // 5, tiering=TierSettings(topology=_topology(tmp_path, need, need))) as rt:
         with pytest.raises(TvmschedError, match=r"needs at least \d+ bytes of device memory \(.*a stream buffer of \d+\)"):
             rt.load(path)
     bad_node = _topology(tmp_path, 4096, need)
     bad_node["tiers"][1]["numa_node"] = 63
-    with Runtime("cpu", memory_budget=baseline + need // 2, tiering=TierSettings(topology=bad_node)) as rt:
+    with Runtime("cpu", memory_budget=need // 2, tiering=TierSettings(topology=bad_node)) as rt:
         with pytest.raises(TvmschedError, match="cannot bind .* to NUMA node 63"):
             rt.load(path)
     assert int(func("device_memory")("cpu")["in_use"]) == baseline  # nothing left allocated
