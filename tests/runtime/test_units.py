@@ -23,9 +23,11 @@ def with_limited_candidate(artifact: Artifact, units: int) -> Artifact:
 
 
 def test_cpu_candidates_set_the_thread_pool_size():
-    import tvm
+    from tvmsched import native
 
-    num_threads = tvm.get_global_func("runtime.NumThreads")
+    def num_threads():  # the calling thread's parallel loops: the engine's pool (runtime/native/src/cpu_pool.cc)
+        return native.func("cpu_pool")()["threads"]
+
     model = models.build("mlp")
     executor = Executor(with_limited_candidate(compile_model(model), units=1))
     inputs = models.random_inputs(model)

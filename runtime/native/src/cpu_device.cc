@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "cpu_pool.h"
 #include "tvm_runtime.h"
 #include "tvmsched/device.h"
 
@@ -124,6 +125,10 @@ class CpuDevice final : public Device {
   void SetThreadUnits(int units) override {
     thread_local int current = -1;
     if (units <= 0 || units > units_) units = units_;
+    if (CpuPoolEnabled()) {  // the engine's pool runs the kernels' parallel loops (cpu_pool.cc)
+      SetCpuPoolThreads(units);
+      return;
+    }
     if (units == current) return;
     static const tvm::ffi::Function config = TvmRuntimeFunction("runtime.config_threadpool");
     config(0, units);

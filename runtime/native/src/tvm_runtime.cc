@@ -7,6 +7,8 @@
 #include <mutex>
 #include <vector>
 
+#include "cpu_pool.h"
+
 #ifndef TVMSCHED_DEFAULT_TVM_LIBDIR
 #define TVMSCHED_DEFAULT_TVM_LIBDIR ""
 #endif
@@ -48,6 +50,8 @@ void EnsureTvmRuntime(bool cuda) {
                                    << " (set TVMSCHED_TVM_LIBDIR): " << dlerror();
     }
     runtime_loaded = true;
+    // kernels' parallel loops run on the engine's pool, not TVM's (cpu_pool.cc; TVMSCHED_CPU_POOL=tvm keeps TVM's)
+    InstallCpuPool();
   }
   if (cuda && !cuda_loaded) {
     // TVM's CUDA module loader needs libcudart; CUDA 13 ships it by soname in the toolkit and pip wheels
