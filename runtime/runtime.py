@@ -128,6 +128,7 @@ class Runtime:
         self.models: dict[str, Model] = {}
         self._lock = threading.Lock()
         self._serial: queue.Queue | None = None  # serial policies: requests in arrival order, run one by one
+        self._serial_thread: threading.Thread | None = None
         self._max_in_flight = max_in_flight
         self._timeline = timeline
         self._progress_interval_ms = progress_interval_ms
@@ -288,17 +289,23 @@ class Runtime:
 
     def _serial_submit(self, model: Model, inputs, ids) -> Future:
         """One request at a time, in arrival order (the time-sharing baseline)."""
-        with self._lock:
+        future: Future = Future()
+        with self._lock:  # queued before shutdown() sends the loop its end (under this lock), or refused
+            if self._closed:
+                raise TvmschedError("the runtime is shut down")
             if self._serial is None:
                 self._serial = queue.Queue()
-                threading.Thread(target=self._serial_loop, name="serial", daemon=True).start()
-        future: Future = Future()
-        self._serial.put((model, inputs, ids, future, func("now_us")()))
+                self._serial_thread = threading.Thread(target=self._serial_loop, name="serial", daemon=True)
+                self._serial_thread.start()
+            self._serial.put((model, inputs, ids, future, func("now_us")()))
         return future
 
     def _serial_loop(self) -> None:
         while True:
-            model, inputs, ids, future, sent_us = self._serial.get()
+            item = self._serial.get()
+            if item is None:  # shutdown(): every request queued before it has run
+                return
+            model, inputs, ids, future, sent_us = item
             try:
                 outputs = model.task.submit(inputs, ids).result()
             except Exception as err:  # noqa: BLE001
@@ -360,6 +367,13 @@ class Runtime:
         with self._lock:
             self._closed = True
             models = list(self.models.values())
+            serial, self._serial_thread = self._serial_thread, None
+            if serial is not None:
+                self._serial.put(None)
+        for model in models:  # a paused stream would hold up the others' queued requests (its memory, a serial turn)
+            model.task.resume()
+        if serial is not None:  # serial policies: the requests it queued run first
+            serial.join()
         for model in models:
             model.task.close()
             if model.tiered:  # its tier memory and disk file go now, not when the last reference does

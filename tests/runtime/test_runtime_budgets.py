@@ -160,9 +160,13 @@ def test_the_watchdog_fails_a_request_stuck_waiting_for_a_switch_in(zoo):
         task = rt.models["held"].task
         for _ in range(500):  # pause it mid-request (a request of 51 layers; a few tries at most)
             future = rt.submit(a, x_held)
+            while not future.done():  # preempted once it started, not before (a loaded machine runs it late)
+                state = task.state()
+                if state is not None and state.done.min() >= 0:
+                    break
             task.preempt()
             state = task.state()
-            if state is not None and state.done.min() >= 0:  # started (its progress reset to 0), not finished
+            if state is not None and state.done.min() >= 0 and not future.done():  # started, not finished
                 break
             task.resume()
             future.result(timeout=60)

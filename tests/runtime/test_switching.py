@@ -102,18 +102,25 @@ def test_recorded_stages_follow_the_pipeline_rules(zoo, budget_restored):
     with Runtime("cpu", switching=settings) as rt:
         for name in (a, b):
             rt.load(zoo[name][0], resident=False)
-        rt.models[a].task.preempt()  # a's stream paused: its preparation stops at threshold 2 until it runs
-        fa = rt.submit(a, zoo[a][1])  # two tasks queued: a is current, b next
-        fb = rt.submit(b, zoo[b][1])
-        time.sleep(0.3)
+        # a paused stream leaves the switcher's queue until it resumes: it holds up no other switch-in
+        rt.models[a].task.preempt()
+        fa = rt.submit(a, zoo[a][1])
+        _same(rt.submit(b, zoo[b][1]).result(timeout=120), zoo[b][2])
+        assert not fa.done() and not _stage(rt.switch_events(), a, "stage2")
         rt.models[a].task.resume()
         _same(fa.result(timeout=120), zoo[a][2])
+        for name in (a, b):  # both evicted with their environments: the next switch-ins start from stage 1
+            assert rt.switcher.native.evict(rt.models[name].task.executor.native, False)
+        mark = len(rt.switch_events())
+        fa = rt.submit(a, zoo[a][1])  # two tasks queued: a is current, b next
+        fb = rt.submit(b, zoo[b][1])
+        _same(fa.result(timeout=120), zoo[a][2])
         _same(fb.result(timeout=120), zoo[b][2])
-        events = rt.switch_events()
+        events = rt.switch_events()[mark:]
         n_a = len(groups(rt.models[a].task.executor))
     assert n_a >= 3
-    # stage 1 of the next task runs while the current one prepares
-    assert _stage(events, b, "stage1")[0].start_us < _stage(events, a, "stage2", n_a - 1)[0].end_us
+    # stage 1 of the next task runs while the current one is switched in and runs
+    assert _stage(events, b, "stage1")[0].start_us < _stage(events, a, "exec", n_a - 1)[0].end_us
     overlaps = 0
     for g in range(n_a):
         prep, run = _stage(events, a, "stage2", g)[0], _stage(events, a, "exec", g)[0]

@@ -691,9 +691,9 @@ void ModelObj::CleanGroup(int g, const std::vector<bool>& pending) {
     bool weight = host_weights_.count(id) > 0;
     bool needed = false;
     for (int h : tensor_groups_.at(id)) {
-      if (h == g) continue;
-      GroupState state = group_state(h);
-      if (state != kAbsent || (!weight && pending[h])) needed = true;
+      // an activation stays while a group the running request has still to run reads it, this one included: a
+      // finished copy of g left by the last request may be cleaned while the running request has yet to run g
+      if ((h != g && group_state(h) != kAbsent) || (!weight && pending[h])) needed = true;
     }
     if (needed) continue;
     device_->Release(found->second);

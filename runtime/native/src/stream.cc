@@ -148,7 +148,8 @@ Request StreamObj::Submit(ffi::Map<ffi::String, ffi::Tensor> inputs, std::vector
     }
     requests_.emplace_back(request);
     queued_.fetch_add(1, std::memory_order_release);
-    if (Residency* residency = m_->residency(); residency && !m_->resident()) residency->Demand(m_, -1);  // stage 1 starts now
+    // stage 1 starts now (paused: when it resumes, so a paused task holds up no other switch-in)
+    if (Residency* residency = m_->residency(); residency && !m_->resident() && !paused_) residency->Demand(m_, -1);
   }
   cond_.notify_all();
   return Request(request);
@@ -166,11 +167,14 @@ PreemptReport StreamObj::Preempt(bool abort) {
     paused_ = true;
     ++preemptions;
     if (abort) m_->SetPreemptFlag(true);
+    if (abort && running_) flagged_launch_ = true;
+    if (Residency* residency = m_->residency()) residency->Yield(m_);  // a paused task holds up no other switch-in
     // CPU: the kernel returns within one chunk; GPU: the submitter stops waiting on an event
     preempt_waiting_ = true;
-    cond_.wait(lock, [this] { return !running_.has_value() && !waiting_; });
+    // a Resume() meanwhile ends the wait: the stream runs on (waiting for it to idle would last while it has work)
+    cond_.wait(lock, [this] { return (!running_.has_value() && !waiting_) || !paused_; });
     preempt_waiting_ = false;
-    if (gpu_) report.finished = DrainGpu();
+    if (gpu_ && paused_) report.finished = DrainGpu();
     report.rerun = rerun_;
     report.seconds = (Device::NowMicros() - start) / 1e6;
   }
@@ -184,6 +188,7 @@ void StreamObj::Resume() {
     if (!paused_) return;
     m_->SetPreemptFlag(false);
     paused_ = false;
+    gated_ = false;  // Preempt() took its task out of its switcher's queue: the next launch demands again
   }
   cond_.notify_all();
 }
@@ -285,7 +290,10 @@ void StreamObj::SubmitLoop() {
       // paused: wait without retiring anything (preempt() decides what completed); nobody but this
       // thread holding the stream while it is idle means nobody can submit again: stop
       // gated: waiting for the switcher to prepare what the next launch needs (it wakes us)
-      auto ready = [this] { return closed_ || (!paused_ && HasWork() && !(gated_ && in_flight_.empty())); };
+      // closing: the queued requests still wait at a gate (no busy loop on the switcher)
+      auto ready = [this] {
+        return (closed_ && !HasWork()) || ((closed_ || (!paused_ && HasWork())) && !(gated_ && in_flight_.empty()));
+      };
       while (!cond_.wait_for(lock, std::chrono::milliseconds(100), ready)) {
         if (!HasWork() && use_count() == 1) closed_ = true;
         if (std::string stall = Stalled(); !stall.empty()) {  // the watchdog: no end to this wait in sight
@@ -294,7 +302,11 @@ void StreamObj::SubmitLoop() {
           break;
         }
       }
-      if (closed_ && !HasWork()) return;
+      if (closed_ && !HasWork()) {  // what the watchdog failed just now is delivered first
+        lock.unlock();
+        Deliver();
+        return;
+      }
       if (paused_) continue;  // closing while paused: Close() resumes first
       if (!requests_.empty()) launch = NextLaunch();
       running_ = launch;  // preempt() waits until it is tracked (GPU) or returned (CPU)
@@ -358,7 +370,7 @@ bool StreamObj::Gate(int group) {
 }
 
 std::string StreamObj::Stalled() const {
-  if (!gated_ || paused_ || closed_ || requests_.empty() || !in_flight_.empty() || options_.stall_timeout_s <= 0) return "";
+  if (!gated_ || paused_ || requests_.empty() || !in_flight_.empty() || options_.stall_timeout_s <= 0) return "";
   double waited_s = (Device::NowMicros() - gated_since_us_) / 1e6;
   if (waited_s < options_.stall_timeout_s) return "";
   std::ostringstream text;
@@ -418,9 +430,11 @@ void StreamObj::CpuStep(const Launch& launch, std::optional<Launch>* next) {
     std::lock_guard<std::mutex> lock(mutex_);
     running_.reset();
     ++launches;
+    bool flagged = flagged_launch_ || m_->preempt_flag_set();  // not the flag alone: a Resume() may have cleared it
+    flagged_launch_ = false;
     if (!error.empty()) {
       FailHead(OneLine(error));
-    } else if (m_->preempt_flag_set() && !(!idempotent(launch) && m_->started())) {
+    } else if (flagged && !(!idempotent(launch) && m_->started())) {
       rerun_.push_back(launch);  // aborted (or skipped at entry): run it again on resume
       ++reruns;
     } else {

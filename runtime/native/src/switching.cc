@@ -82,11 +82,11 @@ class SwitcherCore : public Residency {
   }
 
   bool Prefetch(ModelObj* m) {
+    size_t need = m->env_bytes();
     {
       std::lock_guard<std::mutex> lock(mu_);
       Entry& e = Find(m);
       if (e.env != kEnvNone || InQueue(m)) return m->resident();
-      size_t need = m->env_bytes();
       for (int g = 0; g < m->num_groups(); ++g) need += m->group_bytes(g);
       if (InUse() + need > options_.budget) return false;
       e.env = kEnvPreparing;
@@ -110,6 +110,8 @@ class SwitcherCore : public Residency {
       m->CleanEnvironment();
       std::lock_guard<std::mutex> lock(mu_);
       Find(m).env = kEnvNone;
+      // the memory it found was taken meanwhile (a switch of another model): it stays registered
+      if (InUse() + need > options_.budget) return false;
       throw;
     }
     {
@@ -167,6 +169,14 @@ class SwitcherCore : public Residency {
     if (found == entries_.end()) return;
     found->second.finished[g] = true;
     if (InQueue(m)) Push({m->name(), "exec", g, found->second.exec_start[g], Device::NowMicros(), 0});  // a switch's execution
+    cond_.notify_all();
+  }
+
+  void Yield(ModelObj* m) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    // a paused task at the head would keep every task behind it waiting (the preset-count rule counts its
+    // unexecuted sub-tasks); it keeps what it holds, and its stream demands again when it resumes
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), m), queue_.end());
     cond_.notify_all();
   }
 
@@ -275,24 +285,47 @@ class SwitcherCore : public Residency {
     return {};
   }
 
-  /*! \brief The least recently used idle model (no requests, not switching) with prepared sub-tasks. */
-  Action TakeVictim() {
+  /*! \brief A model with prepared sub-tasks to take back for `head`: the least recently used idle one (no requests,
+   *  not switching), else one whose queued requests have not started (prepared ahead, or paused before its first
+   *  launch: its stream demands them again). A request that started keeps what it holds. */
+  Action TakeVictim(ModelObj* head) {
     Entry* victim = nullptr;
+    bool victim_idle = false;
     for (auto& [m, e] : entries_) {
-      if (InQueue(m) || m->users.load() > 0) continue;
-      bool holds = false;
-      for (int g = 0; g < m->num_groups(); ++g) holds |= m->group_state(g) == kReady || m->group_state(g) == kFinished;
-      if (holds && (!victim || e.last_used < victim->last_used)) victim = &e;
+      if (m == head || e.running) continue;
+      bool holds = false;  // held sub-tasks too: prepared ahead for a task that was paused since (it left the queue)
+      for (int g = 0; g < m->num_groups(); ++g) {
+        GroupState s = m->group_state(g);
+        holds |= s == kReady || s == kFinished || s == kHeld;
+      }
+      if (!holds) continue;
+      bool idle = !InQueue(m) && m->users.load() == 0;
+      if (!victim || (idle && !victim_idle) || (idle == victim_idle && e.last_used < victim->last_used)) {
+        victim = &e;
+        victim_idle = idle;
+      }
     }
     if (!victim) return {};
     return TakeBack(victim->m);
   }
 
-  /*! \brief An eviction of `m`: its prepared sub-tasks taken back (kReady/kFinished -> kAbsent). */
+  /*! \brief Bytes of the prepared sub-tasks of other models whose request started: they give them back when it ends. */
+  size_t StartedBytes(ModelObj* except) const {
+    size_t bytes = 0;
+    for (const auto& [m, e] : entries_) {
+      if (!e.running || m == except) continue;
+      for (int g = 0; g < m->num_groups(); ++g) {
+        if (m->group_state(g) != kAbsent) bytes += m->group_bytes(g);
+      }
+    }
+    return bytes;
+  }
+
+  /*! \brief An eviction of `m`: its prepared sub-tasks taken back (kReady/kFinished/kHeld -> kAbsent). */
   Action TakeBack(ModelObj* m) {
     Action action{kEvict, m, {}, ""};
     for (int g = 0; g < m->num_groups(); ++g) {
-      for (GroupState from : {kReady, kFinished}) {
+      for (GroupState from : {kReady, kFinished, kHeld}) {
         if (m->CasGroup(g, from, kAbsent)) action.groups.push_back(g);
       }
     }
@@ -323,7 +356,7 @@ class SwitcherCore : public Residency {
     }
     if (next_task) return {};  // the next task never evicts or cleans for its head start
     if (in_use + need > options_.budget) {
-      if (Action a = TakeVictim(); a.kind != kNone) return a;
+      if (Action a = TakeVictim(m); a.kind != kNone) return a;
     }
     if (Action a = TakeFinished(nullptr); a.kind != kNone) return a;
     if (Action a = TakeHeld(); a.kind != kNone) return a;
@@ -333,7 +366,8 @@ class SwitcherCore : public Residency {
            << " bytes and its environment " << m->env_bytes() << " bytes; the budget is " << options_.budget << " bytes";
       return {kFail, m, {}, text.str()};
     }
-    if (in_use + need > options_.budget && RunningBytes() == 0 && !Busy()) {  // nothing will free memory: no end to a wait
+    // nothing will free memory (no other started request holds any): no end to a wait
+    if (in_use + need > options_.budget && RunningBytes() == 0 && StartedBytes(m) == 0 && !Busy()) {
       std::ostringstream text;
       text << "model " << m->name() << " cannot be switched in: its sub-task " << g << " needs " << need << " bytes; "
            << in_use << " of the budget of " << options_.budget << " bytes are held by memory no request of its runtime "
@@ -341,6 +375,21 @@ class SwitcherCore : public Residency {
       return {kFail, m, {}, text.str()};
     }
     return {};  // wait: running requests finish and free memory
+  }
+
+  /*! \brief What frees memory for the current task's environment (stage 1), else nothing (wait), else its failure. */
+  Action RoomForEnvironment(ModelObj* m) {
+    if (Action a = TakeVictim(m); a.kind != kNone) return a;
+    if (Action a = TakeFinished(nullptr); a.kind != kNone) return a;
+    if (Action a = TakeHeld(); a.kind != kNone) return a;
+    if (RunningBytes() == 0 && StartedBytes(m) == 0 && !Busy()) {
+      std::ostringstream text;
+      text << "model " << m->name() << " cannot be switched in: its environment needs " << m->env_bytes() << " bytes; "
+           << InUse() << " of the budget of " << options_.budget << " bytes are held by memory no request of its runtime "
+           << "will free (models loaded resident, streamed models, or models of another switcher)";
+      return {kFail, m, {}, text.str()};
+    }
+    return {};
   }
 
   /*! \brief Bytes in use by the switched models' budget: their scope's, else the whole device's. */
@@ -390,7 +439,10 @@ class SwitcherCore : public Residency {
         wake->push_back(head);
         continue;
       }
-      if (h.env != kEnvReady) return {};  // stage 1 is under way (the env thread)
+      if (h.env != kEnvReady) {  // stage 1 is under way (the env thread), or waits for room made here
+        if (h.env == kEnvNone && InUse() + head->env_bytes() > options_.budget) return RoomForEnvironment(head);
+        return {};
+      }
       for (int g = 0; g < head->num_groups(); ++g) {  // the first one its running request still needs
         if (head->group_state(g) == kAbsent && !(h.running && h.finished[g])) return TryPrepare(head, g, false);
       }
@@ -462,6 +514,8 @@ class SwitcherCore : public Residency {
           m->SetGroupState(g, head || m->group_bytes(g) + RunningBytes() <= options_.threshold2 ? kReady : kHeld);
         } else {
           m->SetGroupState(g, kAbsent);
+          // the memory it found was taken meanwhile (a prefetch or a stage 1 beside it): decide again
+          if (InUse() + m->GroupNeed(g) > options_.budget) error.clear();
         }
       } else if (action.kind == kClean || action.kind == kEvict) {
         for (StageEvent& c : cleaned) Push(std::move(c));
@@ -502,6 +556,7 @@ class SwitcherCore : public Residency {
         Entry& e = entries_.at(q);
         if (e.env != kEnvNone) continue;
         if (q != queue_.front() && AheadEnvBytes() + q->env_bytes() > options_.threshold1) break;  // paused
+        if (InUse() + q->env_bytes() > options_.budget) break;  // no room yet: the memory thread makes some
         m = q;
         break;
       }
@@ -524,6 +579,8 @@ class SwitcherCore : public Residency {
         e.env = kEnvReady;
         Push({m->name(), "stage1", -1, start, Device::NowMicros(), static_cast<int64_t>(m->env_bytes()),
                            static_cast<int64_t>(AheadEnvBytes())});
+      } else if (InUse() + m->env_bytes() > options_.budget) {
+        e.env = kEnvNone;  // the room it found was taken meanwhile (a stage 2 beside it): again when there is room
       } else {
         e.env = kEnvFailed;
         Fail(m, error);

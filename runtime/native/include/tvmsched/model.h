@@ -77,6 +77,9 @@ class Residency {
   virtual void GroupFinished(ModelObj* model, int group) = 0;
   /*! \brief A request of the model finished (done or failed). */
   virtual void RequestFinished(ModelObj* model) = 0;
+  /*! \brief The model's stream was paused (preempted): its task stops waiting to be switched in (so it holds up
+   *  no other model's switch) until its stream demands again. */
+  virtual void Yield(ModelObj* /*model*/) {}
   /*! \brief The model is going away: stop using it (a residency it owns joins its threads here). */
   virtual void Detach() {}
 };

@@ -201,6 +201,9 @@ class StreamObj : public ffi::Object {
   std::string Stalled() const;
   bool waiting_ = false;  // the GPU submitter is blocked on an event (outside the lock)
   bool preempt_waiting_ = false;  // Preempt() waits on cond_ for the running launch to return
+  // CPU: Preempt() set the flag while the running launch ran (it may have skipped work even if a Resume() cleared
+  // the flag before it returned): it runs again
+  bool flagged_launch_ = false;
   std::atomic<int64_t> queued_{0};  // requests_.size(), polled by the idle submitter
   std::thread thread_, progress_thread_;
 };
