@@ -732,20 +732,25 @@ def test_a_realtime_request_is_not_held_up_by_the_switch_in_it_preempted(zoo):
 
 def _held_mid_request(rt, model, inputs):
     """Submit one request of `model` and preempt it once it started, before it finished (a few tries at most: a
-    busy machine may run it through first); its future."""
+    busy machine may run it through first); its future. Two requests go in at a time, so that one of them is
+    running for most of the window in which this thread polls."""
+    seen = {"finished first": 0, "not started": 0}
     for _ in range(200):
-        future = rt.submit(model, inputs)
-        while not future.done():  # started: its progress went from -1 to 0 (or more)
+        futures = [rt.submit(model, inputs) for _ in range(2)]
+        while not futures[-1].done():  # started: its progress went from -1 to 0 (or more)
             state = model.task.state()
             if state is not None and state.done.min() >= 0:
                 break
         model.task.preempt()
         state = model.task.state()
-        if not future.done() and state is not None and state.done.min() >= 0:
-            return future
+        running = next((f for f in futures if not f.done()), None)
+        if running is not None and state is not None and state.done.min() >= 0:
+            return running  # (a second one still queued behind it runs when the stream resumes)
+        seen["finished first" if running is None else "not started"] += 1
         model.task.resume()
-        future.result(timeout=DEADLINE_S)
-    pytest.fail("could not preempt the model mid-request")
+        for future in futures:
+            future.result(timeout=DEADLINE_S)
+    pytest.fail(f"could not preempt the model mid-request: {seen}")
 
 
 def _waiting_setup(zoo, rt):
