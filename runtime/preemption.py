@@ -204,6 +204,12 @@ class Task:
         """Clear the flag and let the submitter go on, re-running what preempt() aborted; harmless if running."""
         self.stream.resume()
 
+    def finish_started(self) -> bool:
+        """A paused task whose request started runs that request to its end and pauses again (its queued requests
+        wait); False when it is not paused or its request had not started. For a policy whose preemption holds
+        up another model's switch-in (the started request keeps its memory until it ends)."""
+        return bool(self.stream.finish_started())
+
     @property
     def paused(self) -> bool:
         return self.stream.paused()

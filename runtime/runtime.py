@@ -22,6 +22,7 @@ import json
 import logging
 import queue
 import threading
+import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,7 +125,6 @@ class Runtime:
 
             colocation = table_from_rows(open_store(colocation).colocation(device_name(device)), self.total_units)
         self.policy = policies.create(policy, table=colocation, total_units=self.total_units)
-        self.priorities = Priorities()
         self.models: dict[str, Model] = {}
         self._lock = threading.Lock()
         self._serial: queue.Queue | None = None  # serial policies: requests in arrival order, run one by one
@@ -139,6 +139,9 @@ class Runtime:
             raise TvmschedError(f"a memory budget must be a positive number of bytes, not {memory_budget}")
         self._memory_scope = func("create_memory_scope")(int(memory_budget or 0))  # its models count against it alone
         self.switcher = Switcher(device, int(memory_budget or 0), switching, memory_scope=self._memory_scope)
+        self.priorities = Priorities()
+        # a switch-in waiting for memory that preempted requests keep: the priority policy decides (no cycle)
+        self.switcher.on_blocked(functools.partial(_memory_blocked, weakref.ref(self.priorities)))
         self._memory_budget = None if memory_budget is None else int(memory_budget)
         self._budget_room = self._memory_budget
         self._tiering = tiering
@@ -388,6 +391,13 @@ class Runtime:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+def _memory_blocked(priorities: weakref.ref, waiting, holders: list) -> None:
+    """The switcher's report of a switch-in held up by preempted requests, for the priority policy."""
+    policy = priorities()
+    if policy is not None:
+        policy.memory_blocked(waiting, holders)
 
 
 def _monitor(models: dict[str, Model]) -> dict[str, StreamView]:

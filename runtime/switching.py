@@ -98,6 +98,12 @@ class Switcher:
     def events(self) -> list[StageEvent]:
         return stage_events(self.native.events())
 
+    def on_blocked(self, callback) -> None:
+        """`callback(waiting, holders)` (the engine's models, as `Executor.native`) when a model's switch-in waits
+        for memory that only paused streams' started requests hold: nothing frees it until a policy lets them run.
+        Once per wait, on the switcher's thread; exceptions are ignored."""
+        self.native.set_blocked_callback(lambda waiting, holders: callback(waiting, list(holders)))
+
     def close(self) -> None:
         self.native.close()
 

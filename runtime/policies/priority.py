@@ -1,6 +1,8 @@
 """Real-time over best-effort: a real-time request preempts every busy best-effort stream; they resume
-when no real-time request is queued or running any more. Decides only; preempt()/resume() are the
-engine's mechanism (runtime.preemption.Task)."""
+when no real-time request is queued or running any more. A preempted request that started keeps its memory
+(its sub-tasks, under a budget): when a switch-in waits for that memory, the requests holding it run to their
+end and pause again (`memory_blocked`), rather than the real-time request waiting for the watchdog. Decides
+only; preempt()/resume()/finish_started() are the engine's mechanism (runtime.preemption.Task)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ class Priorities:
         # for ever before); `preempted` counts them all
         self.preemptions: list = []
         self.preempted = 0
+        self.finished_for_memory = 0  # preempted requests let run to their end for a switch-in's memory
 
     def add_best_effort(self, task) -> None:
         with self._lock:
@@ -53,3 +56,14 @@ class Priorities:
             if self._realtime_active == 0:
                 for best_effort in self._best_effort:
                     best_effort.resume()
+
+    def memory_blocked(self, waiting, holders: list) -> None:
+        """The switcher: `waiting`'s switch-in waits for memory that the started requests of the paused models
+        `holders` (engine models) keep. Those this policy paused for real-time work finish their request and pause
+        again."""
+        with self._lock:
+            if not self._realtime_active:
+                return  # paused by someone else (Task.preempt): theirs to resume
+            for task in self._best_effort:
+                if any(task.executor.native.same_as(h) for h in holders) and task.finish_started():
+                    self.finished_for_memory += 1

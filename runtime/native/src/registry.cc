@@ -333,6 +333,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("add", [](Switcher s, Model m) { s->Add(std::move(m)); })
       .def("prefetch", [](Switcher s, Model m) { return s->Prefetch(std::move(m)); })
       .def("evict", [](Switcher s, Model m, bool keep_env) { return s->Evict(std::move(m), keep_env); })
+      .def("set_blocked_callback", [](Switcher s, ffi::Function callback) { s->SetBlockedCallback(std::move(callback)); })
       .def("events",
            [](Switcher s) { return EventRows(s->Events()); })
       .def("options",
@@ -374,6 +375,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              return out;
            })
       .def("resume", [](Stream s) { s->Resume(); })
+      .def("finish_started", [](Stream s) { return s->FinishStarted(); })
       .def("paused", [](Stream s) { return s->paused(); })
       .def("busy", [](Stream s) { return s->busy(); })
       .def("state",

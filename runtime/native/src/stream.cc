@@ -185,12 +185,36 @@ PreemptReport StreamObj::Preempt(bool abort) {
 void StreamObj::Resume() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    pause_after_request_ = false;
     if (!paused_) return;
     m_->SetPreemptFlag(false);
     paused_ = false;
     gated_ = false;  // Preempt() took its task out of its switcher's queue: the next launch demands again
+    if (Residency* residency = m_->residency()) residency->Resumed(m_);
   }
   cond_.notify_all();
+}
+
+bool StreamObj::FinishStarted() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    bool started = !requests_.empty() && (next_layer_ > 0 || !rerun_.empty());
+    if (!paused_ || !started) return false;
+    m_->SetPreemptFlag(false);
+    paused_ = false;
+    pause_after_request_ = true;
+    gated_ = false;
+    if (Residency* residency = m_->residency()) residency->Resumed(m_);
+  }
+  cond_.notify_all();
+  return true;
+}
+
+void StreamObj::PauseAfterRequest() {
+  if (!pause_after_request_) return;
+  pause_after_request_ = false;
+  paused_ = true;
+  if (Residency* residency = m_->residency()) residency->Yield(m_);
 }
 
 bool StreamObj::paused() const {
@@ -554,6 +578,7 @@ void StreamObj::Retire(const Launch& launch, double end_us) {
     ++failed;
   }
   EndRequest();
+  PauseAfterRequest();
 }
 
 void StreamObj::FailHead(const std::string& error) {
@@ -566,6 +591,7 @@ void StreamObj::FailHead(const std::string& error) {
   done_.push_back({request, {{}, error}});
   ++failed;
   EndRequest();
+  PauseAfterRequest();
 }
 
 void StreamObj::Deliver() {

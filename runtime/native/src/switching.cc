@@ -12,6 +12,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <unordered_set>
 
 #include "error_line.h"
 
@@ -60,6 +61,9 @@ class SwitcherCore : public Residency {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.clear();
     entries_.clear();  // the models hold this core; it lets go of them (no cycle)
+    blocked_.clear();
+    reported_.clear();
+    blocked_callback_ = ffi::Function();  // a Python callback may hold its Runtime
   }
 
   void Add(Model model, const std::shared_ptr<SwitcherCore>& self) {
@@ -174,10 +178,26 @@ class SwitcherCore : public Residency {
 
   void Yield(ModelObj* m) override {
     std::lock_guard<std::mutex> lock(mu_);
+    if (auto found = entries_.find(m); found != entries_.end()) found->second.paused = true;
     // a paused task at the head would keep every task behind it waiting (the preset-count rule counts its
     // unexecuted sub-tasks); it keeps what it holds, and its stream demands again when it resumes
     queue_.erase(std::remove(queue_.begin(), queue_.end(), m), queue_.end());
     cond_.notify_all();
+  }
+
+  void Resumed(ModelObj* m) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto found = entries_.find(m); found != entries_.end()) found->second.paused = false;
+    reported_.clear();  // a wait it holds up again later is reported again
+    NotifyStages();
+  }
+
+  /*! \brief Called (on the memory thread, outside the switcher's lock) with a model whose switch-in waits for
+   *  memory that only paused streams' started requests hold, and those models' names: nothing will free it until
+   *  their streams run. Reported once per wait. The mechanism only tells; a policy decides (FinishStarted). */
+  void SetBlockedCallback(ffi::Function callback) {
+    std::lock_guard<std::mutex> lock(mu_);
+    blocked_callback_ = std::move(callback);
   }
 
   void RequestFinished(ModelObj* m) override {
@@ -188,6 +208,7 @@ class SwitcherCore : public Residency {
     e.last_used = ++clock_;
     e.running = false;
     std::fill(e.finished.begin(), e.finished.end(), false);
+    reported_.erase(m);  // its wait (if any) is over
     bool queued = InQueue(m);
     queue_.erase(std::remove(queue_.begin(), queue_.end(), m), queue_.end());  // its task is over
     if (queued) {
@@ -212,6 +233,7 @@ class SwitcherCore : public Residency {
     EnvState env = kEnvNone;
     uint64_t last_used = 0;
     bool running = false;        // a request is executing (a group started, the request not finished)
+    bool paused = false;         // its stream is paused (preempted) and has not resumed
     std::vector<bool> finished;  // groups the running request has executed
     std::vector<double> exec_start;
   };
@@ -386,7 +408,25 @@ class SwitcherCore : public Residency {
            << "will free (models loaded resident, streamed models, or models of another switcher)";
       return {kFail, m, {}, text.str()};
     }
+    if (in_use + need > options_.budget) NoteBlocked(m);
     return {};  // wait: running requests finish and free memory
+  }
+
+  /*! \brief `m` waits for memory: when only paused streams' started requests hold what would free it (nothing
+   *  else runs or is being prepared), note them for the blocked callback, once per wait. */
+  void NoteBlocked(ModelObj* m) {
+    if (!blocked_callback_.defined() || Busy()) return;
+    ffi::Array<Model> holders;
+    for (const auto& [other, e] : entries_) {
+      if (other == m) continue;
+      bool holds = e.running;
+      for (int g = 0; g < other->num_groups() && !holds; ++g) holds = other->group_state(g) == kLeased;
+      if (!holds) continue;
+      if (!e.paused) return;  // a request that runs will free memory: wait for it
+      holders.push_back(e.model);
+    }
+    if (holders.empty() || !reported_.insert(m).second) return;
+    blocked_.push_back({entries_.at(m).model, std::move(holders)});
   }
 
   /*! \brief What frees memory for the current task's environment (stage 1), else nothing (wait), else its failure. */
@@ -401,6 +441,7 @@ class SwitcherCore : public Residency {
            << "will free (models loaded resident, streamed models, or models of another switcher)";
       return {kFail, m, {}, text.str()};
     }
+    NoteBlocked(m);
     return {};
   }
 
@@ -483,6 +524,20 @@ class SwitcherCore : public Residency {
       std::vector<ModelObj*> wake;
       Action action = Decide(&wake);
       if (action.kind == kNone) {
+        if (!blocked_.empty()) {  // tell the policy outside the lock (it may call into streams)
+          std::vector<Blocked> blocked;
+          blocked.swap(blocked_);
+          ffi::Function callback = blocked_callback_;
+          lock.unlock();
+          for (Blocked& b : blocked) {
+            try {
+              callback(b.waiting, b.holders);
+            } catch (const std::exception&) {  // a failing policy callback must not stop the switcher
+            }
+          }
+          lock.lock();
+          continue;
+        }
         if (!wake.empty()) {
           lock.unlock();
           for (ModelObj* m : wake) m->Wake();
@@ -612,7 +667,14 @@ class SwitcherCore : public Residency {
     bool keep_env;
     uint64_t ticket;
   };
-  std::deque<EvictRequest> evictions_;  // asked for by Evict (tvmsched bench switch)
+  std::deque<EvictRequest> evictions_;
+  struct Blocked {
+    Model waiting;
+    ffi::Array<Model> holders;
+  };
+  ffi::Function blocked_callback_;          // SetBlockedCallback (null: none)
+  std::vector<Blocked> blocked_;            // waits to report (NoteBlocked), delivered by the memory thread
+  std::unordered_set<ModelObj*> reported_;  // waits reported since the last resume  // asked for by Evict (tvmsched bench switch)
   uint64_t evict_tickets_ = 0, evicted_ = 0;
   std::vector<StageEvent> events_;
   uint64_t clock_ = 0;
@@ -632,6 +694,8 @@ void SwitcherObj::Add(Model model) { core_->Add(std::move(model), core_); }
 bool SwitcherObj::Prefetch(Model model) { return core_->Prefetch(model.get()); }
 
 std::vector<StageEvent> SwitcherObj::Events() const { return core_->Events(); }
+
+void SwitcherObj::SetBlockedCallback(ffi::Function callback) { core_->SetBlockedCallback(std::move(callback)); }
 
 const SwitchOptions& SwitcherObj::options() const { return core_->options(); }
 

@@ -80,6 +80,8 @@ class Residency {
   /*! \brief The model's stream was paused (preempted): its task stops waiting to be switched in (so it holds up
    *  no other model's switch) until its stream demands again. */
   virtual void Yield(ModelObj* /*model*/) {}
+  /*! \brief The model's stream runs again (resumed, or finishing its started request). */
+  virtual void Resumed(ModelObj* /*model*/) {}
   /*! \brief The model is going away: stop using it (a residency it owns joins its threads here). */
   virtual void Detach() {}
 };

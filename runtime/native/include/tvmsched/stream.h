@@ -129,6 +129,10 @@ class StreamObj : public ffi::Object {
    *  abort=false only pauses and waits for the device work to end (the no-preemption baseline). */
   PreemptReport Preempt(bool abort = true);
   void Resume();
+  /*! \brief A paused stream whose request started runs that request to its end and pauses again (its queued
+   *  requests stay queued): what a policy does when another model's switch-in waits for the memory the started
+   *  request holds. False (nothing done) when the stream is not paused or its request has not started. */
+  bool FinishStarted();
   bool paused() const;
   bool busy() const;
   /*! \brief The running request's progress; nullopt when idle. */
@@ -162,6 +166,8 @@ class StreamObj : public ffi::Object {
   bool Lease(int layer);
   /*! \brief A request left the queue (done or failed): the model's users and its switcher hear it. */
   void EndRequest();
+  /*! \brief After the head request ended: pause again if FinishStarted() asked for it (under mutex_). */
+  void PauseAfterRequest();
   void CpuStep(const Launch& launch, std::optional<Launch>* next);
   void GpuLaunch(const Launch& launch);
   void RetireCompleted(bool wait_oldest);
@@ -204,6 +210,7 @@ class StreamObj : public ffi::Object {
   // CPU: Preempt() set the flag while the running launch ran (it may have skipped work even if a Resume() cleared
   // the flag before it returned): it runs again
   bool flagged_launch_ = false;
+  bool pause_after_request_ = false;  // FinishStarted(): pause again once the running request ends
   std::atomic<int64_t> queued_{0};  // requests_.size(), polled by the idle submitter
   std::thread thread_, progress_thread_;
 };

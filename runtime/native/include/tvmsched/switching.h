@@ -71,6 +71,9 @@ class SwitcherObj : public ffi::Object {
    *  it is in use or switching. For measuring switches (tvmsched bench switch). */
   bool Evict(Model model, bool keep_env);
   std::vector<StageEvent> Events() const;
+  /*! \brief `callback(waiting, holders)` when a model's switch-in waits for memory that only paused streams'
+   *  started requests hold (once per wait, on the switcher's memory thread). */
+  void SetBlockedCallback(ffi::Function callback);
   const SwitchOptions& options() const;
   /*! \brief Stop the threads and let go of the models (requests still waiting for a switch fail). */
   void Close();
