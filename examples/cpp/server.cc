@@ -321,7 +321,15 @@ class Server {
                    {"errors", s.stream->failed.load() + s.rejected.load()}, {"qos_violations", violations},
                    {"p50_ms", ms.empty() ? json(nullptr) : json(Percentile(ms, 50))},
                    {"p99_ms", ms.empty() ? json(nullptr) : json(Percentile(ms, 99))},
-                   {"launches", s.stream->launches.load()}, {"reruns", s.stream->reruns.load()}};
+                   {"launches", s.stream->launches.load()}, {"reruns", s.stream->reruns.load()},
+                   {"faults", s.stream->faults.load()}, {"fault_restarts", s.stream->fault_restarts.load()}};
+    }
+    if (!order_.empty()) {  // the device's fault state machine (docs/faults.md)
+      tvmsched::Device::FaultStats faults = models_.at(order_.front())->model->device().faults();
+      static const char* const kHealth[] = {"healthy", "faulted", "lost"};
+      out["_device"] = {{"health", kHealth[faults.health]}, {"generation", faults.generation}, {"faults", faults.faults},
+                        {"recoveries", faults.recoveries}, {"last_recovery_s", faults.last_recovery_s},
+                        {"lost", faults.lost}};
     }
     out["_scheduler"] = {{"decisions", 0}, {"p50_us", nullptr}, {"p99_us", nullptr}};  // no layer scheduler here
     return out;

@@ -122,6 +122,9 @@ class CpuDevice final : public Device {
   void StreamWaitStream(StreamHandle, StreamHandle) override {}
   void SyncStream(StreamHandle) override {}
   void UseStream(StreamHandle) override {}
+  // a fault on the CPU device is injected (tests): host memory, threads and kernels stay usable
+  bool Recreate(std::string* /*why*/) override { return true; }
+
   void SetThreadUnits(int units) override {
     thread_local int current = -1;
     if (units <= 0 || units > units_) units = units_;

@@ -6,8 +6,11 @@
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/extra/c_env_api.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "tvmsched/device.h"
@@ -38,9 +41,27 @@ struct Driver {
     if (result == CUDA_SUCCESS) return;
     const char* text = nullptr;
     if (cuGetErrorString) cuGetErrorString(result, &text);
-    TVM_FFI_THROW(TvmschedError) << "CUDA driver error in " << what << ": " << (text ? text : "unknown") << " ("
-                                 << static_cast<int>(result) << ")";
+    std::ostringstream line;
+    line << "CUDA driver error in " << what << ": " << (text ? text : "unknown") << " (" << static_cast<int>(result) << ")";
+    if (Sticky(result)) {  // the context is unusable for every tenant: the device's fault state machine (faults.cc)
+      line << "; a sticky error: every later call in this context fails";
+      if (Device* device = fault_target.load()) device->ReportFault(line.str());
+    }
+    TVM_FFI_THROW(TvmschedError) << line.str();
   }
+
+  /*! \brief Errors after which the CUDA context is unusable (a kernel faulted): docs/faults.md. */
+  static bool Sticky(CUresult result) {
+    switch (result) {
+      case CUDA_ERROR_ILLEGAL_ADDRESS: case CUDA_ERROR_MISALIGNED_ADDRESS: case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+      case CUDA_ERROR_HARDWARE_STACK_ERROR: case CUDA_ERROR_INVALID_PC: case CUDA_ERROR_LAUNCH_FAILED:
+      case CUDA_ERROR_ASSERT:
+        return true;
+      default:
+        return false;
+    }
+  }
+  mutable std::atomic<Device*> fault_target{nullptr};  // the device a sticky error is reported to (the latest opened)
 
  private:
   Driver() {
@@ -69,6 +90,15 @@ class CudaDevice final : public Device {
     drv_.Check(drv_.cuStreamCreateWithPriority(&flag_stream_, CU_STREAM_NON_BLOCKING, greatest), "flag stream");
     drv_.Check(drv_.cuStreamCreate(&read_stream_, CU_STREAM_NON_BLOCKING), "counter stream");
     index_ = index;
+    drv_.fault_target.store(this);
+  }
+
+  // Recovering a CUDA context (cuDevicePrimaryCtxReset, then every model's memory, modules, streams, events and the
+  // flag memory made anew) is designed in docs/faults.md and not implemented: after a sticky fault the device is lost
+  bool Recreate(std::string* why) override {
+    *why = "a sticky CUDA fault; recreating the context is not implemented (docs/faults.md): reload the models in a "
+           "new process";
+    return false;
   }
 
   const char* kind() const override { return "cuda"; }

@@ -830,6 +830,11 @@ void ModelObj::RunLayer(int index, int candidate) {
   if (group_state(layer_group_[index]) < kReady || !env_ready()) {
     TVM_FFI_THROW(TvmschedError) << "model " << name() << " is not resident (layer " << index << "'s sub-task is not prepared)";
   }
+  if (inject_fault_layer_.load(std::memory_order_relaxed) == index && inject_fault_layer_.exchange(-1) == index) {
+    std::string text = "an injected fault (tvmsched.engine.inject_fault)";
+    device_->ReportFault(text);  // as a sticky CUDA error would: every launch of the device is void until recovered
+    TVM_FFI_THROW(TvmschedError) << text;
+  }
   Candidate& cand = candidates_[index][candidate];
   StreamHandle stream = StreamFor(cand.units);
   device_->SetThreadUnits(cand.units);
@@ -894,6 +899,25 @@ bool ModelObj::preempt_flag_set() const {
 
 void ModelObj::ClearStarted() {
   if (flags_.host_ptr) __atomic_store_n(flags_.host_ptr + flags_.length - 1, 0, __ATOMIC_SEQ_CST);
+}
+
+std::string ModelObj::RecordFault(int limit, double window_s) {
+  std::lock_guard<std::mutex> lock(fault_mu_);
+  double now = Device::NowMicros();
+  fault_us_.push_back(now);
+  while (!fault_us_.empty() && now - fault_us_.front() > window_s * 1e6) fault_us_.pop_front();
+  if (limit > 0 && static_cast<int>(fault_us_.size()) >= limit && quarantined_.empty()) {
+    std::ostringstream text;
+    text << "model " << name() << " is quarantined: " << fault_us_.size() << " device faults within " << window_s
+         << " s (load it again to retry)";
+    quarantined_ = text.str();
+  }
+  return quarantined_;
+}
+
+std::string ModelObj::quarantined() const {
+  std::lock_guard<std::mutex> lock(fault_mu_);
+  return quarantined_;
 }
 
 bool ModelObj::started() const {

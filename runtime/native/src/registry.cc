@@ -72,6 +72,28 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   refl::GlobalDef()
       .def("tvmsched.engine.set_tvm_libdir", [](const std::string& dir) { SetTvmLibDir(dir); })
       .def("tvmsched.engine.now_us", []() { return Device::NowMicros(); })
+      .def("tvmsched.engine.device_faults",
+           [](const std::string& kind) {  // the device's fault state machine (docs/faults.md)
+             Device::FaultStats stats = OpenDevice(kind)->faults();
+             static const char* const kHealth[] = {"healthy", "faulted", "lost"};
+             ffi::Map<ffi::String, ffi::Any> out;
+             out.Set("health", ffi::String(kHealth[stats.health]));
+             out.Set("generation", static_cast<int64_t>(stats.generation));
+             out.Set("faults", stats.faults);
+             out.Set("recoveries", stats.recoveries);
+             out.Set("last_recovery_s", stats.last_recovery_s);
+             out.Set("lost", ffi::String(stats.lost));
+             return out;
+           })
+      .def("tvmsched.engine.inject_fault",
+           [](Model m, int64_t layer, bool fail_recreate) {  // test hook: the next run of `layer` faults
+             if (std::string(m->device().kind()) != "cpu") {
+               TVM_FFI_THROW(TvmschedError) << "faults are injected on the cpu device only";
+             }
+             if (layer < 0 || layer >= m->num_layers()) TVM_FFI_THROW(TvmschedError) << "no layer " << layer;
+             if (fail_recreate) m->device().FailNextRecreate();
+             m->InjectFault(static_cast<int>(layer));
+           })
       .def("tvmsched.engine.device_memory",
            [](const std::string& kind) {  // the accounting of what models allocated: in_use, peak, budget (0: none)
              Device::MemoryStats stats = OpenDevice(kind)->memory();
@@ -410,6 +432,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              out.Set("completed", s->completed.load());
              out.Set("failed", s->failed.load());
              out.Set("preemptions", s->preemptions.load());
+             out.Set("faults", s->faults.load());
+             out.Set("fault_restarts", s->fault_restarts.load());
              return out;
            })
       .def("latencies_us", [](Stream s) { return ffi::Array<double>(s->Latencies()); })

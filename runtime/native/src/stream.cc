@@ -135,6 +135,7 @@ StreamObj::~StreamObj() { Close(); }
 Request StreamObj::Submit(ffi::Map<ffi::String, ffi::Tensor> inputs, std::vector<int> candidate_ids) {
   m_->CheckInputs(inputs);
   if (!candidate_ids.empty()) m_->CheckCandidates(candidate_ids);
+  if (std::string quarantined = m_->quarantined(); !quarantined.empty()) TVM_FFI_THROW(TvmschedError) << quarantined;
   auto request = ffi::make_object<RequestObj>();
   request->inputs = std::move(inputs);
   request->candidate_ids = std::move(candidate_ids);
@@ -426,6 +427,11 @@ void StreamObj::EndRequest() {
 
 bool StreamObj::StartRequest() {
   Request& request = requests_.front();
+  if (std::string quarantined = m_->quarantined(); !quarantined.empty()) {  // queued before the quarantine
+    FailHead(quarantined);
+    return false;
+  }
+  run_generation_ = m_->device().generation();
   try {
     m_->CopyInputs(request->inputs);  // checked by Submit
   } catch (const ffi::Error& err) {
@@ -443,11 +449,22 @@ void StreamObj::CpuStep(const Launch& launch, std::optional<Launch>* next) {
   m_->ClearStarted();
   double start = timeline_on_ ? Device::NowMicros() : 0;
   std::string error;
+  bool stale = false;  // the device recovered from a fault since the head request started: it starts again
+  Device& device = m_->device();
   try {
-    m_->RunLayer(launch.layer, launch.candidate);
-  } catch (const std::exception& err) {
-    error = err.what();
-    if (auto* ffi_err = dynamic_cast<const ffi::Error*>(&err)) error = ffi_err->message();
+    stale = device.EnterLaunch(options_.recovery_timeout_s) != run_generation_;  // parks while the device recovers
+    try {
+      if (!stale) m_->RunLayer(launch.layer, launch.candidate);
+    } catch (const std::exception& err) {
+      error = err.what();
+      if (auto* ffi_err = dynamic_cast<const ffi::Error*>(&err)) error = ffi_err->message();
+    }
+    device.ExitLaunch();
+  } catch (const ffi::Error& err) {  // the device is lost, or did not recover in time
+    error = err.message();
+  }
+  if (!error.empty()) {
+    if (std::string fault = HandleFault(launch, error); !fault.empty()) error = fault;
   }
   bool deliver, wake;
   {
@@ -456,7 +473,9 @@ void StreamObj::CpuStep(const Launch& launch, std::optional<Launch>* next) {
     ++launches;
     bool flagged = flagged_launch_ || m_->preempt_flag_set();  // not the flag alone: a Resume() may have cleared it
     flagged_launch_ = false;
-    if (!error.empty()) {
+    if (stale) {
+      RestartHead();
+    } else if (!error.empty()) {
       FailHead(OneLine(error));
     } else if (flagged && !(!idempotent(launch) && m_->started())) {
       rerun_.push_back(launch);  // aborted (or skipped at entry): run it again on resume
@@ -481,11 +500,21 @@ void StreamObj::GpuLaunch(const Launch& launch) {
   double start = Device::NowMicros();
   EventHandle event = nullptr;
   std::string error;
+  Device& device = m_->device();
   try {
-    m_->RunLayer(launch.layer, launch.candidate);
-    event = m_->RecordEvent();
+    device.EnterLaunch(options_.recovery_timeout_s);  // (a CUDA device is not recovered: after a fault it is lost)
+    try {
+      m_->RunLayer(launch.layer, launch.candidate);
+      event = m_->RecordEvent();
+    } catch (const ffi::Error& err) {
+      error = err.message();
+    }
+    device.ExitLaunch();
   } catch (const ffi::Error& err) {
     error = err.message();
+  }
+  if (!error.empty()) {
+    if (std::string fault = HandleFault(launch, error); !fault.empty()) error = fault;
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -592,6 +621,41 @@ void StreamObj::FailHead(const std::string& error) {
   ++failed;
   EndRequest();
   PauseAfterRequest();
+}
+
+void StreamObj::RestartHead() {
+  if (requests_.empty()) return;
+  Request& head = requests_.front();
+  if (head->restarts++ >= 1) {
+    FailHead("model " + m_->name() + ": the device recovered from a fault twice while this request ran; it is not "
+             "run a third time");
+    return;
+  }
+  ++fault_restarts;
+  next_layer_ = 0;  // StartRequest runs again: inputs copied anew, a new request number, progress from 0
+  rerun_.clear();
+  std::fill(progress_.begin(), progress_.end(), -1);
+}
+
+std::string StreamObj::HandleFault(const Launch& launch, const std::string& error) {
+  Device& device = m_->device();
+  if (device.health() != Device::kFaulted) return "";  // an ordinary error, or the device was lost before
+  // this launch's fault (on the CPU device only an injected fault reports; on CUDA the tenant whose call saw the
+  // sticky error first): the device recovers on this thread once the other launches running have ended
+  ++faults;
+  std::string lost = device.Recover(options_.recovery_timeout_s);
+  std::ostringstream text;
+  text << "model " << m_->name() << ": layer " << launch.layer << " (candidate " << launch.candidate << ") faulted on "
+       << device.kind() << ": " << OneLine(error);
+  if (lost.empty()) {
+    text << "; the device recovered in " << static_cast<int64_t>(device.faults().last_recovery_s * 1e3 + 0.5)
+         << " ms and the other tenants' requests run again";
+  } else {
+    text << "; the device is lost: " << lost;
+  }
+  std::string quarantined = m_->RecordFault(options_.fault_limit, options_.fault_window_s);
+  if (!quarantined.empty()) text << "; " << quarantined;
+  return text.str();
 }
 
 void StreamObj::Deliver() {

@@ -11,6 +11,8 @@
 
 #include <dlpack/dlpack.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -133,6 +135,48 @@ class Device {
   /*! \brief Set the budget (0: none); a budget below what is in use is refused. */
   void SetBudget(size_t bytes);
   void ResetPeak();
+
+  // ---- faults (src/faults.cc, docs/faults.md) -------------------------------------------------------
+  // A fault in one tenant's kernel (on CUDA: a sticky error) makes every launch on the device void until the
+  // device is recovered: HEALTHY -> FAULTED (launches park) -> recovered (generation + 1) or LOST.
+  enum Health : int { kHealthy = 0, kFaulted = 1, kLost = 2 };
+  struct FaultStats {
+    int health = kHealthy;
+    uint64_t generation = 0;  ///< recoveries so far: a request started in an older one runs again
+    int64_t faults = 0;
+    int64_t recoveries = 0;
+    double last_recovery_s = 0;  ///< fault reported to recovered, the latest
+    std::string lost;            ///< why the device is lost (empty: it is not)
+  };
+  /*! \brief Bracket of one launch: waits (at most `timeout_s`) while the device is FAULTED, then counts the
+   *  launch as running and returns the generation it runs in; one TvmschedError line when the device is lost. */
+  uint64_t EnterLaunch(double timeout_s);
+  void ExitLaunch();
+  uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
+  int health() const { return health_.load(std::memory_order_acquire); }
+  /*! \brief A launch saw a sticky fault: HEALTHY -> FAULTED (later reports of the same fault are ignored). */
+  void ReportFault(const std::string& error);
+  /*! \brief The faulting launch's thread, after its launch ended: wait for the other launches running to end
+   *  (`timeout_s`), Recreate(), generation + 1, HEALTHY. Returns empty, or why the device is now LOST. */
+  std::string Recover(double timeout_s);
+  FaultStats faults() const;
+  /*! \brief Test hook (CPU): the next Recreate() fails, so the device is lost. */
+  void FailNextRecreate() { fail_recreate_.store(true); }
+
+ protected:
+  /*! \brief Make the device usable again after a fault: true, or false with `why` (the device is then lost).
+   *  CPU: nothing to redo. CUDA: not implemented (docs/faults.md: context reset, memory re-prepared). */
+  virtual bool Recreate(std::string* why) = 0;
+
+ private:
+  mutable std::mutex fault_mu_;
+  std::condition_variable fault_cond_;
+  std::atomic<int> health_{kHealthy};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> active_launches_{0};
+  std::atomic<bool> fail_recreate_{false};
+  FaultStats fault_stats_;  // under fault_mu_ (health and generation mirrored in the atomics)
+  double faulted_at_us_ = 0;
 
  private:
   mutable std::mutex account_mu_;

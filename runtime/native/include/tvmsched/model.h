@@ -18,6 +18,7 @@
 #include <tvm/ffi/string.h>
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -136,6 +137,15 @@ class ModelObj : public ffi::Object {
   void ClearStarted();
   bool started() const;
 
+  // ---- faults (docs/faults.md) ----
+  /*! \brief Test hook: the next run of `layer` reports a fault to the device and fails, as a kernel that faults. */
+  void InjectFault(int layer) { inject_fault_layer_.store(layer, std::memory_order_release); }
+  /*! \brief One of its launches faulted: past `limit` faults within `window_s` the model is quarantined (its
+   *  requests fail at once until it is loaded again). Returns the quarantine line, else empty. */
+  std::string RecordFault(int limit, double window_s);
+  /*! \brief Why its requests fail at once (empty: they run). */
+  std::string quarantined() const;
+
   bool counts_progress() const { return manifest_.progress_counters; }
   void ResetProgress();
   /*! \brief Raw per-layer counters, read without waiting for running kernels. */
@@ -225,6 +235,10 @@ class ModelObj : public ffi::Object {
   TVM_FFI_DECLARE_OBJECT_INFO_FINAL("tvmsched.Model", ModelObj, ffi::Object);
 
  private:
+  std::atomic<int> inject_fault_layer_{-1};
+  mutable std::mutex fault_mu_;
+  std::deque<double> fault_us_;  // when its latest faults were reported
+  std::string quarantined_;
   struct Candidate {
     ffi::Function kernel;
     int units = 0;            // its compute units, an explicit count (all units: the device's total)

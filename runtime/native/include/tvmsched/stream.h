@@ -57,6 +57,7 @@ enum class RequestState : int { kQueued = 0, kRunning = 1, kDone = 2, kFailed = 
 class RequestObj : public ffi::Object {
  public:
   int64_t id = 0;  ///< set when it starts: the request number its launches carry (1, 2, ...)
+  int restarts = 0;  ///< times it started again from its first layer after a device fault (at most once)
   std::vector<int> candidate_ids;  ///< empty: candidate 0 everywhere
   ffi::Map<ffi::String, ffi::Tensor> inputs;
   double submitted_us = 0, started_us = 0, finished_us = 0;
@@ -111,6 +112,11 @@ struct StreamOptions {
   /*! \brief The watchdog: a request whose next launch has waited this long for its model to be switched in
    *  (a stage that makes no progress) fails with one line naming that stage (0: it waits as long as it takes). */
   double stall_timeout_s = 60;
+  /*! \brief Device faults (docs/faults.md): a launch waits at most this long for the device to recover, and a
+   *  recovery waits this long for the launches running at the fault to end (else the device is lost). */
+  double recovery_timeout_s = 30;
+  int fault_limit = 3;          ///< faults of one model within fault_window_s that quarantine it (0: never)
+  double fault_window_s = 60;
 };
 
 class StreamObj : public ffi::Object {
@@ -148,6 +154,8 @@ class StreamObj : public ffi::Object {
   void Close();
 
   std::atomic<int64_t> launches{0}, reruns{0}, completed{0}, failed{0}, preemptions{0};
+  // device faults: launches of this stream that faulted; requests started again after another tenant's fault
+  std::atomic<int64_t> faults{0}, fault_restarts{0};
 
   static constexpr bool _type_mutable = true;
   TVM_FFI_DECLARE_OBJECT_INFO_FINAL("tvmsched.Stream", StreamObj, ffi::Object);
@@ -174,6 +182,12 @@ class StreamObj : public ffi::Object {
   std::vector<Launch> DrainGpu();
   void Retire(const Launch& launch, double end_us);
   void FailHead(const std::string& error);
+  /*! \brief The head request started before the device recovered from a fault: it starts again from its first
+   *  layer (once; a second time it fails). Under mutex_. */
+  void RestartHead();
+  /*! \brief A launch's error that is a device fault: recover the device (this thread) and return the tenant's
+   *  one line; else empty. */
+  std::string HandleFault(const Launch& launch, const std::string& error);
   void Deliver();
   bool idempotent(const Launch& l) const { return idempotent_[l.layer][l.candidate]; }
 
@@ -211,6 +225,7 @@ class StreamObj : public ffi::Object {
   // the flag before it returned): it runs again
   bool flagged_launch_ = false;
   bool pause_after_request_ = false;  // FinishStarted(): pause again once the running request ends
+  uint64_t run_generation_ = 0;  // the device's generation when the head request started (the submitter's alone)
   std::atomic<int64_t> queued_{0};  // requests_.size(), polled by the idle submitter
   std::thread thread_, progress_thread_;
 };
