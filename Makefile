@@ -9,7 +9,7 @@ ENGINE_SOURCES := $(wildcard runtime/native/CMakeLists.txt runtime/native/src/* 
 DEMO_MODEL ?= resnet18
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup demo test clean cpp
+.PHONY: setup demo test lint clean cpp
 
 setup: $(STAMP) $(ENGINE)
 
@@ -45,7 +45,13 @@ demo: setup
 	$(TVMSCHED) inspect out/$(DEMO_MODEL).tvms | head -8
 	$(TVMSCHED) run out/$(DEMO_MODEL).tvms --check out/$(DEMO_MODEL).onnx --repeat 20
 
-test: setup
+# style: ruff (pyproject.toml [tool.ruff]) and clang-format (.clang-format) on the engine and the C++ examples
+CPP_FILES = $(shell find runtime/native examples/cpp \( -name '*.cc' -o -name '*.h' \) -not -path '*/build/*')
+lint: setup
+	$(PY) -m ruff check .
+	$(VENV)/bin/clang-format --dry-run --Werror $(CPP_FILES)
+
+test: setup lint
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --durations=10
 
 clean:

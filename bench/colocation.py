@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import threading
 import time
 from pathlib import Path
 

@@ -135,7 +135,7 @@ def measure(spec: dict) -> dict:
         for r in range(spec["rounds"]):
             for label in (WAYS if r % 2 == 0 else WAYS[::-1]):
                 way, out = ways[label], windows[label]
-                for i in range(spec["per_round"]):
+                for _i in range(spec["per_round"]):
                     _client_work(spec["garbage"], spec["keep"], log)
                     start = time.perf_counter()
                     request = way()

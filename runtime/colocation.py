@@ -62,7 +62,7 @@ def profile_pair(a: Executor, b: Executor, seconds: float = 0.3) -> list[dict]:
             for thread in threads:
                 thread.join()
             co = {k: float(np.median(v[1:] or v)) for k, v in times.items()}
-            for first, second, (ex1, l1, c1), (ex2, l2, c2) in (("a", "b", (a, la, ca), (b, lb, cb)), ("b", "a", (b, lb, cb), (a, la, ca))):
+            for first, _second, (ex1, l1, c1), (ex2, l2, c2) in (("a", "b", (a, la, ca), (b, lb, cb)), ("b", "a", (b, lb, cb), (a, la, ca))):
                 rows.append({
                     "first": _key(ex1, l1, c1), "second": _key(ex2, l2, c2),
                     "isolated_us": iso[first] * 1e6, "colocated_us": co[first] * 1e6,

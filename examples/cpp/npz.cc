@@ -49,8 +49,11 @@ DLDataType DTypeOfDescr(const std::string& descr, const std::string& what) {
     throw Error(what + " has dtype " + descr + " (only little-endian numbers and bools are read)");
   }
   int size = std::atoi(descr.c_str() + 2);
-  uint8_t code = descr[1] == 'f' ? kDLFloat : descr[1] == 'i' ? kDLInt : descr[1] == 'u' ? kDLUInt
-               : descr[1] == 'b' ? kDLBool : 255;
+  uint8_t code = descr[1] == 'f'   ? kDLFloat
+                 : descr[1] == 'i' ? kDLInt
+                 : descr[1] == 'u' ? kDLUInt
+                 : descr[1] == 'b' ? kDLBool
+                                   : 255;
   if (code == 255 || (size != 1 && size != 2 && size != 4 && size != 8) || (code == kDLBool && size != 1) ||
       (code == kDLFloat && size == 1)) {
     throw Error(what + " has dtype " + descr + " (only numbers and bools are read)");
@@ -60,8 +63,11 @@ DLDataType DTypeOfDescr(const std::string& descr, const std::string& what) {
 
 std::string DescrOf(DLDataType dtype) {
   int size = dtype.bits / 8;
-  char kind = dtype.code == kDLFloat ? 'f' : dtype.code == kDLInt ? 'i' : dtype.code == kDLUInt ? 'u'
-            : dtype.code == kDLBool ? 'b' : '?';
+  char kind = dtype.code == kDLFloat  ? 'f'
+              : dtype.code == kDLInt  ? 'i'
+              : dtype.code == kDLUInt ? 'u'
+              : dtype.code == kDLBool ? 'b'
+                                      : '?';
   if (kind == '?' || dtype.lanes != 1 || dtype.bits % 8 != 0) {
     throw Error("cannot write dtype " + tvmsched::DTypeName(dtype) + " to .npy");
   }
@@ -122,8 +128,8 @@ ffi::Tensor ParseNpy(const std::string& bytes, const std::string& what) {
   }
   size_t nbytes = count * (dtype.bits / 8);
   if (bytes.size() - prefix - header_len != nbytes) {
-    throw Error(what + " holds " + std::to_string(bytes.size() - prefix - header_len) + " data bytes, its shape needs " +
-                std::to_string(nbytes));
+    throw Error(what + " holds " + std::to_string(bytes.size() - prefix - header_len) +
+                " data bytes, its shape needs " + std::to_string(nbytes));
   }
   ffi::Tensor tensor = tvmsched::EmptyHostTensor(shape, dtype);
   if (nbytes) std::memcpy(tensor.data_ptr(), bytes.data() + prefix + header_len, nbytes);
@@ -132,7 +138,8 @@ ffi::Tensor ParseNpy(const std::string& bytes, const std::string& what) {
 
 std::string WriteNpy(const ffi::Tensor& tensor) {
   const DLTensor* t = tensor.GetDLTensorPtr();
-  if (t->device.device_type != kDLCPU || !tensor.IsContiguous()) throw Error("only contiguous host tensors are written");
+  if (t->device.device_type != kDLCPU || !tensor.IsContiguous())
+    throw Error("only contiguous host tensors are written");
   std::string shape = "(";
   size_t count = 1;
   for (int i = 0; i < t->ndim; ++i) {
@@ -175,7 +182,7 @@ std::string StoredZip(const std::vector<std::pair<std::string, std::string>>& me
     out += name;
     out += data;
 
-    Put32(directory, 0x02014b50);  // central directory entry
+    Put32(directory, 0x02014b50);     // central directory entry
     Put16(directory, (3 << 8) | 20);  // made by: unix, 2.0
     Put16(directory, 20);
     Put16(directory, 0);
@@ -186,15 +193,16 @@ std::string StoredZip(const std::vector<std::pair<std::string, std::string>>& me
     Put32(directory, size);
     Put32(directory, size);
     Put16(directory, static_cast<uint32_t>(name.size()));
-    Put16(directory, 0);  // extra
-    Put16(directory, 0);  // comment
-    Put16(directory, 0);  // disk number
-    Put16(directory, 0);  // internal attributes
+    Put16(directory, 0);            // extra
+    Put16(directory, 0);            // comment
+    Put16(directory, 0);            // disk number
+    Put16(directory, 0);            // internal attributes
     Put32(directory, 0644u << 16);  // external attributes: -rw-r--r--
     Put32(directory, offset);
     directory += name;
   }
-  if (members.size() > 0xFFFF || out.size() + directory.size() >= 0xFFFFFFFFu) throw Error("too large for a zip without zip64");
+  if (members.size() > 0xFFFF || out.size() + directory.size() >= 0xFFFFFFFFu)
+    throw Error("too large for a zip without zip64");
   uint32_t directory_at = static_cast<uint32_t>(out.size());
   out += directory;
   Put32(out, 0x06054b50);  // end of central directory

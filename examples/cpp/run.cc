@@ -55,8 +55,8 @@ int Run(int argc, char** argv) {
   if (paths.size() != 3) return Fail(std::string("expected ARTIFACT IN.npz OUT.npz (") + kUsage + ")");
   const std::string &artifact = paths[0], &in_path = paths[1], &out_path = paths[2];
 
-  tvmsched::Model model = tvmsched::Model::Load(artifact, device, tvmsched::FlagMemory::kAuto,
-                                                tvmsched::TrustedKeys::FromFiles(trusted));
+  tvmsched::Model model =
+      tvmsched::Model::Load(artifact, device, tvmsched::FlagMemory::kAuto, tvmsched::TrustedKeys::FromFiles(trusted));
   auto inputs = npz::Load(in_path);
   tvmsched::Stream stream = tvmsched::Stream::Create(model, model->name());
   tvmsched::Request request = stream->Submit(inputs, {});  // checks names, shapes and dtypes first

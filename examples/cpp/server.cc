@@ -61,7 +61,8 @@ struct HttpError : std::runtime_error {
   int status;
   json detail;
   HttpError(int status, json detail)
-      : std::runtime_error(detail.is_string() ? detail.get<std::string>() : detail.dump()), status(status),
+      : std::runtime_error(detail.is_string() ? detail.get<std::string>() : detail.dump()),
+        status(status),
         detail(std::move(detail)) {}
 };
 
@@ -179,10 +180,14 @@ template <typename T>
 json Nested(const T*& data, const int64_t* shape, int ndim) {
   if (ndim == 0) {
     T v = *data++;
-    if constexpr (std::is_floating_point_v<T>) return static_cast<double>(v);
-    else if constexpr (std::is_same_v<T, bool>) return v;
-    else if constexpr (std::is_signed_v<T>) return static_cast<int64_t>(v);
-    else return static_cast<uint64_t>(v);
+    if constexpr (std::is_floating_point_v<T>)
+      return static_cast<double>(v);
+    else if constexpr (std::is_same_v<T, bool>)
+      return v;
+    else if constexpr (std::is_signed_v<T>)
+      return static_cast<int64_t>(v);
+    else
+      return static_cast<uint64_t>(v);
   }
   json out = json::array();
   for (int64_t i = 0; i < shape[0]; ++i) out.push_back(Nested<T>(data, shape + 1, ndim - 1));
@@ -218,17 +223,21 @@ json ParseInferBody(const std::string& body) {
   try {
     parsed = json::parse(body);
   } catch (const json::parse_error& err) {
-    throw HttpError(422, ValidationError("json_invalid", {"body", static_cast<int64_t>(err.byte)}, "JSON decode error"));
+    throw HttpError(422,
+                    ValidationError("json_invalid", {"body", static_cast<int64_t>(err.byte)}, "JSON decode error"));
   }
   if (!parsed.is_object()) {
-    throw HttpError(422, ValidationError("model_attributes_type", {"body"}, "Input should be a valid dictionary or object to extract fields from"));
+    throw HttpError(422, ValidationError("model_attributes_type", {"body"},
+                                         "Input should be a valid dictionary or object to extract fields from"));
   }
   auto inputs = parsed.find("inputs");
   if (inputs == parsed.end()) throw HttpError(422, ValidationError("missing", {"body", "inputs"}, "Field required"));
-  if (!inputs->is_object()) throw HttpError(422, ValidationError("dict_type", {"body", "inputs"}, "Input should be a valid dictionary"));
+  if (!inputs->is_object())
+    throw HttpError(422, ValidationError("dict_type", {"body", "inputs"}, "Input should be a valid dictionary"));
   for (const auto& [key, value] : inputs->items()) {
     if (!value.is_array() && !value.is_number() && !value.is_boolean()) {
-      throw HttpError(422, ValidationError("list_type", {"body", "inputs", key}, "Input should be a valid list, number or integer"));
+      throw HttpError(422, ValidationError("list_type", {"body", "inputs", key},
+                                           "Input should be a valid list, number or integer"));
     }
   }
   return *inputs;
@@ -246,18 +255,30 @@ json OrNull(const std::optional<double>& v) { return v ? json(*v) : json(nullptr
 class Server {
  public:
   Server() : registry_(std::make_shared<prometheus::Registry>()) {
-    requests_ = &prometheus::BuildCounter().Name("tvmsched_requests_total")
-                     .Help("Inference requests received, per model").Register(*registry_);
-    errors_ = &prometheus::BuildCounter().Name("tvmsched_errors_total")
-                   .Help("Inference requests answered with an error, per model").Register(*registry_);
-    qos_violations_ = &prometheus::BuildCounter().Name("tvmsched_qos_violations_total")
-                           .Help("Requests whose latency exceeded the model's QoS target").Register(*registry_);
-    preemptions_ = &prometheus::BuildCounter().Name("tvmsched_preemptions_total")
-                        .Help("Times the model's stream was preempted by a real-time request").Register(*registry_);
-    latency_ = &prometheus::BuildHistogram().Name("tvmsched_request_latency_seconds")
-                    .Help("Submit-to-finish latency of completed requests (engine clock)").Register(*registry_);
-    busy_ = &prometheus::BuildGauge().Name("tvmsched_busy_streams")
-                 .Help("Model streams with requests queued or running, per device").Register(*registry_);
+    requests_ = &prometheus::BuildCounter()
+                     .Name("tvmsched_requests_total")
+                     .Help("Inference requests received, per model")
+                     .Register(*registry_);
+    errors_ = &prometheus::BuildCounter()
+                   .Name("tvmsched_errors_total")
+                   .Help("Inference requests answered with an error, per model")
+                   .Register(*registry_);
+    qos_violations_ = &prometheus::BuildCounter()
+                           .Name("tvmsched_qos_violations_total")
+                           .Help("Requests whose latency exceeded the model's QoS target")
+                           .Register(*registry_);
+    preemptions_ = &prometheus::BuildCounter()
+                        .Name("tvmsched_preemptions_total")
+                        .Help("Times the model's stream was preempted by a real-time request")
+                        .Register(*registry_);
+    latency_ = &prometheus::BuildHistogram()
+                    .Name("tvmsched_request_latency_seconds")
+                    .Help("Submit-to-finish latency of completed requests (engine clock)")
+                    .Register(*registry_);
+    busy_ = &prometheus::BuildGauge()
+                 .Name("tvmsched_busy_streams")
+                 .Help("Model streams with requests queued or running, per device")
+                 .Register(*registry_);
   }
 
   void Load(const std::string& name, const std::string& path, std::optional<double> qos_ms, const std::string& priority,
@@ -276,8 +297,9 @@ class Server {
     served->errors = &errors_->Add(labels);
     served->qos_violations = &qos_violations_->Add(labels);
     served->preemptions = &preemptions_->Add(labels);
-    served->latency = &latency_->Add(labels, prometheus::Histogram::BucketBoundaries{
-        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10});
+    served->latency =
+        &latency_->Add(labels, prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                                                       0.1, 0.25, 0.5, 1, 2.5, 5, 10});
     device_kind_ = served->model->device().kind();
     if (priority == "best_effort") priorities_.AddBestEffort(served.get());
     order_.push_back(name);
@@ -317,19 +339,24 @@ class Server {
       for (double us : s.stream->Latencies()) ms.push_back(us / 1e3);  // the latest 8192 to 16384 requests
       int64_t violations = s.qos_ms ? std::count_if(ms.begin(), ms.end(), [&](double v) { return v > *s.qos_ms; }) : 0;
       std::sort(ms.begin(), ms.end());
-      out[name] = {{"priority", s.priority}, {"qos_ms", OrNull(s.qos_ms)}, {"requests", s.stream->completed.load()},
-                   {"errors", s.stream->failed.load() + s.rejected.load()}, {"qos_violations", violations},
+      out[name] = {{"priority", s.priority},
+                   {"qos_ms", OrNull(s.qos_ms)},
+                   {"requests", s.stream->completed.load()},
+                   {"errors", s.stream->failed.load() + s.rejected.load()},
+                   {"qos_violations", violations},
                    {"p50_ms", ms.empty() ? json(nullptr) : json(Percentile(ms, 50))},
                    {"p99_ms", ms.empty() ? json(nullptr) : json(Percentile(ms, 99))},
-                   {"launches", s.stream->launches.load()}, {"reruns", s.stream->reruns.load()},
-                   {"faults", s.stream->faults.load()}, {"fault_restarts", s.stream->fault_restarts.load()}};
+                   {"launches", s.stream->launches.load()},
+                   {"reruns", s.stream->reruns.load()},
+                   {"faults", s.stream->faults.load()},
+                   {"fault_restarts", s.stream->fault_restarts.load()}};
     }
     if (!order_.empty()) {  // the device's fault state machine (docs/faults.md)
       tvmsched::Device::FaultStats faults = models_.at(order_.front())->model->device().faults();
       static const char* const kHealth[] = {"healthy", "faulted", "lost"};
-      out["_device"] = {{"health", kHealth[faults.health]}, {"generation", faults.generation}, {"faults", faults.faults},
-                        {"recoveries", faults.recoveries}, {"last_recovery_s", faults.last_recovery_s},
-                        {"lost", faults.lost}};
+      out["_device"] = {
+          {"health", kHealth[faults.health]}, {"generation", faults.generation},           {"faults", faults.faults},
+          {"recoveries", faults.recoveries},  {"last_recovery_s", faults.last_recovery_s}, {"lost", faults.lost}};
     }
     out["_scheduler"] = {{"decisions", 0}, {"p50_us", nullptr}, {"p99_us", nullptr}};  // no layer scheduler here
     return out;
@@ -351,7 +378,8 @@ class Server {
     ffi::Map<ffi::String, ffi::Tensor> tensors;
     for (const auto& [key, value] : inputs.items()) {
       auto dtype = s.input_dtypes.find(key);  // unknown names: float32, and the engine names the mismatch
-      tensors.Set(ffi::String(key), ToTensor(value, dtype != s.input_dtypes.end() ? dtype->second : DLDataType{kDLFloat, 32, 1}, key));
+      tensors.Set(ffi::String(key),
+                  ToTensor(value, dtype != s.input_dtypes.end() ? dtype->second : DLDataType{kDLFloat, 32, 1}, key));
     }
     bool realtime = s.priority == "realtime";
     if (realtime) priorities_.Begin();
@@ -458,7 +486,8 @@ int Main(int argc, char** argv) {
       std::string text = value("--port");
       char* end = nullptr;
       long p = std::strtol(text.c_str(), &end, 10);
-      if (text.empty() || *end != '\0' || p < 0 || p > 65535) throw std::runtime_error("--port must be 0..65535, not '" + text + "'");
+      if (text.empty() || *end != '\0' || p < 0 || p > 65535)
+        throw std::runtime_error("--port must be 0..65535, not '" + text + "'");
       port = static_cast<int>(p);
     } else if (is("--trust")) {
       trusted.push_back(value("--trust"));
@@ -466,13 +495,15 @@ int Main(int argc, char** argv) {
       std::string text = value("--max-body-bytes");
       char* end = nullptr;
       long long n = std::strtoll(text.c_str(), &end, 10);
-      if (text.empty() || *end != '\0' || n < 1) throw std::runtime_error("--max-body-bytes must be a positive integer, not '" + text + "'");
+      if (text.empty() || *end != '\0' || n < 1)
+        throw std::runtime_error("--max-body-bytes must be a positive integer, not '" + text + "'");
       max_body_bytes = static_cast<size_t>(n);
     } else if (is("--host")) {
       host = value("--host");
     } else if (is("--device")) {
       device = value("--device");
-      if (device != "cpu" && device != "cuda") throw std::runtime_error("--device must be cpu or cuda, not '" + device + "'");
+      if (device != "cpu" && device != "cuda")
+        throw std::runtime_error("--device must be cpu or cuda, not '" + device + "'");
     } else {
       throw std::runtime_error("unknown argument " + arg + " (" + kUsage + ")");
     }
@@ -519,8 +550,11 @@ int Main(int argc, char** argv) {
   });
   http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // our own {"detail": ...}
-    const char* text = res.status == 404 ? "Not Found" : res.status == 405 ? "Method Not Allowed"
-                     : res.status == 413 ? "Payload Too Large" : res.status < 500 ? "Bad Request" : "Internal Server Error";
+    const char* text = res.status == 404   ? "Not Found"
+                       : res.status == 405 ? "Method Not Allowed"
+                       : res.status == 413 ? "Payload Too Large"
+                       : res.status < 500  ? "Bad Request"
+                                           : "Internal Server Error";
     Reply(res, res.status, {{"detail", text}});
     return httplib::Server::HandlerResponse::Handled;
   }));

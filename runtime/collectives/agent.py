@@ -240,7 +240,7 @@ class Agent:
                 if self._switch_client is not None:
                     self._switch_client.close()
                 self._switch_client = None
-                verdict, result = "aborted", str(err)
+                verdict = "aborted"
             if verdict == "done":
                 self._finish(req, None)
             else:
@@ -322,10 +322,10 @@ class Agent:
                 self._settle(pending, "abort", None)  # neither commit nor abort in time
                 pending = None
                 continue
-            except (OSError, ConnectionError):
+            except (OSError, ConnectionError) as err:
                 if pending is not None:
                     self._settle(pending, "abort", None)
-                raise ConnectionError("controller connection lost")
+                raise ConnectionError("controller connection lost") from err
             op, rid = msg.get("op"), msg.get("round")
             if op == "prepare":
                 if pending is not None:  # a newer round while an older one is unsettled

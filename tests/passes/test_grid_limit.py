@@ -1,6 +1,5 @@
 """Grid limiting (restricting a GPU kernel to ~k SMs without green contexts) and its path through a kit."""
 
-import numpy as np
 import pytest
 import tvm
 from tvm.script import tirx as T

@@ -134,7 +134,7 @@ def test_jobs_share_the_switch_but_never_at_once(shared_run):
     assert not _overlaps(log)
     done_jobs = {e["job"] for e in log if e["verdict"] == "done"}
     assert done_jobs == set(JOBS), f"only {done_jobs} aggregated in the network"
-    for job, world in JOBS.items():
+    for job, _world in JOBS.items():
         paths = reports[(job, 0)]["stats"]["paths"]
         assert paths.get("innet", 0) > 0 and paths.get("ring", 0) > 0, paths  # the switch is shared in time
     assert any(r["outcome"] == "commit" for r in rounds)

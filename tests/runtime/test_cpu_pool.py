@@ -88,7 +88,7 @@ def test_a_worker_that_never_runs_stalls_no_layer(bert, tmp_path):
     until worker i has run slice i (bert-tiny 0.38 -> 92 ms per run; bench/contention.py measures it). Here the
     slices are claimed: with every worker stalled (TVMSCHED_CPU_POOL_STALL_WORKERS, a worker that is never
     scheduled), each launch still finishes, its thread running every slice, with the same bits."""
-    normal = run_child(bert, 3, tmp_path / "normal.npy")
+    run_child(bert, 3, tmp_path / "normal.npy")
     stalled = run_child(bert, 20, tmp_path / "stalled.npy", {"TVMSCHED_CPU_POOL_STALL_WORKERS": "1"}, timeout=120)
     pool = stalled["pool"]
     assert pool["workers"] == THREADS - 1 and pool["launches"] > 0

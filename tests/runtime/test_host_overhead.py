@@ -78,7 +78,7 @@ def test_no_collection_starts_inside_a_request_and_garbage_is_still_freed(artifa
         model = rt.load(artifact)
         assert gc.get_freeze_count() >= LIVE  # the heap existing at the load is frozen
         with Collections() as seen:
-            for i in range(400):
+            for _i in range(400):
                 garbage = _cyclic_garbage(40)  # the client's work between requests makes collections fall due
                 first_garbage = first_garbage or garbage
                 start = time.perf_counter()

@@ -1,7 +1,6 @@
 """Preemption on CPU: kernel queues, the submitter, preempt/resume, priorities; outputs stay bit-identical."""
 
 import random
-import threading
 import time
 
 import numpy as np

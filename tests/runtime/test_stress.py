@@ -567,7 +567,7 @@ class Driver:
 
     # -- whole sequences
     def run(self) -> None:
-        for self.step in range(self.steps):
+        for self.step in range(self.steps):  # noqa: B020 - the step is the driver's state, read by report()
             self.draw()
         self.step = self.steps
         self.finish()

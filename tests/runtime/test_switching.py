@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import json
-import time
 
 import numpy as np
 import pytest
@@ -69,10 +68,10 @@ def test_random_switch_sequences_are_bit_identical_and_stay_within_budget_and_th
     rng = np.random.default_rng(13)
     with Runtime("cpu", memory_budget=budget, switching=settings) as rt:
         func("reset_memory_peak")("cpu")
-        for name, (path, _, _) in zoo.items():
+        for path, _, _ in zoo.values():
             rt.load(path, resident=False)
         assert not any(m.resident for m in rt.models.values())
-        for round_ in range(30):
+        for _ in range(30):
             burst = list(rng.choice(ZOO, size=int(rng.integers(1, 4))))  # one to three requests in flight
             futures = [(name, rt.submit(name, zoo[name][1])) for name in burst]
             for name, future in futures:

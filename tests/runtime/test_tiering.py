@@ -81,7 +81,7 @@ def test_a_model_over_budget_streams_from_every_tier_bit_identical_within_budget
         assert used["dram"] <= quarter and used["cxl"] <= quarter
         streamed = info["streamed_group_bytes"]
         assert len(streamed) >= 3 and max(streamed) <= info["buffer_bytes"]
-        for rounds in range(2):
+        for _rounds in range(2):
             for x, want in zip(inputs, outputs):
                 got = rt.submit(model, x).result(timeout=120)
                 assert set(got) == set(want)

@@ -1,14 +1,13 @@
 // The artifact reader: zip of stored members -> checksums -> manifest (tvm-ffi's JSON parser) -> weights (.npy).
 #include "tvmsched/artifact.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/map.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/extra/json.h>
 #include <tvm/ffi/string.h>
-
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,7 +36,8 @@ DLDataType ParseDType(const std::string& name) {
     const char* text;
     uint8_t code;
   };
-  for (Prefix p : {Prefix{"bfloat", kDLBfloat}, Prefix{"float", kDLFloat}, Prefix{"uint", kDLUInt}, Prefix{"int", kDLInt}}) {
+  for (Prefix p :
+       {Prefix{"bfloat", kDLBfloat}, Prefix{"float", kDLFloat}, Prefix{"uint", kDLUInt}, Prefix{"int", kDLInt}}) {
     size_t len = std::char_traits<char>::length(p.text);
     if (name.compare(0, len, p.text) == 0 && name.size() > len) {
       int bits = std::atoi(name.c_str() + len);
@@ -61,7 +61,8 @@ std::string Printable(const std::string& text) {
   std::string out;
   for (char c : text) {
     auto byte = static_cast<uint8_t>(c);
-    if (c == '\n') out += "\\n";
+    if (c == '\n')
+      out += "\\n";
     else if (byte < 0x20 || byte == 0x7f) {
       char escaped[8];
       std::snprintf(escaped, sizeof(escaped), "\\x%02x", byte);
@@ -105,7 +106,8 @@ class Json {
   int64_t integer_in(int64_t lo, int64_t hi, int64_t fallback) const {
     if (null()) return fallback;
     int64_t v = integer();
-    if (v < lo || v > hi) Fail(("is " + std::to_string(v) + ", outside " + std::to_string(lo) + ".." + std::to_string(hi)).c_str());
+    if (v < lo || v > hi)
+      Fail(("is " + std::to_string(v) + ", outside " + std::to_string(lo) + ".." + std::to_string(hi)).c_str());
     return v;
   }
   /*! \brief A finite number in [lo, hi] (null: `fallback`), else a one-line error naming the field. */
@@ -189,11 +191,13 @@ void CheckInvariants(const Manifest& m) {
   }
   std::set<std::string> bound, written;
   for (const Binding& b : m.inputs) {
-    if (m.tensors.at(b.tensor).kind != "input") throw std::invalid_argument("input " + b.name + " is bound to a non-input tensor");
+    if (m.tensors.at(b.tensor).kind != "input")
+      throw std::invalid_argument("input " + b.name + " is bound to a non-input tensor");
     if (!bound.insert(b.tensor).second) throw std::invalid_argument("tensor " + b.tensor + " is bound to two inputs");
   }
   for (const auto& [id, spec] : m.tensors) {
-    if (spec.kind == "input" && !bound.count(id)) throw std::invalid_argument("input tensor " + id + " is bound to no model input");
+    if (spec.kind == "input" && !bound.count(id))
+      throw std::invalid_argument("input tensor " + id + " is bound to no model input");
   }
   for (const LayerSpec& layer : m.layers) {
     for (const auto& id : layer.inputs) {
@@ -203,11 +207,13 @@ void CheckInvariants(const Manifest& m) {
       }
     }
     for (const auto& id : layer.outputs) {
-      if (m.tensors.at(id).kind != "activation") throw std::invalid_argument("layer " + layer.func + " writes non-activation " + id);
+      if (m.tensors.at(id).kind != "activation")
+        throw std::invalid_argument("layer " + layer.func + " writes non-activation " + id);
       if (!written.insert(id).second) throw std::invalid_argument("tensor " + id + " is written by two layers");
     }
     for (size_t c = 0; c < layer.candidates.size(); ++c) {
-      if (layer.candidates[c].id != static_cast<int>(c)) throw std::invalid_argument("layer " + layer.func + " has candidate ids out of order");
+      if (layer.candidates[c].id != static_cast<int>(c))
+        throw std::invalid_argument("layer " + layer.func + " has candidate ids out of order");
     }
   }
   for (const Binding& b : m.outputs) {
@@ -231,12 +237,15 @@ void CheckJsonDepth(const std::string& text, const std::string& what, int max_de
   for (size_t i = 0; i < text.size(); ++i) {  // no recursion: the parser's own would overflow the stack
     char c = text[i];
     if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) throw std::invalid_argument(what + " nests deeper than " + std::to_string(max_depth) + " levels");
+      if (++depth > max_depth)
+        throw std::invalid_argument(what + " nests deeper than " + std::to_string(max_depth) + " levels");
     } else if (c == ']' || c == '}') {
       --depth;
     }
@@ -247,10 +256,11 @@ namespace {
 
 // Bounds of the manifest's numbers: far beyond any real machine or kernel, so that a value outside them
 // is a corrupt or hostile manifest (refused with one line), never a number shown or used as if real.
-constexpr int64_t kMaxUnits = 1 << 16;          // CPU threads or SMs a candidate runs on; GPU threads per block
-constexpr int64_t kMaxBlocks = int64_t(1) << 40;  // blocks of one launch (GPU grids top out near 2^63, real ones far lower)
-constexpr int64_t kMaxBytes = int64_t(1) << 50;   // a layer's or candidate's bytes
-constexpr double kMaxLatencyUs = 3.6e9;           // an hour, in microseconds
+constexpr int64_t kMaxUnits = 1 << 16;  // CPU threads or SMs a candidate runs on; GPU threads per block
+constexpr int64_t kMaxBlocks = int64_t(1)
+                               << 40;  // blocks of one launch (GPU grids top out near 2^63, real ones far lower)
+constexpr int64_t kMaxBytes = int64_t(1) << 50;  // a layer's or candidate's bytes
+constexpr double kMaxLatencyUs = 3.6e9;          // an hour, in microseconds
 
 /*! \brief Whether `text` is well-formed UTF-8 (JSON's encoding; Python decodes the manifest as it). */
 bool IsUtf8(const std::string& text) {
@@ -288,7 +298,8 @@ Manifest ParseManifest(const std::string& text) {
   m.device_code = json["device_code"].name();
   m.progress_counters = !json["progress_counters"].null() && json["progress_counters"].boolean();
   for (const char* side : {"inputs", "outputs"}) {
-    for (const Json& b : json[side].items()) (side[0] == 'i' ? m.inputs : m.outputs).push_back({b["name"].name(), b["tensor"].name()});
+    for (const Json& b : json[side].items())
+      (side[0] == 'i' ? m.inputs : m.outputs).push_back({b["name"].name(), b["tensor"].name()});
   }
   for (const auto& [id, t] : json["tensors"].entries()) {
     TensorSpec spec;
@@ -310,7 +321,8 @@ Manifest ParseManifest(const std::string& text) {
   for (const Binding& b : m.outputs) known(b.tensor);
   for (const Json& l : json["layers"].items()) {
     LayerSpec layer;
-    if (l["index"].integer() != static_cast<int64_t>(m.layers.size())) throw std::invalid_argument("layers are out of order");
+    if (l["index"].integer() != static_cast<int64_t>(m.layers.size()))
+      throw std::invalid_argument("layers are out of order");
     layer.index = static_cast<int>(m.layers.size());
     layer.func = l["func"].name();
     for (const auto& id : l["inputs"].strings()) layer.inputs.push_back(known(id));
@@ -325,7 +337,8 @@ Manifest ParseManifest(const std::string& text) {
       cand.idempotent = !c["idempotent"].null() && c["idempotent"].boolean();
       cand.threads = c["threads"].integer_in(1, kMaxUnits, 1);
       // the progress bitmap's unit: blocks the kernels count when they count, else the launch's blocks
-      int64_t blocks = c["blocks"].integer_in(0, kMaxBlocks, 1), progress_blocks = c["progress_blocks"].integer_in(0, kMaxBlocks, 1);
+      int64_t blocks = c["blocks"].integer_in(0, kMaxBlocks, 1),
+              progress_blocks = c["progress_blocks"].integer_in(0, kMaxBlocks, 1);
       cand.blocks = std::max<int64_t>(1, m.progress_counters ? progress_blocks : blocks);
       cand.latency_us = c["latency_us"].number_in(0, kMaxLatencyUs, 1.0);
       c["memory_bytes"].integer_in(0, kMaxBytes, 0);  // shown by inspect; range-checked like the rest
@@ -343,7 +356,8 @@ Manifest ParseManifest(const std::string& text) {
   if (!json["index_checks"].null()) {
     for (const Json& c : json["index_checks"].items()) {
       int64_t bit = c["bit"].integer();
-      if (bit < 0 || bit > 30) throw std::invalid_argument("index check bit " + std::to_string(bit) + " is out of range");
+      if (bit < 0 || bit > 30)
+        throw std::invalid_argument("index check bit " + std::to_string(bit) + " is out of range");
       m.index_checks.push_back({known(c["tensor"].name()), static_cast<int>(bit), c["message"].str()});
     }
   }
@@ -375,10 +389,15 @@ HostArray ParseNpy(const std::string& bytes, const std::string& name) {
   descr = descr.substr(descr.find('\'') + 1);
   descr = descr.substr(0, descr.find('\''));
   if (field("fortran_order").find("False") > 2) throw std::invalid_argument(name + " is in Fortran order");
-  if (descr.size() < 3 || (descr[0] != '<' && descr[0] != '|')) throw std::invalid_argument(name + " has dtype " + descr);
+  if (descr.size() < 3 || (descr[0] != '<' && descr[0] != '|'))
+    throw std::invalid_argument(name + " has dtype " + descr);
   HostArray out;
   int size = std::atoi(descr.c_str() + 2);
-  uint8_t code = descr[1] == 'f' ? kDLFloat : descr[1] == 'i' ? kDLInt : descr[1] == 'u' ? kDLUInt : descr[1] == 'b' ? kDLBool : 255;
+  uint8_t code = descr[1] == 'f'   ? kDLFloat
+                 : descr[1] == 'i' ? kDLInt
+                 : descr[1] == 'u' ? kDLUInt
+                 : descr[1] == 'b' ? kDLBool
+                                   : 255;
   if (code == 255 || size <= 0 || size > 8) throw std::invalid_argument(name + " has dtype " + descr);
   out.dtype = DLDataType{code, static_cast<uint8_t>(size * 8), 1};
   std::string shape = field("shape");
@@ -462,15 +481,21 @@ std::string ReadRegularFile(const std::string& path, const std::string& what) {
     ~Closer() { ::close(fd); }
   } closer{fd};
   struct stat st;
-  if (::fstat(fd, &st) != 0) TVM_FFI_THROW(TvmschedError) << "cannot read " << what << " " << path << ": " << std::strerror(errno);
+  if (::fstat(fd, &st) != 0)
+    TVM_FFI_THROW(TvmschedError) << "cannot read " << what << " " << path << ": " << std::strerror(errno);
   if (S_ISDIR(st.st_mode)) TVM_FFI_THROW(TvmschedError) << what << " " << path << " is a directory, not a file";
   if (!S_ISREG(st.st_mode)) {  // a FIFO, socket or device: it could block, or never end
-    const char* kind = S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISSOCK(st.st_mode) ? "a socket" : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "not a regular file";
+    const char* kind = S_ISFIFO(st.st_mode)                         ? "a FIFO"
+                       : S_ISSOCK(st.st_mode)                       ? "a socket"
+                       : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                                                                    : "not a regular file";
     TVM_FFI_THROW(TvmschedError) << what << " " << path << " is " << kind << ", not a regular file";
   }
   long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  if (pages > 0 && page > 0 && static_cast<uint64_t>(st.st_size) > static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)) {
-    TVM_FFI_THROW(TvmschedError) << what << " " << path << " is " << st.st_size << " bytes, more than this machine's memory";
+  if (pages > 0 && page > 0 &&
+      static_cast<uint64_t>(st.st_size) > static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)) {
+    TVM_FFI_THROW(TvmschedError) << what << " " << path << " is " << st.st_size
+                                 << " bytes, more than this machine's memory";
   }
   std::string bytes(static_cast<size_t>(st.st_size), '\0');
   size_t done = 0;
@@ -492,8 +517,9 @@ bool SignatureRequired() {
 
 ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& trusted, bool for_loading) {
   if (for_loading && trusted.empty() && SignatureRequired()) {
-    TVM_FFI_THROW(TvmschedError) << "refusing to load " << path << " without a trusted key: TVMSCHED_REQUIRE_SIGNATURE is set, "
-                                 << "so only artifacts signed by a trusted key are loaded (--trust KEY.pub, trusted_keys=)";
+    TVM_FFI_THROW(TvmschedError)
+        << "refusing to load " << path << " without a trusted key: TVMSCHED_REQUIRE_SIGNATURE is set, "
+        << "so only artifacts signed by a trusted key are loaded (--trust KEY.pub, trusted_keys=)";
   }
   std::string bytes = ReadRegularFile(path, "artifact");
   auto members = ReadStoredZip(bytes, path, 16);
@@ -501,7 +527,8 @@ ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& truste
   for (const char* name : {"manifest.json", "kernels.so", "weights.npz", "checksums.json"}) {
     if (!members.count(name)) Corrupt(path, std::string("there is no item named '") + name + "' in the archive");
   }
-  std::string signer = trusted.empty() ? "" : trusted.Verify(path, members["signature.json"], members["checksums.json"]);
+  std::string signer =
+      trusted.empty() ? "" : trusted.Verify(path, members["signature.json"], members["checksums.json"]);
   ffi::String error;
   try {
     CheckJsonDepth(members["checksums.json"], "checksums.json", kMaxJsonDepth);
@@ -515,24 +542,27 @@ ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& truste
       expected = error.empty() ? Json(sums, "checksums")[name].str() : "";
     } catch (const std::invalid_argument&) {
     }
-    if (Sha256Hex(members[name]) != expected) TVM_FFI_THROW(TvmschedError) << path << " is corrupt: checksum mismatch in " << name;
+    if (Sha256Hex(members[name]) != expected)
+      TVM_FFI_THROW(TvmschedError) << path << " is corrupt: checksum mismatch in " << name;
   }
   ArtifactContents out;
   try {
     out.manifest = ParseManifest(members["manifest.json"]);
   } catch (const std::invalid_argument& err) {
-    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights (" << Printable(err.what()) << ")";
+    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights (" << Printable(err.what())
+                                 << ")";
   } catch (const ffi::Error& err) {
-    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights (" << Printable(err.message()) << ")";
+    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights ("
+                                 << Printable(err.message()) << ")";
   }
   int version = out.manifest.schema_version;
   if (version > kSchemaVersion) {
-    TVM_FFI_THROW(TvmschedError) << path << " has artifact schema version " << version << ", newer than this tvmsched reads ("
-                                 << kSchemaVersion << "); upgrade tvmsched";
+    TVM_FFI_THROW(TvmschedError) << path << " has artifact schema version " << version
+                                 << ", newer than this tvmsched reads (" << kSchemaVersion << "); upgrade tvmsched";
   }
   if (version < kSchemaVersion) {
-    TVM_FFI_THROW(TvmschedError) << path << " has artifact schema version " << version << "; this tvmsched reads version "
-                                 << kSchemaVersion << " only (recompile the model)";
+    TVM_FFI_THROW(TvmschedError) << path << " has artifact schema version " << version
+                                 << "; this tvmsched reads version " << kSchemaVersion << " only (recompile the model)";
   }
   try {
     auto arrays = ReadStoredZip(members["weights.npz"], "weights.npz", 65535);
@@ -542,13 +572,16 @@ ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& truste
       if (found == arrays.end()) throw std::invalid_argument("weights.npz lacks " + id);
       HostArray array = ParseNpy(found->second, id);
       bool same_dtype = array.dtype.code == spec.dtype.code && array.dtype.bits == spec.dtype.bits;
-      if (array.shape != spec.shape || !same_dtype) throw std::invalid_argument("weight " + id + " does not match its shape or dtype");
+      if (array.shape != spec.shape || !same_dtype)
+        throw std::invalid_argument("weight " + id + " does not match its shape or dtype");
       out.weights.emplace(id, std::move(array));
     }
   } catch (const std::invalid_argument& err) {
-    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights (" << Printable(err.what()) << ")";
+    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights (" << Printable(err.what())
+                                 << ")";
   } catch (const ffi::Error& err) {
-    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights (" << Printable(err.message()) << ")";
+    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights ("
+                                 << Printable(err.message()) << ")";
   }
   out.signer = signer;
   out.manifest_json = std::move(members["manifest.json"]);

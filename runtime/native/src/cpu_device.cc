@@ -47,7 +47,8 @@ class CpuDevice final : public Device {
   std::string name() const override {
     std::ifstream cpuinfo("/proc/cpuinfo");
     for (std::string line; std::getline(cpuinfo, line);) {
-      if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) return line.substr(line.find(':') + 2);
+      if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos)
+        return line.substr(line.find(':') + 2);
     }
     return "cpu";
   }
@@ -159,8 +160,8 @@ class CpuDevice final : public Device {
  private:
   int units_;
   std::mutex cache_mu_;
-  std::map<void*, size_t> sizes_;           // live blocks and their sizes
-  std::multimap<size_t, void*> cache_;      // freed blocks kept for reuse
+  std::map<void*, size_t> sizes_;       // live blocks and their sizes
+  std::multimap<size_t, void*> cache_;  // freed blocks kept for reuse
   size_t cached_ = 0;
 };
 

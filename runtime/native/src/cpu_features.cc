@@ -98,7 +98,7 @@ std::set<std::string> DetectHostFeatures() {
   if (max_leaf >= 1 && __get_cpuid_count(1, 0, &a, &b, &c, &d) && ((c >> 27) & 1)) {  // OSXSAVE: XGETBV works
     uint32_t xcr0_lo, xcr0_hi;
     __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-    avx_state = (xcr0_lo & 0x6) == 0x6;                  // XMM and YMM state
+    avx_state = (xcr0_lo & 0x6) == 0x6;                    // XMM and YMM state
     avx512_state = avx_state && (xcr0_lo & 0xe0) == 0xe0;  // opmask, ZMM0-15 upper halves, ZMM16-31
   }
   unsigned max_sub7 = 0;

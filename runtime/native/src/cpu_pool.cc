@@ -319,16 +319,16 @@ class Pool {
   uint32_t epoch_ = 0;  // the launching thread's alone
   std::atomic<ParallelLambda> fn_{nullptr};
   std::atomic<void*> cdata_{nullptr};
-  std::atomic<uint32_t> done_{0};     // slices finished in the current launch (the launching thread sleeps on it)
+  std::atomic<uint32_t> done_{0};  // slices finished in the current launch (the launching thread sleeps on it)
   std::atomic<int> done_sleepers_{0};
-  std::atomic<uint32_t> wake_{0};     // bumped per launch (idle workers sleep on it)
+  std::atomic<uint32_t> wake_{0};  // bumped per launch (idle workers sleep on it)
   std::atomic<int> sleepers_{0};
-  std::atomic<int> wanted_{0};        // workers taking part in launches (threads - 1)
+  std::atomic<int> wanted_{0};  // workers taking part in launches (threads - 1)
   std::atomic<bool> stop_{false};
   std::mutex error_mu_;
   TVMFFIObjectHandle error_ = nullptr;
   std::vector<std::thread> workers_;
-  pid_t owner_ = getpid();            // the process whose threads the workers are (a forked child runs slices alone)
+  pid_t owner_ = getpid();  // the process whose threads the workers are (a forked child runs slices alone)
   std::atomic<int64_t> launches_{0}, tasks_{0}, master_tasks_{0};
 };
 
@@ -394,11 +394,12 @@ void InstallCpuPool() {
     // at k units, for one) sizes the engine's too, since kernels loaded from now on run on it; CPU lists (pinning)
     // apply to TVM's pool only.
     ffi::Function tvm_config = TvmRuntimeFunction("runtime.config_threadpool");
-    ffi::Function::SetGlobal("runtime.config_threadpool", ffi::Function::FromPacked(
-        [tvm_config](ffi::PackedArgs args, ffi::Any* rv) {
-          tvm_config.CallPacked(args, rv);
-          if (args.size() >= 2) SetCpuPoolThreads(args[1].cast<int>());
-        }), /*override=*/true);
+    ffi::Function::SetGlobal("runtime.config_threadpool",
+                             ffi::Function::FromPacked([tvm_config](ffi::PackedArgs args, ffi::Any* rv) {
+                               tvm_config.CallPacked(args, rv);
+                               if (args.size() >= 2) SetCpuPoolThreads(args[1].cast<int>());
+                             }),
+                             /*override=*/true);
   });
 }
 

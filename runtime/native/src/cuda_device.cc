@@ -20,6 +20,8 @@ namespace {
 
 /*! \brief The driver functions the engine uses, looked up by their versioned symbol names. */
 struct Driver {
+  // the X-macro list of driver calls, one line per group (not reflowed)
+  // clang-format off
 #define TVMSCHED_CU_FN(name) decltype(&::name) name = nullptr;
 #define TVMSCHED_CU_FNS(X)                                                                              \
   X(cuInit) X(cuGetErrorString) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain)    \
@@ -29,6 +31,7 @@ struct Driver {
   X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuEventDestroy)            \
   X(cuDeviceGetDevResource) X(cuDevSmResourceSplitByCount) X(cuDevResourceGenerateDesc)                \
   X(cuGreenCtxCreate) X(cuGreenCtxStreamCreate)
+  // clang-format on
   TVMSCHED_CU_FNS(TVMSCHED_CU_FN)
 #undef TVMSCHED_CU_FN
 
@@ -42,7 +45,8 @@ struct Driver {
     const char* text = nullptr;
     if (cuGetErrorString) cuGetErrorString(result, &text);
     std::ostringstream line;
-    line << "CUDA driver error in " << what << ": " << (text ? text : "unknown") << " (" << static_cast<int>(result) << ")";
+    line << "CUDA driver error in " << what << ": " << (text ? text : "unknown") << " (" << static_cast<int>(result)
+         << ")";
     if (Sticky(result)) {  // the context is unusable for every tenant: the device's fault state machine (faults.cc)
       line << "; a sticky error: every later call in this context fails";
       if (Device* device = fault_target.load()) device->ReportFault(line.str());
@@ -53,8 +57,12 @@ struct Driver {
   /*! \brief Errors after which the CUDA context is unusable (a kernel faulted): docs/faults.md. */
   static bool Sticky(CUresult result) {
     switch (result) {
-      case CUDA_ERROR_ILLEGAL_ADDRESS: case CUDA_ERROR_MISALIGNED_ADDRESS: case CUDA_ERROR_ILLEGAL_INSTRUCTION:
-      case CUDA_ERROR_HARDWARE_STACK_ERROR: case CUDA_ERROR_INVALID_PC: case CUDA_ERROR_LAUNCH_FAILED:
+      case CUDA_ERROR_ILLEGAL_ADDRESS:
+      case CUDA_ERROR_MISALIGNED_ADDRESS:
+      case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+      case CUDA_ERROR_HARDWARE_STACK_ERROR:
+      case CUDA_ERROR_INVALID_PC:
+      case CUDA_ERROR_LAUNCH_FAILED:
       case CUDA_ERROR_ASSERT:
         return true;
       default:
@@ -96,8 +104,9 @@ class CudaDevice final : public Device {
   // Recovering a CUDA context (cuDevicePrimaryCtxReset, then every model's memory, modules, streams, events and the
   // flag memory made anew) is designed in docs/faults.md and not implemented: after a sticky fault the device is lost
   bool Recreate(std::string* why) override {
-    *why = "a sticky CUDA fault; recreating the context is not implemented (docs/faults.md): reload the models in a "
-           "new process";
+    *why =
+        "a sticky CUDA fault; recreating the context is not implemented (docs/faults.md): reload the models in a "
+        "new process";
     return false;
   }
 
@@ -231,8 +240,9 @@ class CudaDevice final : public Device {
     if (memory == FlagMemory::kHostMapped) {
       MakeCurrent();
       void* host = nullptr;
-      drv_.Check(drv_.cuMemHostAlloc(&host, sizeof(int32_t) * length,
-                                     CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP), "flag memory");
+      drv_.Check(
+          drv_.cuMemHostAlloc(&host, sizeof(int32_t) * length, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP),
+          "flag memory");
       CUdeviceptr mapped = 0;
       drv_.Check(drv_.cuMemHostGetDevicePointer(&mapped, host, 0), "flag mapping");
       flags.host_ptr = static_cast<int32_t*>(host);
@@ -299,12 +309,12 @@ class CudaDevice final : public Device {
   CUcontext context_ = nullptr;
   int index_ = 0;
   int sm_count_ = 0;
-  CUstream flag_stream_ = nullptr;  // high priority: flag writes overtake queued kernels
-  CUstream read_stream_ = nullptr;  // copies that must not wait for the tenants' kernels
-  std::mutex read_mutex_;           // guards read_stream_ use by monitor threads
-  std::mutex green_mutex_;          // guards green_
+  CUstream flag_stream_ = nullptr;     // high priority: flag writes overtake queued kernels
+  CUstream read_stream_ = nullptr;     // copies that must not wait for the tenants' kernels
+  std::mutex read_mutex_;              // guards read_stream_ use by monitor threads
+  std::mutex green_mutex_;             // guards green_
   std::map<int, GreenContext> green_;  // SM count -> its green context
-  std::mutex flag_choice_mutex_;    // guards flag_choice_
+  std::mutex flag_choice_mutex_;       // guards flag_choice_
   FlagMemory flag_choice_ = FlagMemory::kAuto;
 };
 

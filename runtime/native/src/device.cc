@@ -1,8 +1,8 @@
 // Device memory accounting: every allocation a model makes is checked against its scope's budget (its
 // Runtime's) and the device's.
-#include <tvm/ffi/error.h>
-
 #include "tvmsched/device.h"
+
+#include <tvm/ffi/error.h>
 
 namespace tvmsched {
 
@@ -82,8 +82,8 @@ Device::MemoryStats Device::memory() const {
 void Device::SetBudget(size_t bytes) {
   std::lock_guard<std::mutex> lock(account_mu_);
   if (bytes && bytes < stats_.in_use) {
-    TVM_FFI_THROW(TvmschedError) << "a " << kind() << " memory budget of " << bytes << " bytes is below the " << stats_.in_use
-                                 << " bytes already in use";
+    TVM_FFI_THROW(TvmschedError) << "a " << kind() << " memory budget of " << bytes << " bytes is below the "
+                                 << stats_.in_use << " bytes already in use";
   }
   stats_.budget = bytes;
 }

@@ -1,7 +1,7 @@
 #include "tvmsched/model.h"
-#include "tvmsched/tiering.h"
 
 #include <tvm/ffi/error.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -10,7 +10,8 @@
 #include <fstream>
 #include <set>
 #include <sstream>
-#include <unistd.h>
+
+#include "tvmsched/tiering.h"
 
 namespace tvmsched {
 
@@ -28,8 +29,13 @@ std::string ShapeText(const int64_t* shape, int ndim) {
 
 /*! \brief An ELF shared object whose headers lie inside the file (a truncated library would SIGBUS). */
 void CheckElf(const std::string& bytes) {
-  auto fail = [](const char* why) { TVM_FFI_THROW(TvmschedError) << "the artifact's kernel library is not loadable: " << why; };
-  if (bytes.size() < 64 || bytes.compare(0, 4, "\x7f" "ELF") != 0) fail("not an ELF file");
+  auto fail = [](const char* why) {
+    TVM_FFI_THROW(TvmschedError) << "the artifact's kernel library is not loadable: " << why;
+  };
+  if (bytes.size() < 64 || bytes.compare(0, 4,
+                                         "\x7f"
+                                         "ELF") != 0)
+    fail("not an ELF file");
   if (bytes[4] != 2 || bytes[5] != 1) fail("not a 64-bit little-endian ELF file");
   uint64_t phoff, shoff;
   uint16_t phentsize, phnum, shentsize, shnum;
@@ -82,7 +88,10 @@ ffi::Module LoadLibrary(const std::string& bytes) {
 
 std::string DTypeName(DLDataType dtype) {
   if (dtype.code == kDLBool) return "bool";
-  const char* base = dtype.code == kDLFloat ? "float" : dtype.code == kDLInt ? "int" : dtype.code == kDLUInt ? "uint" : "bfloat";
+  const char* base = dtype.code == kDLFloat  ? "float"
+                     : dtype.code == kDLInt  ? "int"
+                     : dtype.code == kDLUInt ? "uint"
+                                             : "bfloat";
   return base + std::to_string(dtype.bits);
 }
 
@@ -115,9 +124,12 @@ MemoryPlan PlanMemory(const std::vector<LayerSpec>& layers, const std::map<std::
       int block = -1;
       if (!keep.count(id) && !free.empty()) {  // smallest free block that fits, else the largest (grown)
         for (int b : free) {
-          if (plan.storage_bytes[b] >= need && (block < 0 || plan.storage_bytes[b] < plan.storage_bytes[block])) block = b;
+          if (plan.storage_bytes[b] >= need && (block < 0 || plan.storage_bytes[b] < plan.storage_bytes[block]))
+            block = b;
         }
-        if (block < 0) block = *std::max_element(free.begin(), free.end(), [&](int a, int b) { return plan.storage_bytes[a] < plan.storage_bytes[b]; });
+        if (block < 0)
+          block = *std::max_element(free.begin(), free.end(),
+                                    [&](int a, int b) { return plan.storage_bytes[a] < plan.storage_bytes[b]; });
       }
       if (block < 0) {
         plan.storage_bytes.push_back(need);
@@ -180,7 +192,8 @@ std::vector<std::pair<int, int>> GroupLayers(const std::vector<size_t>& layer_we
 /*! \brief Groups of a tiered model: a group ends before a layer whose streamed weights would overflow a
  *  stream buffer, and before the first streaming layer after layers that stream nothing (so the resident
  *  layers run while the first streamed group is copied). */
-std::vector<std::pair<int, int>> StreamGroups(const std::vector<LayerSpec>& layers, const std::set<std::string>& streamed,
+std::vector<std::pair<int, int>> StreamGroups(const std::vector<LayerSpec>& layers,
+                                              const std::set<std::string>& streamed,
                                               const std::map<std::string, size_t>& nbytes, size_t buffer) {
   std::vector<std::pair<int, int>> groups;
   int first = 0;
@@ -239,14 +252,16 @@ void ModelObj::Init(const std::string& path, ArtifactContents contents, const Lo
   std::set<std::string> seen;
   for (const LayerSpec& layer : manifest_.layers) {
     for (const auto& id : layer.inputs) {
-      if (contents.weights.count(id) && seen.insert(id).second) layer_weights[layer.index] += contents.weights.at(id).data.size();
+      if (contents.weights.count(id) && seen.insert(id).second)
+        layer_weights[layer.index] += contents.weights.at(id).data.size();
     }
   }
   for (const LayerSpec& layer : manifest_.layers) {
     std::vector<std::string> args;
     for (const auto* ids : {&layer.inputs, &layer.outputs}) {
       for (const auto& id : *ids) {
-        if (!manifest_.tensors.count(id)) TVM_FFI_THROW(TvmschedError) << "tensor " << id << " has no storage (corrupt manifest)";
+        if (!manifest_.tensors.count(id))
+          TVM_FFI_THROW(TvmschedError) << "tensor " << id << " has no storage (corrupt manifest)";
         args.push_back(id);
       }
     }
@@ -275,9 +290,11 @@ void ModelObj::Init(const std::string& path, ArtifactContents contents, const Lo
     }
     static int64_t one = 1;
     if (manifest_.preempt_flags > 1) {
-      args.push_back(DLTensor{nullptr, dev, 1, DLDataType{kDLInt, 32, 1}, const_cast<int64_t*>(&flags_.length), nullptr, 0});
+      args.push_back(
+          DLTensor{nullptr, dev, 1, DLDataType{kDLInt, 32, 1}, const_cast<int64_t*>(&flags_.length), nullptr, 0});
     }
-    if (manifest_.progress_counters) args.push_back(DLTensor{nullptr, dev, 1, DLDataType{kDLInt, 32, 1}, &one, nullptr, 0});
+    if (manifest_.progress_counters)
+      args.push_back(DLTensor{nullptr, dev, 1, DLDataType{kDLInt, 32, 1}, &one, nullptr, 0});
     layer_args_.push_back(std::move(args));
   }
   for (std::vector<DLTensor>& args : layer_args_) {
@@ -354,7 +371,9 @@ void ModelObj::SetGroups(std::vector<std::pair<int, int>> groups) {
 
 void ModelObj::InitTiered(const std::string& path, ArtifactContents& contents, const TierOptions& options) {
   const size_t room = options.device_bytes;
-  auto fail = [&](const std::string& why) { TVM_FFI_THROW(TvmschedError) << "cannot stream model " << name() << ": " << why; };
+  auto fail = [&](const std::string& why) {
+    TVM_FFI_THROW(TvmschedError) << "cannot stream model " << name() << ": " << why;
+  };
   std::vector<std::string> order;  // weights in the order the layers first read them
   std::map<std::string, size_t> nbytes;
   size_t largest = 0;
@@ -371,11 +390,14 @@ void ModelObj::InitTiered(const std::string& path, ArtifactContents& contents, c
     }
     if (mine > largest) largest = mine, largest_layer = layer.index;
   }
-  if (env_bytes_ >= room) fail("its inputs and outputs alone take " + std::to_string(env_bytes_) + " of the " + std::to_string(room) + " bytes of device memory it may use");
-  size_t buffer = options.buffer_bytes ? PageRound(options.buffer_bytes) : std::max(largest, PageRound((room - env_bytes_) / 8));
+  if (env_bytes_ >= room)
+    fail("its inputs and outputs alone take " + std::to_string(env_bytes_) + " of the " + std::to_string(room) +
+         " bytes of device memory it may use");
+  size_t buffer =
+      options.buffer_bytes ? PageRound(options.buffer_bytes) : std::max(largest, PageRound((room - env_bytes_) / 8));
   if (buffer < largest) {
-    fail("a stream buffer of " + std::to_string(buffer) + " bytes cannot hold the weights of layer " + std::to_string(largest_layer) +
-         " (" + std::to_string(largest) + " bytes)");
+    fail("a stream buffer of " + std::to_string(buffer) + " bytes cannot hold the weights of layer " +
+         std::to_string(largest_layer) + " (" + std::to_string(largest) + " bytes)");
   }
   // the weights read first stay on the device while they fit beside the environment, the activations and two
   // buffers; where even none leaves room for two, one buffer (each group's copy then waits for the one before to run)
@@ -417,9 +439,9 @@ void ModelObj::InitTiered(const std::string& path, ArtifactContents& contents, c
       continue;
     }
     if (resident == 0) {
-      fail("it needs at least " + std::to_string(need) + " bytes of device memory (inputs and outputs " + std::to_string(env_bytes_) +
-           ", activations " + std::to_string(activations) + ", a stream buffer of " + std::to_string(slot) + ") and may use " +
-           std::to_string(room) + " (" + path + ")");
+      fail("it needs at least " + std::to_string(need) + " bytes of device memory (inputs and outputs " +
+           std::to_string(env_bytes_) + ", activations " + std::to_string(activations) + ", a stream buffer of " +
+           std::to_string(slot) + ") and may use " + std::to_string(room) + " (" + path + ")");
     }
     for_resident = static_cast<long long>(resident) - static_cast<long long>(need - room);
   }
@@ -447,7 +469,8 @@ void ModelObj::InitTiered(const std::string& path, ArtifactContents& contents, c
       SetGroupState(g, stream_bytes_[g] ? kAbsent : kReady);
     }
     if (!streamed_groups_.empty()) {
-      for (int b = 0; b < num_buffers_; ++b) buffers_[b] = AllocFor("a stream buffer", slot + 4096);  // page-aligned inside
+      for (int b = 0; b < num_buffers_; ++b)
+        buffers_[b] = AllocFor("a stream buffer", slot + 4096);  // page-aligned inside
     }
   } catch (...) {
     FreeDeviceMemory();
@@ -494,13 +517,15 @@ ModelObj::~ModelObj() {
   }
 }
 
-Model Model::Load(const std::string& path, const std::string& device, FlagMemory flag_memory, const TrustedKeys& trusted) {
+Model Model::Load(const std::string& path, const std::string& device, FlagMemory flag_memory,
+                  const TrustedKeys& trusted) {
   LoadOptions options;
   options.flag_memory = flag_memory;
   return Load(path, device, options, trusted);
 }
 
-Model Model::Load(const std::string& path, const std::string& device, const LoadOptions& options, const TrustedKeys& trusted) {
+Model Model::Load(const std::string& path, const std::string& device, const LoadOptions& options,
+                  const TrustedKeys& trusted) {
   ArtifactContents contents = ReadArtifact(path, trusted);
   const std::string& compiled_for = contents.manifest.device;
   if (!device.empty() && device != compiled_for) {
@@ -534,7 +559,8 @@ void ModelObj::PrepareEnvironment() {
       std::vector<Candidate> cands;
       for (const CandidateSpec& spec : layer.candidates) {
         auto kernel = library_.value()->GetFunction(ffi::String(spec.kernel), true);
-        if (!kernel.has_value()) TVM_FFI_THROW(TvmschedError) << "model " << name() << " is corrupt: kernel " << spec.kernel << " is missing";
+        if (!kernel.has_value())
+          TVM_FFI_THROW(TvmschedError) << "model " << name() << " is corrupt: kernel " << spec.kernel << " is missing";
         Candidate cand;
         cand.kernel = *kernel;
         // one encoding: an explicit unit count; all units where the manifest says none (0) and for
@@ -759,8 +785,10 @@ void ModelObj::CheckInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs) con
   std::set<std::string> expected, given, unknown, missing;
   for (const Binding& b : manifest_.inputs) expected.insert(b.name);
   for (const auto& kv : inputs) given.insert(std::string(kv.first));
-  std::set_difference(given.begin(), given.end(), expected.begin(), expected.end(), std::inserter(unknown, unknown.end()));
-  std::set_difference(expected.begin(), expected.end(), given.begin(), given.end(), std::inserter(missing, missing.end()));
+  std::set_difference(given.begin(), given.end(), expected.begin(), expected.end(),
+                      std::inserter(unknown, unknown.end()));
+  std::set_difference(expected.begin(), expected.end(), given.begin(), given.end(),
+                      std::inserter(missing, missing.end()));
   auto list = [](const std::set<std::string>& names) {
     std::string out = "[";
     for (const auto& n : names) out += (out.size() > 1 ? ", '" : "'") + n + "'";
@@ -774,11 +802,12 @@ void ModelObj::CheckInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs) con
     const TensorSpec& spec = manifest_.tensors.at(b.tensor);
     ffi::Tensor value = inputs[ffi::String(b.name)];
     const DLTensor* t = value.GetDLTensorPtr();
-    bool same_shape = t->ndim == static_cast<int>(spec.shape.size()) &&
-                      std::equal(spec.shape.begin(), spec.shape.end(), t->shape);
+    bool same_shape =
+        t->ndim == static_cast<int>(spec.shape.size()) && std::equal(spec.shape.begin(), spec.shape.end(), t->shape);
     if (!same_shape) {
       TVM_FFI_THROW(TvmschedError) << "input '" << b.name << "' has shape " << ShapeText(t->shape, t->ndim)
-                                   << ", expected " << ShapeText(spec.shape.data(), static_cast<int>(spec.shape.size()));
+                                   << ", expected "
+                                   << ShapeText(spec.shape.data(), static_cast<int>(spec.shape.size()));
     }
     if (t->dtype.code != spec.dtype.code || t->dtype.bits != spec.dtype.bits || t->dtype.lanes != 1) {
       TVM_FFI_THROW(TvmschedError) << "input '" << b.name << "' has dtype " << DTypeName(t->dtype) << ", expected "
@@ -792,13 +821,14 @@ void ModelObj::CheckInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs) con
 
 void ModelObj::CheckCandidates(const std::vector<int>& ids) const {
   bool ok = ids.size() == manifest_.layers.size();
-  for (size_t i = 0; ok && i < ids.size(); ++i) ok = ids[i] >= 0 && ids[i] < static_cast<int>(manifest_.layers[i].candidates.size());
+  for (size_t i = 0; ok && i < ids.size(); ++i)
+    ok = ids[i] >= 0 && ids[i] < static_cast<int>(manifest_.layers[i].candidates.size());
   if (!ok) {
     std::ostringstream text;
     text << "[";
     for (size_t i = 0; i < ids.size(); ++i) text << (i ? ", " : "") << ids[i];
-    TVM_FFI_THROW(TvmschedError) << "candidate ids " << text.str() << "] do not match the model's " << manifest_.layers.size()
-                                 << " layers and their candidates";
+    TVM_FFI_THROW(TvmschedError) << "candidate ids " << text.str() << "] do not match the model's "
+                                 << manifest_.layers.size() << " layers and their candidates";
   }
 }
 
@@ -828,7 +858,8 @@ void ModelObj::RunLayer(int index, int candidate) {
     TVM_FFI_THROW(TvmschedError) << "no layer " << index << " with candidate " << candidate;
   }
   if (group_state(layer_group_[index]) < kReady || !env_ready()) {
-    TVM_FFI_THROW(TvmschedError) << "model " << name() << " is not resident (layer " << index << "'s sub-task is not prepared)";
+    TVM_FFI_THROW(TvmschedError) << "model " << name() << " is not resident (layer " << index
+                                 << "'s sub-task is not prepared)";
   }
   if (inject_fault_layer_.load(std::memory_order_relaxed) == index && inject_fault_layer_.exchange(-1) == index) {
     std::string text = "an injected fault (tvmsched.engine.inject_fault)";
@@ -851,8 +882,9 @@ void ModelObj::RunLayer(int index, int candidate) {
     if (err.kind() == "TvmschedError") throw;
     std::string message = err.message();
     message = message.substr(0, message.find('\n'));
-    TVM_FFI_THROW(TvmschedError) << "layer " << index << " (" << manifest_.layers[index].func << ") failed: " << err.kind()
-                                 << ": " << message.substr(0, 300) << " (a manifest that does not match its kernels: corrupt artifact?)";
+    TVM_FFI_THROW(TvmschedError) << "layer " << index << " (" << manifest_.layers[index].func
+                                 << ") failed: " << err.kind() << ": " << message.substr(0, 300)
+                                 << " (a manifest that does not match its kernels: corrupt artifact?)";
   }
 }
 
@@ -870,7 +902,8 @@ EventHandle ModelObj::RecordEvent() { return current_stream_ ? device_->RecordEv
 ffi::Map<ffi::String, ffi::Tensor> ModelObj::GetOutputs() {
   Synchronize();
   std::map<std::string, int32_t> words;  // one copy per flag word (31 checks a word)
-  for (const IndexCheckSpec& check : manifest_.index_checks) {  // the outputs of a run that indexed out of range are void
+  for (const IndexCheckSpec& check :
+       manifest_.index_checks) {  // the outputs of a run that indexed out of range are void
     auto [at, fresh] = words.try_emplace(check.tensor, 0);
     if (fresh) device_->CopyToHost(&at->second, env_data_.at(check.tensor), sizeof(int32_t), nullptr);
     if (at->second >> check.bit & 1) TVM_FFI_THROW(TvmschedError) << "index out of range: " << check.message;

@@ -43,7 +43,8 @@ ffi::Array<int64_t> ToArray(const std::vector<T>& values) {
   return out;
 }
 
-ffi::Array<ffi::Array<ffi::Any>> EventRows(const std::vector<StageEvent>& events) {  // [model, stage, group, start_us, end_us, bytes, held]
+ffi::Array<ffi::Array<ffi::Any>> EventRows(
+    const std::vector<StageEvent>& events) {  // [model, stage, group, start_us, end_us, bytes, held]
   ffi::Array<ffi::Array<ffi::Any>> out;
   for (const StageEvent& e : events) out.push_back({e.model, e.stage, e.group, e.start_us, e.end_us, e.bytes, e.held});
   return out;
@@ -156,7 +157,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
               ffi::Array<ffi::String> trusted_key_files, int max_groups, MemoryScopeRef scope) {
              // read and verified; the weights wait in pinned host memory for a switcher (switching.h)
              std::vector<std::string> files(trusted_key_files.begin(), trusted_key_files.end());
-             if (max_groups < 1) TVM_FFI_THROW(TvmschedError) << "a model needs at least 1 sub-task, not " << max_groups;
+             if (max_groups < 1)
+               TVM_FFI_THROW(TvmschedError) << "a model needs at least 1 sub-task, not " << max_groups;
              LoadOptions options;
              options.flag_memory = ParseFlagMemory(flag_memory);
              options.resident = false;
@@ -165,9 +167,10 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              return Model::Load(path, device, options, TrustedKeys::FromFiles(files));
            })
       .def("tvmsched.engine.create_switcher",
-           [](const std::string& kind, int64_t budget, int64_t threshold1, int64_t threshold2, int preset_count, bool retain,
-              MemoryScopeRef scope) {
-             if (budget < 0 || threshold1 < 0 || threshold2 < 0) TVM_FFI_THROW(TvmschedError) << "memory sizes cannot be negative";
+           [](const std::string& kind, int64_t budget, int64_t threshold1, int64_t threshold2, int preset_count,
+              bool retain, MemoryScopeRef scope) {
+             if (budget < 0 || threshold1 < 0 || threshold2 < 0)
+               TVM_FFI_THROW(TvmschedError) << "memory sizes cannot be negative";
              SwitchOptions options;
              options.budget = static_cast<size_t>(budget);
              options.threshold1 = static_cast<size_t>(threshold1);
@@ -189,7 +192,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              for (const auto& tier : tiers) {
                TierShare share;
                share.kind = tier.at("kind").cast<ffi::String>();
-               share.capacity = static_cast<size_t>(NonNegative(tier.at("capacity_bytes").cast<int64_t>(), "a tier's capacity"));
+               share.capacity =
+                   static_cast<size_t>(NonNegative(tier.at("capacity_bytes").cast<int64_t>(), "a tier's capacity"));
                share.numa_node = static_cast<int>(tier.at("numa_node").cast<int64_t>());
                share.path = tier.at("path").cast<ffi::String>();
                options->tiers.push_back(share);
@@ -314,8 +318,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              ffi::Array<ffi::Array<int64_t>> out;
              for (int g = 0; g < m->num_groups(); ++g) {
                auto [first, last] = m->group_layers(g);
-               out.push_back({first, last, static_cast<int64_t>(m->group_bytes(g)), static_cast<int64_t>(m->group_weight_bytes(g)),
-                              static_cast<int64_t>(m->group_state(g))});
+               out.push_back({first, last, static_cast<int64_t>(m->group_bytes(g)),
+                              static_cast<int64_t>(m->group_weight_bytes(g)), static_cast<int64_t>(m->group_state(g))});
              }
              return out;
            })
@@ -355,9 +359,9 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("add", [](Switcher s, Model m) { s->Add(std::move(m)); })
       .def("prefetch", [](Switcher s, Model m) { return s->Prefetch(std::move(m)); })
       .def("evict", [](Switcher s, Model m, bool keep_env) { return s->Evict(std::move(m), keep_env); })
-      .def("set_blocked_callback", [](Switcher s, ffi::Function callback) { s->SetBlockedCallback(std::move(callback)); })
-      .def("events",
-           [](Switcher s) { return EventRows(s->Events()); })
+      .def("set_blocked_callback",
+           [](Switcher s, ffi::Function callback) { s->SetBlockedCallback(std::move(callback)); })
+      .def("events", [](Switcher s) { return EventRows(s->Events()); })
       .def("options",
            [](Switcher s) {
              const SwitchOptions& o = s->options();
@@ -383,10 +387,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("on_done", [](Request r, ffi::Function callback) { r->OnDone(std::move(callback)); });
 
   refl::ObjectDef<StreamObj>()
-      .def("submit",
-           [](Stream s, ffi::Map<ffi::String, ffi::Tensor> inputs, ffi::Array<int64_t> ids) {
-             return s->Submit(std::move(inputs), Ids(ids));
-           })
+      .def("submit", [](Stream s, ffi::Map<ffi::String, ffi::Tensor> inputs,
+                        ffi::Array<int64_t> ids) { return s->Submit(std::move(inputs), Ids(ids)); })
       .def("preempt",
            [](Stream s, bool abort) {
              PreemptReport report = s->Preempt(abort);
@@ -419,8 +421,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
            [](Stream s) {
              ffi::Array<ffi::Array<double>> out;
              for (const LaunchRecord& r : s->Timeline()) {
-               out.push_back({static_cast<double>(r.request), static_cast<double>(r.layer), static_cast<double>(r.candidate),
-                              r.start_us, r.end_us});
+               out.push_back({static_cast<double>(r.request), static_cast<double>(r.layer),
+                              static_cast<double>(r.candidate), r.start_us, r.end_us});
              }
              return out;
            })

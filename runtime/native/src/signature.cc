@@ -59,7 +59,8 @@ void TrustedKeys::AddPem(const std::string& pem, const std::string& what) {
   std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free);
   PKey key(bio ? PEM_read_bio_PUBKEY(bio.get(), nullptr, nullptr, nullptr) : nullptr, EVP_PKEY_free);
   if (!key || EVP_PKEY_id(key.get()) != EVP_PKEY_ED25519) {
-    TVM_FFI_THROW(TvmschedError) << what << " is not an Ed25519 public key in PEM form (tvmsched keys generate writes one)";
+    TVM_FFI_THROW(TvmschedError) << what
+                                 << " is not an Ed25519 public key in PEM form (tvmsched keys generate writes one)";
   }
   std::string raw(32, '\0');
   size_t len = raw.size();
@@ -77,7 +78,8 @@ TrustedKeys TrustedKeys::FromFiles(const std::vector<std::string>& paths) {
   return keys;
 }
 
-std::string TrustedKeys::Verify(const std::string& what, const std::string& signature_json, const std::string& message) const {
+std::string TrustedKeys::Verify(const std::string& what, const std::string& signature_json,
+                                const std::string& message) const {
   if (signature_json.empty()) {
     TVM_FFI_THROW(TvmschedError) << what << " is not signed; only artifacts signed by a trusted key are loaded here";
   }
@@ -102,9 +104,10 @@ std::string TrustedKeys::Verify(const std::string& what, const std::string& sign
     TVM_FFI_THROW(TvmschedError) << what << " has a malformed signature.json (expected an ed25519 signature in hex)";
   }
   auto key = keys_.find(key_id);
-  if (key == keys_.end()) TVM_FFI_THROW(TvmschedError) << what << " is signed by key " << key_id << ", which is not trusted here";
-  PKey pkey(EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, nullptr, reinterpret_cast<const unsigned char*>(key->second.data()),
-                                        key->second.size()),
+  if (key == keys_.end())
+    TVM_FFI_THROW(TvmschedError) << what << " is signed by key " << key_id << ", which is not trusted here";
+  PKey pkey(EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, nullptr,
+                                        reinterpret_cast<const unsigned char*>(key->second.data()), key->second.size()),
             EVP_PKEY_free);
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
   bool ok = pkey && ctx && EVP_DigestVerifyInit(ctx.get(), nullptr, nullptr, nullptr, pkey.get()) == 1 &&

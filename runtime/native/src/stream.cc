@@ -67,7 +67,8 @@ void RequestObj::Finish(ffi::Map<ffi::String, ffi::Tensor> outputs, ffi::String 
     outputs_ = std::move(outputs);
     error_ = std::move(error);
     finished_us = finished;
-    state_.store(static_cast<int>(error_.empty() ? RequestState::kDone : RequestState::kFailed), std::memory_order_release);
+    state_.store(static_cast<int>(error_.empty() ? RequestState::kDone : RequestState::kFailed),
+                 std::memory_order_release);
     callbacks.swap(callbacks_);
   }
   cond_.notify_all();
@@ -249,7 +250,8 @@ void StreamObj::SyncProgress() {
   }
   std::vector<int32_t> counts = m_->ReadCounters();
   std::lock_guard<std::mutex> lock(mutex_);
-  if (request != request_ids_ || requests_.empty() || progress_[0] < 0) return;  // another request started, or none runs
+  if (request != request_ids_ || requests_.empty() || progress_[0] < 0)
+    return;  // another request started, or none runs
   const auto& ids = requests_.front()->candidate_ids;
   for (size_t layer = 0; layer < counts.size(); ++layer) {
     int c = ids.empty() ? 0 : ids[layer];
@@ -401,7 +403,8 @@ std::string StreamObj::Stalled() const {
   std::ostringstream text;
   text << "model " << m_->name() << ": a request waited " << static_cast<int64_t>(waited_s) << " s for "
        << (gated_group_ < 0 ? std::string("its environment to be prepared (switching stage 1)")
-                            : "its sub-task " + std::to_string(gated_group_) + " to be switched in (switching stage 2: device memory)")
+                            : "its sub-task " + std::to_string(gated_group_) +
+                                  " to be switched in (switching stage 2: device memory)")
        << " and was failed by the watchdog (stall timeout " << options_.stall_timeout_s << " s)";
   return text.str();
 }
@@ -589,8 +592,9 @@ void StreamObj::Retire(const Launch& launch, double end_us) {
   progress_[launch.layer] = blocks_[launch.layer][launch.candidate];
   if (Residency* residency = m_->residency()) {
     int g = m_->group_of(launch.layer);
-    if (launch.layer == m_->group_layers(g).second && rerun_.empty() && m_->CasGroup(g, kLeased, kFinished)) {
-      residency->GroupFinished(m_, g);
+    if (launch.layer == m_->group_layers(g).second && rerun_.empty()) {
+      double finished_us = Device::NowMicros();  // before the CAS: once kFinished, the switcher may clean it at once
+      if (m_->CasGroup(g, kLeased, kFinished)) residency->GroupFinished(m_, g, finished_us);
     }
   }
   if (launch.layer != m_->num_layers() - 1 || !rerun_.empty()) return;
@@ -627,7 +631,8 @@ void StreamObj::RestartHead() {
   if (requests_.empty()) return;
   Request& head = requests_.front();
   if (head->restarts++ >= 1) {
-    FailHead("model " + m_->name() + ": the device recovered from a fault twice while this request ran; it is not "
+    FailHead("model " + m_->name() +
+             ": the device recovered from a fault twice while this request ran; it is not "
              "run a third time");
     return;
   }
@@ -672,7 +677,8 @@ void StreamObj::Deliver() {
     if (item.second.second.empty()) {  // counted before the waiter wakes, so stats include it
       std::lock_guard<std::mutex> lock(mutex_);
       // the latest ones only (a server runs for long): past kMaxLatencies the oldest half goes
-      if (latencies_.size() >= kMaxLatencies) latencies_.erase(latencies_.begin(), latencies_.begin() + kMaxLatencies / 2);
+      if (latencies_.size() >= kMaxLatencies)
+        latencies_.erase(latencies_.begin(), latencies_.begin() + kMaxLatencies / 2);
       latencies_.push_back(now - item.first->submitted_us);
     }
     item.first->Finish(std::move(item.second.first), ffi::String(item.second.second), now);

@@ -18,7 +18,6 @@
 
 namespace tvmsched {
 
-
 class SwitcherCore : public Residency {
  public:
   SwitcherCore(std::shared_ptr<Device> device, SwitchOptions options) : device_(std::move(device)), options_(options) {
@@ -27,12 +26,13 @@ class SwitcherCore : public Residency {
     if (!options_.budget && options_.scope) options_.budget = options_.scope->budget();
     if (!options_.budget) options_.budget = stats.budget ? stats.budget : InUse() + device_->FreeMemory();
     if (options_.scope && options_.scope->budget() && options_.budget > options_.scope->budget()) {
-      TVM_FFI_THROW(TvmschedError) << "a switching budget of " << options_.budget << " bytes is above its runtime's budget of "
-                                   << options_.scope->budget() << " bytes";
+      TVM_FFI_THROW(TvmschedError) << "a switching budget of " << options_.budget
+                                   << " bytes is above its runtime's budget of " << options_.scope->budget()
+                                   << " bytes";
     }
     if (stats.budget && options_.budget > stats.budget) {
-      TVM_FFI_THROW(TvmschedError) << "a switching budget of " << options_.budget << " bytes is above the device's budget of "
-                                   << stats.budget << " bytes";
+      TVM_FFI_THROW(TvmschedError) << "a switching budget of " << options_.budget
+                                   << " bytes is above the device's budget of " << stats.budget << " bytes";
     }
     if (!options_.threshold1) options_.threshold1 = options_.budget / 4;
     if (!options_.threshold2) options_.threshold2 = options_.budget;
@@ -71,10 +71,12 @@ class SwitcherCore : public Residency {
     if (&m->device() != device_.get()) TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " is on another device";
     if (m->residency()) TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " already has a switcher";
     if (m->scope() != options_.scope) {
-      TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " counts against another memory budget than its switcher's";
+      TVM_FFI_THROW(TvmschedError) << "model " << m->name()
+                                   << " counts against another memory budget than its switcher's";
     }
     if (!m->registered()) {
-      TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " was loaded resident; a switcher takes registered models";
+      TVM_FFI_THROW(TvmschedError) << "model " << m->name()
+                                   << " was loaded resident; a switcher takes registered models";
     }
     std::lock_guard<std::mutex> lock(mu_);
     Entry& e = entries_[m];
@@ -167,12 +169,12 @@ class SwitcherCore : public Residency {
     NotifyStages();
   }
 
-  void GroupFinished(ModelObj* m, int g) override {
+  void GroupFinished(ModelObj* m, int g, double end_us) override {
     std::lock_guard<std::mutex> lock(mu_);
     auto found = entries_.find(m);
     if (found == entries_.end()) return;
     found->second.finished[g] = true;
-    if (InQueue(m)) Push({m->name(), "exec", g, found->second.exec_start[g], Device::NowMicros(), 0});  // a switch's execution
+    if (InQueue(m)) Push({m->name(), "exec", g, found->second.exec_start[g], end_us, 0});  // a switch's execution
     NotifyStages();
   }
 
@@ -249,7 +251,8 @@ class SwitcherCore : public Residency {
 
   Entry& Find(ModelObj* m) {
     auto found = entries_.find(m);
-    if (found == entries_.end()) TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " is not registered with this switcher";
+    if (found == entries_.end())
+      TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " is not registered with this switcher";
     return found->second;
   }
   bool InQueue(ModelObj* m) const { return std::find(queue_.begin(), queue_.end(), m) != queue_.end(); }
@@ -292,7 +295,8 @@ class SwitcherCore : public Residency {
   size_t AheadEnvBytes() const {
     size_t bytes = 0;
     for (const auto& [m, e] : entries_) {
-      if ((e.env == kEnvReady || e.env == kEnvPreparing) && (queue_.empty() || queue_.front() != m)) bytes += m->env_bytes();
+      if ((e.env == kEnvReady || e.env == kEnvPreparing) && (queue_.empty() || queue_.front() != m))
+        bytes += m->env_bytes();
     }
     return bytes;
   }
@@ -397,14 +401,16 @@ class SwitcherCore : public Residency {
     if (m->env_bytes() + need > options_.budget) {
       std::ostringstream text;
       text << "model " << m->name() << " cannot run within the memory budget: its sub-task " << g << " needs " << need
-           << " bytes and its environment " << m->env_bytes() << " bytes; the budget is " << options_.budget << " bytes";
+           << " bytes and its environment " << m->env_bytes() << " bytes; the budget is " << options_.budget
+           << " bytes";
       return {kFail, m, {}, text.str()};
     }
     // nothing will free memory (no other started request holds any): no end to a wait
     if (in_use + need > options_.budget && RunningBytes() == 0 && StartedBytes(m) == 0 && !Busy()) {
       std::ostringstream text;
       text << "model " << m->name() << " cannot be switched in: its sub-task " << g << " needs " << need << " bytes; "
-           << in_use << " of the budget of " << options_.budget << " bytes are held by memory no request of its runtime "
+           << in_use << " of the budget of " << options_.budget
+           << " bytes are held by memory no request of its runtime "
            << "will free (models loaded resident, streamed models, or models of another switcher)";
       return {kFail, m, {}, text.str()};
     }
@@ -437,7 +443,8 @@ class SwitcherCore : public Residency {
     if (RunningBytes() == 0 && StartedBytes(m) == 0 && !Busy()) {
       std::ostringstream text;
       text << "model " << m->name() << " cannot be switched in: its environment needs " << m->env_bytes() << " bytes; "
-           << InUse() << " of the budget of " << options_.budget << " bytes are held by memory no request of its runtime "
+           << InUse() << " of the budget of " << options_.budget
+           << " bytes are held by memory no request of its runtime "
            << "will free (models loaded resident, streamed models, or models of another switcher)";
       return {kFail, m, {}, text.str()};
     }
@@ -576,7 +583,7 @@ class SwitcherCore : public Residency {
         int g = action.groups[0];
         if (prepared) {
           Push({m->name(), "stage2", g, start, Device::NowMicros(), static_cast<int64_t>(m->group_bytes(g)),
-                             static_cast<int64_t>(ActiveBytes())});
+                static_cast<int64_t>(ActiveBytes())});
           bool head = !queue_.empty() && queue_.front() == m;
           m->SetGroupState(g, head || m->group_bytes(g) + RunningBytes() <= options_.threshold2 ? kReady : kHeld);
         } else {
@@ -645,7 +652,7 @@ class SwitcherCore : public Residency {
       if (error.empty()) {
         e.env = kEnvReady;
         Push({m->name(), "stage1", -1, start, Device::NowMicros(), static_cast<int64_t>(m->env_bytes()),
-                           static_cast<int64_t>(AheadEnvBytes())});
+              static_cast<int64_t>(AheadEnvBytes())});
       } else if (InUse() + m->env_bytes() > options_.budget) {
         e.env = kEnvNone;  // the room it found was taken meanwhile (a stage 2 beside it): again when there is room
       } else {
@@ -672,9 +679,10 @@ class SwitcherCore : public Residency {
     Model waiting;
     ffi::Array<Model> holders;
   };
-  ffi::Function blocked_callback_;          // SetBlockedCallback (null: none)
-  std::vector<Blocked> blocked_;            // waits to report (NoteBlocked), delivered by the memory thread
-  std::unordered_set<ModelObj*> reported_;  // waits reported since the last resume  // asked for by Evict (tvmsched bench switch)
+  ffi::Function blocked_callback_;  // SetBlockedCallback (null: none)
+  std::vector<Blocked> blocked_;    // waits to report (NoteBlocked), delivered by the memory thread
+  std::unordered_set<ModelObj*>
+      reported_;  // waits reported since the last resume  // asked for by Evict (tvmsched bench switch)
   uint64_t evict_tickets_ = 0, evicted_ = 0;
   std::vector<StageEvent> events_;
   uint64_t clock_ = 0;
@@ -717,11 +725,13 @@ double CopyFloorSeconds(ModelObj& model, int repeat) {
   std::vector<void*> buffers;
   double best = 0;
   try {
-    for (const auto& [data, nbytes] : weights) buffers.push_back(device.Allocate(nbytes, "the copy floor of model " + model.name()));
+    for (const auto& [data, nbytes] : weights)
+      buffers.push_back(device.Allocate(nbytes, "the copy floor of model " + model.name()));
     StreamHandle stream = std::string(device.kind()) == "cpu" ? nullptr : device.CreateStream(0, nullptr);
     for (int r = 0; r < std::max(1, repeat); ++r) {
       double start = Device::NowMicros();
-      for (size_t i = 0; i < weights.size(); ++i) device.CopyToDevice(buffers[i], weights[i].first, weights[i].second, stream);
+      for (size_t i = 0; i < weights.size(); ++i)
+        device.CopyToDevice(buffers[i], weights[i].first, weights[i].second, stream);
       if (stream) device.SyncStream(stream);
       double seconds = (Device::NowMicros() - start) / 1e6;
       best = r == 0 ? seconds : std::min(best, seconds);

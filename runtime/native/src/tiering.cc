@@ -43,7 +43,9 @@ int OpenUnnamedFile(const std::string& dir) {
   if (fd >= 0) return fd;
   std::string path = dir + "/tvmsched-weights-XXXXXX";
   fd = ::mkostemp(path.data(), O_CLOEXEC);
-  if (fd < 0) TVM_FFI_THROW(TvmschedError) << "cannot create the disk tier's weight file in " << dir << ": " << std::strerror(errno);
+  if (fd < 0)
+    TVM_FFI_THROW(TvmschedError) << "cannot create the disk tier's weight file in " << dir << ": "
+                                 << std::strerror(errno);
   ::unlink(path.c_str());
   return fd;
 }
@@ -67,14 +69,18 @@ void BindToNode(void* addr, size_t nbytes, int node) {
   unsigned long mask[kMaxNodes / (8 * sizeof(unsigned long))] = {0};
   mask[node / (8 * sizeof(unsigned long))] |= 1UL << (node % (8 * sizeof(unsigned long)));
   if (syscall(SYS_mbind, addr, nbytes, MPOL_BIND, mask, kMaxNodes + 1, 0) != 0) {
-    TVM_FFI_THROW(TvmschedError) << "cannot bind " << Bytes(nbytes) << " to NUMA node " << node << ": " << std::strerror(errno)
-                                 << " (is the node online and does it have memory?)";
+    TVM_FFI_THROW(TvmschedError) << "cannot bind " << Bytes(nbytes) << " to NUMA node " << node << ": "
+                                 << std::strerror(errno) << " (is the node online and does it have memory?)";
   }
 }
 
 TierStore::TierStore(std::shared_ptr<Device> device, const std::vector<TierShare>& tiers,
                      const std::vector<std::pair<std::string, const std::string*>>& weights, const std::string& model)
-    : device_(std::move(device)), tiers_(tiers), used_(tiers.size(), 0), regions_(tiers.size()), cpu_(std::string(device_->kind()) == "cpu") {
+    : device_(std::move(device)),
+      tiers_(tiers),
+      used_(tiers.size(), 0),
+      regions_(tiers.size()),
+      cpu_(std::string(device_->kind()) == "cpu") {
   for (const TierShare& tier : tiers_) {
     if (tier.kind != "dram" && tier.kind != "cxl" && tier.kind != "disk") {
       TVM_FFI_THROW(TvmschedError) << "unknown memory tier " << tier.kind << " (dram, cxl or disk)";
@@ -94,8 +100,9 @@ TierStore::TierStore(std::shared_ptr<Device> device, const std::vector<TierShare
         shares << (held || &tier != &tiers_[0] ? ", " : "") << tier.kind << " " << Bytes(tier.capacity);
         held += tier.capacity;
       }
-      TVM_FFI_THROW(TvmschedError) << "model " << model << " streams " << Bytes(total) << " of weights but this device's tier shares hold "
-                                   << Bytes(held) << " (" << (tiers_.empty() ? "none" : shares.str()) << "): short by at least "
+      TVM_FFI_THROW(TvmschedError) << "model " << model << " streams " << Bytes(total)
+                                   << " of weights but this device's tier shares hold " << Bytes(held) << " ("
+                                   << (tiers_.empty() ? "none" : shares.str()) << "): short by at least "
                                    << Bytes(total > held ? total - held : rounded);
     }
     homes_[id] = Home{static_cast<int>(t), nullptr, static_cast<int64_t>(used_[t]), data->size()};
@@ -113,7 +120,8 @@ TierStore::TierStore(std::shared_ptr<Device> device, const std::vector<TierShare
           if (h.tier == static_cast<int>(i)) WriteAll(fd_, data->data(), data->size(), h.offset, tier.path);
         }
         if (::ftruncate(fd_, static_cast<off_t>(used_[i])) != 0 || ::fdatasync(fd_) != 0) {
-          TVM_FFI_THROW(TvmschedError) << "cannot write the disk tier's weight file in " << tier.path << ": " << std::strerror(errno);
+          TVM_FFI_THROW(TvmschedError) << "cannot write the disk tier's weight file in " << tier.path << ": "
+                                       << std::strerror(errno);
         }
         // read past the page cache where the file system allows it; else drop what writing cached
         direct_fd_ = ::open(("/proc/self/fd/" + std::to_string(fd_)).c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
@@ -121,7 +129,8 @@ TierStore::TierStore(std::shared_ptr<Device> device, const std::vector<TierShare
         continue;
       }
       void* base = ::mmap(nullptr, used_[i], PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (base == MAP_FAILED) TVM_FFI_THROW(TvmschedError) << "cannot map " << Bytes(used_[i]) << " for the " << tier.kind << " tier";
+      if (base == MAP_FAILED)
+        TVM_FFI_THROW(TvmschedError) << "cannot map " << Bytes(used_[i]) << " for the " << tier.kind << " tier";
       regions_[i] = Region{static_cast<char*>(base), used_[i]};
       if (tier.numa_node >= 0) BindToNode(base, used_[i], tier.numa_node);  // before the first touch places the pages
       for (const auto& [id, data] : weights) {
@@ -162,7 +171,8 @@ void TierStore::Fetch(const std::string& id, void* dst, char* bounce, StreamHand
     ssize_t got = ::pread(fd, into + done, want - done, h.offset + static_cast<int64_t>(done));
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) {
-      TVM_FFI_THROW(TvmschedError) << "cannot read weight " << id << " from the disk tier: " << (got < 0 ? std::strerror(errno) : "end of file");
+      TVM_FFI_THROW(TvmschedError) << "cannot read weight " << id
+                                   << " from the disk tier: " << (got < 0 ? std::strerror(errno) : "end of file");
     }
     done += static_cast<size_t>(got);
   }
@@ -187,7 +197,7 @@ class Streamer : public Residency {
     int at = Position(group);
     if (at >= 0) Move((at + 1) % static_cast<int>(groups_.size()));
   }
-  void GroupFinished(ModelObj*, int) override {
+  void GroupFinished(ModelObj*, int, double) override {
     std::lock_guard<std::mutex> lock(mu_);
     Move(cursor_);
   }
@@ -212,7 +222,8 @@ class Streamer : public Residency {
   /*! \brief Copy every streamed weight of one tier at a time into the buffers, as StreamIn does. */
   std::map<std::string, std::pair<double, size_t>> CopyFloor(int repeat) {
     std::unique_lock<std::mutex> lock(mu_);
-    if (m_->users.load() > 0) TVM_FFI_THROW(TvmschedError) << "model " << m_->name() << " is in use; its copy floor is measured idle";
+    if (m_->users.load() > 0)
+      TVM_FFI_THROW(TvmschedError) << "model " << m_->name() << " is in use; its copy floor is measured idle";
     measuring_ = true;
     cond_.wait(lock, [&] { return !copying_; });
     for (int& g : slots_) g = -1;  // buffer 0 is written over: every group is loaded again afterwards
@@ -256,7 +267,8 @@ class Streamer : public Residency {
     try {
       m_->device().SetThreadUnits(0);
       copy = m_->device().CreateStream(0, nullptr);
-      if (std::string(m_->device().kind()) != "cpu") bounce_ = static_cast<char*>(m_->device().AllocHost(m_->buffer_bytes()));
+      if (std::string(m_->device().kind()) != "cpu")
+        bounce_ = static_cast<char*>(m_->device().AllocHost(m_->buffer_bytes()));
     } catch (const std::exception& err) {
       Fail(lock, err);
     }
@@ -308,7 +320,8 @@ class Streamer : public Residency {
         m_->SetResidencyError(error);
       } else {
         m_->SetGroupState(g, kReady);
-        if (events_.size() < 65536) events_.push_back({m_->name(), "stream", g, start, end, static_cast<int64_t>(m_->stream_bytes(g)), slot});
+        if (events_.size() < 65536)
+          events_.push_back({m_->name(), "stream", g, start, end, static_cast<int64_t>(m_->stream_bytes(g)), slot});
       }
       lock.unlock();
       m_->Wake();  // outside mu_: the stream's waker takes the stream's lock, under which it calls in here
@@ -375,7 +388,8 @@ class Streamer : public Residency {
 
 Streamer& StreamerOf(ModelObj& model) {
   auto* streamer = dynamic_cast<Streamer*>(model.residency());
-  if (!streamer || !model.tier_store()) TVM_FFI_THROW(TvmschedError) << "model " << model.name() << " is not tiered (or was shut down)";
+  if (!streamer || !model.tier_store())
+    TVM_FFI_THROW(TvmschedError) << "model " << model.name() << " is not tiered (or was shut down)";
   return *streamer;
 }
 

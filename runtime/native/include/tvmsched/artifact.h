@@ -30,12 +30,12 @@ struct TensorSpec {
 
 struct CandidateSpec {
   int id = 0;
-  std::string kernel;      ///< symbol in kernels.so
-  int units = 0;           ///< compute units it was built for (0: all)
-  std::string mechanism;   ///< "cpu_threads", "green_context", "grid_limit" or ""
+  std::string kernel;     ///< symbol in kernels.so
+  int units = 0;          ///< compute units it was built for (0: all)
+  std::string mechanism;  ///< "cpu_threads", "green_context", "grid_limit" or ""
   bool idempotent = false;
-  int64_t blocks = 1;      ///< blocks of its launch (progress bitmap units)
-  int64_t threads = 1;     ///< counter increments per block when it counts progress
+  int64_t blocks = 1;   ///< blocks of its launch (progress bitmap units)
+  int64_t threads = 1;  ///< counter increments per block when it counts progress
   double latency_us = 1.0;
 };
 
@@ -65,7 +65,7 @@ struct Manifest {
   std::map<std::string, TensorSpec> tensors;
   std::vector<LayerSpec> layers;
   std::vector<IndexCheckSpec> index_checks;
-  int preempt_flags = 0;          ///< length of the flag array every kernel takes last (0: none)
+  int preempt_flags = 0;           ///< length of the flag array every kernel takes last (0: none)
   bool progress_counters = false;  ///< kernels take a per-layer counter after the flags
   std::optional<double> qos_ms;
   std::string cpu;                        ///< the CPU the kernels were compiled for (LLVM's name; "": not recorded)
@@ -83,7 +83,7 @@ struct HostArray {
 struct ArtifactContents {
   Manifest manifest;
   std::string manifest_json;  ///< manifest.json as verified (for callers that keep their own view of it)
-  std::string kernels;  ///< kernels.so bytes
+  std::string kernels;        ///< kernels.so bytes
   std::map<std::string, HostArray> weights;
   std::string signer;  ///< the key id that signed it, when read with trusted keys
 };
@@ -118,7 +118,8 @@ class TrustedKeys {
  *  TVMSCHED_REQUIRE_SIGNATURE (to anything but "" or "0"), an artifact read without trusted keys is refused
  *  (readers that run no code, like `tvmsched inspect`, pass false).
  */
-ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& trusted = TrustedKeys(), bool for_loading = true);
+ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& trusted = TrustedKeys(),
+                              bool for_loading = true);
 
 /*! \brief Whether the environment requires every artifact whose code is loaded to be signed by a trusted key
  *  (TVMSCHED_REQUIRE_SIGNATURE set to anything but "" or "0"). */

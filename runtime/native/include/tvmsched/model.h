@@ -13,8 +13,8 @@
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/extra/module.h>
 #include <tvm/ffi/function.h>
-#include <tvm/ffi/optional.h>
 #include <tvm/ffi/object.h>
+#include <tvm/ffi/optional.h>
 #include <tvm/ffi/string.h>
 
 #include <atomic>
@@ -75,7 +75,9 @@ class Residency {
   /*! \brief A request needs sub-task `group` (-1: the environment, or a request was queued). */
   virtual void Demand(ModelObj* model, int group) = 0;
   virtual void GroupStarted(ModelObj* model, int group) = 0;
-  virtual void GroupFinished(ModelObj* model, int group) = 0;
+  /*! \brief The running request executed sub-task `group`'s last layer at `end_us` (stamped before the sub-task
+   *  became kFinished: a switcher may clean it at once). */
+  virtual void GroupFinished(ModelObj* model, int group, double end_us) = 0;
   /*! \brief A request of the model finished (done or failed). */
   virtual void RequestFinished(ModelObj* model) = 0;
   /*! \brief The model's stream was paused (preempted): its task stops waiting to be switched in (so it holds up
@@ -169,7 +171,9 @@ class ModelObj : public ffi::Object {
   /*! \brief Bytes of the environment: input and output buffers, index-check words, progress counters. */
   size_t env_bytes() const { return env_bytes_; }
   bool env_ready() const { return env_ready_.load(std::memory_order_acquire); }
-  GroupState group_state(int g) const { return static_cast<GroupState>(group_state_[g].load(std::memory_order_acquire)); }
+  GroupState group_state(int g) const {
+    return static_cast<GroupState>(group_state_[g].load(std::memory_order_acquire));
+  }
   bool CasGroup(int g, GroupState from, GroupState to) {
     int expected = from;
     return group_state_[g].compare_exchange_strong(expected, to, std::memory_order_acq_rel);
@@ -241,7 +245,7 @@ class ModelObj : public ffi::Object {
   std::string quarantined_;
   struct Candidate {
     ffi::Function kernel;
-    int units = 0;            // its compute units, an explicit count (all units: the device's total)
+    int units = 0;  // its compute units, an explicit count (all units: the device's total)
   };
   /*! \brief Device memory for `what` (a tensor, named in the error when the device has not enough). */
   void* AllocFor(const std::string& what, size_t nbytes);
@@ -273,14 +277,14 @@ class ModelObj : public ffi::Object {
     size_t nbytes = 0;
   };
   std::map<std::string, HostWeight> host_weights_;
-  bool registered_ = false;                      // loaded with resident = false: host weights kept
-  std::map<std::string, size_t> env_tensors_;   // model inputs, outputs and index-check words -> bytes
-  std::map<std::string, void*> env_data_;       // their device memory (stage 1)
-  std::vector<std::pair<int, int>> groups_;     // sub-tasks: first and last layer
+  bool registered_ = false;                    // loaded with resident = false: host weights kept
+  std::map<std::string, size_t> env_tensors_;  // model inputs, outputs and index-check words -> bytes
+  std::map<std::string, void*> env_data_;      // their device memory (stage 1)
+  std::vector<std::pair<int, int>> groups_;    // sub-tasks: first and last layer
   std::vector<int> layer_group_;
-  std::vector<std::vector<std::string>> group_tensors_;  // non-environment tensors each group uses
+  std::vector<std::vector<std::string>> group_tensors_;    // non-environment tensors each group uses
   std::map<std::string, std::vector<int>> tensor_groups_;  // ... and the groups using each
-  std::set<std::string> internal_;              // activations used by one group only: its storage blocks
+  std::set<std::string> internal_;                         // activations used by one group only: its storage blocks
   std::vector<MemoryPlan> group_plans_;
   std::vector<std::vector<void*>> group_blocks_;
   std::vector<size_t> group_bytes_, group_weight_bytes_;
@@ -289,20 +293,20 @@ class ModelObj : public ffi::Object {
   std::atomic<bool> env_ready_{false};
   FlagMemory flag_memory_ = FlagMemory::kAuto;
   std::shared_ptr<Residency> residency_;
-  std::mutex env_mu_;  // orders AddUser against TryCleanEnvironment
+  std::mutex env_mu_;            // orders AddUser against TryCleanEnvironment
   mutable std::mutex error_mu_;  // guards residency_error_ (a leaf: streams take it under their locks)
   std::mutex waker_mu_;          // guards waker_ (held while it runs: it takes the stream's lock)
   std::string residency_error_;
   std::function<void()> waker_;
   std::map<std::string, void*> tensor_data_;  // allocated tensor id -> its data pointer (switcher thread only)
   std::vector<std::vector<std::string>> layer_arg_ids_;  // per layer: the tensor of each of its first args
-  std::vector<std::vector<DLTensor>> layer_args_;  // per layer: inputs, outputs, flags, counter
-  std::vector<std::vector<ffi::AnyView>> layer_views_;  // per layer: views of layer_args_ (what CallPacked takes)
+  std::vector<std::vector<DLTensor>> layer_args_;        // per layer: inputs, outputs, flags, counter
+  std::vector<std::vector<ffi::AnyView>> layer_views_;   // per layer: views of layer_args_ (what CallPacked takes)
   // tiering
   std::unique_ptr<TierStore> tier_store_;
-  std::set<std::string> streamed_;                 // weights that live in the host tiers
+  std::set<std::string> streamed_;  // weights that live in the host tiers
   std::vector<int> streamed_groups_;
-  std::vector<size_t> stream_bytes_;               // per group
+  std::vector<size_t> stream_bytes_;                                        // per group
   std::vector<std::vector<std::pair<std::string, size_t>>> stream_layout_;  // per group: weight -> offset in a buffer
   size_t buffer_bytes_ = 0, resident_weight_bytes_ = 0;
   void* buffers_[2] = {nullptr, nullptr};
@@ -316,8 +320,8 @@ class Model : public ffi::ObjectRef {
  public:
   /*! \brief Load an artifact file onto `device` ("cpu"/"cuda"; "" = the artifact's own); with
    *  `trusted` keys, only an artifact one of them signed (checked before anything is loaded). */
-  static Model Load(const std::string& path, const std::string& device = "",
-                    FlagMemory flag_memory = FlagMemory::kAuto, const TrustedKeys& trusted = TrustedKeys());
+  static Model Load(const std::string& path, const std::string& device = "", FlagMemory flag_memory = FlagMemory::kAuto,
+                    const TrustedKeys& trusted = TrustedKeys());
   static Model Load(const std::string& path, const std::string& device, const LoadOptions& options,
                     const TrustedKeys& trusted);
   TVM_FFI_DEFINE_OBJECT_REF_METHODS_NULLABLE(Model, ffi::ObjectRef, ModelObj);

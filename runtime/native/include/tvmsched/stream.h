@@ -56,8 +56,8 @@ enum class RequestState : int { kQueued = 0, kRunning = 1, kDone = 2, kFailed = 
 
 class RequestObj : public ffi::Object {
  public:
-  int64_t id = 0;  ///< set when it starts: the request number its launches carry (1, 2, ...)
-  int restarts = 0;  ///< times it started again from its first layer after a device fault (at most once)
+  int64_t id = 0;                  ///< set when it starts: the request number its launches carry (1, 2, ...)
+  int restarts = 0;                ///< times it started again from its first layer after a device fault (at most once)
   std::vector<int> candidate_ids;  ///< empty: candidate 0 everywhere
   ffi::Map<ffi::String, ffi::Tensor> inputs;
   double submitted_us = 0, started_us = 0, finished_us = 0;
@@ -99,15 +99,15 @@ struct PreemptReport {
 
 /*! \brief What the resource monitor reads of a stream (a consistent snapshot). */
 struct StreamState {
-  std::vector<int64_t> done;    ///< per layer, blocks the running request has completed (-1: not started)
-  std::vector<int64_t> blocks;  ///< per layer, the blocks of its chosen candidate
-  std::vector<int> ids;         ///< the running request's candidate ids (empty: candidate 0)
+  std::vector<int64_t> done;             ///< per layer, blocks the running request has completed (-1: not started)
+  std::vector<int64_t> blocks;           ///< per layer, the blocks of its chosen candidate
+  std::vector<int> ids;                  ///< the running request's candidate ids (empty: candidate 0)
   std::vector<std::vector<int>> queued;  ///< candidate ids of the requests queued behind it
 };
 
 struct StreamOptions {
-  int max_in_flight = 8;          ///< launches kept on a GPU at once (CPU launches are synchronous)
-  double idle_spin_us = 200;      ///< the submitter polls this long for new work before sleeping
+  int max_in_flight = 8;            ///< launches kept on a GPU at once (CPU launches are synchronous)
+  double idle_spin_us = 200;        ///< the submitter polls this long for new work before sleeping
   double progress_interval_ms = 1;  ///< CUDA counters copied to the bitmap this often
   /*! \brief The watchdog: a request whose next launch has waited this long for its model to be switched in
    *  (a stage that makes no progress) fails with one line naming that stage (0: it waits as long as it takes). */
@@ -115,7 +115,7 @@ struct StreamOptions {
   /*! \brief Device faults (docs/faults.md): a launch waits at most this long for the device to recover, and a
    *  recovery waits this long for the launches running at the fault to end (else the device is lost). */
   double recovery_timeout_s = 30;
-  int fault_limit = 3;          ///< faults of one model within fault_window_s that quarantine it (0: never)
+  int fault_limit = 3;  ///< faults of one model within fault_window_s that quarantine it (0: never)
   double fault_window_s = 60;
 };
 
@@ -214,19 +214,19 @@ class StreamObj : public ffi::Object {
   std::vector<LaunchRecord> timeline_;
   std::vector<double> latencies_;
   std::map<std::tuple<int64_t, int, int>, double> launched_at_;
-  bool gated_ = false;  // the next launch waits for a registered model's switcher
+  bool gated_ = false;         // the next launch waits for a registered model's switcher
   double gated_since_us_ = 0;  // when it began waiting (the watchdog's clock)
   int gated_group_ = -1;       // for what: a sub-task, or -1: the environment
   /*! \brief The watchdog's verdict on a gated head request (under mutex_): its error line, or empty. */
   std::string Stalled() const;
-  bool waiting_ = false;  // the GPU submitter is blocked on an event (outside the lock)
+  bool waiting_ = false;          // the GPU submitter is blocked on an event (outside the lock)
   bool preempt_waiting_ = false;  // Preempt() waits on cond_ for the running launch to return
   // CPU: Preempt() set the flag while the running launch ran (it may have skipped work even if a Resume() cleared
   // the flag before it returned): it runs again
   bool flagged_launch_ = false;
   bool pause_after_request_ = false;  // FinishStarted(): pause again once the running request ends
-  uint64_t run_generation_ = 0;  // the device's generation when the head request started (the submitter's alone)
-  std::atomic<int64_t> queued_{0};  // requests_.size(), polled by the idle submitter
+  uint64_t run_generation_ = 0;       // the device's generation when the head request started (the submitter's alone)
+  std::atomic<int64_t> queued_{0};    // requests_.size(), polled by the idle submitter
   std::thread thread_, progress_thread_;
 };
 

@@ -35,7 +35,7 @@
 namespace tvmsched {
 
 struct SwitchOptions {
-  size_t budget = 0;      ///< bytes (0: the scope's budget, else the device's, else what is in use plus its free memory)
+  size_t budget = 0;  ///< bytes (0: the scope's budget, else the device's, else what is in use plus its free memory)
   size_t threshold1 = 0;  ///< environments prepared ahead (0: budget / 4)
   size_t threshold2 = 0;  ///< running + prepared sub-tasks of switching models (0: the budget)
   int preset_count = 2;   ///< the next task's first stage 2 waits until fewer of the current's sub-tasks remain

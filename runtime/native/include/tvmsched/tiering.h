@@ -31,16 +31,17 @@ namespace tvmsched {
 
 /*! \brief This device's share of one host tier. */
 struct TierShare {
-  std::string kind;       ///< "dram", "cxl" or "disk"
-  size_t capacity = 0;    ///< bytes this device may place there
-  int numa_node = -1;     ///< dram/cxl: bind to this node (-1: the default policy)
-  std::string path;       ///< disk: the directory of the weight file
+  std::string kind;     ///< "dram", "cxl" or "disk"
+  size_t capacity = 0;  ///< bytes this device may place there
+  int numa_node = -1;   ///< dram/cxl: bind to this node (-1: the default policy)
+  std::string path;     ///< disk: the directory of the weight file
 };
 
 /*! \brief How a model larger than its device memory is placed (LoadOptions::tiers). */
 struct TierOptions {
   size_t device_bytes = 0;  ///< device memory the model may hold, all of it included
-  size_t buffer_bytes = 0;  ///< each of the two stream buffers (0: the largest layer's weights or 1/8 of the room, the larger)
+  size_t buffer_bytes =
+      0;  ///< each of the two stream buffers (0: the largest layer's weights or 1/8 of the room, the larger)
   std::vector<TierShare> tiers;  ///< in priority order
 };
 
@@ -48,9 +49,9 @@ struct TierOptions {
 class TierStore {
  public:
   struct Home {
-    int tier = -1;          ///< index into TierOptions::tiers
+    int tier = -1;               ///< index into TierOptions::tiers
     const char* data = nullptr;  ///< dram/cxl: its bytes
-    int64_t offset = -1;    ///< disk: its offset in the file (page-aligned)
+    int64_t offset = -1;         ///< disk: its offset in the file (page-aligned)
     size_t nbytes = 0;
   };
   /*! \brief Place `weights` (id -> bytes, in the order given) in the tiers, filling each before the next;

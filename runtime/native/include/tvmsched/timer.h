@@ -17,7 +17,7 @@
 namespace tvmsched {
 
 struct KernelTiming {
-  int granted_units = 0;          ///< the units the kernel really had
+  int granted_units = 0;            ///< the units the kernel really had
   std::vector<double> us_per_call;  ///< one entry per batch
 };
 
