@@ -116,3 +116,28 @@ def stop_server(server: subprocess.Popen) -> int:
         server.kill()
         server.wait()
         raise
+
+
+def held_mid_request(rt, model, inputs, deadline_s: float = 60):
+    """Submit a request of `model` (a Runtime's) and preempt it once it started, before it finished (a few tries at
+    most: a busy machine may run it through first); its future. Two requests go in at a time, so that one of them is
+    running for most of the window in which this thread polls; the second, if still queued, runs on resume."""
+    import pytest
+
+    seen = {"finished first": 0, "not started": 0}
+    for _ in range(200):
+        futures = [rt.submit(model, inputs) for _ in range(2)]
+        while not futures[-1].done():  # started: its progress went from -1 to 0 (or more)
+            state = model.task.state()
+            if state is not None and state.done.min() >= 0:
+                break
+        model.task.preempt()
+        state = model.task.state()
+        running = next((f for f in futures if not f.done()), None)
+        if running is not None and state is not None and state.done.min() >= 0:
+            return running
+        seen["finished first" if running is None else "not started"] += 1
+        model.task.resume()
+        for future in futures:
+            future.result(timeout=deadline_s)
+    pytest.fail(f"could not preempt the model mid-request: {seen}")

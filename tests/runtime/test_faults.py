@@ -16,6 +16,7 @@ import threading
 import numpy as np
 import pytest
 
+from tests.helpers import held_mid_request
 from tvmsched import models
 from tvmsched.errors import TvmschedError
 from tvmsched.native import func
@@ -48,25 +49,6 @@ def _inject(model, layer: int, fail_recreate: bool = False) -> None:
     func("inject_fault")(model.task.executor.native, layer, fail_recreate)
 
 
-def _held_mid_request(model, inputs, rt):
-    """A request of `model` preempted after it started and before it finished (a few tries at most)."""
-    for _ in range(200):
-        futures = [rt.submit(model, inputs) for _ in range(2)]
-        while not futures[-1].done():
-            state = model.task.state()
-            if state is not None and state.done.min() >= 0:
-                break
-        model.task.preempt()
-        state = model.task.state()
-        running = next((f for f in futures if not f.done()), None)
-        if running is not None and state is not None and state.done.min() >= 0:
-            return running
-        model.task.resume()
-        for future in futures:
-            future.result(timeout=DEADLINE_S)
-    pytest.fail("could not preempt the model mid-request")
-
-
 def test_a_fault_fails_its_tenants_request_and_the_others_run_again_bit_identical(zoo):
     path_f, x_f, want_f = zoo["mlp"]
     path_p, x_p, want_p = zoo["resnet18-small"]
@@ -77,7 +59,7 @@ def test_a_fault_fails_its_tenants_request_and_the_others_run_again_bit_identica
         paused = rt.load(path_p, name="paused", qos_ms=10_000)
         busy = rt.load(path_b, name="busy", qos_ms=10_000)
         # a request of another tenant started before the fault and is still running (paused mid-request)
-        held = _held_mid_request(paused, x_p[0], rt)
+        held = held_mid_request(rt, paused, x_p[0])
         # and a third tenant under steady load throughout
         stop, results, errors = threading.Event(), [], []
 

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from tests.helpers import held_mid_request
 from tvmsched import models
 from tvmsched.errors import TvmschedError
 from tvmsched.pipeline import compile_model
@@ -710,7 +711,7 @@ def test_a_paused_task_holds_up_no_other_switch_in(zoo, when):
             held.task.preempt()
             future = rt.submit(held, zoo.inputs["mobilenetv2"][0])
         else:
-            future = _held_mid_request(rt, held, zoo.inputs["mobilenetv2"][0])
+            future = held_mid_request(rt, held, zoo.inputs["mobilenetv2"][0])
         _same(rt.submit(other, zoo.inputs["bert-tiny"][0]).result(timeout=5), zoo.want["bert-tiny"][0])
         assert not future.done()
         held.task.resume()
@@ -730,35 +731,12 @@ def test_a_realtime_request_is_not_held_up_by_the_switch_in_it_preempted(zoo):
             _same(background.result(timeout=DEADLINE_S), zoo.want["resnet18-small"][attempt % INPUT_SETS])
 
 
-def _held_mid_request(rt, model, inputs):
-    """Submit one request of `model` and preempt it once it started, before it finished (a few tries at most: a
-    busy machine may run it through first); its future. Two requests go in at a time, so that one of them is
-    running for most of the window in which this thread polls."""
-    seen = {"finished first": 0, "not started": 0}
-    for _ in range(200):
-        futures = [rt.submit(model, inputs) for _ in range(2)]
-        while not futures[-1].done():  # started: its progress went from -1 to 0 (or more)
-            state = model.task.state()
-            if state is not None and state.done.min() >= 0:
-                break
-        model.task.preempt()
-        state = model.task.state()
-        running = next((f for f in futures if not f.done()), None)
-        if running is not None and state is not None and state.done.min() >= 0:
-            return running  # (a second one still queued behind it runs when the stream resumes)
-        seen["finished first" if running is None else "not started"] += 1
-        model.task.resume()
-        for future in futures:
-            future.result(timeout=DEADLINE_S)
-    pytest.fail(f"could not preempt the model mid-request: {seen}")
-
-
 def _waiting_setup(zoo, rt):
     """A model whose switch-in waits for memory that a paused request of another model holds (loaded first, so
     shutdown() closes it first)."""
     waiting = rt.load(zoo.paths["resnet18-small"], qos_ms=10_000, name="waiting", resident=False)
     held = rt.load(zoo.paths["mobilenetv2"], qos_ms=10_000, name="held")
-    held_future = _held_mid_request(rt, held, zoo.inputs["mobilenetv2"][1])
+    held_future = held_mid_request(rt, held, zoo.inputs["mobilenetv2"][1])
     waiting_future = rt.submit(waiting, zoo.inputs["resnet18-small"][2])
     time.sleep(0.3)
     assert not waiting_future.done()
