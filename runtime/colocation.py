@@ -103,7 +103,7 @@ def device_name(device: str) -> str:
     import platform
 
     if device == "cuda":
-        from tvmsched.native import func
+        from tvmsched import native
 
-        return str(func("device_info")("cuda")["name"])
+        return str(native.device_info("cuda")["name"])
     return f"cpu:{platform.processor() or platform.machine()}"

@@ -16,7 +16,7 @@ import tvm_ffi
 
 from tvmsched.artifact import Artifact, Manifest
 from tvmsched.errors import TvmschedError, one_line
-from tvmsched.native import func
+from tvmsched import native
 from tvmsched.targets import check_cpu_features
 
 def to_engine(inputs: dict[str, np.ndarray]) -> dict:
@@ -62,7 +62,7 @@ class Executor:
         flag_memory: CUDA preempt flag in "host_mapped" or "device" memory; "auto" measures both.
         trusted_keys: Ed25519 public key files (PEM, `tvmsched keys generate`): load only an artifact
             file one of them signed, checked before anything is loaded (README, "Trust model").
-        memory_scope: the budget its device memory counts against (a Runtime's, `func("create_memory_scope")`);
+        memory_scope: the budget its device memory counts against (a Runtime's, `native.create_memory_scope`);
             None: no budget but the device's capacity.
     """
 
@@ -73,13 +73,13 @@ class Executor:
 
         def load(path: str, keys: list[str]):
             if tiered is not None:  # larger than its device memory: weights streamed from host tiers (runtime/tiering.py)
-                return func("load_tiered")(path, device or "", flag_memory, keys, int(tiered["device_bytes"]),
+                return native.load_tiered(path, device or "", flag_memory, keys, int(tiered["device_bytes"]),
                                            int(tiered.get("buffer_bytes", 0)), tiered["tiers"], memory_scope)
             if register_groups is None:
-                return func("load_model")(path, device or "", flag_memory, keys, memory_scope)
+                return native.load_model(path, device or "", flag_memory, keys, memory_scope)
             # registered: weights in pinned host memory, `register_groups` sub-tasks at most; a switcher
             # (runtime/switching.py) makes it resident
-            return func("register_model")(path, device or "", flag_memory, keys, int(register_groups), memory_scope)
+            return native.register_model(path, device or "", flag_memory, keys, int(register_groups), memory_scope)
 
         if isinstance(artifact, Artifact):
             if keys:

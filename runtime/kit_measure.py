@@ -173,10 +173,10 @@ class _EngineTimer:
     launch-bound either way)."""
 
     def __init__(self, kind: str):
-        from tvmsched.native import func
+        from tvmsched import native
 
-        self.kind, self._time = kind, func("time_kernel")
-        info = func("device_info")(kind)
+        self.kind, self._time = kind, native.time_kernel()
+        info = native.device_info(kind)
         self.name, self._full, self._granularity = str(info["name"]), int(info["total_units"]), int(info["granularity"])
         self.mechanism = "green_context" if kind == "cuda" else "cpu_threads"
 

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tvmsched.errors import TvmschedError
-from tvmsched.native import func
+from tvmsched import native
 from tvmsched.runtime.executor import Executor, candidate_list, from_engine, to_engine
 from tvmsched.runtime.policies.priority import Priorities  # the real-time policy (re-exported: public API)
 
@@ -175,7 +175,7 @@ class Task:
         self.quiet_gc = quiet_gc
         self.output_names = executor.output_names
         stall = default_stall_timeout_s() if stall_timeout_s is None else float(stall_timeout_s)
-        self.stream = func("create_stream")(executor.native, name, max_in_flight, IDLE_SPIN_US, progress_interval_ms, stall)
+        self.stream = native.create_stream(executor.native, name, max_in_flight, IDLE_SPIN_US, progress_interval_ms, stall)
 
     def submit(self, inputs: dict, candidate_ids: list[int] | None = None) -> Future:
         """Queue one request; the future resolves to its outputs (or the error its inputs caused)."""

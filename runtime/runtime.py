@@ -31,7 +31,7 @@ import numpy as np
 import tvm_ffi
 
 from tvmsched.errors import TvmschedError
-from tvmsched.native import func
+from tvmsched import native
 from tvmsched.runtime import policies
 from tvmsched.runtime.executor import Executor, candidate_list
 from tvmsched.runtime.policies.priority import Priorities
@@ -118,7 +118,7 @@ class Runtime:
         if device not in ("cpu", "cuda"):
             raise TvmschedError(f"unknown device {device!r}: use cpu or cuda")
         self.device = device
-        self.total_units = total_units or int(func("device_info")(device)["total_units"])
+        self.total_units = total_units or int(native.device_info(device)["total_units"])
         if isinstance(colocation, str):  # a tuning-database URL holding this device's profile
             from tvmsched.runtime.colocation import device_name, table_from_rows
             from tvmsched.tuning_db import open_store
@@ -133,11 +133,11 @@ class Runtime:
         self._timeline = timeline
         self._progress_interval_ms = progress_interval_ms
         self._closed = False
-        self._started_us = float(func("now_us")())
+        self._started_us = float(native.now_us())
         self._trusted_keys = tuple(str(k) for k in trusted_keys)
         if memory_budget is not None and int(memory_budget) <= 0:
             raise TvmschedError(f"a memory budget must be a positive number of bytes, not {memory_budget}")
-        self._memory_scope = func("create_memory_scope")(int(memory_budget or 0))  # its models count against it alone
+        self._memory_scope = native.create_memory_scope(int(memory_budget or 0))  # its models count against it alone
         self.switcher = Switcher(device, int(memory_budget or 0), switching, memory_scope=self._memory_scope)
         self.priorities = Priorities()
         # a switch-in waiting for memory that preempted requests keep: the priority policy decides (no cycle)
@@ -223,7 +223,7 @@ class Runtime:
         executor = Executor(artifact, self.device, trusted_keys=self._trusted_keys,
                             tiered={"device_bytes": room, "buffer_bytes": self._tiering.buffer_bytes,
                                     "tiers": self._tier_shares.engine_tiers()}, memory_scope=self._memory_scope)
-        info = func("tiering_info")(executor.native)
+        info = native.tiering_info(executor.native)
         self._tier_shares.take(info)
         log.info("model %s is larger than the memory budget: %d bytes of its weights stay on the device, the rest "
                  "stream from %s", name, int(info["resident_weight_bytes"]),
@@ -232,7 +232,7 @@ class Runtime:
 
     def tiering(self, model: Model | str) -> dict:
         """A tiered model's placement: resident weight bytes, buffer bytes, groups, bytes per tier."""
-        info = func("tiering_info")(self._model(model).task.executor.native)
+        info = native.tiering_info(self._model(model).task.executor.native)
         return {"resident_weight_bytes": int(info["resident_weight_bytes"]), "buffer_bytes": int(info["buffer_bytes"]),
                 "buffers": int(info["buffers"]),
                 "groups": int(info["groups"]), "streamed_group_bytes": [int(b) for b in info["streamed_group_bytes"]],
@@ -244,7 +244,7 @@ class Runtime:
         events = []
         for model in list(self.models.values()):
             if model.tiered:
-                events += stage_events(func("tiering_events")(model.task.executor.native))
+                events += stage_events(native.tiering_events(model.task.executor.native))
         return events
 
     def switch_events(self) -> list[StageEvent]:
@@ -253,8 +253,8 @@ class Runtime:
 
     def memory(self) -> dict[str, int]:
         """The engine's accounting of this Runtime's model memory: in_use, peak and budget (0: none) in bytes.
-        (The whole device's, every Runtime and plain executor of the process included: `func("device_memory")`.)"""
-        return {str(k): int(v) for k, v in func("memory_scope_stats")(self._memory_scope).items()}
+        (The whole device's, every Runtime and plain executor of the process included: `native.device_memory`.)"""
+        return {str(k): int(v) for k, v in native.memory_scope_stats(self._memory_scope).items()}
 
     def _model(self, model: Model | str) -> Model:
         if isinstance(model, Model):
@@ -300,7 +300,7 @@ class Runtime:
                 self._serial = queue.Queue()
                 self._serial_thread = threading.Thread(target=self._serial_loop, name="serial", daemon=True)
                 self._serial_thread.start()
-            self._serial.put((model, inputs, ids, future, func("now_us")()))
+            self._serial.put((model, inputs, ids, future, native.now_us()))
         return future
 
     def _serial_loop(self) -> None:
@@ -314,7 +314,7 @@ class Runtime:
             except Exception as err:  # noqa: BLE001
                 future.set_exception(err)
                 continue
-            model.serial_latencies_ms.append((func("now_us")() - sent_us) / 1e3)  # counted before the caller wakes
+            model.serial_latencies_ms.append((native.now_us() - sent_us) / 1e3)  # counted before the caller wakes
             future.set_result(outputs)
 
     async def infer(self, model: Model | str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -342,7 +342,7 @@ class Runtime:
                 "faults": int(counts["faults"]), "fault_restarts": int(counts["fault_restarts"]),
             }
         decisions = [d.seconds * 1e6 for d in self.scheduler.decisions] if self.scheduler is not None else []
-        faults = func("device_faults")(self.device)  # docs/faults.md: the device's fault state machine
+        faults = native.device_faults(self.device)  # docs/faults.md: the device's fault state machine
         out["_device"] = {str(k): (str(v) if isinstance(v, str) else v) for k, v in faults.items()}
         out["_scheduler"] = {"decisions": self.scheduler.decided if self.scheduler is not None else 0,  # p50/p99: the last 10k
                              "p50_us": float(np.percentile(decisions, 50)) if decisions else None,
@@ -383,7 +383,7 @@ class Runtime:
         for model in models:
             model.task.close()
             if model.tiered:  # its tier memory and disk file go now, not when the last reference does
-                func("release_tiers")(model.task.executor.native)
+                native.release_tiers(model.task.executor.native)
         self.switcher.close()
         if self._froze:
             self._froze = False

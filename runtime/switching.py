@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from tvmsched.errors import TvmschedError
-from tvmsched.native import func
+from tvmsched import native
 
 STAGES = ("stage1", "stage2", "exec", "clean", "evict")
 
@@ -83,7 +83,7 @@ class Switcher:
 
     def __init__(self, device: str, budget: int = 0, settings: SwitchSettings = SwitchSettings(), memory_scope=None):
         self.settings = settings
-        self.native = func("create_switcher")(device, int(budget), settings.threshold1, settings.threshold2,
+        self.native = native.create_switcher(device, int(budget), settings.threshold1, settings.threshold2,
                                               settings.preset_count, settings.retain, memory_scope)
         self.options = {str(k): int(v) for k, v in self.native.options().items()}
 
@@ -167,7 +167,7 @@ def measure_switching(paths: list[str], device: str = "cpu", repeat: int = 5, qo
             for name, p in probes.items()}
     for name, p in probes.items():
         progress(f"copy floor: {name}")
-        rows[name]["copy_floor_ms"] = float(func("copy_floor")(p["executor"].native, max(repeat, 3))) * 1e3
+        rows[name]["copy_floor_ms"] = float(native.copy_floor(p["executor"].native, max(repeat, 3))) * 1e3
     for p in probes.values():
         del p["executor"]
     gc.collect()
@@ -235,7 +235,7 @@ def measure_switching(paths: list[str], device: str = "cpu", repeat: int = 5, qo
     for size in sorted(p["footprint"] for p in probes.values()):
         if used + size <= budget:
             fits, used = fits + 1, used + size
-    return {"device": device, "device_name": str(func("device_info")(device)["name"]), "budget_bytes": budget,
+    return {"device": device, "device_name": str(native.device_info(device)["name"]), "budget_bytes": budget,
             "repeat": repeat, "settings": asdict(settings), "models": list(rows.values()),
             "served_resident_only": fits, "served_with_switching": sum(r["meets_qos_switched"] for r in rows.values())}
 

@@ -116,9 +116,9 @@ class Manifest:
     def verified(cls, path: str | Path, trusted_keys=()) -> Manifest:
         """The manifest of an artifact file as the engine's loader checks it (with `trusted_keys`, its
         signature too), without loading its code."""
-        from tvmsched.native import func
+        from tvmsched import native
 
-        return cls.parse(str(func("verify_artifact")(str(path), [str(k) for k in trusted_keys])["manifest_json"]), path)
+        return cls.parse(str(native.verify_artifact(str(path), [str(k) for k in trusted_keys])["manifest_json"]), path)
 
     @classmethod
     def parse(cls, text: str, path: str | Path) -> Manifest:

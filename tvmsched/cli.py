@@ -159,9 +159,9 @@ def keys_generate(name: str) -> None:
               help="A trusted public key (repeatable).")
 def keys_verify(artifact: str, trusted: tuple[str, ...]) -> None:
     """Check that ARTIFACT is intact and signed by a trusted key, without loading its code."""
-    from tvmsched.native import func
+    from tvmsched import native
 
-    signer = func("verify_artifact")(artifact, list(trusted))["signer"]
+    signer = native.verify_artifact(artifact, list(trusted))["signer"]
     click.echo(f"{artifact}: signed by trusted key {signer}")
 
 
@@ -350,7 +350,7 @@ class _BudgetRun:
 
     def __init__(self, artifact: str, device: str | None, trusted, budget: str, topology: str, plan: str | None, gpu: int):
         from tvmsched.artifact import Manifest
-        from tvmsched.native import func
+        from tvmsched import native
         from tvmsched.runtime import Runtime
         from tvmsched.runtime.tiering import TierSettings, parse_bytes
 
@@ -358,7 +358,7 @@ class _BudgetRun:
         if nbytes <= 0:
             raise TvmschedError(f"the memory budget must be positive, not {budget}")
         self.device = device or Manifest.verified(artifact, trusted).device
-        in_use = int(func("device_memory")(self.device)["in_use"])
+        in_use = int(native.device_memory(self.device)["in_use"])
         self.rt = Runtime(self.device, trusted_keys=trusted, memory_budget=in_use + nbytes,
                           tiering=TierSettings(topology=topology, plan=plan, gpu=gpu))
         try:

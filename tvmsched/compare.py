@@ -26,9 +26,9 @@ def latency_summary(seconds: Sequence[float]) -> dict:
 
 def runtime_threads(device: str = "cpu") -> int:
     """The compute units the engine runs a layer on: CPU threads (TVM_NUM_THREADS, else all cores)."""
-    from tvmsched.native import func
+    from tvmsched import native
 
-    return int(func("device_info")(device)["total_units"])
+    return int(native.device_info(device)["total_units"])
 
 
 def onnxruntime_session(model: str | bytes, threads: int):

@@ -84,6 +84,113 @@ def func(name: str):
     return tvm_ffi.get_global_func(f"tvmsched.engine.{name}")
 
 
+# ---- the engine's functions, typed (runtime/native/src/registry.cc) ----------------------------------------------
+# Python reaches every engine function through these (tests and benchmarks may use `func` directly). Objects
+# (NativeModel, NativeStream, NativeRequest, switchers, memory scopes) carry their own methods.
+
+def now_us() -> float:
+    """The engine's monotonic clock in µs (the clock of every timestamp it records)."""
+    return float(func("now_us")())
+
+
+def device_info(kind: str) -> dict:
+    """A device's name, total_units and kind (opening it: a missing CUDA driver is one error line)."""
+    return dict(func("device_info")(kind))
+
+
+def device_memory(kind: str) -> dict[str, int]:
+    """The device's accounting of what every model of the process allocated: in_use, peak, budget (0: none)."""
+    return {str(k): int(v) for k, v in func("device_memory")(kind).items()}
+
+
+def set_memory_budget(kind: str, nbytes: int) -> None:
+    func("set_memory_budget")(kind, int(nbytes))
+
+
+def device_faults(kind: str) -> dict:
+    """The device's fault state machine (docs/faults.md): health, generation, faults, recoveries, ..."""
+    return {str(k): (str(v) if isinstance(v, str) else v) for k, v in func("device_faults")(kind).items()}
+
+
+def create_memory_scope(budget: int):
+    """A budget that the models loaded into it count against (a Runtime's; 0: none, still counted)."""
+    return func("create_memory_scope")(int(budget))
+
+
+def memory_scope_stats(scope) -> dict[str, int]:
+    return {str(k): int(v) for k, v in func("memory_scope_stats")(scope).items()}
+
+
+def load_model(path: str, device: str, flag_memory: str, trusted_key_files: list, scope=None) -> NativeModel:
+    """A resident model (weights in device memory)."""
+    return func("load_model")(path, device, flag_memory, trusted_key_files, scope)
+
+
+def register_model(path: str, device: str, flag_memory: str, trusted_key_files: list, max_groups: int,
+                   scope=None) -> NativeModel:
+    """A model registered for switching (weights in pinned host memory, sub-tasks prepared on demand)."""
+    return func("register_model")(path, device, flag_memory, trusted_key_files, int(max_groups), scope)
+
+
+def load_tiered(path: str, device: str, flag_memory: str, trusted_key_files: list, device_bytes: int,
+                buffer_bytes: int, tiers, scope=None) -> NativeModel:
+    """A model streamed from the memory tiers: `device_bytes` of device memory, `tiers` its shares (runtime/tiering.py)."""
+    return func("load_tiered")(path, device, flag_memory, trusted_key_files, int(device_bytes), int(buffer_bytes), tiers,
+                               scope)
+
+
+def tiering_info(model: NativeModel) -> dict:
+    return dict(func("tiering_info")(model))
+
+
+def tiering_events(model: NativeModel):
+    return func("tiering_events")(model)
+
+
+def release_tiers(model: NativeModel) -> None:
+    func("release_tiers")(model)
+
+
+def tier_copy_floor(model: NativeModel, repeat: int):
+    return func("tier_copy_floor")(model, int(repeat))
+
+
+def copy_floor(model: NativeModel, repeat: int) -> float:
+    """Seconds to copy a registered model's weights into device memory allocated beforehand (the fastest copy)."""
+    return float(func("copy_floor")(model, int(repeat)))
+
+
+def create_switcher(device: str, budget: int, threshold1: int, threshold2: int, preset_count: int, retain: bool,
+                    scope=None):
+    return func("create_switcher")(device, int(budget), int(threshold1), int(threshold2), int(preset_count),
+                                   bool(retain), scope)
+
+
+def create_stream(model: NativeModel, name: str, max_in_flight: int, idle_spin_us: float, progress_interval_ms: float,
+                  stall_timeout_s: float) -> NativeStream:
+    return func("create_stream")(model, name, int(max_in_flight), float(idle_spin_us), float(progress_interval_ms),
+                                 float(stall_timeout_s))
+
+
+def verify_artifact(path: str, trusted_key_files: list) -> dict:
+    """Everything loading checks (the signature first), without loading the kernels: manifest_json, signer."""
+    return dict(func("verify_artifact")(str(path), [str(k) for k in trusted_key_files]))
+
+
+def check_cpu_features(cpu: str, features: list, what: str) -> None:
+    """One error line when this CPU lacks features the artifact's kernels were compiled for."""
+    func("check_cpu_features")(cpu, list(features), what)
+
+
+def plan_memory(layers: list, nbytes: dict, keep: list, reuse_distance: int):
+    return func("plan_memory")(layers, nbytes, keep, int(reuse_distance))
+
+
+def time_kernel():
+    """The engine's kernel timer (kind, kernel, args, units, repeat, min_batch_us) -> seconds per run."""
+    return func("time_kernel")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m tvmsched.native", description=__doc__.splitlines()[0])
     group = parser.add_mutually_exclusive_group(required=True)

@@ -216,9 +216,9 @@ def check_cpu_features(manifest, what: str) -> None:
     `what` naming the artifact in the error."""
     if not manifest.cpu_features:
         return
-    from tvmsched.native import func
+    from tvmsched import native
 
-    func("check_cpu_features")(manifest.cpu or "", list(manifest.cpu_features), what)
+    native.check_cpu_features(manifest.cpu or "", list(manifest.cpu_features), what)
 
 
 def device_kind(target) -> str:
