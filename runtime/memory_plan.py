@@ -21,7 +21,7 @@ class MemoryPlan:
         return sum(self.storage_bytes)
 
 
-def plan_memory(layers, tensors: dict, keep: set[str], reuse_distance: int = 1) -> MemoryPlan:
+def plan_activations(layers, tensors: dict, keep: set[str], reuse_distance: int = 1) -> MemoryPlan:
     """The engine's plan for `layers` (objects with `.inputs`, `.outputs`, in execution order).
 
     Args:
@@ -32,6 +32,6 @@ def plan_memory(layers, tensors: dict, keep: set[str], reuse_distance: int = 1) 
             re-runs the launches that were in flight).
     """
     outputs = {t for layer in layers for t in layer.outputs}
-    storage, assignment = native.plan_memory([[list(layer.inputs), list(layer.outputs)] for layer in layers],
+    storage, assignment = native.plan_activation_storage([[list(layer.inputs), list(layer.outputs)] for layer in layers],
                                               {t: tensors[t].nbytes for t in outputs}, sorted(keep), reuse_distance)
     return MemoryPlan(tuple(int(n) for n in storage), {str(k): int(v) for k, v in assignment.items()})

@@ -7,7 +7,7 @@ priority order, DRAM, CXL (a CPU-less NUMA node), disk, within the GPU's share o
 has the rules and the choices the method leaves open.
 
     topology = Topology.load("server.json")          # or Topology.discover()
-    tasks = [Task.from_artifact(p, len(topology.gpus)) for p in paths]
+    tasks = [TierTask.from_artifact(p, len(topology.gpus)) for p in paths]
     plan = plan_memory(topology, tasks)
     plan.gpu(0).tiers                                # [(tier index, bytes), ...] in topology.tiers
 """
@@ -109,7 +109,7 @@ class Topology:
 
 
 @dataclass(frozen=True)
-class Task:
+class TierTask:
     """A task as the planner sees it: the bytes of each sub-task (layer_ranges: their layers [start, stop))."""
 
     name: str
@@ -127,7 +127,7 @@ class Task:
         return sum(self.subtask_bytes)
 
     @classmethod
-    def from_bytes(cls, name: str, nbytes: int, parts: int) -> Task:
+    def from_bytes(cls, name: str, nbytes: int, parts: int) -> TierTask:
         """`nbytes` split evenly into `parts` sub-tasks, the remainder to the first ones."""
         if not isinstance(nbytes, int) or nbytes < 0:
             raise TvmschedError(f"task {name}: bytes must be a non-negative integer, not {nbytes!r}")
@@ -135,7 +135,7 @@ class Task:
         return cls(name, tuple(base + (j < extra) for j in range(parts)))
 
     @classmethod
-    def from_artifact(cls, path: str | Path, parts: int) -> Task:
+    def from_artifact(cls, path: str | Path, parts: int) -> TierTask:
         """An artifact (named by its file stem) split into `parts` groups of consecutive layers that
         balance bytes: a layer's bytes are the weights it reads first plus its outputs."""
         from tvmsched.artifact import Manifest
@@ -229,7 +229,7 @@ def gpu_position(k: int, j: int, n_tasks: int, n_gpus: int) -> int:
     return (n_gpus - 1 - p - j) % n_gpus
 
 
-def plan_memory(topology: Topology, tasks: list[Task]) -> Plan:
+def plan_memory(topology: Topology, tasks: list[TierTask]) -> Plan:
     """Place every task's sub-tasks and cover each GPU's extra memory from DRAM, CXL, then disk; a GPU
     whose extra its shares cannot cover is a TvmschedError naming it and the bytes missing."""
     n = len(topology.gpus)

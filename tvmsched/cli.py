@@ -443,7 +443,7 @@ def inspect_cmd(artifact: str, as_json: bool, trusted: tuple[str, ...]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
 def plan_memory_cmd(topology_spec: str, artifacts: tuple[str, ...], sized: tuple[str, ...], disk_dir: str | None, as_json: bool) -> None:
     """Plan where the tasks' memory beyond each GPU's own goes: DRAM, then CXL, then disk (docs/tiering.md)."""
-    from tvmsched.runtime.tiering import Task, Topology, format_plan, parse_bytes, plan_memory
+    from tvmsched.runtime.tiering import TierTask, Topology, format_plan, parse_bytes, plan_memory
 
     if not artifacts and not sized:
         raise TvmschedError("plan-memory needs at least one --task or --task-bytes")
@@ -453,12 +453,12 @@ def plan_memory_cmd(topology_spec: str, artifacts: tuple[str, ...], sized: tuple
     for path in artifacts:
         if not Path(path).is_file():
             raise TvmschedError(f"no artifact at {path}")
-        tasks.append(Task.from_artifact(path, parts))
+        tasks.append(TierTask.from_artifact(path, parts))
     for spec in sized:
         name, sep, size = spec.partition("=")
         if not sep or not name:
             raise TvmschedError(f"--task-bytes {spec!r} is not NAME=BYTES")
-        tasks.append(Task.from_bytes(name, parse_bytes(size), parts))
+        tasks.append(TierTask.from_bytes(name, parse_bytes(size), parts))
     plan = plan_memory(topology, tasks)
     click.echo(json.dumps(plan.to_json()) if as_json else format_plan(plan))
 

@@ -182,7 +182,8 @@ def check_cpu_features(cpu: str, features: list, what: str) -> None:
     func("check_cpu_features")(cpu, list(features), what)
 
 
-def plan_memory(layers: list, nbytes: dict, keep: list, reuse_distance: int):
+def plan_activation_storage(layers: list, nbytes: dict, keep: list, reuse_distance: int):
+    """The engine's activation storage plan (runtime/memory_plan.py)."""
     return func("plan_memory")(layers, nbytes, keep, int(reuse_distance))
 
 

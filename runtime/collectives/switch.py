@@ -52,7 +52,7 @@ MAX_JOB_NAME = 256
 
 
 @dataclass(frozen=True)
-class SwitchOptions:
+class NetworkSwitchOptions:
     """How the emulated switch aggregates."""
 
     mode: str = "tdm"
@@ -154,7 +154,7 @@ class _Link:
 class _Switch:
     """Slots, sums and verdicts; no I/O. Lives on the event loop's thread."""
 
-    def __init__(self, options: SwitchOptions, on_change: Callable[[dict], None] | None = None):
+    def __init__(self, options: NetworkSwitchOptions, on_change: Callable[[dict], None] | None = None):
         self.options = options
         self.connections = 0
         self._loop = asyncio.get_running_loop()
@@ -310,7 +310,7 @@ class _Session:
 class _Service:
     """The switch's TCP front: one asyncio task per connection, speaking wire.py messages."""
 
-    def __init__(self, options: SwitchOptions, on_change: Callable[[dict], None] | None = None):
+    def __init__(self, options: NetworkSwitchOptions, on_change: Callable[[dict], None] | None = None):
         self.switch = _Switch(options, on_change)
         self._connections: dict[asyncio.Task, asyncio.StreamWriter] = {}
         self._handlers = {"hello": self._hello, "reduce": self._reduce, "log": self._log, "stats": self._stats}
@@ -483,7 +483,7 @@ class SwitchServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, mode: str = "tdm", slots: int = 1,
                  link_gbps: float | None = None, op_timeout_s: float = 2.0):
-        self.options = SwitchOptions(mode, slots, link_gbps, op_timeout_s)
+        self.options = NetworkSwitchOptions(mode, slots, link_gbps, op_timeout_s)
         self.host = host
         self.port: int | None = None
         self._requested_port = port
@@ -578,7 +578,7 @@ class SwitchServer:
 def serve(host: str = "127.0.0.1", port: int = 0, mode: str = "tdm", link_gbps: float | None = None,
           op_timeout_s: float = 2.0, *, slots: int = 1, on_ready: Callable[[int], None] | None = None) -> None:
     """Serve in this thread until SIGTERM or SIGINT; `on_ready(port)` once listening."""
-    options = SwitchOptions(mode, slots, link_gbps, op_timeout_s)
+    options = NetworkSwitchOptions(mode, slots, link_gbps, op_timeout_s)
 
     async def run() -> None:
         stop = asyncio.Event()

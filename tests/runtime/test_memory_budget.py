@@ -13,7 +13,7 @@ from tvmsched.errors import TvmschedError
 from tvmsched.native import func
 from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor
-from tvmsched.runtime.memory_plan import plan_memory
+from tvmsched.runtime.memory_plan import plan_activations
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def _model_bytes(manifest) -> int:
     """What a loaded model should hold: weights, inputs and the activation plan's storage blocks."""
     tensors = manifest.tensors
     keep = {b.tensor for b in manifest.outputs} | {c.tensor for c in manifest.index_checks}
-    plan = plan_memory(manifest.layers, tensors, keep)
+    plan = plan_activations(manifest.layers, tensors, keep)
     fixed = sum(spec.nbytes for spec in tensors.values() if spec.kind in ("weight", "input"))
     return fixed + plan.total_bytes
 

@@ -7,7 +7,7 @@ import pytest
 from tvmsched import models
 from tvmsched.layers import TensorSpec
 from tvmsched.pipeline import compile_model
-from tvmsched.runtime.memory_plan import plan_memory
+from tvmsched.runtime.memory_plan import plan_activations
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def test_chain_reuses_two_blocks():
     spec = TensorSpec((256,), "float32", "activation")
     layers = [FakeLayer(i, (f"t{i - 1}",) if i else ("in",), (f"t{i}",)) for i in range(6)]
     tensors = {f"t{i}": spec for i in range(6)}
-    plan = plan_memory(layers, tensors, keep={"t5"})
+    plan = plan_activations(layers, tensors, keep={"t5"})
     assert_no_live_overlap(layers, plan, {"t5"})
     assert len(plan.storage_bytes) == 3  # ping-pong pair + the kept output
 
@@ -53,7 +53,7 @@ def test_chain_reuses_two_blocks():
 def test_zoo_plans_are_safe_and_smaller(name):
     manifest = compile_model(models.build(name)).manifest
     keep = {b.tensor for b in manifest.outputs}
-    plan = plan_memory(manifest.layers, manifest.tensors, keep)
+    plan = plan_activations(manifest.layers, manifest.tensors, keep)
     assert_no_live_overlap(manifest.layers, plan, keep)
     naive = sum(s.nbytes for s in manifest.tensors.values() if s.kind == "activation")
     assert plan.total_bytes < 0.6 * naive
@@ -67,7 +67,7 @@ def test_reuse_distance_keeps_inputs_of_the_last_layers_intact(distance):
     spec = TensorSpec((256,), "float32", "activation")
     layers = [FakeLayer(i, (f"t{i - 1}",) if i else ("in",), (f"t{i}",)) for i in range(20)]
     tensors = {f"t{i}": spec for i in range(20)}
-    plan = plan_memory(layers, tensors, keep={"t19"}, reuse_distance=distance)
+    plan = plan_activations(layers, tensors, keep={"t19"}, reuse_distance=distance)
     spans = lifetimes(layers)
     for t, block in plan.assignment.items():
         for u, other in plan.assignment.items():

@@ -174,14 +174,14 @@ def test_run_with_a_memory_budget_streams_and_matches_the_resident_run(resnet, t
 
 
 def test_a_runtime_takes_its_gpus_shares_from_a_plan(tmp_path):
-    from tvmsched.runtime.tiering import Task, Topology, plan_memory
+    from tvmsched.runtime.tiering import TierTask, Topology, plan_memory
 
     topology = Topology.from_json({"gpus": [{"id": 0, "memory_bytes": 100}, {"id": 1, "memory_bytes": 100}],
                                    "tiers": [{"kind": "dram", "capacity_bytes": 120},
                                              {"kind": "cxl", "capacity_bytes": 30, "numa_node": 1},
                                              {"kind": "cxl", "capacity_bytes": 50, "numa_node": 2},
                                              {"kind": "disk", "capacity_bytes": 1000, "path": str(tmp_path)}]})
-    plan = plan_memory(topology, [Task.from_bytes("a", 300, 2), Task.from_bytes("b", 200, 2)])
+    plan = plan_memory(topology, [TierTask.from_bytes("a", 300, 2), TierTask.from_bytes("b", 200, 2)])
     for gpu in (0, 1):
         entry = plan.gpu(gpu)
         from_plan = TierSettings(topology=topology, plan=plan, gpu=gpu).shares()

@@ -17,7 +17,7 @@ from tvmsched import models
 from tvmsched.errors import TvmschedError
 from tvmsched.pipeline import compile_model
 from tvmsched.runtime import tiering
-from tvmsched.runtime.tiering import (Gpu, Plan, Task, Tier, Topology, format_plan, gpu_position, parse_bytes,
+from tvmsched.runtime.tiering import (Gpu, Plan, TierTask, Tier, Topology, format_plan, gpu_position, parse_bytes,
                                       plan_memory, split_layers)
 
 KINDS = ("dram", "cxl", "disk")
@@ -86,11 +86,11 @@ def test_parse_bytes_rejects_and_names_the_value(text):
 
 
 def test_plain_sizes_split_evenly_remainder_to_the_first():
-    task = Task.from_bytes("a", 10, 4)
+    task = TierTask.from_bytes("a", 10, 4)
     assert task.subtask_bytes == (3, 3, 2, 2) and task.need == 10 and task.layer_ranges == ()
-    assert Task.from_bytes("b", 2, 4).subtask_bytes == (1, 1, 0, 0)
+    assert TierTask.from_bytes("b", 2, 4).subtask_bytes == (1, 1, 0, 0)
     with pytest.raises(TvmschedError, match="at least one sub-task"):
-        Task.from_bytes("c", 10, 0)
+        TierTask.from_bytes("c", 10, 0)
 
 
 @pytest.mark.parametrize("sizes, parts", [([5, 1, 1, 1, 1, 1], 3), ([1] * 10, 4), ([100, 1, 1, 1, 100], 2),
@@ -120,8 +120,8 @@ def test_fewer_layers_than_gpus_leaves_the_last_sub_tasks_empty():
 
 def test_forward_when_tasks_do_not_outnumber_gpus():
     top = topology([GiB] * 4)
-    tasks = [Task.from_bytes("small", 40, 4), Task.from_bytes("big", 400, 4), Task.from_bytes("b-tie", 100, 4),
-             Task.from_bytes("a-tie", 100, 4)]
+    tasks = [TierTask.from_bytes("small", 40, 4), TierTask.from_bytes("big", 400, 4), TierTask.from_bytes("b-tie", 100, 4),
+             TierTask.from_bytes("a-tie", 100, 4)]
     plan = plan_memory(top, tasks)
     assert plan.order == "forward"
     ordered = ["big", "a-tie", "b-tie", "small"]  # largest first, ties by name
@@ -137,7 +137,7 @@ def test_forward_when_tasks_do_not_outnumber_gpus():
 @pytest.mark.parametrize("n_gpus, n_tasks", [(2, 3), (3, 7), (4, 9), (8, 20)])
 def test_reverse_is_a_serpentine_walk_when_tasks_outnumber_gpus(n_gpus, n_tasks):
     top = topology([GiB] * n_gpus)
-    tasks = [Task.from_bytes(f"t{k:02d}", 1000 - k, n_gpus) for k in range(n_tasks)]  # already largest first
+    tasks = [TierTask.from_bytes(f"t{k:02d}", 1000 - k, n_gpus) for k in range(n_tasks)]  # already largest first
     plan = plan_memory(top, tasks)
     assert plan.order == "reverse"
     position = {g.id: i for i, g in enumerate(top.gpus)}
@@ -156,7 +156,7 @@ def test_reverse_is_a_serpentine_walk_when_tasks_outnumber_gpus(n_gpus, n_tasks)
 
 def test_reverse_balances_uneven_sub_tasks_where_a_modular_or_mirrored_walk_does_not():
     n, sizes = 4, [(80 - 8 * k, 10, 10, 10) for k in range(8)]  # big first sub-tasks, tasks largest first
-    tasks = [Task(f"t{k}", s) for k, s in enumerate(sizes)]
+    tasks = [TierTask(f"t{k}", s) for k, s in enumerate(sizes)]
     plan = plan_memory(topology([GiB] * n), tasks)
 
     def max_load(position) -> int:
@@ -178,7 +178,7 @@ def test_reverse_balances_uneven_sub_tasks_where_a_modular_or_mirrored_walk_does
 def test_shares_are_remaining_capacity_over_unassigned_gpus_and_unused_share_flows_on():
     top = topology([100] * 4, dram=1000, cxl=[300, 100], disk=10_000)
     # extras: 0 (uses nothing), 400 (DRAM + CXL), 200 (DRAM), -50 (room to spare)
-    tasks = [Task("a", (100, 500, 300, 50))]
+    tasks = [TierTask("a", (100, 500, 300, 50))]
     plan = plan_memory(top, tasks)
     extras = [g.extra_bytes for g in plan.gpus]
     assert extras == [0, 400, 200, -50]
@@ -196,7 +196,7 @@ def test_shares_are_remaining_capacity_over_unassigned_gpus_and_unused_share_flo
 
 def test_several_cxl_nodes_are_pooled_and_filled_in_order():
     top = topology([0, 0], dram=0, cxl=[30, 50], disk=0)
-    plan = plan_memory(top, [Task("a", (40, 40))])
+    plan = plan_memory(top, [TierTask("a", (40, 40))])
     assert [g.shares["cxl"] for g in plan.gpus] == [40, 40]
     assert plan.gpus[0].tiers == ((1, 30), (2, 10)) and plan.gpus[1].tiers == ((2, 40),)
     node = {i: t.numa_node for i, t in enumerate(top.tiers)}
@@ -213,7 +213,7 @@ def test_several_cxl_nodes_are_pooled_and_filled_in_order():
 ])
 def test_tier_boundaries_sit_exactly_at_the_shares(over, uses):
     top = topology([1000, 1000], dram=1000, cxl=400, disk=4000)  # shares of GPU 0: 500, 200, 2000
-    plan = plan_memory(top, [Task("a", (1500 + over, 1000))])  # sub-task 0 on GPU 10, its extra 500 + over
+    plan = plan_memory(top, [TierTask("a", (1500 + over, 1000))])  # sub-task 0 on GPU 10, its extra 500 + over
     first = plan.gpus[0]
     assert first.shares == {"dram": 500, "cxl": 200, "disk": 2000}
     assert first.extra_bytes == 500 + over and first.uses == uses
@@ -223,7 +223,7 @@ def test_tier_boundaries_sit_exactly_at_the_shares(over, uses):
 def test_one_byte_beyond_every_share_is_an_error_naming_the_gpu_and_the_bytes():
     top = topology([1000, 1000], dram=1000, cxl=400, disk=4000)
     with pytest.raises(TvmschedError) as err:
-        plan_memory(top, [Task("a", (1000 + 2701, 1000))])
+        plan_memory(top, [TierTask("a", (1000 + 2701, 1000))])
     message = str(err.value)
     assert "GPU 10 lacks 1 bytes" in message and "GPU 11" not in message and "\n" not in message
 
@@ -231,29 +231,29 @@ def test_one_byte_beyond_every_share_is_an_error_naming_the_gpu_and_the_bytes():
 def test_every_short_gpu_is_named_in_one_line():
     top = topology([100, 100, 100], dram=30, disk=0)
     with pytest.raises(TvmschedError) as err:
-        plan_memory(Topology(top.gpus, top.tiers[:1]), [Task("a", (150, 100, 170))])
+        plan_memory(Topology(top.gpus, top.tiers[:1]), [TierTask("a", (150, 100, 170))])
     message = str(err.value)
     assert "GPU 10 lacks 40 bytes" in message and "GPU 12 lacks 50 bytes" in message and "GPU 11" not in message
 
 
 def test_an_exhausted_tier_passes_its_gpus_to_the_next():
     top = topology([100, 100], dram=0, cxl=50, disk=1000)  # no DRAM at all
-    plan = plan_memory(top, [Task("a", (130, 140))])
+    plan = plan_memory(top, [TierTask("a", (130, 140))])
     assert [g.uses for g in plan.gpus] == [{"dram": 0, "cxl": 25, "disk": 5}, {"dram": 0, "cxl": 25, "disk": 15}]
     check_invariants(plan)
     # extras that fill every tier to the byte leave nothing anywhere
     top = topology([100, 100], dram=200, cxl=100, disk=300)
-    plan = plan_memory(top, [Task("a", (400, 400))])
+    plan = plan_memory(top, [TierTask("a", (400, 400))])
     used = [sum(b for g in plan.gpus for i, b in g.tiers if i == t) for t in range(len(top.tiers))]
     assert used == [t.capacity_bytes for t in top.tiers]
     check_invariants(plan)
     with pytest.raises(TvmschedError, match="GPU 11 lacks 1 bytes"):
-        plan_memory(top, [Task("a", (400, 401))])
+        plan_memory(top, [TierTask("a", (400, 401))])
 
 
 def test_one_gpu_gets_every_sub_task_and_the_whole_tiers():
     top = topology([100], dram=50, cxl=30, disk=1000)
-    plan = plan_memory(top, [Task.from_bytes("a", 150, 1), Task.from_bytes("b", 60, 1)])
+    plan = plan_memory(top, [TierTask.from_bytes("a", 150, 1), TierTask.from_bytes("b", 60, 1)])
     assert plan.order == "reverse" and {p.gpu for p in plan.placements} == {10}
     assert plan.gpus[0].shares == {"dram": 50, "cxl": 30, "disk": 1000}
     assert plan.gpus[0].uses == {"dram": 50, "cxl": 30, "disk": 30}
@@ -265,7 +265,7 @@ def test_one_gpu_gets_every_sub_task_and_the_whole_tiers():
 def test_eight_gpus_against_the_reference(n_tasks):
     rng = np.random.default_rng(n_tasks)
     top = topology([int(m) for m in rng.integers(1, 8, 8) * GiB], dram=40 * GiB, cxl=[12 * GiB, 9 * GiB], disk=400 * GiB)
-    tasks = [Task(f"t{k}", tuple(int(b) for b in rng.integers(0, 4 * GiB, 8))) for k in range(n_tasks)]
+    tasks = [TierTask(f"t{k}", tuple(int(b) for b in rng.integers(0, 4 * GiB, 8))) for k in range(n_tasks)]
     plan = plan_memory(top, tasks)
     assert plan.order == ("forward" if n_tasks <= 8 else "reverse")
     assert len(plan.placements) == 8 * n_tasks
@@ -283,7 +283,7 @@ def test_random_topologies_keep_every_rule():
         n = int(rng.integers(1, 9))
         top = topology([int(m) for m in rng.integers(0, 100, n)], dram=int(rng.integers(0, 400)),
                        cxl=[int(c) for c in rng.integers(0, 200, int(rng.integers(1, 3)))], disk=int(rng.integers(0, 800)))
-        tasks = [Task(f"t{k}", tuple(int(b) for b in rng.integers(0, 60, n))) for k in range(int(rng.integers(1, 12)))]
+        tasks = [TierTask(f"t{k}", tuple(int(b) for b in rng.integers(0, 60, n))) for k in range(int(rng.integers(1, 12)))]
         extras = [sum(p.bytes for p in _placements(top, tasks) if p.gpu == g.id) - g.memory_bytes for g in top.gpus]
         want = reference_walk(top, extras)
         missing = [max(e, 0) - sum(u.values()) for e, (_, u) in zip(extras, want)]
@@ -298,7 +298,7 @@ def test_random_topologies_keep_every_rule():
             check_invariants(plan)
 
 
-def _placements(top: Topology, tasks: list[Task]):
+def _placements(top: Topology, tasks: list[TierTask]):
     """Placements as the rule states them (independent of plan_memory's error path)."""
     ordered = sorted(tasks, key=lambda t: (-t.need, t.name))
     return [tiering.Placement(t.name, j, top.gpus[gpu_position(k, j, len(ordered), len(top.gpus))].id, b)
@@ -308,14 +308,14 @@ def _placements(top: Topology, tasks: list[Task]):
 def test_tasks_must_match_the_gpus_and_have_distinct_names():
     top = topology([100, 100])
     with pytest.raises(TvmschedError, match="task a has 3 sub-tasks for 2 GPU"):
-        plan_memory(top, [Task("a", (1, 1, 1))])
+        plan_memory(top, [TierTask("a", (1, 1, 1))])
     with pytest.raises(TvmschedError, match="two tasks are named a"):
-        plan_memory(top, [Task("a", (1, 1)), Task("a", (2, 2))])
+        plan_memory(top, [TierTask("a", (1, 1)), TierTask("a", (2, 2))])
 
 
 def test_json_schema_and_readable_table():
     top = topology([100, 100], dram=1000, cxl=100, disk=1000)
-    plan = plan_memory(top, [Task.from_bytes("a", 300, 2), Task.from_bytes("b", 20, 2)])
+    plan = plan_memory(top, [TierTask.from_bytes("a", 300, 2), TierTask.from_bytes("b", 20, 2)])
     data = json.loads(json.dumps(plan.to_json()))
     assert set(data) == {"order", "placements", "gpus"}
     assert all(set(p) == {"task", "subtask", "gpu", "bytes"} for p in data["placements"])
@@ -479,14 +479,14 @@ def test_a_task_from_a_real_artifact(mlp):
         per_layer.append(sum(tensors[t].nbytes for t in fresh) + sum(tensors[t].nbytes for t in layer.outputs))
     weights = sum(s.nbytes for s in tensors.values() if s.kind == "weight")
     activations = sum(tensors[t].nbytes for layer in manifest.layers for t in layer.outputs)
-    task = Task.from_artifact(mlp, 2)
+    task = TierTask.from_artifact(mlp, 2)
     assert task.name == "mlp" and task.need == sum(per_layer) == weights + activations
     assert task.layer_ranges == split_layers(per_layer, 2)
     assert task.subtask_bytes == tuple(sum(per_layer[a:b]) for a, b in task.layer_ranges)
-    wide = Task.from_artifact(mlp, 8)  # 4 layers on 8 GPUs: one layer each, then empty sub-tasks
+    wide = TierTask.from_artifact(mlp, 8)  # 4 layers on 8 GPUs: one layer each, then empty sub-tasks
     assert wide.subtask_bytes == (*per_layer, 0, 0, 0, 0) and wide.need == task.need
     top = topology([task.need // 4] * 2, dram=4 * task.need, disk=0)
-    plan = plan_memory(top, [task, Task.from_bytes("other", 1000, 2)])
+    plan = plan_memory(top, [task, TierTask.from_bytes("other", 1000, 2)])
     check_invariants(plan)
     assert plan.order == "forward" and plan.placements[0] == tiering.Placement("mlp", 0, 10, task.subtask_bytes[0])
 
