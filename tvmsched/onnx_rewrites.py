@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from tvmsched.validate import Facts, default_opset
+from tvmsched.validate import Facts, default_opset, per_channel_prelu
 
 log = logging.getLogger(__name__)
 
@@ -224,9 +224,3 @@ def upgrade_legacy_forms(model: onnx.ModelProto) -> onnx.ModelProto:
                 continue
         nodes.append(node)
     return with_graph(model, nodes, initializers) if changed else model
-
-
-def per_channel_prelu(x: list | None, slope: list | None) -> bool:
-    """A PRelu slope of shape [C] meant per channel of an input of rank >= 3 (see upgrade_legacy_forms)."""
-    return (x is not None and slope is not None and len(x) >= 3 and len(slope) == 1 and slope[0] not in (1, None)
-            and x[1] == slope[0] and x[-1] != slope[0])

@@ -324,11 +324,16 @@ def _check_batchnorm(node: onnx.NodeProto, where: str, facts: Facts) -> None:
             )
 
 
+def per_channel_prelu(x: list | None, slope: list | None) -> bool:
+    """A PRelu slope of shape [C] meant per channel of an input of rank >= 3 (onnx_rewrites.upgrade_legacy_forms
+    rewrites it to [C, 1, ...])."""
+    return (x is not None and slope is not None and len(x) >= 3 and len(slope) == 1 and slope[0] not in (1, None)
+            and x[1] == slope[0] and x[-1] != slope[0])
+
+
 def _check_prelu(node: onnx.NodeProto, where: str, facts: Facts) -> None:
     """The slope broadcasts against the input by ONNX's rule, or is the per-channel form old exporters wrote
     (onnx_rewrites.upgrade_legacy_forms applies it per channel); TVM's lowering asserts on anything else."""
-    from tvmsched.onnx_rewrites import per_channel_prelu
-
     if len(node.input) < 2:
         return
     x, slope = facts.shape(node.input[0]), facts.shape(node.input[1])
