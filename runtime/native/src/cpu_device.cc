@@ -44,6 +44,8 @@ class CpuDevice final : public Device {
   DLDevice dl_device() const override { return DLDevice{kDLCPU, 0}; }
   int total_units() const override { return units_; }
   int unit_granularity() override { return 1; }
+  bool launches_async() const override { return false; }
+  bool host_memory() const override { return true; }
   std::string name() const override {
     std::ifstream cpuinfo("/proc/cpuinfo");
     for (std::string line; std::getline(cpuinfo, line);) {

@@ -113,6 +113,8 @@ class CudaDevice final : public Device {
   const char* kind() const override { return "cuda"; }
   DLDevice dl_device() const override { return DLDevice{kDLCUDA, index_}; }
   int total_units() const override { return sm_count_; }
+  bool launches_async() const override { return true; }
+  bool host_memory() const override { return false; }
   int unit_granularity() override {
     if (!drv_.cuDevSmResourceSplitByCount) return sm_count_;
     CUdevResource all{}, group{};

@@ -846,7 +846,7 @@ void ModelObj::CopyInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs) {
 }
 
 StreamHandle ModelObj::StreamFor(int units) {
-  if (std::string(device_->kind()) == "cpu") return nullptr;
+  if (!device_->launches_async()) return nullptr;  // synchronous launches: no streams to order
   units = std::min(units, device_->total_units());
   auto found = streams_.find(units);
   if (found == streams_.end()) found = streams_.emplace(units, device_->CreateStream(units, nullptr)).first;

@@ -105,7 +105,7 @@ StreamObj::StreamObj(Model model, std::string name, StreamOptions options)
     TVM_FFI_THROW(TvmschedError) << "preemption needs an artifact compiled with preempt checks (the default)";
   }
   if (options_.max_in_flight < 1) TVM_FFI_THROW(TvmschedError) << "max_in_flight must be at least 1";
-  gpu_ = std::string(m_->device().kind()) != "cpu";
+  gpu_ = m_->device().launches_async();  // a window of launches in flight, events, a progress thread
   if (gpu_ && m_->reuse_distance() < options_.max_in_flight) m_->Replan(options_.max_in_flight);
   for (const LayerSpec& layer : m_->manifest().layers) {
     std::vector<bool> idem;

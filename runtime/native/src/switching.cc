@@ -525,7 +525,7 @@ class SwitcherCore : public Residency {
   void MemoryLoop() {
     device_->SetThreadUnits(0);
     StreamHandle copy = nullptr;
-    if (std::string(device_->kind()) != "cpu") copy = device_->CreateStream(0, nullptr);
+    if (device_->launches_async()) copy = device_->CreateStream(0, nullptr);
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
       std::vector<ModelObj*> wake;
@@ -727,7 +727,7 @@ double CopyFloorSeconds(ModelObj& model, int repeat) {
   try {
     for (const auto& [data, nbytes] : weights)
       buffers.push_back(device.Allocate(nbytes, "the copy floor of model " + model.name()));
-    StreamHandle stream = std::string(device.kind()) == "cpu" ? nullptr : device.CreateStream(0, nullptr);
+    StreamHandle stream = device.launches_async() ? device.CreateStream(0, nullptr) : nullptr;
     for (int r = 0; r < std::max(1, repeat); ++r) {
       double start = Device::NowMicros();
       for (size_t i = 0; i < weights.size(); ++i)

@@ -80,7 +80,7 @@ TierStore::TierStore(std::shared_ptr<Device> device, const std::vector<TierShare
       tiers_(tiers),
       used_(tiers.size(), 0),
       regions_(tiers.size()),
-      cpu_(std::string(device_->kind()) == "cpu") {
+      host_memory_(device_->host_memory()) {
   for (const TierShare& tier : tiers_) {
     if (tier.kind != "dram" && tier.kind != "cxl" && tier.kind != "disk") {
       TVM_FFI_THROW(TvmschedError) << "unknown memory tier " << tier.kind << " (dram, cxl or disk)";
@@ -164,7 +164,7 @@ void TierStore::Release() {
 void TierStore::Fetch(const std::string& id, void* dst, char* bounce, StreamHandle stream) {
   const Home& h = homes_.at(id);
   if (h.data) return device_->CopyToDevice(dst, h.data, h.nbytes, stream);
-  char* into = cpu_ ? static_cast<char*>(dst) : bounce;  // a CPU device's memory is host memory: read straight in
+  char* into = host_memory_ ? static_cast<char*>(dst) : bounce;  // device memory that is host memory: read straight in
   size_t want = PageRound(h.nbytes), done = 0;
   int fd = direct_fd_ >= 0 ? direct_fd_ : fd_;
   while (done < h.nbytes) {
@@ -176,7 +176,7 @@ void TierStore::Fetch(const std::string& id, void* dst, char* bounce, StreamHand
     }
     done += static_cast<size_t>(got);
   }
-  if (!cpu_) device_->CopyToDevice(dst, into, h.nbytes, stream);
+  if (!host_memory_) device_->CopyToDevice(dst, into, h.nbytes, stream);
 }
 
 // ---- the streamer -----------------------------------------------------------------------------
@@ -267,8 +267,7 @@ class Streamer : public Residency {
     try {
       m_->device().SetThreadUnits(0);
       copy = m_->device().CreateStream(0, nullptr);
-      if (std::string(m_->device().kind()) != "cpu")
-        bounce_ = static_cast<char*>(m_->device().AllocHost(m_->buffer_bytes()));
+      if (!m_->device().host_memory()) bounce_ = static_cast<char*>(m_->device().AllocHost(m_->buffer_bytes()));
     } catch (const std::exception& err) {
       Fail(lock, err);
     }
@@ -343,8 +342,8 @@ class Streamer : public Residency {
     Device& device = m_->device();
     device.SetThreadUnits(0);
     StreamHandle copy = device.CreateStream(0, nullptr);
-    bool cpu = std::string(device.kind()) == "cpu";
-    char* bounce = cpu ? nullptr : static_cast<char*>(device.AllocHost(m_->buffer_bytes()));
+    bool host_memory = device.host_memory();
+    char* bounce = host_memory ? nullptr : static_cast<char*>(device.AllocHost(m_->buffer_bytes()));
     TierStore& store = *m_->tier_store();
     std::map<std::string, std::pair<double, size_t>> out;
     std::string error;

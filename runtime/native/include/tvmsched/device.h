@@ -69,6 +69,11 @@ class Device {
   virtual int total_units() const = 0;
   /*! \brief The smallest unit partition the device grants (CPU: 1 thread; CUDA: the green-context SM granularity). */
   virtual int unit_granularity() = 0;
+  /*! \brief Abilities, asked instead of the device's kind. Whether a launch returns before its work is done
+   *  (GPU: streams, events and a window of launches in flight; CPU: the kernel runs on the calling thread). */
+  virtual bool launches_async() const = 0;
+  /*! \brief Whether device memory is host memory (CPU: weights are read straight into it, no bounce buffer). */
+  virtual bool host_memory() const = 0;
   /*! \brief The processor's name ("AMD EPYC", "NVIDIA H100 80GB HBM3"). */
   virtual std::string name() const = 0;
 

@@ -86,7 +86,7 @@ class TierStore {
   std::vector<Region> regions_;  // per tier (disk: none)
   std::map<std::string, Home> homes_;
   int fd_ = -1, direct_fd_ = -1;  // the disk file; direct_fd_: the same file opened with O_DIRECT (or -1)
-  bool cpu_ = true;
+  bool host_memory_ = true;       // the device's memory is host memory (no bounce buffer)
 };
 
 /*! \brief Round up to the page size (4096): buffer layouts and the disk file use page-aligned places. */
