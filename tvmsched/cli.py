@@ -407,7 +407,8 @@ def bench_switch(artifacts: tuple[str, ...], device: str, repeat: int, qos_ms: f
                  no_stop_and_start: bool, as_json: bool) -> None:
     """Switch overheads of two or more ARTIFACTS: first-request latency after a switch against the
     resident floor, stop-and-start, load-then-run without pipelining, all resident, and the copy floor."""
-    from tvmsched.runtime.switching import SwitchSettings, format_switching, measure_switching
+    from tvmsched.bench_switch import format_switching, measure_switching
+    from tvmsched.runtime.switching import SwitchSettings
 
     for path in artifacts:
         if not Path(path).is_file():
