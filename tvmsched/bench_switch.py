@@ -34,18 +34,14 @@ def _stop_and_start_ms(path: str, device: str) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def measure_switching(paths: list[str], device: str = "cpu", repeat: int = 5, qos_ms: float | None = None,
-                      settings: SwitchSettings = SwitchSettings(), stop_and_start: bool = True,
-                      progress=lambda text: None) -> dict:
-    """Per model, side by side: (floor) the resident latency, the first-request latency after a switch
-    (pipelined, from evicted with its environment kept ahead; and cold, stage 1 included), (c) load-then-run without
-    pipelining (one sub-task), (b) stop-and-start, (d) all models resident with no budget (MPS-like),
-    and the copy floor (its weights from pinned host memory into device memory). Medians of `repeat`.
-    The switching budget holds the largest model and every environment: each switch evicts."""
-    from tvmsched.runtime import Executor, Runtime
+def _median(values) -> float:
+    return float(np.median(values))
 
-    if len(paths) < 2:
-        raise TvmschedError("bench switch needs at least two artifacts (a switch goes from one model to another)")
+
+def _probe(paths: list[str], device: str, settings: SwitchSettings, qos_ms: float | None) -> dict[str, dict]:
+    """Per model (by name): its path, inputs, footprint, environment and weight bytes, sub-tasks and QoS."""
+    from tvmsched.runtime import Executor
+
     probes = {}
     for path in paths:
         executor = Executor(path, device, register_groups=settings.max_groups)
@@ -57,20 +53,14 @@ def measure_switching(paths: list[str], device: str = "cpu", repeat: int = 5, qo
                         "env": int(executor.native.env_bytes()), "groups": len(groups(executor)),
                         "weight_bytes": sum(g["weight_bytes"] for g in groups(executor)),
                         "qos_ms": qos_ms or executor.manifest.qos_ms}
+    return probes
+
+
+def _measure_resident(device: str, probes: dict[str, dict], repeat: int) -> tuple[dict, dict]:
+    """(d) and the floor: every model resident, no budget; per model its latencies alone and after another's."""
+    from tvmsched.runtime import Runtime
+
     names = list(probes)
-    rows = {name: {"model": name, "sub_tasks": p["groups"], "weight_bytes": p["weight_bytes"], "footprint_bytes": p["footprint"]}
-            for name, p in probes.items()}
-    for name, p in probes.items():
-        progress(f"copy floor: {name}")
-        rows[name]["copy_floor_ms"] = float(native.copy_floor(p["executor"].native, max(repeat, 3))) * 1e3
-    for p in probes.values():
-        del p["executor"]
-    gc.collect()
-
-    def median(values):
-        return float(np.median(values))
-
-    # (d) and the floor: every model resident, no budget
     with Runtime(device) as rt:
         for name in names:
             rt.load(probes[name]["path"])
@@ -84,47 +74,85 @@ def measure_switching(paths: list[str], device: str = "cpu", repeat: int = 5, qo
                 other = names[(i + 1) % len(names)]
                 _latency_ms(rt, other, probes[other]["inputs"])
                 after_other[name].append(_latency_ms(rt, name, probes[name]["inputs"]))
+    return floor, after_other
+
+
+def _measure_switches(device: str, probes: dict[str, dict], variant: SwitchSettings, budget: int,
+                      repeat: int) -> tuple[dict, dict, int]:
+    """Each measured request comes after its model was evicted (environment kept ahead: a switch; gone: cold,
+    stage 1 included). Per model its warm and cold latencies, and the evictions recorded."""
+    from tvmsched.runtime import Runtime
+
+    names = list(probes)
+    with Runtime(device, memory_budget=budget, switching=variant) as rt:
+        for name in names:
+            rt.load(probes[name]["path"], resident=False)
+        executors = {name: rt.models[name].task.executor for name in names}
+        cold, warm = {n: [] for n in names}, {n: [] for n in names}
+        for _ in range(repeat):
+            for name in names:  # each switch-in from evicted: environment gone (cold) or kept ahead (warm)
+                for keep_env, out in ((False, cold), (True, warm)):
+                    if not rt.switcher.native.evict(executors[name].native, keep_env):
+                        raise TvmschedError(f"could not evict {name} to measure its switch")
+                    out[name].append(_latency_ms(rt, name, probes[name]["inputs"]))
+        del executors
+        evictions = sum(e.stage == "evict" for e in rt.switch_events())
+    return warm, cold, evictions
+
+
+def _derive(row: dict, qos_ms: float | None) -> None:
+    """A model's row: the switch overhead, against the copy floor and stop-and-start, and the QoS verdict."""
+    row["switch_overhead_ms"] = row["switch_ms"] - row["resident_ms"]
+    row["overhead_vs_copy_floor"] = row["switch_overhead_ms"] / row["copy_floor_ms"] if row["copy_floor_ms"] > 0 else None
+    if "stop_and_start_ms" in row:
+        row["stop_and_start_vs_switch"] = row["stop_and_start_ms"] / row["switch_ms"]
+    row["qos_ms"] = qos_ms or 2 * row["resident_ms"]
+    row["meets_qos_switched"] = row["switch_ms"] <= row["qos_ms"]
+
+
+def measure_switching(paths: list[str], device: str = "cpu", repeat: int = 5, qos_ms: float | None = None,
+                      settings: SwitchSettings = SwitchSettings(), stop_and_start: bool = True,
+                      progress=lambda text: None) -> dict:
+    """Per model, side by side: (floor) the resident latency, the first-request latency after a switch
+    (pipelined, from evicted with its environment kept ahead; and cold, stage 1 included), (c) load-then-run without
+    pipelining (one sub-task), (b) stop-and-start, (d) all models resident with no budget (MPS-like),
+    and the copy floor (its weights from pinned host memory into device memory). Medians of `repeat`.
+    The switching budget holds the largest model and every environment: each switch evicts."""
+    if len(paths) < 2:
+        raise TvmschedError("bench switch needs at least two artifacts (a switch goes from one model to another)")
+    probes = _probe(paths, device, settings, qos_ms)
+    names = list(probes)
+    rows = {name: {"model": name, "sub_tasks": p["groups"], "weight_bytes": p["weight_bytes"], "footprint_bytes": p["footprint"]}
+            for name, p in probes.items()}
+    for name, p in probes.items():
+        progress(f"copy floor: {name}")
+        rows[name]["copy_floor_ms"] = float(native.copy_floor(p["executor"].native, max(repeat, 3))) * 1e3
+    for p in probes.values():
+        del p["executor"]
+    gc.collect()
+
+    floor, after_other = _measure_resident(device, probes, repeat)
     for name in names:
-        rows[name]["resident_ms"] = median(floor[name])
-        rows[name]["all_resident_ms"] = median(after_other[name])
+        rows[name]["resident_ms"] = _median(floor[name])
+        rows[name]["all_resident_ms"] = _median(after_other[name])
 
     budget = max(p["footprint"] for p in probes.values()) + sum(p["env"] for p in probes.values()) + 65536
-    # each measured request comes after its model was evicted (environment kept ahead: a switch; gone:
-    # cold, stage 1 included); the budget holds the largest model and every environment
     variants = {"switch_ms": settings, "no_pipeline_ms": replace(settings, max_groups=1)}
     for key, variant in variants.items():
         progress(f"switching: {key.removesuffix('_ms').replace('_', ' ')}")
         variant = replace(variant, threshold1=max(variant.threshold1, sum(p["env"] for p in probes.values())))
-        with Runtime(device, memory_budget=budget, switching=variant) as rt:
-            for name in names:
-                rt.load(probes[name]["path"], resident=False)
-            executors = {name: rt.models[name].task.executor for name in names}
-            cold, warm = {n: [] for n in names}, {n: [] for n in names}
-            for _ in range(repeat):
-                for name in names:  # each switch-in from evicted: environment gone (cold) or kept ahead (warm)
-                    for keep_env, out in ((False, cold), (True, warm)):
-                        if not rt.switcher.native.evict(executors[name].native, keep_env):
-                            raise TvmschedError(f"could not evict {name} to measure its switch")
-                        out[name].append(_latency_ms(rt, name, probes[name]["inputs"]))
-            del executors
-            evictions = sum(e.stage == "evict" for e in rt.switch_events())
+        warm, cold, evictions = _measure_switches(device, probes, variant, budget, repeat)
         for name in names:
-            rows[name][key] = median(warm[name])
+            rows[name][key] = _median(warm[name])
             if key == "switch_ms":
-                rows[name]["cold_switch_ms"] = median(cold[name])
+                rows[name]["cold_switch_ms"] = _median(cold[name])
                 rows[name]["evictions"] = evictions
     if stop_and_start:
         for name in names:
             progress(f"stop-and-start: {name}")
-            rows[name]["stop_and_start_ms"] = median([_stop_and_start_ms(probes[name]["path"], device) for _ in range(2)])
+            rows[name]["stop_and_start_ms"] = _median([_stop_and_start_ms(probes[name]["path"], device) for _ in range(2)])
     for name, row in rows.items():
-        row["switch_overhead_ms"] = row["switch_ms"] - row["resident_ms"]
-        row["overhead_vs_copy_floor"] = row["switch_overhead_ms"] / row["copy_floor_ms"] if row["copy_floor_ms"] > 0 else None
-        if "stop_and_start_ms" in row:
-            row["stop_and_start_vs_switch"] = row["stop_and_start_ms"] / row["switch_ms"]
-        qos = probes[name]["qos_ms"] or 2 * row["resident_ms"]
-        row["qos_ms"] = qos
-        row["meets_qos_switched"] = row["switch_ms"] <= qos
+        _derive(row, probes[name]["qos_ms"])
     # how many models one budget serves at the QoS: resident only (what fits) vs with switching
     fits, used = 0, 0
     for size in sorted(p["footprint"] for p in probes.values()):
