@@ -922,3 +922,23 @@ def test_a_resume_racing_a_preempt_loses_no_aborted_work(zoo):
             model.task.resume()
         assert wrong == 0, f"{wrong} of {done} outputs differ from the direct run"
         assert done > 100 and calls[model.task.preempt] > 100, (done, calls)
+
+
+def test_a_switch_in_takes_back_idle_models_environments(zoo):
+    """Stress seed 1135 (timed run): an idle model evicted with its environment kept (`evict(keep_env=True)`, or a
+    switch that kept it within threshold 1) still held its environment's memory, and a switch-in that needed that
+    memory failed with 'cannot be switched in ... held by memory no request of its runtime will free'. Now the
+    switcher drops idle models' environments (least recently used first) when a sub-task has no room."""
+    settings = SwitchSettings(max_groups=1)
+    small = Executor(zoo.paths["resnet18-small"], register_groups=1)
+    env_small = int(small.native.env_bytes())
+    del small
+    budget = footprint(Executor(zoo.paths["mobilenetv2"], register_groups=1)) + env_small // 2
+    with Runtime("cpu", memory_budget=budget, switching=settings) as rt:
+        first = rt.load(zoo.paths["resnet18-small"], qos_ms=10_000, resident=False)
+        second = rt.load(zoo.paths["mobilenetv2"], qos_ms=10_000, resident=False)
+        for k in range(INPUT_SETS):
+            _same(rt.submit(first, zoo.inputs["resnet18-small"][k]).result(timeout=DEADLINE_S), zoo.want["resnet18-small"][k])
+            assert rt.switcher.native.evict(first.task.executor.native, True)  # its environment stays
+            _same(rt.submit(second, zoo.inputs["mobilenetv2"][k]).result(timeout=DEADLINE_S), zoo.want["mobilenetv2"][k])
+        assert rt.memory()["peak"] <= budget

@@ -347,6 +347,23 @@ class SwitcherCore : public Residency {
     return TakeBack(victim->m);
   }
 
+  /*! \brief The environment of the least recently used idle model that holds nothing else (evicted with its
+   *  environment kept, for a fast switch back): taken back when `head` has no room, else nothing. */
+  Action TakeIdleEnvironment(ModelObj* head) {
+    Entry* victim = nullptr;
+    for (auto& [m, e] : entries_) {
+      if (m == head || e.running || e.env != kEnvReady || InQueue(m) || m->users.load() > 0) continue;
+      bool holds = false;
+      for (int g = 0; g < m->num_groups(); ++g) holds |= m->group_state(g) != kAbsent;
+      if (holds) continue;
+      if (!victim || e.last_used < victim->last_used) victim = &e;
+    }
+    if (!victim) return {};
+    Action action{kEvict, victim->m, {}, ""};
+    action.drop_env = true;
+    return action;
+  }
+
   /*! \brief Bytes of the prepared sub-tasks of other models whose request started: they give them back when it ends. */
   size_t StartedBytes(ModelObj* except) const {
     size_t bytes = 0;
@@ -395,6 +412,7 @@ class SwitcherCore : public Residency {
     if (next_task) return {};  // the next task never evicts or cleans for its head start
     if (in_use + need > options_.budget) {
       if (Action a = TakeVictim(m); a.kind != kNone) return a;
+      if (Action a = TakeIdleEnvironment(m); a.kind != kNone) return a;
     }
     if (Action a = TakeFinished(nullptr); a.kind != kNone) return a;
     if (Action a = TakeHeld(); a.kind != kNone) return a;
@@ -438,6 +456,7 @@ class SwitcherCore : public Residency {
   /*! \brief What frees memory for the current task's environment (stage 1), else nothing (wait), else its failure. */
   Action RoomForEnvironment(ModelObj* m) {
     if (Action a = TakeVictim(m); a.kind != kNone) return a;
+    if (Action a = TakeIdleEnvironment(m); a.kind != kNone) return a;
     if (Action a = TakeFinished(nullptr); a.kind != kNone) return a;
     if (Action a = TakeHeld(); a.kind != kNone) return a;
     if (RunningBytes() == 0 && StartedBytes(m) == 0 && !Busy()) {
