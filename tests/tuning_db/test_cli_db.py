@@ -52,14 +52,16 @@ def test_compile_through_the_service_then_recompile_from_it(served, tmp_path):
     onnx.save(models.build("tiny"), model)
     first = run_cli("compile", model, "--tune-trials", "4", "--db", url, "--db-token-file", token_file)
     assert first.returncode == 0, first.stderr[-2000:]
-    assert "1 layers tuned" in first.stdout
+    # searched (4 trials): its kernel is the tuned one, or the default where that measured faster (machine speed)
+    assert "1 layers tuned" in first.stdout or "1 kept the faster default schedule" in first.stdout, first.stdout
     remote = json.loads(run_cli("db", "stats", "--db", url, "--json").stdout)
     assert remote == json.loads(run_cli("db", "stats", "--db", db, "--json").stdout)
     assert remote["workloads"] == 1 and remote["records"] >= 1
     # reads need no token: re-compiling from the service runs zero new trials
     again = run_cli("compile", model, "--tune-trials", "4", "--db", url)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "1 from the database" in again.stdout and "0 new trials" in again.stdout
+    assert "0 new trials" in again.stdout, again.stdout
+    assert "1 from the database" in again.stdout or "1 kept the faster default schedule" in again.stdout, again.stdout
 
 
 def test_writes_without_the_token_are_a_user_error(served, tmp_path):
