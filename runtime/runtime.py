@@ -342,8 +342,7 @@ class Runtime:
                 "faults": int(counts["faults"]), "fault_restarts": int(counts["fault_restarts"]),
             }
         decisions = [d.seconds * 1e6 for d in self.scheduler.decisions] if self.scheduler is not None else []
-        faults = native.device_faults(self.device)  # docs/faults.md: the device's fault state machine
-        out["_device"] = {str(k): (str(v) if isinstance(v, str) else v) for k, v in faults.items()}
+        out["_device"] = native.device_faults(self.device)  # docs/faults.md: the device's fault state machine
         out["_scheduler"] = {"decisions": self.scheduler.decided if self.scheduler is not None else 0,  # p50/p99: the last 10k
                              "p50_us": float(np.percentile(decisions, 50)) if decisions else None,
                              "p99_us": float(np.percentile(decisions, 99)) if decisions else None}

@@ -16,6 +16,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from tests.helpers import held_mid_request
 from tvmsched import models
 from tvmsched.errors import TvmschedError
 from tvmsched.native import func
@@ -158,20 +159,7 @@ def test_the_watchdog_fails_a_request_stuck_waiting_for_a_switch_in(zoo):
         a = rt.load(held, qos_ms=10_000, name="held")
         b = rt.load(waiting, qos_ms=10_000, name="waiting", resident=False)
         task = rt.models["held"].task
-        for _ in range(500):  # pause it mid-request (a request of 51 layers; a few tries at most)
-            future = rt.submit(a, x_held)
-            while not future.done():  # preempted once it started, not before (a loaded machine runs it late)
-                state = task.state()
-                if state is not None and state.done.min() >= 0:
-                    break
-            task.preempt()
-            state = task.state()
-            if state is not None and state.done.min() >= 0 and not future.done():  # started, not finished
-                break
-            task.resume()
-            future.result(timeout=60)
-        else:
-            pytest.fail("could not preempt the model mid-request")
+        future = held_mid_request(rt, a, x_held)  # paused mid-request: it keeps its one sub-task
         with pytest.raises(TvmschedError) as err:
             rt.submit(b, x_waiting).result(timeout=60)
         message = str(err.value)
