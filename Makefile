@@ -51,8 +51,14 @@ lint: setup
 	$(PY) -m ruff check .
 	$(VENV)/bin/clang-format --dry-run --Werror $(CPP_FILES)
 
+# the engine's tests again with the CPU device's launches asynchronous (a GPU stream's behaviour: launch queues, K in
+# flight, events, re-plans), so the GPU path's logic is tested on every run (docs/architecture.md)
+ASYNC_TESTS = tests/runtime/test_engine.py tests/runtime/test_preemption.py tests/runtime/test_switching.py \
+	tests/runtime/test_tiering.py tests/runtime/test_faults.py
+
 test: setup lint
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --durations=10
+	TVMSCHED_CPU_LAUNCHES=async $(PY) -m pytest -q -n $(PYTEST_WORKERS) $(ASYNC_TESTS)
 
 clean:
 	rm -rf out .pytest_cache

@@ -74,7 +74,8 @@ class Executor:
         def load(path: str, keys: list[str]):
             if tiered is not None:  # larger than its device memory: weights streamed from host tiers (runtime/tiering.py)
                 return native.load_tiered(path, device or "", flag_memory, keys, int(tiered["device_bytes"]),
-                                           int(tiered.get("buffer_bytes", 0)), tiered["tiers"], memory_scope)
+                                           int(tiered.get("buffer_bytes", 0)), tiered["tiers"],
+                                           int(tiered.get("in_flight", 8)), memory_scope)
             if register_groups is None:
                 return native.load_model(path, device or "", flag_memory, keys, memory_scope)
             # registered: weights in pinned host memory, `register_groups` sub-tasks at most; a switcher

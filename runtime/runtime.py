@@ -222,7 +222,8 @@ class Runtime:
             self._tier_shares = TierShares(self._tiering)
         executor = Executor(artifact, self.device, trusted_keys=self._trusted_keys,
                             tiered={"device_bytes": room, "buffer_bytes": self._tiering.buffer_bytes,
-                                    "tiers": self._tier_shares.engine_tiers()}, memory_scope=self._memory_scope)
+                                    "tiers": self._tier_shares.engine_tiers(), "in_flight": self._max_in_flight},
+                            memory_scope=self._memory_scope)
         info = native.tiering_info(executor.native)
         self._tier_shares.take(info)
         log.info("model %s is larger than the memory budget: %d bytes of its weights stay on the device, the rest "

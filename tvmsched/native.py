@@ -94,7 +94,8 @@ def now_us() -> float:
 
 
 def device_info(kind: str) -> dict:
-    """A device's name, total_units and kind (opening it: a missing CUDA driver is one error line)."""
+    """A device's name, total_units, granularity and abilities: launches_async, host_memory (opening it: a missing
+    CUDA driver is one error line; "cpu" is the mode TVMSCHED_CPU_LAUNCHES names, sync or async)."""
     return dict(func("device_info")(kind))
 
 
@@ -133,10 +134,11 @@ def register_model(path: str, device: str, flag_memory: str, trusted_key_files: 
 
 
 def load_tiered(path: str, device: str, flag_memory: str, trusted_key_files: list, device_bytes: int,
-                buffer_bytes: int, tiers, scope=None) -> NativeModel:
-    """A model streamed from the memory tiers: `device_bytes` of device memory, `tiers` its shares (runtime/tiering.py)."""
+                buffer_bytes: int, tiers, in_flight: int = 8, scope=None) -> NativeModel:
+    """A model streamed from the memory tiers: `device_bytes` of device memory, `tiers` its shares (runtime/tiering.py);
+    its activations planned for `in_flight` launches in flight where launches are asynchronous."""
     return func("load_tiered")(path, device, flag_memory, trusted_key_files, int(device_bytes), int(buffer_bytes), tiers,
-                               scope)
+                               int(in_flight), scope)
 
 
 def tiering_info(model: NativeModel) -> dict:

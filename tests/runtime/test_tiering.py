@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import assert_user_error, run_cli
-from tvmsched import models
+from tvmsched import models, native
 from tvmsched.errors import TvmschedError
 from tvmsched.native import func
 from tvmsched.pipeline import compile_model
@@ -101,6 +101,24 @@ def test_a_model_over_budget_streams_from_every_tier_bit_identical_within_budget
         assert os.listdir(tmp_path) == [] and len(set(_disk_fds(tmp_path))) == 1  # one file, without a name
     gc.collect()
     assert _disk_fds(tmp_path) == []  # removed at shutdown: its last descriptor is closed
+
+
+def test_a_tiered_model_on_an_asynchronous_device_is_planned_for_its_launches_in_flight(resnet, tmp_path, monkeypatch):
+    """The H200 defect of 2026-11-26: a tiered model was planned for one launch in flight and took its whole device
+    memory; its stream then re-planned the activations for 8 and the load failed ("an activation block needs ...").
+    The CPU device's asynchronous mode (streams, events, launches in flight) shows it on any machine."""
+    path, inputs, outputs, need = resnet
+    monkeypatch.setenv("TVMSCHED_CPU_LAUNCHES", "async")
+    budget = need // 2
+    with Runtime("cpu", memory_budget=budget, max_in_flight=8,
+                 tiering=TierSettings(topology=_topology(tmp_path, need, need))) as rt:
+        model = rt.load(path)
+        assert model.tiered and native.device_info("cpu")["launches_async"]
+        for x, want in zip(inputs, outputs):
+            got = rt.submit(model, x).result(timeout=120)
+            for key in want:
+                assert np.array_equal(got[key], want[key]), key
+        assert rt.memory()["peak"] <= budget
 
 
 def test_resident_models_beside_a_tiered_one_and_the_tiers_shared_out(resnet, tmp_path, budget_restored):

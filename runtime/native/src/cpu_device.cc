@@ -1,10 +1,16 @@
-// CPU device: host memory; kernels run on the calling thread with TVM's thread pool limited to a unit count.
+// CPU device: host memory; kernels run with the thread pool limited to a unit count. Synchronous mode (the
+// default): on the calling thread. Asynchronous mode (TVMSCHED_CPU_LAUNCHES=async): like a GPU stream, each
+// stream has a launch queue run in order by its own thread, with events and cross-stream waits, so the engine's
+// GPU path (launches in flight, events, re-plans, drains) runs and is tested on any machine.
 #include <tvm/ffi/function.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -37,15 +43,110 @@ int CpuUnits() {
 
 constexpr size_t kMaxCached = size_t(1) << 30;
 
+/*! \brief A stream of the asynchronous mode: a launch queue its own thread runs in order, on `units` threads.
+ *  A launch that throws records its error (the first one), which the next synchronization raises, as a CUDA
+ *  stream reports a kernel's error at the next synchronizing call. */
+class CpuStream {
+ public:
+  CpuStream(int units, std::function<void(int)> set_units) : units_(units) {
+    thread_ = std::thread([this, set_units = std::move(set_units)] {
+      set_units(units_);
+      Loop();
+    });
+  }
+  ~CpuStream() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cond_.notify_all();
+    thread_.join();
+  }
+  /*! \brief Queue `work`; returns its sequence number (1, 2, ...). */
+  uint64_t Enqueue(std::function<void()> work) {
+    uint64_t seq;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(work));
+      seq = ++enqueued_;
+    }
+    cond_.notify_all();
+    return seq;
+  }
+  uint64_t enqueued() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return enqueued_;
+  }
+  bool Done(uint64_t seq) const { return completed_.load(std::memory_order_acquire) >= seq; }
+  /*! \brief Wait until the launches up to `seq` have run (never raises). */
+  void Wait(uint64_t seq) {
+    if (Done(seq)) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cond_.wait(lock, [&] { return Done(seq); });
+  }
+  /*! \brief Wait for everything queued, then raise the error a launch recorded (once). */
+  void Sync() {
+    Wait(enqueued());
+    std::string error;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      error.swap(error_);
+    }
+    if (!error.empty()) TVM_FFI_THROW(TvmschedError) << error;
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cond_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything queued has run
+      std::function<void()> work = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      std::string error;
+      try {
+        work();
+      } catch (const tvm::ffi::Error& err) {
+        error = err.message();
+      } catch (const std::exception& err) {
+        error = err.what();
+      }
+      lock.lock();
+      if (!error.empty() && error_.empty()) error_ = error;
+      completed_.fetch_add(1, std::memory_order_release);
+      done_cond_.notify_all();
+    }
+  }
+
+  const int units_;
+  std::mutex mu_;
+  std::condition_variable cond_, done_cond_;
+  std::deque<std::function<void()>> queue_;
+  uint64_t enqueued_ = 0;
+  std::atomic<uint64_t> completed_{0};
+  bool stop_ = false;
+  std::string error_;
+  std::thread thread_;
+};
+
+/*! \brief An event of the asynchronous mode: the point of its stream's queue when it was recorded. */
+struct CpuEvent {
+  CpuStream* stream;
+  uint64_t seq;
+};
+
 class CpuDevice final : public Device {
  public:
-  CpuDevice() : units_(CpuUnits()) {}
+  explicit CpuDevice(bool async) : units_(CpuUnits()), async_(async) {}
   const char* kind() const override { return "cpu"; }
   DLDevice dl_device() const override { return DLDevice{kDLCPU, 0}; }
   int total_units() const override { return units_; }
   int unit_granularity() override { return 1; }
-  bool launches_async() const override { return false; }
+  bool launches_async() const override { return async_; }
   bool host_memory() const override { return true; }
+  bool entry_checks() const override { return true; }
+  bool host_queues() const override { return async_; }
   std::string name() const override {
     std::ifstream cpuinfo("/proc/cpuinfo");
     for (std::string line; std::getline(cpuinfo, line);) {
@@ -104,8 +205,15 @@ class CpuDevice final : public Device {
   void FreeHost(void* ptr) override { std::free(ptr); }
   void RegisterHost(void*, size_t) override {}
   void UnregisterHost(void*) override {}
-  void CopyToDevice(void* dst, const void* src, size_t n, StreamHandle) override { std::memcpy(dst, src, n); }
-  void CopyToHost(void* dst, const void* src, size_t n, StreamHandle) override { std::memcpy(dst, src, n); }
+  // a copy on a stream of the asynchronous mode comes after the launches queued on it (it waits for them)
+  void CopyToDevice(void* dst, const void* src, size_t n, StreamHandle stream) override {
+    if (stream) AsStream(stream)->Wait(AsStream(stream)->enqueued());
+    std::memcpy(dst, src, n);
+  }
+  void CopyToHost(void* dst, const void* src, size_t n, StreamHandle stream) override {
+    if (stream) AsStream(stream)->Wait(AsStream(stream)->enqueued());
+    std::memcpy(dst, src, n);
+  }
   void ReadWhileRunning(void* dst, const void* src, size_t n) override {
     // kernels add to the counters atomically; read each int32 atomically too
     auto* out = static_cast<int32_t*>(dst);
@@ -118,13 +226,29 @@ class CpuDevice final : public Device {
   }
 
   StreamHandle CreateStream(int units, int* granted) override {
-    if (granted) *granted = units >= units_ || units <= 0 ? units_ : units;
-    return nullptr;
+    units = units >= units_ || units <= 0 ? units_ : units;
+    if (granted) *granted = units;
+    if (!async_) return nullptr;  // synchronous: the calling thread runs its kernels
+    return new CpuStream(units, [this](int n) { SetThreadUnits(n); });
   }
-  void DestroyStream(StreamHandle) override {}
-  void StreamWaitStream(StreamHandle, StreamHandle) override {}
-  void SyncStream(StreamHandle) override {}
-  void UseStream(StreamHandle) override {}
+  void DestroyStream(StreamHandle stream) override { delete AsStream(stream); }
+  void StreamWaitStream(StreamHandle waiter, StreamHandle stream) override {
+    if (!waiter || !stream || waiter == stream) return;
+    CpuStream* other = AsStream(stream);
+    uint64_t seq = other->enqueued();
+    AsStream(waiter)->Enqueue([other, seq] { other->Wait(seq); });
+  }
+  void SyncStream(StreamHandle stream) override {
+    if (stream) AsStream(stream)->Sync();
+  }
+  void UseStream(StreamHandle) override {}  // launches name their stream (Enqueue)
+  void Enqueue(StreamHandle stream, std::function<void()> work) override {
+    if (stream) {
+      AsStream(stream)->Enqueue(std::move(work));
+    } else {
+      work();
+    }
+  }
   // a fault on the CPU device is injected (tests): host memory, threads and kernels stay usable
   bool Recreate(std::string* /*why*/) override { return true; }
 
@@ -141,10 +265,17 @@ class CpuDevice final : public Device {
     current = units;
   }
 
-  EventHandle RecordEvent(StreamHandle) override { return nullptr; }
-  bool EventDone(EventHandle) override { return true; }
-  void WaitEvent(EventHandle) override {}
-  void FreeEvent(EventHandle) override {}
+  EventHandle RecordEvent(StreamHandle stream) override {
+    if (!stream) return nullptr;
+    return new CpuEvent{AsStream(stream), AsStream(stream)->enqueued()};
+  }
+  bool EventDone(EventHandle event) override {
+    return !event || static_cast<CpuEvent*>(event)->stream->Done(static_cast<CpuEvent*>(event)->seq);
+  }
+  void WaitEvent(EventHandle event) override {
+    if (event) static_cast<CpuEvent*>(event)->stream->Wait(static_cast<CpuEvent*>(event)->seq);
+  }
+  void FreeEvent(EventHandle event) override { delete static_cast<CpuEvent*>(event); }
 
   FlagArray AllocFlags(int64_t length, FlagMemory) override {
     FlagArray flags;
@@ -160,7 +291,10 @@ class CpuDevice final : public Device {
   }
 
  private:
+  static CpuStream* AsStream(StreamHandle stream) { return static_cast<CpuStream*>(stream); }
+
   int units_;
+  const bool async_;
   std::mutex cache_mu_;
   std::map<void*, size_t> sizes_;       // live blocks and their sizes
   std::multimap<size_t, void*> cache_;  // freed blocks kept for reuse
@@ -169,13 +303,22 @@ class CpuDevice final : public Device {
 
 }  // namespace
 
+bool CpuLaunchesAsync() {
+  const char* mode = std::getenv("TVMSCHED_CPU_LAUNCHES");
+  if (mode == nullptr || *mode == 0 || std::strcmp(mode, "sync") == 0) return false;
+  if (std::strcmp(mode, "async") == 0) return true;
+  TVM_FFI_THROW(TvmschedError) << "TVMSCHED_CPU_LAUNCHES is '" << mode << "': use sync or async";
+}
+
 std::shared_ptr<Device> OpenCudaDevice(int index);  // cuda_device.cc
 
 std::shared_ptr<Device> OpenDevice(const std::string& kind, int index) {
   if (kind == "cpu") {
     EnsureTvmRuntime(false);
-    static std::shared_ptr<Device> cpu = std::make_shared<CpuDevice>();
-    return cpu;
+    // one device per mode: models already loaded keep theirs when a test changes the mode
+    static std::shared_ptr<Device> cpu = std::make_shared<CpuDevice>(false);
+    static std::shared_ptr<Device> cpu_async = std::make_shared<CpuDevice>(true);
+    return CpuLaunchesAsync() ? cpu_async : cpu;
   }
   if (kind == "cuda") {
     EnsureTvmRuntime(true);

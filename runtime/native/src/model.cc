@@ -156,6 +156,27 @@ MemoryPlan PlanMemory(const Manifest& m, int reuse_distance) {
   return PlanMemory(m.layers, nbytes, keep, reuse_distance);
 }
 
+namespace {
+
+/*! \brief Call a layer's kernel; a kernel refusing its arguments (the manifest does not match the library) is
+ *  one TvmschedError line. */
+void CallKernel(const ffi::Function& kernel, const std::vector<ffi::AnyView>& views, int index,
+                const std::string& func) {
+  ffi::Any result;
+  try {
+    kernel.CallPacked(views.data(), static_cast<int32_t>(views.size()), &result);
+  } catch (const ffi::Error& err) {
+    if (err.kind() == "TvmschedError") throw;
+    std::string message = err.message();
+    message = message.substr(0, message.find('\n'));
+    TVM_FFI_THROW(TvmschedError) << "layer " << index << " (" << func << ") failed: " << err.kind() << ": "
+                                 << message.substr(0, 300)
+                                 << " (a manifest that does not match its kernels: corrupt artifact?)";
+  }
+}
+
+}  // namespace
+
 ModelObj::ModelObj(std::shared_ptr<Device> device) : device_(std::move(device)) {}
 
 namespace {
@@ -374,6 +395,10 @@ void ModelObj::InitTiered(const std::string& path, ArtifactContents& contents, c
   auto fail = [&](const std::string& why) {
     TVM_FFI_THROW(TvmschedError) << "cannot stream model " << name() << ": " << why;
   };
+  if (options.in_flight < 1) fail("launches in flight must be at least 1");
+  // its stream keeps launches in flight on an asynchronous device: the activations are planned for them now, so the
+  // room computed below holds (a stream that re-planned them later would pass it: the H200 run of 2026-11-26)
+  reuse_distance_ = device_->launches_async() ? options.in_flight : 1;
   std::vector<std::string> order;  // weights in the order the layers first read them
   std::map<std::string, size_t> nbytes;
   size_t largest = 0;
@@ -874,18 +899,17 @@ void ModelObj::RunLayer(int index, int candidate) {
     current_stream_ = stream;
   }
   device_->UseStream(stream);
-  const std::vector<ffi::AnyView>& views = layer_views_[index];
-  ffi::Any result;
-  try {
-    cand.kernel.CallPacked(views.data(), static_cast<int32_t>(views.size()), &result);
-  } catch (const ffi::Error& err) {  // a kernel refusing its arguments: the manifest does not match the library
-    if (err.kind() == "TvmschedError") throw;
-    std::string message = err.message();
-    message = message.substr(0, message.find('\n'));
-    TVM_FFI_THROW(TvmschedError) << "layer " << index << " (" << manifest_.layers[index].func
-                                 << ") failed: " << err.kind() << ": " << message.substr(0, 300)
-                                 << " (a manifest that does not match its kernels: corrupt artifact?)";
+  if (stream && device_->host_queues()) {  // the device's thread runs it later: its arguments as bound now
+    device_->Enqueue(stream, [kernel = cand.kernel, args = layer_args_[index], index,
+                              func = &manifest_.layers[index].func]() mutable {
+      std::vector<ffi::AnyView> views;
+      views.reserve(args.size());
+      for (DLTensor& arg : args) views.emplace_back(&arg);
+      CallKernel(kernel, views, index, *func);
+    });
+    return;
   }
+  CallKernel(cand.kernel, layer_views_[index], index, manifest_.layers[index].func);
 }
 
 void ModelObj::RunLayers(const std::vector<int>& ids) {

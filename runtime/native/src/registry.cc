@@ -114,6 +114,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              out.Set("name", device->name());
              out.Set("total_units", device->total_units());
              out.Set("granularity", device->unit_granularity());
+             out.Set("launches_async", device->launches_async());
+             out.Set("host_memory", device->host_memory());
              return out;
            })
       .def("tvmsched.engine.time_kernel",
@@ -180,12 +182,13 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("tvmsched.engine.load_tiered",
            [](const std::string& path, const std::string& device, const std::string& flag_memory,
               ffi::Array<ffi::String> trusted_key_files, int64_t device_bytes, int64_t buffer_bytes,
-              ffi::Array<ffi::Map<ffi::String, ffi::Any>> tiers, MemoryScopeRef scope) {
+              ffi::Array<ffi::Map<ffi::String, ffi::Any>> tiers, int in_flight, MemoryScopeRef scope) {
              // a model larger than its device memory: weights streamed from this device's tier shares (tiering.h);
              // tiers: [{"kind", "capacity_bytes", "numa_node" (-1: none), "path"}] in priority order
              auto options = std::make_shared<TierOptions>();
              options->device_bytes = static_cast<size_t>(NonNegative(device_bytes, "device memory"));
              options->buffer_bytes = static_cast<size_t>(NonNegative(buffer_bytes, "a stream buffer"));
+             options->in_flight = in_flight;
              for (const auto& tier : tiers) {
                TierShare share;
                share.kind = tier.at("kind").cast<ffi::String>();

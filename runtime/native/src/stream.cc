@@ -503,12 +503,15 @@ void StreamObj::GpuLaunch(const Launch& launch) {
   double start = Device::NowMicros();
   EventHandle event = nullptr;
   std::string error;
+  bool stale = false;  // the device recovered from a fault since the head request started (CPU asynchronous mode;
+                       // a CUDA device is not recovered: after a fault it is lost)
   Device& device = m_->device();
   try {
-    device.EnterLaunch(options_.recovery_timeout_s);  // (a CUDA device is not recovered: after a fault it is lost)
+    stale = device.EnterLaunch(options_.recovery_timeout_s) != run_generation_;
     try {
-      m_->RunLayer(launch.layer, launch.candidate);
-      event = m_->RecordEvent();
+      if (!stale && !idempotent(launch)) m_->ClearStarted();  // launched alone (MayLaunch): its entry check marks it
+      if (!stale) m_->RunLayer(launch.layer, launch.candidate);
+      if (!stale) event = m_->RecordEvent();
     } catch (const ffi::Error& err) {
       error = err.message();
     }
@@ -523,7 +526,10 @@ void StreamObj::GpuLaunch(const Launch& launch) {
     std::lock_guard<std::mutex> lock(mutex_);
     running_.reset();
     ++launches;
-    if (!error.empty()) {
+    if (stale) {
+      DiscardInFlight();
+      RestartHead();
+    } else if (!error.empty()) {
       FailHead(OneLine(error));
     } else {
       if (timeline_on_) launched_at_[{launch.request, launch.layer, launch.candidate}] = start;
@@ -532,6 +538,18 @@ void StreamObj::GpuLaunch(const Launch& launch) {
   }
   cond_.notify_all();
   Deliver();
+}
+
+void StreamObj::DiscardInFlight() {
+  try {
+    m_->Synchronize();
+  } catch (const ffi::Error&) {  // the request starts again: what its old launches did is void
+  }
+  for (auto& [launch, event] : in_flight_) {
+    m_->device().FreeEvent(event);
+    launched_at_.erase({launch.request, launch.layer, launch.candidate});
+  }
+  in_flight_.clear();
 }
 
 void StreamObj::RetireCompleted(bool wait_oldest) {
@@ -561,12 +579,19 @@ void StreamObj::RetireCompleted(bool wait_oldest) {
 std::vector<Launch> StreamObj::DrainGpu() {
   // with the flag set: wait for the in-flight launches; idempotent ones run again, others finished
   std::vector<Launch> finished;
-  m_->Synchronize();  // every launch in flight has ended
+  std::string error;
+  try {
+    m_->Synchronize();               // every launch in flight has ended
+  } catch (const ffi::Error& err) {  // a launch failed: its request fails once the drain is done
+    error = OneLine(err.message());
+  }
+  // a non-idempotent kernel that checks at its entry (CPU) and saw the flag did nothing: it runs again
+  bool skipped_entry = m_->device().entry_checks() && !m_->started();
   while (!in_flight_.empty()) {
     auto [launch, event] = in_flight_.front();
     in_flight_.pop_front();
     m_->device().FreeEvent(event);
-    if (idempotent(launch)) {
+    if (idempotent(launch) || skipped_entry) {
       rerun_.push_back(launch);
       ++reruns;
       launched_at_.erase({launch.request, launch.layer, launch.candidate});
@@ -578,6 +603,7 @@ std::vector<Launch> StreamObj::DrainGpu() {
   std::sort(rerun_.begin(), rerun_.end(), [](const Launch& a, const Launch& b) {
     return std::tie(a.request, a.layer) < std::tie(b.request, b.layer);
   });
+  if (!error.empty() && !requests_.empty()) FailHead(error);
   return finished;
 }
 

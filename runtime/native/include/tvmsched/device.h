@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -22,9 +23,10 @@
 
 namespace tvmsched {
 
-/*! \brief An opaque stream handle: CUDA: a CUstream (0 = none yet); CPU: unused (launches are synchronous). */
+/*! \brief An opaque stream handle: CUDA: a CUstream (0 = none yet); CPU: a launch queue in the asynchronous mode,
+ *  else none (nullptr: launches are synchronous). */
 using StreamHandle = void*;
-/*! \brief An opaque event handle (CUDA: CUevent); CPU devices never create one. */
+/*! \brief An opaque event handle (CUDA: CUevent; CPU: a point in a launch queue, asynchronous mode only). */
 using EventHandle = void*;
 
 /*! \brief Where the preempt flag lives on a GPU (see Device::AllocFlags). */
@@ -74,6 +76,14 @@ class Device {
   virtual bool launches_async() const = 0;
   /*! \brief Whether device memory is host memory (CPU: weights are read straight into it, no bounce buffer). */
   virtual bool host_memory() const = 0;
+  /*! \brief Whether a non-idempotent kernel compiled for this device checks the preempt flag once at its entry and
+   *  marks the started slot when it passes (CPU; a GPU kernel has no such check: it is only held back). */
+  virtual bool entry_checks() const { return false; }
+  /*! \brief Whether kernels run by the device's own threads from launch queues (the CPU device's asynchronous
+   *  mode): a launch is handed over with Enqueue, its arguments copied. GPU: a kernel call enqueues itself. */
+  virtual bool host_queues() const { return false; }
+  /*! \brief Run `work` (a kernel call) in order on `stream` (nullptr: now, on the calling thread). */
+  virtual void Enqueue(StreamHandle /*stream*/, std::function<void()> work) { work(); }
   /*! \brief The processor's name ("AMD EPYC", "NVIDIA H100 80GB HBM3"). */
   virtual std::string name() const = 0;
 
@@ -192,6 +202,10 @@ class Device {
   std::map<void*, Live> live_;
   MemoryStats stats_;
 };
+
+/*! \brief The CPU device's mode from TVMSCHED_CPU_LAUNCHES: "async" (true), "sync" or unset (false); anything
+ *  else is one TvmschedError line. OpenDevice("cpu") reads it at each call. */
+bool CpuLaunchesAsync();
 
 /*!
  * \brief Open a device: "cpu" or "cuda" (ordinal `index`). CUDA loads libcuda.so.1 at run time and

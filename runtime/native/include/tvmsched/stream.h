@@ -185,6 +185,8 @@ class StreamObj : public ffi::Object {
   /*! \brief The head request started before the device recovered from a fault: it starts again from its first
    *  layer (once; a second time it fails). Under mutex_. */
   void RestartHead();
+  /*! \brief Wait for the launches in flight and forget them (their request starts again). Under mutex_. */
+  void DiscardInFlight();
   /*! \brief A launch's error that is a device fault: recover the device (this thread) and return the tenant's
    *  one line; else empty. */
   std::string HandleFault(const Launch& launch, const std::string& error);

@@ -43,6 +43,9 @@ struct TierOptions {
   size_t buffer_bytes =
       0;  ///< each of the two stream buffers (0: the largest layer's weights or 1/8 of the room, the larger)
   std::vector<TierShare> tiers;  ///< in priority order
+  /*! \brief Launches its stream keeps in flight on a device whose launches are asynchronous: the activations are
+   *  planned for that many at load, inside device_bytes (a stream re-planning them later would pass it). */
+  int in_flight = 8;
 };
 
 /*! \brief Where each streamed weight lives: the host tiers' memory and the disk file of one model. */
