@@ -20,6 +20,7 @@ from tvmsched import tuning
 from tvmsched.errors import TvmschedError
 from tvmsched.layers import arg_specs as layer_arg_specs
 from tvmsched.measure import measure_at_units
+from tvmsched.targets import describe
 
 GRID_LIMIT_UNIT_KIND = "gpu_sm_grid"  # as tvmsched.measure_kit stores grid-limited measurements
 
@@ -55,7 +56,7 @@ def cpu_units(target) -> int:
 
 def units_to_try(target, requested: list[int] | None) -> list[int]:
     """The unit counts to measure (default on CPU: 1..cores); errors on counts the target lacks."""
-    if target.kind.name != "llvm":
+    if not describe(target).cpu:
         raise TvmschedError("restricted-unit tuning on CUDA needs a GPU to measure on (not implemented yet)")
     full = cpu_units(target)
     units = sorted(set(requested or range(1, full + 1)))
@@ -116,8 +117,9 @@ def plan_from_records(graph, funcs: dict, target, database, *, qos_ms: float, un
 
     store = database.store
     t_hash = target_hash(target_to_json(target))
-    mechanism = "cpu_threads" if target.kind.name == "llvm" else "green_context"
-    full = cpu_units(target) if target.kind.name == "llvm" else 0
+    info = describe(target)
+    mechanism = info.mechanism
+    full = cpu_units(target) if info.cpu else 0  # the database's records of a GPU at all its SMs: units 0
     measured = {}
     for name, func in funcs.items():
         workload_id = database.workload_id(tuning.task_module(func))
@@ -130,7 +132,7 @@ def plan_from_records(graph, funcs: dict, target, database, *, qos_ms: float, un
             by_units.setdefault(k, limited)
         if full not in by_units:
             raise TvmschedError(
-                f"layer {name} has no measured record at all units for {target.kind.name}: build, measure and import "
+                f"layer {name} has no measured record at all units for {info.kind}: build, measure and import "
                 "a kit first (tvmsched tune kit / tune measure / tune import)"
             )
         measured[name] = by_units

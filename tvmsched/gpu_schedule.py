@@ -22,6 +22,8 @@ import functools
 import math
 from dataclasses import dataclass
 
+from tvmsched.targets import describe
+
 # (threads along I, threads along J, outputs per thread along I, along J); I rows, J columns of the tile.
 _THREADS = ((8, 16), (16, 8), (16, 16), (8, 8))
 _MICRO = (4, 2, 1)
@@ -136,7 +138,7 @@ def _wave_matmul_class():
         def get_configs(self, target):
             config = super().get_configs(target)
             t = self._tiling
-            if t is None or target.kind.name != "cuda":
+            if t is None or not describe(target).gpu:
                 return config
             vector = 2 if t.micro_i % 2 == 0 and t.micro_j % 2 == 0 else 1
             return dl.gpu.Matmul.Config(
@@ -146,7 +148,7 @@ def _wave_matmul_class():
             )
 
         def apply(self, func, target, tunable):
-            extents = matmul_extents(func) if target.kind.name == "cuda" else None
+            extents = matmul_extents(func) if describe(target).gpu else None
             if extents is None:
                 return super().apply(func, target, tunable)
             self._tiling = choose_tiling(*extents, self.sms)

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from tvmsched.errors import TvmschedError, one_line
+from tvmsched.targets import describe
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +29,12 @@ def layer_funcs(mod) -> dict[str, object]:
 def default_schedule(funcs: dict[str, object], target) -> dict[str, object]:
     """Default schedules without search: dlight's rules tiled to fill the GPU (tvmsched.gpu_schedule) on CUDA, ours
     (tvmsched.cpu_schedule) on CPU."""
-    if target.kind.name == "llvm":
+    info = describe(target)
+    if info.cpu:
         from tvmsched import cpu_schedule
 
         return cpu_schedule.default_schedule(funcs, target)
-    if target.kind.name != "cuda":
+    if not info.gpu:
         return funcs
     import tvm
     from tvm.s_tir import dlight as dl
@@ -58,7 +60,7 @@ def build_library(kernels: dict[str, object], target, extra_sources: dict[str, s
         with target:
             executable = tvm.compile(mod, target)
     except Exception as err:
-        raise TvmschedError(f"compiling the kernels for {target.kind.name} failed: {one_line(err)}") from None
+        raise TvmschedError(f"compiling the kernels for {describe(target).kind} failed: {one_line(err)}") from None
     with tempfile.TemporaryDirectory(prefix="tvmsched-build-") as tmp:
         path = Path(tmp) / "kernels.so"
         addons = []

@@ -18,7 +18,9 @@ def legalize_and_fuse(mod, target, clamp_take: bool = True):
     import tvm
     from tvm import relax
 
-    cpu = target.kind.name == "llvm"
+    from tvmsched.targets import describe
+
+    cpu = describe(target).cpu
     legalizations = {**nan_propagating_legalizations(), **(clamped_take() if clamp_take else {}),
                      **(vectorizable_math() if cpu else {})}
     passes = tvm.ir.transform.Sequential(

@@ -19,8 +19,10 @@ def measure_at_units(func, target, arg_specs, units_list: list[int], *, repeat: 
     """
     import tvm
 
-    if target.kind.name != "llvm":
-        raise TvmschedError(f"measuring {target.kind.name} kernels at restricted units needs that device here")
+    from tvmsched.targets import describe
+
+    if not describe(target).cpu:
+        raise TvmschedError(f"measuring {describe(target).kind} kernels at restricted units needs that device here")
     lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target)
     dev = tvm.cpu()
     rng = np.random.default_rng(0)

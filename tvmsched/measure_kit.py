@@ -26,6 +26,7 @@ from tvmsched import kernels, tuning
 from tvmsched.candidates import GRID_LIMIT_UNIT_KIND
 from tvmsched.errors import TvmschedError
 from tvmsched.layers import arg_specs
+from tvmsched.targets import describe
 from tvmsched.runtime.kit_measure import KIT_FILE, KIT_VERSION, read_kit
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,8 @@ def build_kit(model, out_dir: str | Path, *, target: str = "cuda", samples: int 
     if samples < 1:
         raise TvmschedError("--samples must be at least 1")
     graph, funcs, tvm_target = lower_model(model, target, input_shapes)
-    if grid_limit_units and tvm_target.kind.name != "cuda":
+    info = describe(tvm_target)
+    if grid_limit_units and not info.gpu:
         raise TvmschedError("grid limiting restricts GPU kernels: it needs --target cuda")
     specs = arg_specs(graph)
     search = None
@@ -93,13 +95,13 @@ def build_kit(model, out_dir: str | Path, *, target: str = "cuda", samples: int 
             "samples": [{"symbol": sym, "trace": tuning.plain_json(sch.trace.as_json()), "grid_limited": variants}
                         for sym, sch, variants in built[1]],
         })
-    device = "cuda" if tvm_target.kind.name == "cuda" else "cpu"
+    device = info.device
     kit = {
         "version": KIT_VERSION, "id": uuid.uuid4().hex, "model": name, "device": device,
-        "mechanism": "grid_limit" if grid_limit_units else ("green_context" if device == "cuda" else "cpu_threads"),
+        "mechanism": "grid_limit" if grid_limit_units else info.mechanism,
         "grid_limit_units": sorted(set(grid_limit_units or [])), "target": target_dict(tvm_target), "funcs": entries,
         "round": kit_round(entries, samples), "samples_per_layer": samples,
-        "device_code": kernels.cuda_device_code() if device == "cuda" else "native",
+        "device_code": kernels.cuda_device_code() if info.gpu else "native",
     }
     (out / KIT_FILE).write_text(json.dumps(kit))
     return kit

@@ -13,7 +13,7 @@ from tvmsched import __version__, frontend, kernels, lowering
 from tvmsched.artifact import Artifact, Binding, Candidate, IndexCheck, Layer, Manifest
 from tvmsched.errors import TvmschedError
 from tvmsched.layers import Graph, extract_graph
-from tvmsched.targets import device_kind, make_target, target_json
+from tvmsched.targets import describe, device_kind, make_target, target_json
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +69,10 @@ def compile_model(
     check_tuning_budget(tune_trials, tune_minutes, qos_ms)
     if rpc is not None and ((tune_trials <= 0 and tune_minutes is None) or qos_ms is not None):
         raise TvmschedError("--rpc measures tuning trials: it needs --tune-trials > 0 or --tune-minutes, and no --qos-ms (not supported yet)")
-    kind = make_target(target).kind.name
-    if qos_ms is not None and tune_trials > 0 and kind != "llvm":
+    info = describe(make_target(target))
+    if qos_ms is not None and tune_trials > 0 and not info.cpu:
         raise TvmschedError(
-            f"restricted-unit tuning on {kind} measures on the device machine: build, measure and import a kit "
+            f"restricted-unit tuning on {info.kind} measures on the device machine: build, measure and import a kit "
             "(tvmsched tune kit / tune measure / tune import), then compile with --qos-ms and no --tune-trials"
         )
     graph, funcs, tvm_target = lower_model(model, target, input_shapes, index_checks)
@@ -81,10 +81,10 @@ def compile_model(
         progress=progress, tune_minutes=tune_minutes,
     )
     if preempt_checks:
-        plan = _instrumented(plan, gpu=kind != "llvm")
+        plan = _instrumented(plan, gpu=info.gpu)
     if progress_counters:
-        plan = _progress_counted(plan, gpu=kind != "llvm")
-    library = kernels.build_library(plan.kernels, tvm_target, extra_sources=_extra_sources(plan, kind))
+        plan = _progress_counted(plan, gpu=info.gpu)
+    library = kernels.build_library(plan.kernels, tvm_target, extra_sources=_extra_sources(plan, info))
     manifest = _manifest(model, graph, funcs, name, target, tvm_target, plan, qos_ms)
     log.info("compiled %s: %d layers, %d kernels", name, len(graph.layers), len(plan.kernels))
     return Artifact(manifest, library, graph.weights)
@@ -121,7 +121,8 @@ def _live_checks(graph: Graph, words: list[str], checks: list) -> list:
     """(word tensor, bit, check) of the checks whose flag words are computed at run time; a word TVM
     folded to a constant is dropped (its indices were constant after all), or a compile error when
     that constant says out of range."""
-    from tvmsched.index_checks import WORD_BITS, describe
+    from tvmsched.index_checks import WORD_BITS
+    from tvmsched.index_checks import describe as describe_check
 
     live = []
     for number, word in enumerate(words):
@@ -132,7 +133,7 @@ def _live_checks(graph: Graph, words: list[str], checks: list) -> list:
             if spec.kind == "activation":
                 live.append((word, bit, check))
             elif int(graph.weights[word]) >> bit & 1:
-                raise TvmschedError(f"index out of range at compile time: {describe(check)}")
+                raise TvmschedError(f"index out of range at compile time: {describe_check(check)}")
     return live
 
 
@@ -162,9 +163,9 @@ def _progress_counted(plan: KernelPlan, *, gpu: bool) -> KernelPlan:
     return dataclasses.replace(plan, kernels=kernels_, candidates=candidates, progress_counters=True)
 
 
-def _extra_sources(plan: KernelPlan, kind: str) -> dict[str, str]:
+def _extra_sources(plan: KernelPlan, info) -> dict[str, str]:
     """C sources linked into the kernel library: the atomic add of CPU progress counters."""
-    if plan.progress_counters and kind == "llvm":
+    if plan.progress_counters and info.cpu:
         from tvmsched.passes.progress import CPU_SOURCE
 
         return {"progress.cc": CPU_SOURCE}
@@ -192,7 +193,7 @@ def _choose_kernels(
 ) -> KernelPlan:
     """Default schedules; tuned ones when tuning (where they measure faster); restricted-unit candidates
     when a QoS target is set."""
-    default = "dlight" if tvm_target.kind.name == "cuda" else "default"
+    default = describe(tvm_target).default_schedule
     scheduled = kernels.default_schedule(funcs, tvm_target)
     tuned, summary = {}, None
     searching = tune_trials > 0 or tune_minutes is not None
@@ -250,7 +251,7 @@ def open_tuning_database(database, tvm_target, token: str | None = None):
         return database
     from tvmsched.tuning_db import open_database
 
-    units = int(tvm_target.attrs.get("num-cores", 0)) if tvm_target.kind.name == "llvm" else 0  # GPUs: 0 = all SMs
+    units = int(tvm_target.attrs.get("num-cores", 0)) if describe(tvm_target).cpu else 0  # GPUs: 0 = all SMs
     return open_database(database, target=tvm_target, units=units, token=token)
 
 
@@ -323,7 +324,7 @@ def _layer_timer(graph, tvm_target):
     """A `measure(name, func)` (tuning.tune_model) timing scheduled PrimFuncs at all units on random data of
     the layer's shapes, with `.many({name: func})` to time a batch built as one module and `.pair(name, a, b)`
     two schedules of one layer side by side; None where kernels of the target cannot run here."""
-    if tvm_target.kind.name != "llvm":
+    if not describe(tvm_target).cpu:
         return None
     return _LayerTimer(graph, tvm_target)
 
@@ -367,7 +368,7 @@ def _manifest(
 ) -> Manifest:
     import tvm
 
-    from tvmsched.index_checks import describe
+    from tvmsched.index_checks import describe as describe_check
     from tvmsched.targets import cpu_requirements, gpu_sms
 
     output_names = [value.name for value in model.graph.output]
@@ -396,8 +397,8 @@ def _manifest(
         cpu=cpu,
         cpu_features=cpu_features,
         cpu_features_unchecked=cpu_unchecked,
-        gpu_sms=gpu_sms(tvm_target) if device == "cuda" else None,
-        device_code=kernels.cuda_device_code() if device == "cuda" else "native",
+        gpu_sms=gpu_sms(tvm_target) if describe(tvm_target).gpu else None,
+        device_code=kernels.cuda_device_code() if describe(tvm_target).gpu else "native",
         inputs=tuple(Binding(n, t) for n, t in zip(frontend.input_signature_names(model), graph.inputs)),
         outputs=tuple(Binding(n, t) for n, t in zip(output_names, graph.outputs)),
         tensors=dict(graph.tensors),
@@ -409,7 +410,7 @@ def _manifest(
         preempt_flags=plan.preempt_flags,
         progress_counters=plan.progress_counters,
         index_checks=tuple(
-            IndexCheck(tensor, bit, c.op, c.node, c.indices, c.bounds, describe(c))
+            IndexCheck(tensor, bit, c.op, c.node, c.indices, c.bounds, describe_check(c))
             for tensor, bit, c in graph.index_checks
         ),
     )

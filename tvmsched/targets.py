@@ -10,6 +10,7 @@ portable level instead: `llvm:portable` (no `mcpu`, any CPU of the architecture)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -149,7 +150,7 @@ def make_target(spec: str):
 def _check_cpu_name(spec: str, target) -> None:
     """An llvm target's `mcpu` must be a CPU LLVM knows for its triple (LLVM itself falls back to
     generic code with a warning)."""
-    if target.kind.name != "llvm" or "mcpu" not in target.attrs:
+    if not describe(target).cpu or "mcpu" not in target.attrs:
         return
     cpu = str(target.attrs["mcpu"])
     known = _known_cpus(str(target.attrs["mtriple"]) if "mtriple" in target.attrs else "")
@@ -191,7 +192,7 @@ def cpu_requirements(target) -> tuple[str | None, tuple[str, ...], str | None]:
     """
     import tvm
 
-    if target.kind.name != "llvm":
+    if not describe(target).cpu:
         return None, (), None
     cpu = str(target.attrs["mcpu"]) if "mcpu" in target.attrs else "generic"
     triple = _triple(target)
@@ -221,9 +222,46 @@ def check_cpu_features(manifest, what: str) -> None:
     native.check_cpu_features(manifest.cpu or "", list(manifest.cpu_features), what)
 
 
+@dataclasses.dataclass(frozen=True)
+class TargetInfo:
+    """A compile target described by what it supports: the compiler asks this (`describe(target)`), and no module
+    but this one reads the target's kind name.
+
+    device: the engine device its kernels run on ("cpu" or "cuda"). gpu: kernels launch as grids of thread blocks
+    (schedules bind threads; preempt checks go per block; a restricted candidate is a green context of fewer
+    SMs). cpu: kernels are native code for this machine's kind of CPU (llvm; restricted candidates use fewer
+    threads). Neither: a kind TVM knows that the engine does not run (no default schedule).
+    """
+
+    kind: str
+    device: str
+    gpu: bool
+    cpu: bool
+    unit: str  # what a compute unit is: "cpu_thread" or "gpu_sm"
+    mechanism: str  # how a candidate gets fewer units: "cpu_threads" or "green_context"
+
+    @property
+    def default_schedule(self) -> str:
+        """The MetaSchedule space kind of an untuned layer ("dlight" rules on a GPU, TVM's default elsewhere)."""
+        return "dlight" if self.gpu else "default"
+
+    def units(self, target) -> int:
+        """All of its compute units, an explicit count: the CPU's cores (num-cores), or the SMs the GPU kernels are
+        tiled for."""
+        return int(target.attrs.get("num-cores", 1)) if self.cpu else gpu_sms(target)
+
+
+def describe(target) -> TargetInfo:
+    """What `target` (a tvm.target.Target) supports."""
+    kind = str(target.kind.name)
+    if kind == "cuda":
+        return TargetInfo(kind, "cuda", gpu=True, cpu=False, unit="gpu_sm", mechanism="green_context")
+    return TargetInfo(kind, "cpu", gpu=False, cpu=kind == "llvm", unit="cpu_thread", mechanism="cpu_threads")
+
+
 def device_kind(target) -> str:
     """'cuda' or 'cpu': the runtime device a target's kernels run on."""
-    return "cuda" if target.kind.name == "cuda" else "cpu"
+    return describe(target).device
 
 
 def gpu_sms(target) -> int:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from tvmsched import kernels
 from tvmsched.errors import TvmschedError, one_line
+from tvmsched.targets import describe
 
 log = logging.getLogger(__name__)
 
@@ -382,7 +383,7 @@ def _work_dir(folder: str | None):
 def default_seed_schedule(target):
     """`tvmsched.cpu_schedule.schedule(func, target)` (a tvm.s_tir.Schedule with its trace, or None) where it
     exists and the target is a CPU; None otherwise (no seeding)."""
-    if target.kind.name != "llvm":
+    if not describe(target).cpu:
         return None
     try:
         from tvmsched import cpu_schedule
@@ -436,7 +437,7 @@ def ms_run_secs(builder, runner, func, target) -> list[float] | None:
         if built.error_msg:
             raise RuntimeError(built.error_msg)
         args_info = ms.arg_info.ArgInfo.from_prim_func(func)
-        result = runner.run([ms.runner.RunnerInput(built.artifact_path, target.kind.name, args_info)])[0].result()
+        result = runner.run([ms.runner.RunnerInput(built.artifact_path, describe(target).kind, args_info)])[0].result()
         if result.error_msg:
             raise RuntimeError(result.error_msg)
         return [float(secs) for secs in result.run_secs]
@@ -512,113 +513,158 @@ def tune_model(
         records_only: search nothing: the workloads with a record in the database are decided as above,
             the others keep the default schedule (status "skipped"); `trials` and `minutes` are unused.
     """
-    from tqdm import tqdm
-
     if records_only:
         trials, minutes = 0, None
     elif minutes is None and trials <= 0:
         raise TvmschedError("tuning needs --tune-trials > 0 or --tune-minutes")
-    start = time.monotonic()
-    deadline = None if minutes is None else start + minutes * 60.0
-    groups = group_workloads(funcs, layer_counts)
-    measured: dict[str, float | None] = {}
+    tuning = _ModelTuning(funcs, target, database, trials=trials, minutes=minutes, layer_counts=layer_counts,
+                          defaults=defaults, measure=measure, seed_schedule=seed_schedule)
+    tuning.plan(records_only, runner)
+    tuning.search(runner, progress, work_dir)
+    return tuning.result()
 
-    def default_us(w: Workload) -> float | None:
-        if w.name not in measured:
-            measured[w.name] = _measured(measure, w.name, defaults[w.name])
-        return measured[w.name]
 
-    seeds = {w.name: default_trace(w.func, target, seed_schedule) for w in groups}
-    seed_keys = {name: None if seed is None else _trace_key(seed[0]) for name, seed in seeds.items()}
-    cached = {w.name for w in groups if best_search_record(database, w.func, target, seed_keys[w.name]) is not None}
-    weights = {w.name: float(w.layers) for w in groups}  # the budget's split (by latency, with a budget)
-    pending, unsearched = [w for w in groups if w.name not in cached], []
-    if records_only:
-        pending, unsearched = [], pending
-    if pending and runner is None:  # MetaSchedule's LocalRunner measures here: the target's device must exist
-        require_local_device(target)
-    if minutes is not None and pending:  # the split needs the searched workloads' latency first; heaviest first
-        if hasattr(measure, "many"):  # one build for all of them
-            try:
-                measured.update(measure.many({w.name: defaults[w.name] for w in pending}))
-            except Exception as err:  # noqa: BLE001  (then one by one)
-                log.info("measuring the default schedules together failed (%s): one by one", one_line(err))
-        costs = {w.name: default_us(w) for w in pending}
-        if not all(costs.values()):
-            costs = {w.name: kernels.estimated_flops(w.func) or 1.0 for w in pending}
-        weights = {w.name: w.layers * costs[w.name] for w in pending}
-        pending.sort(key=lambda w: -weights[w.name])
-    outcomes: dict[str, LayerTuning] = {}
-    chosen: dict[str, object] = {}  # workload -> trace of the tuned kernel it runs
-    totals = {"trials": 0, "seconds": 0.0, "seeded": 0}
-    deadline_hit = False
-    bar = tqdm(total=len(groups), desc="tuning", unit="workload", disable=not progress, file=sys.stderr)
-    workers = _SharedWorkers(runner)
-    with bar, tensor_intrin_import_skipped(target), _interruptible() as interrupted, contextlib.closing(workers):
-        for w in [w for w in groups if w.name in cached]:
-            outcomes[w.name], chosen[w.name] = _decide(w, LayerTuning(w.name, "cached", 0, 0.0), database, target,
-                                                       default_us, measure, seed_keys[w.name], defaults)
-            _report_progress(bar, w, outcomes[w.name], progress)
-        for w in unsearched:
-            outcomes[w.name] = LayerTuning(w.name, "skipped", 0, 0.0, "no tuned record in the database", kernel="default")
-            _report_progress(bar, w, outcomes[w.name], progress)
-        for index, w in enumerate(pending):
-            planned, stop_at = trials, None
-            if deadline is not None:
-                now = time.monotonic()
-                left = deadline - now
-                rate = totals["trials"] / totals["seconds"] if totals["trials"] >= MIN_TRIALS else PRIOR_TRIALS_PER_MINUTE / 60
-                if left <= 0 or (totals["trials"] >= MIN_TRIALS and left < MIN_TRIALS / rate / 2):
-                    deadline_hit = True
-                    for rest in pending[index:]:
-                        outcomes[rest.name] = LayerTuning(rest.name, "skipped", 0, 0.0, "the --tune-minutes deadline came first",
-                                                          default_us=measured.get(rest.name), kernel="default")
-                        _report_progress(bar, rest, outcomes[rest.name], progress)
+class _ModelTuning:
+    """tune_model's steps: plan (workloads, seeds, what the database holds, the budget's split), search (each
+    pending workload in turn, within its share), result (the chosen schedules and the report)."""
+
+    def __init__(self, funcs, target, database, *, trials, minutes, layer_counts, defaults, measure, seed_schedule):
+        self.funcs, self.target, self.database = funcs, target, database
+        self.trials, self.minutes, self.defaults, self.measure = trials, minutes, defaults, measure
+        self.start = time.monotonic()
+        self.deadline = None if minutes is None else self.start + minutes * 60.0
+        self.groups = group_workloads(funcs, layer_counts)
+        self.measured: dict[str, float | None] = {}
+        self.seeds = {w.name: default_trace(w.func, target, seed_schedule) for w in self.groups}
+        self.seed_keys = {name: None if seed is None else _trace_key(seed[0]) for name, seed in self.seeds.items()}
+        self.outcomes: dict[str, LayerTuning] = {}
+        self.chosen: dict[str, object] = {}  # workload -> trace of the tuned kernel it runs
+        self.totals = {"trials": 0, "seconds": 0.0, "seeded": 0}
+        self.deadline_hit = False
+
+    def default_us(self, w: Workload) -> float | None:
+        if w.name not in self.measured:
+            self.measured[w.name] = _measured(self.measure, w.name, self.defaults[w.name])
+        return self.measured[w.name]
+
+    def plan(self, records_only: bool, runner) -> None:
+        """Which workloads the database decides (cached), which are searched (pending, heaviest first with a
+        budget) and which keep the default (unsearched: records only)."""
+        groups, target = self.groups, self.target
+        self.cached = {w.name for w in groups
+                       if best_search_record(self.database, w.func, target, self.seed_keys[w.name]) is not None}
+        self.weights = {w.name: float(w.layers) for w in groups}  # the budget's split (by latency, with a budget)
+        self.pending, self.unsearched = [w for w in groups if w.name not in self.cached], []
+        if records_only:
+            self.pending, self.unsearched = [], self.pending
+        if self.pending and runner is None:  # MetaSchedule's LocalRunner measures here: the device must exist
+            require_local_device(target)
+        if self.minutes is not None and self.pending:  # the split needs their latency first; heaviest first
+            if hasattr(self.measure, "many"):  # one build for all of them
+                try:
+                    self.measured.update(self.measure.many({w.name: self.defaults[w.name] for w in self.pending}))
+                except Exception as err:  # noqa: BLE001  (then one by one)
+                    log.info("measuring the default schedules together failed (%s): one by one", one_line(err))
+            costs = {w.name: self.default_us(w) for w in self.pending}
+            if not all(costs.values()):
+                costs = {w.name: kernels.estimated_flops(w.func) or 1.0 for w in self.pending}
+            self.weights = {w.name: w.layers * costs[w.name] for w in self.pending}
+            self.pending.sort(key=lambda w: -self.weights[w.name])
+
+    def search(self, runner, progress: bool, work_dir: str | None) -> None:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(self.groups), desc="tuning", unit="workload", disable=not progress, file=sys.stderr)
+        workers = _SharedWorkers(runner)
+        report = functools.partial(_report_progress, bar, progress=progress)
+        with bar, tensor_intrin_import_skipped(self.target), _interruptible() as interrupted, \
+                contextlib.closing(workers):
+            for w in [w for w in self.groups if w.name in self.cached]:
+                self.decide(w, LayerTuning(w.name, "cached", 0, 0.0))
+                report(w, self.outcomes[w.name])
+            for w in self.unsearched:
+                self.outcomes[w.name] = LayerTuning(w.name, "skipped", 0, 0.0, "no tuned record in the database",
+                                                    kernel="default")
+                report(w, self.outcomes[w.name])
+            for index, w in enumerate(self.pending):
+                share = self.share(index, w)
+                if share is None:  # the deadline came first: the rest keep their default schedules
+                    for rest in self.pending[index:]:
+                        self.outcomes[rest.name] = LayerTuning(
+                            rest.name, "skipped", 0, 0.0, "the --tune-minutes deadline came first",
+                            default_us=self.measured.get(rest.name), kernel="default")
+                        report(rest, self.outcomes[rest.name])
                     break
-                planned, seconds = budget_share(left, weights[w.name], sum(weights[p.name] for p in pending[index:]), rate, trials)
-                stop_at = now + seconds * OVERRUN
-            bar.set_postfix_str(f"{w.name[:32]} x{w.layers}, {planned} trials")
-            seeded = False
-            if seeds[w.name] is not None:
-                trace, seeded_func = seeds[w.name]
-                run_secs = ms_run_secs(workers.builder(), workers.runner(), seeded_func, target)
-                if run_secs is None and default_us(w) is not None:
-                    run_secs = [default_us(w) * 1e-6]
-                seeded = run_secs is not None and seed_default_record(database, w.func, target, trace, run_secs)
-            totals["seeded"] += seeded
-            stopper = None
-            if deadline is not None:
-                stopper = _Stopper(deadline, stop_at, min(planned, BUDGET_TRIALS_PER_ITER), interrupted)
-            folder = None if work_dir is None else os.path.join(work_dir, w.name)
-            per_iter = BUDGET_TRIALS_PER_ITER if deadline is not None else 64
-            outcome = _tune_one(w.name, w.func, target, database, planned, workers.runner(), check_cached=False,
-                                per_iter=per_iter, stopper=stopper, work_dir=folder, builder=workers.builder())
-            totals["trials"] += outcome.trials  # counted after the seed was committed
-            totals["seconds"] += outcome.seconds
-            message = outcome.message
-            if stopper is not None and stopper.stopped_by:
-                deadline_hit |= stopper.stopped_by == "deadline"
-                reason = {"deadline": "the model's deadline", "share": "the end of its time share", "interrupt": "Ctrl-C"}
-                message = message or f"search stopped at {reason[stopper.stopped_by]}"
-            outcome = dataclasses.replace(outcome, message=message, seeded=bool(seeded), planned_trials=planned)
-            outcomes[w.name], chosen[w.name] = _decide(w, outcome, database, target, default_us, measure, seed_keys[w.name], defaults)
-            _report_progress(bar, w, outcomes[w.name], progress)
-            if interrupted.is_set():  # Ctrl-C during that workload: stop here (its records are saved)
-                raise KeyboardInterrupt
-    scheduled, report = {}, []
-    for w in groups:
-        outcome = outcomes[w.name]
-        for member in w.members:
-            shared = outcome if member == w.name else dataclasses.replace(outcome, func=member, trials=0, seconds=0.0, seeded=False)
-            report.append(dataclasses.replace(shared, workload=w.name, layers=w.layers))
-            if outcome.kernel == "tuned":
-                scheduled[member] = replay(funcs[member], chosen[w.name])
-    order = {name: i for i, name in enumerate(funcs)}
-    report.sort(key=lambda r: order[r.func])
-    return TuningRun(
-        scheduled, report, len(groups), sum(w.layers for w in groups), totals["trials"], totals["seconds"],
-        time.monotonic() - start, minutes, deadline_hit, totals["seeded"],
-    )
+                bar.set_postfix_str(f"{w.name[:32]} x{w.layers}, {share[0]} trials")
+                self.search_one(w, *share, workers, interrupted, work_dir)
+                report(w, self.outcomes[w.name])
+                if interrupted.is_set():  # Ctrl-C during that workload: stop here (its records are saved)
+                    raise KeyboardInterrupt
+
+    def share(self, index: int, w: Workload) -> tuple[int, float | None] | None:
+        """(trials, time to stop at) of pending workload `index`; None when the deadline leaves it no time."""
+        if self.deadline is None:
+            return self.trials, None
+        now = time.monotonic()
+        left = self.deadline - now
+        totals = self.totals
+        rate = totals["trials"] / totals["seconds"] if totals["trials"] >= MIN_TRIALS else PRIOR_TRIALS_PER_MINUTE / 60
+        if left <= 0 or (totals["trials"] >= MIN_TRIALS and left < MIN_TRIALS / rate / 2):
+            self.deadline_hit = True
+            return None
+        rest = sum(self.weights[p.name] for p in self.pending[index:])
+        planned, seconds = budget_share(left, self.weights[w.name], rest, rate, self.trials)
+        return planned, now + seconds * OVERRUN
+
+    def search_one(self, w: Workload, planned: int, stop_at, workers, interrupted, work_dir) -> None:
+        """Seed the search with the default schedule's record, search within the share, decide."""
+        target, database = self.target, self.database
+        seeded = False
+        if self.seeds[w.name] is not None:
+            trace, seeded_func = self.seeds[w.name]
+            run_secs = ms_run_secs(workers.builder(), workers.runner(), seeded_func, target)
+            if run_secs is None and self.default_us(w) is not None:
+                run_secs = [self.default_us(w) * 1e-6]
+            seeded = run_secs is not None and seed_default_record(database, w.func, target, trace, run_secs)
+        self.totals["seeded"] += seeded
+        stopper = None
+        if self.deadline is not None:
+            stopper = _Stopper(self.deadline, stop_at, min(planned, BUDGET_TRIALS_PER_ITER), interrupted)
+        folder = None if work_dir is None else os.path.join(work_dir, w.name)
+        per_iter = BUDGET_TRIALS_PER_ITER if self.deadline is not None else 64
+        outcome = _tune_one(w.name, w.func, target, database, planned, workers.runner(), check_cached=False,
+                            per_iter=per_iter, stopper=stopper, work_dir=folder, builder=workers.builder())
+        self.totals["trials"] += outcome.trials  # counted after the seed was committed
+        self.totals["seconds"] += outcome.seconds
+        message = outcome.message
+        if stopper is not None and stopper.stopped_by:
+            self.deadline_hit |= stopper.stopped_by == "deadline"
+            reason = {"deadline": "the model's deadline", "share": "the end of its time share", "interrupt": "Ctrl-C"}
+            message = message or f"search stopped at {reason[stopper.stopped_by]}"
+        self.decide(w, dataclasses.replace(outcome, message=message, seeded=bool(seeded), planned_trials=planned))
+
+    def decide(self, w: Workload, outcome: LayerTuning) -> None:
+        self.outcomes[w.name], self.chosen[w.name] = _decide(
+            w, outcome, self.database, self.target, self.default_us, self.measure, self.seed_keys[w.name], self.defaults)
+
+    def result(self) -> TuningRun:
+        """Each layer's schedule (the tuned ones replayed on every member of a workload) and the report."""
+        scheduled, report = {}, []
+        for w in self.groups:
+            outcome = self.outcomes[w.name]
+            for member in w.members:
+                shared = outcome if member == w.name else dataclasses.replace(
+                    outcome, func=member, trials=0, seconds=0.0, seeded=False)
+                report.append(dataclasses.replace(shared, workload=w.name, layers=w.layers))
+                if outcome.kernel == "tuned":
+                    scheduled[member] = replay(self.funcs[member], self.chosen[w.name])
+        order = {name: i for i, name in enumerate(self.funcs)}
+        report.sort(key=lambda r: order[r.func])
+        totals = self.totals
+        return TuningRun(
+            scheduled, report, len(self.groups), sum(w.layers for w in self.groups), totals["trials"],
+            totals["seconds"], time.monotonic() - self.start, self.minutes, self.deadline_hit, totals["seeded"],
+        )
 
 
 class _SharedWorkers:
@@ -726,7 +772,7 @@ def space_generator(target):
     VNNI, MetaSchedule would pick its x86 int8 dot-product rules, which need the tensor intrinsics (the 30 s
     `tvm.s_tir.tensor_intrin` import this module skips: "TensorIntrin 'dot_16x4_vnni' is not registered")
     and do nothing for float layers."""
-    if target.kind.name != "llvm":
+    if not describe(target).cpu:
         return "post-order-apply"
     import tvm.s_tir.meta_schedule as ms
 
@@ -831,7 +877,7 @@ _DISCARD = _Discard()
 def tensor_intrin_import_skipped(target):
     """On llvm, stand in an empty module for `tvm.s_tir.tensor_intrin` (fp32 CPU rules use none)."""
     key = "tvm.s_tir.tensor_intrin"
-    if target.kind.name != "llvm" or key in sys.modules:
+    if not describe(target).cpu or key in sys.modules:
         yield
         return
     sys.modules[key] = types.ModuleType(key)
@@ -1075,8 +1121,9 @@ def _seed_watch(database, seedable: list):
 
 
 def device_kind(target) -> str:
-    """The runtime device kind a target's kernels run on: "cpu" for llvm, else the target's kind ("cuda")."""
-    return "cpu" if target.kind.name == "llvm" else target.kind.name
+    """The device kind that runs a target's trials: the engine's ("cpu", "cuda"), else TVM's name of the kind."""
+    info = describe(target)
+    return info.device if info.cpu or info.gpu else info.kind
 
 
 def local_device_present(kind: str) -> bool:
@@ -1110,7 +1157,7 @@ def require_local_device(target, device_present: bool | None = None) -> str:
         device_present = local_device_present(kind)
     if not device_present:
         raise TvmschedError(
-            f"tuning for {target.kind.name} measures its trials on a {kind} device and this machine has none: "
+            f"tuning for {describe(target).kind} measures its trials on a {kind} device and this machine has none: "
             f"tune on the GPU machine itself, measure over RPC (--rpc HOST:PORT:KEY), or build kits here and "
             f"measure them there in rounds (tvmsched tune kit / tune measure / tune import, then compile --db; "
             f"see docs/tuning-gpu.md)"

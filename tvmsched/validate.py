@@ -113,9 +113,12 @@ def host_memory_bytes() -> int:
 
 
 def _device_memory(tvm_target) -> tuple[int | None, str]:
-    kind = getattr(getattr(tvm_target, "kind", None), "name", "llvm")
-    if kind == "llvm":
+    from tvmsched.targets import describe
+
+    info = describe(tvm_target) if tvm_target is not None else None
+    if info is None or info.cpu:
         return host_memory_bytes(), "this machine's memory"
+    kind = info.kind
     try:
         import tvm
 
