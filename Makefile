@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 $(ENGINE): $(STAMP) $(ENGINE_SOURCES)
 	mkdir -p build && cmake -S runtime/native -B build/native -DPython_EXECUTABLE=$(abspath $(PY)) \
 		-Dtvm_ffi_DIR="$$($(PY) -m tvm_ffi.config --cmakedir)" \
-		-DTVMSCHED_TVM_LIBDIR="$$($(PY) -c 'import tvmsched.native as n; print(n.tvm_libdir())')" > build/native-cmake.log
+		-DTVMSCHED_TVM_LIBDIR="$$($(PY) -c 'import tvmsched.runtime.native as n; print(n.tvm_libdir())')" > build/native-cmake.log
 	cmake --build build/native -j2
 	rm -rf tvmsched/include tvmsched/cmake && cp -r runtime/native/include runtime/native/cmake tvmsched/  # shipped in the package
 	mkdir -p tvmsched/lib && cp build/native/libtvmsched_engine.so $(ENGINE).tmp && mv -f $(ENGINE).tmp $(ENGINE)  # a new inode: running processes keep theirs
@@ -35,7 +35,7 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 cpp: setup
 	dpkg -s $(CPP_PACKAGES) >/dev/null 2>&1 || ($(SUDO) apt-get update && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y $(CPP_PACKAGES))
 	mkdir -p build && cmake -S examples/cpp -B build/cpp -DPython_EXECUTABLE=$(abspath $(PY)) \
-		-Dtvmsched_DIR="$$($(PY) -m tvmsched.native --cmakedir)" > build/cpp-cmake.log || (cat build/cpp-cmake.log; exit 1)
+		-Dtvmsched_DIR="$$($(PY) -m tvmsched.runtime.native --cmakedir)" > build/cpp-cmake.log || (cat build/cpp-cmake.log; exit 1)
 	cmake --build build/cpp -j2
 
 demo: setup
@@ -55,7 +55,6 @@ lint: setup
 # flight, events, re-plans), so the GPU path's logic is tested on every run (docs/architecture.md)
 ASYNC_TESTS = tests/runtime/test_engine.py tests/runtime/test_preemption.py tests/runtime/test_switching.py \
 	tests/runtime/test_tiering.py tests/runtime/test_faults.py
-
 test: setup lint
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --durations=10
 	TVMSCHED_CPU_LAUNCHES=async $(PY) -m pytest -q -n $(PYTEST_WORKERS) $(ASYNC_TESTS)

@@ -45,7 +45,7 @@ if engine == "tvmsched":
     times = ex.time_runs(inputs, runs(first), warmup=3 if first < 1 else 1)
 else:
     from tvmsched import models
-    from tvmsched.compare import onnxruntime_session, time_onnxruntime
+    from tvmsched.cli.compare import onnxruntime_session, time_onnxruntime
     import onnx
     base = rss_mb()
     sess = onnxruntime_session(path, threads)
@@ -56,7 +56,7 @@ else:
         inputs = models.random_inputs(onnx.load(path, load_external_data=False), seed=0)
     (first,) = time_onnxruntime(sess, inputs, 1, warmup=0, name=path)
     times = time_onnxruntime(sess, inputs, runs(first), warmup=2 if first < 1 else 0, name=path)
-from tvmsched.compare import latency_summary
+from tvmsched.cli.compare import latency_summary
 summary = latency_summary(times)
 print(json.dumps({"p50_ms": summary["p50_ms"], "p99_ms": summary["p99_ms"], "runs": summary["runs"],
                   "peak_rss_mb": rss_mb(), "model_rss_mb": rss_mb() - base}))

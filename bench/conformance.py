@@ -18,7 +18,7 @@ from pathlib import Path
 
 import onnx
 
-from tvmsched.conformance import DEFAULT_TIMEOUT_S, CaseResult, case_ops, collect_cases, run_sweep
+from tvmsched.cli.conformance import DEFAULT_TIMEOUT_S, CaseResult, case_ops, collect_cases, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "bench" / "results" / "conformance.md"

@@ -110,7 +110,7 @@ import numpy as np
 kind, path, inputs_path, neighbour_path, threads = sys.argv[1:6]
 if kind == "tvmsched":
     import tvmsched.runtime
-    from tvmsched import native
+    from tvmsched.runtime import native
     ex = tvmsched.runtime.load(path)
     if inputs_path and os.path.exists(inputs_path):
         with np.load(inputs_path) as saved:
@@ -119,11 +119,11 @@ if kind == "tvmsched":
         inputs = ex.random_inputs(seed=0)
     def timed(n, warmup):
         return [t * 1e3 for t in ex.time_runs(inputs, n, warmup=warmup)]
-    pool = dict(native.engine().get_global_func("tvmsched.engine.cpu_pool")())
+    pool = native.cpu_pool()
 else:
     import onnx
     from tvmsched import models
-    from tvmsched.compare import onnxruntime_session
+    from tvmsched.cli.compare import onnxruntime_session
     sess = onnxruntime_session(path, int(threads))
     if inputs_path and os.path.exists(inputs_path):
         with np.load(inputs_path) as saved:

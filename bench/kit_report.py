@@ -66,7 +66,7 @@ def main() -> None:
         plot(data, args.plot, f"{results['device_name'].strip(chr(0) + chr(32))}: latency vs SMs (green contexts)")
     layers = {}
     if args.artifact:
-        from tvmsched.artifact import Artifact
+        from tvmsched.artifact.format import Artifact
 
         manifest = Artifact.load(args.artifact).manifest
         layers = {layer.func: layer for layer in manifest.layers}

@@ -39,7 +39,7 @@ def main() -> int:
 
     from tvmsched import models
     from tvmsched.pipeline import compile_model
-    from tvmsched.bench_switch import format_switching, measure_switching
+    from tvmsched.cli.bench_switch import format_switching, measure_switching
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)

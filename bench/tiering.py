@@ -50,7 +50,7 @@ def topology(need: int, mix: str, disk: str) -> dict:
 
 def measure(path: str, name: str, device: str, requests: int, repeat: int, progress) -> list[dict]:
     from tvmsched.errors import TvmschedError
-    from tvmsched.native import func
+    from tvmsched.runtime import native
     from tvmsched.runtime import Runtime
     from tvmsched.runtime.executor import Executor
     from tvmsched.runtime.switching import footprint
@@ -65,7 +65,7 @@ def measure(path: str, name: str, device: str, requests: int, repeat: int, progr
     for factor in FACTORS:
         for mix in ("dram",) if factor == 1 else ("dram", "dram+cxl+disk"):
             gc.collect()
-            baseline = int(func("device_memory")(device)["in_use"])
+            baseline = native.device_memory(device)["in_use"]
             budget = baseline + (need + 4096 if factor == 1 else need // factor)
             with Runtime(device, memory_budget=budget, tiering=TierSettings(topology=topology(need, mix, disk))) as rt:
                 try:
@@ -84,7 +84,7 @@ def measure(path: str, name: str, device: str, requests: int, repeat: int, progr
                 else:
                     info = rt.tiering(model)
                     events = rt.tier_events()
-                    floor = func("tier_copy_floor")(model.task.executor.native, 5)
+                    floor = native.tier_copy_floor(model.task.executor.native, 5)
                     tiers = {str(k): (float(v[0]), int(v[1])) for k, v in floor.items()}
                     streamed = sum(info["streamed_group_bytes"])
                     # bytes crossing per request: every streamed group once (checked against the record)
@@ -105,7 +105,7 @@ def measure(path: str, name: str, device: str, requests: int, repeat: int, progr
                 rows.append(row)
                 progress(f"{name} {factor}x {mix}: {per_request * 1e3:.2f} ms/request")
             rt = model = None
-            func("set_memory_budget")(device, 0)
+            native.set_memory_budget(device, 0)
     return rows
 
 

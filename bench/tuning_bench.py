@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tvmsched.compare import latency_summary, onnxruntime_session, time_onnxruntime
+from tvmsched.cli.compare import latency_summary, onnxruntime_session, time_onnxruntime
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tvmsched.compare import latency_summary, onnxruntime_session, runtime_threads, time_onnxruntime
+from tvmsched.cli.compare import latency_summary, onnxruntime_session, runtime_threads, time_onnxruntime
 
 RESULTS = Path(__file__).parent / "results"
 

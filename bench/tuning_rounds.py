@@ -24,7 +24,7 @@ os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 
 def best_per_workload(database, funcs, target) -> dict:
     """{workload representative: (best record's mean us, its trace)} in `database`'s scope."""
-    from tvmsched import tuning
+    from tvmsched.tune import search as tuning
 
     out = {}
     for w in tuning.group_workloads(funcs):
@@ -36,9 +36,9 @@ def best_per_workload(database, funcs, target) -> dict:
 
 def run_arm(model, tmp: Path, name: str, rounds: list[tuple[int, bool]], measured_ratio: float = 0.2) -> dict:
     """Kits of (samples, seeded) in turn, each measured at all units and imported into the arm's own database."""
-    from tvmsched.measure_kit import build_kit, import_results
+    from tvmsched.tune.kit_build import build_kit, import_results
     from tvmsched.pipeline import lower_model, open_tuning_database
-    from tvmsched.runtime.kit_measure import measure_kit
+    from tvmsched.tune.kit_run import measure_kit
 
     db_url = f"sqlite:///{tmp / name}.db"
     _, funcs, target = lower_model(model, "llvm", None)
@@ -64,10 +64,10 @@ def run_arm(model, tmp: Path, name: str, rounds: list[tuple[int, bool]], measure
 
 def side_by_side(arms: dict, model) -> dict:
     """Each arm's final best schedule per workload, timed again together: {arm: {workload: us}}."""
-    from tvmsched import tuning
-    from tvmsched.candidates import cpu_units
-    from tvmsched.layers import arg_specs
-    from tvmsched.measure import measure_together
+    from tvmsched.tune import search as tuning
+    from tvmsched.tune.candidates import cpu_units
+    from tvmsched.lower.layers import arg_specs
+    from tvmsched.tune.local_timing import measure_together
     from tvmsched.pipeline import lower_model
 
     graph, funcs, target = lower_model(model, "llvm", None)

@@ -61,7 +61,7 @@ def build_layer(mod, target):
     import tvm
     from tvm import relax
 
-    from tvmsched import cpu_schedule
+    from tvmsched.lower import cpu_schedule
 
     with target:
         mod = relax.transform.LegalizeOps()(mod)
@@ -90,10 +90,10 @@ def _constants(mod) -> list:
 
 
 def time_pair(funcs: dict, specs: dict, target, repeat: int) -> dict:
-    """Median microseconds per layout, warm and cold, the layouts taking turns (tvmsched.measure.measure_together,
+    """Median microseconds per layout, warm and cold, the layouts taking turns (tvmsched.tune.local_timing.measure_together,
     the keep-or-drop decision's timer): warm, `repeat` batches of at least 10 ms; cold, 5 x `repeat` single runs."""
-    from tvmsched.candidates import cpu_units
-    from tvmsched.measure import measure_together
+    from tvmsched.tune.candidates import cpu_units
+    from tvmsched.tune.local_timing import measure_together
 
     entries = [(funcs[name], specs[name]) for name in funcs]
     out = {}
@@ -111,8 +111,8 @@ def main() -> None:
 
     import tvm
 
-    from tvmsched import lowering
-    from tvmsched.targets import make_target
+    from tvmsched.lower import relax as lowering
+    from tvmsched.lower.targets import make_target
 
     target = make_target("llvm")
     rng = np.random.default_rng(0)
@@ -142,8 +142,8 @@ def main() -> None:
 def write_report(out: Path, rows, repeat: int) -> None:
     lines = ["# Weight packing: one layer, its weight as the model has it against packed (issue 16)", "",
              f"Command: `python bench/weight_packing.py --repeat {repeat}`  ", machine_line(machine_info()), "",
-             "Both layouts under the same default CPU schedule (tvmsched/cpu_schedule.py), built as one module and "
-             "timed in turns by tvmsched.measure.measure_together: warm, the median of "
+             "Both layouts under the same default CPU schedule (tvmsched/lower/cpu_schedule.py), built as one module and "
+             "timed in turns by tvmsched.tune.local_timing.measure_together: warm, the median of "
              f"{repeat} batches of at least 10 ms; cold, the median of {5 * repeat} single runs, caches flushed of all "
              "but the input before each.", "",
              "| layer | data | weight | packed weight | warm us (model's) | warm us (packed) | warm speed-up "

@@ -1,7 +1,7 @@
 """Models whose inputs are indices: BERT-tiny over token ids, and a DLRM-style recommender.
 
 Their integer inputs index embedding tables at run time, so they exercise the bounds checks
-(tvmsched.index_checks) and measure what the checks cost. Each integer input records its valid
+(tvmsched.frontend.index_checks) and measure what the checks cost. Each integer input records its valid
 range in the model's metadata (``index_range:<input>``), which :func:`random_inputs` reads.
 """
 

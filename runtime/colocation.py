@@ -103,7 +103,7 @@ def device_name(device: str) -> str:
     import platform
 
     if device == "cuda":
-        from tvmsched import native
+        from tvmsched.runtime import native
 
         return str(native.device_info("cuda")["name"])
     return f"cpu:{platform.processor() or platform.machine()}"

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import tvm_ffi
 
-from tvmsched.artifact import Artifact, Manifest
+from tvmsched.artifact.format import Artifact, Manifest
 from tvmsched.errors import TvmschedError, one_line
-from tvmsched import native
-from tvmsched.targets import check_cpu_features
+from tvmsched.runtime import native
+from tvmsched.lower.targets import check_cpu_features
 
 def to_engine(inputs: dict[str, np.ndarray]) -> dict:
     """Host arrays as tvm-ffi tensors (zero-copy for C-contiguous numpy arrays)."""
@@ -98,7 +98,17 @@ class Executor:
         self.device = self.native.device_kind()
         self.num_layers = self.native.num_layers()
         self.output_names = tuple(binding.name for binding in self.manifest.outputs)
-        self.tiered = tiered is not None
+
+    @property
+    def resident(self) -> bool:
+        """Whether its environment and every sub-task are on the device now."""
+        return bool(self.native.resident())
+
+    @property
+    def placement(self) -> str:
+        """Where its memory is (the engine's Placement): "resident" (prepared at load), "staged" (a switcher's:
+        prepared when requests need it) or "streamed" (weights streamed from the memory tiers)."""
+        return str(self.native.placement())
 
     @property
     def reuse_distance(self) -> int:

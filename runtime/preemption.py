@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tvmsched.errors import TvmschedError
-from tvmsched import native
+from tvmsched.runtime import native
 from tvmsched.runtime.executor import Executor, candidate_list, from_engine, to_engine
 from tvmsched.runtime.policies.priority import Priorities  # the real-time policy (re-exported: public API)
 

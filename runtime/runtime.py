@@ -31,7 +31,7 @@ import numpy as np
 import tvm_ffi
 
 from tvmsched.errors import TvmschedError
-from tvmsched import native
+from tvmsched.runtime import native
 from tvmsched.runtime import policies
 from tvmsched.runtime.executor import Executor, candidate_list
 from tvmsched.runtime.policies.priority import Priorities
@@ -63,12 +63,17 @@ class Model:
     @property
     def resident(self) -> bool:
         """Whether its environment and every sub-task are on the device now (else a request switches it in)."""
-        return bool(self.task.executor.native.resident())
+        return self.task.executor.resident
 
     @property
     def tiered(self) -> bool:
         """Larger than the memory budget: its weights stream from the host tiers (runtime/tiering.py)."""
-        return self.task.executor.tiered
+        return self.task.executor.placement == "streamed"
+
+    @property
+    def placement(self) -> str:
+        """Where its memory is: "resident", "staged" (switched in by the switcher) or "streamed" (tiered)."""
+        return self.task.executor.placement
 
 
 class Runtime:
@@ -181,7 +186,7 @@ class Runtime:
         task = Task(executor, name, self._max_in_flight, self._progress_interval_ms,  # plans its memory first
                     stall_timeout_s=self._stall_timeout_s, quiet_gc=self._freeze_gc)
         try:
-            if not executor.tiered and resident and not self.switcher.prefetch(executor):
+            if executor.placement == "staged" and resident and not self.switcher.prefetch(executor):
                 log.info("model %s does not fit beside the resident models: registered, switched in on demand", name)
         except Exception:
             task.close()

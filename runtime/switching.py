@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvmsched import native
+from tvmsched.runtime import native
 from tvmsched.errors import TvmschedError
 
 STAGES = ("stage1", "stage2", "exec", "clean", "evict")

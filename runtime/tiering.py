@@ -138,7 +138,7 @@ class TierTask:
     def from_artifact(cls, path: str | Path, parts: int) -> TierTask:
         """An artifact (named by its file stem) split into `parts` groups of consecutive layers that
         balance bytes: a layer's bytes are the weights it reads first plus its outputs."""
-        from tvmsched.artifact import Manifest
+        from tvmsched.artifact.format import Manifest
 
         sizes = layer_bytes(Manifest.verified(path))
         ranges = split_layers(sizes, _check_parts(parts, str(path)))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tvmsched import models
-from tvmsched.artifact import SCHEMA_VERSION, Artifact
+from tvmsched.artifact.format import SCHEMA_VERSION, Artifact
 from tvmsched.errors import TvmschedError
 from tvmsched.pipeline import compile_model
 

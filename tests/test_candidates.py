@@ -5,7 +5,7 @@ import pytest
 
 from tests.helpers import onnxruntime_outputs
 from tvmsched import models
-from tvmsched.candidates import kept_units, qos_bounds
+from tvmsched.tune.candidates import kept_units, qos_bounds
 from tvmsched.errors import TvmschedError
 from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor

@@ -184,7 +184,7 @@ def test_check_rejects_all_zero_outputs_and_accepts_identical_nans(tmp_path):
     import onnxruntime
 
     from tvmsched import models
-    from tvmsched.cli import _check_against_onnxruntime
+    from tvmsched.cli.main import _check_against_onnxruntime
     from tvmsched.errors import TvmschedError
 
     path = tmp_path / "mlp.onnx"
@@ -229,7 +229,7 @@ def test_a_failed_import_leaves_no_tvm_warning_after_the_error_line():
 from onnx import TensorProto, helper
 from tests.helpers import make_model
 from tvmsched.errors import TvmschedError
-from tvmsched.frontend import import_model
+from tvmsched.frontend.loader import import_model
 value = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
 model = make_model([helper.make_node("Concat", ["a", "b"], ["y"], axis=0)], [value("a", [2, 3]), value("b", [2, 3, 4])], [value("y", [4, 3])])
 try:
@@ -269,7 +269,7 @@ def test_onnxruntime_timed_with_the_runtime_threads(compiled):
 
     import onnxruntime
 
-    from tvmsched import compare
+    from tvmsched.cli import compare
 
     model, _ = compiled
     assert compare.runtime_threads("cpu") == int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count())

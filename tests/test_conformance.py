@@ -1,4 +1,4 @@
-"""ONNX backend node-test conformance (tvmsched.conformance): no case in the baseline may regress."""
+"""ONNX backend node-test conformance (tvmsched.cli.conformance): no case in the baseline may regress."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from tvmsched.conformance import SUPPORTED_OPS, collect_cases, run_case, run_sweep
+from tvmsched.cli.conformance import SUPPORTED_OPS, collect_cases, run_case, run_sweep
 
 BASELINE = Path(__file__).parent / "data" / "conformance_baseline.json"
 RECORD = "re-record with `python bench/conformance.py --write-baseline` only if the change is intended"

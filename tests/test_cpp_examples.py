@@ -150,7 +150,7 @@ def gather(tmp_path_factory):
     from onnx import TensorProto, helper, numpy_helper
 
     from tests.helpers import make_model
-    from tvmsched.signing import generate_keys, load_private_key
+    from tvmsched.artifact.signing import generate_keys, load_private_key
 
     folder = tmp_path_factory.mktemp("gather")
     table = numpy_helper.from_array(np.arange(30, dtype=np.float32).reshape(5, 6), "d")

@@ -10,11 +10,13 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import tirx
 
 from tests.helpers import make_model, onnxruntime_outputs
-from tvmsched import cpu_schedule, frontend, lowering
-from tvmsched.kernels import layer_funcs
+from tvmsched.lower import cpu_schedule
+from tvmsched.frontend import loader as frontend
+from tvmsched.lower import relax as lowering
+from tvmsched.lower.kernels import layer_funcs
 from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor
-from tvmsched.targets import make_target
+from tvmsched.lower.targets import make_target
 
 pytest.importorskip("onnxruntime")
 

@@ -29,7 +29,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from tvmsched import models
-from tvmsched.cli import main
+from tvmsched.cli.main import main
 from tvmsched.errors import TvmschedError
 from tvmsched.runtime import load
 

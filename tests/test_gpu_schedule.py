@@ -1,4 +1,4 @@
-"""Default CUDA schedules fill the GPU (tvmsched.gpu_schedule), checked without a GPU.
+"""Default CUDA schedules fill the GPU (tvmsched.lower.gpu_schedule), checked without a GPU.
 
 Waves: every layer holding >= 2% of a zoo model's FLOPs launches at least one block per SM in each of its
 launches. Numerics: TIR's meaning is sequential (a thread binding only says where an iteration runs), so a
@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 from tests.helpers import run_cli
-from tvmsched import gpu_schedule, kernels, models
-from tvmsched.gpu_schedule import Tiling, choose_tiling
+from tvmsched import models
+from tvmsched.lower import gpu_schedule
+from tvmsched.lower import kernels
+from tvmsched.lower.gpu_schedule import Tiling, choose_tiling
 from tvmsched.passes.launch_geometry import launch_blocks
 from tvmsched.pipeline import lower_model
 
@@ -145,7 +147,7 @@ def test_split_k_layer_keeps_its_epilogue():
 
 def test_sm_count_override(monkeypatch):
     from tvmsched.errors import TvmschedError
-    from tvmsched.targets import gpu_sms, make_target
+    from tvmsched.lower.targets import gpu_sms, make_target
 
     target = make_target("cuda")
     assert gpu_sms(target) == H100_SMS

@@ -1,5 +1,5 @@
 """issue 16: real exports that did not import — dynamic-axes TorchScript exports (shape arithmetic folded at
-the ONNX level with the input shapes fixed, tvmsched.onnx_fold), PRelu with a per-channel slope, Slice in its
+the ONNX level with the input shapes fixed, tvmsched.frontend.fold), PRelu with a per-channel slope, Slice in its
 opset-1 attribute form — and refusals that name the op and the reason. Outputs are compared with onnxruntime."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tests.helpers import onnxruntime_outputs
 from tvmsched.errors import TvmschedError
-from tvmsched.onnx_fold import MAX_FOLDED_BYTES, fold_constants
+from tvmsched.frontend.fold import MAX_FOLDED_BYTES, fold_constants
 from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor
 
@@ -61,7 +61,7 @@ def test_prelu_per_channel_slope_applies_per_channel(caplog):
     model = _model([node], [("x", F, [2, 8, 5, 6])], [("y", F, [2, 8, 5, 6])], [numpy_helper.from_array(slope, "slope")])
     per_channel = _model([node], [("x", F, [2, 8, 5, 6])], [("y", F, [2, 8, 5, 6])],
                          [numpy_helper.from_array(slope.reshape(8, 1, 1), "slope")])
-    with caplog.at_level(logging.WARNING, logger="tvmsched.onnx_rewrites"):
+    with caplog.at_level(logging.WARNING, logger="tvmsched.frontend.rewrites"):
         _assert_matches(model, {"x": rng.standard_normal((2, 8, 5, 6)).astype(np.float32)}, reference_model=per_channel)
     assert "prelu_c" in caplog.text and "per channel" in caplog.text
 
@@ -253,8 +253,8 @@ def test_lowering_refusal_names_the_relax_op_and_the_failing_assert():
     """What used to end in a bare "AssertionError": the op, its operands and the failed check."""
     from tvm.relax.frontend.onnx import from_onnx
 
-    from tvmsched import lowering
-    from tvmsched.targets import make_target
+    from tvmsched.lower import relax as lowering
+    from tvmsched.lower.targets import make_target
 
     slope = numpy_helper.from_array(np.full(5, 0.1, np.float32), "slope")
     model = _model([helper.make_node("PRelu", ["x", "slope"], ["y"])], [("x", F, [1, 8, 6, 6])], [("y", F, [1, 8, 6, 6])],

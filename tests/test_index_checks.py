@@ -1,4 +1,4 @@
-"""Indices read from run-time data are bounds-checked (tvmsched.index_checks; issue 12 item 1).
+"""Indices read from run-time data are bounds-checked (tvmsched.frontend.index_checks; issue 12 item 1).
 
 Every op that indexes with run-time values gives onnxruntime's answers in range (negative indices
 included) and a one-line error out of range, on every entry point; the next request is unaffected.

@@ -1,6 +1,6 @@
 """Invalid ONNX models that onnxruntime rejects: `tvmsched compile` refuses each with one `error:` line, exit 2.
 
-TVM's Relax importer converts such models regardless (tvmsched.validate). Every case is checked
+TVM's Relax importer converts such models regardless (tvmsched.frontend.validate). Every case is checked
 against onnxruntime too, to prove the model really is invalid.
 """
 
@@ -12,7 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.helpers import assert_user_error, make_model, run_cli
-from tvmsched import models, validate
+from tvmsched import models
+from tvmsched.frontend import validate
 from tvmsched.errors import TvmschedError
 
 ort = pytest.importorskip("onnxruntime")
@@ -175,7 +176,7 @@ def test_supported_opsets_cover_tvm_converters_and_stop_at_onnx():
 def test_zoo_models_pass_the_strict_validation(name):
     model = models.build(name)
     validate.check_model(model)
-    from tvmsched.frontend import input_signature
+    from tvmsched.frontend.loader import input_signature
 
     validate.check_tensor_sizes(model, input_signature(model))
 
@@ -217,7 +218,7 @@ def test_batchnorm_parameters_not_the_channel_count(tmp_path):
 
 def test_batchnorm_folding_refuses_mismatched_parameters():
     """The folding itself (reached without the validation through frontend.to_relax) never broadcasts."""
-    from tvmsched.onnx_rewrites import fold_batchnorm_into_conv
+    from tvmsched.frontend.rewrites import fold_batchnorm_into_conv
 
     assert len(fold_batchnorm_into_conv(conv_batchnorm(2)).graph.node) == 1
     with pytest.raises(TvmschedError, match=r"BatchNormalization node 'bn' cannot fold into Conv 'conv': scale has shape \[3\]"):
@@ -270,7 +271,7 @@ def test_huge_constant_folded_at_compile_time_names_the_tensor_and_its_bytes(tmp
 
 def test_tensor_limits(monkeypatch):
     """Under the limit passes; over this machine's memory, or over the engine's 1 TiB per tensor, does not."""
-    from tvmsched.targets import make_target
+    from tvmsched.lower.targets import make_target
 
     model = make_model([helper.make_node("Relu", ["x"], ["y"])], [value("x", [1000, 1000])], [value("y", [1000, 1000])])
     signature = {"x": ((1000, 1000), "float32")}

@@ -8,10 +8,10 @@ import pytest
 from tests.helpers import assert_user_error, onnxruntime_outputs, run_cli
 from tvmsched import models
 from tvmsched.errors import TvmschedError
-from tvmsched.measure_kit import build_kit, import_results, record_units
+from tvmsched.tune.kit_build import build_kit, import_results, record_units
 from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor
-from tvmsched.runtime.kit_measure import default_unit_counts, measure_kit
+from tvmsched.tune.kit_run import default_unit_counts, measure_kit
 from tvmsched.tuning_db import open_store
 
 SAMPLES = 3

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import onnxruntime_outputs, run_cli
-from tvmsched.compare import onnxruntime_session
+from tvmsched.cli.compare import onnxruntime_session
 from tvmsched import models
 from tvmsched.pipeline import compile_file
 from tvmsched.runtime import Executor

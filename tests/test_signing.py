@@ -65,7 +65,7 @@ def test_a_member_changed_after_signing_fails_the_signature(signed, tmp_path, me
 
 
 def test_a_signature_moved_to_another_key_id_or_malformed_is_refused(signed, tmp_path):
-    from tvmsched.signing import key_id, load_public_key
+    from tvmsched.artifact.signing import key_id, load_public_key
 
     path = tmp_path / "t.tvms"
     path.write_bytes((signed / "s.tvms").read_bytes())

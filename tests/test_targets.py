@@ -17,8 +17,9 @@ import pytest
 from tests.helpers import assert_user_error, run_cli
 from tests.test_artifact import rewrite_member
 from tests.test_cpp_examples import cpp_build  # noqa: F401  (the fixture: `make cpp` once)
-from tvmsched import models, targets
-from tvmsched.artifact import Artifact, Manifest
+from tvmsched import models
+from tvmsched.lower import targets
+from tvmsched.artifact.format import Artifact, Manifest
 from tvmsched.errors import TvmschedError
 from tvmsched.pipeline import compile_model
 
@@ -72,7 +73,7 @@ def test_portable_levels_are_valid_targets(spec, config):
 
 
 def test_target_parsing_needs_no_tvm():
-    code = ("import sys; from tvmsched.targets import is_cuda_spec; "
+    code = ("import sys; from tvmsched.lower.targets import is_cuda_spec; "
             "assert not is_cuda_spec('llvm') and not is_cuda_spec('llvm:x86-64-v3') and is_cuda_spec('cuda'); "
             "assert 'tvm' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
@@ -112,7 +113,7 @@ def test_the_generated_code_differs_by_level():
 @x86_only
 def test_the_engine_and_llvm_agree_on_features():
     """The engine's CPUID table is the same list, reads the same host features as LLVM, and knows the levels."""
-    from tvmsched.native import func
+    from tvmsched.runtime.native import func
 
     info = func("cpu_features")()
     assert sorted(str(f) for f in info["checked"]) == sorted(targets.X86_RUNTIME_FEATURES)
@@ -148,7 +149,7 @@ def test_tuning_records_keep_one_target_hash():
     from tvmsched.tuning_db.ms_adapter import target_to_json
     from tvmsched.tuning_db.store import target_hash
 
-    code = ("from tvmsched.targets import make_target; from tvmsched.tuning_db.ms_adapter import target_to_json; "
+    code = ("from tvmsched.lower.targets import make_target; from tvmsched.tuning_db.ms_adapter import target_to_json; "
             "from tvmsched.tuning_db.store import target_hash; print(target_hash(target_to_json(make_target('llvm'))))")
     other = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=120)
     text = target_to_json(targets.make_target("llvm"))
@@ -232,7 +233,7 @@ def test_run_refuses_a_cpu_without_the_features(foreign, absent_feature):
 
 def test_the_python_runtime_refuses_a_cpu_without_the_features(foreign, absent_feature, tiny, tmp_path):
     from tvmsched.runtime import Executor, Runtime, load
-    from tvmsched.signing import generate_keys
+    from tvmsched.artifact.signing import generate_keys
 
     with pytest.raises(TvmschedError) as refused:
         load(foreign)

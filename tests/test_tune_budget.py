@@ -18,7 +18,8 @@ import onnx
 import pytest
 
 from tests.helpers import assert_user_error, onnxruntime_outputs, run_cli
-from tvmsched import models, pipeline, tuning
+from tvmsched import models, pipeline
+from tvmsched.tune import search as tuning
 from tvmsched.models.common import GraphBuilder, dense, make_model
 from tvmsched.runtime import Executor
 
@@ -37,7 +38,7 @@ def repeated_model(repeats: int = REPEATS, width: int = 64) -> onnx.ModelProto:
 
 
 def stand_in_seed(func, target):
-    """A default schedule to seed with that does not depend on tvmsched.cpu_schedule's current rules."""
+    """A default schedule to seed with that does not depend on tvmsched.lower.cpu_schedule's current rules."""
     from tvm.s_tir import Schedule
 
     sch = Schedule(func)
@@ -75,14 +76,14 @@ def test_equal_primfuncs_group_into_one_workload():
 def test_two_schedules_of_a_layer_are_timed_cold_side_by_side():
     """The keep-or-drop timing flushes the caches of all but the first argument before every run (TVM's
     cache_flush_cpu_non_first_arg): each kernel gets COLD_RUNS single-run samples, warm or cold alike valid."""
-    from tvmsched.candidates import cpu_units
-    from tvmsched.layers import arg_specs
+    from tvmsched.tune.candidates import cpu_units
+    from tvmsched.lower.layers import arg_specs
 
     graph, funcs, target = pipeline.lower_model(repeated_model(width=256))
     defaults = pipeline.kernels.default_schedule(funcs, target)
     name = next(iter(funcs))
     entries = [(defaults[name], arg_specs(graph)[name]), (funcs[name], arg_specs(graph)[name])]
-    from tvmsched.measure import measure_together
+    from tvmsched.tune.local_timing import measure_together
 
     cold = measure_together(entries, target, cpu_units(target), repeat=3, cold=True)
     warm = measure_together(entries, target, cpu_units(target), repeat=3)
@@ -115,7 +116,7 @@ def test_search_stops_before_an_iteration_that_would_pass_the_deadline():
 
 
 def test_bad_budgets_are_user_errors(tmp_path, capsys):
-    from tvmsched.cli import main
+    from tvmsched.cli.main import main
 
     model = tmp_path / "m.onnx"
     onnx.save(repeated_model(), model)
@@ -241,7 +242,7 @@ def test_busy_tuning_workers_die_with_a_killed_compile():
     until its job ended: found after CI runs. The workers now die with the process that started them."""
     script = textwrap.dedent("""
         import os, signal, time
-        from tvmsched import tuning
+        from tvmsched.tune import search as tuning
         builder = tuning.pooled_builder(max_workers=1)
         print(builder.pool.submit(os.getpid).result(), flush=True)
         builder.pool.submit(time.sleep, 120)  # the worker is busy when its parent dies

@@ -69,9 +69,11 @@ def test_tuned_artifact_matches_onnxruntime(tuned):
 def test_layers_without_a_valid_record_fall_back_and_are_reported(tmp_path):
     import tvm.s_tir.meta_schedule as ms
 
-    from tvmsched import frontend, kernels, lowering
-    from tvmsched.targets import make_target
-    from tvmsched.tuning import RUN_TIMEOUT_S, tune_layers
+    from tvmsched.frontend import loader as frontend
+    from tvmsched.lower import kernels
+    from tvmsched.lower import relax as lowering
+    from tvmsched.lower.targets import make_target
+    from tvmsched.tune.search import RUN_TIMEOUT_S, tune_layers
 
     def failing_evaluator(rt_mod, device, evaluator_config, repeated_args):
         raise RuntimeError("measurement refused by the test")

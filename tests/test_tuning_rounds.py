@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import assert_user_error, run_cli
-from tvmsched import models, tuning
+from tvmsched import models
+from tvmsched.tune import search as tuning
 from tvmsched.errors import TvmschedError
 from tvmsched.tuning_db import open_store
 
@@ -140,7 +141,7 @@ def test_compile_with_the_database_runs_the_rounds_records(rounds):
 
 
 def test_the_round_counts_rounds_of_samples_per_workload():
-    from tvmsched.measure_kit import kit_round
+    from tvmsched.tune.kit_build import kit_round
 
     def seeded(workload, records):
         return {"workload": workload, "seeded": {"records": records}}
@@ -162,8 +163,9 @@ def test_fresh_kit_ignores_the_database(rounds, tmp_path):
 _DEFAULT_SCHEDULE_KIT = """
 import json, sys, uuid
 from pathlib import Path
-from tvmsched import kernels, models
-from tvmsched.layers import arg_specs
+from tvmsched import models
+from tvmsched.lower import kernels
+from tvmsched.lower.layers import arg_specs
 from tvmsched.pipeline import lower_model
 from tvmsched.tuning_db.ms_adapter import target_dict
 
@@ -184,7 +186,7 @@ print(kernels.cuda_device_code())
 _LOAD_KIT = """
 import json, sys, tvm
 from tvmsched.runtime.devices import _ensure_cuda_runtime
-from tvmsched.runtime.kit_measure import load_library, read_kit
+from tvmsched.tune.kit_run import load_library, read_kit
 
 _ensure_cuda_runtime(tvm)
 kit = read_kit(sys.argv[1])
@@ -194,7 +196,7 @@ print(json.dumps({e["func"]: [m.kind for m in load_library(kit, sys.argv[1], e).
 
 @pytest.mark.skipif(not (shutil.which("nvcc") and shutil.which("cc")), reason="needs nvcc and a C compiler")
 def test_a_default_schedule_kit_of_cuda_source_loads_under_the_runtime_only_tvm(runtime_only_env, tmp_path):
-    from tvmsched.cuda_toolchain import _STUB_SOURCE
+    from tvmsched.lower.cuda_toolchain import _STUB_SOURCE
 
     kit = tmp_path / "kit"
     kit.mkdir()
@@ -220,7 +222,7 @@ def test_a_default_schedule_kit_of_cuda_source_loads_under_the_runtime_only_tvm(
 def test_a_cuda_target_is_measured_by_metaschedule_local_runner_on_the_local_gpu():
     import tvm.s_tir.meta_schedule as ms
 
-    from tvmsched.targets import make_target
+    from tvmsched.lower.targets import make_target
 
     cuda, cpu = make_target("cuda"), make_target("llvm")
     assert tuning.device_kind(cuda) == "cuda" and tuning.device_kind(cpu) == "cpu"

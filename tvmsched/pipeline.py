@@ -9,11 +9,14 @@ from pathlib import Path
 
 import onnx
 
-from tvmsched import __version__, frontend, kernels, lowering
-from tvmsched.artifact import Artifact, Binding, Candidate, IndexCheck, Layer, Manifest
+from tvmsched import __version__
+from tvmsched.frontend import loader as frontend
+from tvmsched.lower import kernels
+from tvmsched.lower import relax as lowering
+from tvmsched.artifact.format import Artifact, Binding, Candidate, IndexCheck, Layer, Manifest
 from tvmsched.errors import TvmschedError
-from tvmsched.layers import Graph, extract_graph
-from tvmsched.targets import describe, device_kind, make_target, target_json
+from tvmsched.lower.layers import Graph, extract_graph
+from tvmsched.lower.targets import TargetInfo, describe, device_kind, make_target, target_json
 
 log = logging.getLogger(__name__)
 
@@ -64,17 +67,7 @@ def compile_model(
             measure what the checks cost: an unchecked artifact reads and writes out of bounds on bad indices.
         progress: show a progress bar while tuning (or deciding between records and default schedules).
     """
-    if qos_ms is not None and qos_ms <= 0:
-        raise TvmschedError("--qos-ms needs a positive target")
-    check_tuning_budget(tune_trials, tune_minutes, qos_ms)
-    if rpc is not None and ((tune_trials <= 0 and tune_minutes is None) or qos_ms is not None):
-        raise TvmschedError("--rpc measures tuning trials: it needs --tune-trials > 0 or --tune-minutes, and no --qos-ms (not supported yet)")
-    info = describe(make_target(target))
-    if qos_ms is not None and tune_trials > 0 and not info.cpu:
-        raise TvmschedError(
-            f"restricted-unit tuning on {info.kind} measures on the device machine: build, measure and import a kit "
-            "(tvmsched tune kit / tune measure / tune import), then compile with --qos-ms and no --tune-trials"
-        )
+    info = _check_options(target, qos_ms, tune_trials, tune_minutes, rpc)
     graph, funcs, tvm_target = lower_model(model, target, input_shapes, index_checks)
     plan = _choose_kernels(
         graph, funcs, tvm_target, tune_trials=tune_trials, database=database, qos_ms=qos_ms, units=units, rpc=rpc,
@@ -96,7 +89,7 @@ def lower_model(model: onnx.ModelProto, target="llvm", input_shapes: dict | None
     With `index_checks` (the default), indices read from run-time data are bounds-checked: the
     graph's `index_checks` pair each check's int32 flag tensor with the node it guards.
     """
-    from tvmsched import validate
+    from tvmsched.frontend import validate
 
     validate.check_model(model)  # what onnxruntime rejects (TVM's importer converts it regardless)
     signature = frontend.input_signature(model, input_shapes)
@@ -107,7 +100,7 @@ def lower_model(model: onnx.ModelProto, target="llvm", input_shapes: dict | None
     mod = lowering.legalize_and_fuse(mod, tvm_target, clamp_take=index_checks)
     graph = extract_graph(mod)
     if checks:
-        from tvmsched.index_checks import WORD_BITS
+        from tvmsched.frontend.index_checks import WORD_BITS
 
         words = -(-len(checks) // WORD_BITS)
         flags, graph.outputs = graph.outputs[-words:], graph.outputs[:-words]
@@ -121,8 +114,8 @@ def _live_checks(graph: Graph, words: list[str], checks: list) -> list:
     """(word tensor, bit, check) of the checks whose flag words are computed at run time; a word TVM
     folded to a constant is dropped (its indices were constant after all), or a compile error when
     that constant says out of range."""
-    from tvmsched.index_checks import WORD_BITS
-    from tvmsched.index_checks import describe as describe_check
+    from tvmsched.frontend.index_checks import WORD_BITS
+    from tvmsched.frontend.index_checks import describe as describe_check
 
     live = []
     for number, word in enumerate(words):
@@ -163,7 +156,23 @@ def _progress_counted(plan: KernelPlan, *, gpu: bool) -> KernelPlan:
     return dataclasses.replace(plan, kernels=kernels_, candidates=candidates, progress_counters=True)
 
 
-def _extra_sources(plan: KernelPlan, info) -> dict[str, str]:
+def _check_options(target: str, qos_ms, tune_trials: int, tune_minutes, rpc) -> TargetInfo:
+    """compile_model's options that do not go together (one user error each); the target's description."""
+    if qos_ms is not None and qos_ms <= 0:
+        raise TvmschedError("--qos-ms needs a positive target")
+    check_tuning_budget(tune_trials, tune_minutes, qos_ms)
+    if rpc is not None and ((tune_trials <= 0 and tune_minutes is None) or qos_ms is not None):
+        raise TvmschedError("--rpc measures tuning trials: it needs --tune-trials > 0 or --tune-minutes, and no --qos-ms (not supported yet)")
+    info = describe(make_target(target))
+    if qos_ms is not None and tune_trials > 0 and not info.cpu:
+        raise TvmschedError(
+            f"restricted-unit tuning on {info.kind} measures on the device machine: build, measure and import a kit "
+            "(tvmsched tune kit / tune measure / tune import), then compile with --qos-ms and no --tune-trials"
+        )
+    return info
+
+
+def _extra_sources(plan: KernelPlan, info: TargetInfo) -> dict[str, str]:
     """C sources linked into the kernel library: the atomic add of CPU progress counters."""
     if plan.progress_counters and info.cpu:
         from tvmsched.passes.progress import CPU_SOURCE
@@ -210,7 +219,7 @@ def _choose_kernels(
             {f: [_single_candidate(f, scheduled[f], "tuned" if f in tuned else default)] for f in funcs},
             tuning=summary,
         )
-    from tvmsched.candidates import plan_candidates, plan_from_records
+    from tvmsched.tune.candidates import plan_candidates, plan_from_records
 
     if tune_trials > 0:
         plans = plan_candidates(graph, funcs, scheduled, tvm_target, database, qos_ms=qos_ms, units=units, trials=tune_trials, progress=progress)
@@ -279,7 +288,7 @@ def _tune(
     schedule, and a summary for the manifest."""
     from collections import Counter
 
-    from tvmsched import tuning
+    from tvmsched.tune import search as tuning
 
     url = getattr(getattr(database, "store", None), "url", type(database).__name__)
     runner = tuning.rpc_runner(rpc) if rpc else None
@@ -339,8 +348,8 @@ class _LayerTimer:
     REPEAT, MIN_REPEAT_MS, COLD_RUNS = 5, 10, 30
 
     def __init__(self, graph, tvm_target) -> None:
-        from tvmsched.candidates import cpu_units
-        from tvmsched.layers import arg_specs
+        from tvmsched.tune.candidates import cpu_units
+        from tvmsched.lower.layers import arg_specs
 
         self.specs, self.target, self.units = arg_specs(graph), tvm_target, cpu_units(tvm_target)
 
@@ -357,7 +366,7 @@ class _LayerTimer:
 
     def _time(self, entries: list, cold: bool = False) -> list[float]:
         """Median us of each (name, PrimFunc), built as one module; the kernels take turns batch by batch."""
-        from tvmsched.measure import measure_together
+        from tvmsched.tune.local_timing import measure_together
 
         return measure_together([(f, self.specs[name]) for name, f in entries], self.target, self.units,
                                 repeat=self.COLD_RUNS if cold else self.REPEAT, min_repeat_ms=self.MIN_REPEAT_MS, cold=cold)
@@ -368,8 +377,8 @@ def _manifest(
 ) -> Manifest:
     import tvm
 
-    from tvmsched.index_checks import describe as describe_check
-    from tvmsched.targets import cpu_requirements, gpu_sms
+    from tvmsched.frontend.index_checks import describe as describe_check
+    from tvmsched.lower.targets import cpu_requirements, gpu_sms
 
     output_names = [value.name for value in model.graph.output]
     if len(output_names) != len(graph.outputs):

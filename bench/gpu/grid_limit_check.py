@@ -15,11 +15,12 @@ import numpy as np
 
 
 def build(model_name: str, units: list[int], out: Path) -> None:
-    from tvmsched.cuda_toolchain import prepare_cuda_build
+    from tvmsched.lower.cuda_toolchain import prepare_cuda_build
 
     prepare_cuda_build()
-    from tvmsched import kernels, models
-    from tvmsched.layers import arg_specs
+    from tvmsched import models
+    from tvmsched.lower import kernels
+    from tvmsched.lower.layers import arg_specs
     from tvmsched.passes.grid_limit import grid_limit
     from tvmsched.pipeline import lower_model
 

@@ -3,7 +3,7 @@
 A zoo or real model's ONNX file is a deterministic function of its name and seed (`tvmsched models
 build NAME`), and a CUDA artifact's weights are that model's initializers, as they are or after the
 ONNX-level rewrites tvmsched's importer applies before TVM sees the model (shape folding, batch norms
-folded into convolutions: tvmsched.frontend.import_model), at most reshaped or transposed. An artifact
+folded into convolutions: tvmsched.frontend.loader.import_model), at most reshaped or transposed. An artifact
 is a stored zip whose `weights.npz` member is itself a stored zip of `.npy` files, so every weight is
 one contiguous byte range of the artifact file. `pack` finds, for each weight of at least
 `MIN_BYTES`, the initializer whose bytes it is (by SHA-256), and writes a slim file: the artifact's
@@ -107,9 +107,9 @@ class Sources:
     def _rewritten(self) -> onnx.ModelProto | None:
         """The model as tvmsched's importer hands it to TVM (frontend.import_model, before index guards)."""
         try:
-            from tvmsched import frontend
-            from tvmsched.onnx_fold import fold_constants
-            from tvmsched.onnx_rewrites import (
+            from tvmsched.frontend import loader as frontend
+            from tvmsched.frontend.fold import fold_constants
+            from tvmsched.frontend.rewrites import (
                 expand_layernorm_statistics,
                 fold_batchnorm_into_conv,
                 propagate_nan,

@@ -12,7 +12,7 @@ mode, CUDA-graph capture and `torch.compile` all run the same module.
     outputs = twin(*tensors)  # graph inputs in ONNX order; a tuple in graph-output order
 
 Before the graph is read, its shape arithmetic (dynamic-axes exports: Shape -> Gather -> Concat ->
-Reshape, ...) is folded with the input shapes fixed (tvmsched.onnx_fold, what onnxruntime's basic
+Reshape, ...) is folded with the input shapes fixed (tvmsched.frontend.fold, what onnxruntime's basic
 optimizer does too); weights are untouched. Ops used by the zoo and the real models the suite carries
 are covered (`SUPPORTED`); any other op raises `TwinError` naming it.
 """
@@ -46,8 +46,8 @@ _DTYPES = {
 
 def fold_shapes(model: onnx.ModelProto, input_shapes: dict | None = None) -> onnx.ModelProto:
     """The model with its compile-time shape arithmetic folded (input shapes fixed), weights untouched."""
-    from tvmsched import frontend
-    from tvmsched.onnx_fold import fold_constants
+    from tvmsched.frontend import loader as frontend
+    from tvmsched.frontend.fold import fold_constants
 
     return fold_constants(model, frontend.input_signature(model, input_shapes))
 

@@ -5,10 +5,10 @@ import tvm
 from tvm.script import tirx as T
 
 from tvmsched import models
-from tvmsched.measure_kit import build_kit, import_results
+from tvmsched.tune.kit_build import build_kit, import_results
 from tvmsched.passes.grid_limit import grid_limit
 from tvmsched.pipeline import compile_model
-from tvmsched.targets import make_target
+from tvmsched.lower.targets import make_target
 
 
 @T.prim_func(s_tir=True)

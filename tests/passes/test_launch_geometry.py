@@ -52,8 +52,11 @@ def test_cpu_parallel_nest_and_serial():
 
 
 def test_zoo_layer_under_dlight_has_blocks():
-    from tvmsched import frontend, kernels, lowering, models
-    from tvmsched.targets import make_target
+    from tvmsched import models
+    from tvmsched.frontend import loader as frontend
+    from tvmsched.lower import kernels
+    from tvmsched.lower import relax as lowering
+    from tvmsched.lower.targets import make_target
 
     model, target = models.build("mlp"), make_target("cuda")
     mod = lowering.legalize_and_fuse(frontend.to_relax(model, frontend.input_signature(model)), target)

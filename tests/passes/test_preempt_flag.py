@@ -4,10 +4,11 @@ import numpy as np
 import tvm
 from tvm.script import tirx as T
 
-from tvmsched import kernels, models
+from tvmsched import models
+from tvmsched.lower import kernels
 from tvmsched.passes.preempt_flag import FLAG_LEN, STARTED_SLOT, instrument
 from tvmsched.pipeline import lower_model
-from tvmsched.targets import make_target
+from tvmsched.lower.targets import make_target
 
 
 @T.prim_func(s_tir=True)

@@ -8,7 +8,8 @@ import numpy as np
 import tvm
 from tvm.script import tirx as T
 
-from tvmsched import kernels, models
+from tvmsched import models
+from tvmsched.lower import kernels
 from tvmsched.passes.preempt_flag import FLAG_LEN, instrument
 from tvmsched.passes.progress import CPU_ADD, CPU_SOURCE, PARAM, count_progress
 from tvmsched.pipeline import compile_model, lower_model

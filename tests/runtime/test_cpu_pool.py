@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from tests.runtime.test_units import with_limited_candidate
-from tvmsched import models, native
+from tvmsched import models
+from tvmsched.runtime import native
 from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor
 
@@ -24,7 +25,7 @@ THREADS = int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)
 CHILD = r"""
 import json, sys, time
 import numpy as np
-from tvmsched import native
+from tvmsched.runtime import native
 from tvmsched.runtime import Executor
 executor = Executor(sys.argv[1])
 inputs = executor.random_inputs(0)
@@ -35,12 +36,12 @@ for _ in range(runs):
     executor.run(inputs)
 seconds = time.perf_counter() - start
 np.save(sys.argv[3], next(iter(first.values())))
-print(json.dumps({"seconds": seconds, "pool": dict(native.func("cpu_pool")())}))
+print(json.dumps({"seconds": seconds, "pool": native.cpu_pool()}))
 """
 
 
 def cpu_pool() -> dict:
-    return dict(native.func("cpu_pool")())
+    return native.cpu_pool()
 
 
 def run_child(path, runs: int, out, env: dict | None = None, timeout: float = 300) -> dict:
@@ -157,7 +158,7 @@ def test_a_library_whose_slices_wait_for_each_other_keeps_tvms_launcher(tmp_path
 
 
 def test_sizing_tvms_pool_of_a_thread_sizes_the_engines():
-    """The compiler measures kernels at k units through runtime.config_threadpool (runtime/units.py); kernels loaded
+    """The compiler measures kernels at k units through runtime.config_threadpool (tvmsched/tune/cpu_units.py); kernels loaded
     after the engine started run on its pool, so that call sizes the calling thread's engine pool too."""
     import threading
 

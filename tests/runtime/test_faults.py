@@ -19,7 +19,7 @@ import pytest
 from tests.helpers import held_mid_request
 from tvmsched import models
 from tvmsched.errors import TvmschedError
-from tvmsched.native import func
+from tvmsched.runtime.native import func
 from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Runtime, load
 
@@ -124,7 +124,7 @@ def test_a_model_that_keeps_faulting_is_quarantined_and_the_others_serve(zoo):
 LOST = textwrap.dedent("""
     import sys, time
     from tvmsched.errors import TvmschedError
-    from tvmsched.native import func
+    from tvmsched.runtime.native import func
     from tvmsched.runtime import Runtime, load
     faulty_path, other_path = sys.argv[1:3]
     with Runtime("cpu") as rt:

@@ -10,10 +10,10 @@ import pytest
 
 from tvmsched import models
 from tvmsched.errors import TvmschedError
-from tvmsched.native import func
+from tvmsched.runtime.native import func
 from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor
-from tvmsched.runtime.memory_plan import plan_activations
+from tests.memory_plan import plan_activations
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,9 @@ from dataclasses import dataclass
 import pytest
 
 from tvmsched import models
-from tvmsched.layers import TensorSpec
+from tvmsched.lower.layers import TensorSpec
 from tvmsched.pipeline import compile_model
-from tvmsched.runtime.memory_plan import plan_activations
+from tests.memory_plan import plan_activations
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,16 @@ import numpy as np
 import pytest
 from tvm.script import tirx as T
 
-from tvmsched import __version__, kernels, models
-from tvmsched.artifact import Artifact, Binding, Candidate, Layer, Manifest, TensorSpec
+from tvmsched import __version__, models
+from tvmsched.lower import kernels
+from tvmsched.artifact.format import Artifact, Binding, Candidate, Layer, Manifest, TensorSpec
 from tvmsched.errors import TvmschedError
 from tvmsched.passes.idempotence import analyze
 from tvmsched.passes.preempt_flag import FLAG_LEN, instrument
 from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor
 from tvmsched.runtime.preemption import Priorities, Task
-from tvmsched.targets import make_target
+from tvmsched.lower.targets import make_target
 
 N = 1 << 18
 

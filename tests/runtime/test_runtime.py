@@ -13,11 +13,11 @@ import pytest
 from tests.helpers import onnxruntime_outputs, run_cli
 from tvmsched import models
 from tvmsched.errors import TvmschedError
-from tvmsched.measure_kit import build_kit, import_results
+from tvmsched.tune.kit_build import build_kit, import_results
 from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor, Runtime
 from tvmsched.runtime.colocation import load_table
-from tvmsched.runtime.kit_measure import measure_kit
+from tvmsched.tune.kit_run import measure_kit
 from tvmsched.runtime.preemption import Task
 from tvmsched.runtime.preemption import StreamState
 from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, LayerScheduler, StreamView, remaining_work, stream_work

@@ -19,7 +19,7 @@ import pytest
 from tests.helpers import held_mid_request
 from tvmsched import models
 from tvmsched.errors import TvmschedError
-from tvmsched.native import func
+from tvmsched.runtime.native import func
 from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor, Runtime, load
 from tvmsched.runtime.switching import SwitchSettings, footprint

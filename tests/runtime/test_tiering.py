@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from tests.helpers import assert_user_error, run_cli
-from tvmsched import models, native
+from tvmsched import models
+from tvmsched.runtime import native
 from tvmsched.errors import TvmschedError
-from tvmsched.native import func
+from tvmsched.runtime.native import func
 from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Runtime
 from tvmsched.runtime.executor import Executor
@@ -114,6 +115,7 @@ def test_a_tiered_model_on_an_asynchronous_device_is_planned_for_its_launches_in
                  tiering=TierSettings(topology=_topology(tmp_path, need, need))) as rt:
         model = rt.load(path)
         assert model.tiered and native.device_info("cpu")["launches_async"]
+        assert model.task.executor.placement == "streamed"
         for x, want in zip(inputs, outputs):
             got = rt.submit(model, x).result(timeout=120)
             for key in want:
@@ -135,7 +137,7 @@ def test_resident_models_beside_a_tiered_one_and_the_tiers_shared_out(resnet, tm
     settings = TierSettings(topology=_topology(tmp_path, need, need))
     with Runtime("cpu", memory_budget=budget, tiering=settings) as rt:
         a = rt.load(mlp)
-        assert a.resident and not a.tiered
+        assert a.resident and not a.tiered and a.placement == "staged"  # a Runtime switches it (prefetched)
         b = rt.load(path, name="big", device_bytes=need // 3)
         c = rt.load(path, name="big2")  # the device memory and the tier shares left after "big"
         assert b.tiered and c.tiered

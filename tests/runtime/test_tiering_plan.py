@@ -468,7 +468,7 @@ def mlp(tmp_path_factory):
 
 
 def test_a_task_from_a_real_artifact(mlp):
-    from tvmsched.artifact import Manifest
+    from tvmsched.artifact.format import Manifest
 
     manifest = Manifest.verified(mlp)
     tensors = manifest.tensors

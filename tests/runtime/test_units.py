@@ -8,7 +8,7 @@ import pytest
 
 from tests.helpers import cuda_available
 from tvmsched import models
-from tvmsched.artifact import Artifact
+from tvmsched.artifact.format import Artifact
 from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor
 
@@ -23,10 +23,10 @@ def with_limited_candidate(artifact: Artifact, units: int) -> Artifact:
 
 
 def test_cpu_candidates_set_the_thread_pool_size():
-    from tvmsched import native
+    from tvmsched.runtime import native
 
     def num_threads():  # the calling thread's parallel loops: the engine's pool (runtime/native/src/cpu_pool.cc)
-        return native.func("cpu_pool")()["threads"]
+        return native.cpu_pool()["threads"]
 
     model = models.build("mlp")
     executor = Executor(with_limited_candidate(compile_model(model), units=1))

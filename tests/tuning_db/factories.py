@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tvmsched import tuning
+from tvmsched.tune import search as tuning
 
 LLVM_TARGET = {"kind": "llvm", "num-cores": 2}
 

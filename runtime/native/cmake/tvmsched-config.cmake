@@ -1,4 +1,4 @@
-# find_package(tvmsched CONFIG) with tvmsched_DIR=$(python -m tvmsched.native --cmakedir):
+# find_package(tvmsched CONFIG) with tvmsched_DIR=$(python -m tvmsched.runtime.native --cmakedir):
 # the imported target tvmsched::engine (headers, library, and tvm-ffi behind it).
 if(TARGET tvmsched::engine)
   return()
@@ -8,7 +8,7 @@ if(NOT Python_EXECUTABLE)
 endif()
 execute_process(COMMAND "${Python_EXECUTABLE}" -m tvm_ffi.config --cmakedir
                 OUTPUT_VARIABLE _tvm_ffi_dir OUTPUT_STRIP_TRAILING_WHITESPACE)
-execute_process(COMMAND "${Python_EXECUTABLE}" -m tvmsched.native --lib
+execute_process(COMMAND "${Python_EXECUTABLE}" -m tvmsched.runtime.native --lib
                 OUTPUT_VARIABLE _tvmsched_lib OUTPUT_STRIP_TRAILING_WHITESPACE)
 if(NOT EXISTS "${_tvmsched_lib}")
   message(FATAL_ERROR "tvmsched: the engine library '${_tvmsched_lib}' is not built (run `make setup` in the tvmsched "

@@ -1,8 +1,8 @@
 // The CPU check before an artifact's kernels are loaded: the manifest names the CPU features its kernels
-// need (LLVM's names, tvmsched.targets.X86_RUNTIME_FEATURES); a CPU that lacks one would die on an
+// need (LLVM's names, tvmsched.lower.targets.X86_RUNTIME_FEATURES); a CPU that lacks one would die on an
 // illegal instruction in the middle of a run, so the load is refused with one line instead. The host's
 // features come from CPUID and XGETBV (the OS must save the AVX / AVX-512 registers), the way LLVM's
-// own host detection reads them (tvmsched.targets.host_cpu_features must agree). x86-64 only: on other
+// own host detection reads them (tvmsched.lower.targets.host_cpu_features must agree). x86-64 only: on other
 // architectures nothing is checked (their artifacts record no features).
 #include <tvm/ffi/error.h>
 
@@ -31,7 +31,7 @@ struct FeatureBit {
   Save save;
 };
 
-// Keep in step with X86_RUNTIME_FEATURES in tvmsched/targets.py (tests/test_targets.py compares them).
+// Keep in step with X86_RUNTIME_FEATURES in tvmsched/lower/targets.py (tests/test_targets.py compares them).
 constexpr FeatureBit kFeatures[] = {
     {"sse3", 1, 0, kEcx, 0, kNone},
     {"ssse3", 1, 0, kEcx, 9, kNone},

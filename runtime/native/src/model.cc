@@ -11,8 +11,6 @@
 #include <set>
 #include <sstream>
 
-#include "tvmsched/tiering.h"
-
 namespace tvmsched {
 
 namespace {
@@ -177,7 +175,45 @@ void CallKernel(const ffi::Function& kernel, const std::vector<ffi::AnyView>& vi
 
 }  // namespace
 
-ModelObj::ModelObj(std::shared_ptr<Device> device) : device_(std::move(device)) {}
+// ---- Placement: the stream's side, the same for every placement --------------------------------------------------
+
+bool Placement::Acquire(ModelObj* m, int group) {
+  if (group < 0) {
+    if (m->env_ready()) return true;
+  } else {
+    GroupState state = m->group_state(group);
+    if (state == kLeased) return true;
+    if ((state == kReady || state == kFinished) && m->CasGroup(group, state, kLeased)) {
+      GroupStarted(m, group);
+      return true;
+    }
+  }
+  Demand(m, group);
+  return false;
+}
+
+void Placement::Release(ModelObj* m, int group, double end_us) {
+  if (m->CasGroup(group, kLeased, kFinished)) GroupFinished(m, group, end_us);
+}
+
+void Placement::EndRequest(ModelObj* m) {
+  for (int g = 0; g < m->num_groups(); ++g) m->CasGroup(g, kLeased, kFinished);  // a failed request's leases
+  RequestFinished(m);
+}
+
+namespace {
+
+/*! \brief A resident model's placement: everything prepared at load (ModelObj::Init) stays until it is unloaded. */
+class Resident final : public Placement {
+ public:
+  const char* kind() const override { return "resident"; }
+  bool on_demand() const override { return false; }
+};
+
+}  // namespace
+
+ModelObj::ModelObj(std::shared_ptr<Device> device)
+    : device_(std::move(device)), placement_(std::make_shared<Resident>()) {}
 
 namespace {
 
@@ -207,44 +243,6 @@ std::vector<std::pair<int, int>> GroupLayers(const std::vector<size_t>& layer_we
     }
   }
   groups.emplace_back(first, n - 1);
-  return groups;
-}
-
-/*! \brief Groups of a tiered model: a group ends before a layer whose streamed weights would overflow a
- *  stream buffer, and before the first streaming layer after layers that stream nothing (so the resident
- *  layers run while the first streamed group is copied). */
-std::vector<std::pair<int, int>> StreamGroups(const std::vector<LayerSpec>& layers,
-                                              const std::set<std::string>& streamed,
-                                              const std::map<std::string, size_t>& nbytes, size_t buffer) {
-  std::vector<std::pair<int, int>> groups;
-  int first = 0;
-  size_t held = 0;
-  bool streaming = false;
-  std::set<std::string> in_group;
-  for (const LayerSpec& layer : layers) {
-    std::set<std::string> mine;  // its streamed weights
-    for (const auto& id : layer.inputs) {
-      if (streamed.count(id)) mine.insert(id);
-    }
-    auto added = [&] {  // bytes the group grows by with this layer
-      size_t add = 0;
-      for (const auto& id : mine) add += in_group.count(id) ? 0 : PageRound(nbytes.at(id));
-      return add;
-    };
-    size_t add = added();
-    if (layer.index > first && ((add && !streaming) || held + add > buffer)) {
-      groups.emplace_back(first, layer.index - 1);
-      first = layer.index;
-      held = 0;
-      streaming = false;
-      in_group.clear();
-      add = added();
-    }
-    in_group.insert(mine.begin(), mine.end());
-    held += add;
-    streaming = streaming || add > 0;
-  }
-  groups.emplace_back(first, static_cast<int>(layers.size()) - 1);
   return groups;
 }
 
@@ -390,148 +388,8 @@ void ModelObj::SetGroups(std::vector<std::pair<int, int>> groups) {
   for (int g = 0; g < num_groups(); ++g) PlanGroup(g);
 }
 
-void ModelObj::InitTiered(const std::string& path, ArtifactContents& contents, const TierOptions& options) {
-  const size_t room = options.device_bytes;
-  auto fail = [&](const std::string& why) {
-    TVM_FFI_THROW(TvmschedError) << "cannot stream model " << name() << ": " << why;
-  };
-  if (options.in_flight < 1) fail("launches in flight must be at least 1");
-  // its stream keeps launches in flight on an asynchronous device: the activations are planned for them now, so the
-  // room computed below holds (a stream that re-planned them later would pass it: the H200 run of 2026-11-26)
-  reuse_distance_ = device_->launches_async() ? options.in_flight : 1;
-  std::vector<std::string> order;  // weights in the order the layers first read them
-  std::map<std::string, size_t> nbytes;
-  size_t largest = 0;
-  int largest_layer = 0;
-  for (const LayerSpec& layer : manifest_.layers) {
-    size_t mine = 0;
-    std::set<std::string> seen_here;
-    for (const auto& id : layer.inputs) {
-      auto host = host_weights_.find(id);
-      if (host == host_weights_.end() || !seen_here.insert(id).second) continue;
-      mine += PageRound(host->second.nbytes);
-      if (!nbytes.count(id)) order.push_back(id);
-      nbytes[id] = host->second.nbytes;
-    }
-    if (mine > largest) largest = mine, largest_layer = layer.index;
-  }
-  if (env_bytes_ >= room)
-    fail("its inputs and outputs alone take " + std::to_string(env_bytes_) + " of the " + std::to_string(room) +
-         " bytes of device memory it may use");
-  size_t buffer =
-      options.buffer_bytes ? PageRound(options.buffer_bytes) : std::max(largest, PageRound((room - env_bytes_) / 8));
-  if (buffer < largest) {
-    fail("a stream buffer of " + std::to_string(buffer) + " bytes cannot hold the weights of layer " +
-         std::to_string(largest_layer) + " (" + std::to_string(largest) + " bytes)");
-  }
-  // the weights read first stay on the device while they fit beside the environment, the activations and two
-  // buffers; where even none leaves room for two, one buffer (each group's copy then waits for the one before to run)
-  int buffers = 2;
-  long long for_resident = static_cast<long long>(room) - static_cast<long long>(env_bytes_ + 2 * buffer);
-  size_t resident = 0, slot = 0;
-  while (true) {
-    streamed_.clear();
-    resident = 0;
-    for (const auto& id : order) {
-      if (streamed_.empty() && static_cast<long long>(resident + nbytes[id]) <= for_resident) {
-        resident += nbytes[id];
-      } else {
-        streamed_.insert(id);
-      }
-    }
-    SetGroups(StreamGroups(manifest_.layers, streamed_, nbytes, buffer));
-    stream_layout_.assign(num_groups(), {});
-    stream_bytes_.assign(num_groups(), 0);
-    slot = 0;
-    size_t activations = 0;
-    for (int g = 0; g < num_groups(); ++g) {
-      for (size_t b : group_plans_[g].storage_bytes) activations += b;
-      for (const auto& id : group_tensors_[g]) {
-        if (!streamed_.count(id)) continue;
-        stream_layout_[g].emplace_back(id, stream_bytes_[g]);
-        stream_bytes_[g] += PageRound(nbytes[id]);
-      }
-      slot = std::max(slot, stream_bytes_[g]);
-    }
-    for (const auto& [id, users] : tensor_groups_) {  // activations crossing groups: allocated once
-      if (!internal_.count(id) && !host_weights_.count(id)) activations += TensorBytes(id);
-    }
-    size_t need = env_bytes_ + activations + resident + buffers * (slot + 4096);
-    if (need <= room) break;
-    if (resident == 0 && buffers == 2) {
-      buffers = 1;
-      for_resident = static_cast<long long>(room) - static_cast<long long>(env_bytes_ + buffer);
-      continue;
-    }
-    if (resident == 0) {
-      fail("it needs at least " + std::to_string(need) + " bytes of device memory (inputs and outputs " +
-           std::to_string(env_bytes_) + ", activations " + std::to_string(activations) + ", a stream buffer of " +
-           std::to_string(slot) + ") and may use " + std::to_string(room) + " (" + path + ")");
-    }
-    for_resident = static_cast<long long>(resident) - static_cast<long long>(need - room);
-  }
-  num_buffers_ = buffers;
-  buffer_bytes_ = slot;
-  resident_weight_bytes_ = resident;
-  for (int g = 0; g < num_groups(); ++g) {
-    if (stream_bytes_[g]) streamed_groups_.push_back(g);
-  }
-  std::vector<std::pair<std::string, const std::string*>> streamed;
-  for (const auto& id : order) {
-    if (streamed_.count(id)) streamed.emplace_back(id, &contents.weights.at(id).data);
-  }
-  tier_store_ = std::make_unique<TierStore>(device_, options.tiers, streamed, name());
-  PrepareEnvironment();
-  try {
-    for (const auto& id : order) {
-      if (streamed_.count(id)) continue;
-      const std::string& bytes = contents.weights.at(id).data;
-      tensor_data_[id] = AllocFor("weight " + id, bytes.size());
-      device_->CopyToDevice(tensor_data_[id], bytes.data(), bytes.size(), nullptr);
-    }
-    for (int g = 0; g < num_groups(); ++g) {
-      PrepareGroup(g, nullptr);  // activations (the streamed weights come with StreamIn)
-      SetGroupState(g, stream_bytes_[g] ? kAbsent : kReady);
-    }
-    if (!streamed_groups_.empty()) {
-      for (int b = 0; b < num_buffers_; ++b)
-        buffers_[b] = AllocFor("a stream buffer", slot + 4096);  // page-aligned inside
-    }
-  } catch (...) {
-    FreeDeviceMemory();
-    tier_store_.reset();
-    throw;
-  }
-  SetResidency(CreateStreamer(this));
-}
-
-void ModelObj::ReleaseTiers() {
-  if (!tier_store_) return;
-  residency_->Detach();  // its thread stops first: nothing copies from the tiers after this
-  SetResidencyError("model " + name() + " was shut down (its memory tiers are released)");
-  tier_store_.reset();
-}
-
-void ModelObj::StreamIn(int g, int slot, char* bounce, StreamHandle copy_stream, int only_tier, size_t* copied) {
-  auto address = reinterpret_cast<uintptr_t>(buffers_[slot]);
-  char* base = reinterpret_cast<char*>(PageRound(address));
-  for (int disk = 0; disk < 2; ++disk) {  // host-memory tiers first: their copies run while the disk is read
-    for (const auto& [id, offset] : stream_layout_[g]) {
-      const TierStore::Home& home = tier_store_->home(id);
-      if ((home.data == nullptr) != (disk == 1) || (only_tier >= 0 && home.tier != only_tier)) continue;
-      tier_store_->Fetch(id, base + offset, bounce ? bounce + offset : nullptr, copy_stream);
-      if (copied) *copied += home.nbytes;
-    }
-  }
-  if (copy_stream) device_->SyncStream(copy_stream);
-  if (only_tier >= 0) return;
-  for (const auto& [id, offset] : stream_layout_[g]) tensor_data_[id] = base + offset;
-  for (int i = groups_[g].first; i <= groups_[g].second; ++i) BindLayer(i);
-  for (const auto& [id, offset] : stream_layout_[g]) tensor_data_.erase(id);
-}
-
 ModelObj::~ModelObj() {
-  if (residency_) residency_->Detach();  // a streamer stops before what it copies into goes
+  placement_->Detach();  // a streamer stops before what it copies into goes
   try {
     Synchronize();
   } catch (...) {  // a failed device: free what can be freed
@@ -768,14 +626,14 @@ bool ModelObj::TryCleanEnvironment() {
   return true;
 }
 
-std::string ModelObj::residency_error() const {
+std::string ModelObj::placement_error() const {
   std::lock_guard<std::mutex> lock(error_mu_);
-  return residency_error_;
+  return placement_error_;
 }
 
-void ModelObj::SetResidencyError(const std::string& error) {
+void ModelObj::SetPlacementError(const std::string& error) {
   std::lock_guard<std::mutex> lock(error_mu_);
-  residency_error_ = error;
+  placement_error_ = error;
 }
 
 void ModelObj::SetWaker(std::function<void()> waker) {

@@ -312,6 +312,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("reuse_distance", [](Model m) { return m->reuse_distance(); })
       .def("manifest_json", [](Model m) { return m->manifest_json(); })
       .def("resident", [](Model m) { return m->resident(); })
+      .def("placement", [](Model m) { return std::string(m->placement()->kind()); })
       .def("env_bytes", [](Model m) { return static_cast<int64_t>(m->env_bytes()); })
       .def("groups",
            [](Model m) {  // per sub-task: [first layer, last layer, bytes, weight bytes, state]

@@ -120,15 +120,13 @@ StreamObj::StreamObj(Model model, std::string name, StreamOptions options)
     threads_.push_back(threads);
   }
   progress_.assign(m_->num_layers(), -1);
-  if (m_->residency()) {  // a registered model: its switcher wakes this stream when it prepared something
-    m_->SetWaker([this] {
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        gated_ = false;
-      }
-      cond_.notify_all();
-    });
-  }
+  m_->SetWaker([this] {  // a placement that prepares on demand wakes this stream when it prepared something
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      gated_ = false;
+    }
+    cond_.notify_all();
+  });
 }
 
 StreamObj::~StreamObj() { Close(); }
@@ -151,7 +149,7 @@ Request StreamObj::Submit(ffi::Map<ffi::String, ffi::Tensor> inputs, std::vector
     requests_.emplace_back(request);
     queued_.fetch_add(1, std::memory_order_release);
     // stage 1 starts now (paused: when it resumes, so a paused task holds up no other switch-in)
-    if (Residency* residency = m_->residency(); residency && !m_->resident() && !paused_) residency->Demand(m_, -1);
+    if (!paused_ && !m_->resident()) m_->placement()->Demand(m_, -1);
   }
   cond_.notify_all();
   return Request(request);
@@ -170,7 +168,7 @@ PreemptReport StreamObj::Preempt(bool abort) {
     ++preemptions;
     if (abort) m_->SetPreemptFlag(true);
     if (abort && running_) flagged_launch_ = true;
-    if (Residency* residency = m_->residency()) residency->Yield(m_);  // a paused task holds up no other switch-in
+    m_->placement()->Yield(m_);  // a paused task holds up no other switch-in
     // CPU: the kernel returns within one chunk; GPU: the submitter stops waiting on an event
     preempt_waiting_ = true;
     // a Resume() meanwhile ends the wait: the stream runs on (waiting for it to idle would last while it has work)
@@ -192,7 +190,7 @@ void StreamObj::Resume() {
     m_->SetPreemptFlag(false);
     paused_ = false;
     gated_ = false;  // Preempt() took its task out of its switcher's queue: the next launch demands again
-    if (Residency* residency = m_->residency()) residency->Resumed(m_);
+    m_->placement()->Resumed(m_);
   }
   cond_.notify_all();
 }
@@ -206,7 +204,7 @@ bool StreamObj::FinishStarted() {
     paused_ = false;
     pause_after_request_ = true;
     gated_ = false;
-    if (Residency* residency = m_->residency()) residency->Resumed(m_);
+    m_->placement()->Resumed(m_);
   }
   cond_.notify_all();
   return true;
@@ -216,7 +214,7 @@ void StreamObj::PauseAfterRequest() {
   if (!pause_after_request_) return;
   pause_after_request_ = false;
   paused_ = true;
-  if (Residency* residency = m_->residency()) residency->Yield(m_);
+  m_->placement()->Yield(m_);
 }
 
 bool StreamObj::paused() const {
@@ -360,7 +358,7 @@ std::optional<Launch> StreamObj::NextLaunch() {
     }
     if (requests_.empty() || next_layer_ >= m_->num_layers()) return std::nullopt;  // waiting for in-flight ones
     if (next_layer_ == 0) {
-      if (!m_->env_ready()) {  // a registered model whose environment (stage 1) is not prepared
+      if (!m_->placement()->Acquire(m_, -1)) {  // its environment (switching stage 1) is not prepared
         if (Gate(-1)) continue;
         return std::nullopt;
       }
@@ -369,7 +367,7 @@ std::optional<Launch> StreamObj::NextLaunch() {
     const auto& ids = requests_.front()->candidate_ids;
     Launch launch{request_ids_, next_layer_, ids.empty() ? 0 : ids[next_layer_]};
     if (!MayLaunch(launch)) return std::nullopt;
-    if (m_->residency() && !Lease(next_layer_)) {
+    if (!m_->placement()->Acquire(m_, m_->group_of(next_layer_))) {
       if (Gate(m_->group_of(next_layer_))) continue;
       return std::nullopt;
     }
@@ -384,15 +382,14 @@ bool StreamObj::MayLaunch(const Launch& launch) const {
 }
 
 bool StreamObj::Gate(int group) {
-  std::string error = m_->residency_error();
+  std::string error = m_->placement_error();
   if (!error.empty()) {  // it cannot be prepared: its requests fail, the other models go on
     FailHead(error);
     return true;
   }
   if (!gated_ || gated_group_ != group) gated_since_us_ = Device::NowMicros();
   gated_ = true;
-  gated_group_ = group;
-  m_->residency()->Demand(m_, group);
+  gated_group_ = group;  // (Acquire asked the placement for it)
   return false;
 }
 
@@ -409,23 +406,9 @@ std::string StreamObj::Stalled() const {
   return text.str();
 }
 
-bool StreamObj::Lease(int layer) {
-  int g = m_->group_of(layer);
-  GroupState state = m_->group_state(g);
-  if (state == kLeased) return true;
-  if ((state == kReady || state == kFinished) && m_->CasGroup(g, state, kLeased)) {
-    m_->residency()->GroupStarted(m_, g);
-    return true;
-  }
-  return false;
-}
-
 void StreamObj::EndRequest() {
   m_->users.fetch_sub(1);
-  Residency* residency = m_->residency();
-  if (!residency) return;
-  for (int g = 0; g < m_->num_groups(); ++g) m_->CasGroup(g, kLeased, kFinished);  // a failed request's leases
-  residency->RequestFinished(m_);
+  m_->placement()->EndRequest(m_);
 }
 
 bool StreamObj::StartRequest() {
@@ -616,12 +599,9 @@ void StreamObj::Retire(const Launch& launch, double end_us) {
     launched_at_.erase(found);
   }
   progress_[launch.layer] = blocks_[launch.layer][launch.candidate];
-  if (Residency* residency = m_->residency()) {
-    int g = m_->group_of(launch.layer);
-    if (launch.layer == m_->group_layers(g).second && rerun_.empty()) {
-      double finished_us = Device::NowMicros();  // before the CAS: once kFinished, the switcher may clean it at once
-      if (m_->CasGroup(g, kLeased, kFinished)) residency->GroupFinished(m_, g, finished_us);
-    }
+  if (int g = m_->group_of(launch.layer); launch.layer == m_->group_layers(g).second && rerun_.empty()) {
+    // stamped before the sub-task becomes kFinished: its placement may take it back at once
+    m_->placement()->Release(m_, g, Device::NowMicros());
   }
   if (launch.layer != m_->num_layers() - 1 || !rerun_.empty()) return;
   Request request = requests_.front();

@@ -18,7 +18,8 @@
 
 namespace tvmsched {
 
-class SwitcherCore : public Residency {
+/*! \brief The staged placement of the registered models of one switcher (and the switcher's threads). */
+class SwitcherCore : public Placement {
  public:
   SwitcherCore(std::shared_ptr<Device> device, SwitchOptions options) : device_(std::move(device)), options_(options) {
     if (options_.preset_count < 1) TVM_FFI_THROW(TvmschedError) << "the preset count must be at least 1";
@@ -55,7 +56,7 @@ class SwitcherCore : public Residency {
     if (env_thread_.joinable()) env_thread_.join();
     if (memory_thread_.joinable()) memory_thread_.join();
     for (ModelObj* m : woken) {  // requests still waiting for a switch fail; the models stay loaded
-      if (!m->resident()) m->SetResidencyError("model " + m->name() + " is not resident and its switcher is closed");
+      if (!m->resident()) m->SetPlacementError("model " + m->name() + " is not resident and its switcher is closed");
       m->Wake();
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -69,7 +70,7 @@ class SwitcherCore : public Residency {
   void Add(Model model, const std::shared_ptr<SwitcherCore>& self) {
     ModelObj* m = model.get();
     if (&m->device() != device_.get()) TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " is on another device";
-    if (m->residency()) TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " already has a switcher";
+    if (m->placement()->on_demand()) TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " already has a switcher";
     if (m->scope() != options_.scope) {
       TVM_FFI_THROW(TvmschedError) << "model " << m->name()
                                    << " counts against another memory budget than its switcher's";
@@ -84,7 +85,7 @@ class SwitcherCore : public Residency {
     e.m = m;
     e.finished.assign(m->num_groups(), false);
     e.exec_start.assign(m->num_groups(), 0);
-    m->SetResidency(self);
+    m->SetPlacement(self);
   }
 
   bool Prefetch(ModelObj* m) {
@@ -151,7 +152,9 @@ class SwitcherCore : public Residency {
 
   const SwitchOptions& options() const { return options_; }
 
-  // ---- Residency: called by streams under their locks ------------------------------------------
+  const char* kind() const override { return "staged"; }
+
+  // ---- Placement: called by streams under their locks ------------------------------------------
   void Demand(ModelObj* m, int /*group*/) override {
     std::lock_guard<std::mutex> lock(mu_);
     auto found = entries_.find(m);
@@ -628,7 +631,7 @@ class SwitcherCore : public Residency {
 
   /*! \brief Its requests fail with `error` (under mu_): its task leaves the queue. */
   void Fail(ModelObj* m, const std::string& error) {
-    m->SetResidencyError(error);
+    m->SetPlacementError(error);
     queue_.erase(std::remove(queue_.begin(), queue_.end(), m), queue_.end());
   }
 

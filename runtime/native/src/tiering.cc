@@ -13,7 +13,9 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -183,8 +185,11 @@ void TierStore::Fetch(const std::string& id, void* dst, char* bounce, StreamHand
 
 namespace {
 
-class Streamer : public Residency {
+/*! \brief The streamed placement of a tiered model: its thread copies each streamed sub-task into a buffer ahead
+ *  of the request that runs it. */
+class Streamer : public Placement {
  public:
+  const char* kind() const override { return "streamed"; }
   explicit Streamer(ModelObj* m) : m_(m), groups_(m->streamed_groups()) {}
 
   void Demand(ModelObj*, int group) override {
@@ -316,7 +321,7 @@ class Streamer : public Residency {
         slots_[slot] = -1;
         m_->SetGroupState(g, kAbsent);
         failed_ = true;
-        m_->SetResidencyError(error);
+        m_->SetPlacementError(error);
       } else {
         m_->SetGroupState(g, kReady);
         if (events_.size() < 65536)
@@ -332,7 +337,7 @@ class Streamer : public Residency {
 
   void Fail(std::unique_lock<std::mutex>& lock, const std::exception& err) {
     failed_ = true;
-    m_->SetResidencyError(ErrorLine(err));
+    m_->SetPlacementError(ErrorLine(err));
     lock.unlock();
     m_->Wake();
     lock.lock();
@@ -386,7 +391,7 @@ class Streamer : public Residency {
 };
 
 Streamer& StreamerOf(ModelObj& model) {
-  auto* streamer = dynamic_cast<Streamer*>(model.residency());
+  auto* streamer = dynamic_cast<Streamer*>(model.placement());
   if (!streamer || !model.tier_store())
     TVM_FFI_THROW(TvmschedError) << "model " << model.name() << " is not tiered (or was shut down)";
   return *streamer;
@@ -394,12 +399,229 @@ Streamer& StreamerOf(ModelObj& model) {
 
 }  // namespace
 
-std::shared_ptr<Residency> CreateStreamer(ModelObj* model) { return std::make_shared<Streamer>(model); }
+std::shared_ptr<Placement> CreateStreamer(ModelObj* model) { return std::make_shared<Streamer>(model); }
 
 std::vector<StageEvent> StreamerEvents(ModelObj& model) { return StreamerOf(model).Events(); }
 
 std::map<std::string, std::pair<double, size_t>> TierCopyFloor(ModelObj& model, int repeat) {
   return StreamerOf(model).CopyFloor(repeat);
+}
+
+// ---- the streamed model: its plan and its loading (the tiering members of ModelObj) ---------------------------
+
+namespace {
+
+/*! \brief Groups of a tiered model: a group ends before a layer whose streamed weights would overflow a
+ *  stream buffer, and before the first streaming layer after layers that stream nothing (so the resident
+ *  layers run while the first streamed group is copied). */
+std::vector<std::pair<int, int>> StreamGroups(const std::vector<LayerSpec>& layers,
+                                              const std::set<std::string>& streamed,
+                                              const std::map<std::string, size_t>& nbytes, size_t buffer) {
+  std::vector<std::pair<int, int>> groups;
+  int first = 0;
+  size_t held = 0;
+  bool streaming = false;
+  std::set<std::string> in_group;
+  for (const LayerSpec& layer : layers) {
+    std::set<std::string> mine;  // its streamed weights
+    for (const auto& id : layer.inputs) {
+      if (streamed.count(id)) mine.insert(id);
+    }
+    auto added = [&] {  // bytes the group grows by with this layer
+      size_t add = 0;
+      for (const auto& id : mine) add += in_group.count(id) ? 0 : PageRound(nbytes.at(id));
+      return add;
+    };
+    size_t add = added();
+    if (layer.index > first && ((add && !streaming) || held + add > buffer)) {
+      groups.emplace_back(first, layer.index - 1);
+      first = layer.index;
+      held = 0;
+      streaming = false;
+      in_group.clear();
+      add = added();
+    }
+    in_group.insert(mine.begin(), mine.end());
+    held += add;
+    streaming = streaming || add > 0;
+  }
+  groups.emplace_back(first, static_cast<int>(layers.size()) - 1);
+  return groups;
+}
+
+}  // namespace
+
+/*! \brief What a tiered model needs on the device beside its resident weights, for one choice of streamed weights. */
+struct StreamingFootprint {
+  size_t activations = 0;  ///< activation blocks of every group, and the activations crossing groups
+  size_t slot = 0;         ///< the largest group's streamed weights: one stream buffer
+};
+
+namespace {
+
+/*! \brief Tiering's decision for a model larger than its room: which weights stay on the device and how many stream
+ *  buffers. The weights read first stay while they fit beside the environment, the activations and two buffers;
+ *  where even none leaves room for two, one buffer (each group's copy then waits for the one before to run).
+ *  `footprint(streamed)` lays the model out for a choice (its last call is the one returned); `fail` raises. */
+struct StreamingChoice {
+  size_t resident = 0;  ///< bytes of the weights that stay
+  int buffers = 2;
+};
+
+StreamingChoice ChooseStreamed(const std::vector<std::string>& order, const std::map<std::string, size_t>& nbytes,
+                               size_t env_bytes, size_t room, size_t buffer,
+                               const std::function<StreamingFootprint(const std::set<std::string>&)>& footprint,
+                               const std::function<void(const std::string&)>& fail) {
+  StreamingChoice choice;
+  long long for_resident = static_cast<long long>(room) - static_cast<long long>(env_bytes + 2 * buffer);
+  while (true) {
+    std::set<std::string> streamed;
+    choice.resident = 0;
+    for (const auto& id : order) {
+      if (streamed.empty() && static_cast<long long>(choice.resident + nbytes.at(id)) <= for_resident) {
+        choice.resident += nbytes.at(id);
+      } else {
+        streamed.insert(id);
+      }
+    }
+    StreamingFootprint fp = footprint(streamed);
+    size_t need = env_bytes + fp.activations + choice.resident + choice.buffers * (fp.slot + 4096);
+    if (need <= room) return choice;
+    if (choice.resident == 0 && choice.buffers == 2) {
+      choice.buffers = 1;
+      for_resident = static_cast<long long>(room) - static_cast<long long>(env_bytes + buffer);
+      continue;
+    }
+    if (choice.resident == 0) {
+      fail("it needs at least " + std::to_string(need) + " bytes of device memory (inputs and outputs " +
+           std::to_string(env_bytes) + ", activations " + std::to_string(fp.activations) + ", a stream buffer of " +
+           std::to_string(fp.slot) + ") and may use " + std::to_string(room));
+    }
+    for_resident = static_cast<long long>(choice.resident) - static_cast<long long>(need - room);
+  }
+}
+
+}  // namespace
+
+StreamingFootprint ModelObj::LayOutStreamed(const std::set<std::string>& streamed,
+                                            const std::map<std::string, size_t>& nbytes, size_t buffer) {
+  streamed_ = streamed;
+  SetGroups(StreamGroups(manifest_.layers, streamed_, nbytes, buffer));
+  stream_layout_.assign(num_groups(), {});
+  stream_bytes_.assign(num_groups(), 0);
+  StreamingFootprint fp;
+  for (int g = 0; g < num_groups(); ++g) {
+    for (size_t b : group_plans_[g].storage_bytes) fp.activations += b;
+    for (const auto& id : group_tensors_[g]) {
+      if (!streamed_.count(id)) continue;
+      stream_layout_[g].emplace_back(id, stream_bytes_[g]);
+      stream_bytes_[g] += PageRound(nbytes.at(id));
+    }
+    fp.slot = std::max(fp.slot, stream_bytes_[g]);
+  }
+  for (const auto& [id, users] : tensor_groups_) {  // activations crossing groups: allocated once
+    if (!internal_.count(id) && !host_weights_.count(id)) fp.activations += TensorBytes(id);
+  }
+  buffer_bytes_ = fp.slot;
+  return fp;
+}
+
+void ModelObj::InitTiered(const std::string& path, ArtifactContents& contents, const TierOptions& options) {
+  const size_t room = options.device_bytes;
+  auto fail = [&](const std::string& why) {
+    TVM_FFI_THROW(TvmschedError) << "cannot stream model " << name() << ": " << why;
+  };
+  if (options.in_flight < 1) fail("launches in flight must be at least 1");
+  // its stream keeps launches in flight on an asynchronous device: the activations are planned for them now, so the
+  // room computed below holds (a stream that re-planned them later would pass it: the H200 run of 2026-11-26)
+  reuse_distance_ = device_->launches_async() ? options.in_flight : 1;
+  std::vector<std::string> order;  // weights in the order the layers first read them
+  std::map<std::string, size_t> nbytes;
+  size_t largest = 0;
+  int largest_layer = 0;
+  for (const LayerSpec& layer : manifest_.layers) {
+    size_t mine = 0;
+    std::set<std::string> seen_here;
+    for (const auto& id : layer.inputs) {
+      auto host = host_weights_.find(id);
+      if (host == host_weights_.end() || !seen_here.insert(id).second) continue;
+      mine += PageRound(host->second.nbytes);
+      if (!nbytes.count(id)) order.push_back(id);
+      nbytes[id] = host->second.nbytes;
+    }
+    if (mine > largest) largest = mine, largest_layer = layer.index;
+  }
+  if (env_bytes_ >= room)
+    fail("its inputs and outputs alone take " + std::to_string(env_bytes_) + " of the " + std::to_string(room) +
+         " bytes of device memory it may use");
+  size_t buffer =
+      options.buffer_bytes ? PageRound(options.buffer_bytes) : std::max(largest, PageRound((room - env_bytes_) / 8));
+  if (buffer < largest) {
+    fail("a stream buffer of " + std::to_string(buffer) + " bytes cannot hold the weights of layer " +
+         std::to_string(largest_layer) + " (" + std::to_string(largest) + " bytes)");
+  }
+  StreamingChoice choice = ChooseStreamed(
+      order, nbytes, env_bytes_, room, buffer,
+      [&](const std::set<std::string>& streamed) { return LayOutStreamed(streamed, nbytes, buffer); },
+      [&](const std::string& why) { fail(why + " (" + path + ")"); });
+  size_t slot = buffer_bytes_;  // the layout of the choice (ChooseStreamed's last)
+  num_buffers_ = choice.buffers;
+  resident_weight_bytes_ = choice.resident;
+  for (int g = 0; g < num_groups(); ++g) {
+    if (stream_bytes_[g]) streamed_groups_.push_back(g);
+  }
+  std::vector<std::pair<std::string, const std::string*>> streamed;
+  for (const auto& id : order) {
+    if (streamed_.count(id)) streamed.emplace_back(id, &contents.weights.at(id).data);
+  }
+  tier_store_ = std::make_shared<TierStore>(device_, options.tiers, streamed, name());
+  PrepareEnvironment();
+  try {
+    for (const auto& id : order) {
+      if (streamed_.count(id)) continue;
+      const std::string& bytes = contents.weights.at(id).data;
+      tensor_data_[id] = AllocFor("weight " + id, bytes.size());
+      device_->CopyToDevice(tensor_data_[id], bytes.data(), bytes.size(), nullptr);
+    }
+    for (int g = 0; g < num_groups(); ++g) {
+      PrepareGroup(g, nullptr);  // activations (the streamed weights come with StreamIn)
+      SetGroupState(g, stream_bytes_[g] ? kAbsent : kReady);
+    }
+    if (!streamed_groups_.empty()) {
+      for (int b = 0; b < num_buffers_; ++b)
+        buffers_[b] = AllocFor("a stream buffer", slot + 4096);  // page-aligned inside
+    }
+  } catch (...) {
+    FreeDeviceMemory();
+    tier_store_.reset();
+    throw;
+  }
+  SetPlacement(CreateStreamer(this));
+}
+
+void ModelObj::ReleaseTiers() {
+  if (!tier_store_) return;
+  placement_->Detach();  // its thread stops first: nothing copies from the tiers after this
+  SetPlacementError("model " + name() + " was shut down (its memory tiers are released)");
+  tier_store_.reset();
+}
+
+void ModelObj::StreamIn(int g, int slot, char* bounce, StreamHandle copy_stream, int only_tier, size_t* copied) {
+  auto address = reinterpret_cast<uintptr_t>(buffers_[slot]);
+  char* base = reinterpret_cast<char*>(PageRound(address));
+  for (int disk = 0; disk < 2; ++disk) {  // host-memory tiers first: their copies run while the disk is read
+    for (const auto& [id, offset] : stream_layout_[g]) {
+      const TierStore::Home& home = tier_store_->home(id);
+      if ((home.data == nullptr) != (disk == 1) || (only_tier >= 0 && home.tier != only_tier)) continue;
+      tier_store_->Fetch(id, base + offset, bounce ? bounce + offset : nullptr, copy_stream);
+      if (copied) *copied += home.nbytes;
+    }
+  }
+  if (copy_stream) device_->SyncStream(copy_stream);
+  if (only_tier >= 0) return;
+  for (const auto& [id, offset] : stream_layout_[g]) tensor_data_[id] = base + offset;
+  for (int i = groups_[g].first; i <= groups_[g].second; ++i) BindLayer(i);
+  for (const auto& [id, offset] : stream_layout_[g]) tensor_data_.erase(id);
 }
 
 }  // namespace tvmsched

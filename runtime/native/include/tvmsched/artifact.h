@@ -17,7 +17,7 @@
 
 namespace tvmsched {
 
-/*! \brief The artifact schema this engine reads (tvmsched.artifact.SCHEMA_VERSION). */
+/*! \brief The artifact schema this engine reads (tvmsched.artifact.format.SCHEMA_VERSION). */
 constexpr int kSchemaVersion = 1;
 
 struct TensorSpec {

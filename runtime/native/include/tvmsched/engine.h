@@ -8,7 +8,7 @@
  *   r->Wait(-1, 0);  auto outputs = r->outputs();               // or r->OnDone(callback)
  *   stream->Preempt(); stream->Resume();
  *
- * Link with tvmsched_engine (CMake: find_package(tvmsched), `python -m tvmsched.native --cmakedir`).
+ * Link with tvmsched_engine (CMake: find_package(tvmsched), `python -m tvmsched.runtime.native --cmakedir`).
  * Errors are tvm::ffi::Error of kind "TvmschedError" with a one-line message.
  */
 #ifndef TVMSCHED_ENGINE_H_

@@ -28,6 +28,7 @@
 
 #include "tvmsched/artifact.h"
 #include "tvmsched/device.h"
+#include "tvmsched/placement.h"
 
 namespace tvmsched {
 
@@ -51,6 +52,7 @@ MemoryPlan PlanMemory(const Manifest& manifest, int reuse_distance);
 class ModelObj;
 struct TierOptions;  // tvmsched/tiering.h
 class TierStore;
+struct StreamingFootprint;
 
 /*! \brief How a model is loaded. */
 struct LoadOptions {
@@ -66,33 +68,6 @@ struct LoadOptions {
   /*! \brief The budget its memory counts against (its Runtime's); null: none but the device's. */
   std::shared_ptr<MemoryScope> scope;
 };
-
-/*! \brief What a switcher hears from the streams running a registered model (tvmsched/switching.h).
- *  Called on stream threads, under their locks: implementations only record and notify. */
-class Residency {
- public:
-  virtual ~Residency() = default;
-  /*! \brief A request needs sub-task `group` (-1: the environment, or a request was queued). */
-  virtual void Demand(ModelObj* model, int group) = 0;
-  virtual void GroupStarted(ModelObj* model, int group) = 0;
-  /*! \brief The running request executed sub-task `group`'s last layer at `end_us` (stamped before the sub-task
-   *  became kFinished: a switcher may clean it at once). */
-  virtual void GroupFinished(ModelObj* model, int group, double end_us) = 0;
-  /*! \brief A request of the model finished (done or failed). */
-  virtual void RequestFinished(ModelObj* model) = 0;
-  /*! \brief The model's stream was paused (preempted): its task stops waiting to be switched in (so it holds up
-   *  no other model's switch) until its stream demands again. */
-  virtual void Yield(ModelObj* /*model*/) {}
-  /*! \brief The model's stream runs again (resumed, or finishing its started request). */
-  virtual void Resumed(ModelObj* /*model*/) {}
-  /*! \brief The model is going away: stop using it (a residency it owns joins its threads here). */
-  virtual void Detach() {}
-};
-
-/*! \brief A sub-task's state (ModelObj::group_state). A stream launches a group's layers from kReady
- *  on: it leases the group (kReady/kFinished -> kLeased) for a request and finishes it after its last
- *  layer; a switcher cleans only what it takes back by compare-and-swap (kReady/kFinished -> kAbsent). */
-enum GroupState : int { kAbsent = 0, kPreparing = 1, kHeld = 2, kReady = 3, kLeased = 4, kFinished = 5 };
 
 class ModelObj : public ffi::Object {
  public:
@@ -192,12 +167,12 @@ class ModelObj : public ffi::Object {
   /*! \brief Free what group `g` alone holds: weights no other prepared group uses; activations no
    *  prepared group uses and no group in `pending` still reads (a running request's later groups). */
   void CleanGroup(int g, const std::vector<bool>& pending);
-  /*! \brief The switcher of a registered model (null for a resident one). */
-  Residency* residency() const { return residency_.get(); }
-  void SetResidency(std::shared_ptr<Residency> residency) { residency_ = std::move(residency); }
+  /*! \brief Where its memory is (never null): resident from Init, a switcher's (staged) or a streamer's. */
+  Placement* placement() const { return placement_.get(); }
+  void SetPlacement(std::shared_ptr<Placement> placement) { placement_ = std::move(placement); }
   /*! \brief Why it cannot be prepared (stage 1 failed): its requests fail with this line. */
-  std::string residency_error() const;
-  void SetResidencyError(const std::string& error);
+  std::string placement_error() const;
+  void SetPlacementError(const std::string& error);
   /*! \brief The stream serving it: woken when a switcher made progress (nullptr: none). */
   void SetWaker(std::function<void()> waker);
   void Wake();
@@ -272,6 +247,10 @@ class ModelObj : public ffi::Object {
   void SetGroups(std::vector<std::pair<int, int>> groups);
   /*! \brief Init of a tiered model (after the host weights' sizes are known). */
   void InitTiered(const std::string& path, ArtifactContents& contents, const TierOptions& options);
+  /*! \brief Lay a tiered model out with `streamed` weights streamed: its groups, their plans, each group's place in a
+   *  stream buffer (tiering.cc). */
+  StreamingFootprint LayOutStreamed(const std::set<std::string>& streamed, const std::map<std::string, size_t>& nbytes,
+                                    size_t buffer);
   struct HostWeight {
     void* data = nullptr;  // pinned host memory (registered models; resident ones drop it after the copy)
     size_t nbytes = 0;
@@ -292,19 +271,19 @@ class ModelObj : public ffi::Object {
   std::unique_ptr<std::atomic<int>[]> group_state_;
   std::atomic<bool> env_ready_{false};
   FlagMemory flag_memory_ = FlagMemory::kAuto;
-  std::shared_ptr<Residency> residency_;
+  std::shared_ptr<Placement> placement_;
   std::mutex env_mu_;            // orders AddUser against TryCleanEnvironment
-  mutable std::mutex error_mu_;  // guards residency_error_ (a leaf: streams take it under their locks)
+  mutable std::mutex error_mu_;  // guards placement_error_ (a leaf: streams take it under their locks)
   std::mutex waker_mu_;          // guards waker_ (held while it runs: it takes the stream's lock)
-  std::string residency_error_;
+  std::string placement_error_;
   std::function<void()> waker_;
   std::map<std::string, void*> tensor_data_;  // allocated tensor id -> its data pointer (switcher thread only)
   std::vector<std::vector<std::string>> layer_arg_ids_;  // per layer: the tensor of each of its first args
   std::vector<std::vector<DLTensor>> layer_args_;        // per layer: inputs, outputs, flags, counter
   std::vector<std::vector<ffi::AnyView>> layer_views_;   // per layer: views of layer_args_ (what CallPacked takes)
   // tiering
-  std::unique_ptr<TierStore> tier_store_;
-  std::set<std::string> streamed_;  // weights that live in the host tiers
+  std::shared_ptr<TierStore> tier_store_;  // (shared: model.cc frees it without the complete type)
+  std::set<std::string> streamed_;         // weights that live in the host tiers
   std::vector<int> streamed_groups_;
   std::vector<size_t> stream_bytes_;                                        // per group
   std::vector<std::vector<std::pair<std::string, size_t>>> stream_layout_;  // per group: weight -> offset in a buffer

@@ -168,11 +168,10 @@ class StreamObj : public ffi::Object {
   std::optional<Launch> NextLaunch();
   bool MayLaunch(const Launch& launch) const;
   bool StartRequest();
-  /*! \brief The next launch waits for the switcher (true: the head request failed instead; go on). */
+  /*! \brief The next launch waits for the model's placement to prepare `group` (the placement was asked by
+   *  Acquire); true: the head request failed instead (it cannot be prepared); go on. */
   bool Gate(int group);
-  /*! \brief Lease the sub-task of `layer` for the running request (false: it is not prepared). */
-  bool Lease(int layer);
-  /*! \brief A request left the queue (done or failed): the model's users and its switcher hear it. */
+  /*! \brief A request left the queue (done or failed): the model's users and its placement hear it. */
   void EndRequest();
   /*! \brief After the head request ended: pause again if FinishStarted() asked for it (under mutex_). */
   void PauseAfterRequest();

@@ -45,17 +45,6 @@ struct SwitchOptions {
   std::shared_ptr<MemoryScope> scope;
 };
 
-/*! \brief One recorded stage: "stage1", "stage2", "exec", "clean" or "evict" (group -1: the environment). */
-struct StageEvent {
-  std::string model, stage;
-  int group = -1;
-  double start_us = 0, end_us = 0;
-  int64_t bytes = 0;
-  /*! \brief After the stage: stage2: bytes of the switching models' prepared and running sub-tasks
-   *  (threshold 2's measure); stage1: bytes of the environments prepared ahead (threshold 1's). */
-  int64_t held = 0;
-};
-
 class SwitcherCore;
 
 class SwitcherObj : public ffi::Object {

@@ -25,7 +25,6 @@
 
 #include "tvmsched/device.h"
 #include "tvmsched/model.h"
-#include "tvmsched/switching.h"
 
 namespace tvmsched {
 
@@ -101,7 +100,7 @@ void BindToNode(void* addr, size_t nbytes, int node);
 
 /*! \brief The streamer of a tiered model (ModelObj::Init gives it one): its residency, whose thread
  *  keeps the group the running request needs next, and the one after, in the two stream buffers. */
-std::shared_ptr<Residency> CreateStreamer(ModelObj* model);
+std::shared_ptr<Placement> CreateStreamer(ModelObj* model);
 
 /*! \brief The streamer's record: a "stream" event per group copied (bytes: what it copied). */
 std::vector<StageEvent> StreamerEvents(ModelObj& model);

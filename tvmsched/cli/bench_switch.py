@@ -12,7 +12,7 @@ from dataclasses import asdict, replace
 
 import numpy as np
 
-from tvmsched import native
+from tvmsched.runtime import native
 from tvmsched.errors import TvmschedError
 from tvmsched.runtime.switching import SwitchSettings, footprint, groups
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from tvmsched.errors import TvmschedError, printable
-from tvmsched.layers import TensorSpec
+from tvmsched.lower.layers import TensorSpec
 
 SCHEMA_VERSION = 1
 
@@ -68,7 +68,7 @@ class Binding:
 
 @dataclass(frozen=True)
 class IndexCheck:
-    """A node whose run-time indices are bounds-checked (tvmsched.index_checks): the engine fails a
+    """A node whose run-time indices are bounds-checked (tvmsched.frontend.index_checks): the engine fails a
     request whose flag (bit `bit` of the int32 scalar `tensor`) is set after the run, with `message`."""
 
     tensor: str
@@ -99,12 +99,12 @@ class Manifest:
     index_checks: tuple[IndexCheck, ...] = ()  # run-time index bounds checks (empty: none, or compiled unchecked)
     # The CPU the kernels were compiled for (LLVM's name: "znver5", "x86-64-v3", "generic"; None: not
     # recorded, an artifact older than the field, which is compiled generic) and the CPU features they
-    # need (LLVM's names, tvmsched.targets.X86_RUNTIME_FEATURES): the engine refuses to load the
+    # need (LLVM's names, tvmsched.lower.targets.X86_RUNTIME_FEATURES): the engine refuses to load the
     # artifact on a CPU that lacks one. cpu_features_unchecked: why they are not recorded (non-x86-64).
     cpu: str | None = None
     cpu_features: tuple[str, ...] = ()
     cpu_features_unchecked: str | None = None
-    # CUDA: the SM count the default schedules were tiled for (tvmsched.targets.gpu_sms; None: a CPU artifact,
+    # CUDA: the SM count the default schedules were tiled for (tvmsched.lower.targets.gpu_sms; None: a CPU artifact,
     # or one older than the field). A candidate's waves are its blocks over its units, or over these SMs.
     gpu_sms: int | None = None
     schema_version: int = SCHEMA_VERSION
@@ -116,7 +116,7 @@ class Manifest:
     def verified(cls, path: str | Path, trusted_keys=()) -> Manifest:
         """The manifest of an artifact file as the engine's loader checks it (with `trusted_keys`, its
         signature too), without loading its code."""
-        from tvmsched import native
+        from tvmsched.runtime import native
 
         return cls.parse(str(native.verify_artifact(str(path), [str(k) for k in trusted_keys])["manifest_json"]), path)
 
@@ -236,7 +236,7 @@ class Artifact:
     weights: dict[str, np.ndarray]
 
     def save(self, path: str | Path, signing_key=None) -> None:
-        """Write the artifact; with `signing_key` (tvmsched.signing.load_private_key), sign it."""
+        """Write the artifact; with `signing_key` (tvmsched.artifact.signing.load_private_key), sign it."""
         members = {
             "manifest.json": json.dumps(self.manifest.to_json(), indent=1).encode(),
             "kernels.so": self.library,
@@ -245,7 +245,7 @@ class Artifact:
         checksums = json.dumps({name: hashlib.sha256(data).hexdigest() for name, data in members.items()}, indent=1).encode()
         members["checksums.json"] = checksums
         if signing_key is not None:
-            from tvmsched.signing import SIGNATURE_MEMBER, sign
+            from tvmsched.artifact.signing import SIGNATURE_MEMBER, sign
 
             members[SIGNATURE_MEMBER] = sign(checksums, signing_key)
         tmp = Path(f"{path}.tmp")

@@ -10,7 +10,7 @@ other SMs idle. Here each matmul-like layer gets its tile from its own shape (`c
   a partial buffer, and a second launch adds the slices up and runs the layer's epilogue (bias, residual
   add, activation). The partial sums are an intermediate buffer of their own, so the layer stays idempotent.
 
-The SM count comes from the target's architecture (`tvmsched.targets.gpu_sms`; TVMSCHED_GPU_SMS overrides
+The SM count comes from the target's architecture (`tvmsched.lower.targets.gpu_sms`; TVMSCHED_GPU_SMS overrides
 it). Every other layer keeps dlight's rules (GEMV, reductions, element-wise fallback), which already launch
 one block per 256-1024 outputs.
 """
@@ -22,7 +22,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from tvmsched.targets import describe
+from tvmsched.lower.targets import describe
 
 # (threads along I, threads along J, outputs per thread along I, along J); I rows, J columns of the tile.
 _THREADS = ((8, 16), (16, 8), (16, 16), (8, 8))
@@ -177,9 +177,7 @@ def schedule_split_k(func, tiling: Tiling, sms: int, *, unroll: int = 256):
     None where the layer does not take this form (dlight's plain rule then applies)."""
     from tvm import s_tir
     from tvm.s_tir.dlight.analysis import get_root_block
-    from tvm.s_tir.dlight.gpu.matmul import (
-        auto_inline_consumer_chain, auto_inline_producers, get_index_map, get_reduction_blocks,
-    )
+    from tvm.s_tir.dlight.gpu.matmul import get_index_map, get_reduction_blocks
 
     sch = s_tir.Schedule(func)
     reductions = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
@@ -200,44 +198,54 @@ def schedule_split_k(func, tiling: Tiling, sms: int, *, unroll: int = 256):
         batch, i, j, k = sch.get_loops(main)
         slices, k = sch.split(k, [None, k_slice])
         partial = sch.rfactor(slices, factor_axis=0)  # P[slice, S, I, J]; `main` now sums over the slices
-
-        # launch 1: each block one tile of one slice
-        batch, i, j, slices, k = sch.get_loops(partial)
-        bi, ti_, mi = sch.split(i, [None, tiling.threads_i, tiling.micro_i])
-        bj, tj_, mj = sch.split(j, [None, tiling.threads_j, tiling.micro_j])
-        ko, ki = sch.split(k, [None, MICRO_K])
-        sch.reorder(slices, batch, bj, bi, tj_, ti_, ko, ki, mi, mj)
-        sch.bind(sch.fuse(slices, batch, bj), "blockIdx.y")
-        sch.bind(bi, "blockIdx.x")
-        sch.bind(tj_, "threadIdx.y")
-        sch.bind(ti_, "threadIdx.x")
-        if unroll > 0:
-            sch.annotate(ti_, ann_key="pragma_auto_unroll_max_step", ann_val=unroll)
-            sch.annotate(ti_, ann_key="pragma_unroll_explicit", ann_val=1)
-        local = sch.cache_write(partial, 0, "local")
-        sch.reverse_compute_at(local, ti_, preserve_unit_loops=True)
-        for operand in (0, 1):
-            shared = sch.cache_read(partial, operand, "shared")
-            sch.compute_at(shared, ko, preserve_unit_loops=True)
-            loops = sch.get_loops(shared)[-len(sch.get(shared).iter_vars):]
-            ty, tx, _ = sch.split(sch.fuse(*loops), [tiling.threads_j, tiling.threads_i, None])
-            sch.bind(ty, "threadIdx.y")
-            sch.bind(tx, "threadIdx.x")
-            auto_inline_producers(sch, shared)
-        sch.decompose_reduction(partial, ko)
-
-        # launch 2: one thread per output sums the slices; the epilogue follows in registers
-        batch, i, j, slices = sch.get_loops(main)
-        outputs, threads = int(sch.get(batch).extent) * int(sch.get(i).extent) * int(sch.get(j).extent), 128
-        while threads > 1 and math.ceil(outputs / threads) < sms:  # a wave of blocks, however few the outputs
-            threads //= 2
-        bx, tx = sch.split(sch.fuse(batch, i, j), [None, threads])
-        sch.bind(bx, "blockIdx.x")
-        sch.bind(tx, "threadIdx.x")
-        total = sch.cache_write(main, 0, "local")
-        sch.reverse_compute_at(total, tx, preserve_unit_loops=True)
-        auto_inline_consumer_chain(sch, total)
-        sch.decompose_reduction(main, slices)
+        _schedule_slices(sch, partial, tiling, unroll)
+        _schedule_slice_sum(sch, main, sms)
     except Exception:  # noqa: BLE001 - a layout the split does not take: the caller falls back to dlight's rule
         return None
     return sch
+
+
+def _schedule_slices(sch, partial, tiling: Tiling, unroll: int) -> None:
+    """Split-K's launch 1: each block one tile of one slice of K, operands staged through shared memory."""
+    from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers
+
+    batch, i, j, slices, k = sch.get_loops(partial)
+    bi, ti_, mi = sch.split(i, [None, tiling.threads_i, tiling.micro_i])
+    bj, tj_, mj = sch.split(j, [None, tiling.threads_j, tiling.micro_j])
+    ko, ki = sch.split(k, [None, MICRO_K])
+    sch.reorder(slices, batch, bj, bi, tj_, ti_, ko, ki, mi, mj)
+    sch.bind(sch.fuse(slices, batch, bj), "blockIdx.y")
+    sch.bind(bi, "blockIdx.x")
+    sch.bind(tj_, "threadIdx.y")
+    sch.bind(ti_, "threadIdx.x")
+    if unroll > 0:
+        sch.annotate(ti_, ann_key="pragma_auto_unroll_max_step", ann_val=unroll)
+        sch.annotate(ti_, ann_key="pragma_unroll_explicit", ann_val=1)
+    local = sch.cache_write(partial, 0, "local")
+    sch.reverse_compute_at(local, ti_, preserve_unit_loops=True)
+    for operand in (0, 1):
+        shared = sch.cache_read(partial, operand, "shared")
+        sch.compute_at(shared, ko, preserve_unit_loops=True)
+        loops = sch.get_loops(shared)[-len(sch.get(shared).iter_vars):]
+        ty, tx, _ = sch.split(sch.fuse(*loops), [tiling.threads_j, tiling.threads_i, None])
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+        auto_inline_producers(sch, shared)
+    sch.decompose_reduction(partial, ko)
+
+
+def _schedule_slice_sum(sch, main, sms: int) -> None:
+    """Split-K's launch 2: one thread per output sums the slices; the epilogue follows in registers."""
+    from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain
+
+    batch, i, j, slices = sch.get_loops(main)
+    outputs, threads = int(sch.get(batch).extent) * int(sch.get(i).extent) * int(sch.get(j).extent), 128
+    while threads > 1 and math.ceil(outputs / threads) < sms:  # a wave of blocks, however few the outputs
+        threads //= 2
+    bx, tx = sch.split(sch.fuse(batch, i, j), [None, threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    total = sch.cache_write(main, 0, "local")
+    sch.reverse_compute_at(total, tx, preserve_unit_loops=True)
+    auto_inline_consumer_chain(sch, total)
+    sch.decompose_reduction(main, slices)

@@ -240,45 +240,10 @@ def _var_in(expr, var) -> bool:
 def _tile(sch, red, lanes32: int) -> bool:
     """Tile the reduction block `red` (`lanes32`: the target's vector lanes of 32-bit elements); False when its
     innermost output axis cannot be vectorized."""
-    block = sch.get(red)
-    if len(block.writes) != 1 or block.writes[0].source.dtype not in ("float32", "float16", "float64", "int32"):
+    plan = _tile_plan(sch, red, lanes32)
+    if plan is None:
         return False
-    if _has_bool(sch, red):
-        return False
-    lanes = max(lanes32 * 32 // block.writes[0].source.dtype.bits, 4)
-    loops = sch.get_loops(red)
-    iters = list(block.iter_vars)
-    if len(loops) != len(iters):
-        return False
-    if any(_extent(sch, loop) != int(iv.dom.extent) for loop, iv in zip(loops, iters) if isinstance(iv.dom.extent, tirx.IntImm)):
-        return False
-    spatial = [i for i, iv in enumerate(iters) if int(iv.iter_type) == 0]
-    reduce = [i for i, iv in enumerate(iters) if int(iv.iter_type) != 0]
-    if not spatial or not reduce or max(spatial) > min(reduce):
-        return False
-    write = [r.min for r in block.writes[0].region]
-    last = write[-1] if write else None
-    v = next((i for i in spatial if last is not None and last.same_as(iters[i].var)), None)
-    extents = [_extent(sch, loop) for loop in loops]
-    if v is None or any(e is None for e in extents):
-        return False
-    ev, var = extents[v], iters[v].var
-    tiles = vector_factors(ev, lanes)
-    tv = next((f for f in tiles if _vector_reads(var, ev, block.reads, f)), None)
-    if tv is None:  # no tile reads whole vectors; or a ragged output axis (GPT-2's 50257-word head): pad it
-        if tiles or ev <= lanes or not _vector_reads(var, ev, block.reads, lanes):
-            return False
-        try:
-            sch.pad_einsum(red, [lanes if i == v else 1 for i in range(len(iters))])
-        except Exception:  # noqa: BLE001 - not an einsum (pad_einsum's own conditions)
-            return False
-        loops = sch.get_loops(red)
-        extents = [_extent(sch, loop) for loop in loops]
-        tv = lanes
-    vectors = -(-tv // lanes)
-    rows_max = max(1, min(MAX_ROWS, MAX_ACCUMULATORS // vectors))
-    u, tu = _rows(spatial, v, extents, rows_max)
-
+    loops, spatial, reduce, extents, v, tv, u, tu = plan
     vo, vi = sch.split(loops[v], factors=[None, tv])
     # the vector tile outermost: its weight panel (reduction x tv) stays in cache across all rows
     outer = [vo] + [loops[i] for i in spatial if i not in (u, v)]
@@ -308,6 +273,50 @@ def _tile(sch, red, lanes32: int) -> bool:
     sch.vectorize(inner[-1])
     sch.decompose_reduction(red, reductions[0])  # after vectorize: the init keeps the loop kinds
     return True
+
+
+def _tile_plan(sch, red, lanes32: int):
+    """_tile's analysis: (loops, spatial, reduction axes, extents, the vectorized axis v, its tile tv, the row axis
+    u, its tile tu), or None when the block cannot be tiled (a ragged output axis is padded here)."""
+    block = sch.get(red)
+    if len(block.writes) != 1 or block.writes[0].source.dtype not in ("float32", "float16", "float64", "int32"):
+        return None
+    if _has_bool(sch, red):
+        return None
+    lanes = max(lanes32 * 32 // block.writes[0].source.dtype.bits, 4)
+    loops = sch.get_loops(red)
+    iters = list(block.iter_vars)
+    if len(loops) != len(iters):
+        return None
+    if any(_extent(sch, loop) != int(iv.dom.extent) for loop, iv in zip(loops, iters) if isinstance(iv.dom.extent, tirx.IntImm)):
+        return None
+    spatial = [i for i, iv in enumerate(iters) if int(iv.iter_type) == 0]
+    reduce = [i for i, iv in enumerate(iters) if int(iv.iter_type) != 0]
+    if not spatial or not reduce or max(spatial) > min(reduce):
+        return None
+    write = [r.min for r in block.writes[0].region]
+    last = write[-1] if write else None
+    v = next((i for i in spatial if last is not None and last.same_as(iters[i].var)), None)
+    extents = [_extent(sch, loop) for loop in loops]
+    if v is None or any(e is None for e in extents):
+        return None
+    ev, var = extents[v], iters[v].var
+    tiles = vector_factors(ev, lanes)
+    tv = next((f for f in tiles if _vector_reads(var, ev, block.reads, f)), None)
+    if tv is None:  # no tile reads whole vectors; or a ragged output axis (GPT-2's 50257-word head): pad it
+        if tiles or ev <= lanes or not _vector_reads(var, ev, block.reads, lanes):
+            return None
+        try:
+            sch.pad_einsum(red, [lanes if i == v else 1 for i in range(len(iters))])
+        except Exception:  # noqa: BLE001 - not an einsum (pad_einsum's own conditions)
+            return None
+        loops = sch.get_loops(red)
+        extents = [_extent(sch, loop) for loop in loops]
+        tv = lanes
+    vectors = -(-tv // lanes)
+    rows_max = max(1, min(MAX_ROWS, MAX_ACCUMULATORS // vectors))
+    u, tu = _rows(spatial, v, extents, rows_max)
+    return loops, spatial, reduce, extents, v, tv, u, tu
 
 
 def _rows(spatial: list[int], v: int, extents: list[int], rows_max: int) -> tuple[int | None, int]:

@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from tvmsched.validate import SHOWN_ELEMENTS, fixed_input, model_shell
+from tvmsched.frontend.validate import SHOWN_ELEMENTS, fixed_input, model_shell
 
 log = logging.getLogger(__name__)
 

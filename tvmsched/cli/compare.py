@@ -26,7 +26,7 @@ def latency_summary(seconds: Sequence[float]) -> dict:
 
 def runtime_threads(device: str = "cpu") -> int:
     """The compute units the engine runs a layer on: CPU threads (TVM_NUM_THREADS, else all cores)."""
-    from tvmsched import native
+    from tvmsched.runtime import native
 
     return int(native.device_info(device)["total_units"])
 

@@ -19,7 +19,7 @@ def measure_at_units(func, target, arg_specs, units_list: list[int], *, repeat: 
     """
     import tvm
 
-    from tvmsched.targets import describe
+    from tvmsched.lower.targets import describe
 
     if not describe(target).cpu:
         raise TvmschedError(f"measuring {describe(target).kind} kernels at restricted units needs that device here")
@@ -67,7 +67,7 @@ def measure_together(entries: list, target, units: int, *, repeat: int = 5, min_
 
 def in_thread(fn, units: int, name: str = "measure"):
     """fn() in a fresh thread whose TVM pool has `units` threads; its result, or its exception re-raised here."""
-    from tvmsched.runtime.units import set_cpu_units
+    from tvmsched.tune.cpu_units import set_cpu_units
 
     result: dict[str, object] = {}
 

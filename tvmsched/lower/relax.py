@@ -18,7 +18,7 @@ def legalize_and_fuse(mod, target, clamp_take: bool = True):
     import tvm
     from tvm import relax
 
-    from tvmsched.targets import describe
+    from tvmsched.lower.targets import describe
 
     cpu = describe(target).cpu
     legalizations = {**nan_propagating_legalizations(), **(clamped_take() if clamp_take else {}),
@@ -145,29 +145,9 @@ def pack_weights(mod, target):
     One layer, both layouts, the same schedule, side by side: bench/results/weight_packing.md."""
     import numpy as np
     import tvm
-    from tvm import relax, te, topi
+    from tvm import relax
 
-    from tvmsched.cpu_schedule import vector_factors, vector_lanes
-
-    def packed_matmul(x, packed):
-        tv = packed.shape[-1]
-        k = te.reduce_axis((0, packed.shape[1]), name="k")
-        return te.compute((*x.shape[:-1], packed.shape[0] * tv),
-                          lambda *i: te.sum(x[(*i[:-1], k)] * packed[i[-1] // tv, k, i[-1] % tv], axis=k), name="matmul")
-
-    def packed_conv(x, packed, strides, padding, dilation):
-        n, h, w, _ = x.shape
-        _, kh, kw, ci, tv = packed.shape
-        (sh, sw), (dh, dw), (top, left, bottom, right) = strides, dilation, padding
-        if any(padding):
-            x = topi.nn.pad(x, [0, top, left, 0], [0, bottom, right, 0], name="pad_temp")
-        rh, rw, rc = te.reduce_axis((0, kh), "rh"), te.reduce_axis((0, kw), "rw"), te.reduce_axis((0, ci), "rc")
-        out_h = (h + top + bottom - dh * (kh - 1) - 1) // sh + 1
-        out_w = (w + left + right - dw * (kw - 1) - 1) // sw + 1
-        return te.compute((n, out_h, out_w, packed.shape[0] * tv),
-                          lambda b, y, z, c: te.sum(x[b, y * sh + rh * dh, z * sw + rw * dw, rc]
-                                                    * packed[c // tv, rh, rw, rc, c % tv], axis=[rh, rw, rc]),
-                          name="conv2d_nhwc")
+    from tvmsched.lower.cpu_schedule import vector_factors, vector_lanes
 
     def tile(weight) -> int | None:
         """The vector tile on the weight's output channels (its last axis) for its dtype's lanes, or None."""
@@ -202,7 +182,7 @@ def pack_weights(mod, target):
             if tv is None:
                 return call
             packed = np.ascontiguousarray(weight.reshape(k, n // tv, tv).transpose(1, 0, 2))
-            return self.builder_.call_te(packed_matmul, call.args[0], relax.const(packed, str(weight.dtype)),
+            return self.builder_.call_te(_packed_matmul, call.args[0], relax.const(packed, str(weight.dtype)),
                                          primfunc_name_hint="matmul")
 
         def conv2d(self, call):
@@ -217,11 +197,39 @@ def pack_weights(mod, target):
                 return call
             packed = np.ascontiguousarray(weight.reshape(kh, kw, ci, co // tv, tv).transpose(3, 0, 1, 2, 4))
             ints = lambda values: [int(v) for v in values]  # noqa: E731
-            return self.builder_.call_te(packed_conv, call.args[0], relax.const(packed, str(weight.dtype)),
+            return self.builder_.call_te(_packed_conv, call.args[0], relax.const(packed, str(weight.dtype)),
                                          ints(attrs.strides), ints(attrs.padding), ints(attrs.dilation),
                                          primfunc_name_hint="conv2d")
 
     return _rewritten(mod, PackWeights)
+
+
+def _packed_matmul(x, packed):
+    """The matmul of pack_weights: x [..., K] by a weight packed [N / tv, K, tv]."""
+    from tvm import te
+
+    tv = packed.shape[-1]
+    k = te.reduce_axis((0, packed.shape[1]), name="k")
+    return te.compute((*x.shape[:-1], packed.shape[0] * tv),
+                      lambda *i: te.sum(x[(*i[:-1], k)] * packed[i[-1] // tv, k, i[-1] % tv], axis=k), name="matmul")
+
+
+def _packed_conv(x, packed, strides, padding, dilation):
+    """The NHWC convolution of pack_weights by a weight packed [CO / tv, KH, KW, CI, tv]."""
+    from tvm import te, topi
+
+    n, h, w, _ = x.shape
+    _, kh, kw, ci, tv = packed.shape
+    (sh, sw), (dh, dw), (top, left, bottom, right) = strides, dilation, padding
+    if any(padding):
+        x = topi.nn.pad(x, [0, top, left, 0], [0, bottom, right, 0], name="pad_temp")
+    rh, rw, rc = te.reduce_axis((0, kh), "rh"), te.reduce_axis((0, kw), "rw"), te.reduce_axis((0, ci), "rc")
+    out_h = (h + top + bottom - dh * (kh - 1) - 1) // sh + 1
+    out_w = (w + left + right - dw * (kw - 1) - 1) // sw + 1
+    return te.compute((n, out_h, out_w, packed.shape[0] * tv),
+                      lambda b, y, z, c: te.sum(x[b, y * sh + rh * dh, z * sw + rw * dw, rc]
+                                                * packed[c // tv, rh, rw, rc, c % tv], axis=[rh, rw, rc]),
+                      name="conv2d_nhwc")
 
 
 def _static_rank(ty) -> int | None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import onnx
 
 from tvmsched.errors import TvmschedError, exception_reason, native_stderr, one_line
-from tvmsched.validate import default_opset
+from tvmsched.frontend.validate import default_opset
 
 log = logging.getLogger(__name__)
 
@@ -125,15 +125,15 @@ def import_model(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, .
     """Import a checked ONNX model into Relax: (IRModule, index checks).
 
     First, with the input shapes of `signature` fixed, what is computable at compile time (the shape
-    arithmetic of dynamic-axes exports) is folded into constants (tvmsched.onnx_fold), and forms TVM's
-    importer lacks are rewritten (tvmsched.onnx_rewrites). A refusal of TVM's importer names the node.
+    arithmetic of dynamic-axes exports) is folded into constants (tvmsched.frontend.fold), and forms TVM's
+    importer lacks are rewritten (tvmsched.frontend.rewrites). A refusal of TVM's importer names the node.
 
-    With `check_indices`, run-time indices are bounds-checked (tvmsched.index_checks): `main` then
+    With `check_indices`, run-time indices are bounds-checked (tvmsched.frontend.index_checks): `main` then
     returns one int32 flag per check after the model's own outputs, in the order of the checks.
     """
-    from tvmsched.index_checks import guard_indices
-    from tvmsched.onnx_fold import fold_constants
-    from tvmsched.onnx_rewrites import (
+    from tvmsched.frontend.index_checks import guard_indices
+    from tvmsched.frontend.fold import fold_constants
+    from tvmsched.frontend.rewrites import (
         expand_layernorm_statistics,
         fold_batchnorm_into_conv,
         propagate_nan,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tvmsched.artifact import Manifest
+from tvmsched.artifact.format import Manifest
 from tvmsched.errors import printable
 
 

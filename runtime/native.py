@@ -1,7 +1,7 @@
 """The native engine (runtime/native, C++ on tvm-ffi): where it is built, and loading it into Python.
 
-    python -m tvmsched.native --cmakedir      # for a C++ build: find_package(tvmsched) -> tvmsched::engine
-    python -m tvmsched.native --includedir | --libdir | --lib
+    python -m tvmsched.runtime.native --cmakedir      # for a C++ build: find_package(tvmsched) -> tvmsched::engine
+    python -m tvmsched.runtime.native --includedir | --libdir | --lib
 
 Python reaches the engine's objects (tvmsched.Model, tvmsched.Stream, tvmsched.Request) and functions
 (tvmsched.engine.*) through tvm-ffi's own registration; `engine()` loads the library once.
@@ -21,7 +21,8 @@ import tvm_ffi
 
 from tvmsched.errors import TvmschedError
 
-PACKAGE_DIR = Path(__file__).resolve().parent  # lib/, include/, cmake/: the engine as `make setup` installs it
+# lib/, include/, cmake/: the engine as `make setup` installs it, in the tvmsched package's folder
+PACKAGE_DIR = Path(importlib.util.find_spec("tvmsched").origin).resolve().parent
 LIB_NAME = "libtvmsched_engine.so"
 _lock = threading.Lock()
 _loaded = False
@@ -97,6 +98,11 @@ def device_info(kind: str) -> dict:
     """A device's name, total_units, granularity and abilities: launches_async, host_memory (opening it: a missing
     CUDA driver is one error line; "cpu" is the mode TVMSCHED_CPU_LAUNCHES names, sync or async)."""
     return dict(func("device_info")(kind))
+
+
+def cpu_pool() -> dict:
+    """The engine's CPU pool (cpu_pool.cc): whether it runs the kernels' parallel loops, its threads and counters."""
+    return dict(func("cpu_pool")())
 
 
 def device_memory(kind: str) -> dict[str, int]:
@@ -185,7 +191,7 @@ def check_cpu_features(cpu: str, features: list, what: str) -> None:
 
 
 def plan_activation_storage(layers: list, nbytes: dict, keep: list, reuse_distance: int):
-    """The engine's activation storage plan (runtime/memory_plan.py)."""
+    """The engine's activation storage plan (tests/memory_plan.py)."""
     return func("plan_memory")(layers, nbytes, keep, int(reuse_distance))
 
 
@@ -195,7 +201,7 @@ def time_kernel():
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m tvmsched.native", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tvmsched.runtime.native", description=__doc__.splitlines()[0])
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--cmakedir", action="store_true", help="folder of tvmsched-config.cmake")
     group.add_argument("--includedir", action="store_true", help="folder of the public headers (tvmsched/engine.h)")

@@ -16,13 +16,13 @@ import functools
 import logging
 from dataclasses import dataclass, field
 
-from tvmsched import tuning
+from tvmsched.tune import search as tuning
 from tvmsched.errors import TvmschedError
-from tvmsched.layers import arg_specs as layer_arg_specs
-from tvmsched.measure import measure_at_units
-from tvmsched.targets import describe
+from tvmsched.lower.layers import arg_specs as layer_arg_specs
+from tvmsched.tune.local_timing import measure_at_units
+from tvmsched.lower.targets import describe
 
-GRID_LIMIT_UNIT_KIND = "gpu_sm_grid"  # as tvmsched.measure_kit stores grid-limited measurements
+GRID_LIMIT_UNIT_KIND = "gpu_sm_grid"  # as tvmsched.tune.kit_build stores grid-limited measurements
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ def _scheduled(func, row):
 
 def _retuned(name, funcs, best, best_at_k_us, k, target, database, trials, arg_specs, graph, progress) -> CandidateKernel:
     """Re-tune `name` measured at k units; the faster at k of that and the full-unit best (`best_at_k_us`, step 2)."""
-    from tvmsched.runtime.units import set_cpu_units
+    from tvmsched.tune.cpu_units import set_cpu_units
 
     target_k = with_units(target, k)
     runner = tuning.local_runner(initializer=functools.partial(set_cpu_units, k))

@@ -21,9 +21,9 @@ import time
 import types
 from dataclasses import dataclass
 
-from tvmsched import kernels
+from tvmsched.lower import kernels
 from tvmsched.errors import TvmschedError, one_line
-from tvmsched.targets import describe
+from tvmsched.lower.targets import describe
 
 log = logging.getLogger(__name__)
 
@@ -381,16 +381,16 @@ def _work_dir(folder: str | None):
 
 
 def default_seed_schedule(target):
-    """`tvmsched.cpu_schedule.schedule(func, target)` (a tvm.s_tir.Schedule with its trace, or None) where it
+    """`tvmsched.lower.cpu_schedule.schedule(func, target)` (a tvm.s_tir.Schedule with its trace, or None) where it
     exists and the target is a CPU; None otherwise (no seeding)."""
     if not describe(target).cpu:
         return None
     try:
-        from tvmsched import cpu_schedule
+        from tvmsched.lower import cpu_schedule
     except ImportError:
         return None
     except Exception as err:  # noqa: BLE001  (a broken module must not stop tuning)
-        log.warning("tvmsched.cpu_schedule does not import (%s): tuning starts without the default schedule", one_line(err))
+        log.warning("tvmsched.lower.cpu_schedule does not import (%s): tuning starts without the default schedule", one_line(err))
         return None
     schedule = getattr(cpu_schedule, "schedule", None)
     return schedule if callable(schedule) else None
@@ -893,7 +893,7 @@ def sample_schedules(func, target, count: int, *, seed: int = 0, attempts_per_sa
     What MetaSchedule's replay-trace search does: each design space's trace is replayed with its
     sampling decisions dropped (so they are drawn anew), then the target's postprocessors must
     accept it (on CUDA they reject schedules that break shared memory or thread limits).
-    Used where candidates are built here and measured on another machine (`tvmsched.measure_kit`).
+    Used where candidates are built here and measured on another machine (`tvmsched.tune.kit_build`).
     """
     import tvm.s_tir.meta_schedule as ms
     from tvm.s_tir.schedule import Schedule, Trace
@@ -921,7 +921,7 @@ def sample_schedules(func, target, count: int, *, seed: int = 0, attempts_per_sa
     return list(found.values())
 
 
-# ---- rounds of build-here / measure-there tuning (tvmsched.measure_kit) -------------------------------------
+# ---- rounds of build-here / measure-there tuning (tvmsched.tune.kit_build) -------------------------------------
 
 ROUND_TRAIN_RECORDS = 4096  # at most this many measured records per workload train the cost model
 ROUND_SEARCH_ITERS = 4  # search iterations per workload and round (each gives up to `count` new candidates)

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from tvmsched.validate import Facts, default_opset, per_channel_prelu
+from tvmsched.frontend.validate import Facts, default_opset, per_channel_prelu
 
 log = logging.getLogger(__name__)
 

@@ -92,11 +92,11 @@ def compile_cmd(
     sign_key: str | None,
 ) -> None:
     """Compile an ONNX MODEL into a per-layer artifact (tuned with --tune-trials and/or --tune-minutes)."""
-    from tvmsched.frontend import parse_input_shapes
-    from tvmsched.targets import is_cuda_spec
+    from tvmsched.frontend.loader import parse_input_shapes
+    from tvmsched.lower.targets import is_cuda_spec
 
     if is_cuda_spec(target):  # before anything imports TVM (tvmsched.pipeline does)
-        from tvmsched.cuda_toolchain import prepare_cuda_build
+        from tvmsched.lower.cuda_toolchain import prepare_cuda_build
 
         prepare_cuda_build()
     from tvmsched.pipeline import check_tuning_budget
@@ -105,7 +105,7 @@ def compile_cmd(
     shapes = parse_input_shapes(input_shapes)
     signing_key = None
     if sign_key:  # read before compiling: a bad key fails fast
-        from tvmsched.signing import key_id, load_private_key
+        from tvmsched.artifact.signing import key_id, load_private_key
 
         signing_key = load_private_key(sign_key)
     output = output or str(Path(model).with_suffix(".tvms"))
@@ -147,7 +147,7 @@ def keys() -> None:
 @click.argument("name")
 def keys_generate(name: str) -> None:
     """Write a new key pair: NAME.key (private, mode 0600) and NAME.pub (public, to hand to loaders)."""
-    from tvmsched.signing import generate_keys, key_id
+    from tvmsched.artifact.signing import generate_keys, key_id
 
     private_path, public_path, key = generate_keys(name)
     click.echo(f"wrote {private_path} (private: keep it secret) and {public_path} (key {key_id(key.public_key())})")
@@ -159,7 +159,7 @@ def keys_generate(name: str) -> None:
               help="A trusted public key (repeatable).")
 def keys_verify(artifact: str, trusted: tuple[str, ...]) -> None:
     """Check that ARTIFACT is intact and signed by a trusted key, without loading its code."""
-    from tvmsched import native
+    from tvmsched.runtime import native
 
     signer = native.verify_artifact(artifact, list(trusted))["signer"]
     click.echo(f"{artifact}: signed by trusted key {signer}")
@@ -188,16 +188,16 @@ def tune_kit(model: str, out_dir: str, target: str, samples: int, input_shapes: 
     Layers whose workload has measured records in the database (imported from earlier rounds) are sampled by
     MetaSchedule's evolutionary search seeded from those records; the others at random (round 1).
     """
-    from tvmsched.frontend import load_onnx, parse_input_shapes
-    from tvmsched.targets import is_cuda_spec
+    from tvmsched.frontend.loader import load_onnx, parse_input_shapes
+    from tvmsched.lower.targets import is_cuda_spec
 
     shapes = parse_input_shapes(input_shapes)
     token = _read_token(db_token_file)
     if is_cuda_spec(target):
-        from tvmsched.cuda_toolchain import prepare_cuda_build
+        from tvmsched.lower.cuda_toolchain import prepare_cuda_build
 
         prepare_cuda_build()
-    from tvmsched.measure_kit import build_kit
+    from tvmsched.tune.kit_build import build_kit
 
     kit = build_kit(load_onnx(model), out_dir, target=target, samples=samples, input_shapes=shapes, name=Path(model).stem,
                     grid_limit_units=_parse_units(grid_csv), database=db_url, token=token, seeded=not fresh)
@@ -216,7 +216,7 @@ def tune_kit(model: str, out_dir: str, target: str, samples: int, input_shapes: 
 @click.option("--repeat", default=5, show_default=True, help="Timed batches per kernel and unit count (median).")
 def tune_measure(kit_dir: str, output: str, units_csv: str | None, repeat: int) -> None:
     """Time every kernel of a kit at each unit count on this machine's device (needs only the TVM runtime)."""
-    from tvmsched.runtime.kit_measure import measure_kit, write_results
+    from tvmsched.tune.kit_run import measure_kit, write_results
 
     results = measure_kit(kit_dir, "all" if units_csv == "all" else _parse_units(units_csv), repeat=repeat)
     write_results(results, output)
@@ -230,7 +230,7 @@ def tune_measure(kit_dir: str, output: str, units_csv: str | None, repeat: int) 
 @click.option("--db-token-file", type=click.Path(dir_okay=False), help="Bearer token for a database service.")
 def tune_import(kit_dir: str, results_path: str, db_url: str | None, db_token_file: str | None) -> None:
     """Store a kit's measurements as tuning records, scoped by unit count."""
-    from tvmsched.measure_kit import import_results, round_summary
+    from tvmsched.tune.kit_build import import_results, round_summary
     from tvmsched.tuning_db.json_limits import loads as bounded_loads
 
     try:
@@ -319,7 +319,7 @@ def run_cmd(artifact: str, inputs_path: str | None, output_path: str | None, dev
         with open(output_path, "wb") as out:  # exactly this name (np.savez would append .npz)
             np.savez(out, **outputs)
         echo(f"wrote {output_path}")
-    from tvmsched import compare
+    from tvmsched.cli import compare
 
     session = None  # one onnxruntime session checks the outputs and, with --repeat, is timed
     if check_model:
@@ -349,8 +349,8 @@ class _BudgetRun:
     """`run --memory-budget`: the model in a Runtime with that budget (streamed from the tiers if larger)."""
 
     def __init__(self, artifact: str, device: str | None, trusted, budget: str, topology: str, plan: str | None, gpu: int):
-        from tvmsched.artifact import Manifest
-        from tvmsched import native
+        from tvmsched.artifact.format import Manifest
+        from tvmsched.runtime import native
         from tvmsched.runtime import Runtime
         from tvmsched.runtime.tiering import TierSettings, parse_bytes
 
@@ -407,7 +407,7 @@ def bench_switch(artifacts: tuple[str, ...], device: str, repeat: int, qos_ms: f
                  no_stop_and_start: bool, as_json: bool) -> None:
     """Switch overheads of two or more ARTIFACTS: first-request latency after a switch against the
     resident floor, stop-and-start, load-then-run without pipelining, all resident, and the copy floor."""
-    from tvmsched.bench_switch import format_switching, measure_switching
+    from tvmsched.cli.bench_switch import format_switching, measure_switching
     from tvmsched.runtime.switching import SwitchSettings
 
     for path in artifacts:
@@ -427,8 +427,8 @@ def bench_switch(artifacts: tuple[str, ...], device: str, repeat: int, qos_ms: f
 def inspect_cmd(artifact: str, as_json: bool, trusted: tuple[str, ...]) -> None:
     """Show an artifact's layers, kernels, shapes, FLOPs and bytes (checked as a load checks it; its code is
     never loaded, so inspecting an untrusted artifact runs none of it)."""
-    from tvmsched.artifact import Manifest
-    from tvmsched.inspect import describe
+    from tvmsched.artifact.format import Manifest
+    from tvmsched.cli.inspect_artifact import describe
 
     manifest = Manifest.verified(artifact, trusted)
     click.echo(json.dumps(manifest.to_json(), indent=1) if as_json else describe(manifest))
@@ -612,7 +612,7 @@ def _parse_units(text: str | None) -> list[int] | None:
 
 def _open_database(db_url: str | None, token_file: str | None, target: str):
     from tvmsched.pipeline import open_tuning_database
-    from tvmsched.targets import make_target
+    from tvmsched.lower.targets import make_target
 
     return open_tuning_database(db_url, make_target(target), token=_read_token(token_file))
 
@@ -630,7 +630,7 @@ def _read_token(path: str | None) -> str | None:
 
 
 def _print_tuning_summary(tuning: dict) -> None:
-    from tvmsched.inspect import tuning_workloads
+    from tvmsched.cli.inspect_artifact import tuning_workloads
 
     layers = tuning["layers"]  # one entry per PrimFunc; PrimFuncs sharing a workload share its outcome
     counts = {s: sum(v["status"] == s for v in layers.values()) for s in ("tuned", "cached", "default-kept", "fallback", "skipped")}
@@ -667,7 +667,7 @@ def _check_against_onnxruntime(model_path: str, inputs: dict, outputs: dict, tol
     """Outputs against onnxruntime (`session`, default a new one of `model_path`): |out - ref| <= tol + tol * |ref|
     elementwise (numpy's isclose), NaN where onnxruntime has NaN; a model onnxruntime cannot run, or one with
     other outputs, is a user error."""
-    from tvmsched.compare import onnxruntime_session, runtime_threads
+    from tvmsched.cli.compare import onnxruntime_session, runtime_threads
 
     if session is None:
         session = onnxruntime_session(model_path, runtime_threads("cpu"))

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from tvmsched.errors import TvmschedError, one_line
-from tvmsched.targets import describe
+from tvmsched.lower.targets import describe
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +27,11 @@ def layer_funcs(mod) -> dict[str, object]:
 
 
 def default_schedule(funcs: dict[str, object], target) -> dict[str, object]:
-    """Default schedules without search: dlight's rules tiled to fill the GPU (tvmsched.gpu_schedule) on CUDA, ours
-    (tvmsched.cpu_schedule) on CPU."""
+    """Default schedules without search: dlight's rules tiled to fill the GPU (tvmsched.lower.gpu_schedule) on CUDA, ours
+    (tvmsched.lower.cpu_schedule) on CPU."""
     info = describe(target)
     if info.cpu:
-        from tvmsched import cpu_schedule
+        from tvmsched.lower import cpu_schedule
 
         return cpu_schedule.default_schedule(funcs, target)
     if not info.gpu:
@@ -39,8 +39,8 @@ def default_schedule(funcs: dict[str, object], target) -> dict[str, object]:
     import tvm
     from tvm.s_tir import dlight as dl
 
-    from tvmsched.gpu_schedule import default_rules
-    from tvmsched.targets import gpu_sms
+    from tvmsched.lower.gpu_schedule import default_rules
+    from tvmsched.lower.targets import gpu_sms
 
     rules = dl.ApplyDefaultSchedule(*default_rules(gpu_sms(target)))
     with target:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvmsched import native
+from tvmsched.runtime import native
 
 
 @dataclass(frozen=True)

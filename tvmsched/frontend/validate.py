@@ -113,7 +113,7 @@ def host_memory_bytes() -> int:
 
 
 def _device_memory(tvm_target) -> tuple[int | None, str]:
-    from tvmsched.targets import describe
+    from tvmsched.lower.targets import describe
 
     info = describe(tvm_target) if tvm_target is not None else None
     if info is None or info.cpu:

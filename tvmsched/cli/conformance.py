@@ -87,7 +87,7 @@ def run_case(case) -> CaseResult:
 
 
 def _check_case(case) -> None:
-    from tvmsched import frontend
+    from tvmsched.frontend import loader as frontend
     from tvmsched.pipeline import compile_model
     from tvmsched.runtime import Executor
 

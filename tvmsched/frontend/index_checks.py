@@ -57,7 +57,7 @@ def guard_indices(model: onnx.ModelProto, signature: dict) -> tuple[onnx.ModelPr
     """
     if not any(n.op_type in _INDEX_OPS and n.domain in ("", "ai.onnx") for n in model.graph.node):
         return model, []
-    from tvmsched.validate import Facts
+    from tvmsched.frontend.validate import Facts
 
     facts = Facts.of(model, strip_outputs=False, signature=signature)
     runtime = _runtime_tensors(model)
@@ -107,7 +107,7 @@ def guard_indices(model: onnx.ModelProto, signature: dict) -> tuple[onnx.ModelPr
                 nodes.append(helper.make_node("Add", [total, f"{check.output}_shifted"], [partial]))
                 total = partial
         outputs.append(helper.make_tensor_value_info(out, TensorProto.INT32, []))
-    from tvmsched.onnx_rewrites import with_graph
+    from tvmsched.frontend.rewrites import with_graph
 
     return with_graph(model, nodes, initializers, outputs), checks
 

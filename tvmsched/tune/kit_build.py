@@ -6,7 +6,7 @@
    measured records (its first population takes the top records; an XGB cost model trained on all the model's
    measured records ranks the mutants), so each round concentrates near the best measured so far; schedules
    equal to a measured record are left out.
-2. `tvmsched.runtime.kit_measure.measure_kit` (there): times every sample at each unit count.
+2. `tvmsched.tune.kit_run.measure_kit` (there): times every sample at each unit count.
 3. `import_results` (here): every measured (sample, unit count) becomes a tuning record of the
    database, scoped by that unit count (all units: 0 on GPUs). Nothing unmeasured is stored.
 K rounds of N samples: repeat 1-3 K times with the same database. Then `tvmsched compile --db` runs the best
@@ -22,12 +22,13 @@ import sys
 import uuid
 from pathlib import Path
 
-from tvmsched import kernels, tuning
-from tvmsched.candidates import GRID_LIMIT_UNIT_KIND
+from tvmsched.lower import kernels
+from tvmsched.tune import search as tuning
+from tvmsched.tune.candidates import GRID_LIMIT_UNIT_KIND
 from tvmsched.errors import TvmschedError
-from tvmsched.layers import arg_specs
-from tvmsched.targets import describe
-from tvmsched.runtime.kit_measure import KIT_FILE, KIT_VERSION, read_kit
+from tvmsched.lower.layers import arg_specs
+from tvmsched.lower.targets import describe
+from tvmsched.tune.kit_run import KIT_FILE, KIT_VERSION, read_kit
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +46,7 @@ def build_kit(model, out_dir: str | Path, *, target: str = "cuda", samples: int 
     other layers, and all of them without `seeded`, get random samples (round 1). measured_ratio: the share of
     the search's first population taken from the database (tuning.SeededSearch).
     """
-    import tvm
     from tqdm import tqdm
-    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
     from tvmsched.pipeline import lower_model, open_tuning_database
     from tvmsched.tuning_db.ms_adapter import target_dict
@@ -81,20 +80,7 @@ def build_kit(model, out_dir: str | Path, *, target: str = "cuda", samples: int 
         if not built:
             log.warning("layer %s: no valid sampled schedule; it keeps the default schedule", func_name)
             continue
-        mod = tuning.task_module(func)
-        entries.append({
-            "func": func_name,
-            "library": built[0],
-            "args": [[list(shape), dtype] for shape, dtype in specs[func_name]],
-            "workload": tvm.ir.save_json(mod),
-            "args_info": [tuning.plain_json(a.as_json()) for a in ArgInfo.from_prim_func(mod["main"])],
-            "search": "replay" if seed is None else "evolutionary",
-            "seeded": None if seed is None else {
-                "records": seed.records, "best_us": seed.best_us, "population_seeds": seed.population_seeds,
-            },
-            "samples": [{"symbol": sym, "trace": tuning.plain_json(sch.trace.as_json()), "grid_limited": variants}
-                        for sym, sch, variants in built[1]],
-        })
+        entries.append(_kit_entry(func_name, func, built, specs[func_name], seed))
     device = info.device
     kit = {
         "version": KIT_VERSION, "id": uuid.uuid4().hex, "model": name, "device": device,
@@ -105,6 +91,27 @@ def build_kit(model, out_dir: str | Path, *, target: str = "cuda", samples: int 
     }
     (out / KIT_FILE).write_text(json.dumps(kit))
     return kit
+
+
+def _kit_entry(func_name: str, func, built, args, seed) -> dict:
+    """kit.json's entry of one layer: its library, its samples' traces, its workload (the database's key)."""
+    import tvm
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    mod = tuning.task_module(func)
+    return {
+        "func": func_name,
+        "library": built[0],
+        "args": [[list(shape), dtype] for shape, dtype in args],
+        "workload": tvm.ir.save_json(mod),
+        "args_info": [tuning.plain_json(a.as_json()) for a in ArgInfo.from_prim_func(mod["main"])],
+        "search": "replay" if seed is None else "evolutionary",
+        "seeded": None if seed is None else {
+            "records": seed.records, "best_us": seed.best_us, "population_seeds": seed.population_seeds,
+        },
+        "samples": [{"symbol": sym, "trace": tuning.plain_json(sch.trace.as_json()), "grid_limited": variants}
+                    for sym, sch, variants in built[1]],
+    }
 
 
 def kit_round(entries: list[dict], samples: int) -> int:

@@ -3,7 +3,7 @@
 Runs with a runtime-only TVM (the GPU machine has no TVM compiler) and the engine's kernel timer.
 CUDA: each unit count is a green context of that many SMs; the SM count and partition granularity
 come from the device. CPU: each unit count is a TVM thread pool of that many threads. Kits are made by
-`tvmsched tune kit` (tvmsched.measure_kit), results go back with `tvmsched tune import`.
+`tvmsched tune kit` (tvmsched.tune.kit_build), results go back with `tvmsched tune import`.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ class _EngineTimer:
     launch-bound either way)."""
 
     def __init__(self, kind: str):
-        from tvmsched import native
+        from tvmsched.runtime import native
 
         self.kind, self._time = kind, native.time_kernel()
         info = native.device_info(kind)

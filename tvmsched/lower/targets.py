@@ -217,7 +217,7 @@ def check_cpu_features(manifest, what: str) -> None:
     `what` naming the artifact in the error."""
     if not manifest.cpu_features:
         return
-    from tvmsched import native
+    from tvmsched.runtime import native
 
     native.check_cpu_features(manifest.cpu or "", list(manifest.cpu_features), what)
 

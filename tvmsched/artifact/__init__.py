@@ -1,0 +1,1 @@
+"""The artifact: its format (manifest, weights, kernels) and its signing."""

@@ -1,0 +1,1 @@
+"""The command line (`tvmsched ...`) and its tools: inspect, compare, conformance, the switch benchmark."""
