@@ -174,10 +174,14 @@ def create_switcher(device: str, budget: int, threshold1: int, threshold2: int, 
                                    bool(retain), scope)
 
 
+STREAM_PRIORITIES = {"low": -1, "normal": 0, "high": 1}  # the engine's StreamPriority
+
+
 def create_stream(model: NativeModel, name: str, max_in_flight: int, idle_spin_us: float, progress_interval_ms: float,
-                  stall_timeout_s: float) -> NativeStream:
+                  stall_timeout_s: float, priority: str = "normal") -> NativeStream:
+    """A stream over `model`; `priority` ("low", "normal", "high") of the device streams its kernels launch on."""
     return func("create_stream")(model, name, int(max_in_flight), float(idle_spin_us), float(progress_interval_ms),
-                                 float(stall_timeout_s))
+                                 float(stall_timeout_s), STREAM_PRIORITIES[priority])
 
 
 def verify_artifact(path: str, trusted_key_files: list) -> dict:

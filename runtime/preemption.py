@@ -167,15 +167,21 @@ class Task:
         max_in_flight: launches the submitter keeps on the device at once (GPU; CPU runs one).
         progress_interval_ms: CUDA kernels' progress counters are copied to the bitmap this often.
         quiet_gc: no automatic garbage collection starts inside submit() or its future's result() (`hold_gc`).
+        priority: of the device streams its kernels launch on: "high" (a real-time tenant), "normal" or "low"
+            (best-effort): CUDA stream priorities; the CPU's asynchronous mode lowers a low queue's thread (nice 10).
     """
 
     def __init__(self, executor: Executor, name: str = "task", max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
-                 progress_interval_ms: float = 1.0, stall_timeout_s: float | None = None, *, quiet_gc: bool = False):
+                 progress_interval_ms: float = 1.0, stall_timeout_s: float | None = None, *, quiet_gc: bool = False,
+                 priority: str = "normal"):
         self.executor, self.name = executor, name
         self.quiet_gc = quiet_gc
         self.output_names = executor.output_names
         stall = default_stall_timeout_s() if stall_timeout_s is None else float(stall_timeout_s)
-        self.stream = native.create_stream(executor.native, name, max_in_flight, IDLE_SPIN_US, progress_interval_ms, stall)
+        if priority not in native.STREAM_PRIORITIES:
+            raise TvmschedError(f"a stream priority is one of {tuple(native.STREAM_PRIORITIES)}, not {priority!r}")
+        self.stream = native.create_stream(executor.native, name, max_in_flight, IDLE_SPIN_US, progress_interval_ms, stall,
+                                           priority)
 
     def submit(self, inputs: dict, candidate_ids: list[int] | None = None) -> Future:
         """Queue one request; the future resolves to its outputs (or the error its inputs caused)."""

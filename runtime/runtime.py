@@ -184,7 +184,8 @@ class Runtime:
         else:
             self.switcher.add(executor)
         task = Task(executor, name, self._max_in_flight, self._progress_interval_ms,  # plans its memory first
-                    stall_timeout_s=self._stall_timeout_s, quiet_gc=self._freeze_gc)
+                    stall_timeout_s=self._stall_timeout_s, quiet_gc=self._freeze_gc,
+                    priority="high" if priority == "realtime" else "low")
         try:
             if executor.placement == "staged" and resident and not self.switcher.prefetch(executor):
                 log.info("model %s does not fit beside the resident models: registered, switched in on demand", name)

@@ -238,7 +238,7 @@ def test_report_on_gpu_results():
 
 
 def test_shell_scripts_parse():
-    for script in ("suite.sh", "prepare.sh", "make-kit.sh"):
+    for script in ("suite.sh", "prepare.sh", "make-kit.sh", "sharing.sh"):
         done = subprocess.run(["bash", "-n", str(GPU_DIR / script)], capture_output=True, text=True)
         assert done.returncode == 0, (script, done.stderr)
 

@@ -36,17 +36,22 @@ class Priorities:
         self.preempted += 1
 
     def submit_realtime(self, task, inputs: dict, candidate_ids: list[int] | None = None) -> Future:
+        """Queue a real-time request, then preempt the busy best-effort streams: their preemption (waiting for the
+        launches they have running to stop) is off the real-time request's path, which starts at once on its own
+        (higher-priority) stream. They resume when no real-time request is queued or running."""
         with self._lock:
             self._realtime_active += 1
-            if self._realtime_active == 1:
-                for best_effort in self._best_effort:
-                    if best_effort.busy:
-                        self._record(best_effort.preempt())
+            first = self._realtime_active == 1
         try:
             future = task.submit(inputs, candidate_ids)
         except Exception:
             self._realtime_done(None)
             raise
+        if first:  # still active: _realtime_done is not registered yet, so nothing resumed them meanwhile
+            with self._lock:
+                for best_effort in self._best_effort:
+                    if best_effort.busy:
+                        self._record(best_effort.preempt())
         future.add_done_callback(self._realtime_done)
         return future
 

@@ -1,5 +1,6 @@
 """Preemption on CPU: kernel queues, the submitter, preempt/resume, priorities; outputs stay bit-identical."""
 
+import os
 import random
 import time
 
@@ -174,3 +175,38 @@ def test_uninstrumented_artifacts_cannot_be_preempted():
     artifact = compile_model(models.build("tiny"), preempt_checks=False)
     with pytest.raises(TvmschedError, match="compiled with preempt checks"):
         Task(Executor(artifact))
+
+
+def _queue_threads() -> dict[str, set[int]]:
+    """This process's launch-queue threads (the CPU's asynchronous mode), by name, and their nice values."""
+    out: dict[str, set[int]] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            name = open(f"/proc/self/task/{tid}/comm").read().strip()
+            stat = open(f"/proc/self/task/{tid}/stat").read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if name.startswith("tvms-q"):
+            nice = int(stat.rsplit(")", 1)[1].split()[16])  # field 19 of proc(5), counted after the name
+            out.setdefault(name, set()).add(nice)
+    return out
+
+
+def test_real_time_streams_launch_above_best_effort_ones(zoo_tasks, monkeypatch):
+    """Real-time tenants' kernels go to high-priority device streams, best-effort ones' to low (CUDA: stream
+    priorities; the CPU's asynchronous mode: a best-effort queue thread runs at nice 10)."""
+    from tvmsched.runtime import Runtime
+
+    monkeypatch.setenv("TVMSCHED_CPU_LAUNCHES", "async")
+    _, art, inputs, want = zoo_tasks[0]
+    with Runtime("cpu") as rt:
+        rt.load(art, name="rt", qos_ms=10_000, priority="realtime")
+        rt.load(art, name="be", priority="best_effort")
+        for name in ("rt", "be"):
+            got = rt.submit(name, inputs).result(timeout=60)
+            for key in want:
+                np.testing.assert_array_equal(got[key], want[key])
+        threads = _queue_threads()
+        assert threads.get("tvms-q-high") == {0} and threads.get("tvms-q-low") == {10}, threads
+    with pytest.raises(TvmschedError, match="stream priority"):
+        Task(Executor(art), priority="urgent")

@@ -2,7 +2,11 @@
 // default): on the calling thread. Asynchronous mode (TVMSCHED_CPU_LAUNCHES=async): like a GPU stream, each
 // stream has a launch queue run in order by its own thread, with events and cross-stream waits, so the engine's
 // GPU path (launches in flight, events, re-plans, drains) runs and is tested on any machine.
+#include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <tvm/ffi/function.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -225,11 +229,18 @@ class CpuDevice final : public Device {
     for (size_t i = 0; i < count; ++i) __atomic_store_n(p + i, value, __ATOMIC_RELAXED);
   }
 
-  StreamHandle CreateStream(int units, int* granted) override {
+  StreamHandle CreateStream(int units, int* granted, StreamPriority priority) override {
     units = units >= units_ || units <= 0 ? units_ : units;
     if (granted) *granted = units;
     if (!async_) return nullptr;  // synchronous: the calling thread runs its kernels
-    return new CpuStream(units, [this](int n) { SetThreadUnits(n); });
+    return new CpuStream(units, [this, priority](int n) {
+      SetThreadUnits(n);
+      // a best-effort queue yields the cores to the others (raising a priority needs privileges: high stays 0)
+      if (priority == StreamPriority::kLow) setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
+      pthread_setname_np(pthread_self(), priority == StreamPriority::kHigh  ? "tvms-q-high"
+                                         : priority == StreamPriority::kLow ? "tvms-q-low"
+                                                                            : "tvms-q");
+    });
   }
   void DestroyStream(StreamHandle stream) override { delete AsStream(stream); }
   void StreamWaitStream(StreamHandle waiter, StreamHandle stream) override {

@@ -184,18 +184,22 @@ class CudaDevice final : public Device {
     drv_.Check(drv_.cuStreamSynchronize(flag_stream_), "memset");
   }
 
-  StreamHandle CreateStream(int units, int* granted) override {
+  StreamHandle CreateStream(int units, int* granted, StreamPriority priority) override {
     MakeCurrent();
     CUstream stream = nullptr;
+    int least = 0, greatest = 0;  // numerically: greatest <= least
+    drv_.Check(drv_.cuCtxGetStreamPriorityRange(&least, &greatest), "cuCtxGetStreamPriorityRange");
+    int level = priority == StreamPriority::kHigh ? greatest : least;
     if (units <= 0 || units >= sm_count_ || !drv_.cuGreenCtxCreate) {
-      drv_.Check(drv_.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+      drv_.Check(drv_.cuStreamCreateWithPriority(&stream, CU_STREAM_NON_BLOCKING, level), "cuStreamCreateWithPriority");
       if (granted) *granted = sm_count_;
       return stream;
     }
     std::lock_guard<std::mutex> lock(green_mutex_);
     auto found = green_.find(units);
     if (found == green_.end()) found = green_.emplace(units, MakeGreenContext(units)).first;
-    drv_.Check(drv_.cuGreenCtxStreamCreate(&stream, found->second.context, CU_STREAM_NON_BLOCKING, 0), "green stream");
+    drv_.Check(drv_.cuGreenCtxStreamCreate(&stream, found->second.context, CU_STREAM_NON_BLOCKING, level),
+               "green stream");
     if (granted) *granted = found->second.granted;
     return stream;
   }

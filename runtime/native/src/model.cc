@@ -646,6 +646,15 @@ void ModelObj::Wake() {
   if (waker_) waker_();
 }
 
+void ModelObj::SetStreamPriority(StreamPriority priority) {
+  if (priority == stream_priority_) return;
+  Synchronize();
+  for (auto& [units, stream] : streams_) device_->DestroyStream(stream);
+  streams_.clear();
+  current_stream_ = nullptr;
+  stream_priority_ = priority;
+}
+
 void ModelObj::Replan(int reuse_distance) {
   if (reuse_distance < 1) TVM_FFI_THROW(TvmschedError) << "reuse distance must be at least 1";
   Synchronize();
@@ -732,7 +741,8 @@ StreamHandle ModelObj::StreamFor(int units) {
   if (!device_->launches_async()) return nullptr;  // synchronous launches: no streams to order
   units = std::min(units, device_->total_units());
   auto found = streams_.find(units);
-  if (found == streams_.end()) found = streams_.emplace(units, device_->CreateStream(units, nullptr)).first;
+  if (found == streams_.end())
+    found = streams_.emplace(units, device_->CreateStream(units, nullptr, stream_priority_)).first;
   return found->second;
 }
 

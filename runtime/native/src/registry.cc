@@ -294,9 +294,11 @@ TVM_FFI_STATIC_INIT_BLOCK() {
            })
       .def("tvmsched.engine.create_stream",
            [](Model model, const std::string& name, int max_in_flight, double idle_spin_us, double progress_interval_ms,
-              double stall_timeout_s) {
+              double stall_timeout_s, int priority) {
              if (stall_timeout_s < 0) TVM_FFI_THROW(TvmschedError) << "a stall timeout cannot be negative";
+             if (priority < -1 || priority > 1) TVM_FFI_THROW(TvmschedError) << "a stream priority is -1, 0 or 1";
              StreamOptions options;
+             options.priority = static_cast<StreamPriority>(priority);
              options.stall_timeout_s = stall_timeout_s;
              options.max_in_flight = max_in_flight;
              options.idle_spin_us = idle_spin_us;

@@ -106,6 +106,7 @@ StreamObj::StreamObj(Model model, std::string name, StreamOptions options)
   }
   if (options_.max_in_flight < 1) TVM_FFI_THROW(TvmschedError) << "max_in_flight must be at least 1";
   gpu_ = m_->device().launches_async();  // a window of launches in flight, events, a progress thread
+  m_->SetStreamPriority(options_.priority);
   if (gpu_ && m_->reuse_distance() < options_.max_in_flight) m_->Replan(options_.max_in_flight);
   for (const LayerSpec& layer : m_->manifest().layers) {
     std::vector<bool> idem;

@@ -29,6 +29,10 @@ using StreamHandle = void*;
 /*! \brief An opaque event handle (CUDA: CUevent; CPU: a point in a launch queue, asynchronous mode only). */
 using EventHandle = void*;
 
+/*! \brief A stream's scheduling priority: real-time tenants' streams high, best-effort ones low (CUDA: the context's
+ *  greatest and least stream priorities; CPU asynchronous mode: the queue thread's nice value, 0 or +10). */
+enum class StreamPriority : int { kLow = -1, kNormal = 0, kHigh = 1 };
+
 /*! \brief Where the preempt flag lives on a GPU (see Device::AllocFlags). */
 enum class FlagMemory { kAuto, kHostMapped, kDevice };
 
@@ -109,7 +113,7 @@ class Device {
    *  CPU: nullptr (the calling thread launches; see SetThreadUnits). CUDA: a plain stream, or a
    *  stream of a green context of about `units` SMs (one context per SM count, kept by the device);
    *  `granted` receives the units it really has. The caller owns it (DestroyStream). */
-  virtual StreamHandle CreateStream(int units, int* granted) = 0;
+  virtual StreamHandle CreateStream(int units, int* granted, StreamPriority priority = StreamPriority::kNormal) = 0;
   virtual void DestroyStream(StreamHandle stream) = 0;
   /*! \brief Make `waiter` wait (on the device, not the host) for the work queued on `stream` so far. */
   virtual void StreamWaitStream(StreamHandle waiter, StreamHandle stream) = 0;

@@ -86,6 +86,10 @@ class ModelObj : public ffi::Object {
   /*! \brief manifest.json as the loader verified it. */
   const std::string& manifest_json() const { return manifest_json_; }
 
+  /*! \brief The priority of the streams its kernels launch on (a stream sets it for its tenant; streams made before
+   *  are made again). No request may be running. */
+  void SetStreamPriority(StreamPriority priority);
+  StreamPriority stream_priority() const { return stream_priority_; }
   /*! \brief Re-allocate activations for a new reuse distance (no request may be running). */
   void Replan(int reuse_distance);
   /*! \brief Check names, shapes and dtypes (one-line errors) without copying. */
@@ -241,6 +245,7 @@ class ModelObj : public ffi::Object {
   std::vector<std::vector<Candidate>> candidates_;
   std::map<int, StreamHandle> streams_;  // units -> this model's stream (tenants overlap)
   StreamHandle current_stream_ = nullptr;
+  StreamPriority stream_priority_ = StreamPriority::kNormal;
   std::string kernels_;  // kernels.so, kept for stage 1
   /*! \brief Sub-tasks and what each uses (groups_, layer_group_, group_tensors_, tensor_groups_, internal_,
    *  group_weight_bytes_, plans), from `groups` (first and last layer of each). */

@@ -106,7 +106,9 @@ struct StreamState {
 };
 
 struct StreamOptions {
-  int max_in_flight = 8;            ///< launches kept on a GPU at once (CPU launches are synchronous)
+  int max_in_flight = 8;  ///< launches kept on a GPU at once (CPU launches are synchronous)
+  /*! \brief Its kernels' streams: high for a real-time tenant, low for a best-effort one (Device::CreateStream). */
+  StreamPriority priority = StreamPriority::kNormal;
   double idle_spin_us = 200;        ///< the submitter polls this long for new work before sleeping
   double progress_interval_ms = 1;  ///< CUDA counters copied to the bitmap this often
   /*! \brief The watchdog: a request whose next launch has waited this long for its model to be switched in

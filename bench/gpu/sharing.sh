@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The sharing sections of the GPU suite (issue 30), run by suite.sh after the kernel suite on the artifacts it
+# restored: the real-time + best-effort mix (bench/preemption.py), switching (tvmsched bench switch), tiering at 1/2
+# and 1/4 of a model's footprint with its copy floor (bench/tiering.py) and the colocation policies
+# (bench/colocation.py). Each section is bounded; all of them stay within BUDGET seconds. The raw output of each goes
+# to bench/results/raw/sharing-*.json and a summary to bench/results/gpu-sharing.md (both copied to $OUT when set).
+#   bash bench/gpu/sharing.sh WORK [DEVICE=cuda] [BUDGET=120]
+# On this machine, the same sections on CPU artifacts: bash bench/gpu/sharing.sh DIR cpu 120 (DIR holding
+# mlp.tvms, resnet18-small.tvms, bert-tiny.tvms, resnet18.tvms, compiled for llvm).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+work=${1:?usage: sharing.sh WORK [DEVICE] [BUDGET_S]}
+device=${2:-cuda}
+budget=${3:-120}
+start=$SECONDS
+raw=bench/results/raw
+report=bench/results/gpu-sharing.md
+mkdir -p "$raw"
+{
+  echo "# Sharing on one $device device ($(date -u +%F), $(hostname))"
+  echo
+  echo "Written by bench/gpu/sharing.sh WORK $device $budget; artifacts from $work. Each section: its command, the"
+  echo "last lines it printed, its exit status (124: stopped at its time share)."
+} > "$report"
+
+# section NAME SECONDS COMMAND...: run it within its share of what is left
+section() {
+  local name=$1 share=$2 left
+  shift 2
+  left=$(( budget - (SECONDS - start) ))
+  {
+    echo
+    echo "## $name"
+    if (( left < 10 )); then
+      echo "skipped: the time budget is spent"
+      return
+    fi
+    (( share > left )) && share=$left
+    echo '```'
+    echo "\$ $*"
+    timeout -k 5 "$share" "$@" 2>&1 | tail -25
+    echo "exit ${PIPESTATUS[0]}"
+    echo '```'
+  } >> "$report"
+}
+
+have() { for m in "$@"; do [ -f "$work/$m.tvms" ] || return 1; done; }
+
+if have resnet18-small bert-tiny; then
+  section "preemption: real-time resnet18-small, best-effort bert-tiny" 40 \
+    python3 -P bench/preemption.py --device "$device" --artifact-dir "$work" --sections mix --mix-seconds 3 \
+      --loads 0.2 0.5 0.8 --realtime resnet18-small --best-effort bert-tiny --out "$raw/sharing-preemption-$device.json"
+  section "switching: resnet18-small and bert-tiny" 25 \
+    python3 -m tvmsched.cli bench switch "$work/resnet18-small.tvms" "$work/bert-tiny.tvms" --device "$device" --repeat 3
+fi
+tiered=$(ls "$work"/resnet18.tvms "$work"/resnet18-small.tvms 2>/dev/null | head -1)
+if [ -n "$tiered" ]; then
+  tierwork=$(mktemp -d)
+  stem=$(basename "$tiered" .tvms)
+  target=$([ "$device" = cuda ] && echo cuda || echo llvm)
+  ln -s "$(realpath "$tiered")" "$tierwork/$stem-$target.tvms"
+  section "tiering: $stem at 1/2 and 1/4 of its footprint" 30 \
+    python3 -P bench/tiering.py --device "$device" --work "$tierwork" --models "$stem" --requests 10 --repeat 2 \
+      --out "$raw/sharing-tiering-$device.json"
+fi
+if have mlp resnet18-small bert-tiny; then
+  section "colocation: mlp + resnet18-small + bert-tiny, QoS 1/3/3 ms" 40 \
+    python3 -P bench/colocation.py --artifacts "$work/mlp.tvms" "$work/resnet18-small.tvms" "$work/bert-tiny.tvms" \
+      --qos-ms 1 3 3 --rates 300 1000 2000 --seconds 2 --device "$device" --out "$raw/sharing-colocation-$device.json"
+fi
+echo "sharing: $(( SECONDS - start )) s" >> "$report"
+if [ -n "${OUT:-}" ]; then
+  cp "$report" "$OUT/" && cp "$raw"/sharing-*-"$device".json "$OUT/" 2>/dev/null
+fi
+exit 0
