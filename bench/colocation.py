@@ -36,10 +36,9 @@ def run(artifacts: list[Path], qos_ms: list[float], policy: str, rate: float, se
     rng = np.random.default_rng(seed)
     arrivals = sorted((t, i) for i in range(len(handles))
                       for t in np.cumsum(rng.exponential(len(handles) / rate, size=int(seconds * rate) + 20)) if t < seconds)
-    for handle in handles:
-        handle.latencies_ms.clear()
-        handle.violations = 0
-    rt.scheduler.decisions.clear()
+    before = rt.stats()  # the warm-up's requests are left out of the counts below
+    if rt.scheduler is not None:  # (the policies without a layer scheduler have none)
+        rt.scheduler.decisions.clear()
     start, futures = time.perf_counter(), []
     for at, i in arrivals:
         delay = start + at - time.perf_counter()
@@ -51,12 +50,12 @@ def run(artifacts: list[Path], qos_ms: list[float], policy: str, rate: float, se
     elapsed = time.perf_counter() - start
     stats = rt.stats()
     rt.shutdown()
-    requests = sum(stats[h.name]["requests"] for h in handles)
-    violations = sum(stats[h.name]["qos_violations"] for h in handles)
+    requests = sum(stats[h.name]["requests"] - before[h.name]["requests"] for h in handles)
+    violations = sum(stats[h.name]["qos_violations"] - before[h.name]["qos_violations"] for h in handles)
     return {
         "policy": policy, "rate": rate, "requests": requests, "violations": violations,
         "violation_rate": violations / max(requests, 1), "throughput": requests / elapsed,
-        "violations_by_model": {h.name: stats[h.name]["qos_violations"] for h in handles},
+        "violations_by_model": {h.name: stats[h.name]["qos_violations"] - before[h.name]["qos_violations"] for h in handles},
         "p99_ms": {h.name: stats[h.name]["p99_ms"] for h in handles},
         "decision_p50_us": stats["_scheduler"]["p50_us"], "decision_p99_us": stats["_scheduler"]["p99_us"],
     }

@@ -14,7 +14,7 @@ device=${2:-cuda}
 budget=${3:-120}
 start=$SECONDS
 raw=bench/results/raw
-report=bench/results/gpu-sharing.md
+report=bench/results/$([ "$device" = cuda ] && echo gpu-sharing || echo "sharing-$device").md
 mkdir -p "$raw"
 {
   echo "# Sharing on one $device device ($(date -u +%F), $(hostname))"
