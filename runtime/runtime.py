@@ -206,7 +206,8 @@ class Runtime:
             self.models[name] = model
             for each in self.models.values():  # built once, not per request (loaded_models changed)
                 each.request = policies.Request(each.name, each.layers, each.qos_ms, self._monitor, self.total_units,
-                                                len(self.models), each.fastest)
+                                                len(self.models), each.fastest,
+                                                choice=any(len(cands) > 1 for cands in each.layers))
         if priority == "best_effort":
             self.priorities.add_best_effort(task)
         if self._freeze_gc:

@@ -31,6 +31,7 @@ class Request:
     total_units: int
     loaded_models: int
     fastest: tuple[int, ...] = ()  # the fastest candidate of every layer (fastest_ids(layers), kept per model)
+    choice: bool = True  # some layer has more than one candidate (else there is nothing to decide)
 
     def fastest_ids(self) -> list[int]:
         return list(self.fastest) if self.fastest else fastest_ids(self.layers)

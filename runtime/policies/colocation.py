@@ -15,6 +15,10 @@ class ColocationPolicy(Policy):
         self.scheduler = LayerScheduler(table)
 
     def choose(self, request: Request) -> list[int]:
+        if not request.choice:
+            # one candidate per layer: nothing to decide, so no monitor to read (under load, reading it and the greedy
+            # pass cost more than the requests themselves: bench/results/sharing-cpu.md)
+            return request.fastest_ids()
         views = request.monitor()
         own = views.pop(request.model, None)  # this request starts when its own stream's earlier work is done
         start_us = sum(c.latency_us for c in own.remaining) if own else 0.0

@@ -130,3 +130,18 @@ def test_the_serial_policy_runs_requests_one_at_a_time_through_a_runtime(tmp_pat
         assert all(np.array_equal(f.result(timeout=60)["output"], expected["output"]) for f in futures)
         stats = rt.stats()["mlp"]
     assert stats["requests"] == 5 and stats["errors"] == 0 and stats["qos_violations"] == 0
+
+
+def test_colocation_reads_no_monitor_when_no_layer_has_a_choice():
+    """One candidate per layer (artifacts compiled without a QoS target): nothing to decide. The policy used to read
+    every stream's state and run its greedy pass anyway, which under load cost more than the requests (the colocation
+    row of bench/results/sharing-cpu.md at 2000 req/s; the H200 run's 300 against fastest's 1000 req/s)."""
+    def monitor():
+        raise AssertionError("the monitor was read")
+
+    single = [[cands[1]] for cands in LAYERS]
+    policy = policies.create("colocation", total_units=ALL)
+    plain = policies.Request("m", single, 1.0, monitor, ALL, 2, choice=False)
+    assert policy.choose(plain) == [0, 0]
+    with pytest.raises(AssertionError, match="monitor was read"):  # with a choice it does read it
+        policy.choose(policies.Request("m", LAYERS, 1.0, monitor, ALL, 2))
