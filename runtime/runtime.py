@@ -15,6 +15,7 @@ real-time models preempt best-effort ones (policies.priority.Priorities).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import collections
 import functools
 import gc
@@ -22,6 +23,7 @@ import json
 import logging
 import queue
 import threading
+import time
 import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -233,6 +235,7 @@ class Runtime:
                             memory_scope=self._memory_scope)
         info = native.tiering_info(executor.native)
         self._tier_shares.take(info)
+        executor.tier_info = info  # given back to the shares when it is unloaded
         log.info("model %s is larger than the memory budget: %d bytes of its weights stay on the device, the rest "
                  "stream from %s", name, int(info["resident_weight_bytes"]),
                  ", ".join(f"{t['kind']} {int(t['used_bytes'])}" for t in info["tiers"] if int(t["used_bytes"])))
@@ -374,6 +377,31 @@ class Runtime:
         if png is not None:
             plot_timeline(events, png)
         return len(events)
+
+    def unload(self, model: Model | str, timeout_s: float = 60.0) -> None:
+        """Stop serving a model: new requests for it are refused at once, its queued and running ones finish first,
+        then its device memory (and its tier shares) are freed and its name can be loaded again."""
+        model = self._model(model)
+        with self._lock:
+            if self.models.get(model.name) is not model:
+                raise TvmschedError(f"model {model.name!r} is not loaded")
+            del self.models[model.name]
+            for each in self.models.values():  # loaded_models changed
+                each.request = dataclasses.replace(each.request, loaded_models=len(self.models))
+        self.priorities.remove_best_effort(model.task)
+        model.task.resume()  # a paused stream would keep its queued requests for ever
+        model.task.close()
+        executor = model.task.executor
+        if model.placement == "streamed":
+            native.release_tiers(executor.native)
+            self._tier_shares.give_back(executor.tier_info)
+        elif model.placement == "staged":
+            deadline = time.monotonic() + timeout_s
+            while not self.switcher.remove(executor):  # its switch-in or last clean may still be under way
+                if time.monotonic() > deadline:
+                    raise TvmschedError(f"model {model.name}: its switcher did not let go of it within {timeout_s} s")
+                time.sleep(0.01)
+        log.info("model %s unloaded", model.name)
 
     def shutdown(self, wait: bool = True) -> None:
         """Finish queued requests, then stop every stream's submitter."""

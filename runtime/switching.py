@@ -89,6 +89,10 @@ class Switcher:
         """Prepare a model it took now if it fits without evicting anything; whether it is resident."""
         return bool(self.native.prefetch(executor.native))
 
+    def remove(self, executor) -> bool:
+        """Let go of a model nobody uses any more: its prepared memory and environment are freed; False while in use."""
+        return bool(self.native.remove(executor.native))
+
     def events(self) -> list[StageEvent]:
         return stage_events(self.native.events())
 

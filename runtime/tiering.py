@@ -505,3 +505,8 @@ class TierShares:
         """Subtract what a loaded model placed (tiering_info's tiers, in engine_tiers order)."""
         for entry, placed in zip(self.left, info["tiers"]):
             entry[1] -= int(placed["used_bytes"])
+
+    def give_back(self, info) -> None:
+        """Add back what an unloaded model had placed (the `info` `take` was given)."""
+        for entry, placed in zip(self.left, info["tiers"]):
+            entry[1] += int(placed["used_bytes"])

@@ -29,6 +29,12 @@ class Priorities:
             if self._realtime_active:
                 self._record(task.preempt())
 
+    def remove_best_effort(self, task) -> None:
+        """A best-effort task that is unloaded: no real-time request preempts or resumes it any more."""
+        with self._lock:
+            if task in self._best_effort:
+                self._best_effort.remove(task)
+
     def _record(self, report) -> None:  # under self._lock
         if len(self.preemptions) >= 2 * KEEP_PREEMPTIONS:
             del self.preemptions[:-KEEP_PREEMPTIONS]

@@ -221,3 +221,25 @@ def test_bench_switch_refuses_bad_input_with_one_line(zoo, tmp_path):
     junk = tmp_path / "junk.tvms"
     junk.write_bytes(b"PK\x03\x04 not really")
     assert_user_error(run_cli("bench", "switch", str(zoo["mlp"][0]), str(junk)), "junk.tvms")
+
+
+def test_unload_finishes_its_requests_frees_its_memory_and_its_name_loads_again(zoo, budget_restored):
+    a, b = "mlp", "resnet18-small"
+    with Runtime("cpu") as rt:
+        rt.load(zoo[a][0])
+        only_a = rt.memory()["in_use"]
+        rt.load(zoo[b][0])
+        both = rt.memory()["in_use"]
+        pending = [rt.submit(b, zoo[b][1]) for _ in range(6)]
+        rt.unload(b)
+        for future in pending:  # queued before the unload: answered, not dropped
+            _same(future.result(timeout=60), zoo[b][2])
+        with pytest.raises(TvmschedError, match=f"no model named '{b}' is loaded"):
+            rt.submit(b, zoo[b][1])
+        assert rt.memory()["in_use"] == only_a < both  # every byte it held went
+        _same(rt.submit(a, zoo[a][1]).result(timeout=60), zoo[a][2])  # the other model serves on
+        rt.load(zoo[b][0])  # its name is free again
+        _same(rt.submit(b, zoo[b][1]).result(timeout=60), zoo[b][2])
+        assert rt.memory()["in_use"] == both
+        with pytest.raises(TvmschedError, match="no model named 'nobody'"):
+            rt.unload("nobody")

@@ -215,3 +215,19 @@ def test_a_runtime_takes_its_gpus_shares_from_a_plan(tmp_path):
     assert [share for _, share in TierSettings(topology=topology).shares()] == [120, 30, 50, 1000]
     with pytest.raises(TvmschedError, match="the plan has no GPU 7"):
         TierSettings(topology=topology, plan=plan.to_json(), gpu=7).shares()
+
+
+def test_unloading_a_tiered_model_gives_back_its_device_memory_and_tier_shares(resnet, tmp_path, budget_restored):
+    path, inputs, outputs, need = resnet
+    with Runtime("cpu", memory_budget=need // 2, tiering=TierSettings(topology=_topology(tmp_path, need, 4096))) as rt:
+        base = rt.memory()["in_use"]
+        first = rt.load(path, name="big")
+        placed = rt.tiering(first)["tiers"]
+        assert {t["kind"] for t in placed if t["used_bytes"]} == {"dram"}
+        rt.unload("big")
+        assert rt.memory()["in_use"] == base and len(set(_disk_fds(tmp_path))) == 0
+        again = rt.load(path, name="big")  # the same DRAM share again: it was given back
+        assert rt.tiering(again)["tiers"] == placed
+        got = rt.submit(again, inputs[0]).result(timeout=120)
+        for key in outputs[0]:
+            assert np.array_equal(got[key], outputs[0][key]), key

@@ -362,6 +362,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("add", [](Switcher s, Model m) { s->Add(std::move(m)); })
       .def("prefetch", [](Switcher s, Model m) { return s->Prefetch(std::move(m)); })
       .def("evict", [](Switcher s, Model m, bool keep_env) { return s->Evict(std::move(m), keep_env); })
+      .def("remove", [](Switcher s, Model m) { return s->Remove(std::move(m)); })
       .def("set_blocked_callback",
            [](Switcher s, ffi::Function callback) { s->SetBlockedCallback(std::move(callback)); })
       .def("events", [](Switcher s) { return EventRows(s->Events()); })

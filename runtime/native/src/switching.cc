@@ -145,6 +145,15 @@ class SwitcherCore : public Placement {
     return !stop_;
   }
 
+  bool Remove(ModelObj* m) {
+    if (!Evict(m, /*keep_env=*/false)) return false;  // in use, or the switcher is closed
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), m), queue_.end());
+    reported_.erase(m);
+    entries_.erase(m);  // its Model reference goes: the model is freed with its last one
+    return true;
+  }
+
   std::vector<StageEvent> Events() const {
     std::lock_guard<std::mutex> lock(mu_);
     return events_;
@@ -730,6 +739,8 @@ void SwitcherObj::SetBlockedCallback(ffi::Function callback) { core_->SetBlocked
 const SwitchOptions& SwitcherObj::options() const { return core_->options(); }
 
 bool SwitcherObj::Evict(Model model, bool keep_env) { return core_->Evict(model.get(), keep_env); }
+
+bool SwitcherObj::Remove(Model model) { return core_->Remove(model.get()); }
 
 void SwitcherObj::Close() { core_->Close(); }
 

@@ -604,6 +604,12 @@ void ModelObj::ReleaseTiers() {
   placement_->Detach();  // its thread stops first: nothing copies from the tiers after this
   SetPlacementError("model " + name() + " was shut down (its memory tiers are released)");
   tier_store_.reset();
+  try {
+    Synchronize();
+  } catch (...) {  // a failed device: free what can be freed
+  }
+  for (int g = 0; g < num_groups(); ++g) SetGroupState(g, kAbsent);
+  FreeDeviceMemory();  // its device memory goes now too, not when its last reference does
 }
 
 void ModelObj::StreamIn(int g, int slot, char* bounce, StreamHandle copy_stream, int only_tier, size_t* copied) {

@@ -199,7 +199,8 @@ class ModelObj : public ffi::Object {
   size_t buffer_bytes() const { return buffer_bytes_; }
   /*! \brief Stream buffers: 2 (double buffering), or 1 where the device memory holds only one. */
   int num_buffers() const { return num_buffers_; }
-  /*! \brief Stop streaming and give the tiers back (their memory, the disk file): its later requests fail. */
+  /*! \brief Stop streaming and give the tiers back (their memory, the disk file) and its device memory: its later
+   *  requests fail with one line. No request may be running. */
   void ReleaseTiers();
   size_t resident_weight_bytes() const { return resident_weight_bytes_; }
   /*! \brief Copy group `g`'s streamed weights into stream buffer `slot` (0 or 1) on `copy_stream`

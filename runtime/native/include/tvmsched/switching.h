@@ -59,6 +59,9 @@ class SwitcherObj : public ffi::Object {
   /*! \brief Evict an idle registered model now (its environment too unless `keep_env`); false when
    *  it is in use or switching. For measuring switches (tvmsched bench switch). */
   bool Evict(Model model, bool keep_env);
+  /*! \brief Let go of a model nobody uses (its stream closed): its prepared sub-tasks and environment are freed
+   *  and it leaves the switcher; false when it is still in use. */
+  bool Remove(Model model);
   std::vector<StageEvent> Events() const;
   /*! \brief `callback(waiting, holders)` when a model's switch-in waits for memory that only paused streams'
    *  started requests hold (once per wait, on the switcher's memory thread). */
