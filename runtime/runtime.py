@@ -59,6 +59,7 @@ class Model:
     # fcfs: measured from submit() in Python; the latest ones only, like the engine's (a server runs for long)
     serial_latencies_ms: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=1 << 14))
     rejected: int = 0  # requests refused at submit (bad inputs); failures while running are the stream's
+    warm: bool = False  # every candidate kernel ran once at load (Runtime.load(warmup=True))
     request: policies.Request | None = field(default=None, repr=False)  # the policy's view, rebuilt on every load
     engine_ids: dict = field(default_factory=dict, repr=False)  # candidate-ID lists converted for the engine
 
@@ -164,12 +165,13 @@ class Runtime:
         return getattr(self.policy, "scheduler", None)
 
     def load(self, artifact, *, qos_ms: float | None = None, priority: str = "best_effort", name: str | None = None,
-             resident: bool = True, device_bytes: int | None = None) -> Model:
+             resident: bool = True, device_bytes: int | None = None, warmup: bool = False) -> Model:
         """Load an artifact (path or Artifact) as a new request stream: resident if it fits beside the
         resident models (`resident=False`: registered only), else registered and switched in by its
         first request (evicting the least recently used idle models). A model larger than the whole
         memory budget streams its weights from the host tiers and keeps `device_bytes` of device memory
-        (default: all that is left)."""
+        (default: all that is left). `warmup`: run every candidate kernel once before the model takes requests (the
+        first request then pays no first-launch costs: a CUDA module's load, page faults)."""
         if priority not in PRIORITIES:
             raise TvmschedError(f"priority must be one of {PRIORITIES}, not {priority!r}")
         executor = Executor(artifact, self.device, trusted_keys=self._trusted_keys,
@@ -210,12 +212,22 @@ class Runtime:
                 each.request = policies.Request(each.name, each.layers, each.qos_ms, self._monitor, self.total_units,
                                                 len(self.models), each.fastest,
                                                 choice=any(len(cands) > 1 for cands in each.layers))
+        if warmup:
+            self._warm_up(model)
         if priority == "best_effort":
             self.priorities.add_best_effort(task)
         if self._freeze_gc:
             _freeze_heap(first=not self._froze)
             self._froze = True
         return model
+
+    def _warm_up(self, model: Model) -> None:
+        """Run every candidate of every layer once (random inputs; as many requests as a layer has candidates)."""
+        inputs = model.task.executor.random_inputs(0)
+        for c in range(max(len(cands) for cands in model.layers)):
+            ids = [min(c, len(cands) - 1) for cands in model.layers]
+            model.task.submit(inputs, ids).result(timeout=self._stall_timeout_s or 60)
+        model.warm = True
 
     def _load_tiered(self, artifact, name: str, device_bytes: int | None) -> Executor:
         """Load a model larger than the budget with the device memory left and the tier shares left."""

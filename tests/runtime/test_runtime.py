@@ -256,3 +256,19 @@ def test_example_server_answers_on_127_0_0_1(artifacts, tmp_path):
         assert httpx.get(f"{base}/v1/stats", timeout=10).json()["mlp"]["requests"] == 1
     finally:
         stop_server(server)
+
+
+def test_warm_up_runs_every_candidate_kernel_once_before_the_first_request(artifacts):
+    model, artifact = artifacts["mlp"]
+    layers = artifact.manifest.layers
+    assert max(len(layer.candidates) for layer in layers) >= 2  # the 2-thread and 1-thread kernels
+    with Runtime("cpu", timeline=True) as rt:
+        cold = rt.load(artifact, name="cold")
+        warm = rt.load(artifact, name="warm", warmup=True)
+        assert warm.warm and not cold.warm and cold.task.timeline == []
+        ran = {(layer, cand) for _, layer, cand, _, _ in warm.task.timeline}
+        assert ran == {(layer.index, c) for layer in layers for c in range(len(layer.candidates))}
+        x = warm.task.executor.random_inputs(3)
+        want = Executor(artifact).run(x)
+        got = rt.submit("warm", x).result(timeout=60)
+        assert all(np.array_equal(got[k], want[k]) for k in want)
