@@ -198,3 +198,34 @@ def test_the_engine_shortens_tvms_worker_spin_unless_the_user_set_it(mlp, given,
     result = subprocess.run([sys.executable, "-c", code, str(mlp)], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == expected
+
+
+def test_a_relocated_engine_looks_for_tvms_runtime_beside_itself_and_in_the_installed_packages(tmp_path):
+    """On the H200 a C++ binary built here stopped with "cannot load TVM's runtime library from <this machine's venv
+    path>": the engine knew only its build-time folder. Laid out as installed elsewhere (site/tvmsched/lib/ and
+    site/tvm/lib/), it now tries its own folder and site/tvm/lib first, and loads TVM's runtime from there."""
+    from tvmsched.runtime import native
+
+    site = tmp_path / "site"
+    (site / "tvmsched" / "lib").mkdir(parents=True)
+    engine = site / "tvmsched" / "lib" / "libtvmsched_engine.so"
+    shutil.copy(native.library_path(), engine)
+    (site / "tvm").mkdir()
+    (site / "tvm" / "lib").symlink_to(native.tvm_libdir())
+    script = f"""
+import ctypes, json, tvm_ffi
+ctypes.CDLL({str(engine)!r}, mode=ctypes.RTLD_GLOBAL)
+dirs = [str(d) for d in tvm_ffi.get_global_func("tvmsched.engine.tvm_libdir_candidates")()]
+info = tvm_ffi.get_global_func("tvmsched.engine.device_info")("cpu")  # loads TVM's runtime
+print(json.dumps({{"dirs": dirs, "units": int(info["total_units"])}}))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TVMSCHED_TVM_LIBDIR"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    lib = str(site / "tvmsched" / "lib")
+    assert found["dirs"][:2] == [lib, lib + "/../../tvm/lib"] and found["units"] >= 1
+    assert os.path.isfile(os.path.join(found["dirs"][1], "libtvm_runtime.so"))
+    env["TVMSCHED_TVM_LIBDIR"] = str(tmp_path / "nowhere")  # the variable still overrides, and a miss is one line
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode != 0 and "cannot load TVM's runtime library (libtvm_runtime.so) from " + str(tmp_path / "nowhere") in done.stderr

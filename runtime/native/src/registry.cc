@@ -72,6 +72,12 @@ FlagMemory ParseFlagMemory(const std::string& name) {
 TVM_FFI_STATIC_INIT_BLOCK() {
   refl::GlobalDef()
       .def("tvmsched.engine.set_tvm_libdir", [](const std::string& dir) { SetTvmLibDir(dir); })
+      .def("tvmsched.engine.tvm_libdir_candidates",
+           [] {
+             ffi::Array<ffi::String> out;
+             for (const auto& dir : TvmLibDirCandidates()) out.push_back(dir);
+             return out;
+           })
       .def("tvmsched.engine.now_us", []() { return Device::NowMicros(); })
       .def("tvmsched.engine.device_faults",
            [](const std::string& kind) {  // the device's fault state machine (docs/faults.md)

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <tvm/ffi/error.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <mutex>
@@ -21,15 +22,44 @@ std::string lib_dir;
 bool runtime_loaded = false, cuda_loaded = false;
 constexpr const char* kSpinCount = "30000";
 
-std::string LibDir() {
-  if (!lib_dir.empty()) return lib_dir;
-  if (const char* env = std::getenv("TVMSCHED_TVM_LIBDIR")) return env;
-  return TVMSCHED_DEFAULT_TVM_LIBDIR;
+/*! \brief The folder of the engine library itself (where this code was loaded from), or empty. */
+std::string EngineDir() {
+  Dl_info info;
+  if (!dladdr(reinterpret_cast<void*>(&EnsureTvmRuntime), &info) || info.dli_fname == nullptr) return "";
+  std::string self = info.dli_fname;
+  size_t slash = self.rfind('/');
+  return slash == std::string::npos ? "." : self.substr(0, slash);
+}
+
+/*! \brief The first folder that holds libtvm_runtime.so, or the first tried; `tried` lists them all. */
+std::string LibDir(std::string* tried) {
+  std::vector<std::string> dirs = TvmLibDirCandidates();
+  for (const auto& dir : dirs) {
+    if (tried) *tried += (tried->empty() ? "" : ", ") + dir;
+  }
+  for (const auto& dir : dirs) {
+    if (access((dir + "/libtvm_runtime.so").c_str(), R_OK) == 0) return dir;
+  }
+  return dirs.empty() ? "" : dirs.front();
 }
 
 void* OpenGlobal(const std::string& path) { return dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL); }
 
 }  // namespace
+
+std::vector<std::string> TvmLibDirCandidates() {
+  if (!lib_dir.empty()) return {lib_dir};
+  if (const char* env = std::getenv("TVMSCHED_TVM_LIBDIR")) return {env};
+  // a binary built on one machine runs on another: look where the installed packages put TVM's runtime relative to
+  // the engine (shipped beside it, or site-packages/tvmsched/lib -> site-packages/tvm/lib) before the build's path
+  std::vector<std::string> dirs;
+  if (std::string engine = EngineDir(); !engine.empty()) {
+    dirs.push_back(engine);
+    dirs.push_back(engine + "/../../tvm/lib");
+  }
+  dirs.push_back(TVMSCHED_DEFAULT_TVM_LIBDIR);
+  return dirs;
+}
 
 void SetTvmLibDir(const std::string& dir) {
   std::lock_guard<std::mutex> lock(mutex);
@@ -38,7 +68,8 @@ void SetTvmLibDir(const std::string& dir) {
 
 void EnsureTvmRuntime(bool cuda) {
   std::lock_guard<std::mutex> lock(mutex);
-  std::string dir = LibDir();
+  std::string tried;
+  std::string dir = LibDir(&tried);
   if (!runtime_loaded) {
     // TVM's pool workers spin kSpinCount yields before they sleep (300000 by default: about a second when
     // idle, tens of seconds on a loaded machine), and a thread's pool is joined when that thread exits, so
@@ -46,8 +77,8 @@ void EnsureTvmRuntime(bool cuda) {
     // layers and back-to-back requests; the user's own setting wins.
     setenv("TVM_THREAD_POOL_SPIN_COUNT", kSpinCount, /*overwrite=*/0);
     if (!OpenGlobal(dir + "/libtvm_runtime.so")) {
-      TVM_FFI_THROW(TvmschedError) << "cannot load TVM's runtime library from " << dir
-                                   << " (set TVMSCHED_TVM_LIBDIR): " << dlerror();
+      TVM_FFI_THROW(TvmschedError) << "cannot load TVM's runtime library (libtvm_runtime.so) from " << tried
+                                   << " (set TVMSCHED_TVM_LIBDIR to its folder): " << dlerror();
     }
     runtime_loaded = true;
     // kernels' parallel loops run on the engine's pool, not TVM's (cpu_pool.cc; TVMSCHED_CPU_POOL=tvm keeps TVM's)

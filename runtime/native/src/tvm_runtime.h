@@ -6,11 +6,15 @@
 #include <tvm/ffi/function.h>
 
 #include <string>
+#include <vector>
 
 namespace tvmsched {
 
-/*! \brief Where libtvm_runtime.so is: SetTvmLibDir(), else $TVMSCHED_TVM_LIBDIR, else the build-time default. */
+/*! \brief Where libtvm_runtime.so is: SetTvmLibDir(), else $TVMSCHED_TVM_LIBDIR, else the first of the engine
+ *  library's own folder, ENGINE/../../tvm/lib (the installed packages) and the build-time default that holds it. */
 void SetTvmLibDir(const std::string& dir);
+/*! \brief The folders tried, in order (one when set or named by the environment). */
+std::vector<std::string> TvmLibDirCandidates();
 /*! \brief dlopen TVM's runtime (and with `cuda` its CUDA part and libcudart) once, globally. */
 void EnsureTvmRuntime(bool cuda);
 /*! \brief A global function of TVM's runtime, or a one-line error. */
