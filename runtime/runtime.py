@@ -15,8 +15,8 @@ real-time models preempt best-effort ones (policies.priority.Priorities).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import collections
+import dataclasses
 import functools
 import gc
 import json
@@ -247,7 +247,6 @@ class Runtime:
                             memory_scope=self._memory_scope)
         info = native.tiering_info(executor.native)
         self._tier_shares.take(info)
-        executor.tier_info = info  # given back to the shares when it is unloaded
         log.info("model %s is larger than the memory budget: %d bytes of its weights stay on the device, the rest "
                  "stream from %s", name, int(info["resident_weight_bytes"]),
                  ", ".join(f"{t['kind']} {int(t['used_bytes'])}" for t in info["tiers"] if int(t["used_bytes"])))
@@ -405,8 +404,8 @@ class Runtime:
         model.task.close()
         executor = model.task.executor
         if model.placement == "streamed":
+            self._tier_shares.give_back(native.tiering_info(executor.native))  # what it placed, read before the release
             native.release_tiers(executor.native)
-            self._tier_shares.give_back(executor.tier_info)
         elif model.placement == "staged":
             deadline = time.monotonic() + timeout_s
             while not self.switcher.remove(executor):  # its switch-in or last clean may still be under way

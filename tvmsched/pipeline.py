@@ -16,7 +16,7 @@ from tvmsched.lower import relax as lowering
 from tvmsched.artifact.format import Artifact, Binding, Candidate, IndexCheck, Layer, Manifest
 from tvmsched.errors import TvmschedError
 from tvmsched.lower.layers import Graph, extract_graph
-from tvmsched.lower.targets import TargetInfo, describe, device_kind, make_target, target_json
+from tvmsched.lower.targets import TargetInfo, describe, make_target, target_json
 
 log = logging.getLogger(__name__)
 
@@ -383,7 +383,8 @@ def _manifest(
     output_names = [value.name for value in model.graph.output]
     if len(output_names) != len(graph.outputs):
         raise TvmschedError(f"the model declares {len(output_names)} outputs but computes {len(graph.outputs)}")
-    device = device_kind(tvm_target)
+    info = describe(tvm_target)
+    device = info.device
     cpu, cpu_features, cpu_unchecked = cpu_requirements(tvm_target)
     layers = tuple(
         Layer(
@@ -406,8 +407,8 @@ def _manifest(
         cpu=cpu,
         cpu_features=cpu_features,
         cpu_features_unchecked=cpu_unchecked,
-        gpu_sms=gpu_sms(tvm_target) if describe(tvm_target).gpu else None,
-        device_code=kernels.cuda_device_code() if describe(tvm_target).gpu else "native",
+        gpu_sms=gpu_sms(tvm_target) if info.gpu else None,
+        device_code=kernels.cuda_device_code() if info.gpu else "native",
         inputs=tuple(Binding(n, t) for n, t in zip(frontend.input_signature_names(model), graph.inputs)),
         outputs=tuple(Binding(n, t) for n, t in zip(output_names, graph.outputs)),
         tensors=dict(graph.tensors),

@@ -21,8 +21,9 @@ def measure_at_units(func, target, arg_specs, units_list: list[int], *, repeat: 
 
     from tvmsched.lower.targets import describe
 
-    if not describe(target).cpu:
-        raise TvmschedError(f"measuring {describe(target).kind} kernels at restricted units needs that device here")
+    info = describe(target)
+    if not info.cpu:
+        raise TvmschedError(f"measuring {info.kind} kernels at restricted units needs that device here")
     lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target)
     dev = tvm.cpu()
     rng = np.random.default_rng(0)

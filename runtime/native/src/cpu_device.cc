@@ -209,15 +209,8 @@ class CpuDevice final : public Device {
   void FreeHost(void* ptr) override { std::free(ptr); }
   void RegisterHost(void*, size_t) override {}
   void UnregisterHost(void*) override {}
-  // a copy on a stream of the asynchronous mode comes after the launches queued on it (it waits for them)
-  void CopyToDevice(void* dst, const void* src, size_t n, StreamHandle stream) override {
-    if (stream) AsStream(stream)->Wait(AsStream(stream)->enqueued());
-    std::memcpy(dst, src, n);
-  }
-  void CopyToHost(void* dst, const void* src, size_t n, StreamHandle stream) override {
-    if (stream) AsStream(stream)->Wait(AsStream(stream)->enqueued());
-    std::memcpy(dst, src, n);
-  }
+  void CopyToDevice(void* dst, const void* src, size_t n, StreamHandle stream) override { Copy(dst, src, n, stream); }
+  void CopyToHost(void* dst, const void* src, size_t n, StreamHandle stream) override { Copy(dst, src, n, stream); }
   void ReadWhileRunning(void* dst, const void* src, size_t n) override {
     // kernels add to the counters atomically; read each int32 atomically too
     auto* out = static_cast<int32_t*>(dst);
@@ -303,6 +296,11 @@ class CpuDevice final : public Device {
 
  private:
   static CpuStream* AsStream(StreamHandle stream) { return static_cast<CpuStream*>(stream); }
+  /*! \brief A copy; on a stream of the asynchronous mode it comes after the launches queued there (it waits). */
+  static void Copy(void* dst, const void* src, size_t n, StreamHandle stream) {
+    if (stream) AsStream(stream)->Wait(AsStream(stream)->enqueued());
+    std::memcpy(dst, src, n);
+  }
 
   int units_;
   const bool async_;

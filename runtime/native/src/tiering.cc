@@ -466,6 +466,7 @@ namespace {
 struct StreamingChoice {
   size_t resident = 0;  ///< bytes of the weights that stay
   int buffers = 2;
+  size_t slot = 0;  ///< each stream buffer: the largest group's streamed weights in the chosen layout
 };
 
 StreamingChoice ChooseStreamed(const std::vector<std::string>& order, const std::map<std::string, size_t>& nbytes,
@@ -486,7 +487,10 @@ StreamingChoice ChooseStreamed(const std::vector<std::string>& order, const std:
     }
     StreamingFootprint fp = footprint(streamed);
     size_t need = env_bytes + fp.activations + choice.resident + choice.buffers * (fp.slot + 4096);
-    if (need <= room) return choice;
+    if (need <= room) {
+      choice.slot = fp.slot;
+      return choice;
+    }
     if (choice.resident == 0 && choice.buffers == 2) {
       choice.buffers = 1;
       for_resident = static_cast<long long>(room) - static_cast<long long>(env_bytes + buffer);
@@ -522,7 +526,6 @@ StreamingFootprint ModelObj::LayOutStreamed(const std::set<std::string>& streame
   for (const auto& [id, users] : tensor_groups_) {  // activations crossing groups: allocated once
     if (!internal_.count(id) && !host_weights_.count(id)) fp.activations += TensorBytes(id);
   }
-  buffer_bytes_ = fp.slot;
   return fp;
 }
 
@@ -564,7 +567,8 @@ void ModelObj::InitTiered(const std::string& path, ArtifactContents& contents, c
       order, nbytes, env_bytes_, room, buffer,
       [&](const std::set<std::string>& streamed) { return LayOutStreamed(streamed, nbytes, buffer); },
       [&](const std::string& why) { fail(why + " (" + path + ")"); });
-  size_t slot = buffer_bytes_;  // the layout of the choice (ChooseStreamed's last)
+  size_t slot = choice.slot;
+  buffer_bytes_ = slot;
   num_buffers_ = choice.buffers;
   resident_weight_bytes_ = choice.resident;
   for (int g = 0; g < num_groups(); ++g) {
