@@ -493,9 +493,11 @@ void StreamObj::GpuLaunch(const Launch& launch) {
   try {
     stale = device.EnterLaunch(options_.recovery_timeout_s) != run_generation_;
     try {
-      if (!stale && !idempotent(launch)) m_->ClearStarted();  // launched alone (MayLaunch): its entry check marks it
-      if (!stale) m_->RunLayer(launch.layer, launch.candidate);
-      if (!stale) event = m_->RecordEvent();
+      if (!stale) {
+        if (!idempotent(launch)) m_->ClearStarted();  // launched alone (MayLaunch): its entry check marks it
+        m_->RunLayer(launch.layer, launch.candidate);
+        event = m_->RecordEvent();
+      }
     } catch (const ffi::Error& err) {
       error = err.message();
     }
