@@ -100,6 +100,12 @@ def device_info(kind: str) -> dict:
     return dict(func("device_info")(kind))
 
 
+def place_sm_windows(groups: int, needs: list[int], prefix: bool = False) -> list[int]:
+    """The CUDA device's SM placement (sm_windows.h) on `groups` SM groups, run without a GPU: each n > 0 in `needs`
+    takes a window of n groups (its first group is returned), each -i gives back the i-th window taken."""
+    return [int(v) for v in func("place_sm_windows")(groups, list(needs), prefix)]
+
+
 def cpu_pool() -> dict:
     """The engine's CPU pool (cpu_pool.cc): whether it runs the kernels' parallel loops, its threads and counters."""
     return dict(func("cpu_pool")())

@@ -6,14 +6,18 @@
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/extra/c_env_api.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tvmsched/device.h"
+#include "tvmsched/sm_windows.h"
 
 namespace tvmsched {
 namespace {
@@ -196,15 +200,26 @@ class CudaDevice final : public Device {
       return stream;
     }
     std::lock_guard<std::mutex> lock(green_mutex_);
-    auto found = green_.find(units);
-    if (found == green_.end()) found = green_.emplace(units, MakeGreenContext(units)).first;
+    const Window window = TakeWindow(units);
+    auto found = green_.find(window);
+    if (found == green_.end()) found = green_.emplace(window, MakeGreenContext(window)).first;
     drv_.Check(drv_.cuGreenCtxStreamCreate(&stream, found->second.context, CU_STREAM_NON_BLOCKING, level),
                "green stream");
+    stream_windows_[stream] = window;
     if (granted) *granted = found->second.granted;
     return stream;
   }
   void DestroyStream(StreamHandle stream) override {
-    if (stream) drv_.cuStreamDestroy(static_cast<CUstream>(stream));
+    if (!stream) return;
+    {
+      std::lock_guard<std::mutex> lock(green_mutex_);
+      auto found = stream_windows_.find(static_cast<CUstream>(stream));
+      if (found != stream_windows_.end()) {
+        if (found->second.first >= 0) windows_.Give(found->second.first, found->second.second);
+        stream_windows_.erase(found);
+      }
+    }
+    drv_.cuStreamDestroy(static_cast<CUstream>(stream));
   }
   void StreamWaitStream(StreamHandle waiter, StreamHandle stream) override {
     if (!waiter || !stream || waiter == stream) return;
@@ -280,17 +295,52 @@ class CudaDevice final : public Device {
     CUgreenCtx context = nullptr;
     int granted = 0;
   };
+  using Window = std::pair<int, int>;  // (first SM group, groups); first -1: k SMs split off the whole device
 
-  GreenContext MakeGreenContext(int units) {
+  /*! \brief The SM groups a new stream of `units` SMs runs on (sm_windows.h); green_mutex_ held. */
+  Window TakeWindow(int units) {
+    if (!SplitGroups()) return {-1, units};
+    int size = static_cast<int>(sm_groups_[0].sm.smCount);
+    int need = (units + size - 1) / size;
+    return {windows_.Take(need), std::clamp(need, 1, windows_.groups())};
+  }
+
+  /*! \brief Split the SMs once into groups of the granularity; false where the driver cannot (then every context is
+   *  k SMs split off the whole device, as before windows). green_mutex_ held. */
+  bool SplitGroups() {
+    if (split_tried_) return !sm_groups_.empty();
+    split_tried_ = true;
+    CUdevResource all{}, remainder{};
+    if (drv_.cuDeviceGetDevResource(device_, &all, CU_DEV_RESOURCE_TYPE_SM) != CUDA_SUCCESS) return false;
+    unsigned int count = static_cast<unsigned int>(sm_count_);  // at most one group per SM
+    std::vector<CUdevResource> groups(count);
+    if (drv_.cuDevSmResourceSplitByCount(groups.data(), &count, &all, &remainder, 0, unit_granularity()) !=
+            CUDA_SUCCESS ||
+        count == 0) {
+      return false;
+    }
+    groups.resize(count);
+    sm_groups_ = std::move(groups);
+    const char* mode = std::getenv("TVMSCHED_SM_WINDOWS");
+    windows_ = SmWindows(static_cast<int>(count), mode != nullptr && std::string(mode) == "prefix");
+    return true;
+  }
+
+  GreenContext MakeGreenContext(const Window& window) {
     GreenContext out;
-    CUdevResource all{}, group{};
-    drv_.Check(drv_.cuDeviceGetDevResource(device_, &all, CU_DEV_RESOURCE_TYPE_SM), "SM resource");
-    unsigned int groups = 1;
-    drv_.Check(drv_.cuDevSmResourceSplitByCount(&group, &groups, &all, nullptr, 0, units), "SM split");
     CUdevResourceDesc desc = nullptr;
-    drv_.Check(drv_.cuDevResourceGenerateDesc(&desc, &group, 1), "resource descriptor");
+    if (window.first >= 0) {  // consecutive groups of the one split: one descriptor may combine them
+      drv_.Check(drv_.cuDevResourceGenerateDesc(&desc, &sm_groups_[window.first], window.second), "SM window");
+      for (int g = window.first; g < window.first + window.second; ++g) out.granted += sm_groups_[g].sm.smCount;
+    } else {
+      CUdevResource all{}, group{};
+      drv_.Check(drv_.cuDeviceGetDevResource(device_, &all, CU_DEV_RESOURCE_TYPE_SM), "SM resource");
+      unsigned int groups = 1;
+      drv_.Check(drv_.cuDevSmResourceSplitByCount(&group, &groups, &all, nullptr, 0, window.second), "SM split");
+      drv_.Check(drv_.cuDevResourceGenerateDesc(&desc, &group, 1), "resource descriptor");
+      out.granted = static_cast<int>(group.sm.smCount);
+    }
     drv_.Check(drv_.cuGreenCtxCreate(&out.context, desc, device_, CU_GREEN_CTX_DEFAULT_STREAM), "cuGreenCtxCreate");
-    out.granted = static_cast<int>(group.sm.smCount);
     return out;
   }
 
@@ -315,12 +365,16 @@ class CudaDevice final : public Device {
   CUcontext context_ = nullptr;
   int index_ = 0;
   int sm_count_ = 0;
-  CUstream flag_stream_ = nullptr;     // high priority: flag writes overtake queued kernels
-  CUstream read_stream_ = nullptr;     // copies that must not wait for the tenants' kernels
-  std::mutex read_mutex_;              // guards read_stream_ use by monitor threads
-  std::mutex green_mutex_;             // guards green_
-  std::map<int, GreenContext> green_;  // SM count -> its green context
-  std::mutex flag_choice_mutex_;       // guards flag_choice_
+  CUstream flag_stream_ = nullptr;             // high priority: flag writes overtake queued kernels
+  CUstream read_stream_ = nullptr;             // copies that must not wait for the tenants' kernels
+  std::mutex read_mutex_;                      // guards read_stream_ use by monitor threads
+  std::mutex green_mutex_;                     // guards the members below
+  std::map<Window, GreenContext> green_;       // SM window -> its green context
+  std::map<CUstream, Window> stream_windows_;  // the live green streams' windows
+  std::vector<CUdevResource> sm_groups_;       // the SMs split once into groups of the granularity
+  SmWindows windows_;                          // which groups the live windows cover
+  bool split_tried_ = false;
+  std::mutex flag_choice_mutex_;  // guards flag_choice_
   FlagMemory flag_choice_ = FlagMemory::kAuto;
 };
 

@@ -5,6 +5,7 @@
 
 #include "tvm_runtime.h"
 #include "tvmsched/engine.h"
+#include "tvmsched/sm_windows.h"
 
 namespace tvmsched {
 
@@ -297,6 +298,23 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              ffi::Map<ffi::String, int64_t> assignment;
              for (const auto& [id, block] : plan.assignment) assignment.Set(ffi::String(id), block);
              return ffi::Array<ffi::Any>{ToArray(plan.storage_bytes), assignment};
+           })
+      .def("tvmsched.engine.place_sm_windows",
+           [](int groups, const ffi::Array<int64_t>& needs, bool prefix) {  // needs: n > 0 takes n groups,
+             SmWindows windows(groups, prefix);                             // -i gives back the i-th window taken
+             ffi::Array<int64_t> firsts;
+             std::vector<std::pair<int, int>> taken;
+             for (int64_t need : needs) {
+               if (need > 0) {
+                 taken.emplace_back(windows.Take(static_cast<int>(need)), static_cast<int>(need));
+                 firsts.push_back(taken.back().first);
+               } else if (need < 0 && -need <= static_cast<int64_t>(taken.size())) {
+                 windows.Give(taken[-need - 1].first, taken[-need - 1].second);
+               } else {
+                 TVM_FFI_THROW(TvmschedError) << "no window " << -need << " to give back";
+               }
+             }
+             return firsts;
            })
       .def("tvmsched.engine.create_stream",
            [](Model model, const std::string& name, int max_in_flight, double idle_spin_us, double progress_interval_ms,
