@@ -4,6 +4,11 @@ The pass adds a last parameter `preempt_flags` (int32[FLAG_LEN]; host memory on 
 on GPU). The host sets slots 0..FLAG_SLOTS-1 together to preempt. Where the checks go:
 - GPU, idempotent kernel ("blocks"): at the start of every thread block; a block that sees the flag
   does nothing, so a queued or running kernel ends within one block. It is re-run later.
+  With `loops=True` ("loops"), also at every iteration of the outermost serial loop that all threads of a block
+  run alike (under the thread bindings, constant extent): a running block stops within one iteration, which bounds
+  a single-wave kernel's remaining time (its blocks have all started, so block-start checks cannot stop it). The
+  threads read the flag through `__syncthreads_or`, one barrier that gives every thread of the block the same
+  answer: a plain read could differ between threads and leave some waiting at a later `__syncthreads`.
 - CPU, idempotent kernel ("parallel"): at the start of every iteration of each parallel loop;
   kernels without one ("loop") check at every iteration of the first loop of each loop nest with
   more than one iteration. Iteration i reads slot i % FLAG_SLOTS: a loop-varying address keeps
@@ -28,8 +33,10 @@ PARAM = "preempt_flags"
 SERIAL_ITERS = {"range", "serial", "grid"}
 
 
-def instrument(func, *, idempotent: bool, gpu: bool):
-    """(instrumented PrimFunc, where it checks: "blocks" | "parallel" | "loop" | "entry" | "none")."""
+def instrument(func, *, idempotent: bool, gpu: bool, loops: bool = False):
+    """(instrumented PrimFunc, where it checks: "blocks" | "loops" | "parallel" | "loop" | "entry" | "none").
+
+    loops: GPU idempotent kernels also check inside their blocks' outermost uniform serial loop (module docstring)."""
     import tvm
 
     tree = ast.parse(func.script())
@@ -38,6 +45,8 @@ def instrument(func, *, idempotent: bool, gpu: bool):
     body = _root_body(fn)
     if gpu:
         check = "blocks" if idempotent and _wrap_block_loops(body) else "none"
+        if check == "blocks" and loops and _wrap_uniform_serial_loops(body):
+            check = "loops"
     elif not idempotent:
         _wrap_entry(body)
         check = "entry"
@@ -111,6 +120,38 @@ def _wrap_block_loops(body: list) -> bool:
         leave = ast.If(test=_expr(f"{PARAM}[0] != 0"), body=[ast.Expr(_expr("T.thread_return()"))], orelse=[])
         loop.body = [leave, *loop.body]
     return bool(loops)
+
+
+def _wrap_uniform_serial_loops(body: list) -> bool:
+    """A block-uniform check at every iteration of the outermost serial loops under each innermost blockIdx loop."""
+    blocks = _outermost_loops(body, lambda s: _is_thread_loop(s, "blockIdx") and not (len(s.body) == 1 and _is_thread_loop(s.body[0], "blockIdx")))
+    wrapped = False
+    for block in blocks:
+        for loop in _uniform_serial_loops(block.body):
+            slot = f"{loop.target.id} % {FLAG_SLOTS}"  # a loop-varying slot: the load cannot be hoisted
+            seen = _expr(f'T.call_extern("int32", "__syncthreads_or", T.Cast("int32", {PARAM}[{slot}] != 0)) != 0')
+            loop.body = [ast.If(test=seen, body=[ast.Expr(_expr("T.thread_return()"))], orelse=[]), *loop.body]
+            wrapped = True
+    return wrapped
+
+
+def _is_thread_loop(stmt, axis: str) -> bool:
+    return isinstance(stmt, ast.For) and _iter_kind(stmt) == "thread_binding" and axis in ast.unparse(stmt.iter)
+
+
+def _uniform_serial_loops(stmts: list) -> list[ast.For]:
+    """Serial loops of constant extent > 1 that every thread of the block reaches alike: looking through thread
+    bindings only (not into conditions, blocks or other loops, whose paths may differ between threads)."""
+    found = []
+    for stmt in stmts:
+        if _is_thread_loop(stmt, "threadIdx") or _is_thread_loop(stmt, "vthread"):
+            found += _uniform_serial_loops(stmt.body)
+        elif isinstance(stmt, ast.For) and _iter_kind(stmt) in ("range", "serial") and isinstance(stmt.target, ast.Name):
+            args = stmt.iter.args
+            extent = _const(args[-1]) if len(args) == 1 else None
+            if extent is not None and extent > 1:
+                found.append(stmt)
+    return found
 
 
 def _wrap_entry(body: list) -> None:

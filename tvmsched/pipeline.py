@@ -40,6 +40,7 @@ def compile_model(
     units: list[int] | None = None,
     rpc: str | None = None,
     preempt_checks: bool = True,
+    loop_checks: bool = False,
     progress_counters: bool = False,
     index_checks: bool = True,
     progress: bool = False,
@@ -62,6 +63,8 @@ def compile_model(
         units: unit counts to consider for candidates (default: 1..all units).
         rpc: "HOST:PORT:KEY" of a TVM RPC tracker: measure tuning candidates on its devices.
         preempt_checks: instrument every kernel with preempt-flag checks (after the idempotence analysis).
+        loop_checks: GPU idempotent kernels also check inside their blocks' outermost loop, so a running kernel
+            stops within one iteration (passes.preempt_flag; a barrier per iteration, docs/preemption.md).
         progress_counters: kernels count their completed blocks into a per-layer counter (passes.progress).
         index_checks: bounds-check indices read from run-time data (Gather, Scatter*, ...); off only to
             measure what the checks cost: an unchecked artifact reads and writes out of bounds on bad indices.
@@ -74,7 +77,7 @@ def compile_model(
         progress=progress, tune_minutes=tune_minutes,
     )
     if preempt_checks:
-        plan = _instrumented(plan, gpu=info.gpu)
+        plan = _instrumented(plan, gpu=info.gpu, loops=loop_checks)
     if progress_counters:
         plan = _progress_counted(plan, gpu=info.gpu)
     library = kernels.build_library(plan.kernels, tvm_target, extra_sources=_extra_sources(plan, info))
@@ -181,7 +184,7 @@ def _extra_sources(plan: KernelPlan, info: TargetInfo) -> dict[str, str]:
     return {}
 
 
-def _instrumented(plan: KernelPlan, *, gpu: bool) -> KernelPlan:
+def _instrumented(plan: KernelPlan, *, gpu: bool, loops: bool = False) -> KernelPlan:
     """Every kernel analysed for idempotence and given its preempt-flag checks (passes/)."""
     from tvmsched.passes.idempotence import analyze
     from tvmsched.passes.preempt_flag import FLAG_LEN, instrument
@@ -189,7 +192,7 @@ def _instrumented(plan: KernelPlan, *, gpu: bool) -> KernelPlan:
     kernels_, facts = {}, {}
     for symbol, func in plan.kernels.items():
         verdict = analyze(func)
-        kernels_[symbol], check = instrument(func, idempotent=verdict.idempotent, gpu=gpu)
+        kernels_[symbol], check = instrument(func, idempotent=verdict.idempotent, gpu=gpu, loops=loops)
         facts[symbol] = {"idempotent": verdict.idempotent, "idempotence": verdict.reason, "preempt_check": check}
     candidates = {
         func: [dataclasses.replace(c, **facts[c.kernel]) for c in cands] for func, cands in plan.candidates.items()

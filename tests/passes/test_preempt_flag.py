@@ -74,3 +74,27 @@ def test_gpu_kernels_return_early_per_thread_block_and_still_compile():
     source = executable.mod.imports[0].inspect_source()
     assert "if (preempt_flags_ptr[0] != 0) {\n    return;" in source
     assert instrument(func, idempotent=False, gpu=True)[1] == "none"
+
+
+def test_gpu_loop_checks_stop_a_running_block_within_one_iteration_with_one_uniform_read():
+    """--loop-checks: the outermost serial loop under a convolution's thread bindings checks the flag through
+    __syncthreads_or (every thread of the block gets the same answer, so none waits at a later barrier); a loop
+    nested in a condition or data-dependent path gets no check; non-idempotent kernels stay unchecked."""
+    _, funcs, target = lower_model(models.build("resnet18-small"), "cuda")
+    scheduled = kernels.default_schedule(funcs, target)
+    name = [n for n in scheduled if "conv" in n][3]
+    instrumented, check = instrument(scheduled[name], idempotent=True, gpu=True, loops=True)
+    assert check == "loops"
+    script = instrumented.script()
+    assert script.count("__syncthreads_or") == 2  # its two kernels (rfactor, then the reduction), one loop each
+    assert "preempt_flags[ax3_1_0 % T.int64(64)]" in script and "preempt_flags[ax3_0 % T.int64(64)]" in script
+    with target:
+        executable = tvm.compile(tvm.IRModule({"main": instrumented.with_attr("global_symbol", "main")}), target)
+    source = executable.mod.imports[0].inspect_source()
+    entry = source.index("if (preempt_flags_ptr[0] != 0) {\n    return;")
+    inner = source.index("if (__syncthreads_or(")
+    assert entry < inner < source.index("__syncthreads();")  # before the loop body's own barrier
+    assert instrument(scheduled[name], idempotent=False, gpu=True, loops=True)[1] == "none"
+    # an elementwise kernel has no serial loop in its blocks: block-start checks only
+    flat = next(n for n in scheduled if "conv" not in n and "pool" not in n)
+    assert instrument(scheduled[flat], idempotent=True, gpu=True, loops=True)[1] in ("blocks", "loops")
