@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", help="also compile each model with this tuning database's records (variant 'tuned')")
     parser.add_argument("--tuned", action="append", default=[], metavar="MODEL=ARTIFACT",
                         help="carry an artifact compiled elsewhere as MODEL's 'tuned' variant (repeatable)")
+    parser.add_argument("--variant", action="append", default=[], metavar="MODEL.VARIANT=ARTIFACT",
+                        help="carry an artifact compiled elsewhere as MODEL's VARIANT (repeatable; e.g. "
+                        "resnet18-small.loops=r.tvms for one compiled with --loop-checks)")
     parser.add_argument("--out", type=Path, default=ROOT / ".gpu", help="the carried folder (default .gpu)")
     parser.add_argument("--build-dir", type=Path, default=ROOT / "build" / "gpu-suite", help="full artifacts and ONNX files")
     parser.add_argument("--kit", type=Path, default=ROOT / ".devkit", help="the runtime kit whose size is recorded")
@@ -97,6 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         if not path:
             parser.error(f"--tuned takes MODEL=ARTIFACT, not {item!r}")
         jobs.append((name, "tuned", Path(path)))
+    for item in args.variant:
+        stem, _, path = item.partition("=")
+        name, _, variant = stem.partition(".")
+        if not path or not variant:
+            parser.error(f"--variant takes MODEL.VARIANT=ARTIFACT, not {item!r}")
+        jobs.append((name, variant, Path(path)))
     entries, failures = [], []
     for name, variant, given in jobs:
         shapes = input_shapes(name)

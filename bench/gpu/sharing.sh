@@ -50,6 +50,16 @@ if have resnet18-small bert-tiny; then
   section "preemption: real-time resnet18-small, best-effort bert-tiny" 40 \
     python3 -P bench/preemption.py --device "$device" --artifact-dir "$work" --sections mix --mix-seconds 3 \
       --loads 0.2 0.5 0.8 --realtime resnet18-small --best-effort bert-tiny --out "$raw/sharing-preemption-$device.json"
+  if have resnet18-small.loops bert-tiny.loops; then  # the same, compiled with --loop-checks (prepare.py --variant)
+    loops=$(mktemp -d)
+    for m in resnet18-small bert-tiny; do ln -s "$(realpath "$work/$m.loops.tvms")" "$loops/$m.tvms"; done
+    section "preemption with loop checks (--loop-checks): the same mix" 30 \
+      python3 -P bench/preemption.py --device "$device" --artifact-dir "$loops" --sections mix --mix-seconds 3 \
+        --loads 0.2 0.5 0.8 --realtime resnet18-small --best-effort bert-tiny --out "$raw/sharing-preemption-loops-$device.json"
+    section "preempt() latency: block-start checks, then loop checks" 30 \
+      bash -c "python3 -P bench/preemption.py --device $device --artifact-dir $work --sections latency --samples 90 --out $raw/sharing-latency-$device.json | tail -4 &&
+        python3 -P bench/preemption.py --device $device --artifact-dir $loops --sections latency --samples 90 --out $raw/sharing-latency-loops-$device.json | tail -4"
+  fi
   section "switching: resnet18-small and bert-tiny" 25 \
     python3 -m tvmsched.cli bench switch "$work/resnet18-small.tvms" "$work/bert-tiny.tvms" --device "$device" --repeat 3
 fi

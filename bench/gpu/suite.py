@@ -721,7 +721,7 @@ def render(results: list[dict], meta: dict) -> str:
                          f"{'yes' if value <= UNTUNED_BUSY_GOAL else 'no'} |")
         else:
             lines.append(f"| untuned GPU busy ÷ PyTorch eager's kernels | {r['model']} | default | not measured | ≤ {UNTUNED_BUSY_GOAL}× | — |")
-    tuned = [r for r in results if r.get("variant", "default") != "default"]
+    tuned = [r for r in results if r.get("variant", "default") == "tuned"]
     for r in tuned:
         p = pytorch_of.get(r["model"], {})
         t = p50(r.get("tvmsched"))

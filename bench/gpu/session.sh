@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# One device call that does a session's GPU work in steps, everything it writes coming back as one archive
+# ($OUT/results.tgz: the call may return 8 files at most). Prepared here (bench/gpu/prepare.sh, and for the
+# candidate steps docs/gpu.md "Restricted-SM candidates"); on the GPU machine:
+#   device call: carry [".devkit", ".gpu"], command "bash bench/gpu/session.sh STEP...", timeout_s 600
+# Steps, run in the order given, each bounded; all within SESSION_BUDGET_S seconds (default 480):
+#   kits        measure every carried kit ($dir/kit-*/) at every SM count the device's green contexts allow
+#               (tvmsched tune measure): the GPU round behind restricted-SM candidates (issue 30)
+#   suite       bench/gpu/suite.sh (kernels against PyTorch, then the sharing sections within SHARING_S) in what
+#               is left less RESERVE_S (default 0) seconds kept for the steps after it; SUITE_ARGS go to suite.py
+#   colocation  bench/colocation.py on each mix of $dir/mixes.txt (lines "NAME QOS_MS_LIST ARTIFACT..."; artifacts
+#               with restricted-SM candidates), all policies, then colocation and partition again with
+#               TVMSCHED_SM_WINDOWS=prefix (every k-SM context on the same first k SMs, as before sm_windows.h)
+#   bandwidth   pinned host <-> device copy bandwidth, both directions (bench/gpu/bandwidth.py)
+#   profile     tvmsched profile-coloc of each mix's artifacts into .gpu/coloc-MIX.db, used by a later colocation
+set -uo pipefail
+start=$SECONDS
+cd "$(dirname "$0")/../.."
+budget=${SESSION_BUDGET_S:-480}
+dir=${SESSION_DIR:-.gpu}        # on this machine, a CPU twin: SESSION_DIR=DIR SESSION_DEVICE=cpu (kits and mixes for llvm)
+device=${SESSION_DEVICE:-cuda}
+if [ "$device" != cpu ]; then  # the CPU twin runs in this machine's environment
+  if [ ! -f .devkit/activate.sh ]; then
+    echo "error: .devkit/ is missing: run 'bash bench/gpu/prepare.sh' where TVM is and carry [\".devkit\", \".gpu\"]" >&2
+    exit 2
+  fi
+  source .devkit/activate.sh || { echo "error: installing the kit failed" >&2; exit 2; }
+fi
+export TVM_FFI_DISABLE_TORCH_C_DLPACK=1 PYTHONUNBUFFERED=1
+final=${OUT:-}
+res=$(mktemp -d)
+left() { echo $(( budget - (SECONDS - start) )); }
+log() { echo "[$(( SECONDS - start )) s] $*" | tee -a "$res/session.log"; }
+[ "$device" = cpu ] || nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,persistence_mode --format=csv > "$res/gpu.csv" 2>&1
+
+step_kits() {
+  for kit in $dir/kit-*/; do
+    [ -f "$kit/kit.json" ] || continue
+    local name share
+    name=$(basename "$kit")
+    share=$(( $(left) / 4 ))
+    (( share > 60 )) && share=60
+    timeout -k 5 "$share" python3 -P -m tvmsched.cli tune measure "$kit" -o "$res/$name.json" > "$res/$name.log" 2>&1
+    log "kits: $name exit $? ($(tail -1 "$res/$name.log"))"
+  done
+}
+
+step_suite() {
+  local suite_budget=$(( $(left) - ${RESERVE_S:-0} ))
+  # shellcheck disable=SC2086
+  OUT="$res" SUITE_BUDGET_S=$suite_budget bash bench/gpu/suite.sh ${SUITE_ARGS:-} > "$res/suite.log" 2>&1
+  log "suite: exit $? ($(tail -1 "$res/suite.log"))"
+}
+
+step_colocation() {
+  [ -f $dir/mixes.txt ] || { log "colocation: no $dir/mixes.txt"; return; }
+  local lines name qos artifacts db share
+  lines=$(grep -cv '^#' $dir/mixes.txt)
+  while read -r name qos artifacts; do
+    [[ -z "$name" || "$name" == \#* ]] && continue
+    db=$dir/coloc-$name.db
+    share=$(( $(left) / (lines > 0 ? lines : 1) ))
+    lines=$(( lines - 1 ))
+    local coloc=()
+    [ -f "$db" ] && coloc=(--colocation "sqlite:///$(realpath "$db")")
+    # shellcheck disable=SC2086
+    timeout -k 5 $(( share * 2 / 3 )) python3 -P bench/colocation.py --device $device --artifacts $artifacts \
+      --qos-ms ${qos//,/ } ${COLOC_ARGS:---rates 500 1000 2000 4000 --seconds 1.5} "${coloc[@]}" \
+      --out "$res/colocation-$name.json" > "$res/colocation-$name.log" 2>&1
+    log "colocation $name: exit $? ($(tail -1 "$res/colocation-$name.log"))"
+    # shellcheck disable=SC2086
+    TVMSCHED_SM_WINDOWS=prefix timeout -k 5 $(( share / 3 )) python3 -P bench/colocation.py --device $device \
+      --artifacts $artifacts --qos-ms ${qos//,/ } ${COLOC_ARGS:---rates 500 1000 2000 4000 --seconds 1.5} \
+      --policies colocation partition "${coloc[@]}" --out "$res/colocation-$name-prefix.json" \
+      > "$res/colocation-$name-prefix.log" 2>&1
+    log "colocation $name (SM prefix): exit $? ($(tail -1 "$res/colocation-$name-prefix.log"))"
+  done < $dir/mixes.txt
+}
+
+step_bandwidth() {
+  timeout -k 5 30 python3 -P bench/gpu/bandwidth.py --out "$res/bandwidth.json" > "$res/bandwidth.log" 2>&1
+  log "bandwidth: exit $? ($(tail -1 "$res/bandwidth.log"))"
+}
+
+step_profile() {
+  [ -f $dir/mixes.txt ] || { log "profile: no $dir/mixes.txt"; return; }
+  local name qos artifacts
+  while read -r name qos artifacts; do
+    [[ -z "$name" || "$name" == \#* ]] && continue
+    # shellcheck disable=SC2086
+    timeout -k 5 60 python3 -P -m tvmsched.cli profile-coloc $artifacts --device $device --seconds 0.1 \
+      --db "sqlite:///$(realpath "$dir")/coloc-$name.db" --out "$res/coloc-$name.json" > "$res/profile-$name.log" 2>&1
+    log "profile $name: exit $? ($(tail -1 "$res/profile-$name.log"))"
+  done < $dir/mixes.txt
+}
+
+for step in "$@"; do
+  case $step in
+    kits | suite | colocation | profile | bandwidth) log "$step: start, $(left) s left"; "step_$step" ;;
+    *) echo "error: unknown step '$step' (kits, suite, bandwidth, colocation, profile)" >&2; exit 2 ;;
+  esac
+done
+cp "$dir"/coloc-*.db "$res/" 2>/dev/null
+log "session: done"
+if [ -n "$final" ]; then tar -C "$res" -czf "$final/results.tgz" . && ls -la "$final"; fi
