@@ -8,7 +8,7 @@
 #               (tvmsched tune measure): the GPU round behind restricted-SM candidates (issue 30)
 #   suite       bench/gpu/suite.sh (kernels against PyTorch, then the sharing sections within SHARING_S) in what
 #               is left less RESERVE_S (default 0) seconds kept for the steps after it; SUITE_ARGS go to suite.py
-#   colocation  bench/colocation.py on each mix of $dir/mixes.txt (lines "NAME QOS_MS_LIST ARTIFACT..."; artifacts
+#   colocation  bench/colocation.py on each mix of .gpu/mixes.txt (lines "NAME QOS_MS_LIST ARTIFACT..."; artifacts
 #               with restricted-SM candidates), all policies, then colocation and partition again with
 #               TVMSCHED_SM_WINDOWS=prefix (every k-SM context on the same first k SMs, as before sm_windows.h)
 #   bandwidth   pinned host <-> device copy bandwidth, both directions (bench/gpu/bandwidth.py)
@@ -52,10 +52,20 @@ step_suite() {
   log "suite: exit $? ($(tail -1 "$res/suite.log"))"
 }
 
+# artifacts carried slim ($dir/cand/*.tvms.slim, bench/gpu/slim.py pack): restored beside themselves once
+unslim() {
+  local f
+  for f in "$dir"/cand/*.tvms.slim; do
+    [ -f "$f" ] && [ ! -f "${f%.slim}" ] || continue
+    python3 -P bench/gpu/slim.py unpack "$f" "${f%.slim}" > /dev/null 2>> "$res/unslim.log" || log "unslim: $f failed"
+  done
+}
+
 step_colocation() {
-  [ -f $dir/mixes.txt ] || { log "colocation: no $dir/mixes.txt"; return; }
+  [ -f "$dir/mixes.txt" ] || { log "colocation: no $dir/mixes.txt"; return; }
+  unslim
   local lines name qos artifacts db share
-  lines=$(grep -cv '^#' $dir/mixes.txt)
+  lines=$(grep -cv "^#" "$dir/mixes.txt")
   while read -r name qos artifacts; do
     [[ -z "$name" || "$name" == \#* ]] && continue
     db=$dir/coloc-$name.db
@@ -74,7 +84,7 @@ step_colocation() {
       --policies colocation partition "${coloc[@]}" --out "$res/colocation-$name-prefix.json" \
       > "$res/colocation-$name-prefix.log" 2>&1
     log "colocation $name (SM prefix): exit $? ($(tail -1 "$res/colocation-$name-prefix.log"))"
-  done < $dir/mixes.txt
+  done < "$dir/mixes.txt"
 }
 
 step_bandwidth() {
@@ -83,7 +93,8 @@ step_bandwidth() {
 }
 
 step_profile() {
-  [ -f $dir/mixes.txt ] || { log "profile: no $dir/mixes.txt"; return; }
+  [ -f "$dir/mixes.txt" ] || { log "profile: no $dir/mixes.txt"; return; }
+  unslim
   local name qos artifacts
   while read -r name qos artifacts; do
     [[ -z "$name" || "$name" == \#* ]] && continue
@@ -91,7 +102,7 @@ step_profile() {
     timeout -k 5 60 python3 -P -m tvmsched.cli profile-coloc $artifacts --device $device --seconds 0.1 \
       --db "sqlite:///$(realpath "$dir")/coloc-$name.db" --out "$res/coloc-$name.json" > "$res/profile-$name.log" 2>&1
     log "profile $name: exit $? ($(tail -1 "$res/profile-$name.log"))"
-  done < $dir/mixes.txt
+  done < "$dir/mixes.txt"
 }
 
 for step in "$@"; do
