@@ -129,7 +129,10 @@ def _wrap_uniform_serial_loops(body: list) -> bool:
     for block in blocks:
         for loop in _uniform_serial_loops(block.body):
             slot = f"{loop.target.id} % {FLAG_SLOTS}"  # a loop-varying slot: the load cannot be hoisted
-            seen = _expr(f'T.call_extern("int32", "__syncthreads_or", T.Cast("int32", {PARAM}[{slot}] != 0)) != 0')
+            # __ldcv: a load the caches cannot answer from a copy made before the host set the flag (inside one
+            # kernel a plain load of a read-only __restrict__ pointer may come from the non-coherent cache)
+            read = f'T.call_extern("int32", "__ldcv", T.address_of({PARAM}[{slot}]))'
+            seen = _expr(f'T.call_extern("int32", "__syncthreads_or", T.Cast("int32", {read} != 0)) != 0')
             loop.body = [ast.If(test=seen, body=[ast.Expr(_expr("T.thread_return()"))], orelse=[]), *loop.body]
             wrapped = True
     return wrapped

@@ -87,12 +87,12 @@ def test_gpu_loop_checks_stop_a_running_block_within_one_iteration_with_one_unif
     assert check == "loops"
     script = instrumented.script()
     assert script.count("__syncthreads_or") == 2  # its two kernels (rfactor, then the reduction), one loop each
-    assert "preempt_flags[ax3_1_0 % T.int64(64)]" in script and "preempt_flags[ax3_0 % T.int64(64)]" in script
+    assert "__ldcv" in script and "preempt_flags[ax3_1_0 % T.int64(64)]" in script and "preempt_flags[ax3_0 % T.int64(64)]" in script
     with target:
         executable = tvm.compile(tvm.IRModule({"main": instrumented.with_attr("global_symbol", "main")}), target)
     source = executable.mod.imports[0].inspect_source()
     entry = source.index("if (preempt_flags_ptr[0] != 0) {\n    return;")
-    inner = source.index("if (__syncthreads_or(")
+    inner = source.index("if (__syncthreads_or(((int)(__ldcv((&(preempt_flags_ptr")
     assert entry < inner < source.index("__syncthreads();")  # before the loop body's own barrier
     assert instrument(scheduled[name], idempotent=False, gpu=True, loops=True)[1] == "none"
     # an elementwise kernel has no serial loop in its blocks: block-start checks only
