@@ -129,7 +129,10 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def main() -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    try:  # the installed package (on the GPU machine, the kit's wheel: the source tree has no tvmsched/runtime)
+        import tvmsched  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--requests", type=int, default=20)

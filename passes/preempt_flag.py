@@ -127,12 +127,18 @@ def _wrap_uniform_serial_loops(body: list) -> bool:
     blocks = _outermost_loops(body, lambda s: _is_thread_loop(s, "blockIdx") and not (len(s.body) == 1 and _is_thread_loop(s.body[0], "blockIdx")))
     wrapped = False
     for block in blocks:
-        for loop in _uniform_serial_loops(block.body):
+        for loop, threads in _uniform_serial_loops(block.body, []):
             slot = f"{loop.target.id} % {FLAG_SLOTS}"  # a loop-varying slot: the load cannot be hoisted
             # __ldcv: a load the caches cannot answer from a copy made before the host set the flag (inside one
-            # kernel a plain load of a read-only __restrict__ pointer may come from the non-coherent cache)
-            read = f'T.call_extern("int32", "__ldcv", T.address_of({PARAM}[{slot}]))'
-            seen = _expr(f'T.call_extern("int32", "__syncthreads_or", T.Cast("int32", {read} != 0)) != 0')
+            # kernel a plain load of a read-only __restrict__ pointer may come from the non-coherent cache). Only
+            # the block's first thread reads (one uncached load per block and iteration, not one per thread: every
+            # thread reading host-mapped flags cost 76-190x on an H100, bench/results/gpu.md); __syncthreads_or
+            # hands its answer to all.
+            read = f'T.Cast("int32", T.call_extern("int32", "__ldcv", T.address_of({PARAM}[{slot}])) != 0)'
+            if threads:
+                first = " and ".join(f"{name} == 0" for name in threads)
+                read = f"T.if_then_else({first}, {read}, 0)"  # lazily evaluated: the others do not load
+            seen = _expr(f'T.call_extern("int32", "__syncthreads_or", {read}) != 0')
             loop.body = [ast.If(test=seen, body=[ast.Expr(_expr("T.thread_return()"))], orelse=[]), *loop.body]
             wrapped = True
     return wrapped
@@ -142,18 +148,21 @@ def _is_thread_loop(stmt, axis: str) -> bool:
     return isinstance(stmt, ast.For) and _iter_kind(stmt) == "thread_binding" and axis in ast.unparse(stmt.iter)
 
 
-def _uniform_serial_loops(stmts: list) -> list[ast.For]:
-    """Serial loops of constant extent > 1 that every thread of the block reaches alike: looking through thread
-    bindings only (not into conditions, blocks or other loops, whose paths may differ between threads)."""
+def _uniform_serial_loops(stmts: list, threads: list[str]) -> list[tuple[ast.For, list[str]]]:
+    """Serial loops of constant extent > 1 that every thread of the block reaches alike, each with the threadIdx
+    loop variables around it: looking through thread bindings only (not into conditions, blocks or other loops,
+    whose paths may differ between threads)."""
     found = []
     for stmt in stmts:
-        if _is_thread_loop(stmt, "threadIdx") or _is_thread_loop(stmt, "vthread"):
-            found += _uniform_serial_loops(stmt.body)
+        if _is_thread_loop(stmt, "threadIdx") and isinstance(stmt.target, ast.Name):
+            found += _uniform_serial_loops(stmt.body, [*threads, stmt.target.id])
+        elif _is_thread_loop(stmt, "vthread"):
+            found += _uniform_serial_loops(stmt.body, threads)
         elif isinstance(stmt, ast.For) and _iter_kind(stmt) in ("range", "serial") and isinstance(stmt.target, ast.Name):
             args = stmt.iter.args
             extent = _const(args[-1]) if len(args) == 1 else None
             if extent is not None and extent > 1:
-                found.append(stmt)
+                found.append((stmt, threads))
     return found
 
 

@@ -11,6 +11,7 @@
 #   colocation  bench/colocation.py on each mix of .gpu/mixes.txt (lines "NAME QOS_MS_LIST ARTIFACT..."; artifacts
 #               with restricted-SM candidates), all policies, then colocation and partition again with
 #               TVMSCHED_SM_WINDOWS=prefix (every k-SM context on the same first k SMs, as before sm_windows.h)
+#   sharing     bench/gpu/sharing.sh on the artifacts of $dir/work/ (carried slim) alone, SHARING_SECTIONS of them
 #   bandwidth   pinned host <-> device copy bandwidth, both directions (bench/gpu/bandwidth.py)
 #   profile     tvmsched profile-coloc of each mix's artifacts into .gpu/coloc-MIX.db, used by a later colocation
 set -uo pipefail
@@ -41,7 +42,7 @@ step_kits() {
     share=$(( $(left) / 4 ))
     (( share > 60 )) && share=60
     timeout -k 5 "$share" python3 -P -m tvmsched.cli tune measure "$kit" -o "$res/$name.json" > "$res/$name.log" 2>&1
-    log "kits: $name exit $? ($(tail -1 "$res/$name.log"))"
+    log "kits: $name exit $? ($(tr '\r' '\n' < "$res/$name.log" | tail -1))"
   done
 }
 
@@ -52,10 +53,10 @@ step_suite() {
   log "suite: exit $? ($(tail -1 "$res/suite.log"))"
 }
 
-# artifacts carried slim ($dir/cand/*.tvms.slim, bench/gpu/slim.py pack): restored beside themselves once
+# artifacts carried slim ($dir/*/NAME.tvms.slim, bench/gpu/slim.py pack): restored beside themselves once
 unslim() {
   local f
-  for f in "$dir"/cand/*.tvms.slim; do
+  for f in "$dir"/*/*.tvms.slim; do
     [ -f "$f" ] && [ ! -f "${f%.slim}" ] || continue
     python3 -P bench/gpu/slim.py unpack "$f" "${f%.slim}" > /dev/null 2>> "$res/unslim.log" || log "unslim: $f failed"
   done
@@ -69,22 +70,32 @@ step_colocation() {
   while read -r name qos artifacts; do
     [[ -z "$name" || "$name" == \#* ]] && continue
     db=$dir/coloc-$name.db
+    local var="COLOC_ARGS_$name" rates  # per mix (COLOC_ARGS_small=...), else COLOC_ARGS, else the default
+    rates=${!var:-${COLOC_ARGS:---rates 500 1000 2000 4000 --seconds 1.5}}
     share=$(( $(left) / (lines > 0 ? lines : 1) ))
     lines=$(( lines - 1 ))
     local coloc=()
     [ -f "$db" ] && coloc=(--colocation "sqlite:///$(realpath "$db")")
     # shellcheck disable=SC2086
     timeout -k 5 $(( share * 2 / 3 )) python3 -P bench/colocation.py --device $device --artifacts $artifacts \
-      --qos-ms ${qos//,/ } ${COLOC_ARGS:---rates 500 1000 2000 4000 --seconds 1.5} "${coloc[@]}" \
+      --qos-ms ${qos//,/ } $rates "${coloc[@]}" \
       --out "$res/colocation-$name.json" > "$res/colocation-$name.log" 2>&1
     log "colocation $name: exit $? ($(tail -1 "$res/colocation-$name.log"))"
     # shellcheck disable=SC2086
     TVMSCHED_SM_WINDOWS=prefix timeout -k 5 $(( share / 3 )) python3 -P bench/colocation.py --device $device \
-      --artifacts $artifacts --qos-ms ${qos//,/ } ${COLOC_ARGS:---rates 500 1000 2000 4000 --seconds 1.5} \
+      --artifacts $artifacts --qos-ms ${qos//,/ } $rates \
       --policies colocation partition "${coloc[@]}" --out "$res/colocation-$name-prefix.json" \
       > "$res/colocation-$name-prefix.log" 2>&1
     log "colocation $name (SM prefix): exit $? ($(tail -1 "$res/colocation-$name-prefix.log"))"
   done < "$dir/mixes.txt"
+}
+
+step_sharing() {
+  unslim
+  bash bench/gpu/sharing.sh "$dir/work" "$device" "${SHARING_S:-$(( $(left) - ${RESERVE_S:-0} ))}" > "$res/sharing.log" 2>&1
+  cp bench/results/gpu-sharing.md "$res/gpu-sharing-2.md" 2>/dev/null
+  cp bench/results/raw/sharing-*.json "$res/" 2>/dev/null
+  log "sharing: exit $? ($(tail -1 "$res/sharing.log"))"
 }
 
 step_bandwidth() {
@@ -99,7 +110,7 @@ step_profile() {
   while read -r name qos artifacts; do
     [[ -z "$name" || "$name" == \#* ]] && continue
     # shellcheck disable=SC2086
-    timeout -k 5 60 python3 -P -m tvmsched.cli profile-coloc $artifacts --device $device --seconds 0.1 \
+    timeout -k 5 60 python3 -P -m tvmsched.cli profile-coloc $artifacts --device $device --seconds ${PROFILE_S:-0.1} \
       --db "sqlite:///$(realpath "$dir")/coloc-$name.db" --out "$res/coloc-$name.json" > "$res/profile-$name.log" 2>&1
     log "profile $name: exit $? ($(tail -1 "$res/profile-$name.log"))"
   done < "$dir/mixes.txt"
@@ -107,8 +118,8 @@ step_profile() {
 
 for step in "$@"; do
   case $step in
-    kits | suite | colocation | profile | bandwidth) log "$step: start, $(left) s left"; "step_$step" ;;
-    *) echo "error: unknown step '$step' (kits, suite, bandwidth, colocation, profile)" >&2; exit 2 ;;
+    kits | suite | colocation | profile | bandwidth | sharing) log "$step: start, $(left) s left"; "step_$step" ;;
+    *) echo "error: unknown step '$step' (kits, suite, sharing, bandwidth, colocation, profile)" >&2; exit 2 ;;
   esac
 done
 cp "$dir"/coloc-*.db "$res/" 2>/dev/null

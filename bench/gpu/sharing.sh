@@ -45,26 +45,37 @@ section() {
 }
 
 have() { for m in "$@"; do [ -f "$work/$m.tvms" ] || return 1; done; }
+# SHARING_SECTIONS: which sections run (default all): preemption loops loopmix switching tiering colocation
+want() { [[ " ${SHARING_SECTIONS:-preemption loops loopmix switching tiering colocation} " == *" $1 "* ]]; }
 
-if have resnet18-small bert-tiny; then
+if have resnet18-small bert-tiny && want preemption; then
   section "preemption: real-time resnet18-small, best-effort bert-tiny" 40 \
     python3 -P bench/preemption.py --device "$device" --artifact-dir "$work" --sections mix --mix-seconds 3 \
       --loads 0.2 0.5 0.8 --realtime resnet18-small --best-effort bert-tiny --out "$raw/sharing-preemption-$device.json"
-  if have resnet18-small.loops bert-tiny.loops; then  # the same, compiled with --loop-checks (prepare.py --variant)
-    loops=$(mktemp -d)
-    for m in resnet18-small bert-tiny; do ln -s "$(realpath "$work/$m.loops.tvms")" "$loops/$m.tvms"; done
-    section "preemption with loop checks (--loop-checks): the same mix" 30 \
-      python3 -P bench/preemption.py --device "$device" --artifact-dir "$loops" --sections mix --mix-seconds 3 \
-        --loads 0.2 0.5 0.8 --realtime resnet18-small --best-effort bert-tiny --out "$raw/sharing-preemption-loops-$device.json"
-    section "preempt() latency: block-start checks, then loop checks" 30 \
-      bash -c "python3 -P bench/preemption.py --device $device --artifact-dir $work --sections latency --samples 90 --out $raw/sharing-latency-$device.json | tail -4 &&
-        python3 -P bench/preemption.py --device $device --artifact-dir $loops --sections latency --samples 90 --out $raw/sharing-latency-loops-$device.json | tail -4"
-  fi
+fi
+if have resnet18-small bert-tiny resnet18-small.loops bert-tiny.loops; then  # --loop-checks (prepare.py --variant)
+  loops=$(mktemp -d)  # MODEL.tvms: with loop checks; MODEL.plain.tvms: block-start checks only (the default)
+  for m in resnet18-small bert-tiny; do
+    ln -s "$(realpath "$work/$m.loops.tvms")" "$loops/$m.tvms"
+    ln -s "$(realpath "$work/$m.tvms")" "$loops/$m.plain.tvms"
+  done
+  want loops && section "loop checks: latency against block-start checks (plain), preempt() latency of each" 45 \
+    bash -c "python3 -P bench/preemption.py --device $device --artifact-dir $loops --sections overhead \
+      --models resnet18-small bert-tiny --rounds 4 --repeat 25 --out $raw/sharing-loops-overhead-$device.json &&
+      python3 -P bench/preemption.py --device $device --artifact-dir $work --sections latency --samples 90 \
+      --out $raw/sharing-latency-$device.json | tail -2 &&
+      python3 -P bench/preemption.py --device $device --artifact-dir $loops --sections latency --samples 90 \
+      --out $raw/sharing-latency-loops-$device.json | tail -2"
+  want loopmix && section "preemption with loop checks (--loop-checks): the same mix" 30 \
+    python3 -P bench/preemption.py --device "$device" --artifact-dir "$loops" --sections mix --mix-seconds 3 \
+      --loads 0.2 0.5 0.8 --realtime resnet18-small --best-effort bert-tiny --out "$raw/sharing-preemption-loops-$device.json"
+fi
+if have resnet18-small bert-tiny && want switching; then
   section "switching: resnet18-small and bert-tiny" 25 \
-    python3 -m tvmsched.cli bench switch "$work/resnet18-small.tvms" "$work/bert-tiny.tvms" --device "$device" --repeat 3
+    python3 -P -m tvmsched.cli bench switch "$work/resnet18-small.tvms" "$work/bert-tiny.tvms" --device "$device" --repeat 3
 fi
 tiered=$(ls "$work"/resnet18.tvms "$work"/resnet18-small.tvms 2>/dev/null | head -1)
-if [ -n "$tiered" ]; then
+if [ -n "$tiered" ] && want tiering; then
   tierwork=$(mktemp -d)
   stem=$(basename "$tiered" .tvms)
   target=$([ "$device" = cuda ] && echo cuda || echo llvm)
@@ -73,7 +84,7 @@ if [ -n "$tiered" ]; then
     python3 -P bench/tiering.py --device "$device" --work "$tierwork" --models "$stem" --requests 10 --repeat 2 \
       --out "$raw/sharing-tiering-$device.json"
 fi
-if have mlp resnet18-small bert-tiny; then
+if have mlp resnet18-small bert-tiny && want colocation; then
   section "colocation: mlp + resnet18-small + bert-tiny, QoS 1/3/3 ms" 40 \
     python3 -P bench/colocation.py --artifacts "$work/mlp.tvms" "$work/resnet18-small.tvms" "$work/bert-tiny.tvms" \
       --qos-ms 1 3 3 --rates 300 1000 2000 --seconds 2 --device "$device" --out "$raw/sharing-colocation-$device.json"

@@ -77,8 +77,9 @@ def test_gpu_kernels_return_early_per_thread_block_and_still_compile():
 
 
 def test_gpu_loop_checks_stop_a_running_block_within_one_iteration_with_one_uniform_read():
-    """--loop-checks: the outermost serial loop under a convolution's thread bindings checks the flag through
-    __syncthreads_or (every thread of the block gets the same answer, so none waits at a later barrier); a loop
+    """--loop-checks: the outermost serial loop under a convolution's thread bindings checks the flag: the block's
+    first thread reads it (uncached), __syncthreads_or gives every thread of the block its answer (so none waits at a
+    later barrier); a loop
     nested in a condition or data-dependent path gets no check; non-idempotent kernels stay unchecked."""
     _, funcs, target = lower_model(models.build("resnet18-small"), "cuda")
     scheduled = kernels.default_schedule(funcs, target)
@@ -92,7 +93,9 @@ def test_gpu_loop_checks_stop_a_running_block_within_one_iteration_with_one_unif
         executable = tvm.compile(tvm.IRModule({"main": instrumented.with_attr("global_symbol", "main")}), target)
     source = executable.mod.imports[0].inspect_source()
     entry = source.index("if (preempt_flags_ptr[0] != 0) {\n    return;")
-    inner = source.index("if (__syncthreads_or(((int)(__ldcv((&(preempt_flags_ptr")
+    only_first = source.index("if ((((int)threadIdx.y) == 0) && (((int)threadIdx.x) == 0)) {\n    condval = ((int)(__ldcv(")
+    inner = source.index("if (__syncthreads_or(condval) != 0)")  # the first thread's answer, for all
+    assert only_first < inner
     assert entry < inner < source.index("__syncthreads();")  # before the loop body's own barrier
     assert instrument(scheduled[name], idempotent=False, gpu=True, loops=True)[1] == "none"
     # an elementwise kernel has no serial loop in its blocks: block-start checks only
