@@ -291,17 +291,21 @@ class Runtime:
         latency = candidate.latency_us if candidate.latency_us is not None else 1.0
         return CandidateInfo(units, latency, f"{model}/{candidate.kernel}")
 
-    def submit(self, model: Model | str, inputs: dict[str, np.ndarray]) -> Future:
-        """Schedule and queue one request; the future resolves to its outputs (or its error)."""
+    def submit(self, model: Model | str, inputs: dict[str, np.ndarray], *, priority: str | None = None) -> Future:
+        """Schedule and queue one request; the future resolves to its outputs (or its error). `priority`: this
+        request's ("realtime": it preempts the busy best-effort streams, its own model's excepted, while it runs;
+        "best_effort": it preempts nothing), default the model's."""
         model = self._model(model)
         if self._closed:
             raise TvmschedError("the runtime is shut down")
+        if priority is not None and priority not in PRIORITIES:
+            raise TvmschedError(f"priority must be one of {PRIORITIES}, not {priority!r}")
         quiet = hold_gc(self._freeze_gc)  # no collection starts in this code (freeze_gc)
         try:
             ids = _engine_ids(model, self.policy.choose(model.request))
             if self.policy.serial:
                 return self._serial_submit(model, inputs, ids)
-            if model.priority == "realtime":
+            if (priority or model.priority) == "realtime":
                 future = self.priorities.submit_realtime(model.task, inputs, ids)
             else:
                 future = model.task.submit(inputs, ids)
@@ -339,9 +343,10 @@ class Runtime:
             model.serial_latencies_ms.append((native.now_us() - sent_us) / 1e3)  # counted before the caller wakes
             future.set_result(outputs)
 
-    async def infer(self, model: Model | str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def infer(self, model: Model | str, inputs: dict[str, np.ndarray], *,
+                    priority: str | None = None) -> dict[str, np.ndarray]:
         """asyncio form of submit()."""
-        return await asyncio.wrap_future(self.submit(model, inputs))
+        return await asyncio.wrap_future(self.submit(model, inputs, priority=priority))
 
     def monitor(self) -> dict[str, StreamView]:
         """The resource monitor: every busy stream's work still to run (from its progress bitmap and queue)."""

@@ -44,7 +44,8 @@ class Priorities:
     def submit_realtime(self, task, inputs: dict, candidate_ids: list[int] | None = None) -> Future:
         """Queue a real-time request, then preempt the busy best-effort streams: their preemption (waiting for the
         launches they have running to stop) is off the real-time request's path, which starts at once on its own
-        (higher-priority) stream. They resume when no real-time request is queued or running."""
+        (higher-priority) stream. They resume when no real-time request is queued or running. `task` may be a best-effort
+        model's (a request of its asking for real time): its own stream is not preempted."""
         with self._lock:
             self._realtime_active += 1
             first = self._realtime_active == 1
@@ -56,7 +57,7 @@ class Priorities:
         if first:  # still active: _realtime_done is not registered yet, so nothing resumed them meanwhile
             with self._lock:
                 for best_effort in self._best_effort:
-                    if best_effort.busy:
+                    if best_effort is not task and best_effort.busy:  # a best-effort model's real-time request
                         self._record(best_effort.preempt())
         future.add_done_callback(self._realtime_done)
         return future
