@@ -17,8 +17,8 @@
 // while it fits beside the others, else switched in by its requests (the least recently used idle models evicted),
 // as runtime/runtime.py's Runtime(memory_budget=...) does. A model larger than the whole budget is refused at start
 // (this server does not stream weights from host tiers).
-// --max-queue N: a model with N requests queued or running answers more with 503 (default 0: no limit but the
-// HTTP server's 64 threads).
+// --max-queue N: a model with N requests queued or running answers more with 503 (default 64, as `tvmsched serve`;
+// 0: no limit but the HTTP server's 64 threads).
 //
 // Routes, /v1 (the JSON contract of examples/server.py):
 //   POST /v1/models/{name}/infer  {"inputs": {NAME: nested list | number}} -> {"outputs": {NAME: nested list}}
@@ -327,7 +327,7 @@ int64_t NowNs() {
 /*! \brief The options of Server (flags of Main). */
 struct ServerOptions {
   size_t memory_budget = 0;  // 0: no budget, every model resident
-  int64_t max_queue = 0;     // 0: no limit
+  int64_t max_queue = 64;    // 0: no limit
 };
 
 class Server {
@@ -592,6 +592,7 @@ class Server {
     json parameters = {{"priority", {{"string_value", s.priority}}},
                        {"placement", {{"string_value", s.model->placement()->kind()}}}};
     if (s.qos_ms) parameters["qos_ms"] = {{"string_value", json(*s.qos_ms).dump()}};
+    if (options_.max_queue) parameters["max_queue"] = {{"string_value", std::to_string(options_.max_queue)}};
     std::string file = s.path.substr(s.path.find_last_of('/') == std::string::npos ? 0 : s.path.find_last_of('/') + 1);
     return {{"name", s.name},
             {"platform", "tvmsched"},
@@ -1005,7 +1006,8 @@ int Main(int argc, char** argv) {
            [](const httplib::Request&, httplib::Response& res) { Reply(res, 200, {{"live", true}}); });
   http.Get("/v2/health/ready", V2([&](const httplib::Request&, httplib::Response& res) {
              std::string why = server.ServerNotReady();
-             why.empty() ? Reply(res, 200, {{"ready", true}}) : ReplyError(res, 503, why);
+             Reply(res, why.empty() ? 200 : 503,
+                   why.empty() ? json{{"ready", true}} : json{{"ready", false}, {"error", why}});
            }));
   http.Get("/v2",
            V2([&](const httplib::Request&, httplib::Response& res) { Reply(res, 200, server.ServerMetadata()); }));
@@ -1017,8 +1019,9 @@ int Main(int argc, char** argv) {
            }));
   http.Get(model + "/ready", V2([&](const httplib::Request& req, httplib::Response& res) {
              std::string why = server.ModelNotReady(req.matches[1], req.matches[2]);
-             why.empty() ? Reply(res, 200, {{"name", std::string(req.matches[1])}, {"ready", true}})
-                         : ReplyError(res, 503, why);
+             json body = {{"name", std::string(req.matches[1])}, {"ready", why.empty()}};
+             if (!why.empty()) body["error"] = OneLine(why);
+             Reply(res, why.empty() ? 200 : 503, body);
            }));
   http.Get(model + "/config", V2([&](const httplib::Request& req, httplib::Response& res) {
              Reply(res, 200, server.ModelConfig(req.matches[1], req.matches[2]));
