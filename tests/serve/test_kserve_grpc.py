@@ -110,20 +110,26 @@ def test_errors_carry_grpc_codes_and_one_line(server, client):
         client.infer("mlp", [tensor])
 
 
-def test_queue_cap_is_unavailable(server):
+def test_queue_cap_is_unavailable_and_a_late_start_deadline_exceeded(server):
     h = bert_input(6)
 
-    def one(_):
+    def one(timeout):
         with triton.InferenceServerClient(server.grpc) as own:
             try:
-                infer(own, "bert", "hidden_states", h)
+                infer(own, "bert", "hidden_states", h, timeout=timeout)
                 return "OK"
             except InferenceServerException as err:
                 return err.status()
 
     for _ in range(5):  # bert's max_queue is 2
         with ThreadPoolExecutor(16) as pool:
-            codes = list(pool.map(one, range(16)))
+            codes = list(pool.map(one, [0] * 16))
         if "StatusCode.UNAVAILABLE" in codes:
             break
     assert set(codes) <= {"OK", "StatusCode.UNAVAILABLE"} and "OK" in codes and "StatusCode.UNAVAILABLE" in codes, codes
+    for _ in range(5):  # timeout 1 µs: a request with another ahead of it cannot start in time
+        with ThreadPoolExecutor(6) as pool:
+            codes = list(pool.map(one, [1] * 6))
+        if "StatusCode.DEADLINE_EXCEEDED" in codes:
+            break
+    assert "StatusCode.DEADLINE_EXCEEDED" in codes and "OK" in codes, codes

@@ -260,3 +260,18 @@ def test_a_port_in_use_is_one_error_line(server):
     port = int(server.http.rsplit(":", 1)[1])
     assert_user_error(run_cli("serve", "--model", "m=x.tvms", "--port", str(port), "--grpc-port", "0", timeout=120),
                       f"cannot listen on 127.0.0.1:{port}")
+
+
+@pytest.mark.parametrize("config,fragment", [
+    ('{"qos_ms": "fast"}', "qos_ms has the wrong type"),
+    ('{"priority": "urgent"}', "priority must be one of"),
+    ('{"batch": 4}', "unknown key 'batch'"),
+    ("{not json", "cannot read"),
+])
+def test_a_bad_repository_config_is_one_error_line(server, tmp_path, config, fragment):
+    folder = tmp_path / "repo" / "m"
+    folder.mkdir(parents=True)
+    (folder / "m.tvms").write_bytes((server.repository / "mlp" / "mlp.tvms").read_bytes())
+    (folder / "config.json").write_text(config)
+    assert_user_error(run_cli("serve", "--model-repository", str(tmp_path / "repo"), "--port", str(free_port()),
+                              "--grpc-port", "0", timeout=120), fragment)

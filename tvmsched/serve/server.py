@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from tvmsched.errors import TvmschedError
 from tvmsched.serve.asgi import MAX_BODY_BYTES, draining_server
-from tvmsched.serve.repository import ModelSpec, Repository
+from tvmsched.serve.repository import ModelSpec, Repository, check_artifact
 from tvmsched.serve.service import InferenceService
 
 log = logging.getLogger(__name__)
@@ -26,9 +26,8 @@ class ServerSettings:
 
 def build_service(specs: list[ModelSpec], repository: str | None, *, device: str = "cpu", memory_budget: int | None = None,
                   colocation: str | None = None, trusted_keys=(), max_queue: int = 64) -> InferenceService:
-    """A Runtime with the models of `specs` and of the repository loaded (and warmed up)."""
-    from tvmsched.runtime import Runtime
-
+    """A Runtime with the models of `specs` and of the repository loaded (and warmed up); what can be checked
+    without loading (flags, the repository, the artifacts' paths) is checked first, before TVM is imported."""
     if not specs and repository is None:
         raise TvmschedError("nothing to serve: give --model NAME=PATH and/or --model-repository DIR")
     if max_queue < 1:
@@ -39,6 +38,10 @@ def build_service(specs: list[ModelSpec], repository: str | None, *, device: str
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate:
         raise TvmschedError(f"two models are named {duplicate!r}")
+    for spec in specs + repo_specs:
+        check_artifact(spec.path)
+    from tvmsched.runtime import Runtime
+
     runtime = Runtime(device, colocation=colocation, trusted_keys=trusted_keys, memory_budget=memory_budget)
     service = InferenceService(runtime, max_queue=max_queue, repository=repo)
     try:
