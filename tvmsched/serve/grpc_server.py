@@ -132,7 +132,7 @@ class Servicer:
             await _abort(context, err)
         error = None
         try:
-            outputs = await asyncio.wrap_future(future)
+            outputs = await service.outputs(served, future)
         except TvmschedError as err:
             error = err
         finally:

@@ -127,7 +127,7 @@ def _infer_route(service: InferenceService):
             return _error(err)
         error = None
         try:
-            outputs = await asyncio.wrap_future(future)
+            outputs = await service.outputs(served, future)
         except TvmschedError as err:
             error = err
         finally:
@@ -248,7 +248,7 @@ def _add_v1(app: FastAPI, service: InferenceService) -> None:
             return JSONResponse({"detail": " ".join(str(err).split())}, status_code=getattr(err, "status", 400))
         error = None
         try:
-            outputs = await asyncio.wrap_future(future)
+            outputs = await service.outputs(served, future)
         except TvmschedError as err:
             error = err
         finally:
