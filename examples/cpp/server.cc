@@ -614,12 +614,10 @@ class Server {
   /*! \brief GET /v2/models[/{name}[/versions/{version}]]/stats: Triton's statistics (all models without a name). */
   json ModelStats(const std::optional<std::string>& name, const std::string& version) {
     json list = json::array();
-    for (const auto& each : order_) {
-      if (name) {
-        list.push_back(StatsOf(Find(*name, version)));
-        break;
-      }
-      list.push_back(StatsOf(*models_.at(each)));
+    if (name) {
+      list.push_back(StatsOf(Find(*name, version)));
+    } else {
+      for (const auto& each : order_) list.push_back(StatsOf(*models_.at(each)));
     }
     return {{"model_stats", list}};
   }
