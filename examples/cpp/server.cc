@@ -12,11 +12,11 @@
 // one tvmsched::Stream per model; HTTP handler threads submit requests and wait on them. While a
 // real-time request runs, busy best-effort streams are preempted (resumed when none runs any more).
 //
-// --memory-budget BYTES: the models' device memory never passes BYTES (the engine checks every allocation): each
-// model is registered with the engine's switcher (tvmsched/switching.h, docs/switching.md), made resident at start
-// while it fits beside the others, else switched in by its requests (the least recently used idle models evicted),
-// as runtime/runtime.py's Runtime(memory_budget=...) does. A model larger than the whole budget is refused at start
-// (this server does not stream weights from host tiers).
+// --memory-budget BYTES (or 512MiB, 8GiB, 1.5GB): the models' device memory never passes BYTES (the engine checks every
+// allocation): each model is registered with the engine's switcher (tvmsched/switching.h, docs/switching.md), made
+// resident at start while it fits beside the others, else switched in by its requests (the least recently used idle
+// models evicted), as runtime/runtime.py's Runtime(memory_budget=...) does. A model larger than the whole budget is
+// refused at start (this server does not stream weights from host tiers).
 // --max-queue N: a model with N requests queued or running answers more with 503 (default 64, as `tvmsched serve`;
 // 0: no limit but the HTTP server's 64 threads).
 //
@@ -55,6 +55,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -893,6 +894,41 @@ httplib::Server::Handler V2(F handler) {
   };
 }
 
+/*! \brief Bytes from "1048576", "512MiB", "2GiB" or "1.5GB" (runtime/tiering.py's parse_bytes: units B, KB..TB
+ *  decimal, KiB..TiB binary, case-insensitive; a fraction of a byte dropped); at least 1. */
+size_t ParseBytes(const std::string& flag, const std::string& text) {
+  auto bad = [&] {
+    return std::runtime_error(flag +
+                              " must be a number of bytes, optionally with a unit (B, KB, MB, GB, TB, KiB, MiB, " +
+                              "GiB, TiB), of at least 1 byte, not '" + text + "'");
+  };
+  size_t at = 0, end = text.size();
+  while (at < end && std::isspace(static_cast<unsigned char>(text[at]))) ++at;
+  while (end > at && std::isspace(static_cast<unsigned char>(text[end - 1]))) --end;
+  size_t number = at;
+  while (number < end && (std::isdigit(static_cast<unsigned char>(text[number])) || text[number] == '.')) ++number;
+  std::string digits = text.substr(at, number - at), unit;
+  size_t unit_at = number;
+  while (unit_at < end && std::isspace(static_cast<unsigned char>(text[unit_at]))) ++unit_at;
+  for (size_t i = unit_at; i < end; ++i) unit += static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
+  static const std::map<std::string, long double> kUnits = {{"", 1},
+                                                            {"b", 1},
+                                                            {"kb", 1e3},
+                                                            {"mb", 1e6},
+                                                            {"gb", 1e9},
+                                                            {"tb", 1e12},
+                                                            {"kib", 1024.0L},
+                                                            {"mib", 1048576.0L},
+                                                            {"gib", 1073741824.0L},
+                                                            {"tib", 1099511627776.0L}};
+  auto scale = kUnits.find(unit);
+  if (digits.empty() || digits == "." || std::count(digits.begin(), digits.end(), '.') > 1 || scale == kUnits.end())
+    throw bad();
+  long double bytes = std::strtold(digits.c_str(), nullptr) * scale->second;
+  if (!(bytes >= 1) || bytes > 1e18L) throw bad();
+  return static_cast<size_t>(bytes);
+}
+
 /*! \brief A non-negative integer flag's value. */
 long long ParseCount(const std::string& flag, const std::string& text, long long min) {
   char* end = nullptr;
@@ -948,7 +984,7 @@ int Main(int argc, char** argv) {
         throw std::runtime_error("--max-body-bytes must be a positive integer, not '" + text + "'");
       max_body_bytes = static_cast<size_t>(n);
     } else if (is("--memory-budget")) {
-      options.memory_budget = static_cast<size_t>(ParseCount("--memory-budget", value("--memory-budget"), 1));
+      options.memory_budget = ParseBytes("--memory-budget", value("--memory-budget"));
     } else if (is("--max-queue")) {
       options.max_queue = ParseCount("--max-queue", value("--max-queue"), 0);
     } else if (is("--host")) {

@@ -389,5 +389,7 @@ def test_switching_under_a_memory_budget(cpp_build, zoo):  # noqa: F811
     assert_user_error(run("--memory-budget", str(sizes["bert"] - 1)),
                       f"model 'bert' needs {sizes['bert']} bytes of device memory when resident, more than "
                       f"--memory-budget {sizes['bert'] - 1}")
-    assert_user_error(run("--memory-budget", "lots"), "--memory-budget must be an integer of at least 1, not 'lots'")
+    assert_user_error(run("--memory-budget", "1.5KiB"), "more than --memory-budget 1536 ")  # units as tvmsched serve's
+    assert_user_error(run("--memory-budget", "lots"), "--memory-budget must be a number of bytes, optionally with a "
+                      "unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), of at least 1 byte, not 'lots'")
     assert_user_error(run("--max-queue", "-1"), "--max-queue must be an integer of at least 0")
