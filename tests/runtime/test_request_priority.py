@@ -1,6 +1,8 @@
 """Runtime.submit(priority=): one request's priority, apart from its model's (what `tvmsched serve` maps
 parameters.priority to)."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -50,3 +52,26 @@ def test_a_real_time_request_of_a_best_effort_model_preempts_the_others_but_not_
         assert bert.task.preemptions == before
         with pytest.raises(TvmschedError, match="priority must be one of"):
             rt.submit(mlp, x, priority="urgent")
+
+
+def test_a_request_still_queued_at_its_deadline_fails_instead_of_starting_late(artifacts):
+    mlp_onnx, mlp_path = artifacts["mlp"]
+    with Runtime("cpu") as rt:
+        mlp = rt.load(mlp_path, name="mlp")
+        x = {"input": np.random.default_rng(1).random((1, 784), dtype=np.float32)}
+        mlp.task.preempt()  # paused: nothing starts until resume()
+        late = rt.submit(mlp, x, start_within_us=2000)
+        roomy = rt.submit(mlp, x, start_within_us=60e6)
+        plain = rt.submit(mlp, x)
+        time.sleep(0.05)
+        mlp.task.resume()
+        with pytest.raises(TvmschedError, match=r"model mlp: the request did not start within its deadline \(queued \d+ us, \d+ us past it\)"):
+            late.result(timeout=60)
+        assert late.request.started_us == 0  # it never ran
+        want = onnxruntime_outputs(mlp_onnx, x)["output"]
+        for future in (roomy, plain):  # the stream goes on with the requests behind it
+            np.testing.assert_allclose(future.result(timeout=60)["output"], want, rtol=1e-4, atol=1e-5)
+        assert rt.stats()["mlp"]["errors"] == 1 and rt.stats()["mlp"]["requests"] == 2
+        # a real-time request takes a deadline too, and one that starts in time runs
+        np.testing.assert_allclose(rt.submit(mlp, x, priority="realtime", start_within_us=60e6).result(timeout=60)["output"],
+                                   want, rtol=1e-4, atol=1e-5)
