@@ -9,7 +9,9 @@ Per-request scheduling (`parameters` of a v2 request):
   "best_effort": best-effort. Anything else: 400.
 - timeout (µs, as Triton's): a deadline for the request to start. A request whose model already has more work
   ahead of it than it can wait (requests of that model queued or running × their recent compute time) is refused
-  at once with 504 (gRPC DEADLINE_EXCEEDED), never queued; 0 or absent: no deadline.
+  at once with 504 (gRPC DEADLINE_EXCEEDED), never queued; one admitted but still queued in the engine when its
+  deadline passes fails there with the same status instead of starting late (Runtime.submit(start_within_us=));
+  0 or absent: no deadline.
 - A model with `max_queue` requests queued or running answers more with 503 (gRPC UNAVAILABLE) at once.
 """
 
@@ -40,6 +42,7 @@ V2_TYPES = {np.dtype(v): k for k, v in DATATYPES.items()}
 GRPC_CODES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 409: "FAILED_PRECONDITION", 500: "INTERNAL",
               503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 EWMA = 0.2  # weight of the newest compute time in a model's estimate
+LATE_START = "did not start within its deadline"  # the engine's refusal of a request queued past its deadline
 INLINE_WAIT_S = 0.002  # an idle server waits on its own thread for a request expected to take at most this long
 
 
@@ -253,7 +256,7 @@ class InferenceService:
                                  "each", 504)
             served.pending += 1
         try:
-            return self.runtime.submit(served.model, inputs, priority=priority)
+            return self.runtime.submit(served.model, inputs, priority=priority, start_within_us=timeout_us or None)
         except BaseException:
             with served.lock:
                 served.pending -= 1
@@ -265,12 +268,17 @@ class InferenceService:
         nobody else is waiting on the loop, and the hand-off from the engine's thread to the loop (~100-200 µs on
         a loaded 2-core machine, bench/results/serving.md) is saved. A request that runs longer than twice its
         model's recent time is then awaited as usual."""
-        if 0 < served.compute_s <= INLINE_WAIT_S and sum(s.pending for s in list(self.models.values())) == 1:
-            try:
-                return future.result(timeout=2 * served.compute_s)
-            except FutureTimeout:
-                pass
-        return await asyncio.wrap_future(future)
+        try:
+            if 0 < served.compute_s <= INLINE_WAIT_S and sum(s.pending for s in list(self.models.values())) == 1:
+                try:
+                    return future.result(timeout=2 * served.compute_s)
+                except FutureTimeout:
+                    pass
+            return await asyncio.wrap_future(future)
+        except TvmschedError as err:
+            if LATE_START in str(err):  # admitted, but the engine found it still queued at its deadline
+                raise ServeError(str(err), 504) from None
+            raise
 
     def finish(self, served: Served, future, received_ns: int, error: BaseException | None) -> None:
         """Count one answered request (admitted by `submit`)."""
