@@ -258,6 +258,7 @@ def _metric(server, name, **labels):
     (["--model", "m=/no/such.tvms"], "no artifact file at /no/such.tvms"),
     (["--model", "m=x.tvms:5:urgent"], "priority must be one of"),
     (["--model-repository", "/no/such/folder"], "not a folder"),
+    (["--model", "m=x.tvms", "--memory-budget", "lots"], "lots"),
 ])
 def test_bad_flags_are_one_error_line(args, fragment):
     assert_user_error(run_cli("serve", "--port", str(free_port()), "--grpc-port", "0", *args, timeout=120), fragment)
@@ -282,3 +283,11 @@ def test_a_bad_repository_config_is_one_error_line(server, tmp_path, config, fra
     (folder / "config.json").write_text(config)
     assert_user_error(run_cli("serve", "--model-repository", str(tmp_path / "repo"), "--port", str(free_port()),
                               "--grpc-port", "0", timeout=120), fragment)
+
+
+def test_trust_refuses_an_unsigned_artifact(server, tmp_path):
+    keys = run_cli("keys", "generate", str(tmp_path / "me"), timeout=120)
+    assert keys.returncode == 0, keys.stderr
+    artifact = server.repository / "mlp" / "mlp.tvms"  # not signed
+    assert_user_error(run_cli("serve", "--model", f"m={artifact}", "--trust", str(tmp_path / "me.pub"),
+                              "--port", str(free_port()), "--grpc-port", "0", timeout=120), "sign")
