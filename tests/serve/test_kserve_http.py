@@ -291,3 +291,8 @@ def test_trust_refuses_an_unsigned_artifact(server, tmp_path):
     artifact = server.repository / "mlp" / "mlp.tvms"  # not signed
     assert_user_error(run_cli("serve", "--model", f"m={artifact}", "--trust", str(tmp_path / "me.pub"),
                               "--port", str(free_port()), "--grpc-port", "0", timeout=120), "sign")
+
+
+def test_a_body_over_the_limit_is_413_before_it_is_read(server):
+    reply = httpx.post(f"http://{server.http}/v2/models/mlp/infer", content=b"\0" * ((16 << 20) + 1), timeout=60)
+    assert reply.status_code == 413 and reply.json()["error"] == f"request body larger than {16 << 20} bytes"

@@ -43,7 +43,8 @@ class BodyLimit:
                 raise
 
     async def _too_large(self, send):
-        body = b'{"detail":"request body larger than %d bytes"}' % self.max_bytes
+        text = b'request body larger than %d bytes' % self.max_bytes  # "detail": FastAPI's key, "error": the v2 protocol's
+        body = b'{"detail":"%s","error":"%s"}' % (text, text)
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
         await send({"type": "http.response.body", "body": body})
