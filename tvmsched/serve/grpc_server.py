@@ -16,7 +16,9 @@ import numpy as np
 
 from tvmsched.errors import TvmschedError
 from tvmsched.serve.grpc_stubs import stubs
-from tvmsched.serve.service import GRPC_CODES, VERSION, InferenceService, ServeError, from_bytes, to_array
+from tvmsched.serve.errors import GRPC_CODES, ServeError
+from tvmsched.serve.service import VERSION, InferenceService
+from tvmsched.serve.tensors import from_bytes, to_array
 
 CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
             "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",

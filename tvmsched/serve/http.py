@@ -32,7 +32,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from tvmsched.errors import TvmschedError
 from tvmsched.serve import metrics
 from tvmsched.serve.asgi import MAX_BODY_BYTES, AnswerHeaders, BodyLimit
-from tvmsched.serve.service import VERSION, InferenceService, Served, ServeError, from_bytes, to_array
+from tvmsched.serve.errors import ServeError
+from tvmsched.serve.service import VERSION, InferenceService, Served
+from tvmsched.serve.tensors import from_bytes, to_array
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 

@@ -1,7 +1,8 @@
 """The inference service behind both protocols: models, their tensors, admission, counters.
 
 HTTP (serve/http.py) and gRPC (serve/grpc_server.py) turn their messages into calls of `InferenceService`;
-errors are `ServeError`s carrying the HTTP status (the gRPC code follows from it, `GRPC_CODES`).
+errors are `ServeError`s carrying the HTTP status (the gRPC code follows from it: errors.GRPC_CODES); tensors.py
+turns request data into arrays.
 
 Per-request scheduling (`parameters` of a v2 request):
 - priority: 1 or "realtime" runs the request as real-time (it preempts the busy best-effort models' streams
@@ -20,14 +21,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from concurrent.futures import TimeoutError as FutureTimeout
 import time
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from tvmsched.errors import TvmschedError
+from tvmsched.serve.errors import ServeError
 from tvmsched.serve.repository import ModelSpec, Repository, check_artifact
+from tvmsched.serve.tensors import TensorInfo, tensor_infos
 
 log = logging.getLogger(__name__)
 
@@ -35,34 +38,9 @@ VERSION = "1"  # every model has one version
 PLATFORM = "tvmsched"
 SERVER_VERSION = "0.1.0"
 EXTENSIONS = ("binary_tensor_data", "model_repository", "statistics", "model_configuration", "schedule_policy")
-DATATYPES = {"BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64",
-             "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64",
-             "FP16": "float16", "FP32": "float32", "FP64": "float64"}
-V2_TYPES = {np.dtype(v): k for k, v in DATATYPES.items()}
-GRPC_CODES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 409: "FAILED_PRECONDITION", 500: "INTERNAL",
-              503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 EWMA = 0.2  # weight of the newest compute time in a model's estimate
 LATE_START = "did not start within its deadline"  # the engine's refusal of a request queued past its deadline
 INLINE_WAIT_S = 0.002  # an idle server waits on its own thread for a request expected to take at most this long
-
-
-class ServeError(TvmschedError):
-    """A request the service answers with an error: `status` is its HTTP status."""
-
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(" ".join(str(message).split()))
-        self.status = status
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    name: str
-    datatype: str  # v2 name: FP32, INT64, ...
-    shape: tuple[int, ...]
-    dtype: np.dtype
-
-    def metadata(self) -> dict:
-        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
 
 
 @dataclass
@@ -97,15 +75,6 @@ class Served:
     @property
     def name(self) -> str:
         return self.spec.name
-
-
-def tensor_infos(manifest, bindings) -> tuple[TensorInfo, ...]:
-    infos = []
-    for b in bindings:
-        spec = manifest.tensors[b.tensor]
-        dtype = np.dtype(spec.dtype)
-        infos.append(TensorInfo(b.name, V2_TYPES.get(dtype, str(dtype).upper()), tuple(int(d) for d in spec.shape), dtype))
-    return tuple(infos)
 
 
 class InferenceService:
@@ -327,24 +296,3 @@ def _scheduling(parameters: dict) -> tuple[str | None, int]:
     if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
         raise ServeError(f"parameter timeout must be a non-negative number of microseconds, not {timeout!r}")
     return chosen, timeout
-
-
-def to_array(info: TensorInfo, data, shape) -> np.ndarray:
-    """A JSON `data` list (flat row-major, or nested) as the input's array."""
-    try:
-        array = np.asarray(data, dtype=info.dtype)
-    except (TypeError, ValueError, OverflowError):
-        raise ServeError(f"input {info.name!r}: data is not a list of {info.datatype} values") from None
-    if array.size != int(np.prod(info.shape)):
-        raise ServeError(f"input {info.name!r}: {array.size} values for shape {list(info.shape)} "
-                         f"({int(np.prod(info.shape))} expected)")
-    return array.reshape(info.shape)
-
-
-def from_bytes(info: TensorInfo, raw: bytes | memoryview) -> np.ndarray:
-    """Raw little-endian row-major bytes as the input's array."""
-    expected = int(np.prod(info.shape)) * info.dtype.itemsize
-    if len(raw) != expected:
-        raise ServeError(f"input {info.name!r}: {len(raw)} bytes of data for shape {list(info.shape)} {info.datatype} "
-                         f"({expected} expected)")
-    return np.frombuffer(raw, dtype=info.dtype).reshape(info.shape).copy()  # writable: the engine takes no read-only array
