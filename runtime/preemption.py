@@ -183,11 +183,16 @@ class Task:
         self.stream = native.create_stream(executor.native, name, max_in_flight, IDLE_SPIN_US, progress_interval_ms, stall,
                                            priority)
 
-    def submit(self, inputs: dict, candidate_ids: list[int] | None = None) -> Future:
-        """Queue one request; the future resolves to its outputs (or the error its inputs caused)."""
+    def submit(self, inputs: dict, candidate_ids: list[int] | None = None, deadline_us: float = 0) -> Future:
+        """Queue one request; the future resolves to its outputs (or the error its inputs caused). `deadline_us`
+        (engine clock, native.now_us(); 0: none): a request still queued then fails with one line instead of
+        starting late."""
         quiet = hold_gc(self.quiet_gc)
         try:
-            request = self.stream.submit(to_engine(inputs), candidate_list(candidate_ids))
+            if deadline_us:
+                request = self.stream.submit_by(to_engine(inputs), candidate_list(candidate_ids), float(deadline_us))
+            else:
+                request = self.stream.submit(to_engine(inputs), candidate_list(candidate_ids))
             return EngineFuture(request, self.output_names, self.quiet_gc)
         except TvmschedError as err:
             if "is closed" in str(err):

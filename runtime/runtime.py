@@ -291,20 +291,28 @@ class Runtime:
         latency = candidate.latency_us if candidate.latency_us is not None else 1.0
         return CandidateInfo(units, latency, f"{model}/{candidate.kernel}")
 
-    def submit(self, model: Model | str, inputs: dict[str, np.ndarray]) -> Future:
-        """Schedule and queue one request; the future resolves to its outputs (or its error)."""
+    def submit(self, model: Model | str, inputs: dict[str, np.ndarray], *, priority: str | None = None,
+               start_within_us: float | None = None) -> Future:
+        """Schedule and queue one request; the future resolves to its outputs (or its error). `priority`: this
+        request's ("realtime": it preempts the busy best-effort streams, its own model's excepted, while it runs;
+        "best_effort": it preempts nothing), default the model's. `start_within_us`: a deadline to start; a request
+        still queued that long after submit() fails with one line ("did not start within its deadline") instead
+        of running late."""
         model = self._model(model)
         if self._closed:
             raise TvmschedError("the runtime is shut down")
+        if priority is not None and priority not in PRIORITIES:
+            raise TvmschedError(f"priority must be one of {PRIORITIES}, not {priority!r}")
         quiet = hold_gc(self._freeze_gc)  # no collection starts in this code (freeze_gc)
         try:
             ids = _engine_ids(model, self.policy.choose(model.request))
+            deadline = native.now_us() + start_within_us if start_within_us else 0
             if self.policy.serial:
-                return self._serial_submit(model, inputs, ids)
-            if model.priority == "realtime":
-                future = self.priorities.submit_realtime(model.task, inputs, ids)
+                return self._serial_submit(model, inputs, ids, deadline)
+            if (priority or model.priority) == "realtime":
+                future = self.priorities.submit_realtime(model.task, inputs, ids, deadline)
             else:
-                future = model.task.submit(inputs, ids)
+                future = model.task.submit(inputs, ids, deadline)
             if not isinstance(future, EngineFuture):  # refused before it reached the engine's queue
                 model.rejected += 1
             return future
@@ -312,7 +320,7 @@ class Runtime:
             if quiet:
                 gc.enable()
 
-    def _serial_submit(self, model: Model, inputs, ids) -> Future:
+    def _serial_submit(self, model: Model, inputs, ids, deadline_us: float = 0) -> Future:
         """One request at a time, in arrival order (the time-sharing baseline)."""
         future: Future = Future()
         with self._lock:  # queued before shutdown() sends the loop its end (under this lock), or refused
@@ -322,7 +330,7 @@ class Runtime:
                 self._serial = queue.Queue()
                 self._serial_thread = threading.Thread(target=self._serial_loop, name="serial", daemon=True)
                 self._serial_thread.start()
-            self._serial.put((model, inputs, ids, future, native.now_us()))
+            self._serial.put((model, inputs, ids, future, native.now_us(), deadline_us))
         return future
 
     def _serial_loop(self) -> None:
@@ -330,18 +338,19 @@ class Runtime:
             item = self._serial.get()
             if item is None:  # shutdown(): every request queued before it has run
                 return
-            model, inputs, ids, future, sent_us = item
+            model, inputs, ids, future, sent_us, deadline_us = item
             try:
-                outputs = model.task.submit(inputs, ids).result()
+                outputs = model.task.submit(inputs, ids, deadline_us).result()
             except Exception as err:  # noqa: BLE001
                 future.set_exception(err)
                 continue
             model.serial_latencies_ms.append((native.now_us() - sent_us) / 1e3)  # counted before the caller wakes
             future.set_result(outputs)
 
-    async def infer(self, model: Model | str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def infer(self, model: Model | str, inputs: dict[str, np.ndarray], *, priority: str | None = None,
+                    start_within_us: float | None = None) -> dict[str, np.ndarray]:
         """asyncio form of submit()."""
-        return await asyncio.wrap_future(self.submit(model, inputs))
+        return await asyncio.wrap_future(self.submit(model, inputs, priority=priority, start_within_us=start_within_us))
 
     def monitor(self) -> dict[str, StreamView]:
         """The resource monitor: every busy stream's work still to run (from its progress bitmap and queue)."""

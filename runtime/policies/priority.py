@@ -41,22 +41,23 @@ class Priorities:
         self.preemptions.append(report)
         self.preempted += 1
 
-    def submit_realtime(self, task, inputs: dict, candidate_ids: list[int] | None = None) -> Future:
+    def submit_realtime(self, task, inputs: dict, candidate_ids: list[int] | None = None, deadline_us: float = 0) -> Future:
         """Queue a real-time request, then preempt the busy best-effort streams: their preemption (waiting for the
         launches they have running to stop) is off the real-time request's path, which starts at once on its own
-        (higher-priority) stream. They resume when no real-time request is queued or running."""
+        (higher-priority) stream. They resume when no real-time request is queued or running. `task` may be a best-effort
+        model's (a request of its asking for real time): its own stream is not preempted."""
         with self._lock:
             self._realtime_active += 1
             first = self._realtime_active == 1
         try:
-            future = task.submit(inputs, candidate_ids)
+            future = task.submit(inputs, candidate_ids, deadline_us) if deadline_us else task.submit(inputs, candidate_ids)
         except Exception:
             self._realtime_done(None)
             raise
         if first:  # still active: _realtime_done is not registered yet, so nothing resumed them meanwhile
             with self._lock:
                 for best_effort in self._best_effort:
-                    if best_effort.busy:
+                    if best_effort is not task and best_effort.busy:  # a best-effort model's real-time request
                         self._record(best_effort.preempt())
         future.add_done_callback(self._realtime_done)
         return future

@@ -422,6 +422,50 @@ def bench_switch(artifacts: tuple[str, ...], device: str, repeat: int, qos_ms: f
     click.echo(json.dumps(result) if as_json else format_switching(result))
 
 
+@cli.command("serve")
+@click.option("--model", "models_", multiple=True, metavar="NAME=PATH[:QOS_MS[:PRIORITY]]",
+              help="A model to serve (repeatable); PRIORITY realtime or best_effort.")
+@click.option("--model-repository", type=click.Path(), help="A folder of model folders (each: one .tvms, an optional "
+              "config.json), all loaded at start; the repository API loads and unloads them (docs in README, Serving).")
+@click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]))
+@click.option("--memory-budget", metavar="BYTES", help="Device memory the models may use (e.g. 8GiB): more are switched "
+              "in on demand, larger ones stream their weights.")
+@click.option("--colocation", metavar="URL", help="Tuning database holding this device's colocation profile.")
+@click.option("--trust", "trusted", multiple=True, type=click.Path(dir_okay=False), metavar="KEY.pub",
+              help="Load only artifacts signed by this Ed25519 public key (repeatable).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535), help="HTTP port.")
+@click.option("--grpc-port", default=8001, show_default=True, type=click.IntRange(0, 65535), help="gRPC port (0: no gRPC).")
+@click.option("--max-queue", default=64, show_default=True, type=click.IntRange(1, 1 << 20),
+              help="Requests queued or running per model before more are answered 503.")
+@click.option("--max-body-bytes", default=16 << 20, show_default=True, type=click.IntRange(1), help="Larger requests get 413.")
+@click.option("--warmup/--no-warmup", default=True, show_default=True, help="Run every candidate kernel once at load.")
+def serve_cmd(models_: tuple[str, ...], model_repository: str | None, device: str, memory_budget: str | None,
+              colocation: str | None, trusted: tuple[str, ...], host: str, port: int, grpc_port: int, max_queue: int,
+              max_body_bytes: int, warmup: bool) -> None:
+    """Serve models over the Open Inference Protocol (KServe v2): HTTP/REST and gRPC, Triton's clients work."""
+    import dataclasses
+
+    from tvmsched.serve.repository import parse_model
+    from tvmsched.serve.server import ServerSettings, build_service, check_ports, serve
+
+    specs = [dataclasses.replace(parse_model(spec), warmup=warmup) for spec in models_]
+    budget = None
+    if memory_budget is not None:
+        from tvmsched.runtime.tiering import parse_bytes
+
+        budget = parse_bytes(memory_budget)
+    settings = ServerSettings(host, port, grpc_port, max_queue, max_body_bytes)
+    if port == grpc_port:
+        raise TvmschedError(f"--port and --grpc-port are both {port}")
+    check_ports(settings)
+    service = build_service(specs, model_repository, device=device, memory_budget=budget, colocation=colocation,
+                            trusted_keys=trusted, max_queue=max_queue)
+    click.echo(f"serving {', '.join(service.models) or 'no model'} on http://{host}:{port}"
+               + (f" and grpc {host}:{grpc_port}" if grpc_port else ""), err=True)
+    serve(service, settings)
+
+
 @cli.command("inspect")
 @click.argument("artifact", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")

@@ -417,6 +417,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   refl::ObjectDef<StreamObj>()
       .def("submit", [](Stream s, ffi::Map<ffi::String, ffi::Tensor> inputs,
                         ffi::Array<int64_t> ids) { return s->Submit(std::move(inputs), Ids(ids)); })
+      .def("submit_by", [](Stream s, ffi::Map<ffi::String, ffi::Tensor> inputs, ffi::Array<int64_t> ids,
+                           double deadline_us) { return s->SubmitBy(std::move(inputs), Ids(ids), deadline_us); })
       .def("preempt",
            [](Stream s, bool abort) {
              PreemptReport report = s->Preempt(abort);

@@ -133,6 +133,11 @@ StreamObj::StreamObj(Model model, std::string name, StreamOptions options)
 StreamObj::~StreamObj() { Close(); }
 
 Request StreamObj::Submit(ffi::Map<ffi::String, ffi::Tensor> inputs, std::vector<int> candidate_ids) {
+  return SubmitBy(std::move(inputs), std::move(candidate_ids), 0);
+}
+
+Request StreamObj::SubmitBy(ffi::Map<ffi::String, ffi::Tensor> inputs, std::vector<int> candidate_ids,
+                            double deadline_us) {
   m_->CheckInputs(inputs);
   if (!candidate_ids.empty()) m_->CheckCandidates(candidate_ids);
   if (std::string quarantined = m_->quarantined(); !quarantined.empty()) TVM_FFI_THROW(TvmschedError) << quarantined;
@@ -140,6 +145,7 @@ Request StreamObj::Submit(ffi::Map<ffi::String, ffi::Tensor> inputs, std::vector
   request->inputs = std::move(inputs);
   request->candidate_ids = std::move(candidate_ids);
   request->submitted_us = Device::NowMicros();
+  request->deadline_us = deadline_us;
   m_->AddUser();  // in use from now on: its switcher does not evict it
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -416,6 +422,15 @@ bool StreamObj::StartRequest() {
   Request& request = requests_.front();
   if (std::string quarantined = m_->quarantined(); !quarantined.empty()) {  // queued before the quarantine
     FailHead(quarantined);
+    return false;
+  }
+  if (double now = Device::NowMicros();
+      request->deadline_us > 0 && request->started_us == 0 && now > request->deadline_us) {
+    std::ostringstream text;
+    text << "model " << m_->name() << ": the request did not start within its deadline (queued "
+         << static_cast<int64_t>(now - request->submitted_us) << " us, "
+         << static_cast<int64_t>(now - request->deadline_us) << " us past it)";
+    FailHead(text.str());
     return false;
   }
   run_generation_ = m_->device().generation();

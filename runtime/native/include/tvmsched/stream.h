@@ -83,6 +83,11 @@ class RequestObj : public ffi::Object {
   std::mutex mutex_;  // guards callbacks_ and the wait condition
   std::condition_variable cond_;
   std::vector<ffi::Function> callbacks_;
+
+ public:
+  /*! \brief Latest start (µs, Device::NowMicros; 0: none): a request still queued then fails instead of starting
+   *  (StreamObj::SubmitBy). Last, so that code built against the layout before it still reads the fields above. */
+  double deadline_us = 0;
 };
 
 class Request : public ffi::ObjectRef {
@@ -133,6 +138,9 @@ class StreamObj : public ffi::Object {
 
   /*! \brief Queue one request (inputs checked now: a bad request raises and queues nothing). */
   Request Submit(ffi::Map<ffi::String, ffi::Tensor> inputs, std::vector<int> candidate_ids);
+  /*! \brief Submit with a deadline to start (µs, Device::NowMicros; 0: none): if the request is still queued at
+   *  `deadline_us`, it fails with one line instead of running (it never runs late). */
+  Request SubmitBy(ffi::Map<ffi::String, ffi::Tensor> inputs, std::vector<int> candidate_ids, double deadline_us);
   /*! \brief Stop this stream's device work as fast as possible; harmless when idle or paused.
    *  abort=false only pauses and waits for the device work to end (the no-preemption baseline). */
   PreemptReport Preempt(bool abort = true);

@@ -1,0 +1,87 @@
+"""Shared by tests/serve: a model repository (mlp, bert-tiny) and `tvmsched serve` over it on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tests.helpers import ROOT, free_port, onnxruntime_outputs
+from tvmsched import models
+from tvmsched.pipeline import compile_model
+
+MODELS = {"mlp": {"qos_ms": 1000}, "bert": {"max_queue": 2}}  # served name -> config.json
+ZOO = {"mlp": "mlp", "bert": "bert-tiny"}
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen
+    http: str  # host:port
+    grpc: str
+    repository: Path
+    onnx: dict  # served name -> ModelProto
+
+    def reference(self, name: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return onnxruntime_outputs(self.onnx[name], inputs)
+
+
+def build_repository(folder: Path) -> dict:
+    onnx = {}
+    for name, config in MODELS.items():
+        model = models.build(ZOO[name])
+        (folder / name).mkdir(parents=True)
+        compile_model(model, name=name).save(folder / name / f"{name}.tvms")
+        (folder / name / "config.json").write_text(json.dumps(config))
+        onnx[name] = model
+    return onnx
+
+
+def start(folder: Path, *extra: str) -> Served:
+    """Build the repository in `folder` and serve it; waits (at most 300 s) until /v2/health/ready answers 200."""
+    import httpx
+    import pytest
+
+    onnx = build_repository(folder / "repo")
+    http, grpc = free_port(), free_port()
+    command = [sys.executable, "-m", "tvmsched.cli", "serve", "--model-repository", str(folder / "repo"),
+               "--port", str(http), "--grpc-port", str(grpc), *extra]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            out, err = process.communicate()
+            pytest.fail(f"tvmsched serve exited with {process.returncode}: {out} {err}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{http}/v2/health/ready", timeout=1).status_code == 200:
+                return Served(process, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", folder / "repo", onnx)
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    process.kill()
+    pytest.fail("tvmsched serve did not answer within 300 s")
+
+
+def stop(served: Served) -> None:
+    """SIGTERM; the server drains and exits 0."""
+    served.process.terminate()
+    try:
+        code = served.process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        served.process.kill()
+        served.process.wait()
+        raise
+    assert code == 0, (code, served.process.stderr.read())
+
+
+def mlp_input(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).random((1, 784), dtype=np.float32)
+
+
+def bert_input(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((1, 128, 128)).astype(np.float32)

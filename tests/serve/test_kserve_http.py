@@ -1,0 +1,298 @@
+"""`tvmsched serve` over HTTP: tritonclient.http (binary and JSON) and plain requests against a real server on
+127.0.0.1 serving a model repository (mlp, bert-tiny as "bert" with max_queue 2)."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+from tests.helpers import assert_user_error, free_port, run_cli
+from tests.serve import kserve_server
+from tests.serve.kserve_server import bert_input, mlp_input
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    served = kserve_server.start(tmp_path_factory.mktemp("kserve_http"))
+    yield served
+    kserve_server.stop(served)
+
+
+@pytest.fixture()
+def client(server):
+    client = triton.InferenceServerClient(server.http, concurrency=4)
+    yield client
+    client.close()
+
+
+def infer(client, model, name, array, binary):
+    tensor = triton.InferInput(name, list(array.shape), "FP32")
+    tensor.set_data_from_numpy(array, binary_data=binary)
+    return client.infer(model, [tensor], outputs=[triton.InferRequestedOutput("output", binary_data=binary)],
+                        request_id=f"req-{binary}")
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_outputs_equal_onnxruntime(server, client, binary):
+    for model, name, array in (("mlp", "input", mlp_input(1)), ("bert", "hidden_states", bert_input(1))):
+        result = infer(client, model, name, array, binary)
+        want = server.reference(model, {name: array})["output"]
+        np.testing.assert_allclose(result.as_numpy("output"), want, rtol=1e-3, atol=1e-4)
+        assert result.get_response()["id"] == f"req-{binary}"
+        assert result.get_response()["model_name"] == model
+
+
+def test_plain_json_and_binary_bodies(server):
+    x = mlp_input(2)
+    want = server.reference("mlp", {"input": x})["output"]
+    body = {"id": "curl", "inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], "data": x.ravel().tolist()}]}
+    reply = httpx.post(f"http://{server.http}/v2/models/mlp/versions/1/infer", json=body, timeout=60)
+    assert reply.status_code == 200 and reply.headers["content-type"] == "application/json"
+    out = reply.json()["outputs"][0]
+    assert out["datatype"] == "FP32" and out["shape"] == [1, 10] and reply.json()["id"] == "curl"
+    np.testing.assert_allclose(np.array(out["data"], np.float32).reshape(1, 10), want, rtol=1e-4, atol=1e-5)
+    # binary input and output by hand: the header length in Inference-Header-Content-Length both ways
+    header = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784],
+                                     "parameters": {"binary_data_size": x.nbytes}}],
+                         "parameters": {"binary_data_output": True}}).encode()
+    reply = httpx.post(f"http://{server.http}/v2/models/mlp/infer", content=header + x.tobytes(), timeout=60,
+                       headers={"Inference-Header-Content-Length": str(len(header))})
+    assert reply.status_code == 200, reply.text
+    length = int(reply.headers["Inference-Header-Content-Length"])
+    meta = json.loads(reply.content[:length])
+    assert meta["outputs"][0]["parameters"]["binary_data_size"] == 40
+    np.testing.assert_allclose(np.frombuffer(reply.content[length:], np.float32).reshape(1, 10), want, rtol=1e-4, atol=1e-5)
+    # examples/server.py's contract still answers
+    reply = httpx.post(f"http://{server.http}/v1/models/mlp/infer", json={"inputs": {"input": x.tolist()}}, timeout=60)
+    np.testing.assert_allclose(np.array(reply.json()["outputs"]["output"], np.float32), want, rtol=1e-4, atol=1e-5)
+
+
+def test_health_metadata_config_and_statistics(server, client):
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("mlp") and not client.is_model_ready("nope")
+    meta = client.get_server_metadata()
+    assert {"binary_tensor_data", "model_repository", "statistics"} <= set(meta["extensions"])
+    assert client.get_model_metadata("bert") == {
+        "name": "bert", "versions": ["1"], "platform": "tvmsched",
+        "inputs": [{"name": "hidden_states", "datatype": "FP32", "shape": [1, 128, 128]}],
+        "outputs": [{"name": "output", "datatype": "FP32", "shape": [1, 128, 128]}]}
+    config = client.get_model_config("mlp")
+    assert config["max_batch_size"] == 0 and config["backend"] == "tvmsched"
+    assert config["input"] == [{"name": "input", "data_type": "TYPE_FP32", "dims": [1, 784]}]
+    assert config["output"] == [{"name": "output", "data_type": "TYPE_FP32", "dims": [1, 10]}]
+    before = client.get_inference_statistics("mlp")["model_stats"][0]
+    for seed in range(3):
+        infer(client, "mlp", "input", mlp_input(seed), True)
+    after = client.get_inference_statistics("mlp")["model_stats"][0]
+    assert after["inference_count"] - before["inference_count"] == 3
+    assert after["execution_count"] - before["execution_count"] == 3
+    stats = after["inference_stats"]
+    assert stats["success"]["count"] - before["inference_stats"]["success"]["count"] == 3
+    assert stats["compute_infer"]["ns"] > before["inference_stats"]["compute_infer"]["ns"]
+    assert stats["success"]["ns"] > stats["compute_infer"]["ns"]  # the request's whole time holds its compute
+
+
+BAD = [  # (model, JSON body or (header, binary), status, fragment of the error)
+    ("mlp", {"inputs": [{"name": "input", "datatype": "INT64", "shape": [1, 784], "data": [0] * 784}]}, 400, "is FP32, not INT64"),
+    ("mlp", {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 783], "data": [0] * 783}]}, 400, "has shape [1, 784]"),
+    ("mlp", {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], "data": [0] * 10}]}, 400, "10 values"),
+    ("mlp", {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], "data": ["x"] * 784}]}, 400, "not a list of FP32"),
+    ("mlp", {"inputs": [{"name": "nope", "datatype": "FP32", "shape": [1, 784], "data": [0] * 784}]}, 400, "no input 'nope'"),
+    ("mlp", {"inputs": []}, 400, "needs input(s) input"),
+    ("mlp", {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], "data": [0] * 784}],
+             "outputs": [{"name": "logits"}]}, 400, "no output 'logits'"),
+    ("mlp", {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], "data": [0] * 784}],
+             "parameters": {"priority": "urgent"}}, 400, "parameter priority"),
+    ("mlp", {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], "data": [0] * 784}],
+             "parameters": {"timeout": -5}}, 400, "parameter timeout"),
+    ("mlp", (b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], '
+             b'"parameters": {"binary_data_size": 3136}}]}', b"\0" * 3000), 400, "passes the end"),
+    ("mlp", (b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], '
+             b'"parameters": {"binary_data_size": 3000}}]}', b"\0" * 3000), 400, "3000 bytes of data"),
+    ("mlp", (b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], '
+             b'"parameters": {"binary_data_size": 3136}}]}', b"\0" * 3200), 400, "add up to 3136"),
+    ("mlp", b"{not json", 400, "not valid JSON"),
+    ("nope", {"inputs": []}, 404, "unknown model 'nope'"),
+    ("mlp/versions/7", {"inputs": []}, 404, "no version '7'"),
+]
+
+
+@pytest.mark.parametrize("model,body,status,fragment", BAD, ids=[f"{i}-{b[3][:20]}" for i, b in enumerate(BAD)])
+def test_bad_requests_get_one_error_line(server, model, body, status, fragment):
+    url = f"http://{server.http}/v2/models/{model}/infer"
+    if isinstance(body, dict):
+        reply = httpx.post(url, json=body, timeout=60)
+    elif isinstance(body, tuple):
+        reply = httpx.post(url, content=body[0] + body[1], timeout=60,
+                           headers={"Inference-Header-Content-Length": str(len(body[0]))})
+    else:
+        reply = httpx.post(url, content=body, timeout=60)
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert fragment in error and "\n" not in error and "Traceback" not in error, error
+    # and the model still serves
+    assert httpx.get(f"http://{server.http}/v2/models/mlp/ready", timeout=10).status_code == 200
+
+
+def test_tritonclient_sees_the_error(client):
+    tensor = triton.InferInput("input", [1, 784], "FP32")
+    tensor.set_data_from_numpy(mlp_input(0)[:, :784])
+    with pytest.raises(InferenceServerException, match="unknown model 'resnet'") as err:
+        client.infer("resnet", [tensor])
+    assert err.value.status() == "404"
+
+
+def test_unload_and_load_while_another_model_serves(server, client):
+    x = mlp_input(3)
+    want = server.reference("mlp", {"input": x})["output"]
+    stop, results = threading.Event(), []
+
+    def hammer():
+        with triton.InferenceServerClient(server.http) as own:
+            while not stop.is_set():
+                results.append(infer(own, "mlp", "input", x, True).as_numpy("output"))
+
+    worker = threading.Thread(target=hammer)
+    worker.start()
+    try:
+        client.unload_model("bert")
+        index = {row["name"]: row for row in client.get_model_repository_index()}
+        assert index["bert"]["state"] == "UNAVAILABLE" and index["mlp"]["state"] == "READY"
+        assert not client.is_model_ready("bert")
+        with pytest.raises(InferenceServerException, match="unknown model 'bert'"):
+            infer(client, "bert", "hidden_states", bert_input(0), True)
+        client.load_model("bert")
+        assert client.is_model_ready("bert")
+        h = bert_input(4)
+        np.testing.assert_allclose(infer(client, "bert", "hidden_states", h, True).as_numpy("output"),
+                                   server.reference("bert", {"hidden_states": h})["output"], rtol=1e-3, atol=1e-4)
+        with pytest.raises(InferenceServerException, match="no model named 'resnet' in the repository"):
+            client.load_model("resnet")
+    finally:
+        stop.set()
+        worker.join(timeout=60)
+    assert results and all(np.allclose(r, want, rtol=1e-4, atol=1e-5) for r in results)
+
+
+def _post_many(server, model, body, count):
+    url = f"http://{server.http}/v2/models/{model}/infer"
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(lambda _: httpx.post(url, json=body, timeout=120), range(count)))
+
+
+def test_queue_cap_answers_503_and_every_request_is_answered(server):
+    h = bert_input(5)
+    body = {"inputs": [{"name": "hidden_states", "datatype": "FP32", "shape": [1, 128, 128], "data": h.ravel().tolist()}]}
+    want = server.reference("bert", {"hidden_states": h})["output"]
+    for _ in range(5):  # bert's max_queue is 2: 16 at once cannot all be admitted
+        replies = _post_many(server, "bert", body, 16)
+        codes = [r.status_code for r in replies]
+        if 503 in codes:
+            break
+    assert set(codes) <= {200, 503} and 200 in codes and 503 in codes, codes
+    for reply in replies:
+        if reply.status_code == 503:
+            assert "max_queue 2" in reply.json()["error"]
+        else:
+            np.testing.assert_allclose(np.array(reply.json()["outputs"][0]["data"], np.float32).reshape(want.shape), want,
+                                       rtol=1e-3, atol=1e-4)
+
+
+def test_a_request_that_cannot_start_in_time_is_refused_never_run_late(server):
+    h = bert_input(6)
+    body = lambda timeout, **more: {"inputs": [{"name": "hidden_states", "datatype": "FP32", "shape": [1, 128, 128],
+                                                "data": h.ravel().tolist()}], "parameters": {"timeout": timeout, **more}}
+    # 1 ms: a request with another bert request (~2 ms) ahead of it is refused at once, before it is queued
+    for _ in range(5):
+        replies = _post_many(server, "bert", body(1000), 6)
+        codes = [r.status_code for r in replies]
+        refused = [r.json()["error"] for r in replies if r.status_code == 504]
+        if 200 in codes and any("cannot start this request within its timeout of 1000 µs" in e for e in refused):
+            break
+    assert 200 in codes and set(codes) <= {200, 503, 504}, codes
+    assert any("cannot start this request within its timeout of 1000 µs" in e for e in refused), refused
+    # 1 µs: even with nothing ahead it is still queued at its deadline: the engine fails it instead of running it
+    for _ in range(5):
+        executions = _metric(server, "nv_inference_exec_count", model="bert")
+        reply = httpx.post(f"http://{server.http}/v2/models/bert/infer", json=body(1), timeout=60)
+        if reply.status_code == 504 and "did not start within its deadline" in reply.json()["error"]:
+            break
+    assert reply.status_code == 504 and "did not start within its deadline" in reply.json()["error"], reply.text
+    assert _metric(server, "nv_inference_exec_count", model="bert") == executions  # it never ran
+    # with room to wait, the same requests are all served
+    assert {r.status_code for r in _post_many(server, "bert", body(60_000_000, priority=1), 2)} == {200}
+
+
+def test_metrics_use_tritons_names(server, client):
+    before = _metric(server, "nv_inference_request_success", model="mlp")
+    infer(client, "mlp", "input", mlp_input(7), False)
+    text = httpx.get(f"http://{server.http}/metrics", timeout=10).text
+    assert _metric(server, "nv_inference_request_success", model="mlp") == before + 1
+    for name in ("nv_inference_request_failure", "nv_inference_count", "nv_inference_exec_count",
+                 "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
+                 "nv_inference_compute_infer_duration_us", "nv_inference_pending_request_count",
+                 "tvmsched_preemptions_total", "tvmsched_qos_violations_total"):
+        assert re.search(rf'^{name}{{model="mlp"(,version="1")?}} ', text, re.M), name
+    assert "# TYPE nv_inference_request_success counter" in text
+    assert "nv_gpu_utilization" not in text  # no GPU here: NVML's gauges are absent, silently
+
+
+def _metric(server, name, **labels):
+    text = httpx.get(f"http://{server.http}/metrics", timeout=10).text
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    match = re.search(rf"^{name}{{{want}[^}}]*}} (\S+)$", text, re.M)
+    return float(match.group(1))
+
+
+@pytest.mark.parametrize("args,fragment", [
+    ([], "nothing to serve"),
+    (["--model", "m"], "is not NAME=ARTIFACT"),
+    (["--model", "m=/no/such.tvms"], "no artifact file at /no/such.tvms"),
+    (["--model", "m=x.tvms:5:urgent"], "priority must be one of"),
+    (["--model-repository", "/no/such/folder"], "not a folder"),
+    (["--model", "m=x.tvms", "--memory-budget", "lots"], "lots"),
+])
+def test_bad_flags_are_one_error_line(args, fragment):
+    assert_user_error(run_cli("serve", "--port", str(free_port()), "--grpc-port", "0", *args, timeout=120), fragment)
+
+
+def test_a_port_in_use_is_one_error_line(server):
+    port = int(server.http.rsplit(":", 1)[1])
+    assert_user_error(run_cli("serve", "--model", "m=x.tvms", "--port", str(port), "--grpc-port", "0", timeout=120),
+                      f"cannot listen on 127.0.0.1:{port}")
+
+
+@pytest.mark.parametrize("config,fragment", [
+    ('{"qos_ms": "fast"}', "qos_ms has the wrong type"),
+    ('{"priority": "urgent"}', "priority must be one of"),
+    ('{"batch": 4}', "unknown key 'batch'"),
+    ("{not json", "cannot read"),
+])
+def test_a_bad_repository_config_is_one_error_line(server, tmp_path, config, fragment):
+    folder = tmp_path / "repo" / "m"
+    folder.mkdir(parents=True)
+    (folder / "m.tvms").write_bytes((server.repository / "mlp" / "mlp.tvms").read_bytes())
+    (folder / "config.json").write_text(config)
+    assert_user_error(run_cli("serve", "--model-repository", str(tmp_path / "repo"), "--port", str(free_port()),
+                              "--grpc-port", "0", timeout=120), fragment)
+
+
+def test_trust_refuses_an_unsigned_artifact(server, tmp_path):
+    keys = run_cli("keys", "generate", str(tmp_path / "me"), timeout=120)
+    assert keys.returncode == 0, keys.stderr
+    artifact = server.repository / "mlp" / "mlp.tvms"  # not signed
+    assert_user_error(run_cli("serve", "--model", f"m={artifact}", "--trust", str(tmp_path / "me.pub"),
+                              "--port", str(free_port()), "--grpc-port", "0", timeout=120), "sign")
+
+
+def test_a_body_over_the_limit_is_413_before_it_is_read(server):
+    reply = httpx.post(f"http://{server.http}/v2/models/mlp/infer", content=b"\0" * ((16 << 20) + 1), timeout=60)
+    assert reply.status_code == 413 and reply.json()["error"] == f"request body larger than {16 << 20} bytes"

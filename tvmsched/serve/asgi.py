@@ -1,0 +1,102 @@
+"""ASGI pieces the HTTP servers share (tvmsched serve, examples/server.py): a request-body limit, answer headers
+(X-Request-Id back, Connection: close while draining) and uvicorn's server drained on SIGTERM."""
+
+from __future__ import annotations
+
+import time
+
+MAX_BODY_BYTES = 16 << 20
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `max_bytes` gets 413, by its Content-Length before any of
+    it is read, or as soon as a chunked body passes the limit."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or ()).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            return await self._too_large(send)
+        received, refused = 0, False
+
+        async def limited_receive():  # past the limit: answer 413 now, and the app sees a disconnect
+            nonlocal received, refused
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes and not refused:
+                refused = True
+                await self._too_large(send)
+            return {"type": "http.disconnect"} if refused else message
+
+        async def guarded_send(message):  # the app's own answer to a refused request is dropped
+            if not refused:
+                await send(message)
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except Exception:
+            if not refused:
+                raise
+
+    async def _too_large(self, send):
+        text = b'request body larger than %d bytes' % self.max_bytes  # "detail": FastAPI's key, "error": the v2 protocol's
+        body = b'{"detail":"%s","error":"%s"}' % (text, text)
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class AnswerHeaders:
+    """ASGI middleware: a request's X-Request-Id header comes back on its answer (errors and 413 included), so a
+    client can match answers to requests; while the server drains (DrainingServer), answers close their connection."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        request_id = dict(scope.get("headers") or ()).get(b"x-request-id")
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                extra = [(b"x-request-id", request_id)] if request_id is not None else []
+                if getattr(scope["app"].state, "draining", False):
+                    extra.append((b"connection", b"close"))
+                if extra:
+                    message = {**message, "headers": [*message.get("headers", ()), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def draining_server(app, host: str, port: int, grace_s: float = 2.0):
+    """uvicorn's server, drained on SIGTERM (or SIGINT): it stops accepting, answers what arrives on the open
+    connections (closing each after its answer), and when they are closed, or after `grace_s`, shuts down as
+    uvicorn does (requests in flight answered, then the runtime: its queued requests finish); exit status 0.
+    uvicorn alone closes an idle keep-alive connection at once, dropping a request the client has just written
+    on it unread, and then raises the signal again (the process ends killed by it)."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        draining_since: float | None = None
+
+        def handle_exit(self, sig, frame) -> None:
+            if self.draining_since is None:
+                self.draining_since = time.monotonic()
+                app.state.draining = True
+            else:  # a second signal: uvicorn's shutdown now (SIGINT twice: without waiting)
+                super().handle_exit(sig, frame)
+
+        async def on_tick(self, counter: int) -> bool:
+            if self.draining_since is None:
+                return await super().on_tick(counter)
+            for server in self.servers:
+                server.close()  # no new connections (idempotent)
+            return not self.server_state.connections or time.monotonic() - self.draining_since > grace_s
+
+    return DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="warning"))

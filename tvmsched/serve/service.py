@@ -1,0 +1,298 @@
+"""The inference service behind both protocols: models, their tensors, admission, counters.
+
+HTTP (serve/http.py) and gRPC (serve/grpc_server.py) turn their messages into calls of `InferenceService`;
+errors are `ServeError`s carrying the HTTP status (the gRPC code follows from it: errors.GRPC_CODES); tensors.py
+turns request data into arrays.
+
+Per-request scheduling (`parameters` of a v2 request):
+- priority: 1 or "realtime" runs the request as real-time (it preempts the busy best-effort models' streams
+  while it runs, Runtime.submit(priority=)); 0 or absent: the model's own priority; 2 and above or
+  "best_effort": best-effort. Anything else: 400.
+- timeout (µs, as Triton's): a deadline for the request to start. A request whose model already has more work
+  ahead of it than it can wait (requests of that model queued or running × their recent compute time) is refused
+  at once with 504 (gRPC DEADLINE_EXCEEDED), never queued; one admitted but still queued in the engine when its
+  deadline passes fails there with the same status instead of starting late (Runtime.submit(start_within_us=));
+  0 or absent: no deadline.
+- A model with `max_queue` requests queued or running answers more with 503 (gRPC UNAVAILABLE) at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tvmsched.errors import TvmschedError
+from tvmsched.serve.errors import ServeError
+from tvmsched.serve.repository import ModelSpec, Repository, check_artifact
+from tvmsched.serve.tensors import TensorInfo, tensor_infos
+
+log = logging.getLogger(__name__)
+
+VERSION = "1"  # every model has one version
+PLATFORM = "tvmsched"
+SERVER_VERSION = "0.1.0"
+EXTENSIONS = ("binary_tensor_data", "model_repository", "statistics", "model_configuration", "schedule_policy")
+EWMA = 0.2  # weight of the newest compute time in a model's estimate
+LATE_START = "did not start within its deadline"  # the engine's refusal of a request queued past its deadline
+INLINE_WAIT_S = 0.002  # an idle server waits on its own thread for a request expected to take at most this long
+
+
+@dataclass
+class Counters:
+    """Cumulative, as Triton's statistics: nanoseconds and counts."""
+
+    success: int = 0
+    failure: int = 0
+    success_ns: int = 0  # request duration (received to answered) of the successful ones
+    failure_ns: int = 0
+    queue_ns: int = 0  # submitted to started in the engine
+    compute_ns: int = 0  # started to finished in the engine
+    executions: int = 0
+    last_inference_ms: int = 0
+    qos_violations: int = 0
+
+
+@dataclass
+class Served:
+    """A loaded model as the server sees it."""
+
+    spec: ModelSpec
+    model: object  # runtime.Model
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    max_queue: int
+    counters: Counters = field(default_factory=Counters)
+    pending: int = 0  # requests admitted and not answered yet
+    compute_s: float = 0.0  # recent compute time per request (EWMA; 0 until one ran)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+class InferenceService:
+    """Models served from one Runtime; thread-safe (HTTP handlers and gRPC calls share it)."""
+
+    def __init__(self, runtime, *, max_queue: int = 64, repository: Repository | None = None):
+        self.runtime, self.max_queue, self.repository = runtime, max_queue, repository
+        self.models: dict[str, Served] = {}
+        self.failed: dict[str, str] = {}  # repository models whose last load failed: the reason
+        self._load_lock = threading.Lock()  # one load or unload at a time
+
+    # -- model control
+    def add(self, spec: ModelSpec) -> Served:
+        """Load a model (warmed up unless spec.warmup is False); a TvmschedError names what is wrong."""
+        check_artifact(spec.path)
+        with self._load_lock:
+            if spec.name in self.models:
+                raise ServeError(f"model {spec.name!r} is already loaded", 409)
+            model = self.runtime.load(spec.path, qos_ms=spec.qos_ms, priority=spec.priority, name=spec.name,
+                                      warmup=spec.warmup)
+            manifest = model.task.executor.manifest
+            served = Served(spec, model, tensor_infos(manifest, manifest.inputs), tensor_infos(manifest, manifest.outputs),
+                            spec.max_queue or self.max_queue)
+            self.models[spec.name] = served
+            self.failed.pop(spec.name, None)
+        log.info("serving model %s from %s", spec.name, spec.path)
+        return served
+
+    def load(self, name: str) -> None:
+        """Load (or reload) a model of the repository."""
+        if self.repository is None:
+            raise ServeError("this server has no model repository (--model-repository)", 400)
+        try:
+            spec = self.repository.spec(name)
+        except LookupError as err:
+            raise ServeError(str(err), 404) from None
+        if name in self.models:
+            self.unload(name)
+        try:
+            self.add(spec)
+        except TvmschedError as err:
+            self.failed[name] = str(err)
+            raise ServeError(f"failed to load model {name!r}: {err}", getattr(err, "status", 400)) from None
+
+    def unload(self, name: str) -> None:
+        """Stop serving a model: its queued and running requests finish first (Runtime.unload)."""
+        with self._load_lock:
+            served = self.models.pop(name, None)
+            if served is None:
+                raise ServeError(f"no model named {name!r} is loaded", 404)
+            self.runtime.unload(served.model)
+        log.info("unloaded model %s", name)
+
+    def index(self) -> list[dict]:
+        names = set(self.models) | set(self.repository.names() if self.repository else ())
+        rows = []
+        for name in sorted(names):
+            row = {"name": name}
+            if name in self.models:
+                row.update(version=VERSION, state="READY")
+            else:
+                row.update(state="UNAVAILABLE", reason=self.failed.get(name, "unloaded"))
+            rows.append(row)
+        return rows
+
+    # -- lookups and descriptions
+    def get(self, name: str, version: str = "") -> Served:
+        served = self.models.get(name)
+        if served is None:
+            raise ServeError(f"unknown model {name!r} (loaded: {', '.join(sorted(self.models)) or 'none'})", 404)
+        if version not in ("", VERSION):
+            raise ServeError(f"model {name!r} has no version {version!r} (only {VERSION})", 404)
+        return served
+
+    def server_metadata(self) -> dict:
+        return {"name": "tvmsched", "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
+
+    def model_metadata(self, served: Served) -> dict:
+        return {"name": served.name, "versions": [VERSION], "platform": PLATFORM,
+                "inputs": [t.metadata() for t in served.inputs], "outputs": [t.metadata() for t in served.outputs]}
+
+    def model_config(self, served: Served) -> dict:
+        """Triton's model configuration, as far as it applies (no batching: max_batch_size 0, dims = shapes)."""
+        tensor = lambda t: {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": list(t.shape)}
+        params = {"qos_ms": served.model.qos_ms, "priority": served.model.priority, "max_queue": served.max_queue}
+        return {"name": served.name, "platform": PLATFORM, "backend": PLATFORM, "max_batch_size": 0,
+                "input": [tensor(t) for t in served.inputs], "output": [tensor(t) for t in served.outputs],
+                "parameters": {k: {"string_value": str(v)} for k, v in params.items() if v is not None}}
+
+    def statistics(self, name: str = "", version: str = "") -> dict:
+        """Triton's statistics JSON: {"model_stats": [...]} for one model or all."""
+        models = [self.get(name, version)] if name else list(self.models.values())
+        stats = []
+        for served in models:
+            c = served.counters
+            duration = lambda count, ns: {"count": count, "ns": ns}
+            stats.append({
+                "name": served.name, "version": VERSION, "last_inference": c.last_inference_ms,
+                "inference_count": c.success, "execution_count": c.executions,
+                "inference_stats": {"success": duration(c.success, c.success_ns), "fail": duration(c.failure, c.failure_ns),
+                                    "queue": duration(c.executions, c.queue_ns),
+                                    "compute_input": duration(c.executions, 0),
+                                    "compute_infer": duration(c.executions, c.compute_ns),
+                                    "compute_output": duration(c.executions, 0),
+                                    "cache_hit": duration(0, 0), "cache_miss": duration(0, 0)},
+                "batch_stats": [],
+            })
+        return {"model_stats": stats}
+
+    # -- inference
+    def check_input(self, served: Served, name: str, datatype: str, shape) -> TensorInfo:
+        """The model's input `name`, if datatype and shape are its own (else 400)."""
+        info = next((t for t in served.inputs if t.name == name), None)
+        if info is None:
+            raise ServeError(f"model {served.name!r} has no input {name!r} (inputs: {', '.join(t.name for t in served.inputs)})")
+        if datatype != info.datatype:
+            raise ServeError(f"input {name!r} of model {served.name!r} is {info.datatype}, not {datatype}")
+        try:
+            shape = tuple(int(d) for d in shape)
+        except (TypeError, ValueError):
+            raise ServeError(f"input {name!r}: shape must be a list of integers, not {shape!r}") from None
+        if shape != info.shape:
+            raise ServeError(f"input {name!r} of model {served.name!r} has shape {list(info.shape)}, not {list(shape)}")
+        return info
+
+    def check_all_inputs(self, served: Served, names) -> None:
+        missing = [t.name for t in served.inputs if t.name not in names]
+        if missing:
+            raise ServeError(f"model {served.name!r} needs input(s) {', '.join(missing)}")
+
+    def output_names(self, served: Served, requested) -> list[str]:
+        known = [t.name for t in served.outputs]
+        for name in requested:
+            if name not in known:
+                raise ServeError(f"model {served.name!r} has no output {name!r} (outputs: {', '.join(known)})")
+        return list(requested) or known
+
+    def submit(self, served: Served, inputs: dict[str, np.ndarray], parameters: dict | None = None):
+        """Admit and queue one request; returns (engine future, admission token for `finish`)."""
+        priority, timeout_us = _scheduling(parameters or {})
+        with served.lock:
+            if served.pending >= served.max_queue:
+                raise ServeError(f"model {served.name!r} has {served.pending} requests queued or running, its limit "
+                                 f"(max_queue {served.max_queue}): try again later", 503)
+            if timeout_us and served.pending and served.pending * served.compute_s * 1e6 > timeout_us:
+                raise ServeError(f"model {served.name!r} cannot start this request within its timeout of {timeout_us} "
+                                 f"µs: {served.pending} requests are ahead of it, ~{served.compute_s * 1e6:.0f} µs "
+                                 "each", 504)
+            served.pending += 1
+        try:
+            return self.runtime.submit(served.model, inputs, priority=priority, start_within_us=timeout_us or None)
+        except BaseException:
+            with served.lock:
+                served.pending -= 1
+            raise
+
+    async def outputs(self, served: Served, future) -> dict[str, np.ndarray]:
+        """The outputs of a submitted request, awaited. When it is the only request the server holds and its model's
+        requests take at most INLINE_WAIT_S, the event loop's thread waits for it itself (in C++, GIL released):
+        nobody else is waiting on the loop, and the hand-off from the engine's thread to the loop (~100-200 µs on
+        a loaded 2-core machine, bench/results/serving.md) is saved. A request that runs longer than twice its
+        model's recent time is then awaited as usual."""
+        try:
+            if 0 < served.compute_s <= INLINE_WAIT_S and sum(s.pending for s in list(self.models.values())) == 1:
+                try:
+                    return future.result(timeout=2 * served.compute_s)
+                except FutureTimeout:
+                    pass
+            return await asyncio.wrap_future(future)
+        except TvmschedError as err:
+            if LATE_START in str(err):  # admitted, but the engine found it still queued at its deadline
+                raise ServeError(str(err), 504) from None
+            raise
+
+    def finish(self, served: Served, future, received_ns: int, error: BaseException | None) -> None:
+        """Count one answered request (admitted by `submit`)."""
+        now = time.perf_counter_ns()
+        request = getattr(future, "request", None)
+        with served.lock:
+            served.pending -= 1
+            c = served.counters
+            if error is None:
+                c.success += 1
+                c.success_ns += now - received_ns
+                c.last_inference_ms = int(time.time() * 1e3)
+            else:
+                c.failure += 1
+                c.failure_ns += now - received_ns
+            if request is not None and request.started_us > 0 and request.finished_us > 0:
+                compute_s = (request.finished_us - request.started_us) / 1e6
+                c.executions += 1
+                c.queue_ns += int((request.started_us - request.submitted_us) * 1e3)
+                c.compute_ns += int(compute_s * 1e9)
+                served.compute_s = compute_s if not served.compute_s else (1 - EWMA) * served.compute_s + EWMA * compute_s
+                qos_ms = served.model.qos_ms
+                if error is None and qos_ms is not None and (request.finished_us - request.submitted_us) > qos_ms * 1e3:
+                    c.qos_violations += 1
+
+    def count_failure(self, served: Served, received_ns: int) -> None:
+        """A request refused before it was admitted (bad input, queue full, deadline)."""
+        with served.lock:
+            served.counters.failure += 1
+            served.counters.failure_ns += time.perf_counter_ns() - received_ns
+
+
+def _scheduling(parameters: dict) -> tuple[str | None, int]:
+    """(priority for Runtime.submit or None: the model's; timeout µs, 0: none) from a request's parameters."""
+    priority = parameters.get("priority", 0)
+    if priority in (1, "realtime", "1"):
+        chosen = "realtime"
+    elif priority in (0, "", "0", None):
+        chosen = None
+    elif priority == "best_effort" or isinstance(priority, int) and not isinstance(priority, bool) and priority > 1:
+        chosen = "best_effort"
+    else:
+        raise ServeError(f"parameter priority must be 0 (the model's), 1 or 'realtime' (real-time), 2 or more or "
+                         f"'best_effort', not {priority!r}")
+    timeout = parameters.get("timeout", 0)
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
+        raise ServeError(f"parameter timeout must be a non-negative number of microseconds, not {timeout!r}")
+    return chosen, timeout
