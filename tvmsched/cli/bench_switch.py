@@ -27,7 +27,9 @@ def _latency_ms(rt, name: str, inputs) -> float:
 def _stop_and_start_ms(path: str, device: str) -> float:
     """A fresh process that loads the artifact and runs it once (`tvmsched run`), spawn to exit."""
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "tvmsched.cli", "run", path, "--device", device, "--json"],
+    # -P: the current folder does not shadow the installed package (from a source checkout's root, its tvmsched/
+    # folder has no runtime/: on the H100 this step failed with "No module named 'tvmsched.runtime'")
+    done = subprocess.run([sys.executable, "-P", "-m", "tvmsched.cli", "run", path, "--device", device, "--json"],
                           capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise TvmschedError(f"stop-and-start of {path} failed: {(done.stderr or done.stdout).strip()[-300:]}")
