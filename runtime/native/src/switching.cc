@@ -376,6 +376,17 @@ class SwitcherCore : public Placement {
     return action;
   }
 
+  /*! \brief Bytes of `m`'s sub-tasks before `g` that are prepared or running: its request runs them before g and
+   *  they are cleaned as they finish, so a switch-in of g that waits for memory is not stuck while they exist. */
+  size_t EarlierBytes(ModelObj* m, int g) const {
+    size_t bytes = 0;
+    for (int h = 0; h < g; ++h) {
+      GroupState s = m->group_state(h);
+      if (s == kReady || s == kLeased || s == kFinished) bytes += m->group_bytes(h);
+    }
+    return bytes;
+  }
+
   /*! \brief Bytes of the prepared sub-tasks of other models whose request started: they give them back when it ends. */
   size_t StartedBytes(ModelObj* except) const {
     size_t bytes = 0;
@@ -435,13 +446,15 @@ class SwitcherCore : public Placement {
            << " bytes";
       return {kFail, m, {}, text.str()};
     }
-    // nothing will free memory (no other started request holds any): no end to a wait
-    if (in_use + need > options_.budget && RunningBytes() == 0 && StartedBytes(m) == 0 && !Busy()) {
+    // nothing will free memory (no other started request holds any, and none of m's own sub-tasks before g is
+    // still to run and be cleaned): no end to a wait
+    if (in_use + need > options_.budget && RunningBytes() == 0 && StartedBytes(m) == 0 && EarlierBytes(m, g) == 0 &&
+        !Busy()) {
       std::ostringstream text;
       text << "model " << m->name() << " cannot be switched in: its sub-task " << g << " needs " << need << " bytes; "
            << in_use << " of the budget of " << options_.budget
            << " bytes are held by memory no request of its runtime "
-           << "will free (models loaded resident, streamed models, or models of another switcher)";
+           << "will free (models loaded resident, streamed models, or models of another switcher)" << Holders();
       return {kFail, m, {}, text.str()};
     }
     if (in_use + need > options_.budget) NoteBlocked(m);
@@ -481,6 +494,20 @@ class SwitcherCore : public Placement {
     }
     NoteBlocked(m);
     return {};
+  }
+
+  /*! \brief "; held: NAME (queued, running, paused, users U, environment E, sub-tasks S...) ..." for a failure line:
+   *  what each switched model holds and why it is not taken back. */
+  std::string Holders() const {
+    std::ostringstream text;
+    text << "; held:";
+    for (const auto& [m, e] : entries_) {
+      text << " " << m->name() << " (" << (InQueue(m) ? "queued, " : "") << (e.running ? "running, " : "")
+           << (e.paused ? "paused, " : "") << "users " << m->users.load() << ", environment " << e.env << ", sub-tasks";
+      for (int g = 0; g < m->num_groups(); ++g) text << " " << m->group_state(g);
+      text << ")";
+    }
+    return text.str();
   }
 
   /*! \brief Bytes in use by the switched models' budget: their scope's, else the whole device's. */
