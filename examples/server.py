@@ -95,15 +95,11 @@ class _Preemptions:
 
 
 def parse_model(spec: str) -> tuple[str, str, float | None, str]:
-    name, _, rest = spec.partition("=")
-    path, qos, priority = (rest.split(":") + ["", ""])[:3]
-    try:
-        qos_ms = float(qos) if qos else None
-    except ValueError:
-        qos_ms = -1.0
-    if not name or not path or (qos_ms is not None and not qos_ms > 0):
-        raise TvmschedError(f"--model {spec!r} is not NAME=ARTIFACT[:QOS_MS[:PRIORITY]] with a positive QOS_MS")
-    return name, path, qos_ms, priority or "best_effort"
+    """NAME=ARTIFACT[:QOS_MS[:PRIORITY]], as `tvmsched serve --model` reads it."""
+    from tvmsched.serve.repository import parse_model as parse
+
+    model = parse(spec)
+    return model.name, model.path, model.qos_ms, model.priority
 
 
 def create_app(specs: list[tuple[str, str, float | None, str]], device: str = "cpu", colocation: str | None = None,

@@ -132,15 +132,10 @@ class Servicer:
         except TvmschedError as err:
             service.count_failure(served, received)
             await _abort(context, err)
-        error = None
         try:
-            outputs = await service.outputs(served, future)
+            outputs = await service.answer(served, future, received)
         except TvmschedError as err:
-            error = err
-        finally:
-            service.finish(served, future, received, error)
-        if error is not None:
-            await _abort(context, error)
+            await _abort(context, err)
         infos = {t.name: t for t in served.outputs}
         tensor = self.pb2.ModelInferResponse.InferOutputTensor
         arrays = [np.ascontiguousarray(outputs[n]) for n in names]

@@ -127,15 +127,10 @@ def _infer_route(service: InferenceService):
         except TvmschedError as err:
             service.count_failure(served, received)
             return _error(err)
-        error = None
         try:
-            outputs = await service.outputs(served, future)
+            outputs = await service.answer(served, future, received)
         except TvmschedError as err:
-            error = err
-        finally:
-            service.finish(served, future, received, error)
-        if error is not None:
-            return _error(error)
+            return _error(err)
         return _answer(served, header, outputs, binary_outputs)
     return infer
 
@@ -248,15 +243,10 @@ def _add_v1(app: FastAPI, service: InferenceService) -> None:
         except (TvmschedError, ValueError, TypeError) as err:
             service.count_failure(served, received)
             return JSONResponse({"detail": " ".join(str(err).split())}, status_code=getattr(err, "status", 400))
-        error = None
         try:
-            outputs = await service.outputs(served, future)
+            outputs = await service.answer(served, future, received)
         except TvmschedError as err:
-            error = err
-        finally:
-            service.finish(served, future, received, error)
-        if error is not None:
-            return JSONResponse({"detail": " ".join(str(error).split())}, status_code=400)
+            return JSONResponse({"detail": " ".join(str(err).split())}, status_code=400)
         return JSONResponse({"outputs": {k: v.tolist() for k, v in outputs.items()}})
 
     @app.get("/v1/stats")

@@ -249,6 +249,17 @@ class InferenceService:
                 raise ServeError(str(err), 504) from None
             raise
 
+    async def answer(self, served: Served, future, received_ns: int) -> dict[str, np.ndarray]:
+        """The outputs of an admitted request, awaited and counted (`finish`) whether it succeeds or fails."""
+        error = None
+        try:
+            return await self.outputs(served, future)
+        except TvmschedError as err:
+            error = err
+            raise
+        finally:
+            self.finish(served, future, received_ns, error)
+
     def finish(self, served: Served, future, received_ns: int, error: BaseException | None) -> None:
         """Count one answered request (admitted by `submit`)."""
         now = time.perf_counter_ns()
