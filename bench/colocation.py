@@ -69,7 +69,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--policies", nargs="+", default=POLICIES, choices=[*POLICIES, NO_PROFILE])
-    parser.add_argument("--colocation", help="Tuning-database URL holding a `tvmsched profile-coloc` profile of this device.")
+    parser.add_argument("--colocation", help="A `tvmsched profile-coloc` profile of this device: a tuning-database URL, "
+                        "or the JSON file of `profile-coloc --no-store --out`.")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     report = {"machine": f"{platform.machine()}, {platform.node()}", "device": args.device, "qos_ms": args.qos_ms,

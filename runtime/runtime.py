@@ -85,8 +85,9 @@ class Runtime:
     Args:
         device: "cpu" or "cuda".
         total_units: the device's compute units (default: CPU threads / the SMs of the GPU).
-        colocation: a ColocationTable, or the URL of a tuning database holding this device's profile
-            (`tvmsched profile-coloc --db`); default: none, the fallback rule for every pair.
+        colocation: a ColocationTable, the URL of a tuning database holding this device's profile
+            (`tvmsched profile-coloc --db`), or a profile's JSON file (`--out`); default: none, the fallback rule
+            for every pair.
         max_in_flight: launches each stream keeps on a GPU at once.
         timeline: record every launch for `export_timeline`.
         progress_interval_ms: how often the CUDA kernels' progress counters are copied to the host
@@ -127,7 +128,13 @@ class Runtime:
             raise TvmschedError(f"unknown device {device!r}: use cpu or cuda")
         self.device = device
         self.total_units = total_units or int(native.device_info(device)["total_units"])
-        if isinstance(colocation, str):  # a tuning-database URL holding this device's profile
+        if isinstance(colocation, str) and colocation.endswith(".json"):  # `tvmsched profile-coloc --out` rows
+            from tvmsched.runtime.colocation import load_table
+
+            if not Path(colocation).is_file():
+                raise TvmschedError(f"no colocation profile at {colocation}")
+            colocation = load_table(colocation, self.total_units)
+        elif isinstance(colocation, str):  # a tuning-database URL holding this device's profile
             from tvmsched.runtime.colocation import device_name, table_from_rows
             from tvmsched.tuning_db import open_store
 

@@ -13,7 +13,7 @@
 #               TVMSCHED_SM_WINDOWS=prefix (every k-SM context on the same first k SMs, as before sm_windows.h)
 #   sharing     bench/gpu/sharing.sh on the artifacts of $dir/work/ (carried slim) alone, SHARING_SECTIONS of them
 #   bandwidth   pinned host <-> device copy bandwidth, both directions (bench/gpu/bandwidth.py)
-#   profile     tvmsched profile-coloc of each mix's artifacts into .gpu/coloc-MIX.db, used by a later colocation
+#   profile     tvmsched profile-coloc of each mix's artifacts into .gpu/coloc-MIX.json, used by a later colocation
 set -uo pipefail
 start=$SECONDS
 cd "$(dirname "$0")/../.."
@@ -69,13 +69,13 @@ step_colocation() {
   lines=$(grep -cv "^#" "$dir/mixes.txt")
   while read -r name qos artifacts; do
     [[ -z "$name" || "$name" == \#* ]] && continue
-    db=$dir/coloc-$name.db
+    db=$dir/coloc-$name.json
     local var="COLOC_ARGS_$name" rates  # per mix (COLOC_ARGS_small=...), else COLOC_ARGS, else the default
     rates=${!var:-${COLOC_ARGS:---rates 500 1000 2000 4000 --seconds 1.5}}
     share=$(( $(left) / (lines > 0 ? lines : 1) ))
     lines=$(( lines - 1 ))
     local coloc=()
-    [ -f "$db" ] && coloc=(--colocation "sqlite:///$(realpath "$db")")
+    [ -f "$db" ] && coloc=(--colocation "$(realpath "$db")")
     # shellcheck disable=SC2086
     timeout -k 5 $(( share * 2 / 3 )) python3 -P bench/colocation.py --device $device --artifacts $artifacts \
       --qos-ms ${qos//,/ } $rates "${coloc[@]}" \
@@ -110,8 +110,9 @@ step_profile() {
   while read -r name qos artifacts; do
     [[ -z "$name" || "$name" == \#* ]] && continue
     # shellcheck disable=SC2086
+    # --no-store: the JSON alone (the kit has no SQLAlchemy); the colocation step reads it
     timeout -k 5 60 python3 -P -m tvmsched.cli profile-coloc $artifacts --device $device --seconds ${PROFILE_S:-0.1} \
-      --db "sqlite:///$(realpath "$dir")/coloc-$name.db" --out "$res/coloc-$name.json" > "$res/profile-$name.log" 2>&1
+      --no-store --out "$dir/coloc-$name.json" > "$res/profile-$name.log" 2>&1
     log "profile $name: exit $? ($(tail -1 "$res/profile-$name.log"))"
   done < "$dir/mixes.txt"
 }
@@ -122,6 +123,6 @@ for step in "$@"; do
     *) echo "error: unknown step '$step' (kits, suite, sharing, bandwidth, colocation, profile)" >&2; exit 2 ;;
   esac
 done
-cp "$dir"/coloc-*.db "$res/" 2>/dev/null
+cp "$dir"/coloc-*.json "$res/" 2>/dev/null
 log "session: done"
 if [ -n "$final" ]; then tar -C "$res" -czf "$final/results.tgz" . && ls -la "$final"; fi

@@ -228,7 +228,14 @@ def test_profile_coloc_writes_a_table_the_scheduler_reads(artifacts, tmp_path):
     assert len(table.measured) == len(rows)
     stored = Runtime("cpu", colocation=db).scheduler.table  # the profile as stored in the tuning database
     assert stored.measured == pytest.approx(table.measured)
+    from_file = Runtime("cpu", colocation=str(tmp_path / "coloc.json")).scheduler.table  # the JSON alone (the GPU kit)
+    assert from_file.measured == pytest.approx(table.measured)
     assert run_cli("profile-coloc", paths[0], "--db", db).returncode == 2
+    nodb = run_cli("profile-coloc", *paths, "--no-store", "-o", tmp_path / "only.json", "--seconds", "0.05")
+    assert nodb.returncode == 0 and "to " in nodb.stdout and len(json.loads((tmp_path / "only.json").read_text())) == len(rows)
+    assert run_cli("profile-coloc", *paths, "--no-store").returncode == 2  # it would go nowhere
+    with pytest.raises(TvmschedError, match="no colocation profile at"):
+        Runtime("cpu", colocation=str(tmp_path / "missing.json"))
 
 
 def test_example_server_answers_on_127_0_0_1(artifacts, tmp_path):

@@ -255,22 +255,33 @@ def tune_import(kit_dir: str, results_path: str, db_url: str | None, db_token_fi
 @click.option("--db", "db_url", help="Tuning database that stores the profile (default: the local SQLite file).")
 @click.option("--device", default="cpu", type=click.Choice(["cpu", "cuda"]))
 @click.option("--seconds", default=0.3, show_default=True, help="Measuring time per pair and mode.")
-def profile_coloc(artifacts: tuple[str, ...], out: str | None, db_url: str | None, device: str, seconds: float) -> None:
+@click.option("--store/--no-store", default=True, show_default=True,
+              help="Store the profile in the database; --no-store with --out writes the JSON only (Runtime and "
+              "bench/colocation.py read it as --colocation FILE.json; no database package needed).")
+def profile_coloc(artifacts: tuple[str, ...], out: str | None, db_url: str | None, device: str, seconds: float,
+                  store: bool) -> None:
     """Measure the interference of candidate layers of every pair of ARTIFACTS co-running; store it in the database."""
     from tvmsched.runtime.colocation import device_name, profile, save
-    from tvmsched.tuning_db import open_store
 
     if len(artifacts) < 2:
         raise TvmschedError("profile-coloc needs at least two artifacts")
-    store = open_store(db_url)
-    if not hasattr(store, "save_colocation"):
-        raise TvmschedError("colocation profiles are stored in SQL databases (sqlite:/// or postgresql://), not over HTTP")
+    if not store and not out:
+        raise TvmschedError("--no-store needs --out FILE.json: the profile would go nowhere")
+    database = None
+    if store:
+        from tvmsched.tuning_db import open_store
+
+        database = open_store(db_url)
+        if not hasattr(database, "save_colocation"):
+            raise TvmschedError("colocation profiles are stored in SQL databases (sqlite:/// or postgresql://), not over HTTP")
     rows = profile(list(artifacts), device, seconds)
-    store.save_colocation(device_name(device), rows)
+    if database is not None:
+        database.save_colocation(device_name(device), rows)
     if out:
         save(rows, out)
     worst = max(rows, key=lambda r: r["overhead_per_unit_time"])
-    click.echo(f"stored {len(rows)} pairs in {store.url}; largest overhead {worst['overhead_per_unit_time']:.2f} ({worst['first']} beside {worst['second']})")
+    where = f"in {database.url}" if database is not None else f"to {out}"
+    click.echo(f"stored {len(rows)} pairs {where}; largest overhead {worst['overhead_per_unit_time']:.2f} ({worst['first']} beside {worst['second']})")
 
 
 @cli.command("run")
