@@ -68,8 +68,11 @@ def check_ports(settings: ServerSettings) -> None:
 
 def serve(service: InferenceService, settings: ServerSettings) -> None:
     """Serve until SIGTERM/SIGINT (drained: requests in flight answered), then shut the runtime down."""
-    try:
-        asyncio.run(_serve(service, settings))
+    from uvicorn.loops.auto import auto_loop_factory
+
+    try:  # uvloop's loop where it is installed, as uvicorn's loop="auto" (and its http="auto": httptools)
+        with asyncio.Runner(loop_factory=auto_loop_factory()) as runner:
+            runner.run(_serve(service, settings))
     finally:
         service.runtime.shutdown()
 
