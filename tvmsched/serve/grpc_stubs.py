@@ -1,6 +1,7 @@
 """The gRPC stubs of proto/grpc_service.proto, generated with grpcio-tools on first use.
 
-They are written once per proto text into ~/.cache/tvmsched/grpc/<hash>/ (or $TVMSCHED_GRPC_STUBS) and
+They are written once per proto text and generator versions into ~/.cache/tvmsched/grpc/<hash>/ (or
+$TVMSCHED_GRPC_STUBS) and
 imported from there, so the package ships only the .proto. Its messages live in protobuf's default pool under
 Triton's names (package `inference`): a process should not import these stubs and tritonclient.grpc's together.
 """
@@ -22,9 +23,18 @@ PROTO = Path(__file__).resolve().parent / "proto" / "grpc_service.proto"
 
 
 def stub_dir() -> Path:
+    """One folder per proto text and generator: stubs made by another grpcio-tools / protobuf (another venv sharing
+    the home folder) do not import under this one ("Descriptors cannot be created directly")."""
+    from importlib.metadata import PackageNotFoundError, version
+
     root = os.environ.get("TVMSCHED_GRPC_STUBS") or Path.home() / ".cache" / "tvmsched" / "grpc"
-    digest = hashlib.sha256(PROTO.read_bytes()).hexdigest()[:16]
-    return Path(root) / digest
+    key = hashlib.sha256(PROTO.read_bytes())
+    for package in ("grpcio-tools", "protobuf"):
+        try:
+            key.update(f"{package}={version(package)}".encode())
+        except PackageNotFoundError:
+            key.update(f"{package}=none".encode())
+    return Path(root) / key.hexdigest()[:16]
 
 
 @functools.cache
