@@ -278,4 +278,6 @@ def test_warm_up_runs_every_candidate_kernel_once_before_the_first_request(artif
         x = warm.task.executor.random_inputs(3)
         want = Executor(artifact).run(x)
         got = rt.submit("warm", x).result(timeout=60)
-        assert all(np.array_equal(got[k], want[k]) for k in want)
+        # the policy may pick another candidate than Executor.run's first (1 vs 2 threads: another summation order)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
