@@ -84,10 +84,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(command: list[str], base: str) -> subprocess.Popen:
+def start_server(command: list[str], base: str, ready: str = "/v1/models") -> subprocess.Popen:
     """Start an example server (run from the repository root) and wait, at most 300 s (a hang guard: it returns as
     soon as the server answers, and a loaded machine may take long to import and load), until it answers
-    GET BASE/v1/models; a server that exits or stays silent fails the test with its output."""
+    GET BASE+ready with 200; a server that exits or stays silent fails the test with its output."""
     import httpx
     import pytest
 
@@ -98,7 +98,7 @@ def start_server(command: list[str], base: str) -> subprocess.Popen:
             out, err = server.communicate()
             pytest.fail(f"{command[0]} exited with {server.returncode}: {out} {err}")
         try:
-            if httpx.get(f"{base}/v1/models", timeout=1).status_code == 200:
+            if httpx.get(f"{base}{ready}", timeout=1).status_code == 200:
                 return server
         except httpx.TransportError:
             pass

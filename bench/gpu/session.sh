@@ -65,6 +65,18 @@ unslim() {
   done
 }
 
+# coloc_run MIX SECONDS PLACEMENT QOS ARTIFACTS RATES [ARGS...]: one bench/colocation.py run of a mix; PLACEMENT
+# "prefix" runs it with TVMSCHED_SM_WINDOWS=prefix (every k-SM green context on the first k SMs) into *-prefix.*
+coloc_run() {
+  local name=$1 seconds=$2 placement=$3 qos=$4 artifacts=$5 rates=$6 stem
+  shift 6
+  stem=colocation-$name${placement:+-$placement}
+  # shellcheck disable=SC2086
+  TVMSCHED_SM_WINDOWS=${placement:-windows} timeout -k 5 "$seconds" python3 -P bench/colocation.py --device "$device" \
+    --artifacts $artifacts --qos-ms ${qos//,/ } $rates "$@" --out "$res/$stem.json" > "$res/$stem.log" 2>&1
+  log "colocation $name${placement:+ (SM $placement)}: exit $? ($(tail -1 "$res/$stem.log"))"
+}
+
 step_colocation() {
   [ -f "$dir/mixes.txt" ] || { log "colocation: no $dir/mixes.txt"; return; }
   unslim
@@ -79,17 +91,8 @@ step_colocation() {
     lines=$(( lines - 1 ))
     local coloc=()
     [ -f "$db" ] && coloc=(--colocation "$(realpath "$db")")
-    # shellcheck disable=SC2086
-    timeout -k 5 $(( share * 2 / 3 )) python3 -P bench/colocation.py --device $device --artifacts $artifacts \
-      --qos-ms ${qos//,/ } $rates "${coloc[@]}" \
-      --out "$res/colocation-$name.json" > "$res/colocation-$name.log" 2>&1
-    log "colocation $name: exit $? ($(tail -1 "$res/colocation-$name.log"))"
-    # shellcheck disable=SC2086
-    TVMSCHED_SM_WINDOWS=prefix timeout -k 5 $(( share / 3 )) python3 -P bench/colocation.py --device $device \
-      --artifacts $artifacts --qos-ms ${qos//,/ } $rates \
-      --policies colocation partition "${coloc[@]}" --out "$res/colocation-$name-prefix.json" \
-      > "$res/colocation-$name-prefix.log" 2>&1
-    log "colocation $name (SM prefix): exit $? ($(tail -1 "$res/colocation-$name-prefix.log"))"
+    coloc_run "$name" $(( share * 2 / 3 )) "" "$qos" "$artifacts" "$rates" "${coloc[@]}"
+    coloc_run "$name" $(( share / 3 )) prefix "$qos" "$artifacts" "$rates" --policies colocation partition "${coloc[@]}"
   done < "$dir/mixes.txt"
 }
 

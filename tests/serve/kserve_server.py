@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from tests.helpers import ROOT, free_port, onnxruntime_outputs
+from tests.helpers import free_port, onnxruntime_outputs, start_server, stop_server
 from tvmsched import models
 from tvmsched.pipeline import compile_model
 
@@ -44,38 +43,17 @@ def build_repository(folder: Path) -> dict:
 
 def start(folder: Path, *extra: str) -> Served:
     """Build the repository in `folder` and serve it; waits (at most 300 s) until /v2/health/ready answers 200."""
-    import httpx
-    import pytest
-
     onnx = build_repository(folder / "repo")
     http, grpc = free_port(), free_port()
     command = [sys.executable, "-m", "tvmsched.cli", "serve", "--model-repository", str(folder / "repo"),
                "--port", str(http), "--grpc-port", str(grpc), *extra]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            out, err = process.communicate()
-            pytest.fail(f"tvmsched serve exited with {process.returncode}: {out} {err}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{http}/v2/health/ready", timeout=1).status_code == 200:
-                return Served(process, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", folder / "repo", onnx)
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    process.kill()
-    pytest.fail("tvmsched serve did not answer within 300 s")
+    process = start_server(command, f"http://127.0.0.1:{http}", ready="/v2/health/ready")
+    return Served(process, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", folder / "repo", onnx)
 
 
 def stop(served: Served) -> None:
     """SIGTERM; the server drains and exits 0."""
-    served.process.terminate()
-    try:
-        code = served.process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        served.process.kill()
-        served.process.wait()
-        raise
+    code = stop_server(served.process)
     assert code == 0, (code, served.process.stderr.read())
 
 

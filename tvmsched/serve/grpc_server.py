@@ -105,18 +105,20 @@ class Servicer:
         return self.pb2.RepositoryIndexResponse(models=[index(**r) for r in rows])
 
     async def RepositoryModelLoad(self, request, context):
-        try:
-            await asyncio.to_thread(self.service.load, request.model_name)
-        except ServeError as err:
-            await _abort(context, err)
+        await self._repository(self.service.load, request.model_name, context)
         return self.pb2.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request, context):
+        await self._repository(self.service.unload, request.model_name, context)
+        return self.pb2.RepositoryModelUnloadResponse()
+
+    @staticmethod
+    async def _repository(action, name: str, context) -> None:
+        """Load or unload off the event loop; a refusal aborts the call with its code."""
         try:
-            await asyncio.to_thread(self.service.unload, request.model_name)
+            await asyncio.to_thread(action, name)
         except ServeError as err:
             await _abort(context, err)
-        return self.pb2.RepositoryModelUnloadResponse()
 
     async def ModelInfer(self, request, context):
         received = time.perf_counter_ns()
