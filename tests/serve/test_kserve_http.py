@@ -192,12 +192,11 @@ def test_queue_cap_answers_503_and_every_request_is_answered(server):
     h = bert_input(5)
     body = {"inputs": [{"name": "hidden_states", "datatype": "FP32", "shape": [1, 128, 128], "data": h.ravel().tolist()}]}
     want = server.reference("bert", {"hidden_states": h})["output"]
-    for _ in range(5):  # bert's max_queue is 2: 16 at once cannot all be admitted
-        replies = _post_many(server, "bert", body, 16)
-        codes = [r.status_code for r in replies]
-        if 503 in codes:
-            break
-    assert set(codes) <= {200, 503} and 200 in codes and 503 in codes, codes
+    # bert's max_queue is 2: of 16 at once, those arriving while two are admitted are refused. How many overlap
+    # depends on the machine (see the next test), the answers do not
+    replies = _post_many(server, "bert", body, 16)
+    codes = [r.status_code for r in replies]
+    assert set(codes) <= {200, 503} and 200 in codes, codes
     for reply in replies:
         if reply.status_code == 503:
             assert "max_queue 2" in reply.json()["error"]
@@ -210,15 +209,6 @@ def test_a_request_that_cannot_start_in_time_is_refused_never_run_late(server):
     h = bert_input(6)
     body = lambda timeout, **more: {"inputs": [{"name": "hidden_states", "datatype": "FP32", "shape": [1, 128, 128],
                                                 "data": h.ravel().tolist()}], "parameters": {"timeout": timeout, **more}}
-    # 1 ms: a request with another bert request (~2 ms) ahead of it is refused at once, before it is queued
-    for _ in range(5):
-        replies = _post_many(server, "bert", body(1000), 6)
-        codes = [r.status_code for r in replies]
-        refused = [r.json()["error"] for r in replies if r.status_code == 504]
-        if 200 in codes and any("cannot start this request within its timeout of 1000 µs" in e for e in refused):
-            break
-    assert 200 in codes and set(codes) <= {200, 503, 504}, codes
-    assert any("cannot start this request within its timeout of 1000 µs" in e for e in refused), refused
     # 1 µs: even with nothing ahead it is still queued at its deadline: the engine fails it instead of running it
     for _ in range(5):
         executions = _metric(server, "nv_inference_exec_count", model="bert")
@@ -229,6 +219,43 @@ def test_a_request_that_cannot_start_in_time_is_refused_never_run_late(server):
     assert _metric(server, "nv_inference_exec_count", model="bert") == executions  # it never ran
     # with room to wait, the same requests are all served
     assert {r.status_code for r in _post_many(server, "bert", body(60_000_000, priority=1), 2)} == {200}
+
+
+def test_admission_caps_the_queue_and_refuses_what_cannot_start_in_time(server):
+    """The admission rules themselves, in this process and without timing luck: over HTTP an idle server answers a fast
+    model's requests one by one (the event loop waits for each, service.outputs), so whether another is ahead
+    depends on the machine. Here one request is held admitted and unanswered while the next arrives."""
+    from tvmsched.runtime import Runtime
+    from tvmsched.serve.repository import ModelSpec
+    from tvmsched.serve.service import InferenceService, ServeError
+
+    runtime = Runtime("cpu")
+    try:
+        service = InferenceService(runtime)
+        served = service.add(ModelSpec("bert", str(server.repository / "bert" / "bert.tvms"), warmup=False,
+                                        max_queue=2))
+        inputs = {"hidden_states": bert_input(7)}
+        want = server.reference("bert", inputs)["output"]
+        first = service.submit(served, inputs)
+        first.result(timeout=60)
+        service.finish(served, first, 0, None)
+        assert served.compute_s > 0 and served.pending == 0
+        each_us = served.compute_s * 1e6
+        ahead = service.submit(served, inputs)  # admitted; counted as pending until `finish`, run or not
+        with pytest.raises(ServeError, match=r"cannot start this request within its timeout of \d+ µs: 1 requests are "
+                                              r"ahead of it") as err:
+            service.submit(served, inputs, {"timeout": max(1, int(each_us / 2))})
+        assert err.value.status == 504 and served.pending == 1  # refused before it was queued
+        roomy = service.submit(served, inputs, {"timeout": int(each_us * 1000)})  # room for the one ahead: queued
+        with pytest.raises(ServeError, match=r"has 2 requests queued or running, its limit \(max_queue 2\)") as err:
+            service.submit(served, inputs)
+        assert err.value.status == 503 and served.pending == 2
+        for future in (ahead, roomy):
+            np.testing.assert_allclose(future.result(timeout=60)["output"], want, rtol=1e-3, atol=1e-4)
+            service.finish(served, future, 0, None)
+        assert served.pending == 0 and served.counters.success == 3
+    finally:
+        runtime.shutdown()
 
 
 def test_metrics_use_tritons_names(server, client):

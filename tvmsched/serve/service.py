@@ -213,7 +213,7 @@ class InferenceService:
         return list(requested) or known
 
     def submit(self, served: Served, inputs: dict[str, np.ndarray], parameters: dict | None = None):
-        """Admit and queue one request; returns (engine future, admission token for `finish`)."""
+        """Admit and queue one request; returns the engine's future (answer it with `finish`, run or failed)."""
         priority, timeout_us = _scheduling(parameters or {})
         with served.lock:
             if served.pending >= served.max_queue:
