@@ -114,30 +114,39 @@ def test_recorded_stages_follow_the_pipeline_rules(zoo, budget_restored):
         assert not fa.done() and not _stage(rt.switch_events(), a, "stage2")
         rt.models[a].task.resume()
         _same(fa.result(timeout=120), zoo[a][2])
-        for name in (a, b):  # both evicted with their environments: the next switch-ins start from stage 1
-            assert rt.switcher.native.evict(rt.models[name].task.executor.native, False)
-        mark = len(rt.switch_events())
-        fa = rt.submit(a, zoo[a][1])  # two tasks queued: a is current, b next
-        fb = rt.submit(b, zoo[b][1])
-        _same(fa.result(timeout=120), zoo[a][2])
-        _same(fb.result(timeout=120), zoo[b][2])
-        events = rt.switch_events()[mark:]
         n_a = len(groups(rt.models[a].task.executor))
-    assert n_a >= 3
-    # stage 1 of the next task runs while the current one is switched in and runs
-    assert _stage(events, b, "stage1")[0].start_us < _stage(events, a, "exec", n_a - 1)[0].end_us
-    overlaps = 0
-    for g in range(n_a):
-        prep, run = _stage(events, a, "stage2", g)[0], _stage(events, a, "exec", g)[0]
-        assert prep.end_us <= run.start_us  # a sub-task runs once prepared
-        if g + 1 < n_a:  # stage 2 of sub-task g+1 overlaps the execution of sub-task g (when the OS lets the
-            overlaps += _stage(events, a, "stage2", g + 1)[0].start_us < run.end_us  # copy thread run beside the kernels)
-        clean = _stage(events, a, "clean", g)  # retain=False: cleaned once finished
-        assert clean and clean[0].start_us >= run.end_us
-    assert overlaps >= 1
-    # the next task's first stage 2 waits until fewer than the preset count of a's sub-tasks remain
-    first_b = _stage(events, b, "stage2", 0)[0]
-    assert first_b.start_us >= _stage(events, a, "exec", n_a - settings.preset_count)[0].end_us
+        assert n_a >= 3
+        for _ in range(3):  # the overlaps are the pipeline's aim, not a promise: on a loaded machine the copy thread
+            events = _switch_a_then_b(rt, zoo, a, b)  # may run late once; the order rules hold every time
+            for g in range(n_a):
+                prep, run = _stage(events, a, "stage2", g)[0], _stage(events, a, "exec", g)[0]
+                assert prep.end_us <= run.start_us  # a sub-task runs once prepared
+                clean = _stage(events, a, "clean", g)  # retain=False: cleaned once finished
+                assert clean and clean[0].start_us >= run.end_us
+            # the next task's first stage 2 waits until fewer than the preset count of a's sub-tasks remain
+            first_b = _stage(events, b, "stage2", 0)[0]
+            assert first_b.start_us >= _stage(events, a, "exec", n_a - settings.preset_count)[0].end_us
+            # stage 1 of the next task runs while the current one is switched in and runs, and stage 2 of sub-task
+            # g+1 overlaps the execution of sub-task g
+            b_early = _stage(events, b, "stage1")[0].start_us < _stage(events, a, "exec", n_a - 1)[0].end_us
+            overlaps = sum(_stage(events, a, "stage2", g + 1)[0].start_us < _stage(events, a, "exec", g)[0].end_us
+                           for g in range(n_a - 1))
+            if b_early and overlaps:
+                break
+        assert b_early and overlaps >= 1, (b_early, overlaps)
+
+
+def _switch_a_then_b(rt, zoo, a, b):
+    """Both evicted with their environments, then a request of each at once (a is current, b next): the stages
+    recorded meanwhile."""
+    for name in (a, b):
+        assert rt.switcher.native.evict(rt.models[name].task.executor.native, False)
+    mark = len(rt.switch_events())
+    fa = rt.submit(a, zoo[a][1])
+    fb = rt.submit(b, zoo[b][1])
+    _same(fa.result(timeout=120), zoo[a][2])
+    _same(fb.result(timeout=120), zoo[b][2])
+    return rt.switch_events()[mark:]
 
 
 def test_a_model_whose_stage_1_fails_fails_its_requests_and_the_others_go_on(zoo, tmp_path, budget_restored):
