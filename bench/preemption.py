@@ -34,33 +34,37 @@ def compile_all(out_dir: Path, models_: list[str], target: str) -> None:
         print(f"compiled {name}", flush=True)
 
 
-def overhead(artifact_dir: Path, name: str, device: str, rounds: int, repeat: int) -> dict:
+def overhead(artifact_dir: Path, name: str, device: str, rounds: int, repeat: int, flag_memory: str = "auto") -> dict:
     """Whole-model latency, instrumented vs plain, interleaved rounds (p50 of all runs)."""
-    p50, runs = interleaved_p50({"instrumented": artifact_dir / f"{name}.tvms", "plain": artifact_dir / f"{name}.plain.tvms"},
-                                device, rounds, repeat)
+    p50, runs, flags = interleaved_p50({"instrumented": artifact_dir / f"{name}.tvms",
+                                        "plain": artifact_dir / f"{name}.plain.tvms"}, device, rounds, repeat, flag_memory)
     return {"model": name, "plain_ms_p50": p50["plain"], "instrumented_ms_p50": p50["instrumented"],
-            "overhead": p50["instrumented"] / p50["plain"] - 1, "runs": runs}
+            "overhead": p50["instrumented"] / p50["plain"] - 1, "runs": runs, "flag_memory": flags}
 
 
-def interleaved_p50(artifacts: dict[str, Path], device: str, rounds: int, repeat: int) -> tuple[dict[str, float], int]:
-    """({label: p50 ms of whole-model runs}, runs each): the artifacts timed in alternating rounds."""
+def interleaved_p50(artifacts: dict[str, Path], device: str, rounds: int, repeat: int,
+                    flag_memory: str = "auto") -> tuple[dict[str, float], int, dict[str, str]]:
+    """({label: p50 ms of whole-model runs}, runs each, {label: where its preempt flag was}): the artifacts timed in
+    alternating rounds."""
     from tvmsched.runtime import Executor
 
-    executors = {label: Executor(path, device) for label, path in artifacts.items()}
+    executors = {label: Executor(path, device, flag_memory=flag_memory) for label, path in artifacts.items()}
     inputs = next(iter(executors.values())).random_inputs(0)
     times = {label: [] for label in executors}
     for _ in range(rounds):
         for label, executor in executors.items():
             times[label] += executor.time_runs(inputs, repeat, warmup=1)
-    return {k: float(np.median(v)) * 1e3 for k, v in times.items()}, rounds * repeat
+    flags = {label: executor.flag_memory for label, executor in executors.items()}
+    return {k: float(np.median(v)) * 1e3 for k, v in times.items()}, rounds * repeat, flags
 
 
-def preemption_latency(artifact_dir: Path, name: str, device: str, samples: int, seed: int = 0) -> dict:
+def preemption_latency(artifact_dir: Path, name: str, device: str, samples: int, seed: int = 0,
+                       flag_memory: str = "auto") -> dict:
     """preempt() durations on a busy best-effort task, against waiting for the kernel / the request."""
     from tvmsched.runtime import Executor
     from tvmsched.runtime.preemption import Task
 
-    executor = Executor(artifact_dir / f"{name}.tvms", device)
+    executor = Executor(artifact_dir / f"{name}.tvms", device, flag_memory=flag_memory)
     inputs = executor.random_inputs(0)
     task = Task(executor, name)
     rng = random.Random(seed)
@@ -82,7 +86,7 @@ def preemption_latency(artifact_dir: Path, name: str, device: str, samples: int,
         for future in futures:
             future.result()
     task.close()
-    summary = {"model": name, "request_ms": request_s * 1e3, "reruns": task.reruns}
+    summary = {"model": name, "request_ms": request_s * 1e3, "reruns": task.reruns, "flag_memory": executor.flag_memory}
     for mode, values in results.items():
         us = np.array(values) * 1e6
         summary[mode] = {"p50_us": float(np.percentile(us, 50)), "p99_us": float(np.percentile(us, 99)),
@@ -98,13 +102,14 @@ def _request_seconds(task, inputs, n: int = 5) -> float:
     return (time.perf_counter() - start) / n
 
 
-def mix(artifact_dir: Path, realtime: str, best_effort: str, device: str, seconds: float, load: float, seed: int = 0) -> dict:
+def mix(artifact_dir: Path, realtime: str, best_effort: str, device: str, seconds: float, load: float, seed: int = 0,
+        flag_memory: str = "auto") -> dict:
     """Real-time requests with Poisson arrivals (rate = load / RT latency) plus a closed-loop best-effort stream."""
     from tvmsched.runtime import Executor
     from tvmsched.runtime.preemption import Priorities, Task
 
-    rt_exec = Executor(artifact_dir / f"{realtime}.tvms", device)
-    be_exec = Executor(artifact_dir / f"{best_effort}.tvms", device)
+    rt_exec = Executor(artifact_dir / f"{realtime}.tvms", device, flag_memory=flag_memory)
+    be_exec = Executor(artifact_dir / f"{best_effort}.tvms", device, flag_memory=flag_memory)
     rt_inputs, be_inputs = rt_exec.random_inputs(1), be_exec.random_inputs(2)
     rt_task, be_task = Task(rt_exec, "rt"), Task(be_exec, "be")
     rt_alone_s = _request_seconds(rt_task, rt_inputs, 20)
@@ -175,17 +180,22 @@ def main() -> None:
     parser.add_argument("--best-effort", default="bert-tiny")
     parser.add_argument("--loads", type=float, nargs="+", default=[0.2, 0.4])
     parser.add_argument("--sections", nargs="+", default=["overhead", "latency", "mix"], choices=["overhead", "latency", "mix"])
+    parser.add_argument("--flag-memory", default="auto", choices=["auto", "host_mapped", "device"],
+                        help="CUDA: where the preempt flag goes (auto: device memory for kernels with loop checks, "
+                        "else the faster to set)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.compile:
         compile_all(args.artifact_dir, sorted({*args.models, args.realtime, args.best_effort}), "cuda" if args.device == "cuda" else "llvm")
     report = {"device": args.device, "machine": f"{platform.machine()}, {platform.node()}", "overhead": [], "latency": [], "mix": []}
-    jobs = [("overhead", name, lambda name=name: overhead(args.artifact_dir, name, args.device, args.rounds, args.repeat))
-            for name in args.models]
-    jobs += [("latency", name, lambda name=name: preemption_latency(args.artifact_dir, name, args.device, args.samples))
+    flags = args.flag_memory
+    jobs = [("overhead", name, lambda name=name: overhead(args.artifact_dir, name, args.device, args.rounds, args.repeat,
+                                                          flags)) for name in args.models]
+    jobs += [("latency", name, lambda name=name: preemption_latency(args.artifact_dir, name, args.device, args.samples,
+                                                                    flag_memory=flags))
              for name in (args.realtime, args.best_effort)]
     jobs += [("mix", load, lambda load=load: mix(args.artifact_dir, args.realtime, args.best_effort, args.device,
-                                                 args.mix_seconds, load)) for load in args.loads]
+                                                 args.mix_seconds, load, flag_memory=flags)) for load in args.loads]
     for section, _, job in jobs:
         if section not in args.sections:
             continue

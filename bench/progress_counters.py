@@ -54,7 +54,7 @@ def main() -> None:
             compile_pair(name, paths, target, tuning)
         if args.compile_only:
             continue
-        p50, runs = interleaved_p50(paths, args.device, args.rounds, args.repeat)
+        p50, runs, _ = interleaved_p50(paths, args.device, args.rounds, args.repeat)
         report["models"].append({"model": name, "plain_ms_p50": p50["plain"], "counted_ms_p50": p50["counted"],
                                  "overhead": p50["counted"] / p50["plain"] - 1, "runs": runs})
         print(json.dumps(report["models"][-1]), flush=True)

@@ -4,11 +4,13 @@ The pass adds a last parameter `preempt_flags` (int32[FLAG_LEN]; host memory on 
 on GPU). The host sets slots 0..FLAG_SLOTS-1 together to preempt. Where the checks go:
 - GPU, idempotent kernel ("blocks"): at the start of every thread block; a block that sees the flag
   does nothing, so a queued or running kernel ends within one block. It is re-run later.
-  With `loops=True` ("loops"), also at every iteration of the outermost serial loop that all threads of a block
-  run alike (under the thread bindings, constant extent): a running block stops within one iteration, which bounds
-  a single-wave kernel's remaining time (its blocks have all started, so block-start checks cannot stop it). The
+  With `loops=K` ("loops"), also at K evenly spaced iterations (every ceil(extent / K)-th, the first included) of
+  the outermost serial loop that all threads of a block run alike (under the thread bindings, constant extent): a
+  running block stops within about 1/K of its loop, which bounds a single-wave kernel's remaining time (its blocks have all started, so block-start checks cannot stop it). The
   threads read the flag through `__syncthreads_or`, one barrier that gives every thread of the block the same
-  answer: a plain read could differ between threads and leave some waiting at a later `__syncthreads`.
+  answer: a plain read could differ between threads and leave some waiting at a later `__syncthreads`. The
+  iteration number is the same in every thread, so all of them take the check or none does. The engine keeps
+  such a model's flag in device memory (a read that stays in the GPU's L2, not one across PCIe: docs/preemption.md).
 - CPU, idempotent kernel ("parallel"): at the start of every iteration of each parallel loop;
   kernels without one ("loop") check at every iteration of the first loop of each loop nest with
   more than one iteration. Iteration i reads slot i % FLAG_SLOTS: a loop-varying address keeps
@@ -33,11 +35,16 @@ PARAM = "preempt_flags"
 SERIAL_ITERS = {"range", "serial", "grid"}
 
 
-def instrument(func, *, idempotent: bool, gpu: bool, loops: bool = False):
+def instrument(func, *, idempotent: bool, gpu: bool, loops: int = 0):
     """(instrumented PrimFunc, where it checks: "blocks" | "loops" | "parallel" | "loop" | "entry" | "none").
 
-    loops: GPU idempotent kernels also check inside their blocks' outermost uniform serial loop (module docstring)."""
+    loops: K > 0: GPU idempotent kernels also check K times through their blocks' outermost uniform serial loop,
+    at evenly spaced iterations (module docstring); 0: they do not."""
     import tvm
+
+    loops = int(loops)
+    if loops < 0:
+        raise ValueError(f"loops must be 0 (no loop checks) or K >= 1 checks per loop, not {loops}")
 
     tree = ast.parse(func.script())
     fn = next(node for node in tree.body if isinstance(node, ast.FunctionDef))
@@ -45,7 +52,7 @@ def instrument(func, *, idempotent: bool, gpu: bool, loops: bool = False):
     body = _root_body(fn)
     if gpu:
         check = "blocks" if idempotent and _wrap_block_loops(body) else "none"
-        if check == "blocks" and loops and _wrap_uniform_serial_loops(body):
+        if check == "blocks" and loops and _wrap_uniform_serial_loops(body, loops):
             check = "loops"
     elif not idempotent:
         _wrap_entry(body)
@@ -122,12 +129,13 @@ def _wrap_block_loops(body: list) -> bool:
     return bool(loops)
 
 
-def _wrap_uniform_serial_loops(body: list) -> bool:
-    """A block-uniform check at every iteration of the outermost serial loops under each innermost blockIdx loop."""
+def _wrap_uniform_serial_loops(body: list, checks: int) -> bool:
+    """Block-uniform checks at `checks` evenly spaced iterations (every ceil(extent / checks)-th, the first included)
+    of the outermost serial loops under each innermost blockIdx loop."""
     blocks = _outermost_loops(body, lambda s: _is_thread_loop(s, "blockIdx") and not (len(s.body) == 1 and _is_thread_loop(s.body[0], "blockIdx")))
     wrapped = False
     for block in blocks:
-        for loop, threads in _uniform_serial_loops(block.body, []):
+        for loop, threads, extent in _uniform_serial_loops(block.body, []):
             slot = f"{loop.target.id} % {FLAG_SLOTS}"  # a loop-varying slot: the load cannot be hoisted
             # __ldcv: a load the caches cannot answer from a copy made before the host set the flag (inside one
             # kernel a plain load of a read-only __restrict__ pointer may come from the non-coherent cache). Only
@@ -139,7 +147,11 @@ def _wrap_uniform_serial_loops(body: list) -> bool:
                 first = " and ".join(f"{name} == 0" for name in threads)
                 read = f"T.if_then_else({first}, {read}, 0)"  # lazily evaluated: the others do not load
             seen = _expr(f'T.call_extern("int32", "__syncthreads_or", {read}) != 0')
-            loop.body = [ast.If(test=seen, body=[ast.Expr(_expr("T.thread_return()"))], orelse=[]), *loop.body]
+            check = ast.If(test=seen, body=[ast.Expr(_expr("T.thread_return()"))], orelse=[])
+            every = -(-extent // checks)
+            if every > 1:  # the same iteration number in every thread of the block: all check, or none
+                check = ast.If(test=_expr(f"{loop.target.id} % {every} == 0"), body=[check], orelse=[])
+            loop.body = [check, *loop.body]
             wrapped = True
     return wrapped
 
@@ -148,9 +160,9 @@ def _is_thread_loop(stmt, axis: str) -> bool:
     return isinstance(stmt, ast.For) and _iter_kind(stmt) == "thread_binding" and axis in ast.unparse(stmt.iter)
 
 
-def _uniform_serial_loops(stmts: list, threads: list[str]) -> list[tuple[ast.For, list[str]]]:
+def _uniform_serial_loops(stmts: list, threads: list[str]) -> list[tuple[ast.For, list[str], int]]:
     """Serial loops of constant extent > 1 that every thread of the block reaches alike, each with the threadIdx
-    loop variables around it: looking through thread bindings only (not into conditions, blocks or other loops,
+    loop variables around it and its extent: looking through thread bindings only (not into conditions, blocks or other loops,
     whose paths may differ between threads)."""
     found = []
     for stmt in stmts:
@@ -162,7 +174,7 @@ def _uniform_serial_loops(stmts: list, threads: list[str]) -> list[tuple[ast.For
             args = stmt.iter.args
             extent = _const(args[-1]) if len(args) == 1 else None
             if extent is not None and extent > 1:
-                found.append((stmt, threads))
+                found.append((stmt, threads, extent))
     return found
 
 

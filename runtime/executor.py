@@ -100,6 +100,12 @@ class Executor:
         self.output_names = tuple(binding.name for binding in self.manifest.outputs)
 
     @property
+    def flag_memory(self) -> str:
+        """Where its preempt flag is now: "host_mapped" (CPU: host memory), "device" (CUDA, chosen for kernels with
+        loop checks or by measuring), or "none" (not instrumented, or not on the device)."""
+        return native.flag_memory(self.native)
+
+    @property
     def resident(self) -> bool:
         """Whether its environment and every sub-task are on the device now."""
         return bool(self.native.resident())

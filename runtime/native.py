@@ -161,6 +161,16 @@ def tiering_events(model: NativeModel):
     return func("tiering_events")(model)
 
 
+def flag_memory(model: NativeModel) -> str:
+    """Where the model's preempt flag is: "host_mapped" (on CPU, host memory), "device" or "none" (model.h)."""
+    return str(func("flag_memory")(model))
+
+
+def flag_memory_wanted(model: NativeModel) -> str:
+    """Where the model asks its device to put the preempt flag: "auto", "host_mapped" or "device" (model.h)."""
+    return str(func("flag_memory_wanted")(model))
+
+
 def release_tiers(model: NativeModel) -> None:
     func("release_tiers")(model)
 

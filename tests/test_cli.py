@@ -104,6 +104,14 @@ def test_unknown_target(compiled):
     assert_user_error(run_cli("compile", model_path, "--target", "{oops"), "not valid JSON")
 
 
+def test_loop_checks_need_a_count_and_preempt_checks(compiled):
+    model_path, _ = compiled
+    assert_user_error(run_cli("compile", model_path, "--loop-checks", "-1"), "--loop-checks", "-1")
+    assert_user_error(run_cli("compile", model_path, "--loop-checks"), "--loop-checks")
+    assert_user_error(run_cli("compile", model_path, "--loop-checks", "4", "--no-preempt-checks"),
+                      "--loop-checks 4: give K >= 1 (checks per loop) with preempt checks on, or 0")
+
+
 @pytest.mark.parametrize(
     "arrays, fragment",
     [

@@ -40,7 +40,7 @@ def compile_model(
     units: list[int] | None = None,
     rpc: str | None = None,
     preempt_checks: bool = True,
-    loop_checks: bool = False,
+    loop_checks: int = 0,
     progress_counters: bool = False,
     index_checks: bool = True,
     progress: bool = False,
@@ -63,21 +63,25 @@ def compile_model(
         units: unit counts to consider for candidates (default: 1..all units).
         rpc: "HOST:PORT:KEY" of a TVM RPC tracker: measure tuning candidates on its devices.
         preempt_checks: instrument every kernel with preempt-flag checks (after the idempotence analysis).
-        loop_checks: GPU idempotent kernels also check inside their blocks' outermost loop, so a running kernel
-            stops within one iteration (passes.preempt_flag; a barrier per iteration, docs/preemption.md).
+        loop_checks: K > 0: GPU idempotent kernels also check K times through their blocks' outermost loop (at
+            evenly spaced iterations), so a running kernel stops within about 1/K of its time (passes.preempt_flag;
+            a barrier per check, docs/preemption.md); 0: block-start checks only.
         progress_counters: kernels count their completed blocks into a per-layer counter (passes.progress).
         index_checks: bounds-check indices read from run-time data (Gather, Scatter*, ...); off only to
             measure what the checks cost: an unchecked artifact reads and writes out of bounds on bad indices.
         progress: show a progress bar while tuning (or deciding between records and default schedules).
     """
     info = _check_options(target, qos_ms, tune_trials, tune_minutes, rpc)
+    if int(loop_checks) < 0 or (loop_checks and not preempt_checks):
+        raise TvmschedError(f"--loop-checks {int(loop_checks)}: give K >= 1 (checks per loop) with preempt checks "
+                            "on, or 0")
     graph, funcs, tvm_target = lower_model(model, target, input_shapes, index_checks)
     plan = _choose_kernels(
         graph, funcs, tvm_target, tune_trials=tune_trials, database=database, qos_ms=qos_ms, units=units, rpc=rpc,
         progress=progress, tune_minutes=tune_minutes,
     )
     if preempt_checks:
-        plan = _instrumented(plan, gpu=info.gpu, loops=loop_checks)
+        plan = _instrumented(plan, gpu=info.gpu, loops=int(loop_checks))
     if progress_counters:
         plan = _progress_counted(plan, gpu=info.gpu)
     library = kernels.build_library(plan.kernels, tvm_target, extra_sources=_extra_sources(plan, info))
@@ -184,7 +188,7 @@ def _extra_sources(plan: KernelPlan, info: TargetInfo) -> dict[str, str]:
     return {}
 
 
-def _instrumented(plan: KernelPlan, *, gpu: bool, loops: bool = False) -> KernelPlan:
+def _instrumented(plan: KernelPlan, *, gpu: bool, loops: int = 0) -> KernelPlan:
     """Every kernel analysed for idempotence and given its preempt-flag checks (passes/)."""
     from tvmsched.passes.idempotence import analyze
     from tvmsched.passes.preempt_flag import FLAG_LEN, instrument

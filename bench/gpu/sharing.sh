@@ -53,17 +53,21 @@ if have resnet18-small bert-tiny && want preemption; then
     python3 -P bench/preemption.py --device "$device" --artifact-dir "$work" --sections mix --mix-seconds 3 \
       --loads 0.2 0.5 0.8 --realtime resnet18-small --best-effort bert-tiny --out "$raw/sharing-preemption-$device.json"
 fi
-if have resnet18-small bert-tiny resnet18-small.loops bert-tiny.loops; then  # --loop-checks (prepare.py --variant)
+# --loop-checks K (prepare.py --variant; docs/gpu.md): their flag in device memory (the engine's choice for them);
+# block-start checks' latency with the flag in host-mapped memory (auto there), then in device memory
+if have resnet18-small bert-tiny resnet18-small.loops bert-tiny.loops; then
   loops=$(mktemp -d)  # MODEL.tvms: with loop checks; MODEL.plain.tvms: block-start checks only (the default)
   for m in resnet18-small bert-tiny; do
     ln -s "$(realpath "$work/$m.loops.tvms")" "$loops/$m.tvms"
     ln -s "$(realpath "$work/$m.tvms")" "$loops/$m.plain.tvms"
   done
-  want loops && section "loop checks: latency against block-start checks (plain), preempt() latency of each" 45 \
+  want loops && section "loop checks: latency against block-start checks (plain), preempt() latency of each" 55 \
     bash -c "python3 -P bench/preemption.py --device $device --artifact-dir $loops --sections overhead \
       --models resnet18-small bert-tiny --rounds 4 --repeat 25 --out $raw/sharing-loops-overhead-$device.json &&
       python3 -P bench/preemption.py --device $device --artifact-dir $work --sections latency --samples 90 \
       --out $raw/sharing-latency-$device.json | tail -2 &&
+      python3 -P bench/preemption.py --device $device --artifact-dir $work --sections latency --samples 90 \
+      --flag-memory device --out $raw/sharing-latency-device-flag-$device.json | tail -2 &&
       python3 -P bench/preemption.py --device $device --artifact-dir $loops --sections latency --samples 90 \
       --out $raw/sharing-latency-loops-$device.json | tail -2"
   want loopmix && section "preemption with loop checks (--loop-checks): the same mix" 30 \

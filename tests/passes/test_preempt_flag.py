@@ -1,6 +1,7 @@
 """Preempt-flag instrumentation: where checks go, and what a set flag does."""
 
 import numpy as np
+import pytest
 import tvm
 from tvm.script import tirx as T
 
@@ -77,14 +78,15 @@ def test_gpu_kernels_return_early_per_thread_block_and_still_compile():
 
 
 def test_gpu_loop_checks_stop_a_running_block_within_one_iteration_with_one_uniform_read():
-    """--loop-checks: the outermost serial loop under a convolution's thread bindings checks the flag: the block's
+    """--loop-checks K (64: every iteration here): the outermost serial loop under a convolution's thread bindings
+    checks the flag: the block's
     first thread reads it (uncached), __syncthreads_or gives every thread of the block its answer (so none waits at a
     later barrier); a loop
     nested in a condition or data-dependent path gets no check; non-idempotent kernels stay unchecked."""
     _, funcs, target = lower_model(models.build("resnet18-small"), "cuda")
     scheduled = kernels.default_schedule(funcs, target)
     name = [n for n in scheduled if "conv" in n][3]
-    instrumented, check = instrument(scheduled[name], idempotent=True, gpu=True, loops=True)
+    instrumented, check = instrument(scheduled[name], idempotent=True, gpu=True, loops=64)
     assert check == "loops"
     script = instrumented.script()
     assert script.count("__syncthreads_or") == 2  # its two kernels (rfactor, then the reduction), one loop each
@@ -97,7 +99,21 @@ def test_gpu_loop_checks_stop_a_running_block_within_one_iteration_with_one_unif
     inner = source.index("if (__syncthreads_or(condval) != 0)")  # the first thread's answer, for all
     assert only_first < inner
     assert entry < inner < source.index("__syncthreads();")  # before the loop body's own barrier
-    assert instrument(scheduled[name], idempotent=False, gpu=True, loops=True)[1] == "none"
+    assert instrument(scheduled[name], idempotent=False, gpu=True, loops=64)[1] == "none"
     # an elementwise kernel has no serial loop in its blocks: block-start checks only
     flat = next(n for n in scheduled if "conv" not in n and "pool" not in n)
-    assert instrument(scheduled[flat], idempotent=True, gpu=True, loops=True)[1] in ("blocks", "loops")
+    assert instrument(scheduled[flat], idempotent=True, gpu=True, loops=64)[1] in ("blocks", "loops")
+    # K checks per loop, evenly spaced: this kernel's loops run 2 and 5 iterations; K=2 checks every iteration of the
+    # first and every 3rd of the second (0 and 3). The iteration number is the same in every thread: all of them
+    # reach the barrier or none does
+    spaced, check = instrument(scheduled[name], idempotent=True, gpu=True, loops=2)
+    script = spaced.script()
+    assert check == "loops" and script.count("__syncthreads_or") == 2
+    assert "if ax3_0 % T.int64(3) == T.int64(0):" in script and "ax3_1_0 % " not in script.replace("ax3_1_0 % T.int64(64)", "")
+    with target:  # (the CUDA compiler unrolls the 2-iteration loop: one check per iteration, then 1 for the other)
+        sources = {k: tvm.compile(tvm.IRModule({"main": instrument(scheduled[name], idempotent=True, gpu=True, loops=k)[0]
+                                                .with_attr("global_symbol", "main")}), target).mod.imports[0].inspect_source()
+                   for k in (1, 64)}
+    assert sources[64].count("__syncthreads_or(") == 3 and sources[1].count("__syncthreads_or(") == 2  # 1: iteration 0
+    with pytest.raises(ValueError, match="K >= 1 checks per loop"):
+        instrument(scheduled[name], idempotent=True, gpu=True, loops=-1)

@@ -2,12 +2,14 @@
 
 import os
 import random
+import re
 import time
 
 import numpy as np
 import pytest
 from tvm.script import tirx as T
 
+from tests.test_artifact import rewrite_member
 from tvmsched import __version__, models
 from tvmsched.lower import kernels
 from tvmsched.artifact.format import Artifact, Binding, Candidate, Layer, Manifest, TensorSpec
@@ -173,8 +175,28 @@ def test_realtime_requests_preempt_best_effort_work_and_it_resumes(zoo_tasks):
 
 def test_uninstrumented_artifacts_cannot_be_preempted():
     artifact = compile_model(models.build("tiny"), preempt_checks=False)
+    executor = Executor(artifact)
+    assert executor.flag_memory == "none"  # no flag at all (an instrumented one's on CPU: host memory, below)
     with pytest.raises(TvmschedError, match="compiled with preempt checks"):
-        Task(Executor(artifact))
+        Task(executor)
+    instrumented = Executor(compile_model(models.build("tiny")))
+    assert instrumented.flag_memory == "host_mapped"
+    assert Executor(compile_model(models.build("tiny")), flag_memory="device").flag_memory == "host_mapped"  # CPU
+
+
+def test_a_model_with_loop_checks_asks_for_its_flag_in_device_memory(tmp_path):
+    """Loop checks read the flag often: "auto" asks for device memory then (a host-mapped read crosses PCIe each
+    time); an explicit choice stands. The CPU device keeps it in host memory whatever is asked."""
+    from tvmsched.runtime import native
+
+    path = tmp_path / "tiny.tvms"
+    compile_model(models.build("tiny")).save(path)
+    assert native.flag_memory_wanted(Executor(path).native) == "auto"
+    rewrite_member(path, "manifest.json", lambda d: re.sub(rb'"preempt_check": "(loop|parallel)"', b'"preempt_check": "loops"',
+                                                           d, count=1), fix_checksum=True)
+    looped = Executor(path)
+    assert native.flag_memory_wanted(looped.native) == "device" and looped.flag_memory == "host_mapped"
+    assert native.flag_memory_wanted(Executor(path, flag_memory="host_mapped").native) == "host_mapped"
 
 
 def _queue_threads() -> dict[str, set[int]]:

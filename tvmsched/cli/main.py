@@ -79,9 +79,10 @@ def models_build(name: str, output: str | None, seed: int) -> None:
 @click.option("--rpc", metavar="HOST:PORT:KEY", help="Measure tuning trials on devices of a TVM RPC tracker.")
 @click.option("--preempt-checks/--no-preempt-checks", default=True, show_default=True,
               help="Instrument kernels with preempt-flag checks (needed for preemption).")
-@click.option("--loop-checks", is_flag=True, help="CUDA: idempotent kernels also check the preempt flag at every "
-              "iteration of their blocks' outermost loop, so a running kernel stops within one iteration (one barrier "
-              "per iteration; docs/preemption.md).")
+@click.option("--loop-checks", type=click.IntRange(min=0), default=0, metavar="K",
+              help="CUDA: idempotent kernels also check the preempt flag K times through their blocks' outermost loop "
+              "(evenly spaced), so a running kernel stops within about 1/K of its time (one barrier per check; "
+              "docs/preemption.md). 0: at block starts only.")
 @click.option("--progress-counters", is_flag=True,
               help="Kernels count their completed blocks (GPU thread blocks, CPU parallel iterations) for the runtime.")
 @click.option("--index-checks/--no-index-checks", default=True, show_default=True,
@@ -91,7 +92,7 @@ def models_build(name: str, output: str | None, seed: int) -> None:
 def compile_cmd(
     model: str, output: str | None, target: str, input_shapes: tuple[str, ...], tune_trials: int,
     tune_minutes: float | None, db_url: str | None, db_token_file: str | None, qos_ms: float | None,
-    units_csv: str | None, rpc: str | None, preempt_checks: bool, loop_checks: bool, progress_counters: bool, index_checks: bool,
+    units_csv: str | None, rpc: str | None, preempt_checks: bool, loop_checks: int, progress_counters: bool, index_checks: bool,
     sign_key: str | None,
 ) -> None:
     """Compile an ONNX MODEL into a per-layer artifact (tuned with --tune-trials and/or --tune-minutes)."""

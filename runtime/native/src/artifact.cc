@@ -335,6 +335,7 @@ Manifest ParseManifest(const std::string& text) {
       cand.units = static_cast<int>(c["units"].integer_in(0, kMaxUnits, 0));
       cand.mechanism = c["mechanism"].null() ? "" : c["mechanism"].name();
       cand.idempotent = !c["idempotent"].null() && c["idempotent"].boolean();
+      cand.loop_checks = !c["preempt_check"].null() && c["preempt_check"].name() == "loops";
       cand.threads = c["threads"].integer_in(1, kMaxUnits, 1);
       // the progress bitmap's unit: blocks the kernels count when they count, else the launch's blocks
       int64_t blocks = c["blocks"].integer_in(0, kMaxBlocks, 1),

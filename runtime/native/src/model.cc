@@ -400,6 +400,16 @@ ModelObj::~ModelObj() {
   }
 }
 
+FlagMemory ModelObj::FlagMemoryFor() const {
+  if (flag_memory_ != FlagMemory::kAuto) return flag_memory_;
+  for (const LayerSpec& layer : manifest_.layers) {
+    for (const CandidateSpec& spec : layer.candidates) {
+      if (spec.loop_checks) return FlagMemory::kDevice;
+    }
+  }
+  return FlagMemory::kAuto;
+}
+
 Model Model::Load(const std::string& path, const std::string& device, FlagMemory flag_memory,
                   const TrustedKeys& trusted) {
   LoadOptions options;
@@ -459,7 +469,7 @@ void ModelObj::PrepareEnvironment() {
     for (const auto& [id, bytes] : env_tensors_) {
       env_data_[id] = AllocFor((manifest_.tensors.at(id).kind == "input" ? "input " : "output ") + id, bytes);
     }
-    if (manifest_.preempt_flags > 1) flags_ = device_->AllocFlags(manifest_.preempt_flags, flag_memory_);
+    if (manifest_.preempt_flags > 1) flags_ = device_->AllocFlags(manifest_.preempt_flags, FlagMemoryFor());
     if (manifest_.progress_counters) {
       counters_ = static_cast<int32_t*>(AllocFor("progress counters", sizeof(int32_t) * num_layers()));
       ResetProgress();

@@ -237,6 +237,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              return out;
            })
       .def("tvmsched.engine.release_tiers", [](Model m) { m->ReleaseTiers(); })
+      .def("tvmsched.engine.flag_memory", [](Model m) { return std::string(m->flag_memory()); })
+      .def("tvmsched.engine.flag_memory_wanted", [](Model m) { return std::string(m->flag_memory_wanted()); })
       .def("tvmsched.engine.tiering_events", [](Model m) { return EventRows(StreamerEvents(*m.get())); })
       .def("tvmsched.engine.tier_copy_floor",
            [](Model m, int repeat) {  // kind -> [seconds, bytes]

@@ -34,8 +34,9 @@ struct CandidateSpec {
   int units = 0;          ///< compute units it was built for (0: all)
   std::string mechanism;  ///< "cpu_threads", "green_context", "grid_limit" or ""
   bool idempotent = false;
-  int64_t blocks = 1;   ///< blocks of its launch (progress bitmap units)
-  int64_t threads = 1;  ///< counter increments per block when it counts progress
+  bool loop_checks = false;  ///< it checks the preempt flag inside its blocks' loops too (preempt_check "loops")
+  int64_t blocks = 1;        ///< blocks of its launch (progress bitmap units)
+  int64_t threads = 1;       ///< counter increments per block when it counts progress
   double latency_us = 1.0;
 };
 

@@ -114,6 +114,17 @@ class ModelObj : public ffi::Object {
   /*! \brief Set or clear the preempt flag's slots (every slot but the started mark). */
   void SetPreemptFlag(bool on);
   bool preempt_flag_set() const;
+  /*! \brief Where its preempt flag is now: "host_mapped" (CPU: host memory), "device", or "none" (not instrumented,
+   *  or its environment is not on the device). */
+  const char* flag_memory() const {
+    if (flags_.length == 0) return "none";
+    return flags_.memory == FlagMemory::kDevice ? "device" : "host_mapped";
+  }
+  /*! \brief Where it asks its device to put the flag: "auto" (the device measures), "host_mapped" or "device". */
+  const char* flag_memory_wanted() const {
+    FlagMemory wanted = FlagMemoryFor();
+    return wanted == FlagMemory::kAuto ? "auto" : wanted == FlagMemory::kDevice ? "device" : "host_mapped";
+  }
   /*! \brief CPU non-idempotent kernels mark the started slot once past their entry check. */
   void ClearStarted();
   bool started() const;
@@ -219,6 +230,9 @@ class ModelObj : public ffi::Object {
   TVM_FFI_DECLARE_OBJECT_INFO_FINAL("tvmsched.Model", ModelObj, ffi::Object);
 
  private:
+  /*! \brief Where its preempt flag goes: as loaded, but device memory for "auto" when a kernel checks the flag
+   *  inside its loops (a read at every check: across PCIe from host-mapped memory it cost 54-190x on an H100). */
+  FlagMemory FlagMemoryFor() const;
   std::atomic<int> inject_fault_layer_{-1};
   mutable std::mutex fault_mu_;
   std::deque<double> fault_us_;  // when its latest faults were reported
