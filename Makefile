@@ -54,7 +54,8 @@ lint: setup
 # the engine's tests again with the CPU device's launches asynchronous (a GPU stream's behaviour: launch queues, K in
 # flight, events, re-plans), so the GPU path's logic is tested on every run (docs/architecture.md)
 ASYNC_TESTS = tests/runtime/test_engine.py tests/runtime/test_preemption.py tests/runtime/test_switching.py \
-	tests/runtime/test_tiering.py tests/runtime/test_faults.py
+	tests/runtime/test_tiering.py tests/runtime/test_faults.py \
+	tests/runtime/test_stress.py::test_a_resume_racing_a_preempt_loses_no_aborted_work
 test: setup lint
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --durations=10
 	TVMSCHED_CPU_LAUNCHES=async $(PY) -m pytest -q -n $(PYTEST_WORKERS) $(ASYNC_TESTS)

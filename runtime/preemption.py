@@ -202,12 +202,14 @@ class Task:
             if quiet:
                 gc.enable()
 
-    def preempt(self, abort: bool = True) -> PreemptReport:
+    def preempt(self, abort: bool = True, wait: bool = True) -> PreemptReport:
         """Stop this task's work on the device as fast as possible; harmless when idle or already paused.
 
         abort=False only pauses the submitter and waits for the work on the device to end (the
-        no-preemption baseline of the benchmarks)."""
-        report = self.stream.preempt(abort)
+        no-preemption baseline of the benchmarks). wait=False returns once the flag is set and the task paused
+        (the report names no launches): on a GPU the task's own thread then waits for what it has in flight,
+        and a resume() or a waiting preempt() waits for that first."""
+        report = self.stream.preempt(abort, wait)
         launches = lambda items: tuple(Launch(*map(int, item)) for item in items)
         return PreemptReport(float(report["seconds"]), launches(report["rerun"]), launches(report["finished"]))
 

@@ -27,7 +27,7 @@ class Priorities:
         with self._lock:
             self._best_effort.append(task)
             if self._realtime_active:
-                self._record(task.preempt())
+                self._record(task.preempt(wait=False))
 
     def remove_best_effort(self, task) -> None:
         """A best-effort task that is unloaded: no real-time request preempts or resumes it any more."""
@@ -42,10 +42,11 @@ class Priorities:
         self.preempted += 1
 
     def submit_realtime(self, task, inputs: dict, candidate_ids: list[int] | None = None, deadline_us: float = 0) -> Future:
-        """Queue a real-time request, then preempt the busy best-effort streams: their preemption (waiting for the
-        launches they have running to stop) is off the real-time request's path, which starts at once on its own
-        (higher-priority) stream. They resume when no real-time request is queued or running. `task` may be a best-effort
-        model's (a request of its asking for real time): its own stream is not preempted."""
+        """Queue a real-time request, then preempt the busy best-effort streams: their preemption is off the real-time
+        request's path, which starts at once on its own (higher-priority) stream, and off the caller's (a server's
+        event loop): the flag is set and the streams paused, and each stream's own thread waits for the launches it
+        has in flight (Task.preempt(wait=False)). They resume when no real-time request is queued or running. `task`
+        may be a best-effort model's (a request of its asking for real time): its own stream is not preempted."""
         with self._lock:
             self._realtime_active += 1
             first = self._realtime_active == 1
@@ -58,7 +59,7 @@ class Priorities:
             with self._lock:
                 for best_effort in self._best_effort:
                     if best_effort is not task and best_effort.busy:  # a best-effort model's real-time request
-                        self._record(best_effort.preempt())
+                        self._record(best_effort.preempt(wait=False))
         future.add_done_callback(self._realtime_done)
         return future
 

@@ -80,8 +80,8 @@ class StreamLog:
     def __init__(self, busy=True):
         self.busy, self.calls = busy, []
 
-    def preempt(self):
-        self.calls.append("preempt")
+    def preempt(self, wait=True):
+        self.calls.append("preempt" if not wait else "preempt and wait")  # the policy never waits for the drain
         return "report"
 
     def resume(self):

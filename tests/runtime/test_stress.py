@@ -884,8 +884,11 @@ def test_a_resume_racing_a_preempt_loses_no_aborted_work(zoo):
     work), so the submitter, reading the flag, took the launch as complete: about 3 requests in 1000 came out
     wrong. Now a launch running when the flag was set always runs again. And that preempt() went on waiting for
     the stream to stop, which it did only when it ran out of requests (2 preempts in 8 s here): a resume() now
-    ends the wait. Two threads preempt and resume one stream while its requests run: every output must be the
-    direct run's, and the preempts return."""
+    ends the wait. The same race on the GPU path (make test runs this test again with TVMSCHED_CPU_LAUNCHES=async):
+    a resume() clearing the flag before anyone drained the launches in flight let the submitter retire launches
+    that had obeyed it: 79 of 153 outputs wrong. Now those launches are drained (and re-run) before the flag
+    clears. Two threads preempt (every other preempt() without waiting) and resume one stream while its requests
+    run: every output must be the direct run's, and the preempts return."""
     x, want = zoo.inputs["mobilenetv2"], zoo.want["mobilenetv2"]
     with Runtime("cpu") as rt:
         model = rt.load(zoo.paths["mobilenetv2"], qos_ms=10_000)
@@ -894,7 +897,10 @@ def test_a_resume_racing_a_preempt_loses_no_aborted_work(zoo):
 
         def hammer(call):
             while not stop.is_set():
-                call()
+                if call == model.task.preempt:  # every other one does not wait: the stream's thread drains
+                    call(wait=calls[call] % 2 == 0)
+                else:
+                    call()
                 calls[call] += 1
                 time.sleep(0.0003)
 
@@ -902,15 +908,16 @@ def test_a_resume_racing_a_preempt_loses_no_aborted_work(zoo):
                    for call in (model.task.preempt, model.task.resume)]
         for thread in threads:
             thread.start()
-        window, done, wrong, until = [], 0, 0, time.monotonic() + 4
+        window, done, wrong, start = [], 0, 0, time.monotonic()
+        going = lambda: time.monotonic() - start < (4 if done >= 100 else 30)  # 4 s, longer on a slow machine
         try:
-            while time.monotonic() < until or window:
-                if time.monotonic() < until and len(window) < 4:
+            while going() or window:
+                if going() and len(window) < 4:
                     k = done % INPUT_SETS
                     window.append((k, rt.submit(model, x[k])))
                     continue
                 k, future = window.pop(0)
-                if time.monotonic() >= until:
+                if not going():
                     stop.set()
                     model.task.resume()
                 wrong += not np.array_equal(future.result(timeout=DEADLINE_S)["output"], want[k]["output"])
@@ -921,7 +928,7 @@ def test_a_resume_racing_a_preempt_loses_no_aborted_work(zoo):
                 thread.join()
             model.task.resume()
         assert wrong == 0, f"{wrong} of {done} outputs differ from the direct run"
-        assert done > 100 and calls[model.task.preempt] > 100, (done, calls)
+        assert done >= 100 and calls[model.task.preempt] > 100, (done, calls)
 
 
 def test_a_switch_in_takes_back_idle_models_environments(zoo):

@@ -422,8 +422,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("submit_by", [](Stream s, ffi::Map<ffi::String, ffi::Tensor> inputs, ffi::Array<int64_t> ids,
                            double deadline_us) { return s->SubmitBy(std::move(inputs), Ids(ids), deadline_us); })
       .def("preempt",
-           [](Stream s, bool abort) {
-             PreemptReport report = s->Preempt(abort);
+           [](Stream s, bool abort, bool wait) {
+             PreemptReport report = s->Preempt(abort, wait);
              ffi::Map<ffi::String, ffi::Any> out;
              out.Set("seconds", report.seconds);
              out.Set("rerun", Launches(report.rerun));

@@ -162,12 +162,14 @@ Request StreamObj::SubmitBy(ffi::Map<ffi::String, ffi::Tensor> inputs, std::vect
   return Request(request);
 }
 
-PreemptReport StreamObj::Preempt(bool abort) {
+PreemptReport StreamObj::Preempt(bool abort, bool wait) {
   double start = Device::NowMicros();
   PreemptReport report;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     if (paused_ || closed_) {
+      // paused by a Preempt() that did not wait: its drain (by the submitter) ends first, or a Resume()
+      if (wait && paused_) cond_.wait(lock, [this] { return !undrained_ || !paused_; });
       report.rerun = rerun_;
       return report;
     }
@@ -175,13 +177,20 @@ PreemptReport StreamObj::Preempt(bool abort) {
     ++preemptions;
     if (abort) m_->SetPreemptFlag(true);
     if (abort && running_) flagged_launch_ = true;
+    undrained_ = gpu_;
     m_->placement()->Yield(m_);  // a paused task holds up no other switch-in
+    if (!wait) {                 // the submitter drains what is in flight (SubmitLoop)
+      report.seconds = (Device::NowMicros() - start) / 1e6;
+      lock.unlock();
+      cond_.notify_all();
+      return report;
+    }
     // CPU: the kernel returns within one chunk; GPU: the submitter stops waiting on an event
     preempt_waiting_ = true;
     // a Resume() meanwhile ends the wait: the stream runs on (waiting for it to idle would last while it has work)
-    cond_.wait(lock, [this] { return (!running_.has_value() && !waiting_) || !paused_; });
+    cond_.wait(lock, [this] { return (!running_.has_value() && !waiting_) || !paused_ || (gpu_ && !undrained_); });
     preempt_waiting_ = false;
-    if (gpu_ && paused_) report.finished = DrainGpu();
+    if (gpu_ && paused_ && undrained_) report.finished = DrainGpu();
     report.rerun = rerun_;
     report.seconds = (Device::NowMicros() - start) / 1e6;
   }
@@ -189,24 +198,33 @@ PreemptReport StreamObj::Preempt(bool abort) {
   return report;
 }
 
+bool StreamObj::DrainBeforeClearing(std::unique_lock<std::mutex>& lock) {
+  if (!gpu_ || !undrained_) return paused_;
+  cond_.wait(lock, [this] { return (!running_.has_value() && !waiting_) || !undrained_ || !paused_; });
+  if (paused_ && undrained_) DrainGpu();
+  return paused_;
+}
+
 void StreamObj::Resume() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
     pause_after_request_ = false;
-    if (!paused_) return;
+    if (!paused_ || !DrainBeforeClearing(lock)) return;
     m_->SetPreemptFlag(false);
     paused_ = false;
     gated_ = false;  // Preempt() took its task out of its switcher's queue: the next launch demands again
     m_->placement()->Resumed(m_);
   }
   cond_.notify_all();
+  Deliver();  // what a drain finished
 }
 
 bool StreamObj::FinishStarted() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!paused_ || !DrainBeforeClearing(lock)) return false;
     bool started = !requests_.empty() && (next_layer_ > 0 || !rerun_.empty());
-    if (!paused_ || !started) return false;
+    if (!started) return false;
     m_->SetPreemptFlag(false);
     paused_ = false;
     pause_after_request_ = true;
@@ -214,6 +232,7 @@ bool StreamObj::FinishStarted() {
     m_->placement()->Resumed(m_);
   }
   cond_.notify_all();
+  Deliver();
   return true;
 }
 
@@ -319,12 +338,13 @@ void StreamObj::SubmitLoop() {
         SpinUntil([this] { return queued_.load(std::memory_order_acquire) > 0; }, options_.idle_spin_us);
         lock.lock();
       }
-      // paused: wait without retiring anything (preempt() decides what completed); nobody but this
+      // paused: wait without retiring anything (a drain decides what completed); nobody but this
       // thread holding the stream while it is idle means nobody can submit again: stop
       // gated: waiting for the switcher to prepare what the next launch needs (it wakes us)
       // closing: the queued requests still wait at a gate (no busy loop on the switcher)
       auto ready = [this] {
-        return (closed_ && !HasWork()) || ((closed_ || (!paused_ && HasWork())) && !(gated_ && in_flight_.empty()));
+        return (closed_ && !HasWork()) || ((closed_ || (!paused_ && HasWork())) && !(gated_ && in_flight_.empty())) ||
+               (paused_ && undrained_);  // a Preempt() that did not wait: this thread drains
       };
       while (!cond_.wait_for(lock, std::chrono::milliseconds(100), ready)) {
         if (!HasWork() && use_count() == 1) closed_ = true;
@@ -338,6 +358,13 @@ void StreamObj::SubmitLoop() {
         lock.unlock();
         Deliver();
         return;
+      }
+      if (paused_ && undrained_) {  // a Preempt() that did not wait: its drain, here
+        DrainGpu();
+        lock.unlock();
+        cond_.notify_all();  // a waiting Preempt() or Resume()
+        Deliver();
+        continue;
       }
       if (paused_) continue;  // closing while paused: Close() resumes first
       if (!requests_.empty()) launch = NextLaunch();
@@ -579,6 +606,7 @@ void StreamObj::RetireCompleted(bool wait_oldest) {
 
 std::vector<Launch> StreamObj::DrainGpu() {
   // with the flag set: wait for the in-flight launches; idempotent ones run again, others finished
+  undrained_ = false;
   std::vector<Launch> finished;
   std::string error;
   try {

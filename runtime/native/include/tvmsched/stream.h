@@ -142,8 +142,12 @@ class StreamObj : public ffi::Object {
    *  `deadline_us`, it fails with one line instead of running (it never runs late). */
   Request SubmitBy(ffi::Map<ffi::String, ffi::Tensor> inputs, std::vector<int> candidate_ids, double deadline_us);
   /*! \brief Stop this stream's device work as fast as possible; harmless when idle or paused.
-   *  abort=false only pauses and waits for the device work to end (the no-preemption baseline). */
-  PreemptReport Preempt(bool abort = true);
+   *  abort=false only pauses and waits for the device work to end (the no-preemption baseline).
+   *  wait=false: set the flag, pause and return at once (the report has no launches); on an asynchronous device
+   *  the stream's own thread then waits for its launches in flight (a later waiting Preempt() waits for that). */
+  PreemptReport Preempt(bool abort = true, bool wait = true);
+  /*! \brief Clear the flag and go on. On an asynchronous device, launches in flight since the flag was set may have
+   *  obeyed it: they are waited for first (the idempotent ones run again), never taken as done. */
   void Resume();
   /*! \brief A paused stream whose request started runs that request to its end and pauses again (its queued
    *  requests stay queued): what a policy does when another model's switch-in waits for the memory the started
@@ -235,6 +239,12 @@ class StreamObj : public ffi::Object {
   // CPU: Preempt() set the flag while the running launch ran (it may have skipped work even if a Resume() cleared
   // the flag before it returned): it runs again
   bool flagged_launch_ = false;
+  // asynchronous device: the flag was set (or the stream paused) since the launches in flight were last drained;
+  // they may have skipped work, so they are drained (DrainGpu) before the flag clears or the stream goes on
+  bool undrained_ = false;
+  /*! \brief Under mutex_: an asynchronous device's launches in flight drained before the flag clears (Resume,
+   *  FinishStarted): waits for the launch being issued and the event being waited on. False: resumed meanwhile. */
+  bool DrainBeforeClearing(std::unique_lock<std::mutex>& lock);
   bool pause_after_request_ = false;  // FinishStarted(): pause again once the running request ends
   uint64_t run_generation_ = 0;       // the device's generation when the head request started (the submitter's alone)
   std::atomic<int64_t> queued_{0};    // requests_.size(), polled by the idle submitter
