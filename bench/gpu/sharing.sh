@@ -78,14 +78,16 @@ if have resnet18-small bert-tiny && want switching; then
   section "switching: resnet18-small and bert-tiny" 25 \
     python3 -P -m tvmsched.cli bench switch "$work/resnet18-small.tvms" "$work/bert-tiny.tvms" --device "$device" --repeat 3
 fi
-tiered=$(ls "$work"/resnet18.tvms "$work"/resnet18-small.tvms 2>/dev/null | head -1)
+# resnet50 first: at 1/4 of its footprint its largest layer (9.4 MB) still fits twice; resnet18-small's does not
+# fit even once beside its activations (the 2026-11-26 H100 run)
+tiered=$(ls "$work"/resnet50.tvms "$work"/resnet18.tvms "$work"/resnet18-small.tvms 2>/dev/null | head -1)
 if [ -n "$tiered" ] && want tiering; then
   tierwork=$(mktemp -d)
   stem=$(basename "$tiered" .tvms)
   target=$([ "$device" = cuda ] && echo cuda || echo llvm)
   ln -s "$(realpath "$tiered")" "$tierwork/$stem-$target.tvms"
   section "tiering: $stem at 1/2 and 1/4 of its footprint" 30 \
-    python3 -P bench/tiering.py --device "$device" --work "$tierwork" --models "$stem" --requests 10 --repeat 2 \
+    python3 -P bench/tiering.py --device "$device" --work "$tierwork" --models "$stem" --requests 5 --repeat 2 \
       --out "$raw/sharing-tiering-$device.json"
 fi
 if have mlp resnet18-small bert-tiny && want colocation; then
