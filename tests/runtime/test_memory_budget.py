@@ -31,11 +31,13 @@ def cpu_memory():
     func("set_memory_budget")("cpu", int(before["budget"]))
 
 
-def _model_bytes(manifest) -> int:
-    """What a loaded model should hold: weights, inputs and the activation plan's storage blocks."""
+def _model_bytes(executor) -> int:
+    """What a loaded model should hold: weights, inputs and the activation plan's storage blocks (planned for the
+    launches a stream keeps in flight on an asynchronous device: its reuse distance)."""
+    manifest = executor.manifest
     tensors = manifest.tensors
     keep = {b.tensor for b in manifest.outputs} | {c.tensor for c in manifest.index_checks}
-    plan = plan_activations(manifest.layers, tensors, keep)
+    plan = plan_activations(manifest.layers, tensors, keep, executor.reuse_distance)
     fixed = sum(spec.nbytes for spec in tensors.values() if spec.kind in ("weight", "input"))
     return fixed + plan.total_bytes
 
@@ -45,7 +47,7 @@ def test_a_loaded_model_is_counted_exactly_and_released_when_freed(mlp, cpu_memo
     baseline = cpu_memory()["in_use"]
     executor = Executor(mlp)
     held = cpu_memory()["in_use"] - baseline
-    assert held == _model_bytes(executor.manifest) > 0
+    assert held == _model_bytes(executor) > 0
     assert cpu_memory()["peak"] >= baseline + held
     del executor
     gc.collect()
@@ -55,7 +57,7 @@ def test_a_loaded_model_is_counted_exactly_and_released_when_freed(mlp, cpu_memo
 def test_a_load_past_the_budget_fails_with_one_line_and_holds_nothing(mlp, cpu_memory):
     gc.collect()
     baseline = cpu_memory()["in_use"]
-    need = _model_bytes(Executor(mlp).manifest)
+    need = _model_bytes(Executor(mlp))
     gc.collect()
     func("set_memory_budget")("cpu", baseline + need - 1)
     with pytest.raises(TvmschedError) as err:

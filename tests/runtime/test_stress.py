@@ -835,10 +835,15 @@ def test_a_switch_in_makes_room_for_its_environment_too(zoo):
     budget; with idle models holding it, the allocation failed and the model was marked failed for good ('cannot
     load model bert-tiny: output t29 needs 65536 bytes of cpu memory; ... of the budget ... are in use'), every
     later request of it too. Now the environment waits for room like a sub-task: idle models are evicted."""
-    budget = zoo.footprints["bert-tiny"] + 4096  # bert-tiny fits alone (it is switched, not streamed)
     env = int(Executor(zoo.paths["bert-tiny"], register_groups=SwitchSettings().max_groups).native.env_bytes())
+    with Runtime("cpu", memory_budget=1 << 40) as scratch:  # what one idle mlp holds in a Runtime
+        scratch.load(zoo.paths["mlp"], qos_ms=10_000)
+        each = scratch.memory()["in_use"]
+    # bert-tiny fits alone (it is switched, not streamed), and n idle mlps leave half its environment free
+    n = max(INPUT_SETS, -(-(zoo.footprints["bert-tiny"] + 4096 - env // 2) // each))
+    budget = n * each + env // 2
     with Runtime("cpu", memory_budget=budget) as rt:
-        idle = [rt.load(zoo.paths["mlp"], qos_ms=10_000, name=f"idle{i}") for i in range(5)]  # resident while they fit
+        idle = [rt.load(zoo.paths["mlp"], qos_ms=10_000, name=f"idle{i}") for i in range(n)]  # resident: they fit
         assert all(m.resident for m in idle) and budget - rt.memory()["in_use"] < env
         other = rt.load(zoo.paths["bert-tiny"], qos_ms=10_000, name="other")  # registered: no room beside them
         for k in range(INPUT_SETS):

@@ -254,6 +254,10 @@ void ModelObj::Init(const std::string& path, ArtifactContents contents, const Lo
   kernels_ = std::move(contents.kernels);
   flag_memory_ = options.flag_memory;
   scope_ = options.scope;
+  // an asynchronous device's stream keeps launches in flight and re-runs preempted ones: their inputs must outlive
+  // that many layers (a stream re-plans a model planned for fewer). Planned so from the start, what a model reports
+  // it holds before any stream exists (footprints, memory budgets) is what it holds once served
+  if (device_->launches_async() && manifest_.preempt_flags > 1) reuse_distance_ = kDefaultInFlight;
   const int n = num_layers();
   if (n == 0) TVM_FFI_THROW(TvmschedError) << path << " is corrupt: the model has no layers";
   registered_ = !options.resident;

@@ -34,6 +34,9 @@ namespace tvmsched {
 
 namespace ffi = tvm::ffi;
 
+/*! \brief Launches a stream keeps in flight on an asynchronous device unless told otherwise (StreamOptions). */
+constexpr int kDefaultInFlight = 8;
+
 /*! \brief Storage blocks and which block each activation lives in (greedy best fit over layer order). */
 struct MemoryPlan {
   std::vector<size_t> storage_bytes;

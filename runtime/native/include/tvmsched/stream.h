@@ -111,7 +111,7 @@ struct StreamState {
 };
 
 struct StreamOptions {
-  int max_in_flight = 8;  ///< launches kept on a GPU at once (CPU launches are synchronous)
+  int max_in_flight = kDefaultInFlight;  ///< launches kept on a GPU at once (CPU launches are synchronous)
   /*! \brief Its kernels' streams: high for a real-time tenant, low for a best-effort one (Device::CreateStream). */
   StreamPriority priority = StreamPriority::kNormal;
   double idle_spin_us = 200;        ///< the submitter polls this long for new work before sleeping
