@@ -139,13 +139,14 @@ struct Served {
 class Priorities {
  public:
   void AddBestEffort(Served* served) { best_effort_.push_back(served); }
-  /*! \brief A real-time request starts: the first one preempts every busy best-effort stream. */
+  /*! \brief A real-time request was queued: the first one preempts every busy best-effort stream, without waiting
+   *  for their kernels to stop (each stream's own thread drains them; Preempt(abort, wait=false)). */
   void Begin() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (++active_ != 1) return;
     for (Served* s : best_effort_) {
       if (s->stream->busy()) {
-        s->stream->Preempt();
+        s->stream->Preempt(true, false);
         s->preemptions->Increment();
       }
     }
@@ -759,15 +760,14 @@ class Server {
                                " requests queued or running, the limit of --max-queue: try again later");
     }
     bool realtime = s.priority == "realtime";
-    if (realtime) priorities_.Begin();
     tvmsched::Request request;
     try {
       request = s.stream->Submit(tensors, {});
     } catch (const ffi::Error& err) {
-      if (realtime) priorities_.End();
       s.rejected.fetch_add(1);
       throw HttpError(400, err.message());
     }
+    if (realtime) priorities_.Begin();  // queued first: it starts on its own stream while the others stop
     request->Wait(-1, 50);
     if (realtime) priorities_.End();
     if (!request->error().empty()) throw HttpError(400, std::string(request->error()));

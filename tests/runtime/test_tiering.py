@@ -64,7 +64,10 @@ def _disk_fds(folder: Path) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("factor", [2, 3])
+# 4: its activations in one plan over all its layers (model.h); not with 8 launches in flight (the CPU's asynchronous
+# mode, a GPU): their inputs then live 8 layers, and its largest layer's weights alone take 3/4 of that budget
+@pytest.mark.parametrize("factor", [2, 3, pytest.param(4, marks=pytest.mark.skipif(
+    os.environ.get("TVMSCHED_CPU_LAUNCHES") == "async", reason="does not fit with 8 launches in flight"))])
 def test_a_model_over_budget_streams_from_every_tier_bit_identical_within_budget(resnet, factor, tmp_path, budget_restored):
     path, inputs, outputs, need = resnet
     gc.collect()

@@ -379,7 +379,7 @@ void ModelObj::SetGroups(std::vector<std::pair<int, int>> groups) {
   group_weight_bytes_.assign(groups_.size(), 0);
   for (auto& [id, users] : tensor_groups_) {
     bool weight = host_weights_.count(id) > 0;
-    if (!weight && users.size() == 1) internal_.insert(id);
+    if (!weight && (users.size() == 1 || shared_activations_)) internal_.insert(id);
     if (weight) {
       for (int g : users) group_weight_bytes_[g] += host_weights_.at(id).nbytes;
     }
@@ -512,7 +512,10 @@ void ModelObj::CleanEnvironment() {
 void ModelObj::PlanGroup(int g) {
   std::vector<LayerSpec> layers;  // the group's layers, seeing only its internal activations
   std::map<std::string, size_t> nbytes;
-  for (int i = groups_[g].first; i <= groups_[g].second; ++i) {
+  // shared activations: group 0 plans every layer's (every activation is internal then), the others none
+  int first = shared_activations_ ? 0 : groups_[g].first;
+  int last = shared_activations_ ? (g == 0 ? num_layers() - 1 : -1) : groups_[g].second;
+  for (int i = first; i <= last; ++i) {
     LayerSpec spec;
     spec.index = i;
     for (const auto& id : manifest_.layers[i].inputs) {
@@ -603,7 +606,14 @@ void ModelObj::PrepareGroup(int g, StreamHandle copy_stream) {
     }
     throw;
   }
-  for (int i = groups_[g].first; i <= groups_[g].second; ++i) BindLayer(i);
+  BindGroup(g);
+}
+
+void ModelObj::BindGroup(int g) {
+  // shared activations: group 0's blocks hold every layer's
+  int first = shared_activations_ && g == 0 ? 0 : groups_[g].first;
+  int last = shared_activations_ && g == 0 ? num_layers() - 1 : groups_[g].second;
+  for (int i = first; i <= last; ++i) BindLayer(i);
 }
 
 void ModelObj::CleanGroup(int g, const std::vector<bool>& pending) {
@@ -683,7 +693,7 @@ void ModelObj::Replan(int reuse_distance) {
       group_blocks_[g].push_back(AllocFor("an activation block", plan.storage_bytes[block]));
     }
     for (const auto& [id, block] : plan.assignment) tensor_data_[id] = group_blocks_[g][block];
-    for (int i = groups_[g].first; i <= groups_[g].second; ++i) BindLayer(i);
+    BindGroup(g);
   }
 }
 

@@ -510,21 +510,34 @@ StreamingChoice ChooseStreamed(const std::vector<std::string>& order, const std:
 StreamingFootprint ModelObj::LayOutStreamed(const std::set<std::string>& streamed,
                                             const std::map<std::string, size_t>& nbytes, size_t buffer) {
   streamed_ = streamed;
-  SetGroups(StreamGroups(manifest_.layers, streamed_, nbytes, buffer));
+  std::vector<std::pair<int, int>> groups = StreamGroups(manifest_.layers, streamed_, nbytes, buffer);
+  // the activations planned per group (crossing ones apart) or in one plan over all layers: the smaller (one plan
+  // shares storage across many groups; per group, a greedy plan may pack a few large groups tighter)
+  auto activations = [&](bool shared) {
+    shared_activations_ = shared;
+    SetGroups(groups);
+    size_t bytes = 0;
+    for (int g = 0; g < num_groups(); ++g) {
+      for (size_t b : group_plans_[g].storage_bytes) bytes += b;
+    }
+    for (const auto& [id, users] : tensor_groups_) {  // activations crossing groups: allocated once
+      if (!internal_.count(id) && !host_weights_.count(id)) bytes += TensorBytes(id);
+    }
+    return bytes;
+  };
+  size_t apart = activations(false);
+  StreamingFootprint fp;
+  fp.activations = activations(true);
+  if (apart < fp.activations) fp.activations = activations(false);
   stream_layout_.assign(num_groups(), {});
   stream_bytes_.assign(num_groups(), 0);
-  StreamingFootprint fp;
   for (int g = 0; g < num_groups(); ++g) {
-    for (size_t b : group_plans_[g].storage_bytes) fp.activations += b;
     for (const auto& id : group_tensors_[g]) {
       if (!streamed_.count(id)) continue;
       stream_layout_[g].emplace_back(id, stream_bytes_[g]);
       stream_bytes_[g] += PageRound(nbytes.at(id));
     }
     fp.slot = std::max(fp.slot, stream_bytes_[g]);
-  }
-  for (const auto& [id, users] : tensor_groups_) {  // activations crossing groups: allocated once
-    if (!internal_.count(id) && !host_weights_.count(id)) fp.activations += TensorBytes(id);
   }
   return fp;
 }
@@ -538,6 +551,7 @@ void ModelObj::InitTiered(const std::string& path, ArtifactContents& contents, c
   // its stream keeps launches in flight on an asynchronous device: the activations are planned for them now, so the
   // room computed below holds (a stream that re-planned them later would pass it: the H200 run of 2026-11-26)
   reuse_distance_ = device_->launches_async() ? options.in_flight : 1;
+  shared_activations_ = true;      // one activation plan over all its layers (model.h)
   std::vector<std::string> order;  // weights in the order the layers first read them
   std::map<std::string, size_t> nbytes;
   size_t largest = 0;
