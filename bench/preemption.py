@@ -103,23 +103,31 @@ def _request_seconds(task, inputs, n: int = 5) -> float:
 
 
 def mix(artifact_dir: Path, realtime: str, best_effort: str, device: str, seconds: float, load: float, seed: int = 0,
-        flag_memory: str = "auto") -> dict:
+        flag_memory: str = "auto", rt_streams: int = 1) -> dict:
     """Real-time requests with Poisson arrivals (rate = load / RT latency) plus a closed-loop best-effort stream."""
     from tvmsched.runtime import Executor
     from tvmsched.runtime.preemption import Priorities, Task
 
-    rt_exec = Executor(artifact_dir / f"{realtime}.tvms", device, flag_memory=flag_memory)
+    # the real-time model on `rt_streams` streams (a copy each; each request to the one with the fewest pending)
+    rt_execs = [Executor(artifact_dir / f"{realtime}.tvms", device, flag_memory=flag_memory) for _ in range(rt_streams)]
     be_exec = Executor(artifact_dir / f"{best_effort}.tvms", device, flag_memory=flag_memory)
-    rt_inputs, be_inputs = rt_exec.random_inputs(1), be_exec.random_inputs(2)
-    rt_task, be_task = Task(rt_exec, "rt"), Task(be_exec, "be")
-    rt_alone_s = _request_seconds(rt_task, rt_inputs, 20)
-    be_alone_s = _request_seconds(be_task, be_inputs, 5)
+    rt_inputs, be_inputs = rt_execs[0].random_inputs(1), be_exec.random_inputs(2)
+    probe = Task(rt_execs[0], "rt")
+    rt_alone_s = _request_seconds(probe, rt_inputs, 20)
+    probe.close()
+    probe = Task(be_exec, "be")
+    be_alone_s = _request_seconds(probe, be_inputs, 5)
+    probe.close()
     rate = load / rt_alone_s
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1 / rate, size=int(seconds * rate * 1.5) + 10))
     arrivals = arrivals[arrivals < seconds]
 
     def run(mode: str) -> dict:
+        # preemption: the Runtime's stream priorities (real-time high, best-effort low); the others: equal streams
+        ranked = mode == "preemption"
+        rt_tasks = [Task(e, f"rt{i}", priority="high" if ranked else "normal") for i, e in enumerate(rt_execs)]
+        be_task = Task(be_exec, "be", priority="low" if ranked else "normal")
         priorities = Priorities() if mode == "preemption" else None
         if priorities:
             priorities.add_best_effort(be_task)
@@ -140,6 +148,7 @@ def mix(artifact_dir: Path, realtime: str, best_effort: str, device: str, second
             if delay > 0:
                 time.sleep(delay)
             sent = time.perf_counter()
+            rt_task = min(rt_tasks, key=lambda t: t.pending) if len(rt_tasks) > 1 else rt_tasks[0]
             future = priorities.submit_realtime(rt_task, rt_inputs) if priorities else rt_task.submit(rt_inputs)
             future.add_done_callback(lambda _f, sent=sent: latencies.append(time.perf_counter() - sent))
             pending.append(future)
@@ -149,6 +158,8 @@ def mix(artifact_dir: Path, realtime: str, best_effort: str, device: str, second
         stop.set()
         if be_thread:
             be_thread.join()
+        for task in [*rt_tasks, be_task]:
+            task.close()
         ms = np.array(latencies) * 1e3
         return {"rt_p50_ms": float(np.percentile(ms, 50)), "rt_p99_ms": float(np.percentile(ms, 99)),
                 "rt_requests": len(ms), "be_requests": be_done[0], "be_per_s": be_done[0] / elapsed,
@@ -157,12 +168,10 @@ def mix(artifact_dir: Path, realtime: str, best_effort: str, device: str, second
     results = {mode: run(mode) for mode in ("alone", "preemption", "shared")}
     rt_busy = len(arrivals) * rt_alone_s / seconds  # fraction of time the RT stream needs alone
     results.update({
-        "realtime": realtime, "best_effort": best_effort, "load": load, "seconds": seconds,
+        "realtime": realtime, "best_effort": best_effort, "load": load, "seconds": seconds, "rt_streams": rt_streams,
         "rt_alone_ms": rt_alone_s * 1e3, "be_alone_ms": be_alone_s * 1e3,
         "be_per_s_one_after_the_other": (1 - rt_busy) / be_alone_s,
     })
-    rt_task.close()
-    be_task.close()
     return results
 
 
@@ -180,6 +189,8 @@ def main() -> None:
     parser.add_argument("--best-effort", default="bert-tiny")
     parser.add_argument("--loads", type=float, nargs="+", default=[0.2, 0.4])
     parser.add_argument("--sections", nargs="+", default=["overhead", "latency", "mix"], choices=["overhead", "latency", "mix"])
+    parser.add_argument("--rt-streams", type=int, default=1,
+                        help="mix: the real-time model on this many streams (a copy each, Runtime.load(streams=))")
     parser.add_argument("--flag-memory", default="auto", choices=["auto", "host_mapped", "device"],
                         help="CUDA: where the preempt flag goes (auto: device memory for kernels with loop checks, "
                         "else the faster to set)")
@@ -195,7 +206,8 @@ def main() -> None:
                                                                     flag_memory=flags))
              for name in (args.realtime, args.best_effort)]
     jobs += [("mix", load, lambda load=load: mix(args.artifact_dir, args.realtime, args.best_effort, args.device,
-                                                 args.mix_seconds, load, flag_memory=flags)) for load in args.loads]
+                                                 args.mix_seconds, load, flag_memory=flags, rt_streams=args.rt_streams))
+             for load in args.loads]
     for section, _, job in jobs:
         if section not in args.sections:
             continue

@@ -232,6 +232,11 @@ class Task:
         """Whether requests are queued or running."""
         return self.stream.busy()
 
+    @property
+    def pending(self) -> int:
+        """Requests queued or running (read without the stream's lock)."""
+        return int(self.stream.pending())
+
     def state(self) -> StreamState | None:
         """The running request's progress and the queued requests' candidate ids; None when idle
         (CPU counters are read live; CUDA counters as last copied)."""

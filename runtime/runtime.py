@@ -62,6 +62,13 @@ class Model:
     warm: bool = False  # every candidate kernel ran once at load (Runtime.load(warmup=True))
     request: policies.Request | None = field(default=None, repr=False)  # the policy's view, rebuilt on every load
     engine_ids: dict = field(default_factory=dict, repr=False)  # candidate-ID lists converted for the engine
+    # more streams of the same model (Runtime.load(streams=)): each request goes to the one with the fewest pending
+    replicas: tuple[Task, ...] = ()
+
+    @property
+    def tasks(self) -> tuple[Task, ...]:
+        """Its streams: `task` first, then its replicas."""
+        return (self.task, *self.replicas)
 
     @property
     def resident(self) -> bool:
@@ -172,15 +179,20 @@ class Runtime:
         return getattr(self.policy, "scheduler", None)
 
     def load(self, artifact, *, qos_ms: float | None = None, priority: str = "best_effort", name: str | None = None,
-             resident: bool = True, device_bytes: int | None = None, warmup: bool = False) -> Model:
+             resident: bool = True, device_bytes: int | None = None, warmup: bool = False, streams: int = 1) -> Model:
         """Load an artifact (path or Artifact) as a new request stream: resident if it fits beside the
         resident models (`resident=False`: registered only), else registered and switched in by its
         first request (evicting the least recently used idle models). A model larger than the whole
         memory budget streams its weights from the host tiers and keeps `device_bytes` of device memory
         (default: all that is left). `warmup`: run every candidate kernel once before the model takes requests (the
-        first request then pays no first-launch costs: a CUDA module's load, page faults)."""
+        first request then pays no first-launch costs: a CUDA module's load, page faults). `streams`: serve it on that
+        many streams, each a resident copy with its own memory (weights included), each request on the stream with the
+        fewest pending: concurrent requests of a real-time model then run side by side instead of queueing behind
+        each other."""
         if priority not in PRIORITIES:
             raise TvmschedError(f"priority must be one of {PRIORITIES}, not {priority!r}")
+        if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= 64:
+            raise TvmschedError(f"streams must be a whole number from 1 to 64, not {streams!r}")
         executor = Executor(artifact, self.device, trusted_keys=self._trusted_keys,
                             register_groups=self.switcher.settings.max_groups, memory_scope=self._memory_scope)
         name = name or executor.manifest.model_name
@@ -197,23 +209,35 @@ class Runtime:
         task = Task(executor, name, self._max_in_flight, self._progress_interval_ms,  # plans its memory first
                     stall_timeout_s=self._stall_timeout_s, quiet_gc=self._freeze_gc,
                     priority="high" if priority == "realtime" else "low")
+        replicas: list[Task] = []
         try:
             if executor.placement == "staged" and resident and not self.switcher.prefetch(executor):
                 log.info("model %s does not fit beside the resident models: registered, switched in on demand", name)
+            if streams > 1 and executor.placement == "streamed":
+                raise TvmschedError(f"model {name} is larger than the memory budget (its weights stream from the host "
+                                    f"tiers): it runs on one stream, not {streams}")
+            for i in range(1, streams):
+                copy = Executor(artifact, self.device, trusted_keys=self._trusted_keys, memory_scope=self._memory_scope)
+                replicas.append(Task(copy, f"{name}#{i}", self._max_in_flight, self._progress_interval_ms,
+                                     stall_timeout_s=self._stall_timeout_s, quiet_gc=self._freeze_gc,
+                                     priority="high" if priority == "realtime" else "low"))
         except Exception:
-            task.close()
+            for each in [task, *replicas]:
+                each.close()
             raise
         with self._lock:
             if name in self.models:
-                task.close()
+                for each in [task, *replicas]:
+                    each.close()
                 raise TvmschedError(f"a model named {name!r} is already loaded")
             if self._timeline:
-                task.record_timeline()
+                for each in [task, *replicas]:
+                    each.record_timeline()
             layers = [[self._info(name, c) for c in layer.candidates] for layer in executor.manifest.layers]
             if self.scheduler is not None:
                 self.scheduler.table.add_candidates(c for layer in layers for c in layer)
             model = Model(name, qos_ms or executor.manifest.qos_ms, priority, task, layers,
-                          tuple(policies.fastest_ids(layers)))
+                          tuple(policies.fastest_ids(layers)), replicas=tuple(replicas))
             self.models[name] = model
             for each in self.models.values():  # built once, not per request (loaded_models changed)
                 each.request = policies.Request(each.name, each.layers, each.qos_ms, self._monitor, self.total_units,
@@ -222,7 +246,8 @@ class Runtime:
         if warmup:
             self._warm_up(model)
         if priority == "best_effort":
-            self.priorities.add_best_effort(task)
+            for each in model.tasks:
+                self.priorities.add_best_effort(each)
         if self._freeze_gc:
             _freeze_heap(first=not self._froze)
             self._froze = True
@@ -233,7 +258,8 @@ class Runtime:
         inputs = model.task.executor.random_inputs(0)
         for c in range(max(len(cands) for cands in model.layers)):
             ids = [min(c, len(cands) - 1) for cands in model.layers]
-            model.task.submit(inputs, ids).result(timeout=self._stall_timeout_s or 60)
+            for task in model.tasks:
+                task.submit(inputs, ids).result(timeout=self._stall_timeout_s or 60)
         model.warm = True
 
     def _load_tiered(self, artifact, name: str, device_bytes: int | None) -> Executor:
@@ -316,10 +342,11 @@ class Runtime:
             deadline = native.now_us() + start_within_us if start_within_us else 0
             if self.policy.serial:
                 return self._serial_submit(model, inputs, ids, deadline)
+            task = min(model.tasks, key=_pending) if model.replicas else model.task
             if (priority or model.priority) == "realtime":
-                future = self.priorities.submit_realtime(model.task, inputs, ids, deadline)
+                future = self.priorities.submit_realtime(task, inputs, ids, deadline)
             else:
-                future = model.task.submit(inputs, ids, deadline)
+                future = task.submit(inputs, ids, deadline)
             if not isinstance(future, EngineFuture):  # refused before it reached the engine's queue
                 model.rejected += 1
             return future
@@ -391,7 +418,7 @@ class Runtime:
         events = []
         started = self._started_us / 1e6
         for model in self.models.values():
-            for task, layer, cand, start, end in model.task.timeline:
+            for task, layer, cand, start, end in [row for each in model.tasks for row in each.timeline]:
                 events.append({"name": f"L{layer}:c{cand}", "cat": model.priority, "ph": "X", "pid": 0, "tid": task,
                                "ts": (start - started) * 1e6, "dur": (end - start) * 1e6,
                                "args": {"layer": layer, "candidate": cand,
@@ -415,9 +442,11 @@ class Runtime:
             del self.models[model.name]
             for each in self.models.values():  # loaded_models changed
                 each.request = dataclasses.replace(each.request, loaded_models=len(self.models))
-        self.priorities.remove_best_effort(model.task)
-        model.task.resume()  # a paused stream would keep its queued requests for ever
-        model.task.close()
+        for task in model.tasks:
+            self.priorities.remove_best_effort(task)
+            task.resume()  # a paused stream would keep its queued requests for ever
+            task.close()
+        model.replicas = ()  # its copies' memory goes with their last reference (now), not with the Model's
         executor = model.task.executor
         if model.placement == "streamed":
             self._tier_shares.give_back(native.tiering_info(executor.native))  # what it placed, read before the release
@@ -439,11 +468,13 @@ class Runtime:
             if serial is not None:
                 self._serial.put(None)
         for model in models:  # a paused stream would hold up the others' queued requests (its memory, a serial turn)
-            model.task.resume()
+            for task in model.tasks:
+                task.resume()
         if serial is not None:  # serial policies: the requests it queued run first
             serial.join()
         for model in models:
-            model.task.close()
+            for task in model.tasks:
+                task.close()
             if model.tiered:  # its tier memory and disk file go now, not when the last reference does
                 native.release_tiers(model.task.executor.native)
         self.switcher.close()
@@ -463,6 +494,10 @@ def _memory_blocked(priorities: weakref.ref, waiting, holders: list) -> None:
     policy = priorities()
     if policy is not None:
         policy.memory_blocked(waiting, holders)
+
+
+def _pending(task: Task) -> int:
+    return task.pending
 
 
 def _monitor(models: dict[str, Model]) -> dict[str, StreamView]:

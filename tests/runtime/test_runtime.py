@@ -281,3 +281,30 @@ def test_warm_up_runs_every_candidate_kernel_once_before_the_first_request(artif
         # the policy may pick another candidate than Executor.run's first (1 vs 2 threads: another summation order)
         for k in want:
             np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_on_several_streams_serves_concurrent_requests_side_by_side(artifacts):
+    """Runtime.load(streams=2): a real-time model's requests submitted together go to the stream with the fewest
+    pending, so they run on both (each a copy with its own memory); answers are the plain run's (the fastest
+    policy: the same candidates); unloading frees every copy."""
+    _, artifact = artifacts["resnet18-small"]
+    executor = Executor(artifact)
+    inputs = [executor.random_inputs(seed) for seed in range(3)]
+    with Runtime("cpu", policy="fastest") as rt:
+        base = rt.memory()["in_use"]
+        served = rt.load(artifact, name="rt", priority="realtime", streams=2, warmup=True)
+        assert len(served.tasks) == 2 and rt.memory()["in_use"] > base
+        want = [executor.run(x, list(served.fastest)) for x in inputs]
+        futures = [rt.submit(served, inputs[i % 3]) for i in range(30)]
+        for i, future in enumerate(futures):
+            got = future.result(timeout=120)
+            for k in want[i % 3]:
+                np.testing.assert_array_equal(got[k], want[i % 3][k])
+        warm_runs = max(len(cands) for cands in served.layers)  # each stream's warm-up requests
+        completed = [task.counts()["completed"] - warm_runs for task in served.tasks]
+        assert sum(completed) == 30 and min(completed) > 0, completed
+        rt.unload(served)
+        assert rt.memory()["in_use"] == base
+        for streams in (0, 65, 1.5, True):
+            with pytest.raises(TvmschedError, match="streams must be a whole number from 1 to 64"):
+                rt.load(artifact, name="bad", streams=streams)

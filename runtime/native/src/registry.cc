@@ -434,6 +434,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("finish_started", [](Stream s) { return s->FinishStarted(); })
       .def("paused", [](Stream s) { return s->paused(); })
       .def("busy", [](Stream s) { return s->busy(); })
+      .def("pending", [](Stream s) { return s->pending(); })
       .def("state",
            [](Stream s) -> ffi::Optional<ffi::Map<ffi::String, ffi::Any>> {
              auto state = s->State();

@@ -155,6 +155,8 @@ class StreamObj : public ffi::Object {
   bool FinishStarted();
   bool paused() const;
   bool busy() const;
+  /*! \brief Requests queued or running (a lock-free read; for choosing among a model's streams). */
+  int64_t pending() const { return queued_.load(std::memory_order_relaxed); }
   /*! \brief The running request's progress; nullopt when idle. */
   std::optional<StreamState> State();
   /*! \brief Fold the kernels' progress counters into the bitmap. */
