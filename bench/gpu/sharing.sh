@@ -45,13 +45,19 @@ section() {
 }
 
 have() { for m in "$@"; do [ -f "$work/$m.tvms" ] || return 1; done; }
-# SHARING_SECTIONS: which sections run (default all): preemption loops loopmix switching tiering colocation
-want() { [[ " ${SHARING_SECTIONS:-preemption loops loopmix switching tiering colocation} " == *" $1 "* ]]; }
+# SHARING_SECTIONS: which sections run (default all): preemption rtstreams loops loopmix switching tiering colocation
+want() { [[ " ${SHARING_SECTIONS:-preemption rtstreams loops loopmix switching tiering colocation} " == *" $1 "* ]]; }
 
 if have resnet18-small bert-tiny && want preemption; then
   section "preemption: real-time resnet18-small, best-effort bert-tiny" 40 \
     python3 -P bench/preemption.py --device "$device" --artifact-dir "$work" --sections mix --mix-seconds 3 \
       --loads 0.2 0.5 0.8 --realtime resnet18-small --best-effort bert-tiny --out "$raw/sharing-preemption-$device.json"
+fi
+if have resnet18-small bert-tiny && want rtstreams; then  # Runtime.load(streams=2): two copies of the real-time model
+  section "preemption, the real-time model on two streams: the same mix" 40 \
+    python3 -P bench/preemption.py --device "$device" --artifact-dir "$work" --sections mix --mix-seconds 3 \
+      --loads 0.2 0.5 0.8 --realtime resnet18-small --best-effort bert-tiny --rt-streams 2 \
+      --out "$raw/sharing-preemption-2streams-$device.json"
 fi
 # --loop-checks K (prepare.py --variant; docs/gpu.md): their flag in device memory (the engine's choice for them);
 # block-start checks' latency with the flag in host-mapped memory (auto there), then in device memory
