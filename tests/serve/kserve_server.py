@@ -14,7 +14,7 @@ from tests.helpers import free_port, onnxruntime_outputs, start_server, stop_ser
 from tvmsched import models
 from tvmsched.pipeline import compile_model
 
-MODELS = {"mlp": {"qos_ms": 1000}, "bert": {"max_queue": 2}}  # served name -> config.json
+MODELS = {"mlp": {"qos_ms": 1000, "streams": 2}, "bert": {"max_queue": 2}}  # served name -> config.json
 ZOO = {"mlp": "mlp", "bert": "bert-tiny"}
 
 

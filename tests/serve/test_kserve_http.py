@@ -269,6 +269,10 @@ def test_metrics_use_tritons_names(server, client):
                  "tvmsched_preemptions_total", "tvmsched_qos_violations_total"):
         assert re.search(rf'^{name}{{model="mlp"(,version="1")?}} ', text, re.M), name
     assert "# TYPE nv_inference_request_success counter" in text
+    # mlp is served on two streams (config "streams": 2): its launches are both streams', warm-up included (one request
+    # of its 4 layers each: one candidate per layer), with every served request's
+    executions = _metric(server, "nv_inference_exec_count", model="mlp")
+    assert _metric(server, "tvmsched_launches_total", model="mlp") == 4 * (executions + 2)
     assert "nv_gpu_utilization" not in text  # no GPU here: NVML's gauges are absent, silently
 
 
@@ -301,6 +305,8 @@ def test_a_port_in_use_is_one_error_line(server):
     ('{"qos_ms": "fast"}', "qos_ms has the wrong type"),
     ('{"priority": "urgent"}', "priority must be one of"),
     ('{"batch": 4}', "unknown key 'batch'"),
+    ('{"streams": 0}', "streams must be from 1 to 64"),
+    ('{"streams": 2.0}', "streams has the wrong type"),
     ("{not json", "cannot read"),
 ])
 def test_a_bad_repository_config_is_one_error_line(server, tmp_path, config, fragment):

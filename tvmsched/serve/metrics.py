@@ -86,7 +86,9 @@ class OwnCollector:
         streamed = own("tvmsched_streamed_bytes", "Bytes a tiered model streamed from its tiers")
         runtime = self.service.runtime
         for name, served in list(self.service.models.items()):
-            counts = served.model.task.counts()
+            counts = collections.Counter()  # over the model's streams (Runtime.load(streams=))
+            for task in served.model.tasks:
+                counts.update(task.counts())
             preemptions.add_metric([name], counts["preemptions"])
             violations.add_metric([name], served.counters.qos_violations)
             launches.add_metric([name], counts["launches"])

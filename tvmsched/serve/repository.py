@@ -5,11 +5,14 @@ A model repository is a folder with one folder per model, named as the model is 
     models/
       resnet/
         resnet.tvms        # exactly one artifact (tvmsched compile ... -o resnet.tvms)
-        config.json        # optional: {"qos_ms": 20, "priority": "realtime", "warmup": true, "max_queue": 64}
+        config.json        # optional: {"qos_ms": 20, "priority": "realtime", "warmup": true, "max_queue": 64,
+                           #            "streams": 2}
 
 config.json keys (all optional): qos_ms (the model's latency target, default: the artifact's), priority
 ("realtime" or "best_effort", default best_effort), warmup (run every candidate kernel once at load, default true),
-max_queue (requests queued or running for it before more are answered 503, default: the server's --max-queue).
+max_queue (requests queued or running for it before more are answered 503, default: the server's --max-queue),
+streams (serve it on that many streams, a resident copy each, every request on the one with the fewest pending:
+Runtime.load(streams=); default 1).
 The candidates (and their unit counts) are the artifact's: choose them when compiling (`tvmsched compile --qos-ms
 --units`). A config.toml with the same keys is read when there is no config.json.
 """
@@ -24,7 +27,7 @@ from pathlib import Path
 from tvmsched.errors import TvmschedError
 
 PRIORITIES = ("realtime", "best_effort")
-CONFIG_KEYS = {"qos_ms": (int, float), "priority": str, "warmup": bool, "max_queue": int}
+CONFIG_KEYS = {"qos_ms": (int, float), "priority": str, "warmup": bool, "max_queue": int, "streams": int}
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class ModelSpec:
     priority: str = "best_effort"
     warmup: bool = True
     max_queue: int | None = None  # None: the server's
+    streams: int = 1  # Runtime.load(streams=)
 
 
 def parse_model(spec: str) -> ModelSpec:
@@ -80,7 +84,7 @@ class Repository:
             raise TvmschedError(f"model folder {folder} must hold exactly one .tvms artifact, not {len(artifacts)}")
         config = _read_config(folder)
         return ModelSpec(name, str(artifacts[0]), config.get("qos_ms"), config.get("priority", "best_effort"),
-                         config.get("warmup", True), config.get("max_queue"))
+                         config.get("warmup", True), config.get("max_queue"), config.get("streams", 1))
 
 
 def _read_config(folder: Path) -> dict:
@@ -107,4 +111,6 @@ def _read_config(folder: Path) -> dict:
         raise TvmschedError(f"{path}: priority must be one of {', '.join(PRIORITIES)}")
     if "qos_ms" in config and not config["qos_ms"] > 0 or "max_queue" in config and config["max_queue"] < 1:
         raise TvmschedError(f"{path}: qos_ms and max_queue must be positive")
+    if not 1 <= config.get("streams", 1) <= 64:
+        raise TvmschedError(f"{path}: streams must be from 1 to 64")
     return config

@@ -94,7 +94,7 @@ class InferenceService:
             if spec.name in self.models:
                 raise ServeError(f"model {spec.name!r} is already loaded", 409)
             model = self.runtime.load(spec.path, qos_ms=spec.qos_ms, priority=spec.priority, name=spec.name,
-                                      warmup=spec.warmup)
+                                      warmup=spec.warmup, streams=spec.streams)
             manifest = model.task.executor.manifest
             served = Served(spec, model, tensor_infos(manifest, manifest.inputs), tensor_infos(manifest, manifest.outputs),
                             spec.max_queue or self.max_queue)
