@@ -286,7 +286,19 @@ class CudaDevice final : public Device {
     if (flags.memory == FlagMemory::kHostMapped) {
       for (int64_t i = 0; i < count; ++i) __atomic_store_n(flags.host_ptr + i, value, __ATOMIC_SEQ_CST);
     } else {
-      MemsetD32(flags.device_ptr, value, count);  // on the high-priority stream, then synchronised
+      // a DMA copy from pinned memory on the high-priority flag stream, then synchronised: a copy engine writes it
+      // while every SM may be busy (a memset may run as a kernel, which would wait for the SMs the flag is to free)
+      std::lock_guard<std::mutex> lock(flag_write_mutex_);
+      if (!flag_source_) flag_source_ = static_cast<int32_t*>(AllocHost(sizeof(int32_t) * kFlagSourceLength));
+      MakeCurrent();
+      for (int64_t done = 0; done < count; done += kFlagSourceLength) {
+        int64_t n = std::min<int64_t>(kFlagSourceLength, count - done);
+        for (int64_t i = 0; i < n; ++i) flag_source_[i] = value;
+        drv_.Check(drv_.cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(flags.device_ptr + done), flag_source_,
+                                          sizeof(int32_t) * n, flag_stream_),
+                   "flag write");
+        drv_.Check(drv_.cuStreamSynchronize(flag_stream_), "flag write");
+      }
     }
   }
 
@@ -375,6 +387,9 @@ class CudaDevice final : public Device {
   SmWindows windows_;                          // which groups the live windows cover
   bool split_tried_ = false;
   std::mutex flag_choice_mutex_;  // guards flag_choice_
+  std::mutex flag_write_mutex_;   // guards flag_source_
+  static constexpr int64_t kFlagSourceLength = 1024;
+  int32_t* flag_source_ = nullptr;  // pinned: what SetFlags copies into device-memory flags (the device's lifetime)
   FlagMemory flag_choice_ = FlagMemory::kAuto;
 };
 
