@@ -551,7 +551,6 @@ void ModelObj::InitTiered(const std::string& path, ArtifactContents& contents, c
   // its stream keeps launches in flight on an asynchronous device: the activations are planned for them now, so the
   // room computed below holds (a stream that re-planned them later would pass it: the H200 run of 2026-11-26)
   reuse_distance_ = device_->launches_async() ? options.in_flight : 1;
-  shared_activations_ = true;      // one activation plan over all its layers (model.h)
   std::vector<std::string> order;  // weights in the order the layers first read them
   std::map<std::string, size_t> nbytes;
   size_t largest = 0;
