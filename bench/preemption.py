@@ -106,7 +106,7 @@ def mix(artifact_dir: Path, realtime: str, best_effort: str, device: str, second
         flag_memory: str = "auto", rt_streams: int = 1) -> dict:
     """Real-time requests with Poisson arrivals (rate = load / RT latency) plus a closed-loop best-effort stream."""
     from tvmsched.runtime import Executor
-    from tvmsched.runtime.preemption import Priorities, Task
+    from tvmsched.runtime.preemption import Priorities, Task, least_pending
 
     # the real-time model on `rt_streams` streams (a copy each; each request to the one with the fewest pending)
     rt_execs = [Executor(artifact_dir / f"{realtime}.tvms", device, flag_memory=flag_memory) for _ in range(rt_streams)]
@@ -148,7 +148,7 @@ def mix(artifact_dir: Path, realtime: str, best_effort: str, device: str, second
             if delay > 0:
                 time.sleep(delay)
             sent = time.perf_counter()
-            rt_task = min(rt_tasks, key=lambda t: t.pending) if len(rt_tasks) > 1 else rt_tasks[0]
+            rt_task = least_pending(rt_tasks)
             future = priorities.submit_realtime(rt_task, rt_inputs) if priorities else rt_task.submit(rt_inputs)
             future.add_done_callback(lambda _f, sent=sent: latencies.append(time.perf_counter() - sent))
             pending.append(future)

@@ -158,6 +158,11 @@ def default_stall_timeout_s() -> float:
     return value
 
 
+def least_pending(tasks) -> "Task":
+    """Of a model's streams (copies of it), the one with the fewest requests queued or running: where the next goes."""
+    return min(tasks, key=lambda task: task.pending) if len(tasks) > 1 else tasks[0]
+
+
 class Task:
     """A request stream over one artifact, with its own kernel queue and submitter thread (in the engine).
 

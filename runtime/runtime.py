@@ -37,7 +37,7 @@ from tvmsched.runtime import native
 from tvmsched.runtime import policies
 from tvmsched.runtime.executor import Executor, candidate_list
 from tvmsched.runtime.policies.priority import Priorities
-from tvmsched.runtime.preemption import EngineFuture, Task, hold_gc
+from tvmsched.runtime.preemption import EngineFuture, Task, hold_gc, least_pending
 from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, StreamView, stream_work
 from tvmsched.runtime.switching import StageEvent, SwitchSettings, Switcher, footprint, stage_events
 from tvmsched.runtime.tiering import TierSettings, TierShares
@@ -206,10 +206,7 @@ class Runtime:
             executor = self._load_tiered(artifact, name, device_bytes)
         else:
             self.switcher.add(executor)
-        task = Task(executor, name, self._max_in_flight, self._progress_interval_ms,  # plans its memory first
-                    stall_timeout_s=self._stall_timeout_s, quiet_gc=self._freeze_gc,
-                    priority="high" if priority == "realtime" else "low")
-        replicas: list[Task] = []
+        tasks = [self._task(executor, name, priority)]  # plans its memory first; then its copies' (streams > 1)
         try:
             if executor.placement == "staged" and resident and not self.switcher.prefetch(executor):
                 log.info("model %s does not fit beside the resident models: registered, switched in on demand", name)
@@ -218,26 +215,24 @@ class Runtime:
                                     f"tiers): it runs on one stream, not {streams}")
             for i in range(1, streams):
                 copy = Executor(artifact, self.device, trusted_keys=self._trusted_keys, memory_scope=self._memory_scope)
-                replicas.append(Task(copy, f"{name}#{i}", self._max_in_flight, self._progress_interval_ms,
-                                     stall_timeout_s=self._stall_timeout_s, quiet_gc=self._freeze_gc,
-                                     priority="high" if priority == "realtime" else "low"))
+                tasks.append(self._task(copy, f"{name}#{i}", priority))
         except Exception:
-            for each in [task, *replicas]:
-                each.close()
+            for task in tasks:
+                task.close()
             raise
         with self._lock:
             if name in self.models:
-                for each in [task, *replicas]:
-                    each.close()
+                for task in tasks:
+                    task.close()
                 raise TvmschedError(f"a model named {name!r} is already loaded")
             if self._timeline:
-                for each in [task, *replicas]:
-                    each.record_timeline()
+                for task in tasks:
+                    task.record_timeline()
             layers = [[self._info(name, c) for c in layer.candidates] for layer in executor.manifest.layers]
             if self.scheduler is not None:
                 self.scheduler.table.add_candidates(c for layer in layers for c in layer)
-            model = Model(name, qos_ms or executor.manifest.qos_ms, priority, task, layers,
-                          tuple(policies.fastest_ids(layers)), replicas=tuple(replicas))
+            model = Model(name, qos_ms or executor.manifest.qos_ms, priority, tasks[0], layers,
+                          tuple(policies.fastest_ids(layers)), replicas=tuple(tasks[1:]))
             self.models[name] = model
             for each in self.models.values():  # built once, not per request (loaded_models changed)
                 each.request = policies.Request(each.name, each.layers, each.qos_ms, self._monitor, self.total_units,
@@ -252,6 +247,11 @@ class Runtime:
             _freeze_heap(first=not self._froze)
             self._froze = True
         return model
+
+    def _task(self, executor: Executor, name: str, priority: str) -> Task:
+        """A stream of this runtime's for a model: real-time ones on high-priority device streams, others low."""
+        return Task(executor, name, self._max_in_flight, self._progress_interval_ms, stall_timeout_s=self._stall_timeout_s,
+                    quiet_gc=self._freeze_gc, priority="high" if priority == "realtime" else "low")
 
     def _warm_up(self, model: Model) -> None:
         """Run every candidate of every layer once (random inputs; as many requests as a layer has candidates)."""
@@ -342,7 +342,7 @@ class Runtime:
             deadline = native.now_us() + start_within_us if start_within_us else 0
             if self.policy.serial:
                 return self._serial_submit(model, inputs, ids, deadline)
-            task = min(model.tasks, key=_pending) if model.replicas else model.task
+            task = least_pending(model.tasks) if model.replicas else model.task
             if (priority or model.priority) == "realtime":
                 future = self.priorities.submit_realtime(task, inputs, ids, deadline)
             else:
@@ -494,10 +494,6 @@ def _memory_blocked(priorities: weakref.ref, waiting, holders: list) -> None:
     policy = priorities()
     if policy is not None:
         policy.memory_blocked(waiting, holders)
-
-
-def _pending(task: Task) -> int:
-    return task.pending
 
 
 def _monitor(models: dict[str, Model]) -> dict[str, StreamView]:

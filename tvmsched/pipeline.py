@@ -72,16 +72,16 @@ def compile_model(
         progress: show a progress bar while tuning (or deciding between records and default schedules).
     """
     info = _check_options(target, qos_ms, tune_trials, tune_minutes, rpc)
-    if int(loop_checks) < 0 or (loop_checks and not preempt_checks):
-        raise TvmschedError(f"--loop-checks {int(loop_checks)}: give K >= 1 (checks per loop) with preempt checks "
-                            "on, or 0")
+    loop_checks = int(loop_checks)
+    if loop_checks < 0 or (loop_checks and not preempt_checks):
+        raise TvmschedError(f"--loop-checks {loop_checks}: give K >= 1 (checks per loop) with preempt checks on, or 0")
     graph, funcs, tvm_target = lower_model(model, target, input_shapes, index_checks)
     plan = _choose_kernels(
         graph, funcs, tvm_target, tune_trials=tune_trials, database=database, qos_ms=qos_ms, units=units, rpc=rpc,
         progress=progress, tune_minutes=tune_minutes,
     )
     if preempt_checks:
-        plan = _instrumented(plan, gpu=info.gpu, loops=int(loop_checks))
+        plan = _instrumented(plan, gpu=info.gpu, loops=loop_checks)
     if progress_counters:
         plan = _progress_counted(plan, gpu=info.gpu)
     library = kernels.build_library(plan.kernels, tvm_target, extra_sources=_extra_sources(plan, info))

@@ -187,10 +187,8 @@ PreemptReport StreamObj::Preempt(bool abort, bool wait) {
     }
     // CPU: the kernel returns within one chunk; GPU: the submitter stops waiting on an event
     preempt_waiting_ = true;
-    // a Resume() meanwhile ends the wait: the stream runs on (waiting for it to idle would last while it has work)
-    cond_.wait(lock, [this] { return (!running_.has_value() && !waiting_) || !paused_ || (gpu_ && !undrained_); });
+    report.finished = Quiesce(lock);
     preempt_waiting_ = false;
-    if (gpu_ && paused_ && undrained_) report.finished = DrainGpu();
     report.rerun = rerun_;
     report.seconds = (Device::NowMicros() - start) / 1e6;
   }
@@ -198,10 +196,15 @@ PreemptReport StreamObj::Preempt(bool abort, bool wait) {
   return report;
 }
 
+std::vector<Launch> StreamObj::Quiesce(std::unique_lock<std::mutex>& lock) {
+  // a Resume() meanwhile ends the wait: the stream runs on (waiting for it to idle would last while it has work)
+  cond_.wait(lock, [this] { return (!running_.has_value() && !waiting_) || !paused_ || (gpu_ && !undrained_); });
+  if (gpu_ && paused_ && undrained_) return DrainGpu();
+  return {};
+}
+
 bool StreamObj::DrainBeforeClearing(std::unique_lock<std::mutex>& lock) {
-  if (!gpu_ || !undrained_) return paused_;
-  cond_.wait(lock, [this] { return (!running_.has_value() && !waiting_) || !undrained_ || !paused_; });
-  if (paused_ && undrained_) DrainGpu();
+  if (gpu_ && undrained_) Quiesce(lock);
   return paused_;
 }
 

@@ -247,6 +247,9 @@ class StreamObj : public ffi::Object {
   /*! \brief Under mutex_: an asynchronous device's launches in flight drained before the flag clears (Resume,
    *  FinishStarted): waits for the launch being issued and the event being waited on. False: resumed meanwhile. */
   bool DrainBeforeClearing(std::unique_lock<std::mutex>& lock);
+  /*! \brief Under mutex_, paused: wait until no launch is being issued or waited on (or a Resume(), or another
+   *  thread drained), then on an asynchronous device drain what is in flight. The launches the drain let finish. */
+  std::vector<Launch> Quiesce(std::unique_lock<std::mutex>& lock);
   bool pause_after_request_ = false;  // FinishStarted(): pause again once the running request ends
   uint64_t run_generation_ = 0;       // the device's generation when the head request started (the submitter's alone)
   std::atomic<int64_t> queued_{0};    // requests_.size(), polled by the idle submitter
