@@ -60,7 +60,8 @@ class Model:
     serial_latencies_ms: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=1 << 14))
     rejected: int = 0  # requests refused at submit (bad inputs); failures while running are the stream's
     warm: bool = False  # every candidate kernel ran once at load (Runtime.load(warmup=True))
-    request: policies.Request | None = field(default=None, repr=False)  # the policy's view, rebuilt on every load
+    # the policy's view of a request to each of its streams (`tasks`' order), rebuilt on every load and unload
+    requests: tuple[policies.Request, ...] = field(default=(), repr=False)
     engine_ids: dict = field(default_factory=dict, repr=False)  # candidate-ID lists converted for the engine
     # more streams of the same model (Runtime.load(streams=)): each request goes to the one with the fewest pending
     replicas: tuple[Task, ...] = ()
@@ -235,9 +236,9 @@ class Runtime:
                           tuple(policies.fastest_ids(layers)), replicas=tuple(tasks[1:]))
             self.models[name] = model
             for each in self.models.values():  # built once, not per request (loaded_models changed)
-                each.request = policies.Request(each.name, each.layers, each.qos_ms, self._monitor, self.total_units,
-                                                len(self.models), each.fastest,
-                                                choice=any(len(cands) > 1 for cands in each.layers))
+                request = policies.Request(each.name, each.layers, each.qos_ms, self._monitor, self.total_units,
+                                           len(self.models), each.fastest, choice=any(len(cands) > 1 for cands in each.layers))
+                each.requests = tuple(dataclasses.replace(request, stream=task.name) for task in each.tasks)
         if warmup:
             self._warm_up(model)
         if priority == "best_effort":
@@ -338,11 +339,12 @@ class Runtime:
             raise TvmschedError(f"priority must be one of {PRIORITIES}, not {priority!r}")
         quiet = hold_gc(self._freeze_gc)  # no collection starts in this code (freeze_gc)
         try:
-            ids = _engine_ids(model, self.policy.choose(model.request))
+            stream = model.tasks.index(least_pending(model.tasks)) if model.replicas else 0
+            task = model.tasks[stream] if model.replicas else model.task
+            ids = _engine_ids(model, self.policy.choose(model.requests[stream]))  # it knows the stream it goes to
             deadline = native.now_us() + start_within_us if start_within_us else 0
             if self.policy.serial:
                 return self._serial_submit(model, inputs, ids, deadline)
-            task = least_pending(model.tasks) if model.replicas else model.task
             if (priority or model.priority) == "realtime":
                 future = self.priorities.submit_realtime(task, inputs, ids, deadline)
             else:
@@ -387,7 +389,8 @@ class Runtime:
         return await asyncio.wrap_future(self.submit(model, inputs, priority=priority, start_within_us=start_within_us))
 
     def monitor(self) -> dict[str, StreamView]:
-        """The resource monitor: every busy stream's work still to run (from its progress bitmap and queue)."""
+        """The resource monitor: every busy stream's work still to run (from its progress bitmap and queue), by stream
+        name (a model's name; the copies of a model loaded with `streams=N` are NAME#1 .. NAME#N-1)."""
         return _monitor(self.models)
 
     def stats(self) -> dict[str, dict]:
@@ -441,7 +444,7 @@ class Runtime:
                 raise TvmschedError(f"model {model.name!r} is not loaded")
             del self.models[model.name]
             for each in self.models.values():  # loaded_models changed
-                each.request = dataclasses.replace(each.request, loaded_models=len(self.models))
+                each.requests = tuple(dataclasses.replace(r, loaded_models=len(self.models)) for r in each.requests)
         for task in model.tasks:
             self.priorities.remove_best_effort(task)
             task.resume()  # a paused stream would keep its queued requests for ever
@@ -497,11 +500,13 @@ def _memory_blocked(priorities: weakref.ref, waiting, holders: list) -> None:
 
 
 def _monitor(models: dict[str, Model]) -> dict[str, StreamView]:
+    """Every busy stream by its name (a model's first stream: the model's name; its copies: NAME#i)."""
     views = {}
-    for name, model in list(models.items()):
-        state = model.task.state()
-        if state is not None:
-            views[name] = StreamView(name, stream_work(model.layers, state))
+    for model in list(models.values()):
+        for task in model.tasks:
+            state = task.state()
+            if state is not None:
+                views[task.name] = StreamView(task.name, stream_work(model.layers, state))
     return views
 
 

@@ -32,6 +32,11 @@ class Request:
     loaded_models: int
     fastest: tuple[int, ...] = ()  # the fastest candidate of every layer (fastest_ids(layers), kept per model)
     choice: bool = True  # some layer has more than one candidate (else there is nothing to decide)
+    stream: str = ""  # the monitor's name of the stream it goes to (a model on several streams: which one); "" = model
+
+    @property
+    def own_stream(self) -> str:
+        return self.stream or self.model
 
     def fastest_ids(self) -> list[int]:
         return list(self.fastest) if self.fastest else fastest_ids(self.layers)

@@ -20,7 +20,8 @@ class ColocationPolicy(Policy):
             # pass cost more than the requests themselves: bench/results/sharing-cpu.md)
             return request.fastest_ids()
         views = request.monitor()
-        own = views.pop(request.model, None)  # this request starts when its own stream's earlier work is done
+        own = views.pop(request.own_stream, None)  # it starts when its stream's earlier work is done; the model's other
+        # streams (Runtime.load(streams=)) run beside it like any other
         start_us = sum(c.latency_us for c in own.remaining) if own else 0.0
         decision = self.scheduler.choose(request.model, request.layers, request.qos_ms, list(views.values()), start_us,
                                          fastest=request.fastest)

@@ -308,3 +308,31 @@ def test_a_model_on_several_streams_serves_concurrent_requests_side_by_side(arti
         for streams in (0, 65, 1.5, True):
             with pytest.raises(TvmschedError, match="streams must be a whole number from 1 to 64"):
                 rt.load(artifact, name="bad", streams=streams)
+
+
+def test_the_colocation_policy_sees_every_stream_of_a_model_and_waits_for_the_one_a_request_goes_to(artifacts):
+    """A model on two streams: the monitor names both (rt, rt#1); a request is estimated from when its own stream's
+    earlier work ends and is scheduled against the other copy's work like any other stream's (before, the monitor
+    read only a model's first stream, and every request was estimated as if it went there)."""
+    _, artifact = artifacts["resnet18-small"]
+    executor = Executor(artifact)
+    x = executor.random_inputs(0)
+    with Runtime("cpu", policy="colocation") as rt:
+        served = rt.load(artifact, name="rt", streams=2)
+        assert any(len(cands) > 1 for cands in served.layers)  # a choice to make: the policy reads the monitor
+        for task in served.tasks:
+            task.preempt(abort=False)  # paused: what is submitted stays queued, the monitor sees it
+        futures = [rt.submit(served, x) for _ in range(3)]  # to rt (both idle), rt#1 (fewer pending), rt (a tie)
+        assert [task.pending for task in served.tasks] == [2, 1]
+        assert set(rt.monitor()) == {"rt", "rt#1"}
+        first, second, third = list(rt.scheduler.decisions)[-3:]
+        assert first.streams == 0  # nothing else busy
+        assert second.streams == 1  # rt's queued request, beside it on the other stream
+        assert third.streams == 1 and third.estimated_ms > 1.9 * first.estimated_ms  # behind rt's first request
+        for task in served.tasks:
+            task.resume()
+        want = executor.run(x)
+        for future in futures:
+            got = future.result(timeout=60)
+            for k in want:  # the policy may choose other candidates (1 or 2 threads): another summation order
+                np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
