@@ -80,6 +80,29 @@ def test_a_non_idempotent_kernel_runs_exactly_once_per_request_under_preemption(
     task.close()
 
 
+def test_a_waiting_preempt_after_one_that_did_not_wait_waits_for_the_running_launch():
+    """preempt(wait=False) pauses and returns while a kernel runs on (abort=False: it is not stopped); a waiting
+    preempt() after it returns only once that launch has returned (before, on CPU it returned at once: the stream was
+    already paused). After it, no launch ends until resume()."""
+    executor = Executor(counting_artifact())
+    task = Task(executor, "counting")
+    x = np.random.default_rng(0).standard_normal(N).astype("float32")
+    futures = [task.submit({"x": x}) for _ in range(12)]
+    rng = random.Random(2)
+    for _ in range(8):
+        time.sleep(rng.uniform(0.0005, 0.002))  # inside a request (each kernel copies 8 x 1 MiB)
+        task.preempt(abort=False, wait=False)
+        assert task.preempt(abort=False).seconds == 0.0  # paused already: it reports no pause of its own
+        launches = task.launches
+        time.sleep(0.02)
+        assert task.launches == launches  # the launch left running had returned; nothing ran since
+        task.resume()
+    outputs = [f.result(timeout=60) for f in futures]
+    counts = np.array([o["counter"][0] for o in outputs], dtype="int64")
+    assert np.diff(counts).tolist() == [1] * 11 and all(np.array_equal(o["b"], x) for o in outputs)
+    task.close()
+
+
 @pytest.fixture(scope="module")
 def zoo_tasks():
     built = []

@@ -167,30 +167,29 @@ PreemptReport StreamObj::Preempt(bool abort, bool wait) {
   PreemptReport report;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (paused_ || closed_) {
-      // paused by a Preempt() that did not wait: its drain (by the submitter) ends first, or a Resume()
-      if (wait && paused_) cond_.wait(lock, [this] { return !undrained_ || !paused_; });
+    bool pausing = !paused_ && !closed_;
+    if (pausing) {
+      paused_ = true;
+      ++preemptions;
+      if (abort) m_->SetPreemptFlag(true);
+      if (abort && running_) flagged_launch_ = true;
+      undrained_ = gpu_;
+      m_->placement()->Yield(m_);  // a paused task holds up no other switch-in
+    }
+    if (!wait || !paused_) {  // the submitter drains what is in flight (SubmitLoop); or closed
       report.rerun = rerun_;
-      return report;
-    }
-    paused_ = true;
-    ++preemptions;
-    if (abort) m_->SetPreemptFlag(true);
-    if (abort && running_) flagged_launch_ = true;
-    undrained_ = gpu_;
-    m_->placement()->Yield(m_);  // a paused task holds up no other switch-in
-    if (!wait) {                 // the submitter drains what is in flight (SubmitLoop)
-      report.seconds = (Device::NowMicros() - start) / 1e6;
+      if (pausing) report.seconds = (Device::NowMicros() - start) / 1e6;
       lock.unlock();
-      cond_.notify_all();
+      if (pausing) cond_.notify_all();
       return report;
     }
-    // CPU: the kernel returns within one chunk; GPU: the submitter stops waiting on an event
-    preempt_waiting_ = true;
+    // CPU: the kernel returns within one chunk; GPU: the submitter stops waiting on an event. Also when an earlier
+    // Preempt() that did not wait paused it: the launch it left running (CPU) or its drain (GPU) ends first
+    ++preempt_waiting_;
     report.finished = Quiesce(lock);
-    preempt_waiting_ = false;
+    --preempt_waiting_;
     report.rerun = rerun_;
-    report.seconds = (Device::NowMicros() - start) / 1e6;
+    if (pausing) report.seconds = (Device::NowMicros() - start) / 1e6;  // 0: it was paused already
   }
   Deliver();
   return report;
@@ -523,7 +522,7 @@ void StreamObj::CpuStep(const Launch& launch, std::optional<Launch>* next) {
       running_ = *next;
     }
     deliver = !done_.empty();
-    wake = preempt_waiting_;
+    wake = preempt_waiting_ > 0;
   }
   if (wake) cond_.notify_all();
   if (deliver) Deliver();

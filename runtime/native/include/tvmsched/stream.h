@@ -144,7 +144,8 @@ class StreamObj : public ffi::Object {
   /*! \brief Stop this stream's device work as fast as possible; harmless when idle or paused.
    *  abort=false only pauses and waits for the device work to end (the no-preemption baseline).
    *  wait=false: set the flag, pause and return at once (the report has no launches); on an asynchronous device
-   *  the stream's own thread then waits for its launches in flight (a later waiting Preempt() waits for that). */
+   *  the stream's own thread then waits for its launches in flight. A waiting Preempt() of a stream already paused
+   *  waits too (for the launch still running, or the drain) and reports 0 seconds. */
   PreemptReport Preempt(bool abort = true, bool wait = true);
   /*! \brief Clear the flag and go on. On an asynchronous device, launches in flight since the flag was set may have
    *  obeyed it: they are waited for first (the idempotent ones run again), never taken as done. */
@@ -236,8 +237,8 @@ class StreamObj : public ffi::Object {
   int gated_group_ = -1;       // for what: a sub-task, or -1: the environment
   /*! \brief The watchdog's verdict on a gated head request (under mutex_): its error line, or empty. */
   std::string Stalled() const;
-  bool waiting_ = false;          // the GPU submitter is blocked on an event (outside the lock)
-  bool preempt_waiting_ = false;  // Preempt() waits on cond_ for the running launch to return
+  bool waiting_ = false;     // the GPU submitter is blocked on an event (outside the lock)
+  int preempt_waiting_ = 0;  // Preempt() calls waiting on cond_ for the running launch to return
   // CPU: Preempt() set the flag while the running launch ran (it may have skipped work even if a Resume() cleared
   // the flag before it returned): it runs again
   bool flagged_launch_ = false;
