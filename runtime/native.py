@@ -125,6 +125,12 @@ def device_faults(kind: str) -> dict:
     return {str(k): (str(v) if isinstance(v, str) else v) for k, v in func("device_faults")(kind).items()}
 
 
+def create_preemption_group():
+    """The engine's preemption group (tvmsched/preemption.h): member streams stopped while held requests run, and
+    resumed when the last is done, by the engine (no Python on the request's path or its completion)."""
+    return func("create_preemption_group")()
+
+
 def create_memory_scope(budget: int):
     """A budget that the models loaded into it count against (a Runtime's; 0: none, still counted)."""
     return func("create_memory_scope")(int(budget))

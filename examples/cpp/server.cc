@@ -135,33 +135,28 @@ struct Served {
   prometheus::Gauge* nv_pending;
 };
 
-/*! \brief Real-time over best-effort (the policy of runtime/policies/priority.py). */
+/*! \brief Real-time over best-effort (the policy of runtime/policies/priority.py): which requests are real-time and
+ *  which streams best-effort; the engine's preemption group preempts and resumes them. */
 class Priorities {
  public:
-  void AddBestEffort(Served* served) { best_effort_.push_back(served); }
-  /*! \brief A real-time request was queued: the first one preempts every busy best-effort stream, without waiting
-   *  for their kernels to stop (each stream's own thread drains them; Preempt(abort, wait=false)). */
-  void Begin() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (++active_ != 1) return;
-    for (Served* s : best_effort_) {
-      if (s->stream->busy()) {
-        s->stream->Preempt(true, false);
-        s->preemptions->Increment();
+  void AddBestEffort(Served* served) {
+    best_effort_.push_back(served);
+    group_->Add(served->stream);
+  }
+  /*! \brief A real-time request was queued on `own`: the first one preempts every best-effort stream but `own`
+   *  without waiting for their kernels to stop (each stream's own thread drains them); they resume when the last is
+   *  done, in the engine. */
+  void Hold(const tvmsched::Request& request, const tvmsched::Stream& own) {
+    for (const tvmsched::Stream& stopped : group_->Hold(request, own)) {
+      for (Served* s : best_effort_) {
+        if (s->stream.same_as(stopped)) s->preemptions->Increment();
       }
     }
-  }
-  /*! \brief A real-time request is done: when none is left, the best-effort streams go on. */
-  void End() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (--active_ != 0) return;
-    for (Served* s : best_effort_) s->stream->Resume();
   }
   /*! \brief The switcher: a switch-in waits for memory that the started requests of the paused models `holders`
    *  keep. Those paused for real-time work finish their request and pause again (runtime/policies/priority.py). */
   void MemoryBlocked(const ffi::Array<tvmsched::Model>& holders) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (active_ == 0) return;  // paused by someone else
+    if (group_->active() == 0) return;  // paused by someone else
     for (Served* s : best_effort_) {
       for (const tvmsched::Model& holder : holders) {
         if (holder.same_as(s->model)) s->stream->FinishStarted();
@@ -170,9 +165,8 @@ class Priorities {
   }
 
  private:
-  std::mutex mutex_;
-  int active_ = 0;
-  std::vector<Served*> best_effort_;
+  tvmsched::PreemptionGroup group_ = tvmsched::PreemptionGroup::Create();
+  std::vector<Served*> best_effort_;  // added before serving starts (read without a lock after)
 };
 
 // ---- tensors <-> JSON ------------------------------------------------------------------------
@@ -767,9 +761,8 @@ class Server {
       s.rejected.fetch_add(1);
       throw HttpError(400, err.message());
     }
-    if (realtime) priorities_.Begin();  // queued first: it starts on its own stream while the others stop
+    if (realtime) priorities_.Hold(request, s.stream);  // queued first: it starts on its own stream while others stop
     request->Wait(-1, 50);
-    if (realtime) priorities_.End();
     if (!request->error().empty()) throw HttpError(400, std::string(request->error()));
     double ms = (request->finished_us - request->submitted_us) / 1e3;
     s.latency->Observe(ms / 1e3);

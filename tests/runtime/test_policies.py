@@ -1,12 +1,9 @@
 """Each scheduling policy on made-up requests and monitors: policies decide and never touch a device."""
 
-from concurrent.futures import Future
-
 import pytest
 
 from tvmsched.errors import TvmschedError
 from tvmsched.runtime import policies
-from tvmsched.runtime.policies.priority import Priorities
 from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, StreamView
 
 ALL = 8
@@ -72,44 +69,6 @@ def test_colocation_waits_for_its_own_stream_and_reads_the_monitor_only_when_ask
     assert decision.estimated_ms > 5.0 and not decision.meets_qos  # its own queued 5 ms come first
     policies.create("fastest").choose(request(monitor))
     assert len(reads) == 1  # the fastest policy never reads the monitor
-
-
-class StreamLog:
-    """A made-up stream: records what the policy asked of it."""
-
-    def __init__(self, busy=True):
-        self.busy, self.calls = busy, []
-
-    def preempt(self, wait=True):
-        self.calls.append("preempt" if not wait else "preempt and wait")  # the policy never waits for the drain
-        return "report"
-
-    def resume(self):
-        self.calls.append("resume")
-
-    def submit(self, inputs, ids):
-        self.calls.append(("submit", ids))
-        self.future = Future()
-        return self.future
-
-
-def test_realtime_requests_preempt_busy_best_effort_streams_and_resume_them_after_the_last():
-    priorities = Priorities()
-    busy, idle, realtime = StreamLog(), StreamLog(busy=False), StreamLog()
-    priorities.add_best_effort(busy)
-    priorities.add_best_effort(idle)
-    first = priorities.submit_realtime(realtime, {}, [0])
-    second = priorities.submit_realtime(realtime, {}, [1])
-    assert busy.calls == ["preempt"] and idle.calls == []  # once, and only the busy stream
-    first.set_result({})
-    assert busy.calls == ["preempt"]  # a real-time request is still running
-    second.set_result({})
-    assert busy.calls == ["preempt", "resume"] and idle.calls == ["resume"]
-    assert priorities.preemptions == ["report"]
-    late = StreamLog()
-    priorities.submit_realtime(realtime, {}, None)
-    priorities.add_best_effort(late)  # joining while real-time work runs: preempted at once
-    assert late.calls == ["preempt"]
 
 
 def test_the_serial_policy_runs_requests_one_at_a_time_through_a_runtime(tmp_path):

@@ -185,7 +185,7 @@ def test_realtime_requests_preempt_best_effort_work_and_it_resumes(zoo_tasks):
         time.sleep(0.003)
         future = priorities.submit_realtime(realtime, rt_inputs)
         rt_results.append(future.result(timeout=60))
-    assert priorities.preemptions  # best-effort work was running and got preempted
+    assert priorities.preempted  # best-effort work was running and got preempted
     for outputs in rt_results:
         assert all(np.array_equal(outputs[k], rt_expected[k]) for k in rt_expected)
     for future in be_futures:  # completing at all shows best-effort work resumed after the real-time requests
@@ -194,6 +194,52 @@ def test_realtime_requests_preempt_best_effort_work_and_it_resumes(zoo_tasks):
     assert not best_effort.paused
     best_effort.close()
     realtime.close()
+
+
+def _until(predicate, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return predicate()
+
+
+def test_the_engine_preempts_best_effort_streams_while_real_time_requests_run_and_resumes_them(zoo_tasks):
+    """The priority policy's mechanism, the engine's preemption group, on real streams: the first real-time request
+    pauses every best-effort stream (the busy one counted as preempted, the idle one paused too, so that a request it
+    gets meanwhile waits); they resume when the last real-time request is done, on the engine's own thread; a stream
+    joining while real-time work runs is paused at once. Outputs stay bit-identical."""
+    _, be_artifact, be_inputs, be_expected = zoo_tasks[2]
+    _, rt_artifact, rt_inputs, rt_expected = zoo_tasks[0]
+    priorities = Priorities()
+    busy, idle, late = (Task(Executor(be_artifact), name) for name in ("busy", "idle", "late"))
+    realtime = Task(Executor(rt_artifact), "rt")
+    for task in (busy, idle):
+        priorities.add_best_effort(task)
+    be_futures = [busy.submit(be_inputs) for _ in range(20)]
+    assert _until(lambda: busy.launches > 0)  # running
+    realtime.preempt(abort=False)  # held back: the real-time requests stay queued, the group held
+    first, second = (priorities.submit_realtime(realtime, rt_inputs) for _ in range(2))
+    assert busy.paused and idle.paused and priorities.realtime_active == 2
+    assert priorities.preempted == 1 and busy.preemptions == 1  # counted once: the first real-time request
+    waiting = idle.submit(be_inputs)
+    priorities.add_best_effort(late)
+    assert late.paused
+    time.sleep(0.05)
+    assert not waiting.done() and not be_futures[-1].done()
+    realtime.resume()
+    for future in (first, second):
+        outputs = future.result(timeout=60)
+        assert all(np.array_equal(outputs[k], rt_expected[k]) for k in rt_expected)
+    assert _until(lambda: not (busy.paused or idle.paused or late.paused))  # released by the engine
+    assert priorities.realtime_active == 0
+    for future in [*be_futures, waiting]:
+        outputs = future.result(timeout=120)
+        assert all(np.array_equal(outputs[k], be_expected[k]) for k in be_expected)
+    priorities.remove_best_effort(late)
+    priorities.submit_realtime(realtime, rt_inputs).result(timeout=60)
+    assert not late.paused and late.preemptions == 1  # a removed stream is preempted no more
+    for task in (busy, idle, late, realtime):
+        task.close()
 
 
 def test_uninstrumented_artifacts_cannot_be_preempted():

@@ -393,3 +393,51 @@ def test_switching_under_a_memory_budget(cpp_build, zoo):  # noqa: F811
     assert_user_error(run("--memory-budget", "lots"), "--memory-budget must be a number of bytes, optionally with a "
                       "unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), of at least 1 byte, not 'lots'")
     assert_user_error(run("--max-queue", "-1"), "--max-queue must be an integer of at least 0")
+
+
+def test_real_time_requests_preempt_best_effort_ones_through_the_engine(cpp_build, zoo):  # noqa: F811
+    """mlp real-time, bert best-effort: real-time requests preempt bert's busy stream (the engine's preemption group,
+    counted in tvmsched_preemptions_total) and bert resumes after them; every answer of both is right."""
+    import threading
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = start_server([str(cpp_build / "tvmsched_server"), "--port", str(port), "--model", f"mlp={zoo['mlp'][0]}:1000:realtime",
+                         "--model", f"bert={zoo['bert'][0]}:1000:best_effort"], base)
+    stop, answers, failures = threading.Event(), [], []
+
+    def best_effort_client():
+        client = tritonclient_http.InferenceServerClient(base.removeprefix("http://"))
+        try:
+            while not stop.is_set():
+                answers.append(_infer(client, "bert", zoo["bert"][1], binary=True))
+        except Exception as err:  # noqa: BLE001 (reported below)
+            failures.append(err)
+        finally:
+            client.close()
+
+    clients = [threading.Thread(target=best_effort_client) for _ in range(4)]
+    try:
+        for thread in clients:
+            thread.start()
+        realtime = tritonclient_http.InferenceServerClient(base.removeprefix("http://"))
+        preempted = 0.0
+        for _ in range(300):
+            _check(_infer(realtime, "mlp", zoo["mlp"][1], binary=True), zoo["mlp"][2])
+            preempted = _sample(httpx.get(f"{base}/metrics", timeout=10).text, "tvmsched_preemptions_total", model="bert")
+            if preempted >= 3:
+                break
+        realtime.close()
+        stop.set()
+        for thread in clients:
+            thread.join(timeout=120)
+        assert not failures, failures
+        assert preempted >= 3, "bert was never busy when a real-time request came"
+        metrics = httpx.get(f"{base}/metrics", timeout=10).text
+        assert _sample(metrics, "tvmsched_preemptions_total", model="mlp") == 0
+        assert answers
+        for result in answers:  # preempted and resumed: still right
+            _check(result, zoo["bert"][2])
+    finally:
+        stop.set()
+        assert stop_server(proc) == 0

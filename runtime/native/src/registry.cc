@@ -330,7 +330,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              options.idle_spin_us = idle_spin_us;
              options.progress_interval_ms = progress_interval_ms;
              return Stream::Create(std::move(model), name, options);
-           });
+           })
+      .def("tvmsched.engine.create_preemption_group", [] { return PreemptionGroup::Create(); });
 
   refl::ObjectDef<ModelObj>()
       .def("name", [](Model m) { return m->name(); })
@@ -415,6 +416,14 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("outputs", [](Request r) { return r->outputs(); })
       .def("error", [](Request r) { return r->error(); })
       .def("on_done", [](Request r, ffi::Function callback) { r->OnDone(std::move(callback)); });
+
+  refl::ObjectDef<PreemptionGroupObj>()
+      .def("add", [](PreemptionGroup g, Stream s) { g->Add(std::move(s)); })
+      .def("remove", [](PreemptionGroup g, Stream s) { g->Remove(std::move(s)); })
+      .def("hold", [](PreemptionGroup g, Request r,
+                      Stream own) { return static_cast<int64_t>(g->Hold(std::move(r), std::move(own)).size()); })
+      .def("active", [](PreemptionGroup g) { return g->active(); })
+      .def("preempted", [](PreemptionGroup g) { return g->preempted.load(); });
 
   refl::ObjectDef<StreamObj>()
       .def("submit", [](Stream s, ffi::Map<ffi::String, ffi::Tensor> inputs,

@@ -7,6 +7,8 @@
  *   tvmsched::Request r = stream->Submit(inputs, {});           // inputs: Map<String, Tensor> on the host
  *   r->Wait(-1, 0);  auto outputs = r->outputs();               // or r->OnDone(callback)
  *   stream->Preempt(); stream->Resume();
+ *   auto group = tvmsched::PreemptionGroup::Create();           // best-effort streams stopped while real-time
+ *   group->Add(best_effort); group->Hold(r, stream);            // requests run (resumed when the last is done)
  *
  * Link with tvmsched_engine (CMake: find_package(tvmsched), `python -m tvmsched.runtime.native --cmakedir`).
  * Errors are tvm::ffi::Error of kind "TvmschedError" with a one-line message.
@@ -17,6 +19,7 @@
 #include "tvmsched/artifact.h"
 #include "tvmsched/device.h"
 #include "tvmsched/model.h"
+#include "tvmsched/preemption.h"
 #include "tvmsched/stream.h"
 #include "tvmsched/switching.h"
 #include "tvmsched/tiering.h"

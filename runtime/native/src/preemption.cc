@@ -1,0 +1,61 @@
+// The preemption group (tvmsched/preemption.h): members stopped while held requests run, without Python.
+#include "tvmsched/preemption.h"
+
+#include <tvm/ffi/cast.h>
+
+#include <algorithm>
+
+namespace tvmsched {
+
+void PreemptionGroupObj::Add(Stream stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (std::any_of(members_.begin(), members_.end(), [&](const Stream& s) { return s.same_as(stream); })) return;
+  members_.push_back(stream);
+  if (active() > 0) Stop(stream);
+}
+
+void PreemptionGroupObj::Remove(Stream stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = std::find_if(members_.begin(), members_.end(), [&](const Stream& s) { return s.same_as(stream); });
+  if (it == members_.end()) return;
+  members_.erase(it);
+  if (active() > 0) stream->Resume();  // paused by the group (or by nobody: Resume is harmless then)
+}
+
+std::vector<Stream> PreemptionGroupObj::Hold(Request request, Stream own) {
+  std::vector<Stream> stopped;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (active_.fetch_add(1, std::memory_order_acq_rel) == 0) {
+      for (const Stream& member : members_) {
+        if (member.same_as(own)) continue;  // a best-effort model's own real-time request
+        if (Stop(member)) stopped.push_back(member);
+      }
+    }
+  }
+  // released on the request's completion (at once if it is already done), on its stream's submitter thread
+  ffi::ObjectPtr<PreemptionGroupObj> self = ffi::GetObjectPtr<PreemptionGroupObj>(this);
+  request->OnDone(ffi::Function::FromTyped([self](Request) { self->Release(); }));
+  return stopped;
+}
+
+bool PreemptionGroupObj::Stop(const Stream& member) {
+  // idle ones too: a request it gets while the group is held waits (else it would run beside the real-time work)
+  bool busy = member->busy();
+  member->Preempt(true, false);  // its own thread drains what it has in flight
+  if (busy) preempted.fetch_add(1);
+  return busy;
+}
+
+void PreemptionGroupObj::Release() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (active_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  for (const Stream& member : members_) member->Resume();
+}
+
+std::vector<Stream> PreemptionGroupObj::members() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return members_;
+}
+
+}  // namespace tvmsched
