@@ -10,6 +10,7 @@ Python reaches the engine's objects (tvmsched.Model, tvmsched.Stream, tvmsched.R
 from __future__ import annotations
 
 import argparse
+import atexit
 import ctypes
 import functools
 import importlib.util
@@ -74,6 +75,8 @@ def engine():
             ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
             tvm_ffi.get_global_func("tvmsched.engine.set_tvm_libdir")(tvm_libdir())
             _register_types()
+            # completion callbacks (Python ones) run on the engine's callback thread: it ends before the interpreter
+            atexit.register(tvm_ffi.get_global_func("tvmsched.engine.stop_deferred_callbacks"), 10.0)
             _loaded = True
     return tvm_ffi
 

@@ -119,7 +119,9 @@ class EngineFuture(Future):
         with self._condition:
             watch, self._watched = not self._watched, True
         if watch:
-            self.request.on_done(self._pull)  # from the submitter thread (or now, if already done)
+            # on the engine's callback thread (or now, if already done): never on the stream's submitter, whose next
+            # launch would wait for the GIL
+            self.request.on_done(self._pull)
         super().add_done_callback(fn)
 
 

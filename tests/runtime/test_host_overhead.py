@@ -124,6 +124,48 @@ def test_callbacks_asyncio_and_real_time_requests_still_resolve(artifact):
         assert not be.task.paused and rt.stats()["be"]["requests"] == 2 and be.rejected == 1
 
 
+def test_a_python_callback_never_holds_up_the_stream(artifact):
+    """A Python done-callback runs on the engine's callback thread, not on the stream's submitter: one that blocks
+    (as one waiting for the GIL does while a server's event loop holds it) leaves the requests queued behind its
+    request running (before, the submitter ran it and waited before its next launch: the next request never ran)."""
+    import threading
+
+    from tvmsched.runtime.preemption import Task
+
+    inputs = Executor(artifact).random_inputs(2)
+    expected = Executor(artifact).run(inputs)["y"]
+    task = Task(Executor(artifact), "callbacks")
+    release, entered, order = threading.Event(), threading.Event(), []
+
+    def blocking(future):
+        entered.set()
+        release.wait(30)
+        order.append(("first", future.result()["y"]))
+
+    task.preempt(abort=False)  # held until the callbacks are in place
+    first = task.submit(inputs)
+    first.add_done_callback(blocking)
+    behind = [task.submit(inputs) for _ in range(5)]
+    task.resume()
+    try:
+        for future in behind:  # they run while the callback blocks
+            assert np.array_equal(future.result(timeout=10)["y"], expected)
+        assert entered.wait(10) and not order
+        task.preempt(abort=False)
+        later = task.submit(inputs)
+        later.add_done_callback(lambda f: order.append(("later", f.result()["y"])))  # queued behind the blocked one
+        task.resume()
+        assert np.array_equal(later.result(timeout=10)["y"], expected)
+    finally:
+        release.set()
+    deadline = time.monotonic() + 10
+    while len(order) < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert sorted(name for name, _ in order) == ["first", "later"]  # each once (result() may run `later`'s itself)
+    assert all(np.array_equal(y, expected) for _, y in order)
+    task.close()
+
+
 def test_the_scheduler_keeps_its_latest_decisions_only():
     scheduler = LayerScheduler(ColocationTable(2))
     layers = [[CandidateInfo(2, 10.0, "m/a")]]

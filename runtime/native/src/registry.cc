@@ -331,7 +331,9 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              options.progress_interval_ms = progress_interval_ms;
              return Stream::Create(std::move(model), name, options);
            })
-      .def("tvmsched.engine.create_preemption_group", [] { return PreemptionGroup::Create(); });
+      .def("tvmsched.engine.create_preemption_group", [] { return PreemptionGroup::Create(); })
+      .def("tvmsched.engine.stop_deferred_callbacks",
+           [](double timeout_s) { return StopDeferredCallbacks(timeout_s); });
 
   refl::ObjectDef<ModelObj>()
       .def("name", [](Model m) { return m->name(); })
@@ -415,7 +417,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("done", [](Request r) { return r->done(); })
       .def("outputs", [](Request r) { return r->outputs(); })
       .def("error", [](Request r) { return r->error(); })
-      .def("on_done", [](Request r, ffi::Function callback) { r->OnDone(std::move(callback)); });
+      // a Python callable waits for the GIL: on the engine's callback thread, never on the stream's submitter
+      .def("on_done", [](Request r, ffi::Function callback) { r->OnDone(std::move(callback), true); });
 
   refl::ObjectDef<PreemptionGroupObj>()
       .def("add", [](PreemptionGroup g, Stream s) { g->Add(std::move(s)); })

@@ -49,11 +49,84 @@ bool RequestObj::Wait(double timeout_s, double spin_us) {
   return cond_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return done(); });
 }
 
-void RequestObj::OnDone(ffi::Function callback) {
+namespace {
+
+/*! \brief The engine's callback thread: runs deferred completion callbacks in order, off every submitter thread.
+ *  Leaked on purpose (its detached thread may outlive static destruction); StopDeferredCallbacks ends it. */
+class CallbackThread {
+ public:
+  static CallbackThread& Get() {
+    static CallbackThread* one = new CallbackThread();
+    return *one;
+  }
+
+  void Post(Request request, std::vector<ffi::Function> callbacks) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!stopped_) {
+        queue_.emplace_back(std::move(request), std::move(callbacks));
+        if (!started_) {
+          started_ = true;
+          std::thread([this] { Loop(); }).detach();
+        }
+        cond_.notify_all();
+        return;
+      }
+    }
+    Run(request, callbacks);  // stopped (the process is exiting): here, as before the thread existed
+  }
+
+  bool Stop(double timeout_s) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    bool drained =
+        cond_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return queue_.empty() && !running_; });
+    stopped_ = true;
+    cond_.notify_all();
+    return drained;
+  }
+
+ private:
+  static void Run(const Request& request, const std::vector<ffi::Function>& callbacks) {
+    for (const auto& callback : callbacks) {
+      try {
+        callback(request);
+      } catch (const std::exception&) {  // a failing callback must not stop the others
+      }
+    }
+  }
+
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      cond_.wait(lock, [this] { return !queue_.empty() || stopped_; });
+      if (queue_.empty()) return;  // stopped
+      auto item = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = true;
+      lock.unlock();
+      Run(item.first, item.second);
+      item = {};  // the last references (a Python callable) go here, not under the lock
+      lock.lock();
+      running_ = false;
+      cond_.notify_all();  // Stop() waits for an empty queue
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cond_;
+  std::deque<std::pair<Request, std::vector<ffi::Function>>> queue_;
+  bool started_ = false, stopped_ = false, running_ = false;
+};
+
+}  // namespace
+
+bool StopDeferredCallbacks(double timeout_s) { return CallbackThread::Get().Stop(timeout_s); }
+
+void RequestObj::OnDone(ffi::Function callback, bool deferred) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!done()) {
-      callbacks_.push_back(std::move(callback));
+      (deferred ? deferred_ : callbacks_).push_back(std::move(callback));
       return;
     }
   }
@@ -61,7 +134,7 @@ void RequestObj::OnDone(ffi::Function callback) {
 }
 
 void RequestObj::Finish(ffi::Map<ffi::String, ffi::Tensor> outputs, ffi::String error, double finished) {
-  std::vector<ffi::Function> callbacks;
+  std::vector<ffi::Function> callbacks, deferred;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     outputs_ = std::move(outputs);
@@ -70,6 +143,7 @@ void RequestObj::Finish(ffi::Map<ffi::String, ffi::Tensor> outputs, ffi::String 
     state_.store(static_cast<int>(error_.empty() ? RequestState::kDone : RequestState::kFailed),
                  std::memory_order_release);
     callbacks.swap(callbacks_);
+    deferred.swap(deferred_);
   }
   cond_.notify_all();
   Request self(ffi::GetObjectPtr<RequestObj>(this));
@@ -79,6 +153,7 @@ void RequestObj::Finish(ffi::Map<ffi::String, ffi::Tensor> outputs, ffi::String 
     } catch (const std::exception&) {  // a failing callback must not stop the submitter
     }
   }
+  if (!deferred.empty()) CallbackThread::Get().Post(self, std::move(deferred));
 }
 
 // ---- Stream ----------------------------------------------------------------------------------

@@ -17,7 +17,7 @@
  * reader); both are joined by Close() or the destructor. The submitter holds a reference to the
  * stream, so a stream nobody else holds is closed by its submitter once idle (checked every 100 ms).
  * All queue state is guarded by `mutex_`; completion callbacks run on the submitter thread outside
- * the lock.
+ * the lock, deferred ones (Python's) on the engine's callback thread.
  */
 #ifndef TVMSCHED_STREAM_H_
 #define TVMSCHED_STREAM_H_
@@ -68,8 +68,10 @@ class RequestObj : public ffi::Object {
   bool Wait(double timeout_s, double spin_us);
   ffi::Map<ffi::String, ffi::Tensor> outputs() const { return outputs_; }
   ffi::String error() const { return error_; }
-  /*! \brief Call `callback(request)` once when done (at once if it already is). */
-  void OnDone(ffi::Function callback);
+  /*! \brief Call `callback(request)` once when done (at once, on the caller's thread, if it already is): on the
+   *  stream's submitter thread, which waits for it before its next launch (keep it short), or, `deferred`, on the
+   *  engine's callback thread (for callbacks that may block: a Python one waits for the GIL there, not the stream). */
+  void OnDone(ffi::Function callback, bool deferred = false);
   /*! \brief Finish (called once by the stream's submitter). */
   void Finish(ffi::Map<ffi::String, ffi::Tensor> outputs, ffi::String error, double finished_us);
 
@@ -88,7 +90,15 @@ class RequestObj : public ffi::Object {
   /*! \brief Latest start (µs, Device::NowMicros; 0: none): a request still queued then fails instead of starting
    *  (StreamObj::SubmitBy). Last, so that code built against the layout before it still reads the fields above. */
   double deadline_us = 0;
+
+ private:
+  std::vector<ffi::Function> deferred_;  // OnDone(..., deferred): run by the engine's callback thread
 };
+
+/*! \brief Stop the engine's callback thread once what it holds has run (at most `timeout_s`); later deferred
+ *  callbacks run on the submitter thread. For a process about to exit (Python: before the interpreter finalizes).
+ *  Returns whether it drained in time. */
+bool StopDeferredCallbacks(double timeout_s);
 
 class Request : public ffi::ObjectRef {
  public:
