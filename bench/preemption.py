@@ -59,22 +59,37 @@ def interleaved_p50(artifacts: dict[str, Path], device: str, rounds: int, repeat
 
 
 def preemption_latency(artifact_dir: Path, name: str, device: str, samples: int, seed: int = 0,
-                       flag_memory: str = "auto") -> dict:
-    """preempt() durations on a busy best-effort task, against waiting for the kernel / the request."""
+                       flag_memory: str = "auto", probe: str | None = None) -> dict:
+    """preempt() durations on a busy best-effort task, against waiting for the kernel / the request; with `probe` (a
+    small real-time model), also what preemption costs a real-time request: the best-effort task is preempted without
+    waiting and the probe's request submitted at once on a high-priority stream; its engine latency (submit to
+    finish) minus its median alone is the delay the best-effort work still caused ("realtime_delay", GPreempt's
+    preemption latency as the real-time request sees it)."""
     from tvmsched.runtime import Executor
     from tvmsched.runtime.preemption import Task
 
     executor = Executor(artifact_dir / f"{name}.tvms", device, flag_memory=flag_memory)
     inputs = executor.random_inputs(0)
-    task = Task(executor, name)
+    task = Task(executor, name, priority="low")
     rng = random.Random(seed)
-    results = {"preempt": [], "wait_kernel": [], "wait_request": []}
+    modes = ["preempt", "wait_kernel", "wait_request"]
+    realtime = None
+    if probe and (artifact_dir / f"{probe}.tvms").is_file():
+        realtime = Task(Executor(artifact_dir / f"{probe}.tvms", device, flag_memory=flag_memory), probe, priority="high")
+        probe_inputs = realtime.executor.random_inputs(1)
+        alone_us = float(np.median([_engine_us(realtime.submit(probe_inputs)) for _ in range(50)]))
+        modes.append("realtime_delay")
+    results = {mode: [] for mode in modes}
     request_s = _request_seconds(task, inputs)
     for i in range(samples):
         futures = [task.submit(inputs) for _ in range(3)]
         time.sleep(rng.uniform(0.1, 1.5) * request_s)
-        mode = ("preempt", "wait_kernel", "wait_request")[i % 3]
-        if mode == "wait_request":
+        mode = modes[i % len(modes)]
+        if mode == "realtime_delay":
+            task.preempt(abort=True, wait=False)
+            results[mode].append((_engine_us(realtime.submit(probe_inputs)) - alone_us) / 1e6)
+            task.resume()
+        elif mode == "wait_request":
             start = time.perf_counter()
             running = [f for f in futures if not f.done()]
             if running:
@@ -87,11 +102,20 @@ def preemption_latency(artifact_dir: Path, name: str, device: str, samples: int,
             future.result()
     task.close()
     summary = {"model": name, "request_ms": request_s * 1e3, "reruns": task.reruns, "flag_memory": executor.flag_memory}
+    if realtime:
+        realtime.close()
+        summary["probe"] = {"model": probe, "alone_us": alone_us}
     for mode, values in results.items():
         us = np.array(values) * 1e6
         summary[mode] = {"p50_us": float(np.percentile(us, 50)), "p99_us": float(np.percentile(us, 99)),
                          "max_us": float(us.max()), "n": len(us)}
     return summary
+
+
+def _engine_us(future) -> float:
+    """A request's latency on the engine's clock (submit to finish), once it is done."""
+    future.result(timeout=60)
+    return future.request.finished_us - future.request.submitted_us
 
 
 def _request_seconds(task, inputs, n: int = 5) -> float:
@@ -194,6 +218,9 @@ def main() -> None:
     parser.add_argument("--flag-memory", default="auto", choices=["auto", "host_mapped", "device"],
                         help="CUDA: where the preempt flag goes (auto: device memory for kernels with loop checks, "
                         "else the faster to set)")
+    parser.add_argument("--probe", default="mlp",
+                        help="latency: a small real-time model whose request follows each preempt() (skipped when its "
+                        "artifact is missing)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.compile:
@@ -203,7 +230,7 @@ def main() -> None:
     jobs = [("overhead", name, lambda name=name: overhead(args.artifact_dir, name, args.device, args.rounds, args.repeat,
                                                           flags)) for name in args.models]
     jobs += [("latency", name, lambda name=name: preemption_latency(args.artifact_dir, name, args.device, args.samples,
-                                                                    flag_memory=flags))
+                                                                    flag_memory=flags, probe=args.probe))
              for name in (args.realtime, args.best_effort)]
     jobs += [("mix", load, lambda load=load: mix(args.artifact_dir, args.realtime, args.best_effort, args.device,
                                                  args.mix_seconds, load, flag_memory=flags, rt_streams=args.rt_streams))

@@ -53,9 +53,4 @@ void PreemptionGroupObj::Release() {
   for (const Stream& member : members_) member->Resume();
 }
 
-std::vector<Stream> PreemptionGroupObj::members() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return members_;
-}
-
 }  // namespace tvmsched

@@ -8,7 +8,7 @@
  *   member's own thread drains what it has in flight, StreamObj::Preempt(true, false)); idle members are paused
  *   too, so that a request they get while the group is held waits instead of running beside the held ones.
  * - when the last held request is done (its completion, on its stream's submitter thread, no Python), every
- *   member resumes.
+ *   member resumes (on a GPU a member still draining what it had in flight is waited for first).
  * A member added while the group is held is preempted at once.
  */
 #ifndef TVMSCHED_PREEMPTION_H_
@@ -24,7 +24,7 @@ namespace tvmsched {
 
 class PreemptionGroupObj : public ffi::Object {
  public:
-  /*! \brief A stream to stop while the group is held (preempted now if it is held and the stream busy). */
+  /*! \brief A stream to stop while the group is held (preempted now if it is held). */
   void Add(Stream stream);
   /*! \brief It is stopped no more (it resumes if the group paused it). */
   void Remove(Stream stream);
@@ -32,7 +32,6 @@ class PreemptionGroupObj : public ffi::Object {
   std::vector<Stream> Hold(Request request, Stream own);
   /*! \brief Requests holding it now. */
   int64_t active() const { return active_.load(std::memory_order_acquire); }
-  std::vector<Stream> members();
 
   std::atomic<int64_t> preempted{0};  ///< busy member streams it preempted, in all
 
