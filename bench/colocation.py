@@ -3,7 +3,9 @@
     python bench/colocation.py --artifacts a.tvms b.tvms --qos-ms 60 400 --rates 2 4 8 --seconds 10 \
         --out bench/results/raw/colocation_cpu.json
 Per policy and total arrival rate (split evenly over the models): QoS violations, p99 latency, throughput,
-and the scheduler's decision time; then the highest rate each policy sustains with <= 1% violations.
+and the scheduler's decision time; then the highest rate each policy sustains with <= 1% violations. `--search N`
+then narrows each policy's rate by N bisection steps between its highest rate within 1% and the lowest above it
+that is not (0 when none is within), so the highest sustained rate is not just a point of the grid.
 Policies: colocation (the layer scheduler, with the --colocation profile if given), fcfs (time-sharing),
 fastest (concurrent streams with the fastest candidates), partition (static even split of the units),
 colocation-noprofile (the layer scheduler on the fallback rule alone).
@@ -61,6 +63,28 @@ def run(artifacts: list[Path], qos_ms: list[float], policy: str, rate: float, se
     }
 
 
+WITHIN = 0.01  # a rate is sustained with at most this share of QoS violations
+
+
+def search(runs: list[dict], policy: str, steps: int, measure) -> list[dict]:
+    """Bisect `policy`'s highest sustained rate between its runs' highest rate within WITHIN and the lowest rate above
+    it that is not; `measure(rate)` runs one point. Nothing to narrow when every rate was within."""
+    mine = [r for r in runs if r["policy"] == policy]
+    low = max([r["rate"] for r in mine if r["violation_rate"] <= WITHIN], default=0.0)
+    high = min([r["rate"] for r in mine if r["violation_rate"] > WITHIN and r["rate"] > low], default=None)
+    done = []
+    for _ in range(steps if high is not None else 0):
+        rate = round((low + high) / 2, 1)
+        if rate in (low, high):
+            break
+        done.append(measure(rate))
+        if done[-1]["violation_rate"] <= WITHIN:
+            low = rate
+        else:
+            high = rate
+    return done
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifacts", type=Path, nargs="+", required=True)
@@ -71,6 +95,8 @@ def main() -> None:
     parser.add_argument("--policies", nargs="+", default=POLICIES, choices=[*POLICIES, NO_PROFILE])
     parser.add_argument("--colocation", help="A `tvmsched profile-coloc` profile of this device: a tuning-database URL, "
                         "or the JSON file of `profile-coloc --no-store --out`.")
+    parser.add_argument("--search", type=int, default=0, metavar="N",
+                        help="N bisection steps per policy after the rates, for its highest rate within 1%% violations")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     report = {"machine": f"{platform.machine()}, {platform.node()}", "device": args.device, "qos_ms": args.qos_ms,
@@ -85,7 +111,15 @@ def main() -> None:
             if args.out:
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 args.out.write_text(json.dumps(report, indent=1))
-    sustained = {p: max([r["rate"] for r in report["runs"] if r["policy"] == p and r["violation_rate"] <= 0.01], default=0.0)
+    for policy in args.policies:
+        for result in search(report["runs"], policy, args.search,
+                             lambda rate, policy=policy: run(args.artifacts, args.qos_ms, policy, rate, args.seconds,
+                                                             args.device, seed=int(rate * 10), colocation=args.colocation)):
+            report["runs"].append(result)
+            print(json.dumps(result), flush=True)
+            if args.out:
+                args.out.write_text(json.dumps(report, indent=1))
+    sustained = {p: max([r["rate"] for r in report["runs"] if r["policy"] == p and r["violation_rate"] <= WITHIN], default=0.0)
                  for p in args.policies}
     report["max_rate_at_1pct_violations"] = sustained
     print(json.dumps(sustained))

@@ -86,7 +86,7 @@ step_colocation() {
     [[ -z "$name" || "$name" == \#* ]] && continue
     db=$dir/coloc-$name.json
     local var="COLOC_ARGS_$name" rates  # per mix (COLOC_ARGS_small=...), else COLOC_ARGS, else the default
-    rates=${!var:-${COLOC_ARGS:---rates 500 1000 2000 4000 --seconds 1.5}}
+    rates=${!var:-${COLOC_ARGS:---rates 500 1000 2000 4000 --seconds 1.5 --search 2}}
     share=$(( $(left) / (lines > 0 ? lines : 1) ))
     lines=$(( lines - 1 ))
     local coloc=()
