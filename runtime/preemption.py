@@ -220,9 +220,11 @@ class Task:
         launches = lambda items: tuple(Launch(*map(int, item)) for item in items)
         return PreemptReport(float(report["seconds"]), launches(report["rerun"]), launches(report["finished"]))
 
-    def resume(self) -> None:
-        """Clear the flag and let the submitter go on, re-running what preempt() aborted; harmless if running."""
-        self.stream.resume()
+    def resume(self, wait: bool = True) -> None:
+        """Clear the flag and let the submitter go on, re-running what preempt() aborted; harmless if running.
+        wait=False: on a GPU, a task whose own thread has yet to drain what a non-waiting preempt() left in flight
+        resumes once it has (the caller does not wait; a preempt() before then cancels it)."""
+        self.stream.resume(wait)
 
     def finish_started(self) -> bool:
         """A paused task whose request started runs that request to its end and pauses again (its queued requests

@@ -103,6 +103,32 @@ def test_a_waiting_preempt_after_one_that_did_not_wait_waits_for_the_running_lau
     task.close()
 
 
+def test_a_resume_that_does_not_wait_resumes_after_the_drain_and_a_preempt_before_it_cancels_it():
+    """resume(wait=False) right after preempt(wait=False), while the launches left in flight still run: the caller
+    does not wait, the stream resumes once drained (on a GPU, or the CPU's asynchronous mode; on CPU it is a plain
+    resume), and a preempt() before that drain cancels it: the stream stays paused. Every request runs its
+    non-idempotent kernel exactly once, outputs bit-identical (the preemption group releases this way)."""
+    task = Task(Executor(counting_artifact()), "counting")
+    x = np.random.default_rng(0).standard_normal(N).astype("float32")
+    futures = [task.submit({"x": x}) for _ in range(12)]
+    assert _until(lambda: task.launches > 0)
+    for cancel in (False, True):
+        task.preempt(abort=False, wait=False)  # the launches in flight run on: a drain to wait for on a GPU
+        task.resume(wait=False)
+        if cancel:
+            task.preempt(abort=False, wait=False)
+            task.preempt(abort=False)  # its drain is done
+            launches = task.launches
+            time.sleep(0.05)
+            assert task.paused and task.launches == launches  # the resume was cancelled: nothing ran
+            task.resume()
+        assert _until(lambda: not task.paused)
+    outputs = [f.result(timeout=60) for f in futures]
+    counts = np.array([o["counter"][0] for o in outputs], dtype="int64")
+    assert np.diff(counts).tolist() == [1] * 11 and all(np.array_equal(o["b"], x) for o in outputs)
+    task.close()
+
+
 @pytest.fixture(scope="module")
 def zoo_tasks():
     built = []

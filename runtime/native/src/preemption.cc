@@ -50,7 +50,9 @@ bool PreemptionGroupObj::Stop(const Stream& member) {
 void PreemptionGroupObj::Release() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (active_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  for (const Stream& member : members_) member->Resume();
+  // not waiting: a member still draining what it had in flight resumes once its own thread has drained it, so the
+  // real-time stream's thread (here) never waits for best-effort kernels
+  for (const Stream& member : members_) member->Resume(false);
 }
 
 }  // namespace tvmsched

@@ -442,7 +442,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              out.Set("finished", Launches(report.finished));
              return out;
            })
-      .def("resume", [](Stream s) { s->Resume(); })
+      .def("resume", [](Stream s, bool wait) { s->Resume(wait); })
       .def("finish_started", [](Stream s) { return s->FinishStarted(); })
       .def("paused", [](Stream s) { return s->paused(); })
       .def("busy", [](Stream s) { return s->busy(); })

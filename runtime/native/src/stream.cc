@@ -243,6 +243,7 @@ PreemptReport StreamObj::Preempt(bool abort, bool wait) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
     bool pausing = !paused_ && !closed_;
+    resume_after_drain_ = false;  // a Resume(wait=false) still waiting for the drain: this preemption comes after it
     if (pausing) {
       paused_ = true;
       ++preemptions;
@@ -282,35 +283,44 @@ bool StreamObj::DrainBeforeClearing(std::unique_lock<std::mutex>& lock) {
   return paused_;
 }
 
-void StreamObj::Resume() {
+void StreamObj::Resume(bool wait) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
     pause_after_request_ = false;
-    if (!paused_ || !DrainBeforeClearing(lock)) return;
-    m_->SetPreemptFlag(false);
-    paused_ = false;
-    gated_ = false;  // Preempt() took its task out of its switcher's queue: the next launch demands again
-    m_->placement()->Resumed(m_);
+    if (!paused_) return;
+    if (!wait && gpu_ && undrained_) {  // its own thread drains, then resumes it (DrainGpu)
+      resume_after_drain_ = true;
+      return;
+    }
+    if (DrainBeforeClearing(lock)) Unpause();  // (else resumed meanwhile: by the drain, or another Resume())
   }
   cond_.notify_all();
   Deliver();  // what a drain finished
 }
 
+void StreamObj::Unpause() {
+  m_->SetPreemptFlag(false);
+  paused_ = false;
+  resume_after_drain_ = false;
+  gated_ = false;  // Preempt() took its task out of its switcher's queue: the next launch demands again
+  m_->placement()->Resumed(m_);
+}
+
 bool StreamObj::FinishStarted() {
+  bool finishing = false;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (!paused_ || !DrainBeforeClearing(lock)) return false;
-    bool started = !requests_.empty() && (next_layer_ > 0 || !rerun_.empty());
-    if (!started) return false;
-    m_->SetPreemptFlag(false);
-    paused_ = false;
-    pause_after_request_ = true;
-    gated_ = false;
-    m_->placement()->Resumed(m_);
+    if (!paused_) return false;
+    // (not paused after the drain: a Resume(wait=false) before it resumed the stream)
+    if (DrainBeforeClearing(lock) && !requests_.empty() && (next_layer_ > 0 || !rerun_.empty())) {
+      Unpause();
+      pause_after_request_ = true;
+      finishing = true;
+    }
   }
   cond_.notify_all();
-  Deliver();
-  return true;
+  Deliver();  // what a drain finished
+  return finishing;
 }
 
 void StreamObj::PauseAfterRequest() {
@@ -711,6 +721,7 @@ std::vector<Launch> StreamObj::DrainGpu() {
     return std::tie(a.request, a.layer) < std::tie(b.request, b.layer);
   });
   if (!error.empty() && !requests_.empty()) FailHead(error);
+  if (resume_after_drain_ && paused_) Unpause();  // a Resume(wait=false) came before this drain
   return finished;
 }
 

@@ -158,8 +158,11 @@ class StreamObj : public ffi::Object {
    *  waits too (for the launch still running, or the drain) and reports 0 seconds. */
   PreemptReport Preempt(bool abort = true, bool wait = true);
   /*! \brief Clear the flag and go on. On an asynchronous device, launches in flight since the flag was set may have
-   *  obeyed it: they are waited for first (the idempotent ones run again), never taken as done. */
-  void Resume();
+   *  obeyed it: they are waited for first (the idempotent ones run again), never taken as done. wait=false: a stream
+   *  whose own thread has yet to drain them (a Preempt() that did not wait) resumes once it has, and the caller
+   *  does not wait (the preemption group's release, on a real-time stream's thread); a Preempt() before then
+   *  cancels that resume. */
+  void Resume(bool wait = true);
   /*! \brief A paused stream whose request started runs that request to its end and pauses again (its queued
    *  requests stay queued): what a policy does when another model's switch-in waits for the memory the started
    *  request holds. False (nothing done) when the stream is not paused or its request has not started. */
@@ -206,6 +209,7 @@ class StreamObj : public ffi::Object {
   void GpuLaunch(const Launch& launch);
   void RetireCompleted(bool wait_oldest);
   std::vector<Launch> DrainGpu();
+  void Unpause();  // clear the flag and let the submitter go on (under the lock)
   void Retire(const Launch& launch, double end_us);
   void FailHead(const std::string& error);
   /*! \brief The head request started before the device recovered from a fault: it starts again from its first
@@ -255,6 +259,7 @@ class StreamObj : public ffi::Object {
   // asynchronous device: the flag was set (or the stream paused) since the launches in flight were last drained;
   // they may have skipped work, so they are drained (DrainGpu) before the flag clears or the stream goes on
   bool undrained_ = false;
+  bool resume_after_drain_ = false;  // Resume(wait=false) before the drain: the drain resumes the stream
   /*! \brief Under mutex_: an asynchronous device's launches in flight drained before the flag clears (Resume,
    *  FinishStarted): waits for the launch being issued and the event being waited on. False: resumed meanwhile. */
   bool DrainBeforeClearing(std::unique_lock<std::mutex>& lock);
