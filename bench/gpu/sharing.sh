@@ -67,6 +67,8 @@ if have resnet18-small bert-tiny resnet18-small.loops bert-tiny.loops; then
     ln -s "$(realpath "$work/$m.loops.tvms")" "$loops/$m.tvms"
     ln -s "$(realpath "$work/$m.tvms")" "$loops/$m.plain.tvms"
   done
+  # the latency section's real-time probe (realtime_delay: what preemption costs a real-time request)
+  [ -f "$work/mlp.tvms" ] && ln -s "$(realpath "$work/mlp.tvms")" "$loops/mlp.tvms"
   want loops && section "loop checks: latency against block-start checks (plain), preempt() latency of each" 55 \
     bash -c "python3 -P bench/preemption.py --device $device --artifact-dir $loops --sections overhead \
       --models resnet18-small bert-tiny --rounds 4 --repeat 25 --out $raw/sharing-loops-overhead-$device.json &&
