@@ -1,5 +1,5 @@
-"""Real-time over best-effort: a real-time request preempts every busy best-effort stream; they resume
-when no real-time request is queued or running any more. A preempted request that started keeps its memory
+"""Real-time over best-effort: a real-time request preempts every best-effort stream (an idle one is paused, so
+that what it gets meanwhile waits); they resume when no real-time request is queued or running any more. A preempted request that started keeps its memory
 (its sub-tasks, under a budget): when a switch-in waits for that memory, the requests holding it run to their
 end and pause again (`memory_blocked`), rather than the real-time request waiting for the watchdog. Decides
 only: the engine's preemption group (native.create_preemption_group) preempts and resumes, and
@@ -19,8 +19,8 @@ class Priorities:
     def __init__(self):
         self._lock = threading.Lock()
         self._best_effort: list = []  # Tasks
-        # the mechanism: a real-time request holds it; its first holder preempts the busy best-effort streams (abort,
-        # not waiting), its last one's completion resumes them, both in the engine (no Python, no GIL)
+        # the mechanism: a real-time request holds it; its first holder preempts the best-effort streams (abort, not
+        # waiting; idle ones paused), its last one's completion resumes them, both in the engine (no Python, no GIL)
         self._group = native.create_preemption_group()
         self.finished_for_memory = 0  # preempted requests let run to their end for a switch-in's memory
 
@@ -47,7 +47,7 @@ class Priorities:
         self._group.remove(task.stream)
 
     def submit_realtime(self, task, inputs: dict, candidate_ids: list[int] | None = None, deadline_us: float = 0) -> Future:
-        """Queue a real-time request, then preempt the busy best-effort streams: their preemption is off the real-time
+        """Queue a real-time request, then preempt the best-effort streams: their preemption is off the real-time
         request's path, which starts at once on its own (higher-priority) stream, and off the caller's (a server's
         event loop): the flag is set and the streams paused, and each stream's own thread waits for the launches it
         has in flight (preempt without waiting). They resume when no real-time request is queued or running, on the
