@@ -24,20 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-
-def chain(layers: int = 16, size: int = 8):
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    nodes, weights, x = [], [], "x"
-    for i in range(layers):
-        weights.append(numpy_helper.from_array(rng.standard_normal((size, size)).astype(np.float32) / 3, f"W{i}"))
-        out = "y" if i == layers - 1 else f"h{i}"
-        nodes.append(helper.make_node("MatMul", [x, f"W{i}"], [out]))
-        x = out
-    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, size])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, size])], weights)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+sys.path.insert(0, str(Path(__file__).parent))  # bench/ is not a package: engine.py's chain
 
 
 def one_round(task, inputs, requests: int, hogs: int, callbacks: bool) -> dict:
@@ -79,13 +66,11 @@ def main() -> None:
     parser.add_argument("--label", default="")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    from tvmsched.pipeline import compile_model
+    from engine import compile_chain  # MatMuls of [1, 8] x [8, 8], each its own layer
     from tvmsched.runtime import Executor
     from tvmsched.runtime.preemption import Task
 
-    folder = Path(tempfile.mkdtemp(prefix="callbacks-"))
-    compile_model(chain(), name="chain").save(folder / "chain.tvms")
-    executor = Executor(folder / "chain.tvms")
+    executor = Executor(compile_chain(Path(tempfile.mkdtemp(prefix="callbacks-")), 16, 8))
     inputs = executor.random_inputs(0)
     task = Task(executor, "chain")
     rows = []
