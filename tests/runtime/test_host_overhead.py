@@ -121,6 +121,10 @@ def test_callbacks_asyncio_and_real_time_requests_still_resolve(artifact):
         assert np.array_equal(asyncio.run(rt.infer(be, inputs))["y"], expected)
         bad = rt.submit(be, {"x": np.zeros((2, 8), np.float32)})
         assert "shape" in str(bad.exception())
+        # resumed as the real-time request finished (on an asynchronous device once its own thread drained: poll)
+        deadline = time.monotonic() + 10
+        while be.task.paused and time.monotonic() < deadline:
+            time.sleep(0.001)
         assert not be.task.paused and rt.stats()["be"]["requests"] == 2 and be.rejected == 1
 
 

@@ -17,7 +17,7 @@ from tvmsched.errors import TvmschedError
 from tvmsched.passes.idempotence import analyze
 from tvmsched.passes.preempt_flag import FLAG_LEN, instrument
 from tvmsched.pipeline import compile_model
-from tvmsched.runtime import Executor
+from tvmsched.runtime import Executor, native
 from tvmsched.runtime.preemption import Priorities, Task
 from tvmsched.lower.targets import make_target
 
@@ -256,7 +256,9 @@ def test_the_engine_preempts_best_effort_streams_while_real_time_requests_run_an
     for future in (first, second):
         outputs = future.result(timeout=60)
         assert all(np.array_equal(outputs[k], rt_expected[k]) for k in rt_expected)
-    assert _until(lambda: not (busy.paused or idle.paused or late.paused))  # released by the engine
+    if not native.device_info("cpu")["launches_async"]:  # released before the last result could be seen
+        assert not (busy.paused or idle.paused or late.paused)
+    assert _until(lambda: not (busy.paused or idle.paused or late.paused))  # (asynchronous: once each drained)
     assert priorities.realtime_active == 0
     for future in [*be_futures, waiting]:
         outputs = future.result(timeout=120)
@@ -282,7 +284,6 @@ def test_uninstrumented_artifacts_cannot_be_preempted():
 def test_a_model_with_loop_checks_asks_for_its_flag_in_device_memory(tmp_path):
     """Loop checks read the flag often: "auto" asks for device memory then (a host-mapped read crosses PCIe each
     time); an explicit choice stands. The CPU device keeps it in host memory whatever is asked."""
-    from tvmsched.runtime import native
 
     path = tmp_path / "tiny.tvms"
     compile_model(models.build("tiny")).save(path)

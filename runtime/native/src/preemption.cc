@@ -33,9 +33,11 @@ std::vector<Stream> PreemptionGroupObj::Hold(Request request, Stream own) {
       }
     }
   }
-  // released on the request's completion (at once if it is already done), on its stream's submitter thread
+  // released as the request finishes, before its result can be seen (at once if it already has), on its stream's
+  // submitter thread: whoever sees the last real-time result finds the best-effort streams resumed (or resuming as
+  // soon as their own thread has drained, on a GPU)
   ffi::ObjectPtr<PreemptionGroupObj> self = ffi::GetObjectPtr<PreemptionGroupObj>(this);
-  request->OnDone(ffi::Function::FromTyped([self](Request) { self->Release(); }));
+  request->OnFinishing([self] { self->Release(); });
   return stopped;
 }
 

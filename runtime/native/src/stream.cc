@@ -133,7 +133,25 @@ void RequestObj::OnDone(ffi::Function callback, bool deferred) {
   callback(Request(ffi::GetObjectPtr<RequestObj>(this)));
 }
 
+void RequestObj::OnFinishing(std::function<void()> hook) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!finishing_ && !done()) {
+      finishing_hooks_.push_back(std::move(hook));
+      return;
+    }
+  }
+  hook();
+}
+
 void RequestObj::Finish(ffi::Map<ffi::String, ffi::Tensor> outputs, ffi::String error, double finished) {
+  std::vector<std::function<void()>> hooks;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    finishing_ = true;
+    hooks.swap(finishing_hooks_);
+  }
+  for (auto& hook : hooks) hook();  // before a waiter can see it done
   std::vector<ffi::Function> callbacks, deferred;
   {
     std::lock_guard<std::mutex> lock(mutex_);

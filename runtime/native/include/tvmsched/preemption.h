@@ -7,8 +7,9 @@
  * - Hold(request, own): the first held request preempts every member but `own` (abort, not waiting: each
  *   member's own thread drains what it has in flight, StreamObj::Preempt(true, false)); idle members are paused
  *   too, so that a request they get while the group is held waits instead of running beside the held ones.
- * - when the last held request is done (its completion, on its stream's submitter thread, no Python), every
- *   member resumes (on a GPU a member still draining what it had in flight resumes once it has: nobody waits).
+ * - when the last held request finishes (on its stream's submitter thread, no Python, before its result can be
+ *   seen), every member resumes (on a GPU a member still draining what it had in flight resumes once it has:
+ *   nobody waits).
  * A member added while the group is held is preempted at once.
  */
 #ifndef TVMSCHED_PREEMPTION_H_

@@ -30,6 +30,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -72,6 +73,11 @@ class RequestObj : public ffi::Object {
    *  stream's submitter thread, which waits for it before its next launch (keep it short), or, `deferred`, on the
    *  engine's callback thread (for callbacks that may block: a Python one waits for the GIL there, not the stream). */
   void OnDone(ffi::Function callback, bool deferred = false);
+  /*! \brief Call `hook()` once as the request finishes, before anyone can see it done (at once if it is already
+   *  finishing or done): for the engine's own bookkeeping that a waiter must find done (the preemption group's
+   *  release: when a real-time request's result is seen, the best-effort streams have been resumed). Keep it short
+   *  and never block: it runs on the submitter thread. */
+  void OnFinishing(std::function<void()> hook);
   /*! \brief Finish (called once by the stream's submitter). */
   void Finish(ffi::Map<ffi::String, ffi::Tensor> outputs, ffi::String error, double finished_us);
 
@@ -92,7 +98,9 @@ class RequestObj : public ffi::Object {
   double deadline_us = 0;
 
  private:
-  std::vector<ffi::Function> deferred_;  // OnDone(..., deferred): run by the engine's callback thread
+  std::vector<ffi::Function> deferred_;                 // OnDone(..., deferred): run by the engine's callback thread
+  std::vector<std::function<void()>> finishing_hooks_;  // OnFinishing: run before the state says done
+  bool finishing_ = false;
 };
 
 /*! \brief Stop the engine's callback thread once what it holds has run (at most `timeout_s`); later deferred
