@@ -339,9 +339,12 @@ class Runtime:
             raise TvmschedError(f"priority must be one of {PRIORITIES}, not {priority!r}")
         quiet = hold_gc(self._freeze_gc)  # no collection starts in this code (freeze_gc)
         try:
-            stream = model.tasks.index(least_pending(model.tasks)) if model.replicas else 0
-            task = model.tasks[stream] if model.replicas else model.task
-            ids = _engine_ids(model, self.policy.choose(model.requests[stream]))  # it knows the stream it goes to
+            if model.replicas:  # the stream first: the policy estimates from when that one is free
+                task = least_pending(model.tasks)
+                request = model.requests[model.tasks.index(task)]
+            else:
+                task, request = model.task, model.requests[0]
+            ids = _engine_ids(model, self.policy.choose(request))
             deadline = native.now_us() + start_within_us if start_within_us else 0
             if self.policy.serial:
                 return self._serial_submit(model, inputs, ids, deadline)

@@ -155,18 +155,11 @@ class Priorities {
   }
   /*! \brief The switcher: a switch-in waits for memory that the started requests of the paused models `holders`
    *  keep. Those paused for real-time work finish their request and pause again (runtime/policies/priority.py). */
-  void MemoryBlocked(const ffi::Array<tvmsched::Model>& holders) {
-    if (group_->active() == 0) return;  // paused by someone else
-    for (Served* s : best_effort_) {
-      for (const tvmsched::Model& holder : holders) {
-        if (holder.same_as(s->model)) s->stream->FinishStarted();
-      }
-    }
-  }
+  void MemoryBlocked(const ffi::Array<tvmsched::Model>& holders) { group_->FinishStartedOf(holders); }
 
  private:
   tvmsched::PreemptionGroup group_ = tvmsched::PreemptionGroup::Create();
-  std::vector<Served*> best_effort_;  // added before serving starts (read without a lock after)
+  std::vector<Served*> best_effort_;  // added before serving starts (read without a lock after): their counters
 };
 
 // ---- tensors <-> JSON ------------------------------------------------------------------------

@@ -7,7 +7,6 @@ finish_started() is the stream's (runtime.preemption.Task)."""
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import Future
 
 from tvmsched.runtime import native
@@ -17,8 +16,6 @@ class Priorities:
     """Which requests are real-time and which streams best-effort: the engine's preemption group does the rest."""
 
     def __init__(self):
-        self._lock = threading.Lock()
-        self._best_effort: list = []  # Tasks
         # the mechanism: a real-time request holds it; its first holder preempts the best-effort streams (abort, not
         # waiting; idle ones paused), its last one's completion resumes them, both in the engine (no Python, no GIL)
         self._group = native.create_preemption_group()
@@ -35,15 +32,10 @@ class Priorities:
         return int(self._group.active())
 
     def add_best_effort(self, task) -> None:
-        with self._lock:
-            self._best_effort.append(task)
         self._group.add(task.stream)  # preempted at once while a real-time request runs
 
     def remove_best_effort(self, task) -> None:
         """A best-effort task that is unloaded: no real-time request preempts or resumes it any more."""
-        with self._lock:
-            if task in self._best_effort:
-                self._best_effort.remove(task)
         self._group.remove(task.stream)
 
     def submit_realtime(self, task, inputs: dict, candidate_ids: list[int] | None = None, deadline_us: float = 0) -> Future:
@@ -63,10 +55,5 @@ class Priorities:
         """The switcher: `waiting`'s switch-in waits for memory that the started requests of the paused models
         `holders` (engine models) keep. Those this policy paused for real-time work finish their request and pause
         again."""
-        if not self.realtime_active:
-            return  # paused by someone else (Task.preempt): theirs to resume
-        with self._lock:
-            best_effort = list(self._best_effort)
-        for task in best_effort:
-            if any(task.executor.native.same_as(h) for h in holders) and task.finish_started():
-                self.finished_for_memory += 1
+        # (paused by someone else, not by real-time work: theirs to resume; the group does nothing then)
+        self.finished_for_memory += int(self._group.finish_started_of(list(holders)))

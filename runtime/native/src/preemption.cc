@@ -41,6 +41,22 @@ std::vector<Stream> PreemptionGroupObj::Hold(Request request, Stream own) {
   return stopped;
 }
 
+int PreemptionGroupObj::FinishStartedOf(const ffi::Array<Model>& holders) {
+  std::vector<Stream> holding;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (active() == 0) return 0;
+    for (const Stream& member : members_) {
+      for (const Model& holder : holders) {
+        if (holder.same_as(member->model())) holding.push_back(member);
+      }
+    }
+  }
+  int finishing = 0;  // outside the lock: FinishStarted may wait for a drain, and a release must not wait for it
+  for (const Stream& member : holding) finishing += member->FinishStarted() ? 1 : 0;
+  return finishing;
+}
+
 bool PreemptionGroupObj::Stop(const Stream& member) {
   // idle ones too: a request it gets while the group is held waits (else it would run beside the real-time work)
   bool busy = member->busy();

@@ -426,6 +426,10 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("hold", [](PreemptionGroup g, Request r,
                       Stream own) { return static_cast<int64_t>(g->Hold(std::move(r), std::move(own)).size()); })
       .def("active", [](PreemptionGroup g) { return g->active(); })
+      .def("finish_started_of",
+           [](PreemptionGroup g, ffi::Array<Model> holders) {
+             return static_cast<int64_t>(g->FinishStartedOf(holders));
+           })
       .def("preempted", [](PreemptionGroup g) { return g->preempted.load(); });
 
   refl::ObjectDef<StreamObj>()

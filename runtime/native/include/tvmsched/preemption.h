@@ -31,6 +31,10 @@ class PreemptionGroupObj : public ffi::Object {
   void Remove(Stream stream);
   /*! \brief Hold the group while `request` (queued on `own`) runs; returns the busy members this call preempted. */
   std::vector<Stream> Hold(Request request, Stream own);
+  /*! \brief A switch-in waits for memory that the started requests of the paused models `holders` keep: while the
+   *  group is held, the members serving one of them finish their started request and pause again
+   *  (StreamObj::FinishStarted). Returns how many did; 0 when not held (paused by someone else). */
+  int FinishStartedOf(const ffi::Array<Model>& holders);
   /*! \brief Requests holding it now. */
   int64_t active() const { return active_.load(std::memory_order_acquire); }
 
