@@ -1,0 +1,89 @@
+"""Session fixtures every test folder shares: compiled artifacts and onnxruntime references made once per run
+(tests/artifact_cache.py), and the command line called in process (`cli`), checked for what it leaves behind."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.artifact_cache import Cache, Compiled, References
+
+
+@pytest.fixture(scope="session")
+def _cache(tmp_path_factory: pytest.TempPathFactory):
+    """The run's cache folder: under the basetemp that every pytest-xdist worker of the run shares."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # each worker's basetemp is <run's basetemp>/popen-gwN
+    cache = Cache(base / "shared-cache")
+    yield cache
+    changed = cache.changed()
+    assert not changed, f"tests wrote into shared cached files (take a copy: compiled.copy): {changed}"
+
+
+@pytest.fixture(scope="session")
+def compiled(_cache: Cache) -> Compiled:
+    """`compiled(model, **compile_options) -> Path`: a shared, read-only artifact, compiled once per run.
+
+    `model` is a zoo name or an ONNX ModelProto; `compiled.artifact(...)` loads it as an Artifact and
+    `compiled.copy(model, dest, ...)` gives a writable copy (for tests that sign, tamper with or rewrite one).
+    Tests whose subject is compiling call the compiler themselves."""
+    return Compiled(_cache)
+
+
+@pytest.fixture(scope="session")
+def reference(_cache: Cache) -> References:
+    """`reference(model, inputs) -> {output name: array}`: onnxruntime's outputs, computed once per run."""
+    return References(_cache)
+
+
+def _process_state() -> dict:
+    """What an in-process command must leave as it found it."""
+    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in list(logging.root.manager.loggerDict))]
+    return {
+        "gc freeze count": gc.get_freeze_count(),
+        "signal handlers": {sig: signal.getsignal(sig) for sig in signal.valid_signals() if sig not in (signal.SIGKILL, signal.SIGSTOP)},
+        "logging handlers": {logger.name: list(logger.handlers) for logger in loggers if logger.handlers},
+        "logging levels": {logger.name: logger.level for logger in loggers if logger.level != logging.NOTSET},
+        "environment": dict(os.environ),
+    }
+
+
+@pytest.fixture
+def cli():
+    """`cli(*args) -> CompletedProcess`: `tvmsched ARGS...` run in this process (tvmsched.cli.main.main, its
+    one-line errors and exit codes included), stdout and stderr captured as a subprocess's would be.
+
+    For what only a process shows (signals, a server's start and stop, engine environment variables), use
+    tests.helpers.run_cli. Each call checks: no gc.freeze() left, and the signal handlers, logging handlers and
+    levels and os.environ as before."""
+    from click.testing import CliRunner
+
+    from tvmsched.cli.main import main
+
+    runner = CliRunner()
+
+    def run(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        argv = [str(arg) for arg in args]
+        previous, before = Path.cwd(), _process_state()
+        with runner.isolation() as (stdout, stderr, _):
+            if cwd is not None:
+                os.chdir(cwd)
+            try:
+                code = main(argv)
+            finally:
+                os.chdir(previous)
+                out, err = stdout.getvalue(), stderr.getvalue()
+        after = _process_state()
+        for what, value in before.items():
+            assert after[what] == value, f"tvmsched {' '.join(argv)} left its {what} changed: {value} -> {after[what]}"
+        assert after["gc freeze count"] == 0, f"tvmsched {' '.join(argv)} left objects frozen (gc.freeze)"
+        return subprocess.CompletedProcess(["tvmsched", *argv], code, out.decode(), err.decode())
+
+    return run
