@@ -178,6 +178,10 @@ def make_engine(url: str) -> Engine:
             engine = create_engine(parsed, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
             _sqlite_setup(engine)
             return engine
+        if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() == "psycopg":
+            from tvmsched.extras import require
+
+            require("db", f"the PostgreSQL database {redact_url(url)}")
         return create_engine(parsed, pool_pre_ping=True)
     except OSError as err:
         raise TvmschedError(f"cannot create the folder of the tuning database {redact_url(url)}: "

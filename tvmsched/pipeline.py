@@ -278,6 +278,10 @@ def check_tuning_budget(tune_trials: int, tune_minutes: float | None, qos_ms: fl
 
     if tune_trials < 0:
         raise TvmschedError("--tune-trials must be >= 0")
+    if tune_trials > 0 or tune_minutes is not None:
+        from tvmsched.extras import require
+
+        require("tune", "tuning (--tune-trials, --tune-minutes)")
     if tune_minutes is None:
         return
     if not math.isfinite(tune_minutes) or tune_minutes <= 0:

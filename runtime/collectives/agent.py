@@ -28,13 +28,15 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-import torch
-import torch.distributed as dist
-
 from tvmsched.errors import TvmschedError
+from tvmsched.extras import require
 from tvmsched.runtime.collectives import wire
 from tvmsched.runtime.collectives.decision import Profile, SwitchState, decide
 from tvmsched.runtime.collectives.workloads import LATENCY_S, transfer_s
+
+require("collectives", "the collectives' agent (torch.distributed)")
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 log = logging.getLogger(__name__)
 

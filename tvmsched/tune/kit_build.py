@@ -53,6 +53,9 @@ def build_kit(model, out_dir: str | Path, *, target: str = "cuda", samples: int 
 
     if samples < 1:
         raise TvmschedError("--samples must be at least 1")
+    from tvmsched.extras import require
+
+    require("tune", "tvmsched tune kit (MetaSchedule's sampling)")
     graph, funcs, tvm_target = lower_model(model, target, input_shapes)
     info = describe(tvm_target)
     if grid_limit_units and not info.gpu:
