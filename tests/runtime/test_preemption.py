@@ -16,7 +16,6 @@ from tvmsched.artifact.format import Artifact, Binding, Candidate, Layer, Manife
 from tvmsched.errors import TvmschedError
 from tvmsched.passes.idempotence import analyze
 from tvmsched.passes.preempt_flag import FLAG_LEN, instrument
-from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor, native
 from tvmsched.runtime.preemption import Priorities, Task
 from tvmsched.lower.targets import make_target
@@ -130,20 +129,20 @@ def test_a_resume_that_does_not_wait_resumes_after_the_drain_and_a_preempt_befor
 
 
 @pytest.fixture(scope="module")
-def zoo_tasks():
+def zoo_tasks(compiled):
     built = []
     for name in ("mlp", "resnet18-small", "bert-tiny"):
         model = models.build(name)
-        artifact = compile_model(model)
+        artifact = compiled.artifact(name)
         inputs = models.random_inputs(model, seed=4)
         expected = Executor(artifact).run(inputs)
         built.append((name, artifact, inputs, expected))
     return built
 
 
-def test_instrumented_kernels_match_plain_ones_bit_for_bit(zoo_tasks):
+def test_instrumented_kernels_match_plain_ones_bit_for_bit(zoo_tasks, compiled):
     for name, artifact, inputs, expected in zoo_tasks:
-        plain = compile_model(models.build(name), preempt_checks=False)
+        plain = compiled.artifact(name, preempt_checks=False)
         assert plain.manifest.preempt_flags == 0 and artifact.manifest.preempt_flags == FLAG_LEN
         assert all(c.idempotent and c.preempt_check in ("loop", "parallel") for l in artifact.manifest.layers for c in l.candidates)
         outputs = Executor(plain).run(inputs)
@@ -270,23 +269,22 @@ def test_the_engine_preempts_best_effort_streams_while_real_time_requests_run_an
         task.close()
 
 
-def test_uninstrumented_artifacts_cannot_be_preempted():
-    artifact = compile_model(models.build("tiny"), preempt_checks=False)
+def test_uninstrumented_artifacts_cannot_be_preempted(compiled):
+    artifact = compiled.artifact("tiny", preempt_checks=False)
     executor = Executor(artifact)
     assert executor.flag_memory == "none"  # no flag at all (an instrumented one's on CPU: host memory, below)
     with pytest.raises(TvmschedError, match="compiled with preempt checks"):
         Task(executor)
-    instrumented = Executor(compile_model(models.build("tiny")))
+    instrumented = Executor(compiled.artifact("tiny"))
     assert instrumented.flag_memory == "host_mapped"
-    assert Executor(compile_model(models.build("tiny")), flag_memory="device").flag_memory == "host_mapped"  # CPU
+    assert Executor(compiled.artifact("tiny"), flag_memory="device").flag_memory == "host_mapped"  # CPU
 
 
-def test_a_model_with_loop_checks_asks_for_its_flag_in_device_memory(tmp_path):
+def test_a_model_with_loop_checks_asks_for_its_flag_in_device_memory(tmp_path, compiled):
     """Loop checks read the flag often: "auto" asks for device memory then (a host-mapped read crosses PCIe each
     time); an explicit choice stands. The CPU device keeps it in host memory whatever is asked."""
 
-    path = tmp_path / "tiny.tvms"
-    compile_model(models.build("tiny")).save(path)
+    path = compiled.copy("tiny", tmp_path / "tiny.tvms")  # rewritten below: a copy of the shared one
     assert native.flag_memory_wanted(Executor(path).native) == "auto"
     rewrite_member(path, "manifest.json", lambda d: re.sub(rb'"preempt_check": "(loop|parallel)"', b'"preempt_check": "loops"',
                                                            d, count=1), fix_checksum=True)
