@@ -14,7 +14,6 @@ import pytest
 
 from tests.test_artifact import bump_schema, rewrite_member
 from tvmsched import models
-from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor, Runtime
 
 
@@ -106,17 +105,14 @@ print(json.dumps(results))
 
 
 @pytest.fixture(scope="module")
-def mlp(tmp_path_factory):
-    path = tmp_path_factory.mktemp("engine") / "mlp.tvms"
-    compile_model(models.build("mlp"), name="mlp").save(path)
-    return path
+def mlp(compiled):
+    return compiled("mlp")  # shared, read only
 
 
-def test_the_engine_refuses_every_tampered_artifact_with_one_line(mlp, tmp_path):
+def test_the_engine_refuses_every_tampered_artifact_with_one_line(mlp, tmp_path, compiled):
     paths = {}
     for name, (tamper, _) in TAMPERINGS.items():
-        paths[name] = tmp_path / f"{name.replace(' ', '_')}.tvms"
-        shutil.copy(mlp, paths[name])
+        paths[name] = compiled.copy("mlp", tmp_path / f"{name.replace(' ', '_')}.tvms")  # a copy to tamper with
         tamper(paths[name])
     done = subprocess.run([sys.executable, "-c", _LOADER, json.dumps({k: str(v) for k, v in paths.items()})],
                           capture_output=True, text=True, timeout=300)
@@ -126,13 +122,12 @@ def test_the_engine_refuses_every_tampered_artifact_with_one_line(mlp, tmp_path)
         assert fragment in results[name] and "\n" not in results[name], (name, results[name])
 
 
-def test_eight_threads_over_three_tenants_get_correct_outputs(tmp_path):
+def test_eight_threads_over_three_tenants_get_correct_outputs(tmp_path, compiled):
     names = ("mlp", "resnet18-small", "bert-tiny")
     expected = {}
     with Runtime("cpu", policy="fastest") as rt:
         for name in names:
-            path = tmp_path / f"{name}.tvms"
-            compile_model(models.build(name), name=name).save(path)
+            path = compiled(name)
             rt.load(path, name=name)
             inputs = [models.random_inputs(models.build(name), seed=s) for s in range(4)]
             executor = Executor(path)

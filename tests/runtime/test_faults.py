@@ -17,22 +17,18 @@ import numpy as np
 import pytest
 
 from tests.helpers import held_mid_request
-from tvmsched import models
 from tvmsched.errors import TvmschedError
 from tvmsched.runtime.native import func
-from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Runtime, load
 
 DEADLINE_S = 60
 
 
 @pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("faults")
+def zoo(compiled):
     out = {}
     for name in ("mlp", "resnet18-small", "bert-tiny"):
-        path = folder / f"{name}.tvms"
-        compile_model(models.build(name), name=name).save(path)
+        path = compiled(name)  # shared, read only
         direct = load(path)
         inputs = [direct.random_inputs(seed=k) for k in range(2)]
         out[name] = (path, inputs, [direct.run(x) for x in inputs])
