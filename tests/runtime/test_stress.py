@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from tests.artifact_cache import ROOT
 from tests.helpers import held_mid_request
 from tvmsched import models
 from tvmsched.errors import TvmschedError
@@ -94,18 +95,32 @@ def _compile(names, folder):
         compile_model(models.build(name), name=name).save(os.path.join(folder, f"{name}.tvms"))
 
 
-@pytest.fixture(scope="module")
-def zoo(tmp_path_factory) -> Zoo:
-    folder = os.environ.get("TVMSCHED_STRESS_ARTIFACTS") or str(tmp_path_factory.mktemp("stress"))  # replays: compile once
-    paths = {m: os.path.join(folder, f"{m}.tvms") for m in MODELS}
-    if not all(os.path.exists(p) for p in paths.values()):
-        os.makedirs(folder, exist_ok=True)
-        # mobilenetv2 (the longest compile) in a second process beside the others: the two cores compile at once
-        other = subprocess.Popen([sys.executable, "-c", "import sys; from tvmsched import models; from tvmsched.pipeline "
-                                  "import compile_model; compile_model(models.build('mobilenetv2'), name='mobilenetv2')"
-                                  ".save(sys.argv[1])", paths["mobilenetv2"]])
-        _compile([m for m in MODELS if m != "mobilenetv2"], folder)
+def _shared_paths(compiled) -> dict[str, str]:
+    """The session's shared artifacts; mobilenetv2 (the longest compile) in a second process beside the others when
+    it is not cached yet: the two cores compile at once (that process writes the shared entry, this one waits for it)."""
+    key = compiled.key(models.build("mobilenetv2"), {"name": "mobilenetv2"})
+    other = None
+    if not (compiled.cache.folder / f"{key}.tvms").is_file():
+        other = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
+                                  "from tests.artifact_cache import Cache, Compiled; "
+                                  "Compiled(Cache(Path(sys.argv[2])))('mobilenetv2')", str(ROOT), str(compiled.cache.folder)])
+    paths = {m: str(compiled(m)) for m in MODELS if m != "mobilenetv2"}
+    if other is not None:
         assert other.wait(timeout=600) == 0
+    paths["mobilenetv2"] = str(compiled("mobilenetv2"))
+    return {m: paths[m] for m in MODELS}
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory, compiled) -> Zoo:
+    if os.environ.get("TVMSCHED_STRESS_ARTIFACTS"):  # replays: compile once, into this folder
+        folder = os.environ["TVMSCHED_STRESS_ARTIFACTS"]
+        paths = {m: os.path.join(folder, f"{m}.tvms") for m in MODELS}
+        if not all(os.path.exists(p) for p in paths.values()):
+            os.makedirs(folder, exist_ok=True)
+            _compile(MODELS, folder)
+    else:
+        paths = _shared_paths(compiled)  # read only: the driver loads them, never writes them
     footprints = {m: footprint(Executor(p, register_groups=SwitchSettings().max_groups)) for m, p in paths.items()}
     inputs, want = {}, {}
     for m, p in paths.items():
