@@ -12,38 +12,39 @@ from tests.test_artifact import bump_schema, rewrite_member
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
-    """A static-shape model compiled through the CLI: (onnx path, artifact path)."""
+def static(tmp_path_factory, compiled):
+    """A static-shape model and its artifact (what `tvmsched compile m.onnx` writes, from the shared cache):
+    (onnx path, read-only artifact path)."""
     folder = tmp_path_factory.mktemp("cli")
-    model_path, artifact_path = folder / "m.onnx", folder / "m.tvms"
+    model_path = folder / "m.onnx"
     onnx.save(relu_gemm_model(dims=(2, 8)), model_path)
-    result = run_cli("compile", model_path, "-o", artifact_path)
-    assert result.returncode == 0, result.stderr
-    return model_path, artifact_path
+    return model_path, compiled(relu_gemm_model(dims=(2, 8)), name="m")
 
 
-def test_models_build_compile_run_inspect(tmp_path):
+def test_models_build_compile_run_inspect(cli, tmp_path):
+    # `models list` and `models build` import torch (tvmsched.models.real), whose import adds logging handlers to
+    # its loggers: in a process of their own until that import is lazy (the cli fixture would see them left behind)
     assert "resnet18-small" in run_cli("models", "list").stdout
     model = tmp_path / "mlp.onnx"
     assert run_cli("models", "build", "mlp", "-o", model).returncode == 0
-    result = run_cli("compile", model)
+    result = cli("compile", model)
     assert result.returncode == 0, result.stderr
     artifact = tmp_path / "mlp.tvms"
     assert "4 layers" in result.stdout and artifact.exists()
     inputs, outputs = tmp_path / "in.npz", tmp_path / "out.npz"
     np.savez(inputs, input=np.random.default_rng(0).standard_normal((1, 784)).astype(np.float32))
-    result = run_cli("run", artifact, "--inputs", inputs, "--output", outputs, "--repeat", "5", "--check", model)
+    result = cli("run", artifact, "--inputs", inputs, "--output", outputs, "--repeat", "5", "--check", model)
     assert result.returncode == 0, result.stderr
     assert "-> OK" in result.stdout and "p50" in result.stdout and "p99" in result.stdout
     with np.load(outputs) as saved:
         assert saved["output"].shape == (1, 10)
         np.testing.assert_allclose(saved["output"].sum(), 1.0, rtol=1e-5)  # softmax
-    summary = json.loads(run_cli("run", artifact, "--inputs", inputs, "--repeat", "7", "--check", model, "--json").stdout)
+    summary = json.loads(cli("run", artifact, "--inputs", inputs, "--repeat", "7", "--check", model, "--json").stdout)
     assert summary["runs"] == 7 and 0 < summary["min_ms"] <= summary["p50_ms"] <= summary["p99_ms"] <= summary["max_ms"]
     assert summary["check"]["ok"] and summary["outputs"]["output"]["shape"] == [1, 10]
-    manifest = json.loads(run_cli("inspect", artifact, "--json").stdout)
+    manifest = json.loads(cli("inspect", artifact, "--json").stdout)
     assert [layer["candidates"][0]["id"] for layer in manifest["layers"]] == [0] * 4
-    assert "MFLOP" in run_cli("inspect", artifact).stdout
+    assert "MFLOP" in cli("inspect", artifact).stdout
 
 
 def test_missing_model_file(tmp_path):
@@ -78,13 +79,13 @@ def test_unsupported_op_names_op_and_node(tmp_path):
     assert_user_error(run_cli("compile", path), "unsupported op Celu", "my_celu")
 
 
-def test_dynamic_input_shape_is_named_and_fixable(tmp_path):
+def test_dynamic_input_shape_is_named_and_fixable(cli, tmp_path):
     path = tmp_path / "dyn.onnx"
     onnx.save(relu_gemm_model(dims=("N", 8)), path)
     assert_user_error(run_cli("compile", path), "input 'x' has a dynamic shape", "--input-shape")
-    result = run_cli("compile", path, "--input-shape", "x=3,8")
+    result = cli("compile", path, "--input-shape", "x=3,8")
     assert result.returncode == 0, result.stderr
-    result = run_cli("run", tmp_path / "dyn.tvms", "--check", path)
+    result = cli("run", tmp_path / "dyn.tvms", "--check", path)
     assert result.returncode == 0 and "shape (3, 4)" in result.stdout, result.stdout + result.stderr
 
 
@@ -98,14 +99,14 @@ def test_bad_input_shape_option(tmp_path, value, fragment):
     assert_user_error(run_cli("compile", path, "--input-shape", value), fragment)
 
 
-def test_unknown_target(compiled):
-    model_path, _ = compiled
+def test_unknown_target(static):
+    model_path, _ = static
     assert_user_error(run_cli("compile", model_path, "--target", "no-such-target"), "unknown target")
     assert_user_error(run_cli("compile", model_path, "--target", "{oops"), "not valid JSON")
 
 
-def test_loop_checks_need_a_count_and_preempt_checks(compiled):
-    model_path, _ = compiled
+def test_loop_checks_need_a_count_and_preempt_checks(static):
+    model_path, _ = static
     assert_user_error(run_cli("compile", model_path, "--loop-checks", "-1"), "--loop-checks", "-1")
     assert_user_error(run_cli("compile", model_path, "--loop-checks"), "--loop-checks")
     assert_user_error(run_cli("compile", model_path, "--loop-checks", "4", "--no-preempt-checks"),
@@ -120,15 +121,15 @@ def test_loop_checks_need_a_count_and_preempt_checks(compiled):
         ({"x": np.zeros((2, 8), np.float64)}, "has dtype float64, expected float32"),
     ],
 )
-def test_wrong_inputs_at_run_time(compiled, tmp_path, arrays, fragment):
-    _, artifact = compiled
+def test_wrong_inputs_at_run_time(static, tmp_path, arrays, fragment):
+    _, artifact = static
     inputs = tmp_path / "in.npz"
     np.savez(inputs, **arrays)
     assert_user_error(run_cli("run", artifact, "--inputs", inputs), fragment)
 
 
-def test_unreadable_inputs_file(compiled, tmp_path):
-    _, artifact = compiled
+def test_unreadable_inputs_file(static, tmp_path):
+    _, artifact = static
     inputs = tmp_path / "in.npz"
     inputs.write_text("not an npz")
     assert_user_error(run_cli("run", artifact, "--inputs", inputs), "cannot read inputs")
@@ -139,23 +140,23 @@ def test_missing_artifact(tmp_path):
     assert_user_error(run_cli("inspect", tmp_path / "none.tvms"), "artifact not found")
 
 
-def test_truncated_artifact(compiled, tmp_path):
-    _, artifact = compiled
+def test_truncated_artifact(static, tmp_path):
+    _, artifact = static
     broken = tmp_path / "cut.tvms"
     broken.write_bytes(artifact.read_bytes()[:1000])
     assert_user_error(run_cli("run", broken), "truncated or corrupt")
 
 
-def test_tampered_artifact(compiled, tmp_path):
-    _, artifact = compiled
+def test_tampered_artifact(static, tmp_path):
+    _, artifact = static
     tampered = tmp_path / "tampered.tvms"
     tampered.write_bytes(artifact.read_bytes())
     rewrite_member(tampered, "kernels.so", lambda data: data.replace(b"ELF", b"ELG", 1))
     assert_user_error(run_cli("run", tampered), "checksum mismatch in kernels.so")
 
 
-def test_artifact_from_a_newer_schema(compiled, tmp_path):
-    _, artifact = compiled
+def test_artifact_from_a_newer_schema(static, tmp_path):
+    _, artifact = static
     newer = tmp_path / "newer.tvms"
     newer.write_bytes(artifact.read_bytes())
     rewrite_member(newer, "manifest.json", bump_schema, fix_checksum=True)
@@ -166,21 +167,21 @@ def test_unknown_zoo_model(tmp_path):
     assert_user_error(run_cli("models", "build", "resnet1000", "-o", tmp_path / "x.onnx"), "resnet1000")
 
 
-def test_cuda_device_for_a_cpu_artifact(compiled):
-    _, artifact = compiled
+def test_cuda_device_for_a_cpu_artifact(static):
+    _, artifact = static
     assert_user_error(run_cli("run", artifact, "--device", "cuda"), "compiled for cpu, not cuda")
 
 
-def test_check_fails_on_wrong_numbers_and_on_another_model(tmp_path):
+def test_check_fails_on_wrong_numbers_and_on_another_model(cli, compiled, tmp_path):
     """--check is a real relative tolerance: the mlp with other weights (softmax outputs ~0.1 apart by
     ~0.01) is a MISMATCH, not 'within 100% of the reference'; a model with other outputs is one line."""
     from tvmsched import models
 
-    artifact, same, reseeded = tmp_path / "mlp.tvms", tmp_path / "mlp.onnx", tmp_path / "mlp-seed1.onnx"
+    same, reseeded = tmp_path / "mlp.onnx", tmp_path / "mlp-seed1.onnx"
     models.save("mlp", same, seed=0)
     models.save("mlp", reseeded, seed=1)
-    assert run_cli("compile", same, "-o", artifact).returncode == 0
-    assert run_cli("run", artifact, "--check", same).returncode == 0
+    artifact = compiled("mlp")  # what `tvmsched compile mlp.onnx` writes
+    assert cli("run", artifact, "--check", same).returncode == 0
     assert_user_error(run_cli("run", artifact, "--check", reseeded), "outputs differ from onnxruntime", "elements")
     other = tmp_path / "tiny.onnx"
     models.save("tiny", other)
@@ -211,17 +212,17 @@ def test_check_rejects_all_zero_outputs_and_accepts_identical_nans(tmp_path):
     assert _check_against_onnxruntime(str(path), nan_inputs, {"output": nan_reference.copy()}, echo=quiet)["ok"]
 
 
-def test_run_output_is_written_under_exactly_the_given_name(compiled, tmp_path):
-    _, artifact = compiled
-    result = run_cli("run", artifact, "--output", tmp_path / "result")
+def test_run_output_is_written_under_exactly_the_given_name(cli, static, tmp_path):
+    _, artifact = static
+    result = cli("run", artifact, "--output", tmp_path / "result")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "result").is_file() and not (tmp_path / "result.npz").exists()  # np.savez appended .npz
     with np.load(tmp_path / "result") as saved:
         assert saved.files == ["y"] and saved["y"].shape == (2, 4)
 
 
-def test_output_into_a_missing_folder_fails_before_any_work(compiled, tmp_path):
-    model, artifact = compiled
+def test_output_into_a_missing_folder_fails_before_any_work(static, tmp_path):
+    model, artifact = static
     result = run_cli("run", artifact, "--output", tmp_path / "no" / "out.npz")
     assert_user_error(result, "cannot write", "folder", "does not exist")
     assert result.stdout == ""  # it used to print the outputs, then fail with a traceback
@@ -250,11 +251,11 @@ except TvmschedError as err:
     assert len(lines) == 1 and lines[0].startswith("error: the ONNX importer rejected the model"), result.stderr
 
 
-def test_run_check_with_repeat_times_onnxruntime_side_by_side(compiled):
+def test_run_check_with_repeat_times_onnxruntime_side_by_side(cli, static):
     """issue 16: `run --check M.onnx --repeat N` times onnxruntime on the same inputs and threads and prints
     both latencies and their ratio; the first latency line and the JSON keys of before stay as they were."""
-    model, artifact = compiled
-    result = run_cli("run", artifact, "--check", model, "--repeat", "3")
+    model, artifact = static
+    result = cli("run", artifact, "--check", model, "--repeat", "3")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert any(line.startswith("latency over 3 runs: p50 ") for line in lines)
@@ -263,15 +264,15 @@ def test_run_check_with_repeat_times_onnxruntime_side_by_side(compiled):
     assert set(rows) >= {"tvmsched", "onnxruntime", "tvmsched/onnxruntime"}
     assert all(float(v) >= 0 for v in rows["tvmsched"] + rows["onnxruntime"])
     assert all(v.endswith("x") for v in rows["tvmsched/onnxruntime"])
-    summary = json.loads(run_cli("run", artifact, "--check", model, "--repeat", "4", "--json").stdout)
+    summary = json.loads(cli("run", artifact, "--check", model, "--repeat", "4", "--json").stdout)
     compare = summary["compare"]
     assert summary["runs"] == 4 and compare["onnxruntime"]["runs"] == 4 and compare["threads"] >= 1
     assert compare["ratio_p50"] == pytest.approx(summary["p50_ms"] / compare["onnxruntime"]["p50_ms"])
-    plain = run_cli("run", artifact, "--repeat", "2")  # no model to compare with: no onnxruntime timing
+    plain = cli("run", artifact, "--repeat", "2")  # no model to compare with: no onnxruntime timing
     assert plain.returncode == 0 and "onnxruntime" not in plain.stdout and "p50" in plain.stdout
 
 
-def test_onnxruntime_timed_with_the_runtime_threads(compiled):
+def test_onnxruntime_timed_with_the_runtime_threads(static):
     """The reference session: intra-op threads = the engine's, one inter-op thread, sequential."""
     import os
 
@@ -279,7 +280,7 @@ def test_onnxruntime_timed_with_the_runtime_threads(compiled):
 
     from tvmsched.cli import compare
 
-    model, _ = compiled
+    model, _ = static
     assert compare.runtime_threads("cpu") == int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count())
     options = compare.onnxruntime_session(str(model), 1).get_session_options()
     assert (options.intra_op_num_threads, options.inter_op_num_threads) == (1, 1)

@@ -19,15 +19,29 @@ from tvmsched.runtime import Executor, Runtime
 
 
 @pytest.fixture(scope="module")
-def signed(tmp_path_factory):
-    """tiny.onnx, keys `me` and `other`, and tiny compiled signed by `me` (s.tvms) and unsigned (u.tvms)."""
+def signed(tmp_path_factory, compiled):
+    """tiny.onnx, keys `me` and `other`, and tiny (the shared cache's) signed by `me` (s.tvms) and unsigned (u.tvms).
+
+    Called in process, as the `cli` fixture does (a module fixture cannot take the function-scoped `cli`)."""
+    from tvmsched.artifact.signing import load_private_key
+
     folder = tmp_path_factory.mktemp("signing")
     models.save("tiny", folder / "tiny.onnx")
     for name in ("me", "other"):
-        assert run_cli("keys", "generate", folder / name).returncode == 0
-    assert run_cli("compile", folder / "tiny.onnx", "-o", folder / "s.tvms", "--sign", folder / "me.key").returncode == 0
-    assert run_cli("compile", folder / "tiny.onnx", "-o", folder / "u.tvms").returncode == 0
+        assert _keys_generate(folder / name) == 0
+    compiled.artifact("tiny").save(folder / "s.tvms", load_private_key(folder / "me.key"))  # as `compile --sign` does
+    compiled.copy("tiny", folder / "u.tvms")
     return folder
+
+
+def _keys_generate(name):
+    """`tvmsched keys generate NAME` in process."""
+    from click.testing import CliRunner
+
+    from tvmsched.cli.main import main
+
+    with CliRunner().isolation():
+        return main(["keys", "generate", str(name)])
 
 
 def test_keys_generate_writes_a_private_key_only_its_owner_reads(signed):
@@ -40,12 +54,12 @@ def test_keys_generate_writes_a_private_key_only_its_owner_reads(signed):
     assert_user_error(run_cli("keys", "generate", signed / "no" / "such"), "does not exist")
 
 
-def test_a_signed_artifact_runs_where_its_key_is_trusted(signed):
-    ok = run_cli("run", signed / "s.tvms", "--trust", signed / "other.pub", "--trust", signed / "me.pub")
+def test_a_signed_artifact_runs_where_its_key_is_trusted(cli, signed):
+    ok = cli("run", signed / "s.tvms", "--trust", signed / "other.pub", "--trust", signed / "me.pub")
     assert ok.returncode == 0, ok.stderr
-    verify = run_cli("keys", "verify", signed / "s.tvms", "--trust", signed / "me.pub")
+    verify = cli("keys", "verify", signed / "s.tvms", "--trust", signed / "me.pub")
     assert verify.returncode == 0 and "signed by trusted key" in verify.stdout
-    assert run_cli("run", signed / "s.tvms").returncode == 0  # no --trust: signatures are not required
+    assert cli("run", signed / "s.tvms").returncode == 0  # no --trust: signatures are not required
 
 
 def test_unsigned_or_foreign_artifacts_are_refused(signed):
