@@ -61,13 +61,13 @@ def _feeds(model, indices):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_indices_are_checked_as_onnxruntime_checks_them(case):
+def test_indices_are_checked_as_onnxruntime_checks_them(compiled, reference, case):
     build, good, bad, valid = CASES[case]
     model = build()
-    executor = Executor(compile_model(model))
+    executor = Executor(compiled.artifact(model))
     assert [c.indices for c in executor.manifest.index_checks] == ["i"]
     feeds = _feeds(model, good)
-    np.testing.assert_array_equal(executor.run(feeds)["y"], onnxruntime_outputs(model, feeds)["y"])
+    np.testing.assert_array_equal(executor.run(feeds)["y"], reference(model, feeds)["y"])
     with pytest.raises(Exception, match="(?i)out of|invalid ind"):  # onnxruntime refuses the same indices
         onnxruntime_outputs(model, _feeds(model, bad))
     with pytest.raises(TvmschedError) as err:
@@ -75,12 +75,12 @@ def test_indices_are_checked_as_onnxruntime_checks_them(case):
     message = str(err.value)
     assert message == f"index out of range: {model.graph.node[0].op_type} node 'lookup' (indices 'i'): values must be in {valid}"
     # the same model serves the next request right
-    np.testing.assert_array_equal(executor.run(feeds)["y"], onnxruntime_outputs(model, feeds)["y"])
+    np.testing.assert_array_equal(executor.run(feeds)["y"], reference(model, feeds)["y"])
 
 
-def test_unchecked_compile_has_no_checks_and_one_kernel_less():
-    checked = compile_model(CASES["Gather"][0]())
-    unchecked = compile_model(CASES["Gather"][0](), index_checks=False)
+def test_unchecked_compile_has_no_checks_and_one_kernel_less(compiled):
+    checked = compiled.artifact(CASES["Gather"][0]())
+    unchecked = compiled.artifact(CASES["Gather"][0](), index_checks=False)
     assert unchecked.manifest.index_checks == () and len(checked.manifest.index_checks) == 1
     assert len(checked.manifest.layers) == len(unchecked.manifest.layers) + 1  # the flag's reduction
 
@@ -97,18 +97,18 @@ def test_constant_out_of_range_index_is_a_compile_error(tmp_path):
     assert not (tmp_path / "m.tvms").exists()
 
 
-def test_cli_run_out_of_range_is_one_error_line(tmp_path):
+def test_cli_run_out_of_range_is_one_error_line(cli, compiled, tmp_path):
     import onnx
 
     model = CASES["Gather"][0]()
     onnx.save(model, tmp_path / "m.onnx")
-    assert run_cli("compile", tmp_path / "m.onnx", "-o", tmp_path / "m.tvms").returncode == 0
+    artifact = compiled(model, name="m")  # what `tvmsched compile m.onnx` writes
     np.savez(tmp_path / "bad.npz", i=np.array([0, 10**6, 1], np.int64))
-    result = run_cli("run", tmp_path / "m.tvms", "--inputs", tmp_path / "bad.npz", "--output", tmp_path / "out.npz")
+    result = run_cli("run", artifact, "--inputs", tmp_path / "bad.npz", "--output", tmp_path / "out.npz")
     assert_user_error(result, "index out of range: Gather node 'lookup' (indices 'i'): values must be in [-5, 4]")
     assert not (tmp_path / "out.npz").exists()
     np.savez(tmp_path / "good.npz", i=np.array([0, -5, 4], np.int64))
-    good = run_cli("run", tmp_path / "m.tvms", "--inputs", tmp_path / "good.npz", "--check", tmp_path / "m.onnx")
+    good = cli("run", artifact, "--inputs", tmp_path / "good.npz", "--check", tmp_path / "m.onnx")
     assert good.returncode == 0, good.stderr
 
 
@@ -117,31 +117,31 @@ def test_checked_gather_compiles_for_cuda():
     assert len(artifact.manifest.index_checks) == 1 and artifact.manifest.device == "cuda"
 
 
-def test_embedding_models_are_checked_and_match_onnxruntime():
+def test_embedding_models_are_checked_and_match_onnxruntime(compiled, reference):
     from tvmsched import models
 
     model = models.build("bert-tiny-ids")
-    executor = Executor(compile_model(model))
+    executor = Executor(compiled.artifact("bert-tiny-ids"))
     (check,) = executor.manifest.index_checks
     assert (check.op, check.indices, check.bounds) == ("Gather", "input_ids", (30522,))
     feeds = executor.random_inputs(2)
     assert 0 <= feeds["input_ids"].min() and feeds["input_ids"].max() < 30522
-    np.testing.assert_allclose(executor.run(feeds)["output"], onnxruntime_outputs(model, feeds)["output"], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(executor.run(feeds)["output"], reference(model, feeds)["output"], rtol=1e-4, atol=1e-4)
     feeds["input_ids"][0, 7] = 30522  # the vocabulary's size: one past the table
     with pytest.raises(TvmschedError, match="values must be in \\[-30522, 30521\\]"):
         executor.run(feeds)
 
 
-def test_server_answers_400_for_the_bad_request_and_keeps_serving(tmp_path):
+def test_server_answers_400_for_the_bad_request_and_keeps_serving(compiled, reference):
     from tvmsched import models
 
-    compile_model(CASES["Gather"][0]()).save(tmp_path / "gather.tvms")
+    gather = compiled(CASES["Gather"][0]())
     mlp = models.build("mlp")
-    compile_model(mlp).save(tmp_path / "mlp.tvms")
+    mlp_path = compiled("mlp")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    server = start_server([sys.executable, "examples/server.py", "--model", f"gather={tmp_path / 'gather.tvms'}:1000",
-                           "--model", f"mlp={tmp_path / 'mlp.tvms'}:1000", "--port", str(port)], base)
+    server = start_server([sys.executable, "examples/server.py", "--model", f"gather={gather}:1000",
+                           "--model", f"mlp={mlp_path}:1000", "--port", str(port)], base)
     try:
         infer = lambda name, inputs: httpx.post(f"{base}/v1/models/{name}/infer", json={"inputs": inputs}, timeout=60)
         for bad in (5000, 2**31, -6):
@@ -154,33 +154,33 @@ def test_server_answers_400_for_the_bad_request_and_keeps_serving(tmp_path):
         x = models.random_inputs(mlp, seed=3)
         reply = infer("mlp", {k: v.tolist() for k, v in x.items()})
         assert reply.status_code == 200
-        np.testing.assert_allclose(np.array(reply.json()["outputs"]["output"], np.float32), onnxruntime_outputs(mlp, x)["output"],
+        np.testing.assert_allclose(np.array(reply.json()["outputs"]["output"], np.float32), reference(mlp, x)["output"],
                                    rtol=1e-4, atol=1e-5)
         assert server.poll() is None
     finally:
         stop_server(server)
 
 
-def test_onnxruntime_session_sees_the_original_model():
+def test_onnxruntime_session_sees_the_original_model(compiled):
     """The rewrite never leaks into what a user checks against: the flag outputs are not model outputs."""
-    executor = Executor(compile_model(CASES["ScatterND"][0]()))
+    executor = Executor(compiled.artifact(CASES["ScatterND"][0]()))
     assert [b.name for b in executor.manifest.outputs] == ["y"]
     assert list(executor.run(_feeds(CASES["ScatterND"][0](), [[0], [1]]))) == ["y"]
 
 
-def test_several_checks_share_a_flag_word_and_name_the_right_node():
+def test_several_checks_share_a_flag_word_and_name_the_right_node(compiled, reference):
     """Three checked Gathers: their flags are bits of one word (a chain of Adds; a variadic Sum imported as
     stack + sum); the error names the node whose indices were out of range, whichever bit it is."""
     nodes = [helper.make_node("Gather", ["d", f"i{k}"], [f"g{k}"], name=f"lookup{k}") for k in range(3)]
     nodes += [helper.make_node("Add", ["g0", "g1"], ["s"]), helper.make_node("Add", ["s", "g2"], ["y"])]
     model = make_model(nodes, [_info(f"i{k}", TensorProto.INT64, [3]) for k in range(3)], [_info("y", TensorProto.FLOAT, [3, 6])],
                        [numpy_helper.from_array(DATA, "d")])
-    executor = Executor(compile_model(model))
+    executor = Executor(compiled.artifact(model))
     assert [c.node for c in executor.manifest.index_checks] == ["lookup0", "lookup1", "lookup2"]
     feeds = {f"i{k}": np.array([0, -1, k], np.int64) for k in range(3)}
-    np.testing.assert_array_equal(executor.run(feeds)["y"], onnxruntime_outputs(model, feeds)["y"])
+    np.testing.assert_array_equal(executor.run(feeds)["y"], reference(model, feeds)["y"])
     for bad in (2, 1, 0):
         wrong = {**feeds, f"i{bad}": np.array([0, 5, 1], np.int64)}
         with pytest.raises(TvmschedError, match=f"Gather node 'lookup{bad}' \\(indices 'i{bad}'\\)"):
             executor.run(wrong)
-    np.testing.assert_array_equal(executor.run(feeds)["y"], onnxruntime_outputs(model, feeds)["y"])
+    np.testing.assert_array_equal(executor.run(feeds)["y"], reference(model, feeds)["y"])
