@@ -161,10 +161,10 @@ def test_tuning_records_keep_one_target_hash():
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """The zoo's tiny model compiled for this machine's CPU: (model, artifact, folder)."""
+def tiny(tmp_path_factory, compiled):
+    """The zoo's tiny model compiled for this machine's CPU (the shared cache's): (model, artifact, folder)."""
     model = models.build("tiny")
-    return model, compile_model(model, name="tiny"), tmp_path_factory.mktemp("targets")
+    return model, compiled.artifact("tiny"), tmp_path_factory.mktemp("targets")
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +187,7 @@ def foreign(tiny, absent_feature):
 
 
 @x86_only
-def test_the_manifest_records_cpu_and_features(tiny, tmp_path):
+def test_the_manifest_records_cpu_and_features(tiny, compiled, tmp_path):
     model, artifact, _ = tiny
     host = targets.make_target("llvm")
     assert artifact.manifest.target == targets.target_json("llvm")
@@ -196,13 +196,13 @@ def test_the_manifest_records_cpu_and_features(tiny, tmp_path):
     assert artifact.manifest.cpu_features_unchecked is None
     artifact.save(tmp_path / "a.tvms")
     assert Artifact.load(tmp_path / "a.tvms").manifest == artifact.manifest  # JSON round trip
-    portable = compile_model(model, name="tiny", target="llvm:portable").manifest
+    portable = compiled.artifact("tiny", target="llvm:portable").manifest  # the next test runs it
     assert (portable.cpu, portable.cpu_features, portable.target) == ("generic", (), {"kind": "llvm", "num-cores": CORES})
     v3 = compile_model(model, name="tiny", target="llvm:x86-64-v3").manifest
     assert v3.cpu == "x86-64-v3" and {"avx2", "fma"} <= set(v3.cpu_features)
 
 
-def test_an_artifact_without_the_fields_still_loads(tiny, tmp_path):
+def test_an_artifact_without_the_fields_still_loads(tiny, compiled, tmp_path):
     """Artifacts written before the CPU was recorded: generic, loaded and run as before."""
     from tvmsched.runtime import load
 
@@ -211,8 +211,7 @@ def test_an_artifact_without_the_fields_still_loads(tiny, tmp_path):
     manifest = Manifest.from_json(old)
     assert (manifest.cpu, manifest.cpu_features, manifest.cpu_features_unchecked) == (None, (), None)
     path = tmp_path / "old.tvms"
-    portable = compile_model(models.build("tiny"), name="tiny", target="llvm:portable")
-    portable.save(path)
+    compiled.copy("tiny", path, target="llvm:portable")
     rewrite_member(path, "manifest.json", lambda data: json.dumps(
         {k: v for k, v in json.loads(data).items() if not k.startswith("cpu")}).encode(), fix_checksum=True)
     x = np.array([[0.0, 1.0, 2.0, -3.0]], np.float32)
@@ -224,11 +223,11 @@ def _refusal(absent_feature: str, path) -> re.Pattern:
                       r"that this CPU \(.+\) lacks; recompile with --target llvm on this machine or --target llvm:\S+$")
 
 
-def test_run_refuses_a_cpu_without_the_features(foreign, absent_feature):
+def test_run_refuses_a_cpu_without_the_features(cli, foreign, absent_feature):
     result = run_cli("run", foreign)
     assert_user_error(result, "was compiled for futurecpu", f"needs CPU features {absent_feature} ", "--target llvm:")
     assert _refusal(absent_feature, foreign).match(result.stderr.strip().removeprefix("error: "))
-    assert run_cli("inspect", foreign).returncode == 0  # reading it is fine: only loading its code is refused
+    assert cli("inspect", foreign).returncode == 0  # reading it is fine: only loading its code is refused
 
 
 def test_the_python_runtime_refuses_a_cpu_without_the_features(foreign, absent_feature, tiny, tmp_path):
