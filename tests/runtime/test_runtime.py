@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.helpers import onnxruntime_outputs, run_cli
+from tests.helpers import run_cli
 from tvmsched import models
 from tvmsched.errors import TvmschedError
 from tvmsched.tune.kit_build import build_kit, import_results
@@ -136,7 +136,7 @@ def test_progress_bitmap_holds_the_blocks_each_layer_launched(artifacts):
     task.close()
 
 
-def test_kernel_counters_fill_the_bitmap_with_the_blocks_each_layer_ran(kit_databases):
+def test_kernel_counters_fill_the_bitmap_with_the_blocks_each_layer_ran(kit_databases, reference):
     model, database = kit_databases["resnet18-small"]
     artifact = compile_model(model, qos_ms=1000.0, database=database, progress_counters=True)
     executor = Executor(artifact)
@@ -159,19 +159,19 @@ def test_kernel_counters_fill_the_bitmap_with_the_blocks_each_layer_ran(kit_data
         assert kernel_counts[:index] == blocks[:index] and not any(kernel_counts[index:])
         assert state.done[:index].tolist() == blocks[:index] and state.blocks.tolist() == blocks and state.queued == []
     assert executor.completed_blocks(ids) == blocks
-    for name, want in onnxruntime_outputs(model, inputs).items():
+    for name, want in reference(model, inputs).items():
         np.testing.assert_allclose(outputs[name], want, rtol=1e-4, atol=1e-4)
     task.close()
 
 
-def test_tenants_on_several_threads_all_get_correct_outputs_and_a_bad_one_fails_alone(artifacts, tmp_path):
+def test_tenants_on_several_threads_all_get_correct_outputs_and_a_bad_one_fails_alone(artifacts, tmp_path, reference):
     rt = Runtime("cpu", timeline=True)
     handles = {name: rt.load(artifact, qos_ms=1000.0, priority="realtime" if name == "mlp" else "best_effort")
                for name, (_, artifact) in artifacts.items()}
     expected = {}
     for name, (model, _) in artifacts.items():
         inputs = models.random_inputs(model, seed=5)
-        expected[name] = (inputs, onnxruntime_outputs(model, inputs))
+        expected[name] = (inputs, reference(model, inputs))
     failures, bad = [], []
 
     def client(name, n):
@@ -212,13 +212,13 @@ def test_tenants_on_several_threads_all_get_correct_outputs_and_a_bad_one_fails_
         rt.submit("mlp", expected["mlp"][0])
 
 
-def test_profile_coloc_writes_a_table_the_scheduler_reads(artifacts, tmp_path):
+def test_profile_coloc_writes_a_table_the_scheduler_reads(artifacts, tmp_path, cli):
     paths = []
     for name, (_, artifact) in artifacts.items():
         artifact.save(tmp_path / f"{name}.tvms")
         paths.append(tmp_path / f"{name}.tvms")
     db = f"sqlite:///{tmp_path / 'tuning.db'}"
-    out = run_cli("profile-coloc", *paths, "-o", tmp_path / "coloc.json", "--db", db, "--seconds", "0.05")
+    out = cli("profile-coloc", *paths, "-o", tmp_path / "coloc.json", "--db", db, "--seconds", "0.05")
     assert out.returncode == 0, out.stderr
     rows = json.loads((tmp_path / "coloc.json").read_text())
     heavy = {name: max(a.manifest.layers, key=lambda l: l.candidates[0].latency_us) for name, (_, a) in artifacts.items()}
@@ -231,14 +231,14 @@ def test_profile_coloc_writes_a_table_the_scheduler_reads(artifacts, tmp_path):
     from_file = Runtime("cpu", colocation=str(tmp_path / "coloc.json")).scheduler.table  # the JSON alone (the GPU kit)
     assert from_file.measured == pytest.approx(table.measured)
     assert run_cli("profile-coloc", paths[0], "--db", db).returncode == 2
-    nodb = run_cli("profile-coloc", *paths, "--no-store", "-o", tmp_path / "only.json", "--seconds", "0.05")
+    nodb = cli("profile-coloc", *paths, "--no-store", "-o", tmp_path / "only.json", "--seconds", "0.05")
     assert nodb.returncode == 0 and "to " in nodb.stdout and len(json.loads((tmp_path / "only.json").read_text())) == len(rows)
     assert run_cli("profile-coloc", *paths, "--no-store").returncode == 2  # it would go nowhere
     with pytest.raises(TvmschedError, match="no colocation profile at"):
         Runtime("cpu", colocation=str(tmp_path / "missing.json"))
 
 
-def test_example_server_answers_on_127_0_0_1(artifacts, tmp_path):
+def test_example_server_answers_on_127_0_0_1(artifacts, tmp_path, reference):
     import sys
 
     import httpx
@@ -255,7 +255,7 @@ def test_example_server_answers_on_127_0_0_1(artifacts, tmp_path):
         inputs = models.random_inputs(model, seed=6)
         reply = httpx.post(f"{base}/v1/models/mlp/infer", json={"inputs": {k: v.tolist() for k, v in inputs.items()}}, timeout=60)
         assert reply.status_code == 200
-        expected = onnxruntime_outputs(model, inputs)["output"]
+        expected = reference(model, inputs)["output"]
         assert np.allclose(np.array(reply.json()["outputs"]["output"]), expected, rtol=1e-4, atol=1e-5)
         bad = httpx.post(f"{base}/v1/models/mlp/infer", json={"inputs": {"nope": [1, 2]}}, timeout=60)
         assert bad.status_code == 400 and "input names do not match" in bad.json()["detail"]

@@ -14,11 +14,9 @@ import pytest
 
 from tests.helpers import assert_user_error, run_cli
 from tests.test_artifact import rewrite_member
-from tvmsched import models
 from tvmsched.errors import TvmschedError
 from tvmsched.runtime import native
 from tvmsched.runtime.native import func
-from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor, Runtime
 from tvmsched.runtime.switching import SwitchSettings, footprint, groups
 
@@ -28,13 +26,11 @@ ASYNC_LAUNCHES = bool(native.device_info("cpu")["launches_async"])
 
 
 @pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
-    """The four artifacts, each with inputs and its resident outputs (the reference)."""
-    folder = tmp_path_factory.mktemp("switching")
+def zoo(compiled):
+    """The four artifacts (shared, read only), each with inputs and its resident outputs (the reference)."""
     out = {}
     for index, name in enumerate(ZOO):
-        path = folder / f"{name}.tvms"
-        compile_model(models.build(name), name=name).save(path)
+        path = compiled(name)
         resident = Executor(path)
         inputs = resident.random_inputs(index)
         out[name] = (path, inputs, resident.run(inputs))
@@ -168,7 +164,7 @@ def test_a_model_whose_stage_1_fails_fails_its_requests_and_the_others_go_on(zoo
             rt.load(broken, name="broken2")
 
 
-def test_a_best_effort_model_is_preempted_while_it_switches_in(zoo, budget_restored):
+def test_a_best_effort_model_is_preempted_while_it_switches_in(zoo, budget_restored, tmp_path):
     name = "mobilenetv2"
     with Runtime("cpu", timeline=True) as rt:
         model = rt.load(zoo[name][0], resident=False)
@@ -184,8 +180,8 @@ def test_a_best_effort_model_is_preempted_while_it_switches_in(zoo, budget_resto
         before = len(rt.switch_events())
         _same(rt.submit(name, zoo[name][1]).result(timeout=60), zoo[name][2])
         assert rt.switch_events()[before:] == []
-        trace = rt.export_timeline(zoo[name][0].parent / "switch-trace.json")
-    events = json.loads((zoo[name][0].parent / "switch-trace.json").read_text())["traceEvents"]
+        trace = rt.export_timeline(tmp_path / "switch-trace.json")  # not beside the shared artifact
+    events = json.loads((tmp_path / "switch-trace.json").read_text())["traceEvents"]
     assert trace == len(events)
     stages = {e["name"].split()[0] for e in events if e["cat"] == "switch"}
     assert {"stage1", "stage2"} <= stages
@@ -209,9 +205,9 @@ def test_a_model_too_large_for_the_budget_and_the_memory_left_fails_with_one_lin
         assert rt.memory()["in_use"] <= budget
 
 
-def test_bench_switch_measures_every_variant_side_by_side(zoo):
+def test_bench_switch_measures_every_variant_side_by_side(zoo, cli):
     paths = [str(zoo[name][0]) for name in ("mlp", "bert-tiny")]
-    done = run_cli("bench", "switch", *paths, "--repeat", "2", "--no-stop-and-start", "--json")
+    done = cli("bench", "switch", *paths, "--repeat", "2", "--no-stop-and-start", "--json")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert [row["model"] for row in result["models"]] == ["mlp", "bert-tiny"]

@@ -12,11 +12,9 @@ import numpy as np
 import pytest
 
 from tests.helpers import assert_user_error, run_cli
-from tvmsched import models
 from tvmsched.runtime import native
 from tvmsched.errors import TvmschedError
 from tvmsched.runtime.native import func
-from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Runtime
 from tvmsched.runtime.executor import Executor
 from tvmsched.runtime.switching import footprint
@@ -24,10 +22,9 @@ from tvmsched.runtime.tiering import TierSettings
 
 
 @pytest.fixture(scope="module")
-def resnet(tmp_path_factory):
-    """resnet18-small: its artifact, inputs, resident outputs and resident footprint."""
-    path = tmp_path_factory.mktemp("tiering") / "resnet18-small.tvms"
-    compile_model(models.build("resnet18-small"), name="resnet18-small").save(path)
+def resnet(compiled):
+    """resnet18-small: its artifact (shared, read only), inputs, resident outputs and resident footprint."""
+    path = compiled("resnet18-small")
     resident = Executor(path)
     inputs = [resident.random_inputs(seed) for seed in range(3)]
     outputs = [resident.run(x) for x in inputs]
@@ -126,10 +123,9 @@ def test_a_tiered_model_on_an_asynchronous_device_is_planned_for_its_launches_in
         assert rt.memory()["peak"] <= budget
 
 
-def test_resident_models_beside_a_tiered_one_and_the_tiers_shared_out(resnet, tmp_path, budget_restored):
+def test_resident_models_beside_a_tiered_one_and_the_tiers_shared_out(resnet, tmp_path, budget_restored, compiled):
     path, inputs, outputs, need = resnet
-    mlp = tmp_path / "mlp.tvms"
-    compile_model(models.build("mlp"), name="mlp").save(mlp)
+    mlp = compiled("mlp")
     small = Executor(mlp)
     x_small = small.random_inputs(4)
     want_small = small.run(x_small)
@@ -174,16 +170,16 @@ def test_too_small_shares_or_device_memory_are_one_line_errors(resnet, tmp_path,
     assert _disk_fds(tmp_path) == []
 
 
-def test_run_with_a_memory_budget_streams_and_matches_the_resident_run(resnet, tmp_path):
+def test_run_with_a_memory_budget_streams_and_matches_the_resident_run(resnet, tmp_path, cli):
     path, _, _, need = resnet
     topology = tmp_path / "topology.json"
     disk = tmp_path / "disk"
     disk.mkdir()
     topology.write_text(json.dumps(_topology(disk, need // 6, need // 6)))
-    resident = run_cli("run", str(path), "--output", str(tmp_path / "resident.npz"), "--json")
+    resident = cli("run", str(path), "--output", str(tmp_path / "resident.npz"), "--json")
     assert resident.returncode == 0, resident.stderr
-    tiered = run_cli("run", str(path), "--memory-budget", str(need // 3), "--topology", str(topology),
-                     "--output", str(tmp_path / "tiered.npz"), "--repeat", "3", "--json")
+    tiered = cli("run", str(path), "--memory-budget", str(need // 3), "--topology", str(topology),
+                 "--output", str(tmp_path / "tiered.npz"), "--repeat", "3", "--json")
     assert tiered.returncode == 0, tiered.stderr
     summary = json.loads(tiered.stdout)
     assert summary["tiering"]["tiers"] and summary["p50_ms"] > 0
