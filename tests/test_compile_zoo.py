@@ -3,26 +3,23 @@
 import numpy as np
 import pytest
 
-from tests.helpers import onnxruntime_outputs
 from tvmsched import models
-from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor
 
 RTOL = ATOL = 1e-4  # fp32
 
 
 @pytest.mark.parametrize("name", [spec.name for spec in models.list_models()])
-def test_zoo_model_matches_onnxruntime(name, tmp_path):
+def test_zoo_model_matches_onnxruntime(compiled, reference, name):
+    """The compile is the shared cache's (`compile_model(model, name=name)`, saved): made here or by another
+    test of the run that compiled the same model with the same options."""
     model = models.build(name)
-    artifact = compile_model(model, name=name)
-    path = tmp_path / f"{name}.tvms"
-    artifact.save(path)
-    executor = Executor(path)
+    executor = Executor(compiled(name))
     inputs = models.random_inputs(model, seed=1)
     outputs = executor.run(inputs)
-    reference = onnxruntime_outputs(model, inputs)
-    assert list(outputs) == list(reference)
-    for key, expected in reference.items():
+    want = reference(model, inputs)
+    assert list(outputs) == list(want)
+    for key, expected in want.items():
         np.testing.assert_allclose(outputs[key], expected, rtol=RTOL, atol=ATOL)
     # a second run reuses the buffers and must give the same result
     again = executor.run(inputs)
@@ -30,14 +27,14 @@ def test_zoo_model_matches_onnxruntime(name, tmp_path):
         np.testing.assert_array_equal(again[key], outputs[key])
 
 
-def test_tiny_model_output_is_known_by_arithmetic():
-    executor = Executor(compile_model(models.build("tiny")))
+def test_tiny_model_output_is_known_by_arithmetic(compiled):
+    executor = Executor(compiled.artifact("tiny"))
     x = np.array([[-1.0, 0.25, 0.5, 3.0]], dtype=np.float32)
     np.testing.assert_array_equal(executor.run({"x": x})["y"], np.maximum(2 * x - 1, 0))
 
 
-def test_layers_are_in_topological_order_with_estimates():
-    artifact = compile_model(models.build("resnet18-small"))
+def test_layers_are_in_topological_order_with_estimates(compiled):
+    artifact = compiled.artifact("resnet18-small")
     produced = {b.tensor for b in artifact.manifest.inputs} | set(artifact.weights)
     for layer in artifact.manifest.layers:
         assert set(layer.inputs) <= produced, layer.func
