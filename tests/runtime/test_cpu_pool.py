@@ -15,7 +15,6 @@ import pytest
 from tests.runtime.test_units import with_limited_candidate
 from tvmsched import models
 from tvmsched.runtime import native
-from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor
 
 THREADS = int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)
@@ -52,15 +51,13 @@ def run_child(path, runs: int, out, env: dict | None = None, timeout: float = 30
 
 
 @pytest.fixture(scope="module")
-def bert(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cpu_pool") / "bert-tiny.tvms"
-    compile_model(models.build("bert-tiny"), name="bert-tiny").save(path)
-    return path
+def bert(compiled):
+    return compiled("bert-tiny")  # shared, read only
 
 
-def test_kernels_parallel_loops_run_on_the_engines_pool_with_each_candidates_threads():
+def test_kernels_parallel_loops_run_on_the_engines_pool_with_each_candidates_threads(compiled):
     model = models.build("mlp")
-    executor = Executor(with_limited_candidate(compile_model(model), units=1))
+    executor = Executor(with_limited_candidate(compiled.artifact("mlp"), units=1))
     inputs = models.random_inputs(model)
     before = cpu_pool()
     assert before["engine"] == 1 and before["chunks"] == 1 and before["spin_us"] > 0 and before["adapt"] == 0

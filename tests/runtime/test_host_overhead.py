@@ -13,7 +13,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.helpers import make_model
-from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor, Runtime
 from tvmsched.runtime import runtime as runtime_module
 from tvmsched.runtime.scheduler import DECISION_HISTORY, CandidateInfo, ColocationTable, LayerScheduler
@@ -34,10 +33,8 @@ def chain(layers: int = 4, size: int = 8):
 
 
 @pytest.fixture(scope="module")
-def artifact(tmp_path_factory):
-    path = tmp_path_factory.mktemp("host") / "chain.tvms"
-    compile_model(chain(), name="chain").save(path)
-    return path
+def artifact(compiled):
+    return compiled(chain(), name="chain")  # shared, read only
 
 
 class Collections:

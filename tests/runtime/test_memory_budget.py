@@ -8,19 +8,15 @@ import gc
 
 import pytest
 
-from tvmsched import models
 from tvmsched.errors import TvmschedError
 from tvmsched.runtime.native import func
-from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor
 from tests.memory_plan import plan_activations
 
 
 @pytest.fixture(scope="module")
-def mlp(tmp_path_factory):
-    path = tmp_path_factory.mktemp("budget") / "mlp.tvms"
-    compile_model(models.build("mlp"), name="mlp").save(path)
-    return path
+def mlp(compiled):
+    return compiled("mlp")  # shared, read only
 
 
 @pytest.fixture

@@ -4,9 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tvmsched import models
 from tvmsched.lower.layers import TensorSpec
-from tvmsched.pipeline import compile_model
 from tests.memory_plan import plan_activations
 
 
@@ -50,8 +48,8 @@ def test_chain_reuses_two_blocks():
 
 
 @pytest.mark.parametrize("name", ["resnet18-small", "bert-tiny", "mobilenetv2"])
-def test_zoo_plans_are_safe_and_smaller(name):
-    manifest = compile_model(models.build(name)).manifest
+def test_zoo_plans_are_safe_and_smaller(name, compiled):
+    manifest = compiled.artifact(name).manifest
     keep = {b.tensor for b in manifest.outputs}
     plan = plan_activations(manifest.layers, manifest.tensors, keep)
     assert_no_live_overlap(manifest.layers, plan, keep)

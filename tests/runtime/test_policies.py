@@ -71,16 +71,14 @@ def test_colocation_waits_for_its_own_stream_and_reads_the_monitor_only_when_ask
     assert len(reads) == 1  # the fastest policy never reads the monitor
 
 
-def test_the_serial_policy_runs_requests_one_at_a_time_through_a_runtime(tmp_path):
+def test_the_serial_policy_runs_requests_one_at_a_time_through_a_runtime(tmp_path, compiled):
     """fcfs end to end: answers are right and its latencies are counted from submit() in Python."""
     import numpy as np
 
     from tvmsched import models
-    from tvmsched.pipeline import compile_model
     from tvmsched.runtime import Executor, Runtime
 
-    path = tmp_path / "mlp.tvms"
-    compile_model(models.build("mlp"), name="mlp").save(path)
+    path = compiled("mlp")  # shared, read only
     x = models.random_inputs(models.build("mlp"), seed=1)
     expected = Executor(path).run(x)
     with Runtime("cpu", policy="fcfs") as rt:

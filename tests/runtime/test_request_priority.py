@@ -6,25 +6,21 @@ import time
 import numpy as np
 import pytest
 
-from tests.helpers import onnxruntime_outputs
 from tvmsched import models
 from tvmsched.errors import TvmschedError
-from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Runtime
 
 
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("priority")
+def artifacts(compiled):
     built = {}
     for name in ("mlp", "bert-tiny"):
         model = models.build(name)
-        compile_model(model, name=name).save(folder / f"{name}.tvms")
-        built[name] = (model, folder / f"{name}.tvms")
+        built[name] = (model, compiled(model, name=name))  # shared, read only
     return built
 
 
-def test_a_real_time_request_of_a_best_effort_model_preempts_the_others_but_not_its_own(artifacts):
+def test_a_real_time_request_of_a_best_effort_model_preempts_the_others_but_not_its_own(artifacts, reference):
     (mlp_onnx, mlp_path), (bert_onnx, bert_path) = artifacts["mlp"], artifacts["bert-tiny"]
     with Runtime("cpu") as rt:
         mlp, bert = rt.load(mlp_path, name="mlp"), rt.load(bert_path, name="bert")
@@ -38,8 +34,8 @@ def test_a_real_time_request_of_a_best_effort_model_preempts_the_others_but_not_
             [f.result(timeout=60) for f in ahead]
             if bert.task.preemptions:
                 break
-        np.testing.assert_allclose(answer["output"], onnxruntime_outputs(mlp_onnx, x)["output"], rtol=1e-4, atol=1e-5)
-        want = onnxruntime_outputs(bert_onnx, h)
+        np.testing.assert_allclose(answer["output"], reference(mlp_onnx, x)["output"], rtol=1e-4, atol=1e-5)
+        want = reference(bert_onnx, h)
         for out in outputs:  # preempted and resumed: still right
             for name, value in want.items():
                 np.testing.assert_allclose(out[name], value, rtol=1e-3, atol=1e-4)
@@ -54,7 +50,7 @@ def test_a_real_time_request_of_a_best_effort_model_preempts_the_others_but_not_
             rt.submit(mlp, x, priority="urgent")
 
 
-def test_a_request_still_queued_at_its_deadline_fails_instead_of_starting_late(artifacts):
+def test_a_request_still_queued_at_its_deadline_fails_instead_of_starting_late(artifacts, reference):
     mlp_onnx, mlp_path = artifacts["mlp"]
     with Runtime("cpu") as rt:
         mlp = rt.load(mlp_path, name="mlp")
@@ -68,7 +64,7 @@ def test_a_request_still_queued_at_its_deadline_fails_instead_of_starting_late(a
         with pytest.raises(TvmschedError, match=r"model mlp: the request did not start within its deadline \(queued \d+ us, \d+ us past it\)"):
             late.result(timeout=60)
         assert late.request.started_us == 0  # it never ran
-        want = onnxruntime_outputs(mlp_onnx, x)["output"]
+        want = reference(mlp_onnx, x)["output"]
         for future in (roomy, plain):  # the stream goes on with the requests behind it
             np.testing.assert_allclose(future.result(timeout=60)["output"], want, rtol=1e-4, atol=1e-5)
         assert rt.stats()["mlp"]["errors"] == 1 and rt.stats()["mlp"]["requests"] == 2

@@ -13,9 +13,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import assert_user_error, run_cli
-from tvmsched import models
 from tvmsched.errors import TvmschedError
-from tvmsched.pipeline import compile_model
 from tvmsched.runtime import tiering
 from tvmsched.runtime.tiering import (Gpu, Plan, TierTask, Tier, Topology, format_plan, gpu_position, parse_bytes,
                                       plan_memory, split_layers)
@@ -461,10 +459,9 @@ def test_discover_reads_gpus_from_nvml(fake_machine, tmp_path, monkeypatch):
 # ---- a real artifact and the CLI ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def mlp(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiering") / "mlp.tvms"
-    compile_model(models.build("mlp"), name="mlp").save(path)
-    return path
+def mlp(compiled, tmp_path_factory):
+    # a copy of the shared artifact named mlp.tvms: a task is named by its artifact's file stem
+    return compiled.copy("mlp", tmp_path_factory.mktemp("tiering") / "mlp.tvms")
 
 
 def test_a_task_from_a_real_artifact(mlp):
@@ -491,10 +488,10 @@ def test_a_task_from_a_real_artifact(mlp):
     assert plan.order == "forward" and plan.placements[0] == tiering.Placement("mlp", 0, 10, task.subtask_bytes[0])
 
 
-def test_cli_plan_memory_json(mlp, tmp_path):
+def test_cli_plan_memory_json(mlp, tmp_path, cli):
     (tmp_path / "top.json").write_text(json.dumps(GOOD))
-    result = run_cli("plan-memory", "--topology", tmp_path / "top.json", "--task", mlp, "--task-bytes", "llm=100GiB",
-                     "--task-bytes", "vit=70GiB", "--json")
+    result = cli("plan-memory", "--topology", tmp_path / "top.json", "--task", mlp, "--task-bytes", "llm=100GiB",
+                 "--task-bytes", "vit=70GiB", "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["order"] == "reverse"  # three tasks on two GPUs
@@ -505,7 +502,7 @@ def test_cli_plan_memory_json(mlp, tmp_path):
     assert all(g["extra_bytes"] == load[i] - 80 * GiB for i, g in gpus.items())
     assert gpus[0]["shares"] == {"dram": 256 * GiB, "cxl": 128 * GiB, "disk": 1024 * GiB}
     assert all(sum(g["uses"].values()) == max(g["extra_bytes"], 0) and g["uses"]["cxl"] == 0 for g in gpus.values())
-    text = run_cli("plan-memory", "--topology", "auto", "--disk-dir", tmp_path, "--task-bytes", "a=1MiB")
+    text = cli("plan-memory", "--topology", "auto", "--disk-dir", tmp_path, "--task-bytes", "a=1MiB")
     assert text.returncode == 0 and "order forward" in text.stdout and f"disk {tmp_path}" in text.stdout, text.stderr
 
 

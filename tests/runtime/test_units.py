@@ -9,7 +9,6 @@ import pytest
 from tests.helpers import cuda_available
 from tvmsched import models
 from tvmsched.artifact.format import Artifact
-from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor, native
 
 
@@ -22,14 +21,14 @@ def with_limited_candidate(artifact: Artifact, units: int) -> Artifact:
     return Artifact(dataclasses.replace(artifact.manifest, layers=layers), artifact.library, artifact.weights)
 
 
-def test_cpu_candidates_set_the_thread_pool_size():
+def test_cpu_candidates_set_the_thread_pool_size(compiled):
     from tvmsched.runtime import native
 
     def num_threads():  # the calling thread's parallel loops: the engine's pool (runtime/native/src/cpu_pool.cc)
         return native.cpu_pool()["threads"]
 
     model = models.build("mlp")
-    executor = Executor(with_limited_candidate(compile_model(model), units=1))
+    executor = Executor(with_limited_candidate(compiled.artifact("mlp"), units=1))
     inputs = models.random_inputs(model)
     full = executor.run(inputs, [0] * len(executor.manifest.layers))
     assert num_threads() == int(os.environ["TVM_NUM_THREADS"])
@@ -40,9 +39,9 @@ def test_cpu_candidates_set_the_thread_pool_size():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not cuda_available(), reason="no CUDA device")
-def test_cuda_candidates_run_in_green_contexts():
+def test_cuda_candidates_run_in_green_contexts(compiled):
     model = models.build("resnet18-small")
-    executor = Executor(with_limited_candidate(compile_model(model, target="cuda"), units=16))
+    executor = Executor(with_limited_candidate(compiled.artifact("resnet18-small", target="cuda"), units=16))
     inputs = models.random_inputs(model)
     n = len(executor.manifest.layers)
     full = executor.run(inputs, [0] * n)
