@@ -17,22 +17,15 @@ import numpy as np
 import pytest
 
 from tests.helpers import held_mid_request
-from tvmsched import models
 from tvmsched.errors import TvmschedError
 from tvmsched.runtime.native import func
-from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor, Runtime, load
 from tvmsched.runtime.switching import SwitchSettings, footprint
 
 
 @pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("budgets")
-    paths = {}
-    for name in ("resnet18-small", "mobilenetv2", "bert-tiny"):
-        paths[name] = folder / f"{name}.tvms"
-        compile_model(models.build(name), name=name).save(paths[name])
-    return paths
+def zoo(compiled):
+    return {name: compiled(name) for name in ("resnet18-small", "mobilenetv2", "bert-tiny")}  # shared, read only
 
 
 def _direct(path, inputs):
