@@ -275,10 +275,14 @@ class Runtime:
                                 "no device memory is left to stream it through")
         if self._tier_shares is None:
             self._tier_shares = TierShares(self._tiering)
-        executor = Executor(artifact, self.device, trusted_keys=self._trusted_keys,
-                            tiered={"device_bytes": room, "buffer_bytes": self._tiering.buffer_bytes,
-                                    "tiers": self._tier_shares.engine_tiers(), "in_flight": self._max_in_flight},
-                            memory_scope=self._memory_scope)
+        try:
+            executor = Executor(artifact, self.device, trusted_keys=self._trusted_keys,
+                                tiered={"device_bytes": room, "buffer_bytes": self._tiering.buffer_bytes,
+                                        "tiers": self._tier_shares.engine_tiers(), "in_flight": self._max_in_flight},
+                                memory_scope=self._memory_scope)
+        except TvmschedError as err:  # the engine's line says what streaming needs; the user set the budget
+            raise TvmschedError(f"{err} (model {name} is larger than the Runtime's memory budget of "
+                                f"{self._memory_budget} bytes, {room} of them left to stream it through)") from None
         info = native.tiering_info(executor.native)
         self._tier_shares.take(info)
         log.info("model %s is larger than the memory budget: %d bytes of its weights stay on the device, the rest "
