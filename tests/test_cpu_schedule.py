@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from tvm import tirx
 
-from tests.helpers import make_model, onnxruntime_outputs
+from tests.helpers import make_model
 from tvmsched.lower import cpu_schedule
 from tvmsched.frontend import loader as frontend
 from tvmsched.lower import relax as lowering
@@ -37,11 +37,11 @@ CASES = [(32, 128, 2, 5), (136, 136, 4, 1), (68, 136, 2, 1), (12, 24, 12, 3), (3
 
 
 @pytest.mark.parametrize("cin,cout,groups,k", CASES)
-def test_grouped_convolutions_match_onnxruntime(cin, cout, groups, k):
+def test_grouped_convolutions_match_onnxruntime(reference, cin, cout, groups, k):
     model, feeds = grouped_conv(cin, cout, groups, k)
     artifact = compile_model(model)
     got = Executor(artifact).run(feeds)["y"]
-    want = onnxruntime_outputs(model, feeds)["y"]
+    want = reference(model, feeds)["y"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
     width = cout // groups
     padded = lowering.padded_group_width(width) is not None
@@ -65,7 +65,7 @@ def test_grouped_convolutions_take_the_tiled_rule(cin, cout, groups, k):
         assert "vectorize" in str(sch.trace) and "parallel" in str(sch.trace)
 
 
-def test_padding_is_a_parallel_vectorized_copy_not_a_test_per_multiply_add():
+def test_padding_is_a_parallel_vectorized_copy_not_a_test_per_multiply_add(reference):
     """Inlined into the reduction, the padding's bounds test ran per multiply-add (ResNet-18's 3x3 convs 2.2x
     slower): the padded copy is made first, parallel and vectorized; unpadded producers and the padding of
     a depthwise conv are still inlined."""
@@ -83,7 +83,7 @@ def test_padding_is_a_parallel_vectorized_copy_not_a_test_per_multiply_add():
             kinds = {int(sch.get(loop).kind) for loop in sch.get_loops(sch.get_sblock("pad_temp"))}
             assert {int(tirx.ForKind.PARALLEL), int(tirx.ForKind.VECTORIZED)} <= kinds, kinds
         got = Executor(compile_model(model)).run(feeds)["y"]
-        np.testing.assert_allclose(got, onnxruntime_outputs(model, feeds)["y"], rtol=1e-4, atol=1e-3)
+        np.testing.assert_allclose(got, reference(model, feeds)["y"], rtol=1e-4, atol=1e-3)
 
 
 def dense(n: int, gemm: bool, seed: int = 0):
@@ -112,7 +112,7 @@ def weight_shapes(model, target) -> dict[str, list[tuple[int, ...]]]:
 
 
 @pytest.mark.parametrize("n,gemm", [(64, False), (64, True), (48, False), (7, False), (7, True)])
-def test_dense_weights_are_packed_at_compile_time(n, gemm):
+def test_dense_weights_are_packed_at_compile_time(reference, n, gemm):
     """A constant weight [K, N] is read packed as [N / tv, K, tv] (tv: the vector tile on N), so one output
     tile's weights are contiguous (a 128x1408x512 matmul 1.33x faster); N with no vector tile stays [K, N]."""
     model, feeds = dense(n, gemm)
@@ -123,10 +123,10 @@ def test_dense_weights_are_packed_at_compile_time(n, gemm):
     want = (n // tiles[0], 24, tiles[0]) if tiles else (24, n)
     assert want in shapes, shapes
     got = Executor(compile_model(model)).run(feeds)["y"]
-    np.testing.assert_allclose(got, onnxruntime_outputs(model, feeds)["y"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, reference(model, feeds)["y"], rtol=1e-5, atol=1e-5)
 
 
-def test_convolution_weights_are_packed_at_compile_time():
+def test_convolution_weights_are_packed_at_compile_time(reference):
     """One-group NHWC convolutions read HWIO weights packed as [CO / tv, KH, KW, CI, tv]; grouped ones keep
     HWIO (their tile spans one group); strided, dilated and asymmetrically padded ones match onnxruntime."""
     target = make_target("llvm")
@@ -146,7 +146,7 @@ def test_convolution_weights_are_packed_at_compile_time():
                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, *out])], [weight])
         feeds = {"x": rng.standard_normal((1, 8, 11, 13)).astype(np.float32)}
         got = Executor(compile_model(model)).run(feeds)["y"]
-        np.testing.assert_allclose(got, onnxruntime_outputs(model, feeds)["y"], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(got, reference(model, feeds)["y"], rtol=1e-4, atol=1e-4)
 
 
 def test_cuda_keeps_the_weight_layouts():
