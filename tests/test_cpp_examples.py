@@ -17,9 +17,8 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import ROOT, assert_user_error, free_port, onnxruntime_outputs, start_server, stop_server
+from tests.helpers import ROOT, assert_user_error, free_port, start_server, stop_server
 from tvmsched import models
-from tvmsched.pipeline import compile_model
 
 BUILD = ROOT / "build" / "cpp"
 PACKAGES = ("libcpp-httplib-dev", "nlohmann-json3-dev", "prometheus-cpp-dev")
@@ -50,12 +49,10 @@ def cpp_build() -> Path:
 
 
 @pytest.fixture(scope="module")
-def mlp(tmp_path_factory):
-    """The zoo's mlp: (ONNX model, artifact path, inputs)."""
+def mlp(compiled):
+    """The zoo's mlp: (ONNX model, artifact path (shared, read only), inputs)."""
     model = models.build("mlp")
-    path = tmp_path_factory.mktemp("cpp") / "mlp.tvms"
-    compile_model(model, name="mlp").save(path)
-    return model, path, models.random_inputs(model, seed=0)
+    return model, compiled(model, name="mlp"), models.random_inputs(model, seed=0)
 
 
 def _sample(metrics_text: str, name: str, **labels) -> float:
@@ -67,13 +64,13 @@ def _sample(metrics_text: str, name: str, **labels) -> float:
     raise KeyError(f"{name}{labels} not in:\n{metrics_text}")
 
 
-def test_tvmsched_run_matches_onnxruntime(cpp_build, mlp, tmp_path):
+def test_tvmsched_run_matches_onnxruntime(cpp_build, mlp, tmp_path, reference):
     model, artifact, inputs = mlp
     np.savez(tmp_path / "in.npz", **inputs)
     result = subprocess.run([str(cpp_build / "tvmsched_run"), str(artifact), str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    expected = onnxruntime_outputs(model, inputs)
+    expected = reference(model, inputs)
     with np.load(tmp_path / "out.npz") as outputs:
         assert sorted(outputs.files) == sorted(expected)
         for name, value in expected.items():
@@ -94,7 +91,7 @@ def test_tvmsched_run_bad_input_is_one_error_line(cpp_build, mlp, tmp_path):
     assert not (tmp_path / "out.npz").exists()
 
 
-def test_tvmsched_server_infers_and_counts(cpp_build, mlp):
+def test_tvmsched_server_infers_and_counts(cpp_build, mlp, reference):
     model, artifact, inputs = mlp
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -102,7 +99,7 @@ def test_tvmsched_server_infers_and_counts(cpp_build, mlp):
     try:
         reply = httpx.post(f"{base}/v1/models/mlp/infer", json={"inputs": {k: v.tolist() for k, v in inputs.items()}}, timeout=60)
         assert reply.status_code == 200, reply.text
-        expected = onnxruntime_outputs(model, inputs)["output"]
+        expected = reference(model, inputs)["output"]
         np.testing.assert_allclose(np.array(reply.json()["outputs"]["output"], dtype=np.float32), expected, rtol=1e-4, atol=1e-4)
 
         _assert_one_request_counted(base)
@@ -145,7 +142,7 @@ def test_python_server_metrics(mlp, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def gather(tmp_path_factory):
+def gather(tmp_path_factory, compiled):
     """A Gather over a 5x6 table, compiled and signed: (artifact, public key, other public key, unsigned artifact)."""
     from onnx import TensorProto, helper, numpy_helper
 
@@ -157,7 +154,7 @@ def gather(tmp_path_factory):
     model = make_model([helper.make_node("Gather", ["d", "i"], ["y"], name="lookup")],
                        [helper.make_tensor_value_info("i", TensorProto.INT64, [3])],
                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 6])], [table])
-    artifact = compile_model(model, name="gather")
+    artifact = compiled.artifact(model, name="gather")  # saved (signed and not) into a folder of its own
     private, public, _ = generate_keys(folder / "me")
     _, other, _ = generate_keys(folder / "other")
     artifact.save(folder / "gather.tvms", load_private_key(private))

@@ -13,7 +13,6 @@ from tvmsched.lower import kernels
 from tvmsched.passes.preempt_flag import FLAG_LEN, instrument
 from tvmsched.passes.progress import CPU_ADD, CPU_SOURCE, PARAM, count_progress
 from tvmsched.pipeline import compile_model, lower_model
-from tests.helpers import onnxruntime_outputs
 
 
 def test_every_thread_counts_its_block_once_at_the_end():
@@ -76,9 +75,9 @@ def test_cpu_kernels_count_every_parallel_iteration_that_ran():
     assert counter.numpy().tolist() == [0, 2 * 24]
 
 
-def test_cpu_artifacts_count_the_blocks_of_every_layer():
+def test_cpu_artifacts_count_the_blocks_of_every_layer(compiled, reference):
     model = models.build("mlp")
-    artifact = compile_model(model, progress_counters=True)
+    artifact = compiled.artifact("mlp", progress_counters=True)
     from tvmsched.runtime import Executor
 
     executor = Executor(artifact)
@@ -87,7 +86,7 @@ def test_cpu_artifacts_count_the_blocks_of_every_layer():
     outputs = executor.run(inputs)
     expected = [layer.candidates[0].progress_blocks for layer in artifact.manifest.layers]
     assert executor.completed_blocks() == expected and all(b >= 1 for b in expected)
-    for name, want in onnxruntime_outputs(model, inputs).items():
+    for name, want in reference(model, inputs).items():
         np.testing.assert_allclose(outputs[name], want, rtol=1e-4, atol=1e-4)
 
 

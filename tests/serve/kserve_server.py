@@ -25,30 +25,39 @@ class Served:
     grpc: str
     repository: Path
     onnx: dict  # served name -> ModelProto
+    references: object = None  # the session's `reference` fixture, if the caller passed it
 
     def reference(self, name: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.references is not None:
+            return self.references(self.onnx[name], inputs)
         return onnxruntime_outputs(self.onnx[name], inputs)
 
 
-def build_repository(folder: Path) -> dict:
+def build_repository(folder: Path, compiled=None) -> dict:
+    """The repository's artifacts: copies of the session's shared ones when `compiled` (the fixture) is given."""
     onnx = {}
     for name, config in MODELS.items():
         model = models.build(ZOO[name])
         (folder / name).mkdir(parents=True)
-        compile_model(model, name=name).save(folder / name / f"{name}.tvms")
+        if compiled is not None:
+            compiled.copy(model, folder / name / f"{name}.tvms", name=name)
+        else:
+            compile_model(model, name=name).save(folder / name / f"{name}.tvms")
         (folder / name / "config.json").write_text(json.dumps(config))
         onnx[name] = model
     return onnx
 
 
-def start(folder: Path, *extra: str) -> Served:
-    """Build the repository in `folder` and serve it; waits (at most 300 s) until /v2/health/ready answers 200."""
-    onnx = build_repository(folder / "repo")
+def start(folder: Path, *extra: str, compiled=None, reference=None) -> Served:
+    """Build the repository in `folder` and serve it; waits (at most 300 s) until /v2/health/ready answers 200.
+    `compiled` and `reference` (the session's fixtures, optional): the artifacts and onnxruntime outputs from the
+    shared cache."""
+    onnx = build_repository(folder / "repo", compiled)
     http, grpc = free_port(), free_port()
     command = [sys.executable, "-m", "tvmsched.cli", "serve", "--model-repository", str(folder / "repo"),
                "--port", str(http), "--grpc-port", str(grpc), *extra]
     process = start_server(command, f"http://127.0.0.1:{http}", ready="/v2/health/ready")
-    return Served(process, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", folder / "repo", onnx)
+    return Served(process, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", folder / "repo", onnx, reference)
 
 
 def stop(served: Served) -> None:

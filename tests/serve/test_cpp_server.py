@@ -16,10 +16,9 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.helpers import ROOT, assert_user_error, free_port, onnxruntime_outputs, start_server, stop_server
+from tests.helpers import ROOT, assert_user_error, free_port, start_server, stop_server
 from tests.test_cpp_examples import cpp_build  # noqa: F401 (the fixture: `make cpp` once)
 from tvmsched import models
-from tvmsched.pipeline import compile_model
 
 tritonclient_http = pytest.importorskip("tritonclient.http")
 InferenceServerException = pytest.importorskip("tritonclient.utils").InferenceServerException
@@ -31,19 +30,17 @@ NV_COUNTERS = ("nv_inference_request_success", "nv_inference_request_failure", "
 
 
 @pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
-    """Per served name: (artifact, inputs, onnxruntime's outputs, footprint when switched in)."""
+def zoo(compiled, reference):
+    """Per served name: (artifact (shared, read only), inputs, onnxruntime's outputs, footprint when switched in)."""
     from tvmsched.runtime import Executor
     from tvmsched.runtime.switching import footprint
 
-    folder = tmp_path_factory.mktemp("cpp-server")
     out = {}
     for index, (name, zoo_name) in enumerate(MODELS.items()):
         model = models.build(zoo_name)
-        path = folder / f"{name}.tvms"
-        compile_model(model, name=zoo_name).save(path)
+        path = compiled(model, name=zoo_name)
         inputs = models.random_inputs(model, seed=index)
-        out[name] = (path, inputs, onnxruntime_outputs(model, inputs), footprint(Executor(path, register_groups=8)))
+        out[name] = (path, inputs, reference(model, inputs), footprint(Executor(path, register_groups=8)))
     return out
 
 

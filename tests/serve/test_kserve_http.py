@@ -20,8 +20,8 @@ from tests.serve.kserve_server import bert_input, mlp_input
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    served = kserve_server.start(tmp_path_factory.mktemp("kserve_http"))
+def server(tmp_path_factory, compiled, reference):
+    served = kserve_server.start(tmp_path_factory.mktemp("kserve_http"), compiled=compiled, reference=reference)
     yield served
     kserve_server.stop(served)
 
@@ -318,8 +318,8 @@ def test_a_bad_repository_config_is_one_error_line(server, tmp_path, config, fra
                               "--grpc-port", "0", timeout=120), fragment)
 
 
-def test_trust_refuses_an_unsigned_artifact(server, tmp_path):
-    keys = run_cli("keys", "generate", str(tmp_path / "me"), timeout=120)
+def test_trust_refuses_an_unsigned_artifact(server, tmp_path, cli):
+    keys = cli("keys", "generate", str(tmp_path / "me"))
     assert keys.returncode == 0, keys.stderr
     artifact = server.repository / "mlp" / "mlp.tvms"  # not signed
     assert_user_error(run_cli("serve", "--model", f"m={artifact}", "--trust", str(tmp_path / "me.pub"),
