@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.helpers import assert_user_error, onnxruntime_outputs, run_cli
+from tests.helpers import assert_user_error, run_cli
 from tvmsched import models
 from tvmsched.errors import TvmschedError
 from tvmsched.tune.kit_build import build_kit, import_results, record_units
@@ -48,7 +48,7 @@ def test_every_sample_is_measured_at_every_unit_count_and_stored(measured):
     assert all(1 <= len(entry["samples"]) <= SAMPLES for entry in kit["funcs"])
 
 
-def test_candidates_from_measured_records_follow_the_rules_and_match_onnxruntime(measured):
+def test_candidates_from_measured_records_follow_the_rules_and_match_onnxruntime(measured, reference):
     model, tmp, _, results, db, _ = measured
     artifact = compile_model(model, qos_ms=QOS_MS, database=db)
     layers = artifact.manifest.layers
@@ -63,7 +63,7 @@ def test_candidates_from_measured_records_follow_the_rules_and_match_onnxruntime
     assert sum(layer.qos_bound_us for layer in layers) == pytest.approx(QOS_MS * 1e3, rel=1e-3)
     executor = Executor(artifact)
     inputs = models.random_inputs(model, seed=3)
-    expected = onnxruntime_outputs(model, inputs)["output"]
+    expected = reference(model, inputs)["output"]
     for choice in (0, 1):
         ids = [min(choice, len(layer.candidates) - 1) for layer in layers]
         np.testing.assert_allclose(executor.run(inputs, ids)["output"], expected, rtol=1e-4, atol=1e-5)
@@ -82,14 +82,14 @@ def test_qos_without_measured_records_is_a_clear_error(tmp_path):
         compile_model(models.build("tiny"), qos_ms=5.0, database=f"sqlite:///{tmp_path / 'empty.db'}")
 
 
-def test_cli_round_trip_and_bad_inputs(measured, tmp_path):
+def test_cli_round_trip_and_bad_inputs(measured, tmp_path, cli):
     _, tmp, _, results, _, _ = measured
     model = tmp_path / "tiny.onnx"
     models.save("tiny", model)
     kit = tmp_path / "kit"
-    out = run_cli("tune", "kit", model, "--target", "llvm", "--samples", "2", "--fresh", "-o", kit)
+    out = cli("tune", "kit", model, "--target", "llvm", "--samples", "2", "--fresh", "-o", kit)
     assert out.returncode == 0 and "1 layers" in out.stdout, out.stderr
-    out = run_cli("tune", "measure", kit, "-o", tmp_path / "r.json", "--units", "1")
+    out = cli("tune", "measure", kit, "-o", tmp_path / "r.json", "--units", "1")
     assert out.returncode == 0 and json.loads((tmp_path / "r.json").read_text())["units"] == [1], out.stderr
     assert_user_error(run_cli("tune", "measure", kit, "-o", tmp_path / "x.json", "--units", "0,1"), "outside 1..")
     assert_user_error(run_cli("tune", "measure", tmp_path, "-o", tmp_path / "x.json"), "not a measurement kit")

@@ -57,7 +57,7 @@ def tracker():
             proc.wait(10)
 
 
-def test_tuning_measures_through_rpc(tracker, tmp_path):
+def test_tuning_measures_through_rpc(tracker, tmp_path, cli):
     model, db = tmp_path / "tiny.onnx", f"sqlite:///{tmp_path / 'rpc.db'}"
     onnx.save(models.build("tiny"), model)
     result = run_cli("compile", model, "--tune-trials", "4", "--db", db, "--rpc", tracker)
@@ -65,7 +65,7 @@ def test_tuning_measures_through_rpc(tracker, tmp_path):
     # searched through the RPC runner: the tuned kernel, or the default where that measured faster (machine speed)
     assert "1 layers tuned" in result.stdout or "1 kept the faster default schedule" in result.stdout, result.stdout
     assert json.loads(run_cli("db", "stats", "--db", db, "--json").stdout)["records"] >= 1
-    check = run_cli("run", tmp_path / "tiny.tvms", "--check", model)
+    check = cli("run", tmp_path / "tiny.tvms", "--check", model)
     assert check.returncode == 0 and "-> OK" in check.stdout
 
 
