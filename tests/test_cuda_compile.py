@@ -21,9 +21,9 @@ def cuda_artifact(tmp_path_factory):
     return model_path, artifact
 
 
-def test_cuda_artifact_manifest(cuda_artifact):
+def test_cuda_artifact_manifest(cuda_artifact, cli):
     _, artifact = cuda_artifact
-    manifest = json.loads(run_cli("inspect", artifact, "--json").stdout)
+    manifest = json.loads(cli("inspect", artifact, "--json").stdout)
     assert manifest["device"] == "cuda"
     assert manifest["target"] == {"tag": "nvidia/nvidia-h100"}
     assert all(layer["candidates"][0]["schedule"] == "dlight" for layer in manifest["layers"])

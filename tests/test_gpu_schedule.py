@@ -11,7 +11,6 @@ import re
 import numpy as np
 import pytest
 
-from tests.helpers import run_cli
 from tvmsched import models
 from tvmsched.lower import gpu_schedule
 from tvmsched.lower import kernels
@@ -158,14 +157,8 @@ def test_sm_count_override(monkeypatch):
         gpu_sms(target)
 
 
-def test_inspect_shows_sms_and_waves(tmp_path):
-    import onnx
-
-    model = tmp_path / "m.onnx"
-    onnx.save(models.build("bert-tiny"), model)
-    result = run_cli("compile", model, "--target", "cuda", "-o", tmp_path / "m.tvms")
-    assert result.returncode == 0, result.stderr
-    text = run_cli("inspect", tmp_path / "m.tvms").stdout
+def test_inspect_shows_sms_and_waves(compiled, cli):
+    text = cli("inspect", compiled("bert-tiny", target="cuda")).stdout
     assert f"tiled for {H100_SMS} SMs" in text
     waves = [float(w) for w in re.findall(r" \d+b (\d+\.\d+)w ", text)]
     assert waves and max(waves) >= 1.0

@@ -17,7 +17,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.helpers import onnxruntime_outputs, run_cli
+from tests.helpers import onnxruntime_outputs
 from tvmsched.cli.compare import onnxruntime_session
 from tvmsched import models
 from tvmsched.pipeline import compile_file
@@ -81,19 +81,19 @@ def test_light_model_weights_are_seeded_and_finite() -> None:
     assert all(np.isfinite(o).all() for o in outputs)
 
 
-def test_cli_builds_a_dynamic_export_compiles_it_with_input_shapes_and_checks_it(tmp_path) -> None:
+def test_cli_builds_a_dynamic_export_compiles_it_with_input_shapes_and_checks_it(tmp_path, cli) -> None:
     """`tvmsched models build` of a real model prints the --input-shape options its dynamic axes need;
     compiling with them and `run --check` against onnxruntime passes."""
     spec = models.REAL_MODELS["bert-4l"]
     onnx_path, artifact, inputs = tmp_path / "bert.onnx", tmp_path / "bert.tvms", tmp_path / "in.npz"
-    listed = run_cli("models", "list")
+    listed = cli("models", "list")
     assert listed.returncode == 0 and "bert-4l" in listed.stdout and "resnet50" in listed.stdout, listed.stderr
-    built = run_cli("models", "build", "bert-4l", "-o", onnx_path)
+    built = cli("models", "build", "bert-4l", "-o", onnx_path)
     assert built.returncode == 0, built.stderr
     assert spec.input_shape_options() in built.stdout
-    compiled = run_cli("compile", onnx_path, "-o", artifact, *spec.input_shape_options().split())
+    compiled = cli("compile", onnx_path, "-o", artifact, *spec.input_shape_options().split())
     assert compiled.returncode == 0, compiled.stderr
     np.savez(inputs, **models.real_inputs("bert-4l"))
-    checked = run_cli("run", artifact, "--inputs", inputs, "--check", onnx_path)
+    checked = cli("run", artifact, "--inputs", inputs, "--check", onnx_path)
     assert checked.returncode == 0, checked.stderr
     assert "-> OK" in checked.stdout
