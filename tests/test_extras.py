@@ -102,6 +102,8 @@ def test_a_real_architecture_without_the_models_extra_is_one_error_line(tmp_path
 def test_postgresql_without_the_db_extra_is_one_error_line():
     result = run_without(EXTRAS["db"], "db", "stats", "--db", "postgresql+psycopg://me@127.0.0.1:1/tuning")
     assert_user_error(result, "PostgreSQL", "'db' extra", "pip install 'tvmsched[db]'")
+    service = run_without(EXTRAS["db"], "db", "stats", "--db", "http://127.0.0.1:1")
+    assert_user_error(service, "database service", "'db' extra")
 
 
 def test_the_collectives_agent_without_the_collectives_extra_is_one_error():

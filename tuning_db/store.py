@@ -387,6 +387,9 @@ def open_store(url: str | None = None, token: str | None = None) -> Any:
     url = url or default_url()
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme in ("http", "https"):
+        from tvmsched.extras import require
+
+        require("db", f"the tuning database service {redact_url(url)}")
         from .client import RemoteStore
 
         return RemoteStore(url, token=token)

@@ -13,7 +13,7 @@ from tvmsched.errors import TvmschedError
 # extra -> the modules it brings that tvmsched imports (their pip packages are listed in pyproject.toml)
 EXTRAS: dict[str, tuple[str, ...]] = {
     "tune": ("xgboost", "tornado", "cloudpickle"),  # MetaSchedule's search: its cost model, its builder/runner pools
-    "db": ("psycopg",),  # PostgreSQL tuning databases (SQLite needs nothing more)
+    "db": ("psycopg", "httpx"),  # PostgreSQL tuning databases, the database service's client (SQLite: nothing more)
     "collectives": ("torch",),  # torch.distributed: the collectives' agent and process groups
     "models": ("torch",),  # exporting the real architectures (tvmsched models build resnet50, ...)
 }
