@@ -127,11 +127,11 @@ def test_round_two_is_imported_and_compared_with_the_database_best(rounds):
                      r"\(sum of the layers' best [\d.e+-]+ -> [\d.e+-]+ us\)", line), line
 
 
-def test_compile_with_the_database_runs_the_rounds_records(rounds):
+def test_compile_with_the_database_runs_the_rounds_records(rounds, cli):
     out = rounds["tmp"] / "mlp.tvms"
     done = run_cli("compile", rounds["model"], "--db", rounds["db"], "-o", out)
     assert done.returncode == 0, done.stderr
-    result = run_cli("inspect", out, "--json")
+    result = cli("inspect", out, "--json")
     assert result.returncode == 0, result.stderr
     tuning_summary = json.loads(result.stdout)["tuning"]
     assert tuning_summary["records_only"] and tuning_summary["trials"] == 0  # nothing searched: the records alone
