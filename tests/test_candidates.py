@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 
-from tests.helpers import onnxruntime_outputs
 from tvmsched import models
 from tvmsched.tune.candidates import kept_units, qos_bounds
 from tvmsched.errors import TvmschedError
@@ -57,11 +56,11 @@ def test_candidate_sets_follow_the_rules(planned):
     assert any(len(layer.candidates) > 1 for layer in layers)  # the generous target keeps restricted units
 
 
-def test_every_candidate_matches_onnxruntime(planned):
+def test_every_candidate_matches_onnxruntime(planned, reference):
     model, _, artifact, _ = planned
     executor = Executor(artifact)
     inputs = models.random_inputs(model, seed=2)
-    expected = onnxruntime_outputs(model, inputs)["output"]
+    expected = reference(model, inputs)["output"]
     widest = max(len(layer.candidates) for layer in artifact.manifest.layers)
     for choice in range(widest):
         ids = [min(choice, len(layer.candidates) - 1) for layer in artifact.manifest.layers]
