@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.helpers import assert_user_error, onnxruntime_outputs, run_cli
+from tests.helpers import assert_user_error, run_cli
 from tvmsched import models, pipeline
 from tvmsched.tune import search as tuning
 from tvmsched.models.common import GraphBuilder, dense, make_model
@@ -52,9 +52,9 @@ def fake_timer(default_us: float, tuned_us: float):
     return lambda graph, target: lambda name, func: default_us if next(calls[name]) == 0 else tuned_us
 
 
-def check_against_onnxruntime(artifact, model) -> None:
+def check_against_onnxruntime(artifact, model, reference) -> None:
     inputs = models.random_inputs(model, seed=3)
-    expected = onnxruntime_outputs(model, inputs)["output"]
+    expected = reference(model, inputs)["output"]
     np.testing.assert_allclose(Executor(artifact).run(inputs)["output"], expected, rtol=1e-4, atol=1e-5)
 
 
@@ -139,7 +139,7 @@ def test_bad_budgets_are_user_errors(tmp_path, capsys):
 # ---- real MetaSchedule tuning into real SQLite databases ----------------------------------------------------
 
 
-def test_each_workload_is_tuned_once_seeded_and_kept_only_when_faster(tmp_path, monkeypatch):
+def test_each_workload_is_tuned_once_seeded_and_kept_only_when_faster(tmp_path, monkeypatch, reference):
     model, db = repeated_model(), f"sqlite:///{tmp_path / 'tuning.db'}"
     from tvmsched.tuning_db import open_store
 
@@ -155,7 +155,7 @@ def test_each_workload_is_tuned_once_seeded_and_kept_only_when_faster(tmp_path, 
     stats = open_store(db).stats()
     assert stats == {**stats, "workloads": 2, "records": summary["trials"] + 2}  # each workload once, plus its seed
     assert [layer.candidates[0].schedule for layer in first.manifest.layers] == ["tuned"] * (REPEATS + 1)
-    check_against_onnxruntime(first, model)
+    check_against_onnxruntime(first, model, reference)
     for workload in summary["layers"]:  # MetaSchedule's search started from the seeded default schedule
         log = "".join(p.read_text() for p in (tmp_path / "ms" / workload / "logs").glob("*task_0*"))
         assert "Picked top 1 candidate(s) from database" in log, workload
@@ -166,7 +166,7 @@ def test_each_workload_is_tuned_once_seeded_and_kept_only_when_faster(tmp_path, 
     assert [(e["status"], e["kernel"], e["trials"], e["best_us"]) for e in entries] == [("cached", "default", 0, 1.0)] * 2
     assert open_store(db).stats()["records"] == stats["records"]
     assert {layer.candidates[0].schedule for layer in second.manifest.layers} == {"default"}
-    check_against_onnxruntime(second, model)
+    check_against_onnxruntime(second, model, reference)
 
     # the database alone (no trials, no budget): its records, kept where faster, and no search
     monkeypatch.setattr(pipeline, "_layer_timer", fake_timer(default_us=3.0, tuned_us=2.0))
@@ -176,22 +176,22 @@ def test_each_workload_is_tuned_once_seeded_and_kept_only_when_faster(tmp_path, 
     assert [(e["status"], e["kernel"], e["trials"], e["best_us"]) for e in entries] == [("cached", "tuned", 0, 2.0)] * 2
     assert open_store(db).stats()["records"] == stats["records"]
     assert {layer.candidates[0].schedule for layer in third.manifest.layers} == {"tuned"}
-    check_against_onnxruntime(third, model)
+    check_against_onnxruntime(third, model, reference)
     empty = f"sqlite:///{tmp_path / 'empty.db'}"
     fourth = pipeline.compile_model(model, database=empty)
     entries = list(fourth.manifest.tuning["layers"].values())
     assert [(e["status"], e["kernel"], e["message"]) for e in entries] == [("skipped", "default", "no tuned record in the database")] * 2
     assert open_store(empty).stats()["records"] == 0
-    check_against_onnxruntime(fourth, model)
+    check_against_onnxruntime(fourth, model, reference)
 
 
-def test_budget_stops_at_the_deadline_and_keeps_the_faster_kernel(tmp_path):
+def test_budget_stops_at_the_deadline_and_keeps_the_faster_kernel(tmp_path, cli):
     model, db = tmp_path / "repeated.onnx", f"sqlite:///{tmp_path / 'budget.db'}"
     onnx.save(repeated_model(), model)
     budget_min = 0.1  # 6 s: about one search iteration on a 2-core machine
     result = run_cli("compile", model, "-o", tmp_path / "r.tvms", "--tune-minutes", budget_min, "--db", db)
     assert result.returncode == 0, result.stderr[-3000:]
-    manifest = json.loads(run_cli("inspect", tmp_path / "r.tvms", "--json").stdout)
+    manifest = json.loads(cli("inspect", tmp_path / "r.tvms", "--json").stdout)
     summary = manifest["tuning"]
     assert summary["tune_minutes"] == budget_min and summary["trials_per_layer"] is None
     assert summary["deadline_hit"] and summary["workloads"] == 2
@@ -216,13 +216,13 @@ def test_budget_stops_at_the_deadline_and_keeps_the_faster_kernel(tmp_path):
             assert e["kernel"] == "default"
         schedules = {layer["candidates"][0]["schedule"] for layer in manifest["layers"] if layer["func"] == name}
         assert schedules == ({"tuned"} if e["kernel"] == "tuned" else {"default"}), (name, schedules)
-    described = run_cli("inspect", tmp_path / "r.tvms").stdout
+    described = cli("inspect", tmp_path / "r.tvms").stdout
     assert "2 distinct workloads in 5 layers" in described and "trials/min" in described
     assert "for 2 distinct workloads in 5 layers" in result.stdout
 
     again = run_cli("compile", model, "-o", tmp_path / "again.tvms", "--db", db)  # --db alone: its records, no search
     assert again.returncode == 0, again.stderr[-3000:]
-    replayed = json.loads(run_cli("inspect", tmp_path / "again.tvms", "--json").stdout)["tuning"]
+    replayed = json.loads(cli("inspect", tmp_path / "again.tvms", "--json").stdout)["tuning"]
     assert replayed["records_only"] and replayed["trials"] == 0 and replayed["tune_minutes"] is None
     assert json.loads(run_cli("db", "stats", "--db", db, "--json").stdout)["records"] == records
     expected = {"tuned": {"cached"}, "skipped": {"skipped"}, "default-kept": {"cached", "skipped"}}  # kept: maybe no record but the seed
