@@ -5,7 +5,8 @@ tritonclient, HTTP and gRPC) run on the zoo's mlp with `python -P -m tvmsched.cl
 source folder ./tvmsched must not shadow the installed package). Neither torch, nor grpcio-tools, nor the packages of
 the `tune` and `db` extras may be installed there.
 
-About 40-60 s on 2 cores, most of it the offline install (apache-tvm alone unpacks ~300 MB) and TVM's imports.
+About 60 s on 2 cores: ~15 s for the offline install (`--no-compile`: byte-compiling apache-tvm's modules took it to
+60 s; the wheel alone unpacks ~300 MB), the rest five CLI processes that each import TVM and the server's start.
 """
 
 from __future__ import annotations
