@@ -5,8 +5,9 @@ tritonclient, HTTP and gRPC) run on the zoo's mlp with `python -P -m tvmsched.cl
 source folder ./tvmsched must not shadow the installed package). Neither torch, nor grpcio-tools, nor the packages of
 the `tune` and `db` extras may be installed there.
 
-About 60-90 s on 2 cores (over the 60 s aim): ~15 s for the offline install (`--no-compile`: byte-compiling apache-tvm's modules took it to
-60 s; the wheel alone unpacks ~300 MB), the rest five CLI processes that each import TVM and the server's start.
+About 60-90 s on 2 cores (over the 60 s aim): ~15 s for the offline install (`--no-compile`: byte-compiling
+apache-tvm's modules took it to 60 s; that wheel alone unpacks ~300 MB), the rest five CLI processes that each import
+TVM, and the server's start.
 """
 
 from __future__ import annotations
