@@ -47,8 +47,8 @@ def venv(tmp_path_factory) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
     python = folder / "bin" / "python"
     # this environment's pip installs into the new one (--python): no pip inside it, and no network
-    done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-compile", "--no-index",
-                           "--find-links", str(WHEELHOUSE), str(wheels[0])],
+    done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-compile",
+                           "--no-index", "--find-links", str(WHEELHOUSE), str(wheels[0])],
                           capture_output=True, text=True, env=_offline_env(), timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return folder

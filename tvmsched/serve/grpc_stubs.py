@@ -1,8 +1,8 @@
 """The gRPC stubs of proto/grpc_service.proto, generated when the package is built.
 
-The build (CMakeLists.txt, build_support/grpc_stubs.py) runs grpcio-tools, pinned in pyproject's [build-system].requires,
-and installs grpc_service_pb2.py and grpc_service_pb2_grpc.py into this package, so grpcio-tools is not needed at
-run time and the generated code matches the run-time protobuf's range. Their messages live in protobuf's default
+The build (CMakeLists.txt, build_support/grpc_stubs.py) runs grpcio-tools, pinned in pyproject's
+[build-system].requires, and installs grpc_service_pb2.py and grpc_service_pb2_grpc.py into this package, so
+grpcio-tools is not needed at run time and the generated code matches the run-time protobuf's range. Their messages live in protobuf's default
 pool under Triton's names (package `inference`): a process should not import these stubs and tritonclient.grpc's
 together.
 """
