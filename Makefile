@@ -4,29 +4,55 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TVMSCHED := $(VENV)/bin/tvmsched
 STAMP := $(VENV)/.installed
-ENGINE := tvmsched/lib/libtvmsched_engine.so
-ENGINE_SOURCES := $(wildcard runtime/native/CMakeLists.txt runtime/native/src/* runtime/native/include/tvmsched/* runtime/native/cmake/*)
 DEMO_MODEL ?= resnet18
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup demo test lint clean cpp
+# The package is built by scikit-build-core (pyproject.toml [tool.scikit-build], CMakeLists.txt): the engine
+# (C++17 on tvm-ffi; the CUDA driver API is declared in runtime/native/src/cuda_driver.h, libcuda is loaded at run
+# time), its headers and CMake package, and the gRPC stubs, installed into the package. `make setup` installs it
+# editable into .venv without build isolation (the build requirements are installed into .venv first) and with a
+# persistent build folder, so an engine edit rebuilds only what changed; it also builds the wheel once into the
+# wheelhouse with the wheels of its run-time dependencies (tests/test_wheel.py installs them offline).
+SKBUILD := --no-build-isolation -Cbuild-dir=build/{wheel_tag}
+export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
+ENGINE := $(VENV)/.engine
+ENGINE_SOURCES := $(wildcard CMakeLists.txt build_support/* runtime/native/CMakeLists.txt runtime/native/src/* \
+	runtime/native/include/tvmsched/* runtime/native/cmake/* tvmsched/serve/proto/*)
+WHEELHOUSE := build/wheelhouse
+WHEEL := $(WHEELHOUSE)/.wheel
+WHEEL_DEPS := $(WHEELHOUSE)/.deps
+PACKAGE_FILES := $(shell git ls-files tvmsched runtime passes tuning_db models 2>/dev/null)
+# a field of pyproject.toml, one requirement a line (xargs keeps ">=" away from the shell)
+PYPROJECT = $(PYTHON) -c 'import sys, tomllib; t = tomllib.load(open("pyproject.toml", "rb")); print(*eval(sys.argv[1]), sep="\n")'
 
-setup: $(STAMP) $(ENGINE)
+.PHONY: setup wheel demo test lint clean cpp
+
+setup: $(ENGINE) $(WHEEL) $(WHEEL_DEPS)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev]"
-	touch $(STAMP)
+	$(PYPROJECT) 't["build-system"]["requires"]' | xargs -d '\n' $(PY) -m pip install -q
+	$(PY) -m pip install -q $(SKBUILD) -e ".[dev]"
+	touch $(STAMP) $(ENGINE)
 
-# the native engine (C++17 on tvm-ffi; CUDA headers only, libcuda is loaded at run time)
+# an engine (or proto) edit: the editable install again, which rebuilds incrementally in build/<wheel tag> (not
+# right after $(STAMP)'s install, which built it)
 $(ENGINE): $(STAMP) $(ENGINE_SOURCES)
-	mkdir -p build && cmake -S runtime/native -B build/native -DPython_EXECUTABLE=$(abspath $(PY)) \
-		-Dtvm_ffi_DIR="$$($(PY) -m tvm_ffi.config --cmakedir)" \
-		-DTVMSCHED_TVM_LIBDIR="$$($(PY) -c 'import tvmsched.runtime.native as n; print(n.tvm_libdir())')" > build/native-cmake.log
-	cmake --build build/native -j2
-	rm -rf tvmsched/include tvmsched/cmake && cp -r runtime/native/include runtime/native/cmake tvmsched/  # shipped in the package
-	mkdir -p tvmsched/lib && cp build/native/libtvmsched_engine.so $(ENGINE).tmp && mv -f $(ENGINE).tmp $(ENGINE)  # a new inode: running processes keep theirs
+	if [ ! -e $@ ] || [ -n "$$(find $(ENGINE_SOURCES) -newer $@)" ]; then \
+		$(PY) -m pip install -q --no-deps $(SKBUILD) -e . && touch $@; fi
+
+# the wheel (the same build folder: only its install step runs again) and, once per pyproject.toml, the wheels of its
+# run-time dependencies (pip's cache keeps later downloads short)
+wheel: $(WHEEL)
+$(WHEEL): $(ENGINE) $(PACKAGE_FILES)
+	mkdir -p $(WHEELHOUSE) && rm -f $(WHEELHOUSE)/tvmsched-*.whl
+	$(PY) -m pip wheel -q --no-deps $(SKBUILD) -w $(WHEELHOUSE) .
+	touch $(WHEEL)
+$(WHEEL_DEPS): pyproject.toml $(STAMP)
+	mkdir -p $(WHEELHOUSE)
+	$(PYPROJECT) 't["project"]["dependencies"]' | xargs -d '\n' $(PY) -m pip download -q --only-binary=:all: -d $(WHEELHOUSE)
+	touch $(WHEEL_DEPS)
 
 # the C++ examples (examples/cpp, README "Embedding in C++"): build/cpp/tvmsched_run, build/cpp/tvmsched_server
 CPP_PACKAGES := libcpp-httplib-dev nlohmann-json3-dev prometheus-cpp-dev
@@ -64,4 +90,4 @@ test: setup lint
 	TVMSCHED_CPU_LAUNCHES=async $(PY) -m pytest -q -n $(PYTEST_WORKERS) $(ASYNC_TESTS)
 
 clean:
-	rm -rf out .pytest_cache
+	rm -rf out .pytest_cache $(WHEELHOUSE)

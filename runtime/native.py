@@ -13,6 +13,7 @@ import argparse
 import atexit
 import ctypes
 import functools
+import importlib.resources
 import importlib.util
 import os
 import threading
@@ -22,17 +23,30 @@ import tvm_ffi
 
 from tvmsched.errors import TvmschedError
 
-# lib/, include/, cmake/: the engine as `make setup` installs it, in the tvmsched package's folder
-PACKAGE_DIR = Path(importlib.util.find_spec("tvmsched").origin).resolve().parent
 LIB_NAME = "libtvmsched_engine.so"
 _lock = threading.Lock()
 _loaded = False
 
 
+def package_path(*parts: str) -> Path:
+    """A file or folder of the installed package that the build put there (lib/, include/, cmake/: CMake's install
+    step, pyproject.toml [tool.scikit-build]), found through the package's resources: the one package folder of a
+    wheel or an unzipped wheel (the GPU kit), or in an editable install the folder that holds it among the source
+    folder and site-packages (importlib.resources gives a multiplexed path there)."""
+    node = importlib.resources.files("tvmsched")
+    for part in parts:
+        node = node / part  # a multiplexed path picks the folder where the child exists
+    if isinstance(node, Path):
+        return node
+    # still several folders (editable: a source folder of the same name): the first, the one the build installed to
+    folders = [Path(p) for p in getattr(node, "_paths", ())]
+    return folders[0] if folders else Path(str(node))
+
+
 def library_path() -> Path:
-    """The engine library: $TVMSCHED_ENGINE_LIB, else tvmsched/lib/ (where `make setup` puts it)."""
+    """The engine library: $TVMSCHED_ENGINE_LIB, else the package's lib/ (installed there by the build)."""
     env = os.environ.get("TVMSCHED_ENGINE_LIB")
-    return Path(env) if env else PACKAGE_DIR / "lib" / LIB_NAME
+    return Path(env) if env else package_path("lib", LIB_NAME)
 
 
 def tvm_libdir() -> str:
@@ -71,7 +85,7 @@ def engine():
         if not _loaded:
             path = library_path()
             if not path.is_file():
-                raise TvmschedError(f"the native engine is not built ({path} missing): run `make setup`")
+                raise TvmschedError(f"the native engine is not built ({path} missing): run `make setup` (or pip install .)")
             ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
             tvm_ffi.get_global_func("tvmsched.engine.set_tvm_libdir")(tvm_libdir())
             _register_types()
@@ -238,9 +252,9 @@ def main() -> None:
     group.add_argument("--lib", action="store_true", help="the engine library itself")
     args = parser.parse_args()
     if args.cmakedir:
-        print(PACKAGE_DIR / "cmake")
+        print(package_path("cmake"))
     elif args.includedir:
-        print(PACKAGE_DIR / "include")
+        print(package_path("include"))
     elif args.libdir:
         print(library_path().parent)
     else:

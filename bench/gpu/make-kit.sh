@@ -5,14 +5,17 @@
 # `carry`, and start every device command with:  source .devkit/activate.sh
 # Usage (from the repo root, with the project's venv active):  bash bench/gpu/make-kit.sh
 #        bash bench/gpu/make-kit.sh --tvm-only DIR   # just DIR/tvm-runtime.tgz (tests unpack it to run without the compiler)
-# Project copy of ../shared/device/make-kit.sh: also packs a tvmsched wheel into the kit.
+# Project copy of ../shared/device/make-kit.sh: also packs the tvmsched wheel (build/wheelhouse, `make setup`) into
+# the kit; unzipped on the GPU machine, it finds its engine (tvmsched/lib) and TVM's runtime (../../tvm/lib) itself.
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 kit="$root/.devkit"
 tvm_only=
 if [ "${1:-}" = --tvm-only ]; then tvm_only=1; kit=${2:?usage: make-kit.sh --tvm-only DIR}; fi
 if [ -z "$tvm_only" ]; then
-  grep -qx '/.devkit/' "$root/.git/info/exclude" 2>/dev/null || echo '/.devkit/' >> "$root/.git/info/exclude"
+  exclude=$(git -C "$root" rev-parse --path-format=absolute --git-path info/exclude)  # a worktree's .git is a file
+  mkdir -p "$(dirname "$exclude")"
+  grep -qx '/.devkit/' "$exclude" 2>/dev/null || echo '/.devkit/' >> "$exclude"
   rm -rf "$kit"
 fi
 mkdir -p "$kit/wheels"
@@ -31,7 +34,10 @@ if [ -n "$tvm_only" ]; then rmdir "$kit/wheels" 2>/dev/null || true; exit 0; fi
 "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 -d "$kit/wheels" "apache-tvm-ffi==$ffi_ver"
-"$py" -m pip wheel -q --no-deps -w "$kit/wheels" "$root" >/dev/null
+# the same tvmsched wheel `make setup` built into build/wheelhouse (py3-none-linux_x86_64: the engine does not link
+# libpython, so the GPU machine's Python 3.12 takes it); `make wheel` brings it up to date with the checkout first
+make -C "$root" -s wheel >/dev/null
+cp "$root"/build/wheelhouse/tvmsched-*.whl "$kit/wheels/"
 (cd "$kit" && cksum tvm-runtime.tgz wheels/*.whl) > "$kit/stamp"
 cat > "$kit/activate.sh" <<'EOS'
 # Source at the start of a device command (from the repo root): installs the kit under /tmp/devkit-site,

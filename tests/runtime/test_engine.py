@@ -201,7 +201,8 @@ def test_the_engine_shortens_tvms_worker_spin_unless_the_user_set_it(mlp, given,
 def test_a_relocated_engine_looks_for_tvms_runtime_beside_itself_and_in_the_installed_packages(tmp_path):
     """On the H200 a C++ binary built here stopped with "cannot load TVM's runtime library from <this machine's venv
     path>": the engine knew only its build-time folder. Laid out as installed elsewhere (site/tvmsched/lib/ and
-    site/tvm/lib/), it now tries its own folder and site/tvm/lib first, and loads TVM's runtime from there."""
+    site/tvm/lib/), it now tries its own folder and site/tvm/lib, and loads TVM's runtime from there; no folder is
+    baked in at build time any more (the build may run in a throw-away environment: pip's build isolation)."""
     from tvmsched.runtime import native
 
     site = tmp_path / "site"
@@ -222,7 +223,7 @@ print(json.dumps({{"dirs": dirs, "units": int(info["total_units"])}}))
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout.strip().splitlines()[-1])
     lib = str(site / "tvmsched" / "lib")
-    assert found["dirs"][:2] == [lib, lib + "/../../tvm/lib"] and found["units"] >= 1
+    assert found["dirs"] == [lib, lib + "/../../tvm/lib"] and found["units"] >= 1
     assert os.path.isfile(os.path.join(found["dirs"][1], "libtvm_runtime.so"))
     env["TVMSCHED_TVM_LIBDIR"] = str(tmp_path / "nowhere")  # the variable still overrides, and a miss is one line
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)

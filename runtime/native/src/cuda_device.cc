@@ -1,7 +1,6 @@
 // CUDA device through the driver API, loaded at run time (libcuda.so.1), so the engine builds and runs
 // everywhere and needs a driver only where a GPU is. Kernels of TVM modules launch on the stream made
 // current with TVMFFIEnvSetStream; restricted-unit streams come from green contexts of k SMs.
-#include <cuda.h>
 #include <dlfcn.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/extra/c_env_api.h>
@@ -16,27 +15,19 @@
 #include <utility>
 #include <vector>
 
+#include "cuda_driver.h"
 #include "tvmsched/device.h"
 #include "tvmsched/sm_windows.h"
 
 namespace tvmsched {
 namespace {
 
+using namespace cuda_driver;  // NOLINT: the driver API's own names (cuda_driver.h), no CUDA toolkit needed
+
 /*! \brief The driver functions the engine uses, looked up by their versioned symbol names. */
 struct Driver {
-  // the X-macro list of driver calls, one line per group (not reflowed)
-  // clang-format off
-#define TVMSCHED_CU_FN(name) decltype(&::name) name = nullptr;
-#define TVMSCHED_CU_FNS(X)                                                                              \
-  X(cuInit) X(cuGetErrorString) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain)    \
-  X(cuCtxSetCurrent) X(cuMemGetInfo) X(cuMemAlloc) X(cuMemFree) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemHostRegister) X(cuMemHostUnregister)                     \
-  X(cuMemHostGetDevicePointer) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemsetD32Async)           \
-  X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamWaitEvent) X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange) X(cuStreamSynchronize) \
-  X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuEventDestroy)            \
-  X(cuDeviceGetDevResource) X(cuDevSmResourceSplitByCount) X(cuDevResourceGenerateDesc)                \
-  X(cuGreenCtxCreate) X(cuGreenCtxStreamCreate)
-  // clang-format on
-  TVMSCHED_CU_FNS(TVMSCHED_CU_FN)
+#define TVMSCHED_CU_FN(name, symbol, params) CUresult(*name) params = nullptr;
+  TVMSCHED_CUDA_DRIVER_CALLS(TVMSCHED_CU_FN)
 #undef TVMSCHED_CU_FN
 
   static Driver& Get() {
@@ -79,11 +70,9 @@ struct Driver {
   Driver() {
     void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
     if (lib == nullptr) TVM_FFI_THROW(TvmschedError) << "no CUDA driver on this machine (libcuda.so.1 not found)";
-    // the macros in cuda.h map names to their current versions (cuMemAlloc -> cuMemAlloc_v2)
-#define TVMSCHED_STR2(x) #x
-#define TVMSCHED_STR(x) TVMSCHED_STR2(x)
-#define TVMSCHED_CU_LOAD(name) name = reinterpret_cast<decltype(name)>(dlsym(lib, TVMSCHED_STR(name)));
-    TVMSCHED_CU_FNS(TVMSCHED_CU_LOAD)
+    // each call by the symbol the driver exports for it (cuMemAlloc -> cuMemAlloc_v2: cuda_driver.h)
+#define TVMSCHED_CU_LOAD(name, symbol, params) name = reinterpret_cast<decltype(name)>(dlsym(lib, symbol));
+    TVMSCHED_CUDA_DRIVER_CALLS(TVMSCHED_CU_LOAD)
 #undef TVMSCHED_CU_LOAD
     if (!cuInit || !cuMemAlloc || !cuEventQuery) TVM_FFI_THROW(TvmschedError) << "libcuda.so.1 lacks the driver API";
     Check(cuInit(0), "cuInit");

@@ -10,10 +10,6 @@
 
 #include "cpu_pool.h"
 
-#ifndef TVMSCHED_DEFAULT_TVM_LIBDIR
-#define TVMSCHED_DEFAULT_TVM_LIBDIR ""
-#endif
-
 namespace tvmsched {
 namespace {
 
@@ -50,14 +46,14 @@ void* OpenGlobal(const std::string& path) { return dlopen(path.c_str(), RTLD_NOW
 std::vector<std::string> TvmLibDirCandidates() {
   if (!lib_dir.empty()) return {lib_dir};
   if (const char* env = std::getenv("TVMSCHED_TVM_LIBDIR")) return {env};
-  // a binary built on one machine runs on another: look where the installed packages put TVM's runtime relative to
-  // the engine (shipped beside it, or site-packages/tvmsched/lib -> site-packages/tvm/lib) before the build's path
+  // no folder is baked in at build time (the build may run in a throw-away environment): look where the installed
+  // packages put TVM's runtime relative to the engine (shipped beside it, or site-packages/tvmsched/lib ->
+  // site-packages/tvm/lib); the Python side names the installed tvm's folder first (set_tvm_libdir)
   std::vector<std::string> dirs;
   if (std::string engine = EngineDir(); !engine.empty()) {
     dirs.push_back(engine);
     dirs.push_back(engine + "/../../tvm/lib");
   }
-  dirs.push_back(TVMSCHED_DEFAULT_TVM_LIBDIR);
   return dirs;
 }
 

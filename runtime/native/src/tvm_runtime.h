@@ -10,8 +10,9 @@
 
 namespace tvmsched {
 
-/*! \brief Where libtvm_runtime.so is: SetTvmLibDir(), else $TVMSCHED_TVM_LIBDIR, else the first of the engine
- *  library's own folder, ENGINE/../../tvm/lib (the installed packages) and the build-time default that holds it. */
+/*! \brief Where libtvm_runtime.so is: SetTvmLibDir() (the Python side: the installed tvm's), else
+ *  $TVMSCHED_TVM_LIBDIR, else the first of the engine library's own folder and ENGINE/../../tvm/lib (the installed
+ *  packages) that holds it. No folder is baked in at build time. */
 void SetTvmLibDir(const std::string& dir);
 /*! \brief The folders tried, in order (one when set or named by the environment). */
 std::vector<std::string> TvmLibDirCandidates();
