@@ -10,9 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.helpers import free_port, onnxruntime_outputs, start_server, stop_server
+from tests.helpers import free_port, start_server, stop_server
 from tvmsched import models
-from tvmsched.pipeline import compile_model
 
 MODELS = {"mlp": {"qos_ms": 1000, "streams": 2}, "bert": {"max_queue": 2}}  # served name -> config.json
 ZOO = {"mlp": "mlp", "bert": "bert-tiny"}
@@ -25,33 +24,27 @@ class Served:
     grpc: str
     repository: Path
     onnx: dict  # served name -> ModelProto
-    references: object = None  # the session's `reference` fixture, if the caller passed it
+    references: object  # the session's `reference` fixture
 
     def reference(self, name: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if self.references is not None:
-            return self.references(self.onnx[name], inputs)
-        return onnxruntime_outputs(self.onnx[name], inputs)
+        return self.references(self.onnx[name], inputs)
 
 
-def build_repository(folder: Path, compiled=None) -> dict:
-    """The repository's artifacts: copies of the session's shared ones when `compiled` (the fixture) is given."""
+def build_repository(folder: Path, compiled) -> dict:
+    """The repository's artifacts: copies of the session's shared ones (`compiled`, the fixture)."""
     onnx = {}
     for name, config in MODELS.items():
         model = models.build(ZOO[name])
         (folder / name).mkdir(parents=True)
-        if compiled is not None:
-            compiled.copy(model, folder / name / f"{name}.tvms", name=name)
-        else:
-            compile_model(model, name=name).save(folder / name / f"{name}.tvms")
+        compiled.copy(model, folder / name / f"{name}.tvms", name=name)
         (folder / name / "config.json").write_text(json.dumps(config))
         onnx[name] = model
     return onnx
 
 
-def start(folder: Path, *extra: str, compiled=None, reference=None) -> Served:
+def start(folder: Path, *extra: str, compiled, reference) -> Served:
     """Build the repository in `folder` and serve it; waits (at most 300 s) until /v2/health/ready answers 200.
-    `compiled` and `reference` (the session's fixtures, optional): the artifacts and onnxruntime outputs from the
-    shared cache."""
+    `compiled` and `reference`: the session's fixtures (the artifacts and onnxruntime outputs of the shared cache)."""
     onnx = build_repository(folder / "repo", compiled)
     http, grpc = free_port(), free_port()
     command = [sys.executable, "-m", "tvmsched.cli", "serve", "--model-repository", str(folder / "repo"),

@@ -17,8 +17,8 @@ from tests.serve.kserve_server import bert_input, mlp_input
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    served = kserve_server.start(tmp_path_factory.mktemp("kserve_grpc"))
+def server(tmp_path_factory, compiled, reference):
+    served = kserve_server.start(tmp_path_factory.mktemp("kserve_grpc"), compiled=compiled, reference=reference)
     yield served
     kserve_server.stop(served)
 

@@ -7,6 +7,7 @@ import json
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -73,6 +74,15 @@ def test_plain_json_and_binary_bodies(server):
     # examples/server.py's contract still answers
     reply = httpx.post(f"http://{server.http}/v1/models/mlp/infer", json={"inputs": {"input": x.tolist()}}, timeout=60)
     np.testing.assert_allclose(np.array(reply.json()["outputs"]["output"], np.float32), want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_serving_process_never_loads_torch_or_grpcio_tools(server, client):
+    """Serving needs neither (issue 37): the serving process, its HTTP and gRPC services up, has not mapped their
+    libraries (torch is installed here, and TVM's own packages would import it)."""
+    assert client.is_server_ready()
+    maps = Path(f"/proc/{server.process.pid}/maps").read_text()
+    assert "libtvmsched_engine" in maps  # the check reads the right process
+    assert "libtorch" not in maps and "grpc_tools" not in maps
 
 
 def test_health_metadata_config_and_statistics(server, client):

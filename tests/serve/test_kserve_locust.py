@@ -20,8 +20,8 @@ from tests.serve.kserve_server import mlp_input
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    served = kserve_server.start(tmp_path_factory.mktemp("kserve_locust"))
+def server(tmp_path_factory, compiled, reference):
+    served = kserve_server.start(tmp_path_factory.mktemp("kserve_locust"), compiled=compiled, reference=reference)
     yield served
     kserve_server.stop(served)
 
