@@ -68,6 +68,14 @@ def cli():
 
     from tvmsched.cli.main import main
 
+    # modules that set up their own logger when first imported (TVM's RPC server and tracker add a handler, SQLAlchemy
+    # sets a level, alembic adds a NullHandler): imported first, so that the check below sees what a command leaves
+    # behind, not what an import did once per process
+    import alembic.command  # noqa: F401
+    import sqlalchemy  # noqa: F401
+    import tvm.rpc.server  # noqa: F401
+    import tvm.rpc.tracker  # noqa: F401
+
     runner = CliRunner()
 
     def run(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -799,7 +799,7 @@ def _tune_one(
     drop_unnamed_ms_log_handlers()
     strategy = search_strategy(trials) if stopper is None else _deadline_search(search_strategy(trials), stopper)
     try:
-        with _work_dir(work_dir) as folder, _ms_console_quieted():
+        with _work_dir(work_dir) as folder, _ms_console_quieted(), _ms_loggers_restored():
             ms.tune_tir(
                 mod, target, folder, max_trials_global=trials, num_trials_per_iter=min(trials, per_iter),
                 builder=builder or make_builder(), runner=runner or local_runner(), database=database, strategy=strategy,
@@ -861,6 +861,30 @@ def _ms_console_quieted():
         return
     with contextlib.redirect_stdout(_DISCARD):
         yield
+
+
+@contextlib.contextmanager
+def _ms_loggers_restored():
+    """MetaSchedule's `create_loggers` adds a console handler to its logger and a file handler (open on the work
+    folder's logs) to a logger per task, and leaves them: remove and close what it added once tuning ends, so a tuned
+    compile leaves the process's logging as it found it (no open log files; `tvmsched` called in process)."""
+    prefix = "tvm.s_tir.meta_schedule"
+
+    def ours() -> dict[str, logging.Logger]:
+        names = [name for name in list(logging.root.manager.loggerDict) if name == prefix or name.startswith(prefix + ".")]
+        return {name: logging.getLogger(name) for name in names}
+
+    before = {name: (list(logger.handlers), logger.level, logger.propagate) for name, logger in ours().items()}
+    try:
+        yield
+    finally:
+        for name, logger in ours().items():
+            handlers, level, propagate = before.get(name, ([], logging.NOTSET, True))
+            for handler in [h for h in logger.handlers if h not in handlers]:
+                logger.removeHandler(handler)
+                handler.close()
+            logger.setLevel(level)
+            logger.propagate = propagate
 
 
 class _Discard(io.TextIOBase):
@@ -1021,7 +1045,7 @@ class SeededSearch:
         import tvm.s_tir.meta_schedule as ms
 
         drop_unnamed_ms_log_handlers()
-        with tensor_intrin_import_skipped(self.target), _ms_console_quieted():
+        with tensor_intrin_import_skipped(self.target), _ms_console_quieted(), _ms_loggers_restored():
             yield ms.TuneContext(mod=task_module(func), target=self.target, space_generator=space_generator(self.target),
                                  search_strategy=strategy, task_name="main", rand_state=seed + 1)
 
