@@ -85,10 +85,12 @@ ASYNC_TESTS = tests/runtime/test_engine.py tests/runtime/test_preemption.py test
 	tests/runtime/test_tiering.py tests/runtime/test_faults.py tests/runtime/test_stress.py \
 	tests/runtime/test_runtime.py tests/runtime/test_runtime_budgets.py tests/runtime/test_memory_budget.py \
 	tests/runtime/test_request_priority.py tests/runtime/test_policies.py tests/runtime/test_host_overhead.py
+# --dist loadscope: a module's tests go to one worker, so its module fixtures (servers, tuned databases, kits) run
+# once per run, not once per worker; compiled artifacts are shared across workers by tests/artifact_cache.py
 test: setup lint
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --durations=25 --basetemp=build/pytest
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --durations=25 --basetemp=build/pytest
 	TVMSCHED_CPU_LAUNCHES=async TVMSCHED_TEST_CACHE=build/pytest/shared-cache \
-		$(PY) -m pytest -q -n $(PYTEST_WORKERS) --durations=25 --basetemp=build/pytest-async $(ASYNC_TESTS)
+		$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --durations=25 --basetemp=build/pytest-async $(ASYNC_TESTS)
 
 clean:
 	rm -rf out .pytest_cache $(WHEELHOUSE)

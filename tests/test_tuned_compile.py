@@ -1,10 +1,6 @@
 """Tuned compile: MetaSchedule tunes every layer workload into the database; re-compiles reuse it."""
 
-import fcntl
 import json
-import os
-import shutil
-import subprocess
 
 import numpy as np
 import onnx
@@ -19,29 +15,17 @@ TRIALS = 8  # tiny budget: this checks the plumbing, not the speed
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
-    """mlp tuned through the CLI into a fresh SQLite database, compiled twice: once per run, whichever
-    pytest-xdist worker gets here first (the others wait for its folder and read it: nothing here writes to it)."""
-    base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent  # each worker's basetemp is <run's basetemp>/popen-gwN
-    folder, db = base / "tuned-mlp", f"sqlite:///{base / 'tuned-mlp' / 'tuning.db'}"
-    with open(base / "tuned-mlp.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if not (folder / "runs.json").is_file():
-            shutil.rmtree(folder, ignore_errors=True)  # a worker that failed half-way
-            folder.mkdir()
-            model_path = folder / "mlp.onnx"
-            onnx.save(models.build("mlp"), model_path)
-            first = run_cli("compile", model_path, "-o", folder / "first.tvms", "--tune-trials", TRIALS, "--db", db)
-            assert first.returncode == 0, first.stderr[-3000:]
-            stats_after_first = json.loads(run_cli("db", "stats", "--db", db, "--json").stdout)
-            second = run_cli("compile", model_path, "-o", folder / "second.tvms", "--tune-trials", TRIALS, "--db", db)
-            assert second.returncode == 0, second.stderr[-3000:]
-            runs = {"first": vars(first), "second": vars(second), "stats_after_first": stats_after_first}
-            (folder / "runs.json").write_text(json.dumps(runs, default=str))
-    runs = json.loads((folder / "runs.json").read_text())
-    first, second = (subprocess.CompletedProcess(**runs[name]) for name in ("first", "second"))
-    return folder, db, first, second, runs["stats_after_first"]
+    """mlp tuned through the CLI into a fresh SQLite database, compiled twice (once per run: `make test` sends a
+    module's tests to one pytest-xdist worker, --dist loadscope)."""
+    folder = tmp_path_factory.mktemp("tuned")
+    model_path, db = folder / "mlp.onnx", f"sqlite:///{folder / 'tuning.db'}"
+    onnx.save(models.build("mlp"), model_path)
+    first = run_cli("compile", model_path, "-o", folder / "first.tvms", "--tune-trials", TRIALS, "--db", db)
+    assert first.returncode == 0, first.stderr[-3000:]
+    stats_after_first = json.loads(run_cli("db", "stats", "--db", db, "--json").stdout)
+    second = run_cli("compile", model_path, "-o", folder / "second.tvms", "--tune-trials", TRIALS, "--db", db)
+    assert second.returncode == 0, second.stderr[-3000:]
+    return folder, db, first, second, stats_after_first
 
 
 def manifest_of(cli, path) -> dict:
