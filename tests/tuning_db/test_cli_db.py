@@ -46,31 +46,31 @@ def served(tmp_path_factory):
     proc.wait(10)
 
 
-def test_compile_through_the_service_then_recompile_from_it(served, tmp_path):
+def test_compile_through_the_service_then_recompile_from_it(served, tmp_path, cli):
     url, db, token_file = served
     model = tmp_path / "tiny.onnx"
     onnx.save(models.build("tiny"), model)
-    first = run_cli("compile", model, "--tune-trials", "4", "--db", url, "--db-token-file", token_file)
+    first = cli("compile", model, "--tune-trials", "4", "--db", url, "--db-token-file", token_file)
     assert first.returncode == 0, first.stderr[-2000:]
     # searched (4 trials): its kernel is the tuned one, or the default where that measured faster (machine speed)
     assert "1 layers tuned" in first.stdout or "1 kept the faster default schedule" in first.stdout, first.stdout
-    remote = json.loads(run_cli("db", "stats", "--db", url, "--json").stdout)
-    assert remote == json.loads(run_cli("db", "stats", "--db", db, "--json").stdout)
+    remote = json.loads(cli("db", "stats", "--db", url, "--json").stdout)
+    assert remote == json.loads(cli("db", "stats", "--db", db, "--json").stdout)
     assert remote["workloads"] == 1 and remote["records"] >= 1
     # reads need no token: re-compiling from the service runs zero new trials
-    again = run_cli("compile", model, "--tune-trials", "4", "--db", url)
+    again = cli("compile", model, "--tune-trials", "4", "--db", url)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "0 new trials" in again.stdout, again.stdout
     assert "1 from the database" in again.stdout or "1 kept the faster default schedule" in again.stdout, again.stdout
 
 
-def test_writes_without_the_token_are_a_user_error(served, tmp_path):
+def test_writes_without_the_token_are_a_user_error(served, tmp_path, cli):
     url, db, _ = served
     model = tmp_path / "mlp.onnx"
     onnx.save(models.build("mlp"), model)
-    before = run_cli("db", "stats", "--db", db, "--json").stdout
+    before = cli("db", "stats", "--db", db, "--json").stdout
     assert_user_error(run_cli("compile", model, "--tune-trials", "4", "--db", url), "needs a valid token", after_progress=True)
-    assert run_cli("db", "stats", "--db", db, "--json").stdout == before
+    assert cli("db", "stats", "--db", db, "--json").stdout == before
 
 
 def test_database_url_errors(tmp_path):
@@ -82,15 +82,15 @@ def test_database_url_errors(tmp_path):
     assert_user_error(run_cli("compile", model, "--tune-trials", "-1"), "--tune-trials")
 
 
-def test_export_then_import_round_trip(served, tmp_path):
+def test_export_then_import_round_trip(served, tmp_path, cli):
     _, db, _ = served
-    exported = run_cli("db", "export", tmp_path / "ms", "--db", db)
+    exported = cli("db", "export", tmp_path / "ms", "--db", db)
     assert exported.returncode == 0, exported.stderr
     other = f"sqlite:///{tmp_path / 'other.db'}"
     for _ in range(2):  # the second import adds nothing
-        imported = run_cli("db", "import", tmp_path / "ms", "--db", other, "--units", "2", "--unit-kind", "cpu_thread")
+        imported = cli("db", "import", tmp_path / "ms", "--db", other, "--units", "2", "--unit-kind", "cpu_thread")
         assert imported.returncode == 0, imported.stderr
-    assert run_cli("db", "stats", "--db", other, "--json").stdout == run_cli("db", "stats", "--db", db, "--json").stdout
+    assert cli("db", "stats", "--db", other, "--json").stdout == cli("db", "stats", "--db", db, "--json").stdout
 
 
 # --- errors of the db commands: one `error:` line, exit 2, never a traceback --------------------------
@@ -115,7 +115,7 @@ def test_db_commands_on_a_non_database_file_or_a_malformed_url(command, tmp_path
         assert "s3cret" not in result.stderr  # the password is never printed
 
 
-def test_db_import_of_malformed_json_is_a_user_error(tmp_path):
+def test_db_import_of_malformed_json_is_a_user_error(tmp_path, cli):
     from tvm.s_tir.meta_schedule.database import Workload
 
     from factories import add_relu_mod
@@ -145,7 +145,7 @@ def test_db_import_of_malformed_json_is_a_user_error(tmp_path):
     empty.mkdir()
     assert_user_error(run_cli("db", "import", empty, "--db", db, "--units", "2", "--unit-kind", "cpu_thread"),
                       "not a MetaSchedule JSON database", "database_workload.json")
-    assert json.loads(run_cli("db", "stats", "--db", db, "--json").stdout) == {"workloads": 0, "records": 0}
+    assert json.loads(cli("db", "stats", "--db", db, "--json").stdout) == {"workloads": 0, "records": 0}
 
 
 def test_tune_import_of_malformed_json_is_a_user_error(tmp_path):
