@@ -51,7 +51,7 @@ def test_recompile_runs_zero_new_trials(tuned, cli):
     tuned_first = {n for n, l in manifest_of(cli, folder / "first.tvms")["tuning"]["layers"].items() if l["status"] != "fallback"}
     assert {n for n, l in tuning["layers"].items() if l["status"] == "cached"} == tuned_first
     assert all(layer["trials"] == 0 for name, layer in tuning["layers"].items() if name in tuned_first)
-    assert json.loads(run_cli("db", "stats", "--db", db, "--json").stdout) == stats
+    assert json.loads(cli("db", "stats", "--db", db, "--json").stdout) == stats
 
 
 def test_tuned_artifact_matches_onnxruntime(tuned, cli, reference):
@@ -92,7 +92,7 @@ def test_layers_without_a_valid_record_fall_back_and_are_reported(tmp_path, comp
     np.testing.assert_array_equal(executor.run({"x": x})["y"], np.maximum(2 * x - 1, 0))
 
 
-def test_interrupted_tuning_resumes_from_the_database(tmp_path):
+def test_interrupted_tuning_resumes_from_the_database(tmp_path, cli):
     import signal
     import subprocess
     import sys
@@ -112,7 +112,7 @@ def test_interrupted_tuning_resumes_from_the_database(tmp_path):
     _, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 130, stderr[-2000:]
     assert stderr.strip().splitlines()[-1] == "interrupted" and "Traceback" not in stderr
-    resumed = run_cli("compile", model, "--tune-trials", str(TRIALS), "--db", db)
+    resumed = cli("compile", model, "--tune-trials", str(TRIALS), "--db", db)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     cached = int(resumed.stdout.split(" from the database")[0].rsplit(" ", 1)[-1])
     assert cached >= 1, resumed.stdout  # finished layers are not tuned again
