@@ -189,7 +189,7 @@ def test_budget_stops_at_the_deadline_and_keeps_the_faster_kernel(tmp_path, cli)
     model, db = tmp_path / "repeated.onnx", f"sqlite:///{tmp_path / 'budget.db'}"
     onnx.save(repeated_model(), model)
     budget_min = 0.1  # 6 s: about one search iteration on a 2-core machine
-    result = run_cli("compile", model, "-o", tmp_path / "r.tvms", "--tune-minutes", budget_min, "--db", db)
+    result = cli("compile", model, "-o", tmp_path / "r.tvms", "--tune-minutes", budget_min, "--db", db)
     assert result.returncode == 0, result.stderr[-3000:]
     manifest = json.loads(cli("inspect", tmp_path / "r.tvms", "--json").stdout)
     summary = manifest["tuning"]
@@ -200,7 +200,7 @@ def test_budget_stops_at_the_deadline_and_keeps_the_faster_kernel(tmp_path, cli)
     assert any(e["status"] == "skipped" for e in entries.values()) or all(e["trials"] for e in entries.values())
     for e in entries.values():  # no workload ran past its first iteration
         assert e["trials"] <= min(e["planned_trials"], tuning.BUDGET_TRIALS_PER_ITER), e
-    records = json.loads(run_cli("db", "stats", "--db", db, "--json").stdout)["records"]
+    records = json.loads(cli("db", "stats", "--db", db, "--json").stdout)["records"]
     assert records == summary["trials"] + summary["seeded"] == sum(e["trials"] + e["seeded"] for e in entries.values())
     # no workload started after the deadline: every one that ran started before it, after the searches of those
     # that ran before it, so all searches but one (the last started, at most the longest) fit in the budget. Measured
@@ -220,11 +220,11 @@ def test_budget_stops_at_the_deadline_and_keeps_the_faster_kernel(tmp_path, cli)
     assert "2 distinct workloads in 5 layers" in described and "trials/min" in described
     assert "for 2 distinct workloads in 5 layers" in result.stdout
 
-    again = run_cli("compile", model, "-o", tmp_path / "again.tvms", "--db", db)  # --db alone: its records, no search
+    again = cli("compile", model, "-o", tmp_path / "again.tvms", "--db", db)  # --db alone: its records, no search
     assert again.returncode == 0, again.stderr[-3000:]
     replayed = json.loads(cli("inspect", tmp_path / "again.tvms", "--json").stdout)["tuning"]
     assert replayed["records_only"] and replayed["trials"] == 0 and replayed["tune_minutes"] is None
-    assert json.loads(run_cli("db", "stats", "--db", db, "--json").stdout)["records"] == records
+    assert json.loads(cli("db", "stats", "--db", db, "--json").stdout)["records"] == records
     expected = {"tuned": {"cached"}, "skipped": {"skipped"}, "default-kept": {"cached", "skipped"}}  # kept: maybe no record but the seed
     for name, e in entries.items():  # a workload whose search won has its records; a skipped one has none
         if e["status"] in expected:
