@@ -60,11 +60,11 @@ def tracker():
 def test_tuning_measures_through_rpc(tracker, tmp_path, cli):
     model, db = tmp_path / "tiny.onnx", f"sqlite:///{tmp_path / 'rpc.db'}"
     onnx.save(models.build("tiny"), model)
-    result = run_cli("compile", model, "--tune-trials", "4", "--db", db, "--rpc", tracker)
+    result = cli("compile", model, "--tune-trials", "4", "--db", db, "--rpc", tracker)
     assert result.returncode == 0, result.stderr[-3000:]
     # searched through the RPC runner: the tuned kernel, or the default where that measured faster (machine speed)
     assert "1 layers tuned" in result.stdout or "1 kept the faster default schedule" in result.stdout, result.stdout
-    assert json.loads(run_cli("db", "stats", "--db", db, "--json").stdout)["records"] >= 1
+    assert json.loads(cli("db", "stats", "--db", db, "--json").stdout)["records"] >= 1
     check = cli("run", tmp_path / "tiny.tvms", "--check", model)
     assert check.returncode == 0 and "-> OK" in check.stdout
 
