@@ -129,7 +129,7 @@ def test_round_two_is_imported_and_compared_with_the_database_best(rounds):
 
 def test_compile_with_the_database_runs_the_rounds_records(rounds, cli):
     out = rounds["tmp"] / "mlp.tvms"
-    done = run_cli("compile", rounds["model"], "--db", rounds["db"], "-o", out)
+    done = cli("compile", rounds["model"], "--db", rounds["db"], "-o", out)
     assert done.returncode == 0, done.stderr
     result = cli("inspect", out, "--json")
     assert result.returncode == 0, result.stderr
@@ -152,9 +152,9 @@ def test_the_round_counts_rounds_of_samples_per_workload():
     assert kit_round([seeded("a", 17)], 8) == 4  # a partly measured round counts
 
 
-def test_fresh_kit_ignores_the_database(rounds, tmp_path):
-    made = run_cli("tune", "kit", rounds["model"], "--target", "llvm", "--samples", "2", "--db", rounds["db"], "--fresh",
-                   "-o", tmp_path / "kit")
+def test_fresh_kit_ignores_the_database(rounds, tmp_path, cli):
+    made = cli("tune", "kit", rounds["model"], "--target", "llvm", "--samples", "2", "--db", rounds["db"], "--fresh",
+               "-o", tmp_path / "kit")
     assert made.returncode == 0 and "round 1 (random samples)" in made.stdout, made.stderr
 
 
