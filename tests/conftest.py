@@ -90,8 +90,12 @@ def cli():
                 os.chdir(previous)
                 out, err = stdout.getvalue(), stderr.getvalue()
         after = _process_state()
-        for what, value in before.items():
-            assert after[what] == value, f"tvmsched {' '.join(argv)} left its {what} changed: {value} -> {after[what]}"
+        # handlers left behind (a call that removes another's leftovers, as MetaSchedule's loggers do, leaves none)
+        added = {name: [h for h in handlers if h not in before["logging handlers"].get(name, [])]
+                 for name, handlers in after.pop("logging handlers").items()}
+        assert not any(added.values()), f"tvmsched {' '.join(argv)} left logging handlers behind: {added}"
+        for what, value in after.items():
+            assert value == before[what], f"tvmsched {' '.join(argv)} left its {what} changed: {before[what]} -> {value}"
         assert after["gc freeze count"] == 0, f"tvmsched {' '.join(argv)} left objects frozen (gc.freeze)"
         return subprocess.CompletedProcess(["tvmsched", *argv], code, out.decode(), err.decode())
 
