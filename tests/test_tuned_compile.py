@@ -15,8 +15,8 @@ TRIALS = 8  # tiny budget: this checks the plumbing, not the speed
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
-    """mlp tuned through the CLI into a fresh SQLite database, compiled twice (once per run: `make test` sends a
-    module's tests to one pytest-xdist worker, --dist loadscope)."""
+    """mlp tuned through the CLI into a fresh SQLite database, compiled twice (~1 min on 2 cores: the tuning is the
+    subject; once per run: `make test` sends a module's tests to one pytest-xdist worker, --dist loadscope)."""
     folder = tmp_path_factory.mktemp("tuned")
     model_path, db = folder / "mlp.onnx", f"sqlite:///{folder / 'tuning.db'}"
     onnx.save(models.build("mlp"), model_path)
@@ -93,6 +93,8 @@ def test_layers_without_a_valid_record_fall_back_and_are_reported(tmp_path, comp
 
 
 def test_interrupted_tuning_resumes_from_the_database(tmp_path, cli):
+    """A tuned compile stopped by SIGINT while its second layer is tuned, then resumed (~1-2 min on 2 cores: two real
+    tunes, the subject)."""
     import signal
     import subprocess
     import sys
