@@ -24,6 +24,8 @@ import io
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -107,8 +109,7 @@ class Compiled:
         self.cache = cache
 
     def __call__(self, model: onnx.ModelProto | str, *, seed: int = 0, **options) -> Path:
-        proto, name = _model(model, seed)
-        options.setdefault("name", name)
+        proto, options = self._resolved(model, seed, options)
         key = self.key(proto, options)
 
         def make(tmp: Path) -> None:
@@ -117,6 +118,24 @@ class Compiled:
             compile_model(proto, **options).save(tmp)
 
         return self.cache.entry(key, ".tvms", make)
+
+    @staticmethod
+    def _resolved(model: onnx.ModelProto | str, seed: int, options: dict) -> tuple[onnx.ModelProto, dict]:
+        """The ModelProto and the options with the artifact's name (the zoo name, or "model")."""
+        proto, name = _model(model, seed)
+        return proto, {"name": name, **options}
+
+    def start(self, name: str, **options) -> subprocess.Popen | None:
+        """Compile the zoo model `name` into the cache in a child process (so both cores compile at once), unless it
+        is cached already (None); `compiled(name, ...)` afterwards waits for that child's entry."""
+        proto, resolved = self._resolved(name, 0, options)
+        if (self.cache.folder / f"{self.key(proto, resolved)}.tvms").is_file():
+            return None
+        script = ("import json, sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
+                  "from tests.artifact_cache import Cache, Compiled; "
+                  "Compiled(Cache(Path(sys.argv[2])))(sys.argv[3], **json.loads(sys.argv[4]))")
+        return subprocess.Popen([sys.executable, "-c", script, str(ROOT), str(self.cache.folder), name,
+                                 json.dumps(options)])
 
     def key(self, proto: onnx.ModelProto, options: dict) -> str:
         from tvmsched.lower.targets import target_json
@@ -139,7 +158,7 @@ class Compiled:
         source = self(model, **options)
         dest = Path(dest)
         if dest.is_dir():
-            dest = dest / f"{options.get('name') or (model if isinstance(model, str) else 'model')}.tvms"
+            dest = dest / f"{self._resolved(model, 0, options)[1]['name']}.tvms"
         shutil.copyfile(source, dest)
         os.chmod(dest, 0o644)
         return dest

@@ -14,9 +14,9 @@ from tests.helpers import ROOT, assert_user_error
 from tvmsched.extras import EXTRAS, missing
 
 
-def run_without(modules: tuple[str, ...], *args: str) -> subprocess.CompletedProcess:
-    """`tvmsched ARGS` in a child process where importing any of `modules` fails as if it were not installed."""
-    script = textwrap.dedent(f"""
+def not_installed(modules: tuple[str, ...]) -> str:
+    """Python code that makes importing (and finding) any of `modules` fail from then on, as if not installed."""
+    return textwrap.dedent(f"""
         import importlib.util, sys
         HIDDEN = {modules!r}
 
@@ -28,9 +28,12 @@ def run_without(modules: tuple[str, ...], *args: str) -> subprocess.CompletedPro
         sys.meta_path.insert(0, NotInstalled())
         real_find_spec = importlib.util.find_spec
         importlib.util.find_spec = lambda name, *a: None if name.split(".")[0] in HIDDEN else real_find_spec(name, *a)
-        from tvmsched.cli.main import main
-        sys.exit(main(sys.argv[1:]))
     """)
+
+
+def run_without(modules: tuple[str, ...], *args: str) -> subprocess.CompletedProcess:
+    """`tvmsched ARGS` in a child process where importing any of `modules` fails as if it were not installed."""
+    script = not_installed(modules) + "from tvmsched.cli.main import main\nsys.exit(main(sys.argv[1:]))\n"
     return subprocess.run([sys.executable, "-P", "-c", script, *args], capture_output=True, text=True, cwd=ROOT,
                           timeout=600)
 
@@ -107,18 +110,7 @@ def test_postgresql_without_the_db_extra_is_one_error_line():
 
 
 def test_the_collectives_agent_without_the_collectives_extra_is_one_error():
-    script = textwrap.dedent("""
-        import sys
-
-        class NotInstalled:
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] == "torch":
-                    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-
-        sys.meta_path.insert(0, NotInstalled())
-        import importlib.util
-        real_find_spec = importlib.util.find_spec
-        importlib.util.find_spec = lambda name, *a: None if name.split(".")[0] == "torch" else real_find_spec(name, *a)
+    script = not_installed(("torch",)) + textwrap.dedent("""
         from tvmsched.errors import TvmschedError
         try:
             from tvmsched.runtime.collectives import agent

@@ -41,7 +41,6 @@ import gc
 import os
 import random
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -52,7 +51,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from tests.artifact_cache import ROOT
 from tests.helpers import held_mid_request
 from tvmsched import models
 from tvmsched.errors import TvmschedError
@@ -98,12 +96,7 @@ def _compile(names, folder):
 def _shared_paths(compiled) -> dict[str, str]:
     """The session's shared artifacts; mobilenetv2 (the longest compile) in a second process beside the others when
     it is not cached yet: the two cores compile at once (that process writes the shared entry, this one waits for it)."""
-    key = compiled.key(models.build("mobilenetv2"), {"name": "mobilenetv2"})
-    other = None
-    if not (compiled.cache.folder / f"{key}.tvms").is_file():
-        other = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
-                                  "from tests.artifact_cache import Cache, Compiled; "
-                                  "Compiled(Cache(Path(sys.argv[2])))('mobilenetv2')", str(ROOT), str(compiled.cache.folder)])
+    other = compiled.start("mobilenetv2")
     paths = {m: str(compiled(m)) for m in MODELS if m != "mobilenetv2"}
     if other is not None:
         assert other.wait(timeout=600) == 0
