@@ -49,7 +49,7 @@ def tiny_tune(mod, database, work_dir: str | Path, *, trials: int = 8, target: d
     )
     target = tvm.target.Target(target or LLVM_TARGET)
     tuning.drop_unnamed_ms_log_handlers()
-    with tuning.tensor_intrin_import_skipped(target):
+    with tuning.tensor_intrinsics(target):
         return ms.tune_tir(
             mod,
             target,

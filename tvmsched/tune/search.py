@@ -214,7 +214,7 @@ def tune_layers(
 
     scheduled, report = {}, []
     bar = tqdm(funcs.items(), total=len(funcs), desc=desc, unit="layer", disable=not progress, file=sys.stderr)
-    with bar, tensor_intrin_import_skipped(target), _interruptible() as interrupted:
+    with bar, tensor_intrinsics(target), _interruptible() as interrupted:
         for name, func in bar:
             bar.set_postfix_str(name[:40])
             outcome = _tune_one(name, func, target, database, trials, runner)
@@ -577,7 +577,7 @@ class _ModelTuning:
         bar = tqdm(total=len(self.groups), desc="tuning", unit="workload", disable=not progress, file=sys.stderr)
         workers = _SharedWorkers(runner)
         report = functools.partial(_report_progress, bar, progress=progress)
-        with bar, tensor_intrin_import_skipped(self.target), _interruptible() as interrupted, \
+        with bar, tensor_intrinsics(self.target), _interruptible() as interrupted, \
                 contextlib.closing(workers):
             for w in [w for w in self.groups if w.name in self.cached]:
                 self.decide(w, LayerTuning(w.name, "cached", 0, 0.0))
@@ -898,10 +898,19 @@ _DISCARD = _Discard()
 
 
 @contextlib.contextmanager
-def tensor_intrin_import_skipped(target):
-    """On llvm, stand in an empty module for `tvm.s_tir.tensor_intrin` (fp32 CPU rules use none)."""
+def tensor_intrinsics(target):
+    """Make `tvm.s_tir.tensor_intrin`, which MetaSchedule's TuneContext imports, cheap to import for `target`.
+
+    On llvm, an empty stand-in module for the duration (fp32 CPU rules use no tensor intrinsic). Elsewhere the real
+    module, imported with inspect's module lookup memoized (`_inspect_getmodule_memoized`): ~7 s instead of 45-130 s.
+    """
     key = "tvm.s_tir.tensor_intrin"
-    if not describe(target).cpu or key in sys.modules:
+    if key in sys.modules:
+        yield
+        return
+    if not describe(target).cpu:
+        with _inspect_getmodule_memoized():
+            import tvm.s_tir.tensor_intrin  # noqa: F401 - registers the intrinsics
         yield
         return
     sys.modules[key] = types.ModuleType(key)
@@ -909,6 +918,31 @@ def tensor_intrin_import_skipped(target):
         yield
     finally:
         sys.modules.pop(key, None)
+
+
+@contextlib.contextmanager
+def _inspect_getmodule_memoized():
+    """Memoize `inspect.getmodule` for pseudo-files ("<frozen importlib._bootstrap>", "<ast>") while importing
+    TVMScript-defined modules: each `@T.prim_func` calls `inspect.stack()`, whose frames inside an import and inside
+    TVMScript's evaluator have no source file, and inspect then scans every module in `sys.modules` for each such
+    frame, twice: hundreds of prim_funcs x ~30 frames x ~1000-3000 modules. A frame's module depends only on its file
+    name there (frames have no `__module__`), so the answer is the same each time. (docs/tvm-pitfalls.md)"""
+    import inspect
+
+    original, found = inspect.getmodule, {}
+
+    def getmodule(obj, _filename=None):
+        if _filename is None or not _filename.startswith("<") or hasattr(obj, "__module__") or inspect.ismodule(obj):
+            return original(obj, _filename)
+        if _filename not in found:
+            found[_filename] = original(obj, _filename)
+        return found[_filename]
+
+    inspect.getmodule = getmodule
+    try:
+        yield
+    finally:
+        inspect.getmodule = original
 
 
 def sample_schedules(func, target, count: int, *, seed: int = 0, attempts_per_sample: int = 64) -> list:
@@ -923,7 +957,7 @@ def sample_schedules(func, target, count: int, *, seed: int = 0, attempts_per_sa
     from tvm.s_tir.schedule import Schedule, Trace
 
     mod = task_module(func)
-    with tensor_intrin_import_skipped(target):
+    with tensor_intrinsics(target):
         context = ms.TuneContext(mod=mod, target=target, space_generator=space_generator(target), task_name="main")
         spaces = context.space_generator.generate_design_space(mod)
         postprocs = context.space_generator.postprocs
@@ -1045,7 +1079,7 @@ class SeededSearch:
         import tvm.s_tir.meta_schedule as ms
 
         drop_unnamed_ms_log_handlers()
-        with tensor_intrin_import_skipped(self.target), _ms_console_quieted(), _ms_loggers_restored():
+        with tensor_intrinsics(self.target), _ms_console_quieted(), _ms_loggers_restored():
             yield ms.TuneContext(mod=task_module(func), target=self.target, space_generator=space_generator(self.target),
                                  search_strategy=strategy, task_name="main", rand_state=seed + 1)
 
