@@ -93,15 +93,19 @@ def plan_candidates(
     arg_specs = layer_arg_specs(graph)
     curves = {name: measure_at_units(best[name], target, arg_specs[name], sorted({*units_list, full})) for name in funcs}
     bounds = qos_bounds([(layer.func, curves[layer.func][full]) for layer in graph.layers], qos_ms)
+    kept = {name: kept_units(curves[name], bounds[name], full) for name in funcs}
+    retuned = {}
+    for k in sorted({k for units_kept in kept.values() for k in units_kept}, reverse=True):  # one tuning per unit count
+        names = [name for name in funcs if k in kept[name]]
+        retuned.update(_retuned(names, funcs, best, curves, k, target, database, trials, arg_specs, graph, progress))
     plans = {}
     for name in funcs:
-        kept = kept_units(curves[name], bounds[name], full)
         full_unit = _candidate(0, full, best[name], curves[name][full], "tuned", graph, name)
-        restricted = [_retuned(name, funcs, best, curves[name][k], k, target, database, trials, arg_specs, graph, progress) for k in sorted(kept, reverse=True)]
+        restricted = [retuned[name, k] for k in sorted(kept[name], reverse=True)]
         restricted = [c for c in restricted if c.latency_us <= bounds[name]]
         candidates = [full_unit, *(dataclasses.replace(c, id=i) for i, c in enumerate(restricted, start=1))]
-        plans[name] = LayerCandidates(name, curves[name], bounds[name], kept, candidates)
-        log.info("%s: bound %.1f us, kept units %s, %d candidates", name, bounds[name], kept, len(candidates))
+        plans[name] = LayerCandidates(name, curves[name], bounds[name], kept[name], candidates)
+        log.info("%s: bound %.1f us, kept units %s, %d candidates", name, bounds[name], kept[name], len(candidates))
     return plans
 
 
@@ -178,21 +182,25 @@ def _scheduled(func, row):
     return sch.mod["main"]
 
 
-def _retuned(name, funcs, best, best_at_k_us, k, target, database, trials, arg_specs, graph, progress) -> CandidateKernel:
-    """Re-tune `name` measured at k units; the faster at k of that and the full-unit best (`best_at_k_us`, step 2)."""
+def _retuned(names, funcs, best, curves, k, target, database, trials, arg_specs, graph, progress) -> dict:
+    """Re-tune the layers `names` measured at k units (one runner and builder pool for all of them); {(name, k): the
+    faster at k of that and the full-unit best (its curve's time at k, step 2)}."""
     from tvmsched.tune.cpu_units import set_cpu_units
 
     target_k = with_units(target, k)
-    runner = tuning.local_runner(initializer=functools.partial(set_cpu_units, k))
     tuned, _ = tuning.tune_layers(
-        {name: funcs[name]}, target_k, scoped(database, target_k, k), trials=trials, runner=runner, progress=progress,
-        desc=f"re-tuning at {k} units",
+        {name: funcs[name] for name in names}, target_k, scoped(database, target_k, k), trials=trials,
+        make_runner=functools.partial(tuning.local_runner, initializer=functools.partial(set_cpu_units, k)),
+        progress=progress, desc=f"re-tuning at {k} units",
     )
-    timed = [(best_at_k_us, best[name], "tuned")]
-    if name in tuned:
-        timed.append((measure_at_units(tuned[name], target, arg_specs[name], [k])[k], tuned[name], "retuned"))
-    latency, func, kind = min(timed, key=lambda item: item[0])
-    return _candidate(-1, k, func, latency, kind, graph, name)
+    found = {}
+    for name in names:
+        timed = [(curves[name][k], best[name], "tuned")]
+        if name in tuned:
+            timed.append((measure_at_units(tuned[name], target, arg_specs[name], [k])[k], tuned[name], "retuned"))
+        latency, func, kind = min(timed, key=lambda item: item[0])
+        found[name, k] = _candidate(-1, k, func, latency, kind, graph, name)
+    return found
 
 
 def with_units(target, k: int):

@@ -72,9 +72,39 @@ def build_candidate(mod, target, _params=None):
         return build(mod, target=target)
 
 
+class _PoolSubprocess:
+    """`subprocess` as tvm.support.popen_pool sees it once `workers_started_by_tvmsched()` ran: the same, except that the
+    worker command `python -m tvm.exec.popen_worker FD FD` becomes `python -m tvmsched.tune.popen_worker FD FD`."""
+
+    TVM_WORKER, OURS = ["-m", "tvm.exec.popen_worker"], ["-m", "tvmsched.tune.popen_worker"]
+
+    def __getattr__(self, name):
+        import subprocess
+
+        return getattr(subprocess, name)
+
+    def Popen(self, cmd, *args, **kwargs):  # noqa: N802 - subprocess's name
+        import subprocess
+
+        if isinstance(cmd, list) and cmd[1:3] == self.TVM_WORKER:
+            cmd = [cmd[0], *self.OURS, *cmd[3:]]
+        return subprocess.Popen(cmd, *args, **kwargs)
+
+
+def workers_started_by_tvmsched() -> None:
+    """Start the worker processes of TVM's popen pools (MetaSchedule's builders and runners) as
+    `tvmsched.tune.popen_worker`: TVM's worker loop with torch hidden while TVM loads (~4 s less per worker where torch
+    is installed; LocalBuilder starts a pool per batch). Idempotent; touches nothing else."""
+    from tvm.support import popen_pool
+
+    if not isinstance(popen_pool.subprocess, _PoolSubprocess):
+        popen_pool.subprocess = _PoolSubprocess()
+
+
 def make_builder(timeout_s: int = BUILD_TIMEOUT_S, max_workers: int | None = None):
     import tvm.s_tir.meta_schedule as ms
 
+    workers_started_by_tvmsched()
     return ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=timeout_s, max_workers=max_workers,
                                    initializer=worker_initializer())
 
@@ -115,6 +145,8 @@ def pooled_builder(timeout_s: int = BUILD_TIMEOUT_S, max_workers: int | None = N
         from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
         from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params, _worker_func
         from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
+
+        workers_started_by_tvmsched()
 
         @derived_object
         class PooledBuilder(PyBuilder):
@@ -157,6 +189,7 @@ def rpc_runner(spec: str, session_timeout_s: int = 60):
     host, port, key = (spec.split(":") + ["", "", ""])[:3]
     if spec.count(":") != 2 or not host or not port.isdigit() or not key:
         raise TvmschedError(f"--rpc {spec!r} is not of the form HOST:PORT:KEY")
+    workers_started_by_tvmsched()
     config = ms.runner.RPCConfig(tracker_host=host, tracker_port=int(port), tracker_key=key, session_timeout_sec=session_timeout_s)
     return ms.runner.RPCRunner(rpc_config=config)
 
@@ -165,6 +198,7 @@ def local_runner(initializer=None):
     """MetaSchedule's LocalRunner with a generous timeout; `initializer` runs in its worker."""
     import tvm.s_tir.meta_schedule as ms
 
+    workers_started_by_tvmsched()
     return ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S, initializer=worker_initializer(initializer))
 
 
@@ -195,6 +229,7 @@ def tune_layers(
     *,
     trials: int,
     runner=None,
+    make_runner=None,
     progress: bool = True,
     desc: str = "tuning",
 ) -> tuple[dict[str, object], list[LayerTuning]]:
@@ -206,18 +241,30 @@ def tune_layers(
         database: a MetaSchedule Database (e.g. tvmsched.tuning_db.open_database(url)).
         trials: MetaSchedule trial budget per layer.
         runner: MetaSchedule runner (default: LocalRunner; RPCRunner for remote GPUs).
+        make_runner: instead of `runner`, makes it when the first layer without a record is tuned (a LocalRunner
+            starts a worker process and checks it at construction).
 
     Returns:
-        ({name: scheduled PrimFunc} for the layers with a valid record, one LayerTuning per func).
+        ({name: scheduled PrimFunc} for the layers with a valid record, one LayerTuning per func). One builder pool and
+        one runner serve all the layers; neither is started when every layer has a record.
     """
     from tqdm import tqdm
 
     scheduled, report = {}, []
     bar = tqdm(funcs.items(), total=len(funcs), desc=desc, unit="layer", disable=not progress, file=sys.stderr)
-    with bar, tensor_intrinsics(target), _interruptible() as interrupted:
+    builder = None
+    with bar, tensor_intrinsics(target), _interruptible() as interrupted, contextlib.ExitStack() as stack:
         for name, func in bar:
             bar.set_postfix_str(name[:40])
-            outcome = _tune_one(name, func, target, database, trials, runner)
+            if database.query_tuning_record(task_module(func), target, "main") is not None:
+                outcome = LayerTuning(name, "cached", 0, 0.0)
+            else:
+                if builder is None:
+                    builder = pooled_builder()
+                    stack.callback(builder.close)
+                if runner is None:
+                    runner = (make_runner or local_runner)()
+                outcome = _tune_one(name, func, target, database, trials, runner, check_cached=False, builder=builder)
             if interrupted.is_set():  # Ctrl-C during that layer: stop here, between layers (its records are saved)
                 raise KeyboardInterrupt
             best = best_schedule(database, func, target)
