@@ -15,15 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from tvmsched.runtime.collectives.controller import Controller, Faults
 from tvmsched.runtime.collectives.switch import SwitchServer
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "ddp_train.py"
-sys.path.insert(0, str(TRAIN.parent))
-from ddp_train import model as train_model  # noqa: E402
 
 JOBS = {"a": 2, "b": 3, "c": 4}  # job → ranks
 STEPS = 60
@@ -67,7 +64,13 @@ def _reports(tmp: Path, jobs: dict[str, int]):
 
 def _reference_params(world: int, steps: int) -> np.ndarray:
     """What plain data-parallel SGD gives: every rank's gradient on its own batches, averaged (the
-    plain AllReduce), applied to one model — computed in this process, no communication at all."""
+    plain AllReduce), applied to one model — computed in this process, no communication at all. (torch and the
+    example are imported here, not at collection, which every pytest worker does.)"""
+    import torch
+
+    sys.path.insert(0, str(TRAIN.parent))
+    from ddp_train import model as train_model
+
     torch.manual_seed(0)
     net = train_model(256, 3)
     opt = torch.optim.SGD(net.parameters(), lr=0.01)

@@ -949,14 +949,14 @@ def tensor_intrinsics(target):
     """Make `tvm.s_tir.tensor_intrin`, which MetaSchedule's TuneContext imports, cheap to import for `target`.
 
     On llvm, an empty stand-in module for the duration (fp32 CPU rules use no tensor intrinsic). Elsewhere the real
-    module, imported with inspect's module lookup memoized (`_inspect_getmodule_memoized`): ~7 s instead of 45-130 s.
+    module, imported with inspect's module lookup memoized (`inspect_getmodule_memoized`): ~7 s instead of 45-130 s.
     """
     key = "tvm.s_tir.tensor_intrin"
     if key in sys.modules:
         yield
         return
     if not describe(target).cpu:
-        with _inspect_getmodule_memoized():
+        with inspect_getmodule_memoized():
             import tvm.s_tir.tensor_intrin  # noqa: F401 - registers the intrinsics
         yield
         return
@@ -968,7 +968,7 @@ def tensor_intrinsics(target):
 
 
 @contextlib.contextmanager
-def _inspect_getmodule_memoized():
+def inspect_getmodule_memoized():
     """Memoize `inspect.getmodule` for pseudo-files ("<frozen importlib._bootstrap>", "<ast>") while importing
     TVMScript-defined modules: each `@T.prim_func` calls `inspect.stack()`, whose frames inside an import and inside
     TVMScript's evaluator have no source file, and inspect then scans every module in `sys.modules` for each such
