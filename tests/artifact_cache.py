@@ -88,6 +88,17 @@ class Cache:
             self.handed_out[path] = (self.folder / f"{key}{suffix}.sha256").read_text()
         return path
 
+    def derived(self, name: str, suffix: str, make) -> Path:
+        """An entry that `name` (what it is and how it is made) and the compiler determine, such as a test module's
+        artifacts compiled from a kit it measures: `make test`'s asynchronous pass then takes the first pass's."""
+        from tvmsched.lower.targets import target_json
+
+        digest = hashlib.sha256(compiler_digest().encode())
+        digest.update(name.encode())
+        digest.update(json.dumps(target_json("llvm"), sort_keys=True).encode())
+        digest.update(json.dumps({var: os.environ.get(var) for var in COMPILER_ENV}).encode())
+        return self.entry(digest.hexdigest()[:32], suffix, make)
+
     @contextlib.contextmanager
     def _locked(self, key: str):
         with open(self.folder / f"{key}.lock", "w") as lock:

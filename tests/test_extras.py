@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from tests.helpers import ROOT, assert_user_error
 from tvmsched.extras import EXTRAS, missing
@@ -73,6 +74,23 @@ def test_torch_still_imports_after_tvmsched_and_tvm():
                             timeout=600)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["2.0", "True"]
+
+
+def test_tuning_workers_start_without_torch_and_run_tvm():
+    """MetaSchedule's builders and runners are TVM popen-pool workers; tvmsched starts them with torch hidden (torch is
+    installed here: the dev extra has it), and they still do TVM's work."""
+    from tvm.support.popen_pool import PopenPoolExecutor
+
+    from tvmsched.tune.search import workers_started_by_tvmsched
+
+    workers_started_by_tvmsched()
+    workers_started_by_tvmsched()  # idempotent
+    pool = PopenPoolExecutor(max_workers=1, timeout=300)
+    try:
+        found = pool.submit(lambda: (sys.argv[0], "torch" in sys.modules, __import__("tvm").tirx.IntImm("int32", 7).value)).result()
+    finally:
+        pool.shutdown()
+    assert found[0].endswith(str(Path("tvmsched", "tune", "popen_worker.py"))) and found[1:] == (False, 7)
 
 
 def test_tuning_without_the_tune_extra_is_one_error_line(tmp_path):
