@@ -31,7 +31,7 @@ def test_unit_counts_over_the_bound_are_dropped():
 
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
-    """mlp tuned with restricted-unit candidates twice into one database (~3 min on 2 cores: the tuning is the
+    """mlp tuned with restricted-unit candidates twice into one database (~1-1.5 min on 2 cores: the tuning is the
     subject; the second compile checks that finished work is skipped)."""
     db = f"sqlite:///{tmp_path_factory.mktemp('cand') / 'tuning.db'}"
     model = models.build("mlp")

@@ -264,3 +264,28 @@ def _alive(pid: int) -> bool:
             return stat.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_metaschedule_leaves_the_process_logging_as_found(tmp_path):
+    """Each tune runs MetaSchedule's create_loggers (tvm.s_tir.meta_schedule.logging.get_loggers_from_work_dir): it must
+    not meet an unnamed handler (a second tune in one process crashed on one), and what it adds must not outlive the
+    tune, while the host's own handlers come back."""
+    import io
+    import logging
+
+    from tvm.s_tir.meta_schedule.logging import get_loggers_from_work_dir
+
+    logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    host = logging.StreamHandler(io.StringIO())  # unnamed, as pytest's and most applications' handlers are
+    logger.addHandler(host)
+    try:
+        before = (list(logger.handlers), logger.level, logger.propagate)
+        for attempt in range(2):
+            with tuning.ms_logging_isolated():
+                (task,) = get_loggers_from_work_dir(str(tmp_path / str(attempt)), ["main"])
+                assert host not in logger.handlers and logger.handlers and task.handlers
+                files = [h for h in task.handlers if isinstance(h, logging.FileHandler)]
+            assert files and all(h.stream is None for h in files)  # closed: no log file left open
+            assert not task.handlers and (list(logger.handlers), logger.level, logger.propagate) == before
+    finally:
+        logger.removeHandler(host)

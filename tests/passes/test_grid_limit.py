@@ -40,8 +40,8 @@ def test_a_grid_that_already_fits_is_left_alone():
 
 @pytest.mark.slow
 def test_grid_limited_kit_records_become_grid_limited_candidates(tmp_path):
-    """~3 min on 2 cores: the kit's CUDA samples, each also grid-limited to 1 and 2 SMs, are built with nvcc (what the
-    kit is)."""
+    """The kit's CUDA samples, each also grid-limited to 1 and 2 SMs, built here (what the kit is; ~20-40 s on 2 cores:
+    sampling loads TVM's tensor intrinsics, and nvcc compiles where the CUDA runtime is enabled)."""
     model = models.build("mlp")
     kit = build_kit(model, tmp_path / "kit", target="cuda", samples=2, grid_limit_units=[1, 2], progress=False)
     assert kit["mechanism"] == "grid_limit" and kit["grid_limit_units"] == [1, 2]

@@ -48,8 +48,7 @@ def tiny_tune(mod, database, work_dir: str | Path, *, trials: int = 8, target: d
         evaluator_config=ms.runner.EvaluatorConfig(number=2, repeat=2, min_repeat_ms=0)
     )
     target = tvm.target.Target(target or LLVM_TARGET)
-    tuning.drop_unnamed_ms_log_handlers()
-    with tuning.tensor_intrinsics(target):
+    with tuning.tensor_intrinsics(target), tuning.ms_logging_isolated():
         return ms.tune_tir(
             mod,
             target,

@@ -843,10 +843,9 @@ def _tune_one(
     if check_cached and database.query_tuning_record(mod, target, "main") is not None:
         return LayerTuning(name, "cached", 0, 0.0)
     before, start = len(database), time.perf_counter()
-    drop_unnamed_ms_log_handlers()
     strategy = search_strategy(trials) if stopper is None else _deadline_search(search_strategy(trials), stopper)
     try:
-        with _work_dir(work_dir) as folder, _ms_console_quieted(), _ms_loggers_restored():
+        with _work_dir(work_dir) as folder, _ms_console_quieted(), ms_logging_isolated():
             ms.tune_tir(
                 mod, target, folder, max_trials_global=trials, num_trials_per_iter=min(trials, per_iter),
                 builder=builder or make_builder(), runner=runner or local_runner(), database=database, strategy=strategy,
@@ -858,18 +857,6 @@ def _tune_one(
         log.warning("layer %s: tuning failed: %s", name, err)
         return LayerTuning(name, "fallback", len(database) - before, time.perf_counter() - start, one_line(err)[:200])
     return LayerTuning(name, "tuned", len(database) - before, time.perf_counter() - start)
-
-
-def drop_unnamed_ms_log_handlers() -> None:
-    """Avoid a crash of a second tune in one process whose logging has unnamed handlers (pytest's).
-
-    MetaSchedule's `create_loggers` lists the handler names of its non-propagating logger and fails
-    with "'NoneType' object has no attribute 'format'" on an unnamed one.
-    """
-    logger = logging.getLogger("tvm.s_tir.meta_schedule")
-    for handler in list(logger.handlers):
-        if handler.get_name() is None:
-            logger.removeHandler(handler)
 
 
 @contextlib.contextmanager
@@ -911,10 +898,14 @@ def _ms_console_quieted():
 
 
 @contextlib.contextmanager
-def _ms_loggers_restored():
-    """MetaSchedule's `create_loggers` adds a console handler to its logger and a file handler (open on the work
-    folder's logs) to a logger per task, and leaves them: remove and close what it added once tuning ends, so a tuned
-    compile leaves the process's logging as it found it (no open log files; `tvmsched` called in process)."""
+def ms_logging_isolated():
+    """Run MetaSchedule with its loggers as it needs them, and leave the process's logging as it found it.
+
+    On entry its non-propagating `tvm.s_tir.meta_schedule` logger loses its unnamed handlers (pytest's, a host
+    application's): `create_loggers` lists that logger's handler names, and a second tune in one process fails with
+    "'NoneType' object has no attribute 'format'" on an unnamed one. On exit the console handler and the per-task file
+    handlers (open on the work folder's logs) that it adds are removed and closed, levels and propagation are restored,
+    and the unnamed handlers come back (`tvmsched` called in process leaves no handler added or removed)."""
     prefix = "tvm.s_tir.meta_schedule"
 
     def ours() -> dict[str, logging.Logger]:
@@ -922,6 +913,10 @@ def _ms_loggers_restored():
         return {name: logging.getLogger(name) for name in names}
 
     before = {name: (list(logger.handlers), logger.level, logger.propagate) for name, logger in ours().items()}
+    main = logging.getLogger(prefix)
+    unnamed = [handler for handler in main.handlers if handler.get_name() is None]
+    for handler in unnamed:
+        main.removeHandler(handler)
     try:
         yield
     finally:
@@ -932,6 +927,8 @@ def _ms_loggers_restored():
                 handler.close()
             logger.setLevel(level)
             logger.propagate = propagate
+        for handler in unnamed:
+            main.addHandler(handler)
 
 
 class _Discard(io.TextIOBase):
@@ -1125,8 +1122,7 @@ class SeededSearch:
     def _context(self, func, strategy, seed: int = 0):
         import tvm.s_tir.meta_schedule as ms
 
-        drop_unnamed_ms_log_handlers()
-        with tensor_intrinsics(self.target), _ms_console_quieted(), _ms_loggers_restored():
+        with tensor_intrinsics(self.target), _ms_console_quieted(), ms_logging_isolated():
             yield ms.TuneContext(mod=task_module(func), target=self.target, space_generator=space_generator(self.target),
                                  search_strategy=strategy, task_name="main", rand_state=seed + 1)
 
