@@ -179,6 +179,8 @@ def test_lost_and_late_protocol_messages_never_split_a_job(tmp_path):
 
 
 def test_kill_one_rank_and_the_controller_nothing_hangs(tmp_path):
+    """Seven torch ranks of three jobs run 400 steps each while a rank and then the controller are killed (~1 min on 2
+    cores: seven processes importing torch and training; the failure and the lease running out are the subject)."""
     switch = SwitchServer(op_timeout_s=1.0)
     sport = switch.start()
     cport = _free_port()
