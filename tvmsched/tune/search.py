@@ -964,29 +964,40 @@ def tensor_intrinsics(target):
         sys.modules.pop(key, None)
 
 
+_GETMODULE_LOCK = threading.Lock()
+_getmodule_memo = {"depth": 0, "original": None}  # callers inside inspect_getmodule_memoized, inspect's own function
+
+
 @contextlib.contextmanager
 def inspect_getmodule_memoized():
     """Memoize `inspect.getmodule` for pseudo-files ("<frozen importlib._bootstrap>", "<ast>") while importing
     TVMScript-defined modules: each `@T.prim_func` calls `inspect.stack()`, whose frames inside an import and inside
     TVMScript's evaluator have no source file, and inspect then scans every module in `sys.modules` for each such
     frame, twice: hundreds of prim_funcs x ~30 frames x ~1000-3000 modules. A frame's module depends only on its file
-    name there (frames have no `__module__`), so the answer is the same each time. (docs/tvm-pitfalls.md)"""
+    name there (frames have no `__module__`), so the answer is the same each time. Nested and concurrent uses share one
+    memo; the last to leave puts inspect's own function back. (docs/tvm-pitfalls.md)"""
     import inspect
 
-    original, found = inspect.getmodule, {}
+    with _GETMODULE_LOCK:
+        if _getmodule_memo["depth"] == 0:
+            original, found = inspect.getmodule, {}
 
-    def getmodule(obj, _filename=None):
-        if _filename is None or not _filename.startswith("<") or hasattr(obj, "__module__") or inspect.ismodule(obj):
-            return original(obj, _filename)
-        if _filename not in found:
-            found[_filename] = original(obj, _filename)
-        return found[_filename]
+            def getmodule(obj, _filename=None):
+                if _filename is None or not _filename.startswith("<") or hasattr(obj, "__module__") or inspect.ismodule(obj):
+                    return original(obj, _filename)
+                if _filename not in found:
+                    found[_filename] = original(obj, _filename)
+                return found[_filename]
 
-    inspect.getmodule = getmodule
+            _getmodule_memo["original"], inspect.getmodule = original, getmodule
+        _getmodule_memo["depth"] += 1
     try:
         yield
     finally:
-        inspect.getmodule = original
+        with _GETMODULE_LOCK:
+            _getmodule_memo["depth"] -= 1
+            if _getmodule_memo["depth"] == 0:
+                inspect.getmodule = _getmodule_memo["original"]
 
 
 def sample_schedules(func, target, count: int, *, seed: int = 0, attempts_per_sample: int = 64) -> list:
