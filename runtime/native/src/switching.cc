@@ -169,6 +169,7 @@ class SwitcherCore : public Placement {
     auto found = entries_.find(m);
     if (stop_ || found == entries_.end() || found->second.env == kEnvFailed) return;
     if (!InQueue(m)) queue_.push_back(m);
+    found->second.switching = true;
     cond_.notify_all();
   }
 
@@ -186,7 +187,7 @@ class SwitcherCore : public Placement {
     auto found = entries_.find(m);
     if (found == entries_.end()) return;
     found->second.finished[g] = true;
-    if (InQueue(m)) Push({m->name(), "exec", g, found->second.exec_start[g], end_us, 0});  // a switch's execution
+    if (found->second.switching) Push({m->name(), "exec", g, found->second.exec_start[g], end_us, 0});  // a switch's execution
     NotifyStages();
   }
 
@@ -221,6 +222,7 @@ class SwitcherCore : public Placement {
     Entry& e = found->second;
     e.last_used = ++clock_;
     e.running = false;
+    e.switching = false;
     std::fill(e.finished.begin(), e.finished.end(), false);
     reported_.erase(m);  // its wait (if any) is over
     bool queued = InQueue(m);
@@ -249,6 +251,8 @@ class SwitcherCore : public Placement {
     bool running = false;        // a request is executing (a group started, the request not finished)
     bool paused = false;         // its stream is paused (preempted) and has not resumed
     std::vector<bool> finished;  // groups the running request has executed
+    bool switching = false;      // the running request demanded a switch-in: its groups' runs are the switch's
+                                 // execution, also after a preemption took it out of the queue
     std::vector<double> exec_start;
   };
   enum ActionKind { kNone, kPrepare, kClean, kEvict, kFail };
