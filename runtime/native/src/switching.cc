@@ -187,7 +187,8 @@ class SwitcherCore : public Placement {
     auto found = entries_.find(m);
     if (found == entries_.end()) return;
     found->second.finished[g] = true;
-    if (found->second.switching) Push({m->name(), "exec", g, found->second.exec_start[g], end_us, 0});  // a switch's execution
+    if (found->second.switching)
+      Push({m->name(), "exec", g, found->second.exec_start[g], end_us, 0});  // a switch's execution
     NotifyStages();
   }
 
