@@ -51,6 +51,19 @@ def compiler_digest() -> str:
     return digest.hexdigest()
 
 
+def compiler_key(target, *parts: bytes) -> str:
+    """An entry's key: `parts` (what was compiled, and how) with the compiler's digest, the resolved `target` and the
+    environment variables the compiler reads."""
+    from tvmsched.lower.targets import target_json
+
+    digest = hashlib.sha256(compiler_digest().encode())
+    for part in parts:
+        digest.update(part)
+    digest.update(json.dumps(target_json(target), sort_keys=True).encode())
+    digest.update(json.dumps({name: os.environ.get(name) for name in COMPILER_ENV}).encode())
+    return digest.hexdigest()[:32]
+
+
 def _model(model: onnx.ModelProto | str, seed: int) -> tuple[onnx.ModelProto, str]:
     """A zoo name (built with `seed`) or a ModelProto; and the name an artifact records by default."""
     if isinstance(model, str):
@@ -91,13 +104,7 @@ class Cache:
     def derived(self, name: str, suffix: str, make) -> Path:
         """An entry that `name` (what it is and how it is made) and the compiler determine, such as a test module's
         artifacts compiled from a kit it measures: `make test`'s asynchronous pass then takes the first pass's."""
-        from tvmsched.lower.targets import target_json
-
-        digest = hashlib.sha256(compiler_digest().encode())
-        digest.update(name.encode())
-        digest.update(json.dumps(target_json("llvm"), sort_keys=True).encode())
-        digest.update(json.dumps({var: os.environ.get(var) for var in COMPILER_ENV}).encode())
-        return self.entry(digest.hexdigest()[:32], suffix, make)
+        return self.entry(compiler_key("llvm", name.encode()), suffix, make)
 
     @contextlib.contextmanager
     def _locked(self, key: str):
@@ -149,14 +156,8 @@ class Compiled:
                                  json.dumps(options)])
 
     def key(self, proto: onnx.ModelProto, options: dict) -> str:
-        from tvmsched.lower.targets import target_json
-
-        digest = hashlib.sha256(compiler_digest().encode())
-        digest.update(proto.SerializeToString(deterministic=True))
-        digest.update(json.dumps(options, sort_keys=True, default=repr).encode())
-        digest.update(json.dumps(target_json(options.get("target", "llvm")), sort_keys=True).encode())
-        digest.update(json.dumps({name: os.environ.get(name) for name in COMPILER_ENV}).encode())
-        return digest.hexdigest()[:32]
+        options_json = json.dumps(options, sort_keys=True, default=repr).encode()
+        return compiler_key(options.get("target", "llvm"), proto.SerializeToString(deterministic=True), options_json)
 
     def artifact(self, model: onnx.ModelProto | str, **options):
         """The cached artifact as a `tvmsched.artifact.format.Artifact` (a fresh object each call)."""

@@ -264,7 +264,7 @@ def tune_layers(
                     stack.callback(builder.close)
                 if runner is None:
                     runner = (make_runner or local_runner)()
-                outcome = _tune_one(name, func, target, database, trials, runner, check_cached=False, builder=builder)
+                outcome = _tune_one(name, func, target, database, trials, runner, builder)
             if interrupted.is_set():  # Ctrl-C during that layer: stop here, between layers (its records are saved)
                 raise KeyboardInterrupt
             best = best_schedule(database, func, target)
@@ -679,8 +679,8 @@ class _ModelTuning:
             stopper = _Stopper(self.deadline, stop_at, min(planned, BUDGET_TRIALS_PER_ITER), interrupted)
         folder = None if work_dir is None else os.path.join(work_dir, w.name)
         per_iter = BUDGET_TRIALS_PER_ITER if self.deadline is not None else 64
-        outcome = _tune_one(w.name, w.func, target, database, planned, workers.runner(), check_cached=False,
-                            per_iter=per_iter, stopper=stopper, work_dir=folder, builder=workers.builder())
+        outcome = _tune_one(w.name, w.func, target, database, planned, workers.runner(), workers.builder(),
+                            per_iter=per_iter, stopper=stopper, work_dir=folder)
         self.totals["trials"] += outcome.trials  # counted after the seed was committed
         self.totals["seconds"] += outcome.seconds
         message = outcome.message
@@ -834,21 +834,20 @@ def search_strategy(trials: int):
 
 
 def _tune_one(
-    name: str, func, target, database, trials: int, runner, *, check_cached: bool = True, per_iter: int = 64,
-    stopper: "_Stopper | None" = None, work_dir: str | None = None, builder=None,
+    name: str, func, target, database, trials: int, runner, builder, *, per_iter: int = 64,
+    stopper: "_Stopper | None" = None, work_dir: str | None = None,
 ) -> LayerTuning:
+    """Search `func`'s schedules (the caller has checked that the database has no record of it yet)."""
     import tvm.s_tir.meta_schedule as ms
 
     mod = task_module(func)
-    if check_cached and database.query_tuning_record(mod, target, "main") is not None:
-        return LayerTuning(name, "cached", 0, 0.0)
     before, start = len(database), time.perf_counter()
     strategy = search_strategy(trials) if stopper is None else _deadline_search(search_strategy(trials), stopper)
     try:
         with _work_dir(work_dir) as folder, _ms_console_quieted(), ms_logging_isolated():
             ms.tune_tir(
                 mod, target, folder, max_trials_global=trials, num_trials_per_iter=min(trials, per_iter),
-                builder=builder or make_builder(), runner=runner or local_runner(), database=database, strategy=strategy,
+                builder=builder, runner=runner, database=database, strategy=strategy,
                 space=space_generator(target),
             )
     except TvmschedError:  # the database refused or is unreachable: the user must act
