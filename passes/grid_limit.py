@@ -11,7 +11,7 @@ becomes
             body(bx_iter * B + bx_lim)
 
 with B = k x (blocks one SM holds, from the block's thread count; registers and shared memory are
-not counted) divided by the other grid dimensions. Like passes.preempt_flag it edits TVMScript.
+not counted) divided by the other grid dimensions. It edits the printed TVMScript (passes.script_edit).
 """
 
 from __future__ import annotations
@@ -19,23 +19,21 @@ from __future__ import annotations
 import ast
 import math
 
-from tvmsched.passes.preempt_flag import _const, _expr, _iter_kind, _root_body
+from tvmsched.passes.script_edit import const, expr, function_tree, iter_kind, parse_back, root_body
 
 
 def grid_limit(func, units: int, *, sm_max_threads: int = 2048, sm_max_blocks: int = 32):
     """(PrimFunc launching at most ~`units` SMs' worth of blocks, its new blockIdx.x extent or None if unchanged)."""
-    import tvm
 
-    tree = ast.parse(func.script())
-    fn = next(node for node in tree.body if isinstance(node, ast.FunctionDef))
-    loops = _bound_loops(_root_body(fn))
+    tree, fn = function_tree(func)
+    loops = _bound_loops(root_body(fn))
     block_x = [loop for loop in loops if _thread(loop) == "blockIdx.x"]
     if len(block_x) != 1:
         return func, None
     loop = block_x[0]
-    extent = _const(loop.iter.args[0])
-    threads = math.prod(_const(l.iter.args[0]) or 1 for l in loops if _thread(l).startswith("threadIdx"))
-    others = math.prod(_const(l.iter.args[0]) or 1 for l in loops if _thread(l).startswith("blockIdx") and l is not loop)
+    extent = const(loop.iter.args[0])
+    threads = math.prod(const(l.iter.args[0]) or 1 for l in loops if _thread(l).startswith("threadIdx"))
+    others = math.prod(const(l.iter.args[0]) or 1 for l in loops if _thread(l).startswith("blockIdx") and l is not loop)
     per_sm = max(1, min(sm_max_blocks, sm_max_threads // max(threads, 1)))
     limit = max(1, units * per_sm // max(others, 1))
     if extent is None or limit >= extent or not isinstance(loop.target, ast.Name):
@@ -43,18 +41,16 @@ def grid_limit(func, units: int, *, sm_max_threads: int = 2048, sm_max_blocks: i
     var = loop.target.id
     lim, it = f"{var}_lim", f"{var}_iter"
     int_type = "T.int64" if "int64" in ast.unparse(loop.iter.args[0]) else "T.int32"  # keep the index dtype
-    index = _expr(f"({it} * {int_type}({limit}) + {lim})")
+    index = expr(f"({it} * {int_type}({limit}) + {lim})")
     extents = _loop_extents(tree)
     body = [_Substitute(var, index, extents).visit(stmt) for stmt in loop.body]
-    leave = ast.If(test=_expr(f"{ast.unparse(index)} >= {int_type}({extent})"), body=[ast.Expr(_expr("T.thread_return()"))], orelse=[])
-    rounds = ast.For(target=ast.Name(it, ast.Store()), iter=_expr(f"T.serial({int_type}({-(-extent // limit)}))"),
+    leave = ast.If(test=expr(f"{ast.unparse(index)} >= {int_type}({extent})"), body=[ast.Expr(expr("T.thread_return()"))], orelse=[])
+    rounds = ast.For(target=ast.Name(it, ast.Store()), iter=expr(f"T.serial({int_type}({-(-extent // limit)}))"),
                      body=[leave, *body] if extent % limit else body, orelse=[])
     loop.target = ast.Name(lim, ast.Store())
-    loop.iter.args[0] = _expr(f"{int_type}({limit})")
+    loop.iter.args[0] = expr(f"{int_type}({limit})")
     loop.body = [rounds]
-    limited = tvm.script.from_source(ast.unparse(ast.fix_missing_locations(tree)))
-    for key, value in func.attrs.items() if func.attrs is not None else ():
-        limited = limited.with_attr(key, value)
+    limited = parse_back(tree, func)
     return limited, limit
 
 
@@ -68,7 +64,7 @@ def _thread(loop: ast.For) -> str:
 def _bound_loops(stmts: list) -> list[ast.For]:
     found = []
     for node in ast.walk(ast.Module(body=stmts, type_ignores=[])):
-        if isinstance(node, ast.For) and _iter_kind(node) == "thread_binding":
+        if isinstance(node, ast.For) and iter_kind(node) == "thread_binding":
             found.append(node)
     return found
 
@@ -92,7 +88,7 @@ class _Substitute(ast.NodeTransformer):
 
     def visit_Name(self, node: ast.Name):
         if node.id == self.name and isinstance(node.ctx, ast.Load):
-            return ast.copy_location(_expr(ast.unparse(self.replacement)), node)
+            return ast.copy_location(expr(ast.unparse(self.replacement)), node)
         return node
 
     def visit_Assign(self, node: ast.Assign):

@@ -20,19 +20,19 @@ on GPU). The host sets slots 0..FLAG_SLOTS-1 together to preempt. Where the chec
 - GPU, non-idempotent kernel ("none"): blocks read the flag at different times, so any in-kernel
   check could leave it half done: it has no check and is only held back before launch.
 
-TVM 0.27 has no Python IR mutators, so the pass edits the function's TVMScript syntax tree and
-parses it back (see docs/tvm-pitfalls.md).
+Every compile runs this pass, so it edits the function's statements directly rather than printing and parsing
+TVMScript back (that round trip was ~35 % of a default compile: passes.script_edit). TVM 0.27 has no Python IR
+mutator of its own, but tvm-ffi's structural mutator rebuilds the path from the root to each statement the pass
+changes and shares the rest (copy-on-write; docs/tvm-pitfalls.md).
 """
 
 from __future__ import annotations
-
-import ast
 
 FLAG_SLOTS = 64
 STARTED_SLOT = FLAG_SLOTS
 FLAG_LEN = FLAG_SLOTS + 1
 PARAM = "preempt_flags"
-SERIAL_ITERS = {"range", "serial", "grid"}
+DECLARATIONS = ("AllocBuffer", "DeclBuffer")  # must stay ahead of an entry check
 
 
 def instrument(func, *, idempotent: bool, gpu: bool, loops: int = 0):
@@ -40,197 +40,261 @@ def instrument(func, *, idempotent: bool, gpu: bool, loops: int = 0):
 
     loops: K > 0: GPU idempotent kernels also check K times through their blocks' outermost uniform serial loop,
     at evenly spaced iterations (module docstring); 0: they do not."""
-    import tvm
-
     loops = int(loops)
     if loops < 0:
         raise ValueError(f"loops must be 0 (no loop checks) or K >= 1 checks per loop, not {loops}")
-
-    tree = ast.parse(func.script())
-    fn = next(node for node in tree.body if isinstance(node, ast.FunctionDef))
-    fn.args.args.append(ast.arg(arg=PARAM, annotation=_expr(f'T.Buffer(({FLAG_LEN},), "int32")')))
-    body = _root_body(fn)
+    edit = _Checks(_flag_param())
+    body = _root_body(func)
     if gpu:
-        check = "blocks" if idempotent and _wrap_block_loops(body) else "none"
-        if check == "blocks" and loops and _wrap_uniform_serial_loops(body, loops):
-            check = "loops"
+        check = "none"
+        if idempotent:
+            body, blocks = edit.block_starts(body)
+            check = "blocks" if blocks else "none"
+        if check == "blocks" and loops:
+            looped, wrapped = edit.uniform_serial_loops(body, loops)
+            if wrapped:
+                body, check = looped, "loops"
     elif not idempotent:
-        _wrap_entry(body)
-        check = "entry"
-    elif _wrap_parallel_loops(body):
-        check = "parallel"
+        body, check = edit.entry(body), "entry"
     else:
-        _wrap_loop_nests(body)
-        check = "loop"
-    source = ast.unparse(ast.fix_missing_locations(tree))
-    instrumented = tvm.script.from_source(source)
-    for key, value in func.attrs.items() if func.attrs is not None else ():
-        instrumented = instrumented.with_attr(key, value)
-    return instrumented, check
+        body, parallel = edit.parallel_loops(body)
+        if parallel:
+            check = "parallel"
+        else:
+            body, check = edit.loop_nests(body), "loop"
+    return _with_root_body(func, body, edit.flags), check
 
 
-def _expr(text: str) -> ast.expr:
-    return ast.parse(text, mode="eval").body
+class _Checks:
+    """The checks on one function's flag buffer; each method returns new statements and leaves its input alone."""
+
+    def __init__(self, flags):
+        self.flags = flags
+
+    def clear(self, slot):
+        """flags[slot] == 0 (`slot`: an int or an index expression)."""
+        import tvm
+
+        return tvm.tirx.EQ(self.load(slot), _int(0))
+
+    def load(self, slot):
+        import tvm
+
+        return tvm.tirx.BufferLoad(self.flags, [_int(slot) if isinstance(slot, int) else slot])
+
+    def parallel_loops(self, body):
+        """A check at the start of every iteration of each outermost parallel loop."""
+        import tvm
+
+        def wrap(loop):
+            return _replace(loop, body=tvm.tirx.IfThenElse(self.clear(_loop_slot(loop)), loop.body, None))
+
+        return _map_outermost(body, lambda s: _kind(s) == "parallel", wrap)
+
+    def block_starts(self, body):
+        """An early exit at the start of the innermost blockIdx loop of every nest (an early return, not a
+        condition around the body: TVM cannot put __syncthreads in a condition)."""
+        import tvm
+
+        def wrap(loop):
+            leave = tvm.tirx.IfThenElse(tvm.tirx.NE(self.load(0), _int(0)), _thread_return(), None)
+            return _replace(loop, body=_seq([leave, loop.body]))
+
+        return _map_outermost(body, _innermost_block_loop, wrap)
+
+    def uniform_serial_loops(self, body, checks: int):
+        """Block-uniform checks at `checks` evenly spaced iterations (every ceil(extent / checks)-th, the first
+        included) of the outermost serial loops under each innermost blockIdx loop."""
+
+        def wrap(block):
+            checked = self._uniform(block.body, [], checks)
+            return block if checked.same_as(block.body) else _replace(block, body=checked)
+
+        new, count = _map_outermost(body, _innermost_block_loop, wrap)
+        return new, count > 0
+
+    def _uniform(self, stmt, threads: list, checks: int):
+        """`stmt` with a check in each serial loop of constant extent > 1 that every thread of the block reaches
+        alike: looking through thread bindings and statement lists only (not into conditions, blocks or other
+        loops, whose paths may differ between threads)."""
+        import tvm
+
+        kind = type(stmt).__name__
+        if kind == "SeqStmt":
+            return _seq([self._uniform(s, threads, checks) for s in stmt.seq], like=stmt)
+        if kind != "For":
+            return stmt
+        if _is_thread_loop(stmt, "threadIdx"):
+            return _replace(stmt, body=self._uniform(stmt.body, [*threads, stmt.loop_var], checks))
+        if _is_thread_loop(stmt, "vthread"):
+            return _replace(stmt, body=self._uniform(stmt.body, threads, checks))
+        extent = _const(stmt.extent)
+        if _kind(stmt) != "serial" or _const(stmt.min) != 0 or extent is None or extent <= 1:
+            return stmt
+        # __ldcv: a load the caches cannot answer from a copy made before the host set the flag (inside one
+        # kernel a plain load of a read-only __restrict__ pointer may come from the non-coherent cache). Only
+        # the block's first thread reads (one uncached load per block and iteration, not one per thread: every
+        # thread reading host-mapped flags cost 76-190x on an H100, bench/results/gpu.md); __syncthreads_or
+        # hands its answer to all.
+        address = tvm.tirx.address_of(self.load(_loop_slot(stmt)))
+        read = tvm.tirx.Cast("int32", tvm.tirx.NE(tvm.tirx.call_extern("int32", "__ldcv", address), _int(0)))
+        if threads:
+            first = [tvm.tirx.EQ(var, _zero(var)) for var in threads]
+            read = tvm.tirx.if_then_else(_all(first), read, _int(0))  # lazily evaluated: the others do not load
+        seen = tvm.tirx.NE(tvm.tirx.call_extern("int32", "__syncthreads_or", read), _int(0))
+        check = tvm.tirx.IfThenElse(seen, _thread_return(), None)
+        every = -(-extent // checks)
+        if every > 1:  # the same iteration number in every thread of the block: all check, or none
+            iteration = stmt.loop_var % every
+            check = tvm.tirx.IfThenElse(tvm.tirx.EQ(iteration, _zero(iteration)), check, None)
+        return _replace(stmt, body=_seq([check, stmt.body]))
+
+    def entry(self, body):
+        """One check before any work; passing it marks the started slot."""
+        import tvm
+
+        stmts = list(body.seq) if type(body).__name__ == "SeqStmt" else [body]
+        first = next((i for i, s in enumerate(stmts) if type(s).__name__ not in DECLARATIONS), len(stmts))
+        mark = tvm.tirx.BufferStore(self.flags, _int(1), [_int(STARTED_SLOT)])
+        checked = tvm.tirx.IfThenElse(self.clear(0), _seq([mark, *stmts[first:]]), None)
+        return _seq([*stmts[:first], checked])
+
+    def loop_nests(self, body):
+        """A check at every iteration of each top-level nest's first loop with more than one iteration."""
+        if type(body).__name__ == "SeqStmt":
+            return _seq([self.nest(s) if type(s).__name__ == "For" else s for s in body.seq], like=body)
+        return self.nest(body) if type(body).__name__ == "For" else body
+
+    def nest(self, loop):
+        import tvm
+
+        if _kind(loop) != "serial":  # vectorised / unrolled / bound loops: check once before the nest
+            return tvm.tirx.IfThenElse(self.clear(0), loop, None)
+        if _const(loop.extent) != 1:
+            return _replace(loop, body=tvm.tirx.IfThenElse(self.clear(_loop_slot(loop)), loop.body, None))
+        if type(loop.body).__name__ == "For":  # a unit loop: look one loop further in
+            return _replace(loop, body=self.nest(loop.body))
+        return tvm.tirx.IfThenElse(self.clear(0), loop, None)
 
 
-def _flag_clear(index: str) -> ast.expr:
-    return _expr(f"{PARAM}[{index}] == 0")
+def _loop_slot(loop):
+    """A loop-varying slot (loop var % FLAG_SLOTS): the load cannot be hoisted out of the loop."""
+    return loop.loop_var % FLAG_SLOTS
 
 
-def _root_body(fn: ast.FunctionDef) -> list:
-    """The statement list under the root block (explicit `with T.sblock("root")` or the function body)."""
-    for stmt in fn.body:
-        if isinstance(stmt, ast.With) and ast.unparse(stmt.items[0].context_expr).replace("'", '"') == 'T.sblock("root")':
-            return stmt.body
-    return fn.body
+def _innermost_block_loop(stmt) -> bool:
+    return _is_thread_loop(stmt, "blockIdx") and not _is_thread_loop(stmt.body, "blockIdx")
 
 
-def _iter_kind(loop: ast.For) -> str:
-    """"grid", "serial", "range", "parallel", "thread_binding", ... of a TVMScript loop."""
-    func = loop.iter.func if isinstance(loop.iter, ast.Call) else None
-    if isinstance(func, ast.Attribute):
-        return func.attr
-    return func.id if isinstance(func, ast.Name) else ""
+def _flag_param():
+    """The flag buffer parameter, as TVMScript declares `preempt_flags: T.Buffer((FLAG_LEN,), "int32")`."""
+    import tvm
+
+    return tvm.tirx.decl_buffer(
+        (FLAG_LEN,), "int32", name=PARAM, scope="global", elem_offset=0, data_alignment=64, offset_factor=1, layout=None
+    )
 
 
-def _outermost_loops(stmts: list, matches) -> list[ast.For]:
-    """The loops for which `matches` holds, not looking inside a match."""
-    found = []
-    for stmt in stmts:
-        if isinstance(stmt, ast.For) and matches(stmt):
-            found.append(stmt)
+def _root_body(func):
+    """The statements under the root block (or the function's body when it has none)."""
+    root = func.body
+    if type(root).__name__ == "SBlockRealize" and root.block.name_hint == "root":
+        return root.block.body
+    return root
+
+
+def _with_root_body(func, body, flags):
+    """`func` with `body` under its root block and `flags` as its last parameter (attributes kept)."""
+    import tvm
+
+    root = func.body
+    if type(root).__name__ == "SBlockRealize" and root.block.name_hint == "root":
+        body = _replace(root, block=_replace(root.block, body=body))
+    return tvm.tirx.PrimFunc([*func.params, flags], body, func.ret_type, func.attrs)
+
+
+def _map_outermost(stmt, matches, wrap):
+    """(`stmt` with `wrap(loop)` in place of each outermost loop for which `matches` holds, not looking inside a
+    match; how many `wrap` changed). The rest is shared, not copied (tvm-ffi's copy-on-write structural mutator)."""
+    import tvm
+    import tvm_ffi
+
+    changed = 0
+
+    def visit(loop, mutator):
+        nonlocal changed
+        if not matches(loop):
+            return mutator.default_mutate(loop)
+        wrapped = wrap(loop)
+        changed += not wrapped.same_as(loop)
+        return wrapped
+
+    return tvm_ffi.structural_mutate(stmt, [(tvm.tirx.For, visit)]), changed
+
+
+def _replace(node, **fields):
+    """`node` with new values for some of its child statements (`node` itself is left alone)."""
+    import tvm_ffi
+
+    for name, new in fields.items():
+        old = getattr(node, name)
+        if new.same_as(old):
             continue
-        for field in ("body", "orelse"):
-            inner = getattr(stmt, field, None)
-            if isinstance(inner, list):
-                found += _outermost_loops(inner, matches)
-    return found
+        node = tvm_ffi.structural_mutate(node, [(type(old), lambda value, mutator: new if value.same_as(old) else mutator.default_mutate(value))])
+    return node
 
 
-def _wrap_parallel_loops(body: list) -> bool:
-    loops = _outermost_loops(body, lambda s: _iter_kind(s) == "parallel" and isinstance(s.target, ast.Name))
-    for loop in loops:
-        loop.body = [ast.If(test=_flag_clear(f"{loop.target.id} % {FLAG_SLOTS}"), body=loop.body, orelse=[])]
-    return bool(loops)
+def _seq(stmts: list, like=None):
+    """One statement of `stmts` (nested statement lists flattened, as TVMScript prints and parses them)."""
+    import tvm
+
+    flat = []
+    for stmt in stmts:
+        flat += list(stmt.seq) if type(stmt).__name__ == "SeqStmt" else [stmt]
+    if like is not None and len(flat) == len(like.seq) and all(a.same_as(b) for a, b in zip(flat, like.seq)):
+        return like
+    return flat[0] if len(flat) == 1 else tvm.tirx.SeqStmt(flat)
 
 
-def _wrap_block_loops(body: list) -> bool:
-    """An early exit at the start of the innermost blockIdx loop of every nest; False if there is none."""
+def _thread_return():
+    import tvm
 
-    def is_block_loop(stmt) -> bool:
-        return isinstance(stmt, ast.For) and _iter_kind(stmt) == "thread_binding" and "blockIdx" in ast.unparse(stmt.iter)
-
-    innermost = lambda s: is_block_loop(s) and not (len(s.body) == 1 and is_block_loop(s.body[0]))
-    loops = _outermost_loops(body, innermost)
-    for loop in loops:
-        # an early return, not an if around the body: TVM cannot put __syncthreads in a condition
-        leave = ast.If(test=_expr(f"{PARAM}[0] != 0"), body=[ast.Expr(_expr("T.thread_return()"))], orelse=[])
-        loop.body = [leave, *loop.body]
-    return bool(loops)
+    return tvm.tirx.Evaluate(tvm.tirx.op.thread_return())
 
 
-def _wrap_uniform_serial_loops(body: list, checks: int) -> bool:
-    """Block-uniform checks at `checks` evenly spaced iterations (every ceil(extent / checks)-th, the first included)
-    of the outermost serial loops under each innermost blockIdx loop."""
-    blocks = _outermost_loops(body, lambda s: _is_thread_loop(s, "blockIdx") and not (len(s.body) == 1 and _is_thread_loop(s.body[0], "blockIdx")))
-    wrapped = False
-    for block in blocks:
-        for loop, threads, extent in _uniform_serial_loops(block.body, []):
-            slot = f"{loop.target.id} % {FLAG_SLOTS}"  # a loop-varying slot: the load cannot be hoisted
-            # __ldcv: a load the caches cannot answer from a copy made before the host set the flag (inside one
-            # kernel a plain load of a read-only __restrict__ pointer may come from the non-coherent cache). Only
-            # the block's first thread reads (one uncached load per block and iteration, not one per thread: every
-            # thread reading host-mapped flags cost 76-190x on an H100, bench/results/gpu.md); __syncthreads_or
-            # hands its answer to all.
-            read = f'T.Cast("int32", T.call_extern("int32", "__ldcv", T.address_of({PARAM}[{slot}])) != 0)'
-            if threads:
-                first = " and ".join(f"{name} == 0" for name in threads)
-                read = f"T.if_then_else({first}, {read}, 0)"  # lazily evaluated: the others do not load
-            seen = _expr(f'T.call_extern("int32", "__syncthreads_or", {read}) != 0')
-            check = ast.If(test=seen, body=[ast.Expr(_expr("T.thread_return()"))], orelse=[])
-            every = -(-extent // checks)
-            if every > 1:  # the same iteration number in every thread of the block: all check, or none
-                check = ast.If(test=_expr(f"{loop.target.id} % {every} == 0"), body=[check], orelse=[])
-            loop.body = [check, *loop.body]
-            wrapped = True
-    return wrapped
+def _all(conditions: list):
+    import tvm
+
+    result = conditions[0]
+    for condition in conditions[1:]:
+        result = tvm.tirx.And(result, condition)
+    return result
+
+
+def _int(value: int):
+    import tvm
+
+    return tvm.tirx.const(value, "int32")
+
+
+def _zero(expr):
+    """0 of `expr`'s type."""
+    import tvm
+
+    return tvm.tirx.const(0, expr.ty.dtype)
+
+
+def _kind(stmt) -> str:
+    """"serial", "parallel", "vectorized", "unrolled", "thread_binding" of a For; "" for other statements."""
+    if type(stmt).__name__ != "For":
+        return ""
+    return {0: "serial", 1: "parallel", 2: "vectorized", 3: "unrolled", 4: "thread_binding"}.get(int(stmt.kind), "")
 
 
 def _is_thread_loop(stmt, axis: str) -> bool:
-    return isinstance(stmt, ast.For) and _iter_kind(stmt) == "thread_binding" and axis in ast.unparse(stmt.iter)
+    return _kind(stmt) == "thread_binding" and stmt.thread_binding is not None and axis in stmt.thread_binding.thread_tag
 
 
-def _uniform_serial_loops(stmts: list, threads: list[str]) -> list[tuple[ast.For, list[str], int]]:
-    """Serial loops of constant extent > 1 that every thread of the block reaches alike, each with the threadIdx
-    loop variables around it and its extent: looking through thread bindings only (not into conditions, blocks or other loops,
-    whose paths may differ between threads)."""
-    found = []
-    for stmt in stmts:
-        if _is_thread_loop(stmt, "threadIdx") and isinstance(stmt.target, ast.Name):
-            found += _uniform_serial_loops(stmt.body, [*threads, stmt.target.id])
-        elif _is_thread_loop(stmt, "vthread"):
-            found += _uniform_serial_loops(stmt.body, threads)
-        elif isinstance(stmt, ast.For) and _iter_kind(stmt) in ("range", "serial") and isinstance(stmt.target, ast.Name):
-            args = stmt.iter.args
-            extent = _const(args[-1]) if len(args) == 1 else None
-            if extent is not None and extent > 1:
-                found.append((stmt, threads, extent))
-    return found
-
-
-def _wrap_entry(body: list) -> None:
-    """One check before any work; passing it marks the started slot."""
-    first = next((i for i, stmt in enumerate(body) if not _is_declaration(stmt)), len(body))
-    mark = ast.parse(f"{PARAM}[{STARTED_SLOT}] = 1").body[0]
-    body[first:] = [ast.If(test=_flag_clear("0"), body=[mark, *body[first:]], orelse=[])]
-
-
-def _is_declaration(stmt) -> bool:
-    """func_attr calls and buffer allocations, which must stay at the top of the root block."""
-    text = ast.unparse(stmt)
-    return text.startswith("T.func_attr") or "alloc_buffer" in text or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant))
-
-
-def _wrap_loop_nests(body: list) -> None:
-    """Check at every iteration of each top-level nest's first loop with more than one iteration."""
-    for index, stmt in enumerate(list(body)):
-        if isinstance(stmt, ast.For):
-            body[index] = _check_nest(stmt)
-
-
-def _check_nest(loop: ast.For) -> ast.stmt:
-    kind = _iter_kind(loop)
-    if kind not in SERIAL_ITERS:  # vectorised / unrolled / bound loops: check once before the nest
-        return ast.If(test=_flag_clear("0"), body=[loop], orelse=[])
-    names = [t.id for t in loop.target.elts] if isinstance(loop.target, ast.Tuple) else [loop.target.id]
-    extents = loop.iter.args[-1:] if kind in ("range", "serial") and len(loop.iter.args) > 1 else loop.iter.args
-    split = next((i for i, extent in enumerate(extents) if _const(extent) != 1), None)
-    if split is None:  # all unit loops: look one nest further in
-        if len(loop.body) == 1 and isinstance(loop.body[0], ast.For):
-            loop.body = [_check_nest(loop.body[0])]
-            return loop
-        return ast.If(test=_flag_clear("0"), body=[loop], orelse=[])
-    if kind != "grid":
-        loop.body = [ast.If(test=_flag_clear(f"{names[0]} % {FLAG_SLOTS}"), body=loop.body, orelse=[])]
-        return loop
-    inner_body = loop.body
-    if split + 1 < len(names):
-        inner_body = [_grid(names[split + 1:], extents[split + 1:], loop.body)]
-    checked = [ast.If(test=_flag_clear(f"{names[split]} % {FLAG_SLOTS}"), body=inner_body, orelse=[])]
-    return _grid(names[: split + 1], extents[: split + 1], checked)
-
-
-def _grid(names: list[str], extents: list, body: list) -> ast.For:
-    if len(names) == 1:
-        return ast.For(target=ast.Name(names[0], ast.Store()), iter=ast.Call(_expr("T.serial"), [extents[0]], []), body=body, orelse=[])
-    target = ast.Tuple([ast.Name(n, ast.Store()) for n in names], ast.Store())
-    return ast.For(target=target, iter=ast.Call(_expr("T.grid"), list(extents), []), body=body, orelse=[])
-
-
-def _const(node) -> int | None:
-    """The value of an integer literal or T.int64(k) / T.int32(k); None when not constant."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, int):
-        return node.value
-    if isinstance(node, ast.Call) and len(node.args) == 1 and isinstance(node.args[0], ast.Constant):
-        return node.args[0].value if isinstance(node.args[0].value, int) else None
-    return None
+def _const(expr) -> int | None:
+    """The value of an integer immediate; None when not constant."""
+    return int(expr.value) if type(expr).__name__ == "IntImm" else None

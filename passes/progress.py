@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 
 from tvmsched.passes.preempt_flag import PARAM as FLAG_PARAM
-from tvmsched.passes.preempt_flag import _const, _expr, _iter_kind, _outermost_loops, _root_body
+from tvmsched.passes.script_edit import const, expr, function_tree, iter_kind, outermost_loops, parse_back, root_body
 
 PARAM = "progress_counter"
 CPU_ADD = "tvmsched_progress_add"
@@ -40,9 +40,8 @@ def count_progress(func, *, gpu: bool = True) -> Counted:
     """Instrument a PrimFunc (after the preempt-flag pass, if any) to count its completed blocks."""
     import tvm
 
-    tree = ast.parse(func.script())
-    fn = next(node for node in tree.body if isinstance(node, ast.FunctionDef))
-    body = _root_body(fn)
+    tree, fn = function_tree(func)
+    body = root_body(fn)
     if gpu:
         threads = _count_gpu_blocks(fn, body)
         if threads is None:
@@ -56,10 +55,8 @@ def count_progress(func, *, gpu: bool = True) -> Counted:
         flagged = any(arg.arg == FLAG_PARAM for arg in fn.args.args)
         blocks = _count_cpu_blocks(body, _count_call(CPU_ADD), flagged)
     # offset_factor=1: the runtime passes a view of its per-layer counter array (non-zero byte offset)
-    fn.args.args.append(ast.arg(arg=PARAM, annotation=_expr('T.Buffer((1,), "int32", offset_factor=1)')))
-    counted = tvm.script.from_source(ast.unparse(ast.fix_missing_locations(tree)))
-    for key, value in func.attrs.items() if func.attrs is not None else ():
-        counted = counted.with_attr(key, value)
+    fn.args.args.append(ast.arg(arg=PARAM, annotation=expr('T.Buffer((1,), "int32", offset_factor=1)')))
+    counted = parse_back(tree, func)
     return Counted(counted, threads, blocks)
 
 
@@ -70,14 +67,14 @@ def _count_gpu_blocks(fn: ast.FunctionDef, body: list) -> int | None:
         return next((k.value.value for k in loop.iter.keywords if k.arg == "thread"), "")
 
     def is_block_loop(stmt) -> bool:
-        return isinstance(stmt, ast.For) and _iter_kind(stmt) == "thread_binding" and thread(stmt).startswith("blockIdx")
+        return isinstance(stmt, ast.For) and iter_kind(stmt) == "thread_binding" and thread(stmt).startswith("blockIdx")
 
-    loops = _outermost_loops(body, lambda s: is_block_loop(s) and not (len(s.body) == 1 and is_block_loop(s.body[0])))
+    loops = outermost_loops(body, lambda s: is_block_loop(s) and not (len(s.body) == 1 and is_block_loop(s.body[0])))
     if not loops:
         return None
     extents = {}
     for node in ast.walk(fn):
-        if isinstance(node, ast.For) and _iter_kind(node) == "thread_binding" and thread(node).startswith("threadIdx"):
+        if isinstance(node, ast.For) and iter_kind(node) == "thread_binding" and thread(node).startswith("threadIdx"):
             extent = node.iter.args[0]
             value = extent.value if isinstance(extent, ast.Constant) else extent.args[0].value
             extents.setdefault(thread(node), int(value))
@@ -88,7 +85,7 @@ def _count_gpu_blocks(fn: ast.FunctionDef, body: list) -> int | None:
 
 def _count_call(function: str) -> ast.stmt:
     """`function(&progress_counter[0], 1)`: the statement that counts one completed block (per thread on GPU)."""
-    return ast.Expr(_expr(f'T.evaluate(T.call_extern("int32", "{function}", T.address_of({PARAM}[0]), 1))'))
+    return ast.Expr(expr(f'T.evaluate(T.call_extern("int32", "{function}", T.address_of({PARAM}[0]), 1))'))
 
 
 def _count_cpu_blocks(body: list, count: ast.stmt, flagged: bool) -> int | None:
@@ -99,7 +96,7 @@ def _count_cpu_blocks(body: list, count: ast.stmt, flagged: bool) -> int | None:
         if isinstance(last, ast.If) and FLAG_PARAM in ast.unparse(last.test):  # the entry check wraps the body
             last.body.append(count)
         else:
-            body.append(ast.If(test=_expr(f"{FLAG_PARAM}[0] == 0"), body=[count], orelse=[]) if flagged else count)
+            body.append(ast.If(test=expr(f"{FLAG_PARAM}[0] == 0"), body=[count], orelse=[]) if flagged else count)
         return 1
     blocks = 0
     for loop, repeats in loops:
@@ -116,7 +113,7 @@ def _parallel_loops(stmts: list, repeats: int | None) -> list[tuple[ast.For, int
     """Outermost parallel loops with how often each runs per call (the product of enclosing loop extents)."""
     found = []
     for stmt in stmts:
-        if isinstance(stmt, ast.For) and _iter_kind(stmt) == "parallel":
+        if isinstance(stmt, ast.For) and iter_kind(stmt) == "parallel":
             found.append((stmt, repeats))
             continue
         inner_repeats = repeats
@@ -132,9 +129,9 @@ def _parallel_loops(stmts: list, repeats: int | None) -> list[tuple[ast.For, int
 
 def _trip_count(loop: ast.For) -> int | None:
     """Iterations of a serial / grid / unrolled / vectorised TVMScript loop; None when symbolic."""
-    args = [_const(a) for a in loop.iter.args]
+    args = [const(a) for a in loop.iter.args]
     if any(a is None for a in args) or not args:
         return None
-    if _iter_kind(loop) == "grid":
+    if iter_kind(loop) == "grid":
         return math.prod(args)
     return args[-1] - args[0] if len(args) > 1 else args[0]

@@ -117,3 +117,32 @@ def test_gpu_loop_checks_stop_a_running_block_within_one_iteration_with_one_unif
     assert sources[64].count("__syncthreads_or(") == 3 and sources[1].count("__syncthreads_or(") == 2  # 1: iteration 0
     with pytest.raises(ValueError, match="K >= 1 checks per loop"):
         instrument(scheduled[name], idempotent=True, gpu=True, loops=-1)
+
+
+@T.prim_func(s_tir=True)
+def nested_sum(A: T.Buffer((64, 16, 4), "float32"), B: T.Buffer((64,), "float32")):
+    for bx in T.thread_binding(8, thread="blockIdx.x"):
+        for tx in T.thread_binding(8, thread="threadIdx.x"):
+            for k, u in T.grid(16, 4):
+                with T.sblock("b"):
+                    vi = T.axis.spatial(64, bx * 8 + tx)
+                    vk, vu = T.axis.remap("RR", [k, u])
+                    with T.init():
+                        B[vi] = T.float32(0)
+                    B[vi] = B[vi] + A[vi, vk, vu]
+
+
+def test_a_serial_loop_holding_another_gets_its_loop_checks_and_the_input_is_left_alone():
+    """The pass edits statements, not printed TVMScript: a serial loop whose body is another serial loop (printed
+    together as one T.grid) is an outermost uniform serial loop like any other, and the function given is unchanged
+    (the edit copies the path it changes)."""
+    before = nested_sum.script()
+    instrumented, check = instrument(nested_sum, idempotent=True, gpu=True, loops=4)
+    assert check == "loops" and nested_sum.script() == before
+    script = instrumented.script()
+    assert "if k % 4 == 0:" in script and script.count("__syncthreads_or") == 1 and "preempt_flags[k % 64]" in script
+    assert "for u in range(4):" in script  # the inner loop is the check's body, unchecked
+    target = make_target("cuda")
+    with target:
+        source = tvm.compile(tvm.IRModule({"main": instrumented.with_attr("global_symbol", "main")}), target).mod.imports[0].inspect_source()
+    assert source.count("__syncthreads_or(") == 1 and "if (preempt_flags_ptr[0] != 0) {" in source
