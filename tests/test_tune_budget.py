@@ -308,3 +308,19 @@ def test_the_getmodule_memo_answers_as_inspect_does_and_is_put_back():
                 assert memoized(here, here.f_code.co_filename) is original(here, here.f_code.co_filename) is sys.modules[__name__]
         assert inspect.getmodule is memoized
     assert inspect.getmodule is original
+
+
+def test_the_cost_model_trains_only_once_its_predictions_are_used():
+    """MetaSchedule's XGBModel predicts at random below `num_warmup_samples` measured candidates but trained after
+    every batch anyway (~1 s each on 2 cores, for a model nobody used); tuning.cost_model keeps the data and trains
+    once warm, whatever the adaptive-training rule says about the skipped rounds."""
+    model = tuning.cost_model(1)
+    rng = np.random.default_rng(0)
+    xs, ys = [rng.random((4, 16), dtype="float32") for _ in range(8)], rng.random(8, dtype="float32")  # 8 candidates
+    model._inst.data_size = model.num_warmup_samples - 1
+    model._inst.last_train_size = model.data_size
+    model._train(xs, ys)
+    assert model.booster is None and model.last_train_size == 0
+    model._inst.data_size = model.num_warmup_samples
+    model._train(xs, ys)
+    assert model.booster is not None

@@ -833,6 +833,33 @@ def search_strategy(trials: int):
     return ms.search_strategy.EvolutionarySearch(population_size=min(512, max(32, 8 * trials)))
 
 
+def cost_model(num_cores: int):
+    """MetaSchedule's XGB cost model (as `tune_tir` makes it), trained only once its predictions are used.
+
+    XGBModel predicts at random until it holds `num_warmup_samples` (100) measured candidates, yet it re-trains
+    after every measured batch from the first: each such training (xgboost plus its Python evaluation callback)
+    costs about a second on 2 cores and its model is never used, and a search of fewer than 100 trials trains only
+    such models. This one keeps every measurement and trains when its model is about to be used (then as
+    XGBModel does: again whenever the data grew by a fifth)."""
+    return _warm_xgb_class()(num_tuning_cores=num_cores, tree_method="auto")
+
+
+@functools.cache
+def _warm_xgb_class():
+    import tvm.s_tir.meta_schedule as ms
+    from tvm.ir.utils import derived_object
+
+    @derived_object
+    class WarmXGB(ms.cost_model.XGBModel._cls):
+        def _train(self, xs, ys) -> None:
+            if self.data_size < self.num_warmup_samples:
+                self.last_train_size = 0  # the first training once warm is not skipped by the adaptive rule
+                return
+            super()._train(xs, ys)
+
+    return WarmXGB
+
+
 def _tune_one(
     name: str, func, target, database, trials: int, runner, builder, *, per_iter: int = 64,
     stopper: "_Stopper | None" = None, work_dir: str | None = None,
@@ -848,7 +875,7 @@ def _tune_one(
             ms.tune_tir(
                 mod, target, folder, max_trials_global=trials, num_trials_per_iter=min(trials, per_iter),
                 builder=builder, runner=runner, database=database, strategy=strategy,
-                space=space_generator(target),
+                space=space_generator(target), cost_model=cost_model(ms.utils.cpu_count(logical=False)),
             )
     except TvmschedError:  # the database refused or is unreachable: the user must act
         raise
