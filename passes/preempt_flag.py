@@ -21,12 +21,17 @@ on GPU). The host sets slots 0..FLAG_SLOTS-1 together to preempt. Where the chec
   check could leave it half done: it has no check and is only held back before launch.
 
 Every compile runs this pass, so it edits the function's statements directly rather than printing and parsing
-TVMScript back (that round trip was ~35 % of a default compile: passes.script_edit). TVM 0.27 has no Python IR
+TVMScript back (that round trip was ~35 % of a default compile): passes.tir_edit. TVM 0.27 has no Python IR
 mutator of its own, but tvm-ffi's structural mutator rebuilds the path from the root to each statement the pass
 changes and shares the rest (copy-on-write; docs/tvm-pitfalls.md).
 """
 
 from __future__ import annotations
+
+from tvmsched.passes.tir_edit import (
+    all_of, buffer_param, const, innermost_block_loop, int32, is_thread_loop, loop_kind, map_outermost, replace, root_body,
+    seq, thread_return, with_root_body, zero,
+)
 
 FLAG_SLOTS = 64
 STARTED_SLOT = FLAG_SLOTS
@@ -44,7 +49,7 @@ def instrument(func, *, idempotent: bool, gpu: bool, loops: int = 0):
     if loops < 0:
         raise ValueError(f"loops must be 0 (no loop checks) or K >= 1 checks per loop, not {loops}")
     edit = _Checks(_flag_param())
-    body = _root_body(func)
+    body = root_body(func)
     if gpu:
         check = "none"
         if idempotent:
@@ -62,7 +67,7 @@ def instrument(func, *, idempotent: bool, gpu: bool, loops: int = 0):
             check = "parallel"
         else:
             body, check = edit.loop_nests(body), "loop"
-    return _with_root_body(func, body, edit.flags), check
+    return with_root_body(func, body, edit.flags), check
 
 
 class _Checks:
@@ -75,21 +80,21 @@ class _Checks:
         """flags[slot] == 0 (`slot`: an int or an index expression)."""
         import tvm
 
-        return tvm.tirx.EQ(self.load(slot), _int(0))
+        return tvm.tirx.EQ(self.load(slot), int32(0))
 
     def load(self, slot):
         import tvm
 
-        return tvm.tirx.BufferLoad(self.flags, [_int(slot) if isinstance(slot, int) else slot])
+        return tvm.tirx.BufferLoad(self.flags, [int32(slot) if isinstance(slot, int) else slot])
 
     def parallel_loops(self, body):
         """A check at the start of every iteration of each outermost parallel loop."""
         import tvm
 
         def wrap(loop):
-            return _replace(loop, body=tvm.tirx.IfThenElse(self.clear(_loop_slot(loop)), loop.body, None))
+            return replace(loop, body=tvm.tirx.IfThenElse(self.clear(_loop_slot(loop)), loop.body, None))
 
-        return _map_outermost(body, lambda s: _kind(s) == "parallel", wrap)
+        return map_outermost(body, lambda s: loop_kind(s) == "parallel", wrap)
 
     def block_starts(self, body):
         """An early exit at the start of the innermost blockIdx loop of every nest (an early return, not a
@@ -97,10 +102,10 @@ class _Checks:
         import tvm
 
         def wrap(loop):
-            leave = tvm.tirx.IfThenElse(tvm.tirx.NE(self.load(0), _int(0)), _thread_return(), None)
-            return _replace(loop, body=_seq([leave, loop.body]))
+            leave = tvm.tirx.IfThenElse(tvm.tirx.NE(self.load(0), int32(0)), thread_return(), None)
+            return replace(loop, body=seq([leave, loop.body]))
 
-        return _map_outermost(body, _innermost_block_loop, wrap)
+        return map_outermost(body, innermost_block_loop, wrap)
 
     def uniform_serial_loops(self, body, checks: int):
         """Block-uniform checks at `checks` evenly spaced iterations (every ceil(extent / checks)-th, the first
@@ -108,9 +113,9 @@ class _Checks:
 
         def wrap(block):
             checked = self._uniform(block.body, [], checks)
-            return block if checked.same_as(block.body) else _replace(block, body=checked)
+            return block if checked.same_as(block.body) else replace(block, body=checked)
 
-        new, count = _map_outermost(body, _innermost_block_loop, wrap)
+        new, count = map_outermost(body, innermost_block_loop, wrap)
         return new, count > 0
 
     def _uniform(self, stmt, threads: list, checks: int):
@@ -121,15 +126,15 @@ class _Checks:
 
         kind = type(stmt).__name__
         if kind == "SeqStmt":
-            return _seq([self._uniform(s, threads, checks) for s in stmt.seq], like=stmt)
+            return seq([self._uniform(s, threads, checks) for s in stmt.seq], like=stmt)
         if kind != "For":
             return stmt
-        if _is_thread_loop(stmt, "threadIdx"):
-            return _replace(stmt, body=self._uniform(stmt.body, [*threads, stmt.loop_var], checks))
-        if _is_thread_loop(stmt, "vthread"):
-            return _replace(stmt, body=self._uniform(stmt.body, threads, checks))
-        extent = _const(stmt.extent)
-        if _kind(stmt) != "serial" or _const(stmt.min) != 0 or extent is None or extent <= 1:
+        if is_thread_loop(stmt, "threadIdx"):
+            return replace(stmt, body=self._uniform(stmt.body, [*threads, stmt.loop_var], checks))
+        if is_thread_loop(stmt, "vthread"):
+            return replace(stmt, body=self._uniform(stmt.body, threads, checks))
+        extent = const(stmt.extent)
+        if loop_kind(stmt) != "serial" or const(stmt.min) != 0 or extent is None or extent <= 1:
             return stmt
         # __ldcv: a load the caches cannot answer from a copy made before the host set the flag (inside one
         # kernel a plain load of a read-only __restrict__ pointer may come from the non-coherent cache). Only
@@ -137,17 +142,17 @@ class _Checks:
         # thread reading host-mapped flags cost 76-190x on an H100, bench/results/gpu.md); __syncthreads_or
         # hands its answer to all.
         address = tvm.tirx.address_of(self.load(_loop_slot(stmt)))
-        read = tvm.tirx.Cast("int32", tvm.tirx.NE(tvm.tirx.call_extern("int32", "__ldcv", address), _int(0)))
+        read = tvm.tirx.Cast("int32", tvm.tirx.NE(tvm.tirx.call_extern("int32", "__ldcv", address), int32(0)))
         if threads:
-            first = [tvm.tirx.EQ(var, _zero(var)) for var in threads]
-            read = tvm.tirx.if_then_else(_all(first), read, _int(0))  # lazily evaluated: the others do not load
-        seen = tvm.tirx.NE(tvm.tirx.call_extern("int32", "__syncthreads_or", read), _int(0))
-        check = tvm.tirx.IfThenElse(seen, _thread_return(), None)
+            first = [tvm.tirx.EQ(var, zero(var)) for var in threads]
+            read = tvm.tirx.if_then_else(all_of(first), read, int32(0))  # lazily evaluated: the others do not load
+        seen = tvm.tirx.NE(tvm.tirx.call_extern("int32", "__syncthreads_or", read), int32(0))
+        check = tvm.tirx.IfThenElse(seen, thread_return(), None)
         every = -(-extent // checks)
         if every > 1:  # the same iteration number in every thread of the block: all check, or none
             iteration = stmt.loop_var % every
-            check = tvm.tirx.IfThenElse(tvm.tirx.EQ(iteration, _zero(iteration)), check, None)
-        return _replace(stmt, body=_seq([check, stmt.body]))
+            check = tvm.tirx.IfThenElse(tvm.tirx.EQ(iteration, zero(iteration)), check, None)
+        return replace(stmt, body=seq([check, stmt.body]))
 
     def entry(self, body):
         """One check before any work; passing it marks the started slot."""
@@ -155,25 +160,25 @@ class _Checks:
 
         stmts = list(body.seq) if type(body).__name__ == "SeqStmt" else [body]
         first = next((i for i, s in enumerate(stmts) if type(s).__name__ not in DECLARATIONS), len(stmts))
-        mark = tvm.tirx.BufferStore(self.flags, _int(1), [_int(STARTED_SLOT)])
-        checked = tvm.tirx.IfThenElse(self.clear(0), _seq([mark, *stmts[first:]]), None)
-        return _seq([*stmts[:first], checked])
+        mark = tvm.tirx.BufferStore(self.flags, int32(1), [int32(STARTED_SLOT)])
+        checked = tvm.tirx.IfThenElse(self.clear(0), seq([mark, *stmts[first:]]), None)
+        return seq([*stmts[:first], checked])
 
     def loop_nests(self, body):
         """A check at every iteration of each top-level nest's first loop with more than one iteration."""
         if type(body).__name__ == "SeqStmt":
-            return _seq([self.nest(s) if type(s).__name__ == "For" else s for s in body.seq], like=body)
+            return seq([self.nest(s) if type(s).__name__ == "For" else s for s in body.seq], like=body)
         return self.nest(body) if type(body).__name__ == "For" else body
 
     def nest(self, loop):
         import tvm
 
-        if _kind(loop) != "serial":  # vectorised / unrolled / bound loops: check once before the nest
+        if loop_kind(loop) != "serial":  # vectorised / unrolled / bound loops: check once before the nest
             return tvm.tirx.IfThenElse(self.clear(0), loop, None)
-        if _const(loop.extent) != 1:
-            return _replace(loop, body=tvm.tirx.IfThenElse(self.clear(_loop_slot(loop)), loop.body, None))
+        if const(loop.extent) != 1:
+            return replace(loop, body=tvm.tirx.IfThenElse(self.clear(_loop_slot(loop)), loop.body, None))
         if type(loop.body).__name__ == "For":  # a unit loop: look one loop further in
-            return _replace(loop, body=self.nest(loop.body))
+            return replace(loop, body=self.nest(loop.body))
         return tvm.tirx.IfThenElse(self.clear(0), loop, None)
 
 
@@ -182,119 +187,6 @@ def _loop_slot(loop):
     return loop.loop_var % FLAG_SLOTS
 
 
-def _innermost_block_loop(stmt) -> bool:
-    return _is_thread_loop(stmt, "blockIdx") and not _is_thread_loop(stmt.body, "blockIdx")
-
-
 def _flag_param():
     """The flag buffer parameter, as TVMScript declares `preempt_flags: T.Buffer((FLAG_LEN,), "int32")`."""
-    import tvm
-
-    return tvm.tirx.decl_buffer(
-        (FLAG_LEN,), "int32", name=PARAM, scope="global", elem_offset=0, data_alignment=64, offset_factor=1, layout=None
-    )
-
-
-def _root_body(func):
-    """The statements under the root block (or the function's body when it has none)."""
-    root = func.body
-    if type(root).__name__ == "SBlockRealize" and root.block.name_hint == "root":
-        return root.block.body
-    return root
-
-
-def _with_root_body(func, body, flags):
-    """`func` with `body` under its root block and `flags` as its last parameter (attributes kept)."""
-    import tvm
-
-    root = func.body
-    if type(root).__name__ == "SBlockRealize" and root.block.name_hint == "root":
-        body = _replace(root, block=_replace(root.block, body=body))
-    return tvm.tirx.PrimFunc([*func.params, flags], body, func.ret_type, func.attrs)
-
-
-def _map_outermost(stmt, matches, wrap):
-    """(`stmt` with `wrap(loop)` in place of each outermost loop for which `matches` holds, not looking inside a
-    match; how many `wrap` changed). The rest is shared, not copied (tvm-ffi's copy-on-write structural mutator)."""
-    import tvm
-    import tvm_ffi
-
-    changed = 0
-
-    def visit(loop, mutator):
-        nonlocal changed
-        if not matches(loop):
-            return mutator.default_mutate(loop)
-        wrapped = wrap(loop)
-        changed += not wrapped.same_as(loop)
-        return wrapped
-
-    return tvm_ffi.structural_mutate(stmt, [(tvm.tirx.For, visit)]), changed
-
-
-def _replace(node, **fields):
-    """`node` with new values for some of its child statements (`node` itself is left alone)."""
-    import tvm_ffi
-
-    for name, new in fields.items():
-        old = getattr(node, name)
-        if new.same_as(old):
-            continue
-        node = tvm_ffi.structural_mutate(node, [(type(old), lambda value, mutator: new if value.same_as(old) else mutator.default_mutate(value))])
-    return node
-
-
-def _seq(stmts: list, like=None):
-    """One statement of `stmts` (nested statement lists flattened, as TVMScript prints and parses them)."""
-    import tvm
-
-    flat = []
-    for stmt in stmts:
-        flat += list(stmt.seq) if type(stmt).__name__ == "SeqStmt" else [stmt]
-    if like is not None and len(flat) == len(like.seq) and all(a.same_as(b) for a, b in zip(flat, like.seq)):
-        return like
-    return flat[0] if len(flat) == 1 else tvm.tirx.SeqStmt(flat)
-
-
-def _thread_return():
-    import tvm
-
-    return tvm.tirx.Evaluate(tvm.tirx.op.thread_return())
-
-
-def _all(conditions: list):
-    import tvm
-
-    result = conditions[0]
-    for condition in conditions[1:]:
-        result = tvm.tirx.And(result, condition)
-    return result
-
-
-def _int(value: int):
-    import tvm
-
-    return tvm.tirx.const(value, "int32")
-
-
-def _zero(expr):
-    """0 of `expr`'s type."""
-    import tvm
-
-    return tvm.tirx.const(0, expr.ty.dtype)
-
-
-def _kind(stmt) -> str:
-    """"serial", "parallel", "vectorized", "unrolled", "thread_binding" of a For; "" for other statements."""
-    if type(stmt).__name__ != "For":
-        return ""
-    return {0: "serial", 1: "parallel", 2: "vectorized", 3: "unrolled", 4: "thread_binding"}.get(int(stmt.kind), "")
-
-
-def _is_thread_loop(stmt, axis: str) -> bool:
-    return _kind(stmt) == "thread_binding" and stmt.thread_binding is not None and axis in stmt.thread_binding.thread_tag
-
-
-def _const(expr) -> int | None:
-    """The value of an integer immediate; None when not constant."""
-    return int(expr.value) if type(expr).__name__ == "IntImm" else None
+    return buffer_param(PARAM, FLAG_LEN)

@@ -2,8 +2,10 @@
 
 The pass adds a last parameter `progress_counter` (int32[1]; the runtime passes each layer its own
 slot of the request stream's counter array) and adds to it, atomically, when a block's work is done:
-- GPU: every thread of a thread block does `atomicAdd(progress_counter, 1)` at the end of the
-  block; completed blocks = counter / threads per block.
+- GPU: every thread of a thread block does `atomicAdd(progress_counter, w)` at the end of the block;
+  completed blocks = counter / threads. A function that launches blocks of different sizes (several kernels)
+  counts with threads = the least common multiple of its launches' threads per block and w = threads / the
+  launch's own (so each block adds `threads`, whichever launch it belongs to); one launch: w = 1.
 - CPU: a block is one iteration of an outermost parallel loop (run by one worker thread); it calls
   `tvmsched_progress_add(progress_counter, 1)` at its end, a C function linked into the kernel
   library (CPU_SOURCE: `__atomic_fetch_add`, as TVM's LLVM backend emits no atomics). A kernel
@@ -13,12 +15,14 @@ Blocks that left early on the preempt flag do not count.
 
 from __future__ import annotations
 
-import ast
 import math
 from dataclasses import dataclass
 
 from tvmsched.passes.preempt_flag import PARAM as FLAG_PARAM
-from tvmsched.passes.script_edit import const, expr, function_tree, iter_kind, outermost_loops, parse_back, root_body
+from tvmsched.passes.tir_edit import (
+    buffer_param, const, innermost_block_loop, int32, is_thread_loop, loop_kind, map_outermost, replace, root_body, seq,
+    with_root_body,
+)
 
 PARAM = "progress_counter"
 CPU_ADD = "tvmsched_progress_add"
@@ -40,98 +44,123 @@ def count_progress(func, *, gpu: bool = True) -> Counted:
     """Instrument a PrimFunc (after the preempt-flag pass, if any) to count its completed blocks."""
     import tvm
 
-    tree, fn = function_tree(func)
-    body = root_body(fn)
+    counter = buffer_param(PARAM, 1, any_offset=True)  # the runtime passes a view of its per-layer counter array
+    body = root_body(func)
     if gpu:
-        threads = _count_gpu_blocks(fn, body)
-        if threads is None:
+        launches = [threads for _, threads in _block_nests(body)]
+        if not launches:
             return Counted(func, None, None)
+        threads = math.lcm(*launches)
+
+        def count_at_the_end(loop):
+            return replace(loop, body=seq([loop.body, _count_call("atomicAdd", counter, threads // _threads(loop))]))
+
+        body, _ = map_outermost(body, innermost_block_loop, count_at_the_end)
         from tvmsched.passes.launch_geometry import launch_blocks
 
         launched = launch_blocks(tvm.IRModule({"main": func}))
         blocks = None if launched is None else sum(launched)
     else:
         threads = 1
-        flagged = any(arg.arg == FLAG_PARAM for arg in fn.args.args)
-        blocks = _count_cpu_blocks(body, _count_call(CPU_ADD), flagged)
-    # offset_factor=1: the runtime passes a view of its per-layer counter array (non-zero byte offset)
-    fn.args.args.append(ast.arg(arg=PARAM, annotation=expr('T.Buffer((1,), "int32", offset_factor=1)')))
-    counted = parse_back(tree, func)
-    return Counted(counted, threads, blocks)
+        flags = next((p for p in func.params if p.name == FLAG_PARAM), None)
+        body, blocks = _count_cpu_blocks(body, _count_call(CPU_ADD, counter, 1), flags)
+    return Counted(with_root_body(func, body, counter), threads, blocks)
 
 
-def _count_gpu_blocks(fn: ast.FunctionDef, body: list) -> int | None:
-    """Add the per-thread atomicAdd at the end of every thread block; threads per block (None: no blocks)."""
+def _block_nests(body) -> list[tuple[object, int]]:
+    """(innermost blockIdx loop, threads per block) of each kernel launch the function makes."""
+    import tvm
+    import tvm_ffi
 
-    def thread(loop) -> str:
-        return next((k.value.value for k in loop.iter.keywords if k.arg == "thread"), "")
+    nests = []
 
-    def is_block_loop(stmt) -> bool:
-        return isinstance(stmt, ast.For) and iter_kind(stmt) == "thread_binding" and thread(stmt).startswith("blockIdx")
+    def visit(loop):
+        if not innermost_block_loop(loop):
+            return tvm_ffi.WalkResult.ADVANCE
+        nests.append((loop, _threads(loop)))
+        return tvm_ffi.WalkResult.SKIP
 
-    loops = outermost_loops(body, lambda s: is_block_loop(s) and not (len(s.body) == 1 and is_block_loop(s.body[0])))
-    if not loops:
-        return None
+    tvm_ffi.structural_walk(body, [(tvm.tirx.For, visit)], order="pre")
+    return nests
+
+
+def _threads(block_loop) -> int:
+    """Threads per block of one launch: the product of its threadIdx extents (the first loop of each axis)."""
+    import tvm
+    import tvm_ffi
+
     extents = {}
-    for node in ast.walk(fn):
-        if isinstance(node, ast.For) and iter_kind(node) == "thread_binding" and thread(node).startswith("threadIdx"):
-            extent = node.iter.args[0]
-            value = extent.value if isinstance(extent, ast.Constant) else extent.args[0].value
-            extents.setdefault(thread(node), int(value))
-    for loop in loops:
-        loop.body.append(_count_call("atomicAdd"))
+
+    def visit(loop):
+        if is_thread_loop(loop, "threadIdx") and const(loop.extent) is not None:
+            extents.setdefault(loop.thread_binding.thread_tag, const(loop.extent))
+
+    tvm_ffi.structural_walk(block_loop.body, [(tvm.tirx.For, visit)], order="pre")
     return math.prod(extents.values()) or 1
 
 
-def _count_call(function: str) -> ast.stmt:
-    """`function(&progress_counter[0], 1)`: the statement that counts one completed block (per thread on GPU)."""
-    return ast.Expr(expr(f'T.evaluate(T.call_extern("int32", "{function}", T.address_of({PARAM}[0]), 1))'))
+def _count_call(function: str, counter, amount: int):
+    """`function(&progress_counter[0], amount)`: the statement that counts a completed block (per thread on GPU)."""
+    import tvm
+
+    address = tvm.tirx.address_of(tvm.tirx.BufferLoad(counter, [int32(0)]))
+    return tvm.tirx.Evaluate(tvm.tirx.call_extern("int32", function, address, int32(amount)))
 
 
-def _count_cpu_blocks(body: list, count: ast.stmt, flagged: bool) -> int | None:
-    """Add `count` at the end of every parallel iteration (or of the call); the blocks one call counts."""
+def _count_cpu_blocks(body, count, flags):
+    """(`body` with `count` at the end of every parallel iteration (or of the call), the blocks one call counts)."""
+    import tvm
+
     loops = _parallel_loops(body, 1)
     if not loops:  # serial kernel: one block, counted at its end unless a preempt check skipped work
-        last = body[-1] if body else None
-        if isinstance(last, ast.If) and FLAG_PARAM in ast.unparse(last.test):  # the entry check wraps the body
-            last.body.append(count)
+        stmts = list(body.seq) if type(body).__name__ == "SeqStmt" else [body]
+        last = stmts[-1]
+        if _checks_flag(last, flags):  # the entry check wraps the body
+            stmts[-1] = replace(last, then_case=seq([last.then_case, count]))
         else:
-            body.append(ast.If(test=expr(f"{FLAG_PARAM}[0] == 0"), body=[count], orelse=[]) if flagged else count)
-        return 1
+            flag_clear = None if flags is None else tvm.tirx.EQ(tvm.tirx.BufferLoad(flags, [int32(0)]), int32(0))
+            stmts.append(count if flag_clear is None else tvm.tirx.IfThenElse(flag_clear, count, None))
+        return seq(stmts), 1
+
+    def wrap(loop):
+        inner = loop.body
+        if _checks_flag(inner, flags):  # the per-iteration preempt check: count only iterations that ran
+            return replace(loop, body=replace(inner, then_case=seq([inner.then_case, count])))
+        return replace(loop, body=seq([inner, count]))
+
+    counted = [loop for loop, _ in loops]
+    body, _ = map_outermost(body, lambda loop: any(loop.same_as(c) for c in counted), wrap)
     blocks = 0
     for loop, repeats in loops:
-        inner = loop.body
-        if len(inner) == 1 and isinstance(inner[0], ast.If) and FLAG_PARAM in ast.unparse(inner[0].test):
-            inner = inner[0].body  # the per-iteration preempt check: count only iterations that ran
-        inner.append(count)
-        extent = _trip_count(loop)
+        extent = const(loop.extent)
         blocks = None if blocks is None or repeats is None or extent is None else blocks + repeats * extent
-    return blocks
+    return body, blocks
 
 
-def _parallel_loops(stmts: list, repeats: int | None) -> list[tuple[ast.For, int | None]]:
-    """Outermost parallel loops with how often each runs per call (the product of enclosing loop extents)."""
+def _checks_flag(stmt, flags) -> bool:
+    """Whether `stmt` is a condition without an else that reads the preempt flags (a check of passes.preempt_flag)."""
+    import tvm
+    import tvm_ffi
+
+    if flags is None or type(stmt).__name__ != "IfThenElse" or stmt.else_case is not None:
+        return False
     found = []
-    for stmt in stmts:
-        if isinstance(stmt, ast.For) and iter_kind(stmt) == "parallel":
-            found.append((stmt, repeats))
-            continue
-        inner_repeats = repeats
-        if isinstance(stmt, ast.For):
-            trips = _trip_count(stmt)
-            inner_repeats = None if repeats is None or trips is None else repeats * trips
-        for field in ("body", "orelse"):
-            inner = getattr(stmt, field, None)
-            if isinstance(inner, list):
-                found += _parallel_loops(inner, inner_repeats)
-    return found
+    tvm_ffi.structural_walk(stmt.condition, [(tvm.ir.Var, lambda var: found.append(var.same_as(flags)))])
+    return any(found)
 
 
-def _trip_count(loop: ast.For) -> int | None:
-    """Iterations of a serial / grid / unrolled / vectorised TVMScript loop; None when symbolic."""
-    args = [const(a) for a in loop.iter.args]
-    if any(a is None for a in args) or not args:
-        return None
-    if iter_kind(loop) == "grid":
-        return math.prod(args)
-    return args[-1] - args[0] if len(args) > 1 else args[0]
+def _parallel_loops(stmt, repeats: int | None) -> list[tuple[object, int | None]]:
+    """Outermost parallel loops with how often each runs per call (the product of enclosing loop extents)."""
+    node = type(stmt).__name__
+    if node == "For" and loop_kind(stmt) == "parallel":
+        return [(stmt, repeats)]
+    if node == "For":
+        trips = const(stmt.extent)
+        return _parallel_loops(stmt.body, None if repeats is None or trips is None else repeats * trips)
+    children = {
+        "SeqStmt": lambda: list(stmt.seq), "SBlockRealize": lambda: [stmt.block],
+        "SBlock": lambda: [s for s in (stmt.init, stmt.body) if s is not None],
+        "IfThenElse": lambda: [s for s in (stmt.then_case, stmt.else_case) if s is not None],
+        "AttrStmt": lambda: [stmt.body], "LetStmt": lambda: [stmt.body], "While": lambda: [stmt.body],
+    }.get(node, list)()
+    return [found for child in children for found in _parallel_loops(child, repeats)]

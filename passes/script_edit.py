@@ -1,8 +1,8 @@
 """Editing a PrimFunc as TVMScript: print it, change the Python syntax tree with `ast`, parse it back.
 
-TVM 0.27 has no Python IR mutator (docs/tvm-pitfalls.md). `passes.progress` and `passes.grid_limit` edit the
-printed function this way; parsing costs ~0.1 s per kernel, which is why the pass every compile runs
-(`passes.preempt_flag`) edits the statements themselves instead.
+TVM 0.27 has no Python IR mutator of its own (docs/tvm-pitfalls.md). `passes.grid_limit` (GPU kits only) edits the
+printed function this way; parsing costs ~0.1-0.2 s per kernel, which is why the passes a compile runs on every kernel
+(`passes.preempt_flag`, `passes.progress`) edit the statements themselves (`passes.tir_edit`).
 """
 
 from __future__ import annotations

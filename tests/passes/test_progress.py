@@ -10,6 +10,7 @@ from tvm.script import tirx as T
 
 from tvmsched import models
 from tvmsched.lower import kernels
+from tvmsched.lower.targets import make_target
 from tvmsched.passes.preempt_flag import FLAG_LEN, instrument
 from tvmsched.passes.progress import CPU_ADD, CPU_SOURCE, PARAM, count_progress
 from tvmsched.pipeline import compile_model, lower_model
@@ -23,6 +24,36 @@ def test_every_thread_counts_its_block_once_at_the_end():
     assert f'T.call_extern("int32", "atomicAdd", T.address_of({PARAM}[0]), 1)' in counted.func.script()
     assert counted.threads == 256  # the dlight GEMV of mlp's first layer: 256 threads per block
     assert count_progress(funcs[name]).threads is None  # no thread blocks: left alone
+
+
+@T.prim_func(s_tir=True)
+def two_launches(A: T.Buffer((256,), "float32"), B: T.Buffer((256,), "float32")):
+    for bx in T.thread_binding(4, thread="blockIdx.x"):
+        for tx in T.thread_binding(64, thread="threadIdx.x"):
+            with T.sblock("first"):
+                vi = T.axis.spatial(256, bx * 64 + tx)
+                B[vi] = A[vi] * T.float32(2)
+    for bx in T.thread_binding(16, thread="blockIdx.x"):
+        for tx in T.thread_binding(16, thread="threadIdx.x"):
+            with T.sblock("second"):
+                vi = T.axis.spatial(256, bx * 16 + tx)
+                A[vi] = B[vi] + T.float32(1)
+
+
+def test_launches_of_different_block_sizes_count_every_block_alike():
+    """A function that launches 4 blocks of 64 threads, then 16 of 16: threads = lcm(64, 16) = 64, and the second
+    launch's threads add 4 each, so every finished block adds 64 whichever launch it belongs to (before, the first
+    threadIdx extents found made threads = 64 and the second launch's blocks counted a quarter)."""
+    counted = count_progress(two_launches)
+    assert counted.threads == 64 and counted.blocks == 4 + 16
+    script = counted.func.script()
+    for amount in (1, 4):
+        assert f'T.call_extern("int32", "atomicAdd", T.address_of({PARAM}[0]), {amount})' in script
+    target = make_target("cuda")
+    with target:
+        source = tvm.compile(tvm.IRModule({"main": counted.func.with_attr("global_symbol", "main")}), target)
+    source = source.mod.imports[0].inspect_source()
+    assert source.count("atomicAdd(") == 2 and ", 4);" in source  # (4 x 64 x 1 + 16 x 16 x 4) / 64 = 20 blocks
 
 
 def test_cuda_artifacts_carry_counters_and_threads_per_block():
