@@ -67,7 +67,11 @@ def replace(node, **fields):
         old = getattr(node, name)
         if new.same_as(old):
             continue
-        node = tvm_ffi.structural_mutate(node, [(type(old), lambda value, mutator: new if value.same_as(old) else mutator.default_mutate(value))])
+
+        def swap(value, mutator, old=old, new=new):
+            return new if value.same_as(old) else mutator.default_mutate(value)
+
+        node = tvm_ffi.structural_mutate(node, [(type(old), swap)])
     return node
 
 
