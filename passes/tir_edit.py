@@ -65,14 +65,19 @@ def replace(node, **fields):
 
     for name, new in fields.items():
         old = getattr(node, name)
-        if new.same_as(old):
-            continue
-
-        def swap(value, mutator, old=old, new=new):
-            return new if value.same_as(old) else mutator.default_mutate(value)
-
-        node = tvm_ffi.structural_mutate(node, [(type(old), swap)])
+        if not new.same_as(old):
+            node = tvm_ffi.structural_mutate(node, [(type(old), _swap(old, new))])
     return node
+
+
+def _swap(old, new):
+    """A structural_mutate callback putting `new` where `old` was (a callback's third parameter, if any, is the
+    mutator's in-place mode: the pair cannot be bound as default arguments)."""
+
+    def swap(value, mutator):
+        return new if value.same_as(old) else mutator.default_mutate(value)
+
+    return swap
 
 
 def seq(stmts: list, like=None):
