@@ -77,15 +77,10 @@ class _Checks:
         self.flags = flags
 
     def clear(self, slot):
-        """flags[slot] == 0 (`slot`: an int or an index expression)."""
-        import tvm
-
-        return tvm.tirx.EQ(self.load(slot), int32(0))
+        return flag_clear(self.flags, slot)
 
     def load(self, slot):
-        import tvm
-
-        return tvm.tirx.BufferLoad(self.flags, [int32(slot) if isinstance(slot, int) else slot])
+        return flag_load(self.flags, slot)
 
     def parallel_loops(self, body):
         """A check at the start of every iteration of each outermost parallel loop."""
@@ -180,6 +175,20 @@ class _Checks:
         if type(loop.body).__name__ == "For":  # a unit loop: look one loop further in
             return replace(loop, body=self.nest(loop.body))
         return tvm.tirx.IfThenElse(self.clear(0), loop, None)
+
+
+def flag_load(flags, slot):
+    """flags[slot] (`slot`: an int or an index expression)."""
+    import tvm
+
+    return tvm.tirx.BufferLoad(flags, [int32(slot) if isinstance(slot, int) else slot])
+
+
+def flag_clear(flags, slot):
+    """flags[slot] == 0: the flag is not set (what a check tests before running on)."""
+    import tvm
+
+    return tvm.tirx.EQ(flag_load(flags, slot), int32(0))
 
 
 def _loop_slot(loop):

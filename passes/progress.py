@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from tvmsched.passes.preempt_flag import PARAM as FLAG_PARAM
+from tvmsched.passes.preempt_flag import flag_clear
 from tvmsched.passes.tir_edit import (
     buffer_param, const, innermost_block_loop, int32, is_thread_loop, loop_kind, map_outermost, replace, root_body, seq,
     with_root_body,
@@ -47,13 +48,14 @@ def count_progress(func, *, gpu: bool = True) -> Counted:
     counter = buffer_param(PARAM, 1, any_offset=True)  # the runtime passes a view of its per-layer counter array
     body = root_body(func)
     if gpu:
-        launches = [threads for _, threads in _block_nests(body)]
-        if not launches:
+        nests = _block_nests(body)
+        if not nests:
             return Counted(func, None, None)
-        threads = math.lcm(*launches)
+        threads = math.lcm(*(own for _, own in nests))
 
         def count_at_the_end(loop):
-            return replace(loop, body=seq([loop.body, _count_call("atomicAdd", counter, threads // _threads(loop))]))
+            own = next(own for nest, own in nests if nest.same_as(loop))
+            return replace(loop, body=seq([loop.body, _count_call("atomicAdd", counter, threads // own)]))
 
         body, _ = map_outermost(body, innermost_block_loop, count_at_the_end)
         from tvmsched.passes.launch_geometry import launch_blocks
@@ -118,8 +120,7 @@ def _count_cpu_blocks(body, count, flags):
         if _checks_flag(last, flags):  # the entry check wraps the body
             stmts[-1] = replace(last, then_case=seq([last.then_case, count]))
         else:
-            flag_clear = None if flags is None else tvm.tirx.EQ(tvm.tirx.BufferLoad(flags, [int32(0)]), int32(0))
-            stmts.append(count if flag_clear is None else tvm.tirx.IfThenElse(flag_clear, count, None))
+            stmts.append(count if flags is None else tvm.tirx.IfThenElse(flag_clear(flags, 0), count, None))
         return seq(stmts), 1
 
     def wrap(loop):
