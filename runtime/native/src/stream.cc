@@ -189,7 +189,7 @@ void StreamObj::Start() {
     self->SubmitLoop();
     self.reset();  // may run the destructor here; it then detaches this thread
   });
-  if (gpu_ && m_->counts_progress()) progress_thread_ = std::thread([this] { ProgressLoop(); });
+  if (async_ && m_->counts_progress()) progress_thread_ = std::thread([this] { ProgressLoop(); });
 }
 
 StreamObj::StreamObj(Model model, std::string name, StreamOptions options)
@@ -198,9 +198,9 @@ StreamObj::StreamObj(Model model, std::string name, StreamOptions options)
     TVM_FFI_THROW(TvmschedError) << "preemption needs an artifact compiled with preempt checks (the default)";
   }
   if (options_.max_in_flight < 1) TVM_FFI_THROW(TvmschedError) << "max_in_flight must be at least 1";
-  gpu_ = m_->device().launches_async();  // a window of launches in flight, events, a progress thread
+  async_ = m_->device().launches_async();  // a window of launches in flight, events, a progress thread
   m_->SetStreamPriority(options_.priority);
-  if (gpu_ && m_->reuse_distance() < options_.max_in_flight) m_->Replan(options_.max_in_flight);
+  if (async_ && m_->reuse_distance() < options_.max_in_flight) m_->Replan(options_.max_in_flight);
   for (const LayerSpec& layer : m_->manifest().layers) {
     std::vector<bool> idem;
     std::vector<int64_t> blocks, threads;
@@ -249,7 +249,7 @@ Request StreamObj::SubmitBy(ffi::Map<ffi::String, ffi::Tensor> inputs, std::vect
     requests_.emplace_back(request);
     queued_.fetch_add(1, std::memory_order_release);
     // stage 1 starts now (paused: when it resumes, so a paused task holds up no other switch-in)
-    if (!paused_ && !m_->resident()) m_->placement()->Demand(m_, -1);
+    if (!paused_locked() && !m_->resident()) m_->placement()->Demand(m_, -1);
   }
   cond_.notify_all();
   return Request(request);
@@ -260,25 +260,25 @@ PreemptReport StreamObj::Preempt(bool abort, bool wait) {
   PreemptReport report;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    bool pausing = !paused_ && !closed_;
-    resume_after_drain_ = false;  // a Resume(wait=false) still waiting for the drain: this preemption comes after it
+    bool pausing = !paused_locked() && !closed_;
+    // a Resume(wait=false) still waiting for the drain: this preemption comes after it
+    if (state_ == RunState::kResumeAfterDrain) To(RunState::kUndrained);
     if (pausing) {
-      paused_ = true;
+      To(async_ ? RunState::kUndrained : RunState::kPaused);
       ++preemptions;
       if (abort) m_->SetPreemptFlag(true);
       if (abort && running_) flagged_launch_ = true;
-      undrained_ = gpu_;
       m_->placement()->Yield(m_);  // a paused task holds up no other switch-in
     }
-    if (!wait || !paused_) {  // the submitter drains what is in flight (SubmitLoop); or closed
+    if (!wait || !paused_locked()) {  // the submitter drains what is in flight (SubmitLoop); or closed
       report.rerun = rerun_;
       if (pausing) report.seconds = (Device::NowMicros() - start) / 1e6;
       lock.unlock();
       if (pausing) cond_.notify_all();
       return report;
     }
-    // CPU: the kernel returns within one chunk; GPU: the submitter stops waiting on an event. Also when an earlier
-    // Preempt() that did not wait paused it: the launch it left running (CPU) or its drain (GPU) ends first
+    // synchronous: the kernel returns within one chunk; asynchronous: the submitter stops waiting on an event. Also
+    // when an earlier Preempt() that did not wait paused it: the launch it left running or its drain ends first
     ++preempt_waiting_;
     report.finished = Quiesce(lock);
     --preempt_waiting_;
@@ -291,23 +291,24 @@ PreemptReport StreamObj::Preempt(bool abort, bool wait) {
 
 std::vector<Launch> StreamObj::Quiesce(std::unique_lock<std::mutex>& lock) {
   // a Resume() meanwhile ends the wait: the stream runs on (waiting for it to idle would last while it has work)
-  cond_.wait(lock, [this] { return (!running_.has_value() && !waiting_) || !paused_ || (gpu_ && !undrained_); });
-  if (gpu_ && paused_ && undrained_) return DrainGpu();
+  cond_.wait(lock,
+             [this] { return (!running_.has_value() && !waiting_) || !paused_locked() || (async_ && !undrained()); });
+  if (undrained()) return DrainAsync();  // (asynchronous devices only)
   return {};
 }
 
 bool StreamObj::DrainBeforeClearing(std::unique_lock<std::mutex>& lock) {
-  if (gpu_ && undrained_) Quiesce(lock);
-  return paused_;
+  if (undrained()) Quiesce(lock);
+  return paused_locked();
 }
 
 void StreamObj::Resume(bool wait) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    pause_after_request_ = false;
-    if (!paused_) return;
-    if (!wait && gpu_ && undrained_) {  // its own thread drains, then resumes it (DrainGpu)
-      resume_after_drain_ = true;
+    if (state_ == RunState::kFinishing) To(RunState::kRunning);  // it does not pause again after its request
+    if (!paused_locked()) return;
+    if (!wait && undrained()) {  // its own thread drains, then resumes it (DrainAsync)
+      if (state_ == RunState::kUndrained) To(RunState::kResumeAfterDrain);
       return;
     }
     if (DrainBeforeClearing(lock)) Unpause();  // (else resumed meanwhile: by the drain, or another Resume())
@@ -316,10 +317,9 @@ void StreamObj::Resume(bool wait) {
   Deliver();  // what a drain finished
 }
 
-void StreamObj::Unpause() {
+void StreamObj::Unpause(RunState to) {
   m_->SetPreemptFlag(false);
-  paused_ = false;
-  resume_after_drain_ = false;
+  To(to);
   gated_ = false;  // Preempt() took its task out of its switcher's queue: the next launch demands again
   m_->placement()->Resumed(m_);
 }
@@ -328,11 +328,10 @@ bool StreamObj::FinishStarted() {
   bool finishing = false;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (!paused_) return false;
+    if (!paused_locked()) return false;
     // (not paused after the drain: a Resume(wait=false) before it resumed the stream)
     if (DrainBeforeClearing(lock) && !requests_.empty() && (next_layer_ > 0 || !rerun_.empty())) {
-      Unpause();
-      pause_after_request_ = true;
+      Unpause(RunState::kFinishing);
       finishing = true;
     }
   }
@@ -342,15 +341,55 @@ bool StreamObj::FinishStarted() {
 }
 
 void StreamObj::PauseAfterRequest() {
-  if (!pause_after_request_) return;
-  pause_after_request_ = false;
-  paused_ = true;
+  if (state_ != RunState::kFinishing) return;
+  To(RunState::kPaused);
   m_->placement()->Yield(m_);
 }
 
 bool StreamObj::paused() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return paused_;
+  return paused_locked();
+}
+
+const char* StreamObj::StateName(RunState state) {
+  switch (state) {
+    case RunState::kRunning:
+      return "running";
+    case RunState::kFinishing:
+      return "finishing";
+    case RunState::kPaused:
+      return "paused";
+    case RunState::kUndrained:
+      return "undrained";
+    case RunState::kResumeAfterDrain:
+      return "resume-after-drain";
+  }
+  return "?";
+}
+
+void StreamObj::To(RunState next) {
+  using S = RunState;
+  bool allowed = false;
+  switch (state_) {
+    case S::kRunning:  // Preempt
+      allowed = next == (async_ ? S::kUndrained : S::kPaused);
+      break;
+    case S::kFinishing:  // Preempt; its request ended; Resume
+      allowed = next == (async_ ? S::kUndrained : S::kPaused) || next == S::kPaused || next == S::kRunning;
+      break;
+    case S::kPaused:  // Resume; FinishStarted
+      allowed = next == S::kRunning || next == S::kFinishing;
+      break;
+    case S::kUndrained:  // the drain; Resume(wait=false)
+      allowed = next == S::kPaused || next == S::kResumeAfterDrain;
+      break;
+    case S::kResumeAfterDrain:  // the drain (which then resumes it); a Preempt comes after the Resume
+      allowed = next == S::kPaused || next == S::kUndrained;
+      break;
+  }
+  TVM_FFI_ICHECK(allowed) << "stream " << name_ << ": run state " << StateName(state_) << " -> " << StateName(next)
+                          << " is not a transition of the stream's state machine";
+  state_ = next;
 }
 
 bool StreamObj::busy() const {
@@ -359,7 +398,7 @@ bool StreamObj::busy() const {
 }
 
 std::optional<StreamState> StreamObj::State() {
-  if (m_->counts_progress() && !gpu_) SyncProgress();
+  if (m_->counts_progress() && !async_) SyncProgress();
   std::lock_guard<std::mutex> lock(mutex_);
   if (requests_.empty()) return std::nullopt;
   StreamState state;
@@ -428,17 +467,17 @@ bool StreamObj::HasWork() const { return !requests_.empty() || !in_flight_.empty
 
 void StreamObj::SubmitLoop() {
   m_->device().SetThreadUnits(0);
-  std::optional<Launch> next;  // CPU: the launch CpuStep already took (and marked running)
+  std::optional<Launch> next;  // synchronous: the launch StepSync already took (and marked running)
   while (true) {
     std::optional<Launch> launch;
     if (next) {
       launch.swap(next);
-      CpuStep(*launch, &next);
+      StepSync(*launch, &next);
       continue;
     }
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      if (!closed_ && !paused_ && !HasWork()) {  // poll briefly: a request arriving soon starts at once
+      if (!closed_ && !paused_locked() && !HasWork()) {  // poll briefly: a request arriving soon starts at once
         lock.unlock();
         SpinUntil([this] { return queued_.load(std::memory_order_acquire) > 0; }, options_.idle_spin_us);
         lock.lock();
@@ -448,8 +487,9 @@ void StreamObj::SubmitLoop() {
       // gated: waiting for the switcher to prepare what the next launch needs (it wakes us)
       // closing: the queued requests still wait at a gate (no busy loop on the switcher)
       auto ready = [this] {
-        return (closed_ && !HasWork()) || ((closed_ || (!paused_ && HasWork())) && !(gated_ && in_flight_.empty())) ||
-               (paused_ && undrained_);  // a Preempt() that did not wait: this thread drains
+        return (closed_ && !HasWork()) ||
+               ((closed_ || (!paused_locked() && HasWork())) && !(gated_ && in_flight_.empty())) ||
+               undrained();  // a Preempt() that did not wait: this thread drains
       };
       while (!cond_.wait_for(lock, std::chrono::milliseconds(100), ready)) {
         if (!HasWork() && use_count() == 1) closed_ = true;
@@ -464,31 +504,31 @@ void StreamObj::SubmitLoop() {
         Deliver();
         return;
       }
-      if (paused_ && undrained_) {  // a Preempt() that did not wait: its drain, here
-        DrainGpu();
+      if (undrained()) {  // a Preempt() that did not wait: its drain, here
+        DrainAsync();
         lock.unlock();
         cond_.notify_all();  // a waiting Preempt() or Resume()
         Deliver();
         continue;
       }
-      if (paused_) continue;  // closing while paused: Close() resumes first
+      if (paused_locked()) continue;  // closing while paused: Close() resumes first
       if (!requests_.empty()) launch = NextLaunch();
-      running_ = launch;  // preempt() waits until it is tracked (GPU) or returned (CPU)
+      running_ = launch;  // preempt() waits until it is tracked (asynchronous) or returned (synchronous)
     }
     Deliver();
-    if (gpu_ && launch) {
-      GpuLaunch(*launch);
-    } else if (gpu_) {
+    if (async_ && launch) {
+      LaunchAsync(*launch);
+    } else if (async_) {
       RetireCompleted(true);
     } else if (launch) {
-      CpuStep(*launch, &next);
+      StepSync(*launch, &next);
     }
   }
 }
 
 std::optional<Launch> StreamObj::NextLaunch() {
   while (true) {
-    if (gpu_ && static_cast<int>(in_flight_.size()) >= options_.max_in_flight) return std::nullopt;
+    if (async_ && static_cast<int>(in_flight_.size()) >= options_.max_in_flight) return std::nullopt;
     if (!rerun_.empty()) {
       if (!MayLaunch(rerun_.front())) return std::nullopt;
       Launch launch = rerun_.front();
@@ -516,8 +556,8 @@ std::optional<Launch> StreamObj::NextLaunch() {
 }
 
 bool StreamObj::MayLaunch(const Launch& launch) const {
-  // GPU: a non-idempotent kernel waits until all earlier work is done, so its inputs are final
-  return !(gpu_ && !in_flight_.empty() && !idempotent(launch));
+  // asynchronous: a non-idempotent kernel waits until all earlier work is done, so its inputs are final
+  return !(async_ && !in_flight_.empty() && !idempotent(launch));
 }
 
 bool StreamObj::Gate(int group) {
@@ -533,7 +573,8 @@ bool StreamObj::Gate(int group) {
 }
 
 std::string StreamObj::Stalled() const {
-  if (!gated_ || paused_ || requests_.empty() || !in_flight_.empty() || options_.stall_timeout_s <= 0) return "";
+  if (!gated_ || paused_locked() || requests_.empty() || !in_flight_.empty() || options_.stall_timeout_s <= 0)
+    return "";
   double waited_s = (Device::NowMicros() - gated_since_us_) / 1e6;
   if (waited_s < options_.stall_timeout_s) return "";
   std::ostringstream text;
@@ -580,7 +621,7 @@ bool StreamObj::StartRequest() {
   return true;
 }
 
-void StreamObj::CpuStep(const Launch& launch, std::optional<Launch>* next) {
+void StreamObj::StepSync(const Launch& launch, std::optional<Launch>* next) {
   m_->ClearStarted();
   double start = timeline_on_ ? Device::NowMicros() : 0;
   std::string error;
@@ -620,7 +661,7 @@ void StreamObj::CpuStep(const Launch& launch, std::optional<Launch>* next) {
       Retire(launch, timeline_on_ ? Device::NowMicros() : 0);
     }
     // take the next launch in the same critical section (one lock per launch on the hot path)
-    if (!paused_ && !requests_.empty()) {
+    if (!paused_locked() && !requests_.empty()) {
       *next = NextLaunch();
       running_ = *next;
     }
@@ -631,7 +672,7 @@ void StreamObj::CpuStep(const Launch& launch, std::optional<Launch>* next) {
   if (deliver) Deliver();
 }
 
-void StreamObj::GpuLaunch(const Launch& launch) {
+void StreamObj::LaunchAsync(const Launch& launch) {
   double start = Device::NowMicros();
   EventHandle event = nullptr;
   std::string error;
@@ -699,7 +740,7 @@ void StreamObj::RetireCompleted(bool wait_oldest) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     waiting_ = false;
-    while (!in_flight_.empty() && !paused_ && m_->device().EventDone(in_flight_.front().second)) {
+    while (!in_flight_.empty() && !paused_locked() && m_->device().EventDone(in_flight_.front().second)) {
       auto [launch, event] = in_flight_.front();
       in_flight_.pop_front();
       m_->device().FreeEvent(event);
@@ -710,9 +751,10 @@ void StreamObj::RetireCompleted(bool wait_oldest) {
   Deliver();
 }
 
-std::vector<Launch> StreamObj::DrainGpu() {
+std::vector<Launch> StreamObj::DrainAsync() {
   // with the flag set: wait for the in-flight launches; idempotent ones run again, others finished
-  undrained_ = false;
+  bool resume = state_ == RunState::kResumeAfterDrain;  // a Resume(wait=false) came before this drain
+  To(RunState::kPaused);
   std::vector<Launch> finished;
   std::string error;
   try {
@@ -739,7 +781,7 @@ std::vector<Launch> StreamObj::DrainGpu() {
     return std::tie(a.request, a.layer) < std::tie(b.request, b.layer);
   });
   if (!error.empty() && !requests_.empty()) FailHead(error);
-  if (resume_after_drain_ && paused_) Unpause();  // a Resume(wait=false) came before this drain
+  if (resume && state_ == RunState::kPaused) Unpause();
   return finished;
 }
 

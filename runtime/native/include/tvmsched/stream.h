@@ -199,6 +199,26 @@ class StreamObj : public ffi::Object {
   TVM_FFI_DECLARE_OBJECT_INFO_FINAL("tvmsched.Stream", StreamObj, ffi::Object);
 
  private:
+  /*! \brief Its run state: whether launches go on, and what a pause still owes (docs/preemption.md). Every change
+   *  goes through To(), which checks it against the transitions below.
+   *    kRunning          launches go on
+   *    kFinishing        FinishStarted(): the started request runs to its end, then kPaused (its queue stays)
+   *    kPaused           no launches; nothing of it in flight is undecided
+   *    kUndrained        paused on an asynchronous device: launches in flight since the flag was set may have obeyed
+   *                      it; they are drained (DrainAsync) before the flag clears or the stream goes on
+   *    kResumeAfterDrain kUndrained, and a Resume(wait=false) came: the drain resumes the stream
+   *  Preempt: kRunning/kFinishing -> kPaused (synchronous) or kUndrained (asynchronous); kResumeAfterDrain ->
+   *  kUndrained. Drain: kUndrained/kResumeAfterDrain -> kPaused (then kRunning for kResumeAfterDrain). Resume:
+   *  kPaused/kFinishing -> kRunning, kUndrained -> kResumeAfterDrain (wait=false). FinishStarted: kPaused ->
+   *  kFinishing. The end of the running request: kFinishing -> kPaused. */
+  enum class RunState : int { kRunning, kFinishing, kPaused, kUndrained, kResumeAfterDrain };
+  static const char* StateName(RunState state);
+  /*! \brief Change the run state (under mutex_); a transition not listed above is an engine bug (it aborts the call).
+   */
+  void To(RunState next);
+  bool paused_locked() const { return state_ >= RunState::kPaused; }
+  bool undrained() const { return state_ >= RunState::kUndrained; }
+
   using Done = std::pair<Request, std::pair<ffi::Map<ffi::String, ffi::Tensor>, std::string>>;
   void SubmitLoop();
   void ProgressLoop();
@@ -213,11 +233,16 @@ class StreamObj : public ffi::Object {
   void EndRequest();
   /*! \brief After the head request ended: pause again if FinishStarted() asked for it (under mutex_). */
   void PauseAfterRequest();
-  void CpuStep(const Launch& launch, std::optional<Launch>* next);
-  void GpuLaunch(const Launch& launch);
+  /*! \brief Synchronous device: run `launch` on this thread, then take the next one in the same critical section. */
+  void StepSync(const Launch& launch, std::optional<Launch>* next);
+  /*! \brief Asynchronous device: issue `launch` and record its event (it joins the launches in flight). */
+  void LaunchAsync(const Launch& launch);
   void RetireCompleted(bool wait_oldest);
-  std::vector<Launch> DrainGpu();
-  void Unpause();  // clear the flag and let the submitter go on (under the lock)
+  /*! \brief Asynchronous device, kUndrained: wait for the launches in flight (the flag set); the idempotent ones run
+   *  again, the others finished. Leaves kPaused (kRunning from kResumeAfterDrain). */
+  std::vector<Launch> DrainAsync();
+  /*! \brief Clear the flag and let the submitter go on (under the lock): kPaused -> `to`. */
+  void Unpause(RunState to = RunState::kRunning);
   void Retire(const Launch& launch, double end_us);
   void FailHead(const std::string& error);
   /*! \brief The head request started before the device recovered from a fault: it starts again from its first
@@ -235,7 +260,7 @@ class StreamObj : public ffi::Object {
   ModelObj* m_;  // model_.get(), used by the submitter only
   std::string name_;
   StreamOptions options_;
-  bool gpu_;
+  bool async_;  // its device launches asynchronously: launches in flight, events, drains
   std::vector<std::vector<bool>> idempotent_;
   std::vector<std::vector<int64_t>> blocks_, threads_;
 
@@ -247,7 +272,8 @@ class StreamObj : public ffi::Object {
   std::deque<std::pair<Launch, EventHandle>> in_flight_;
   std::optional<Launch> running_;
   std::deque<Done> done_;
-  bool paused_ = false, closed_ = false;
+  RunState state_ = RunState::kRunning;
+  bool closed_ = false;  // Close(): no more requests; the submitter ends once the queued ones are done
   int64_t request_ids_ = 0;
   std::vector<int64_t> progress_;
   std::atomic<bool> timeline_on_{false};
@@ -259,24 +285,19 @@ class StreamObj : public ffi::Object {
   int gated_group_ = -1;       // for what: a sub-task, or -1: the environment
   /*! \brief The watchdog's verdict on a gated head request (under mutex_): its error line, or empty. */
   std::string Stalled() const;
-  bool waiting_ = false;     // the GPU submitter is blocked on an event (outside the lock)
+  bool waiting_ = false;     // the asynchronous submitter is blocked on an event (outside the lock)
   int preempt_waiting_ = 0;  // Preempt() calls waiting on cond_ for the running launch to return
-  // CPU: Preempt() set the flag while the running launch ran (it may have skipped work even if a Resume() cleared
-  // the flag before it returned): it runs again
+  // synchronous device: Preempt() set the flag while the running launch ran (it may have skipped work even if a
+  // Resume() cleared the flag before it returned): it runs again
   bool flagged_launch_ = false;
-  // asynchronous device: the flag was set (or the stream paused) since the launches in flight were last drained;
-  // they may have skipped work, so they are drained (DrainGpu) before the flag clears or the stream goes on
-  bool undrained_ = false;
-  bool resume_after_drain_ = false;  // Resume(wait=false) before the drain: the drain resumes the stream
   /*! \brief Under mutex_: an asynchronous device's launches in flight drained before the flag clears (Resume,
    *  FinishStarted): waits for the launch being issued and the event being waited on. False: resumed meanwhile. */
   bool DrainBeforeClearing(std::unique_lock<std::mutex>& lock);
   /*! \brief Under mutex_, paused: wait until no launch is being issued or waited on (or a Resume(), or another
    *  thread drained), then on an asynchronous device drain what is in flight. The launches the drain let finish. */
   std::vector<Launch> Quiesce(std::unique_lock<std::mutex>& lock);
-  bool pause_after_request_ = false;  // FinishStarted(): pause again once the running request ends
-  uint64_t run_generation_ = 0;       // the device's generation when the head request started (the submitter's alone)
-  std::atomic<int64_t> queued_{0};    // requests_.size(), polled by the idle submitter
+  uint64_t run_generation_ = 0;     // the device's generation when the head request started (the submitter's alone)
+  std::atomic<int64_t> queued_{0};  // requests_.size(), polled by the idle submitter
   std::thread thread_, progress_thread_;
 };
 
