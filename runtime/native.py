@@ -148,6 +148,33 @@ def create_preemption_group():
     return func("create_preemption_group")()
 
 
+def create_policy(kind: str, total_units: int, profile: list[tuple[str, str, float]] = ()):
+    """A scheduling policy of the engine (tvmsched/policy.h): "colocation", "fastest", "partition" or "fcfs";
+    `profile`: the colocation table's measured pairs (first key, second key, interference per unit time), in order."""
+    profile = list(profile)
+    return func("create_policy")(kind, int(total_units), [r[0] for r in profile], [r[1] for r in profile],
+                                 [float(r[2]) for r in profile])
+
+
+def policy_add_model(policy, name: str, layers, qos_ms: float | None) -> None:
+    """Tell an engine policy of a model: `layers[i][c]`, candidate c of layer i (units, latency_us, key)."""
+    func("policy_add_model")(policy, name, [[int(c.units) for c in cands] for cands in layers],
+                             [[float(c.latency_us) for c in cands] for cands in layers],
+                             [[c.key for c in cands] for cands in layers],
+                             -1.0 if qos_ms is None else float(qos_ms))
+
+
+def policy_decide(policy, model: str, stream: str, loaded_models: int, views) -> dict:
+    """One decision of an engine policy for a request of `model` to `stream`, the monitor being `views`
+    (StreamViews, the request's own stream included)."""
+    ids, estimated_ms, meets, streams, estimated, seconds = func("policy_decide")(
+        policy, model, stream, int(loaded_models),
+        [[v.name, [int(c.units) for c in v.remaining], [float(c.latency_us) for c in v.remaining],
+          [c.key for c in v.remaining]] for v in views])
+    return {"candidate_ids": [int(i) for i in ids], "estimated_ms": float(estimated_ms), "meets_qos": bool(meets),
+            "streams": int(streams), "estimated": bool(estimated), "seconds": float(seconds)}
+
+
 def create_memory_scope(budget: int):
     """A budget that the models loaded into it count against (a Runtime's; 0: none, still counted)."""
     return func("create_memory_scope")(int(budget))

@@ -22,6 +22,36 @@ class MemoryScopeRef : public ffi::ObjectRef {
   TVM_FFI_DEFINE_OBJECT_REF_METHODS_NULLABLE(MemoryScopeRef, ffi::ObjectRef, MemoryScopeObj);
 };
 
+/*! \brief A policy with the models it was told of, as Python holds it (tvmsched.engine.create_policy): for replaying
+ *  recorded decisions and for experiments; the engine's Runtime holds its policy directly. */
+class PolicyObj : public ffi::Object {
+ public:
+  std::shared_ptr<ColocationTable> table;
+  std::unique_ptr<Policy> policy;
+  std::map<std::string, PolicyModel> models;
+
+  std::vector<CandidateInfo> Candidates(const ffi::Array<int64_t>& units, const ffi::Array<double>& latency,
+                                        const ffi::Array<ffi::String>& keys) {
+    if (units.size() != latency.size() || units.size() != keys.size())
+      TVM_FFI_THROW(TvmschedError) << "a candidate list needs as many units, latencies and keys";
+    std::vector<CandidateInfo> out(units.size());
+    for (size_t i = 0; i < out.size(); ++i) {
+      out[i].units = static_cast<int>(units[i]);
+      out[i].latency_us = latency[i];
+      out[i].key = table->Key(keys[i]);
+    }
+    return out;
+  }
+
+  static constexpr bool _type_mutable = true;
+  TVM_FFI_DECLARE_OBJECT_INFO_FINAL("tvmsched.Policy", PolicyObj, ffi::Object);
+};
+
+class PolicyRef : public ffi::ObjectRef {
+ public:
+  TVM_FFI_DEFINE_OBJECT_REF_METHODS_NULLABLE(PolicyRef, ffi::ObjectRef, PolicyObj);
+};
+
 namespace {
 
 namespace refl = tvm::ffi::reflection;
@@ -332,6 +362,66 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              return Stream::Create(std::move(model), name, options);
            })
       .def("tvmsched.engine.create_preemption_group", [] { return PreemptionGroup::Create(); })
+      // a policy (policy.h); `firsts`, `seconds`, `values`: the colocation profile's pairs in their order
+      .def("tvmsched.engine.create_policy",
+           [](const std::string& kind, int64_t total_units, ffi::Array<ffi::String> firsts,
+              ffi::Array<ffi::String> seconds, ffi::Array<double> values) {
+             if (total_units < 1) TVM_FFI_THROW(TvmschedError) << "a device has at least one compute unit";
+             if (firsts.size() != seconds.size() || firsts.size() != values.size())
+               TVM_FFI_THROW(TvmschedError) << "a colocation profile needs as many firsts, seconds and values";
+             auto obj = ffi::make_object<PolicyObj>();
+             obj->table = std::make_shared<ColocationTable>(static_cast<int>(total_units));
+             for (size_t i = 0; i < firsts.size(); ++i) obj->table->AddMeasured(firsts[i], seconds[i], values[i]);
+             obj->policy = CreatePolicy(kind, obj->table, static_cast<int>(total_units));
+             return PolicyRef(obj);
+           })
+      // a model's candidates, per layer (units, isolated latency in µs, profile key); qos_ms < 0: none
+      .def("tvmsched.engine.policy_add_model",
+           [](PolicyRef p, const std::string& name, ffi::Array<ffi::Array<int64_t>> units,
+              ffi::Array<ffi::Array<double>> latency, ffi::Array<ffi::Array<ffi::String>> keys, double qos_ms) {
+             if (units.size() != latency.size() || units.size() != keys.size())
+               TVM_FFI_THROW(TvmschedError) << "model " << name << ": as many layers of units, latencies and keys";
+             PolicyModel model;
+             model.name = name;
+             model.qos_ms = qos_ms;
+             std::vector<std::pair<int, int>> key_units;
+             for (size_t i = 0; i < units.size(); ++i) {
+               model.layers.push_back(p->Candidates(units[i], latency[i], keys[i]));
+               if (model.layers.back().empty()) TVM_FFI_THROW(TvmschedError) << "layer " << i << " has no candidate";
+               model.choice = model.choice || model.layers.back().size() > 1;
+               for (const CandidateInfo& c : model.layers.back()) key_units.emplace_back(c.key, c.units);
+             }
+             model.fastest = FastestIds(model.layers);
+             p->table->AddCandidates(key_units);
+             p->models[name] = std::move(model);
+           })
+      // one decision for a request of `model` to stream `stream` (its oldest queued request); `views`: the monitor,
+      // [[name, units, latencies, keys], ...]. Returns [candidate ids, estimated ms, meets QoS, other streams,
+      // estimated (the colocation policy's estimate is in the two before), seconds]
+      .def("tvmsched.engine.policy_decide",
+           [](PolicyRef p, const std::string& model, const std::string& stream, int64_t loaded_models,
+              ffi::Array<ffi::Array<ffi::Any>> views) {
+             auto found = p->models.find(model);
+             if (found == p->models.end()) TVM_FFI_THROW(TvmschedError) << "the policy knows no model " << model;
+             std::vector<StreamView> monitor;
+             for (const auto& row : views) {
+               if (row.size() != 4) TVM_FFI_THROW(TvmschedError) << "a monitor view is [name, units, latencies, keys]";
+               monitor.push_back({row[0].cast<ffi::String>(),
+                                  p->Candidates(row[1].cast<ffi::Array<int64_t>>(), row[2].cast<ffi::Array<double>>(),
+                                                row[3].cast<ffi::Array<ffi::String>>())});
+             }
+             std::vector<QueuedRequest> queued(1);
+             PolicyInput input;
+             input.model = &found->second;
+             input.stream = stream;
+             input.queued = &queued;
+             input.monitor = [&monitor] { return monitor; };
+             input.total_units = p->table->total_units();
+             input.loaded_models = static_cast<int>(loaded_models);
+             PolicyDecision d = p->policy->Decide(input);
+             return ffi::Array<ffi::Any>{ToArray(d.candidate_ids),        d.estimated_ms, d.meets_qos,
+                                         static_cast<int64_t>(d.streams), d.estimated,    d.seconds};
+           })
       .def("tvmsched.engine.stop_deferred_callbacks",
            [](double timeout_s) { return StopDeferredCallbacks(timeout_s); });
 
@@ -387,6 +477,13 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("completed_blocks", [](Model m, ffi::Array<int64_t> ids) { return ToArray(m->CompletedBlocks(Ids(ids))); });
 
   refl::ObjectDef<MemoryScopeObj>();
+  refl::ObjectDef<PolicyObj>()
+      .def("kind", [](PolicyRef p) { return std::string(p->policy->kind()); })
+      .def("serial", [](PolicyRef p) { return p->policy->serial(); })
+      .def("decided", [](PolicyRef p) {
+        LayerScheduler* scheduler = SchedulerOf(*p->policy);
+        return scheduler ? scheduler->decided() : int64_t{0};
+      });
   refl::ObjectDef<SwitcherObj>()
       .def("add", [](Switcher s, Model m) { s->Add(std::move(m)); })
       .def("prefetch", [](Switcher s, Model m) { return s->Prefetch(std::move(m)); })

@@ -19,6 +19,7 @@
 #include "tvmsched/artifact.h"
 #include "tvmsched/device.h"
 #include "tvmsched/model.h"
+#include "tvmsched/policy.h"
 #include "tvmsched/preemption.h"
 #include "tvmsched/stream.h"
 #include "tvmsched/switching.h"

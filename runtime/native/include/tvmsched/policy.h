@@ -1,0 +1,161 @@
+/*!
+ * \file tvmsched/policy.h
+ * \brief The scheduling policies, in the engine: which queued requests of a stream launch now, at which compiled
+ *        batch size, with which candidate-ID list (mechanism A's online half, docs/runtime.md). Policies decide; they
+ *        never touch a device: they see the model's candidates, its queued requests and the resource monitor.
+ *
+ *   colocation  FineCo's layer scheduler: the least co-located time against the other streams (ColocationTable)
+ *   fastest     the fastest candidate of every layer, streams run concurrently
+ *   partition   each model's fastest candidates within an even share of the units
+ *   fcfs        fastest candidates, one request at a time in arrival order (serial(): the time-sharing baseline)
+ *
+ * Every policy here matches the Python one it replaces decision for decision, floats bit for bit: the recorded
+ * decisions under tests/data/golden/ are replayed through both (tests/runtime/test_policy_golden.py).
+ * Not thread-safe: its caller decides under one lock.
+ */
+#ifndef TVMSCHED_POLICY_H_
+#define TVMSCHED_POLICY_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace tvmsched {
+
+/*! \brief What a policy knows of one candidate kernel of one layer. */
+struct CandidateInfo {
+  int units = 0;          ///< compute units it runs on (the device's all-unit count for full-unit candidates)
+  double latency_us = 0;  ///< isolated latency
+  int key = -1;           ///< its profile key ("<model>/<kernel symbol>") interned by ColocationTable::Key
+};
+
+/*! \brief What the monitor knows of a busy stream: its remaining layers' chosen candidates, in order (a partly done
+ *  layer with the share of its latency its remaining blocks stand for). */
+struct StreamView {
+  std::string name;
+  std::vector<CandidateInfo> remaining;
+};
+
+/*! \brief Interference per unit time of candidate pairs (`tvmsched profile-coloc`). Lookup: the profiled pair; else
+ *  the mean of the profiled pairs with the same unit counts (over the candidates it was told of); else the units'
+ *  oversubscription max(0, units(a) + units(b) - all) / (units(a) + units(b)). */
+class ColocationTable {
+ public:
+  explicit ColocationTable(int total_units) : total_units_(total_units) {}
+  int total_units() const { return total_units_; }
+  /*! \brief The id of a profile key (a new one the first time). */
+  int Key(const std::string& key);
+  /*! \brief A profiled pair's interference (a pair given again keeps its first place and takes the new value). */
+  void AddMeasured(const std::string& first, const std::string& second, double overhead);
+  /*! \brief Loaded candidates (key, units): the unit counts the profiled pairs are averaged by. */
+  void AddCandidates(const std::vector<std::pair<int, int>>& key_units);
+  double Overhead(const CandidateInfo& a, const CandidateInfo& b) const;
+  double Fallback(const CandidateInfo& a, const CandidateInfo& b) const;
+  /*! \brief Estimated time of `cand` while the `running` candidates run beside it throughout:
+   *  latency / (1 - min(sum of interference, 0.99)). */
+  double ColocatedUs(const CandidateInfo& cand, const std::vector<const CandidateInfo*>& running) const;
+
+ private:
+  static uint64_t Pair(int a, int b) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+  }
+  void RebuildByUnits();
+  int total_units_;
+  std::unordered_map<std::string, int> keys_;
+  std::vector<uint64_t> order_;                    // profiled pairs, in the order first given
+  std::unordered_map<uint64_t, double> measured_;  // pair of keys -> interference
+  std::unordered_map<int, int> units_of_;          // key -> units
+  std::unordered_map<uint64_t, double> by_units_;  // pair of unit counts -> mean interference
+};
+
+/*! \brief A model as its policy sees it (built once at load). */
+struct PolicyModel {
+  std::string name;
+  std::vector<std::vector<CandidateInfo>> layers;  ///< layers[i][c]: candidate c of layer i
+  double qos_ms = -1;                              ///< its latency target (< 0: none)
+  std::vector<int> fastest;                        ///< the fastest candidate of every layer
+  bool choice = false;                             ///< some layer has more than one candidate
+};
+
+/*! \brief A request waiting in a stream's queue, as a policy sees it. */
+struct QueuedRequest {
+  int64_t rows = 1;        ///< its batch rows
+  double arrival_us = 0;   ///< when it was submitted (Device::NowMicros)
+  double timeout_us = 0;   ///< the longest it may stay queued (0: none)
+  double deadline_us = 0;  ///< its latency target's end: arrival + qos (0: none)
+  int priority = 0;        ///< 1: real-time, 0: best-effort
+};
+
+/*! \brief What a policy is asked: may this stream launch, and what. */
+struct PolicyInput {
+  const PolicyModel* model = nullptr;
+  std::string stream;  ///< the monitor's name of the stream (a model on several streams: which one)
+  const std::vector<QueuedRequest>* queued = nullptr;  ///< the stream's queued requests, oldest first
+  /*! \brief Every busy stream's work still to run, read on demand (the policy's own stream included). */
+  std::function<std::vector<StreamView>()> monitor;
+  int total_units = 1;
+  int loaded_models = 1;
+};
+
+/*! \brief A policy's answer. Today's policies launch the oldest queued request alone (batch 1). */
+struct PolicyDecision {
+  std::vector<int> launch;         ///< indices into PolicyInput::queued, to launch together (empty: none now)
+  int batch = 1;                   ///< the compiled batch size to run them at
+  std::vector<int> candidate_ids;  ///< one per layer
+  // the colocation policy's estimate (the others leave these)
+  double estimated_ms = 0;
+  bool meets_qos = true;
+  int streams = 0;     ///< other streams busy when it was decided
+  double seconds = 0;  ///< time the decision took, the monitor's read included
+  bool estimated = false;
+};
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+  virtual const char* kind() const = 0;
+  /*! \brief Requests run one at a time across every model (the fcfs baseline). */
+  virtual bool serial() const { return false; }
+  virtual PolicyDecision Decide(const PolicyInput& input) = 0;
+};
+
+/*! \brief The layer scheduler: greedy over the layers in order, each layer's candidate with the least co-located time
+ *  against what every other stream runs at that moment (their remaining layers laid out in time). */
+class LayerScheduler {
+ public:
+  explicit LayerScheduler(std::shared_ptr<ColocationTable> table) : table_(std::move(table)) {}
+  ColocationTable& table() { return *table_; }
+  /*! \brief The candidate-ID list of a request of `model` starting in `start_us` (its own stream's earlier work
+   *  first), against `others` (streams with nothing left are skipped). */
+  PolicyDecision Choose(const PolicyModel& model, const std::vector<const StreamView*>& others, double start_us);
+  /*! \brief Decisions taken, and the latest ones' times (µs; up to kHistory). */
+  int64_t decided() const { return decided_; }
+  const std::deque<double>& decision_us() const { return decision_us_; }
+  void RecordTime(double us);
+  static constexpr size_t kHistory = 10000;
+
+ private:
+  std::shared_ptr<ColocationTable> table_;
+  std::unordered_map<std::string, double> fastest_us_;  // model -> latency of its fastest candidates
+  int64_t decided_ = 0;
+  std::deque<double> decision_us_;
+};
+
+/*! \brief A policy by kind ("colocation", "fastest", "partition", "fcfs"); `table`: colocation's profile (null: the
+ *  fallback rule for every pair). One-line TvmschedError for an unknown kind. */
+std::unique_ptr<Policy> CreatePolicy(const std::string& kind, std::shared_ptr<ColocationTable> table, int total_units);
+
+/*! \brief The fastest candidate of every layer (the first of equals). */
+std::vector<int> FastestIds(const std::vector<std::vector<CandidateInfo>>& layers);
+
+/*! \brief The colocation policy's layer scheduler (null for the other kinds). */
+LayerScheduler* SchedulerOf(Policy& policy);
+
+}  // namespace tvmsched
+
+#endif  // TVMSCHED_POLICY_H_

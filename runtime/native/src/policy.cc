@@ -1,0 +1,267 @@
+#include "tvmsched/policy.h"
+
+#include <tvm/ffi/error.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+
+namespace tvmsched {
+
+namespace {
+
+constexpr double kMaxOverhead = 0.99;  // interference per unit time is capped below 1 (which would never finish)
+
+double NowUs() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+// ---- the colocation table ------------------------------------------------------------------
+
+int ColocationTable::Key(const std::string& key) {
+  auto [at, added] = keys_.emplace(key, static_cast<int>(keys_.size()));
+  return at->second;
+}
+
+void ColocationTable::AddMeasured(const std::string& first, const std::string& second, double overhead) {
+  uint64_t pair = Pair(Key(first), Key(second));
+  if (measured_.emplace(pair, overhead).second) {
+    order_.push_back(pair);
+  } else {
+    measured_[pair] = overhead;
+  }
+  RebuildByUnits();
+}
+
+void ColocationTable::AddCandidates(const std::vector<std::pair<int, int>>& key_units) {
+  for (const auto& [key, units] : key_units) units_of_[key] = units;
+  RebuildByUnits();
+}
+
+void ColocationTable::RebuildByUnits() {
+  // the mean per (units of the first, units of the second), the values summed in the order the pairs were profiled
+  std::map<uint64_t, std::pair<double, int>> groups;
+  for (uint64_t pair : order_) {
+    auto first = units_of_.find(static_cast<int>(pair >> 32));
+    auto second = units_of_.find(static_cast<int>(pair & 0xffffffffu));
+    if (first == units_of_.end() || second == units_of_.end()) continue;
+    auto& [sum, count] = groups[Pair(first->second, second->second)];
+    sum += measured_.at(pair);
+    ++count;
+  }
+  by_units_.clear();
+  for (const auto& [units, sum_count] : groups) by_units_[units] = sum_count.first / sum_count.second;
+}
+
+double ColocationTable::Fallback(const CandidateInfo& a, const CandidateInfo& b) const {
+  int demand = a.units + b.units;
+  return std::max(0.0, static_cast<double>(demand - total_units_) / demand);
+}
+
+double ColocationTable::Overhead(const CandidateInfo& a, const CandidateInfo& b) const {
+  if (!measured_.empty()) {
+    auto found = measured_.find(Pair(a.key, b.key));
+    if (found != measured_.end()) return found->second;
+    auto mean = by_units_.find(Pair(a.units, b.units));
+    if (mean != by_units_.end()) return mean->second;
+  }
+  return Fallback(a, b);
+}
+
+double ColocationTable::ColocatedUs(const CandidateInfo& cand, const std::vector<const CandidateInfo*>& running) const {
+  double rate = 0;
+  for (const CandidateInfo* other : running) rate += Overhead(cand, *other);
+  return cand.latency_us / (1 - std::min(rate, kMaxOverhead));
+}
+
+// ---- the layer scheduler ---------------------------------------------------------------------
+
+std::vector<int> FastestIds(const std::vector<std::vector<CandidateInfo>>& layers) {
+  std::vector<int> ids;
+  ids.reserve(layers.size());
+  for (const auto& cands : layers) {
+    int best = 0;
+    for (int c = 1; c < static_cast<int>(cands.size()); ++c) {
+      if (cands[c].latency_us < cands[best].latency_us) best = c;
+    }
+    ids.push_back(best);
+  }
+  return ids;
+}
+
+void LayerScheduler::RecordTime(double us) {
+  if (decision_us_.size() >= kHistory) decision_us_.pop_front();
+  decision_us_.push_back(us);
+}
+
+PolicyDecision LayerScheduler::Choose(const PolicyModel& model, const std::vector<const StreamView*>& all_others,
+                                      double start_us) {
+  PolicyDecision decision;
+  std::vector<const StreamView*> others;
+  for (const StreamView* view : all_others) {
+    if (!view->remaining.empty()) others.push_back(view);
+  }
+  double estimate_us = 0;
+  if (others.empty()) {  // nobody else runs: the fastest candidate of every layer
+    const bool kept = !model.fastest.empty();
+    decision.candidate_ids = kept ? model.fastest : FastestIds(model.layers);
+    auto cached = kept ? fastest_us_.find(model.name) : fastest_us_.end();
+    if (cached != fastest_us_.end()) {
+      estimate_us = start_us + cached->second;
+    } else {
+      double sum = 0;
+      for (size_t i = 0; i < model.layers.size(); ++i) sum += model.layers[i][decision.candidate_ids[i]].latency_us;
+      estimate_us = start_us + sum;
+      if (kept) fastest_us_[model.name] = estimate_us - start_us;  // (as the Python scheduler kept it: bit for bit)
+    }
+  } else {
+    // each other stream's remaining layers laid out in time: the end of each
+    std::vector<std::vector<double>> ends(others.size());
+    for (size_t s = 0; s < others.size(); ++s) {
+      double t = 0;
+      ends[s].reserve(others[s]->remaining.size());
+      for (const CandidateInfo& c : others[s]->remaining) ends[s].push_back(t += c.latency_us);
+    }
+    std::vector<const CandidateInfo*> running;
+    running.reserve(others.size());
+    double now = start_us;
+    decision.candidate_ids.reserve(model.layers.size());
+    for (const auto& cands : model.layers) {
+      running.clear();
+      for (size_t s = 0; s < others.size(); ++s) {  // what each runs at `now` (none once it has finished)
+        auto at = std::upper_bound(ends[s].begin(), ends[s].end(), now) - ends[s].begin();
+        if (at < static_cast<long>(ends[s].size())) running.push_back(&others[s]->remaining[at]);
+      }
+      int best = 0;
+      double best_cost = 0;
+      for (int c = 0; c < static_cast<int>(cands.size()); ++c) {
+        double cost = table_->ColocatedUs(cands[c], running);
+        if (c == 0 || cost < best_cost) best = c, best_cost = cost;
+      }
+      decision.candidate_ids.push_back(best);
+      now += best_cost;
+    }
+    estimate_us = now;
+  }
+  decision.estimated = true;
+  decision.estimated_ms = estimate_us / 1e3;
+  decision.meets_qos = model.qos_ms < 0 || estimate_us <= model.qos_ms * 1e3;
+  decision.streams = static_cast<int>(others.size());
+  ++decided_;
+  return decision;
+}
+
+// ---- the policies ----------------------------------------------------------------------------
+
+namespace {
+
+/*! \brief Today's policies: the oldest queued request alone, at batch size 1. */
+PolicyDecision OldestAlone(const PolicyInput& input, std::vector<int> ids) {
+  PolicyDecision decision;
+  if (input.queued == nullptr || !input.queued->empty()) decision.launch = {0};
+  decision.candidate_ids = std::move(ids);
+  return decision;
+}
+
+class FastestPolicy : public Policy {
+ public:
+  const char* kind() const override { return "fastest"; }
+  PolicyDecision Decide(const PolicyInput& input) override {
+    const PolicyModel& m = *input.model;
+    return OldestAlone(input, m.fastest.empty() ? FastestIds(m.layers) : m.fastest);
+  }
+};
+
+class FcfsPolicy : public FastestPolicy {
+ public:
+  const char* kind() const override { return "fcfs"; }
+  bool serial() const override { return true; }
+};
+
+class PartitionPolicy : public Policy {
+ public:
+  const char* kind() const override { return "partition"; }
+  PolicyDecision Decide(const PolicyInput& input) override {
+    int share = std::max(1, input.total_units / std::max(1, input.loaded_models));
+    auto key = std::make_pair(input.model->name, share);
+    auto found = chosen_.find(key);
+    if (found == chosen_.end()) found = chosen_.emplace(key, Within(input.model->layers, share)).first;
+    return OldestAlone(input, found->second);
+  }
+
+ private:
+  static std::vector<int> Within(const std::vector<std::vector<CandidateInfo>>& layers, int share) {
+    std::vector<int> ids;
+    for (const auto& cands : layers) {
+      int best = -1;
+      for (int c = 0; c < static_cast<int>(cands.size()); ++c) {  // the fastest that fits (any, when none fits)
+        if (cands[c].units <= share && (best < 0 || cands[c].latency_us < cands[best].latency_us)) best = c;
+      }
+      if (best < 0) best = FastestIds({cands})[0];
+      ids.push_back(best);
+    }
+    return ids;
+  }
+  std::map<std::pair<std::string, int>, std::vector<int>> chosen_;
+};
+
+class ColocationPolicy : public Policy {
+ public:
+  explicit ColocationPolicy(std::shared_ptr<ColocationTable> table) : scheduler_(std::move(table)) {}
+  const char* kind() const override { return "colocation"; }
+  LayerScheduler& scheduler() { return scheduler_; }
+
+  PolicyDecision Decide(const PolicyInput& input) override {
+    const PolicyModel& m = *input.model;
+    if (!m.choice) {  // one candidate per layer: nothing to decide, so no monitor to read
+      return OldestAlone(input, m.fastest.empty() ? FastestIds(m.layers) : m.fastest);
+    }
+    double start = NowUs();
+    std::vector<StreamView> views = input.monitor ? input.monitor() : std::vector<StreamView>();
+    // it starts when its own stream's earlier work is done; the model's other streams run beside it like any other
+    double start_us = 0;
+    std::vector<const StreamView*> others;
+    others.reserve(views.size());
+    bool own_found = false;
+    for (const StreamView& view : views) {
+      if (!own_found && view.name == input.stream) {
+        own_found = true;
+        for (const CandidateInfo& c : view.remaining) start_us += c.latency_us;
+      } else {
+        others.push_back(&view);
+      }
+    }
+    PolicyDecision decision = scheduler_.Choose(m, others, start_us);
+    if (input.queued == nullptr || !input.queued->empty()) decision.launch = {0};
+    decision.seconds = (NowUs() - start) / 1e6;
+    scheduler_.RecordTime(decision.seconds * 1e6);
+    return decision;
+  }
+
+ private:
+  LayerScheduler scheduler_;
+};
+
+}  // namespace
+
+std::unique_ptr<Policy> CreatePolicy(const std::string& kind, std::shared_ptr<ColocationTable> table, int total_units) {
+  if (kind == "colocation") {
+    return std::make_unique<ColocationPolicy>(table ? std::move(table)
+                                                    : std::make_shared<ColocationTable>(total_units));
+  }
+  if (kind == "fastest") return std::make_unique<FastestPolicy>();
+  if (kind == "partition") return std::make_unique<PartitionPolicy>();
+  if (kind == "fcfs") return std::make_unique<FcfsPolicy>();
+  TVM_FFI_THROW(TvmschedError) << "policy must be one of ('colocation', 'fastest', 'partition', 'fcfs'), not '" << kind
+                               << "'";
+  return nullptr;  // not reached
+}
+
+LayerScheduler* SchedulerOf(Policy& policy) {
+  auto* colocation = dynamic_cast<ColocationPolicy*>(&policy);
+  return colocation ? &colocation->scheduler() : nullptr;
+}
+
+}  // namespace tvmsched
