@@ -114,7 +114,7 @@ BAD = [  # (model, JSON body or (header, binary), status, fragment of the error)
     ("mlp", {"inputs": [{"name": "input", "datatype": "INT64", "shape": [1, 784], "data": [0] * 784}]}, 400, "is FP32, not INT64"),
     ("mlp", {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 783], "data": [0] * 783}]}, 400, "has shape [1, 784]"),
     ("mlp", {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], "data": [0] * 10}]}, 400, "10 values"),
-    ("mlp", {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], "data": ["x"] * 784}]}, 400, "not a list of FP32"),
+    ("mlp", {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], "data": ["x"] * 784}]}, 400, "holds 'x', which is not a FP32 value"),
     ("mlp", {"inputs": [{"name": "nope", "datatype": "FP32", "shape": [1, 784], "data": [0] * 784}]}, 400, "no input 'nope'"),
     ("mlp", {"inputs": []}, 400, "needs input(s) input"),
     ("mlp", {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], "data": [0] * 784}],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import reprlib
+
 from tvmsched.errors import TvmschedError
 
 # the gRPC status of each HTTP status the service answers with
@@ -15,3 +17,11 @@ class ServeError(TvmschedError):
     def __init__(self, message: str, status: int = 400):
         super().__init__(" ".join(str(message).split()))
         self.status = status
+
+
+def quote(value) -> str:
+    """A value from a client, quoted for an error line: at most about 80 characters, whatever was sent."""
+    short = reprlib.Repr()  # nested lists to 3 levels, 8 items each
+    short.maxlevel, short.maxlist, short.maxdict, short.maxstring, short.maxother = 3, 8, 4, 60, 60
+    text = short.repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -15,6 +15,9 @@ Inference-Header-Content-Length header; each binary input has parameters.binary_
 bytes, in input order (little-endian, row-major). Outputs come back binary when the request asks it (per output
 parameters.binary_data, or parameters.binary_data_output for all), with the answer's header length in
 Inference-Header-Content-Length.
+
+JSON (serve/jsonio.py, the C++ server's rules too): request bodies nest at most 64 levels and are strict JSON (a bare
+NaN or Infinity is a 400); NaN and infinities in JSON outputs are the strings "NaN", "Infinity", "-Infinity".
 """
 
 from __future__ import annotations
@@ -30,9 +33,9 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from tvmsched.errors import TvmschedError
-from tvmsched.serve import metrics
+from tvmsched.serve import jsonio, metrics
 from tvmsched.serve.asgi import MAX_BODY_BYTES, AnswerHeaders, BodyLimit
-from tvmsched.serve.errors import ServeError
+from tvmsched.serve.errors import ServeError, quote
 from tvmsched.serve.service import VERSION, InferenceService, Served
 from tvmsched.serve.tensors import from_bytes, to_array
 
@@ -77,7 +80,7 @@ def create_app(service: InferenceService, *, max_body_bytes: int = MAX_BODY_BYTE
         app.add_api_route(prefix + "/ready", _model_ready(service))
         app.add_api_route(prefix + "/config", lambda name, version="": service.model_config(service.get(name, version)))
         app.add_api_route(prefix + "/stats", lambda name, version="": service.statistics(name, version))
-        app.add_route(prefix + "/infer", _infer_route(service), methods=["POST"])
+        app.add_route(prefix + "/infer", _infer_route(service, max_body_bytes), methods=["POST"])
 
     @app.post("/v2/repository/index")
     def repository_index() -> list:
@@ -112,7 +115,7 @@ def _model_ready(service: InferenceService):
     return model_ready
 
 
-def _infer_route(service: InferenceService):
+def _infer_route(service: InferenceService, max_body_bytes: int):
     async def infer(request: Request) -> Response:
         received = time.perf_counter_ns()
         params = request.path_params
@@ -122,7 +125,7 @@ def _infer_route(service: InferenceService):
             return _error(err)
         body = await request.body()
         try:
-            header, inputs, binary_outputs = _parse_request(service, served, request.headers, body)
+            header, inputs, binary_outputs = _parse_request(service, served, request.headers, body, max_body_bytes)
             future = service.submit(served, inputs, header.get("parameters"))
         except TvmschedError as err:
             service.count_failure(served, received)
@@ -139,14 +142,11 @@ def _error(err: Exception) -> Response:
     return JSONResponse({"error": " ".join(str(err).split())}, status_code=getattr(err, "status", 400))
 
 
-def _parse_request(service: InferenceService, served: Served, headers, body: bytes):
+def _parse_request(service: InferenceService, served: Served, headers, body: bytes, max_body_bytes: int):
     """(JSON header, inputs, {output name: binary?}) of one infer request."""
     encoding = headers.get("content-encoding", "identity").lower()
     if encoding in ("gzip", "deflate"):
-        try:
-            body = zlib.decompress(body, 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
-        except zlib.error:
-            raise ServeError(f"the request body is not valid {encoding} data") from None
+        body = _decompress(body, encoding, max_body_bytes)
     elif encoding != "identity":
         raise ServeError(f"Content-Encoding {encoding} is not supported (gzip, deflate)")
     length = headers.get(HEADER_LENGTH)
@@ -156,26 +156,25 @@ def _parse_request(service: InferenceService, served: Served, headers, body: byt
         if not length.isdigit() or int(length) > len(body):
             raise ServeError(f"{HEADER_LENGTH} {length!r} is not a length within the {len(body)}-byte body")
         json_part, binary = body[:int(length)], memoryview(body)[int(length):]
-    try:
-        header = json.loads(json_part)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ServeError(f"the request is not valid JSON: {err}") from None
+    header = jsonio.loads(json_part)
     if not isinstance(header, dict) or not isinstance(header.get("inputs"), list):
         raise ServeError('the request must be a JSON object with an "inputs" list')
-    for key in ("parameters",):
-        if not isinstance(header.get(key, {}), dict):
-            raise ServeError(f'"{key}" must be an object')
+    if not isinstance(header.get("id", ""), str):
+        raise ServeError(f"the request's \"id\" must be a string, not {quote(header['id'])}")
+    parameters = _object(header, "the request")
     inputs, offset = {}, 0
     for tensor in header["inputs"]:
         if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
             raise ServeError('every input must be an object with a "name", "datatype", "shape" and "data"')
-        info = service.check_input(served, tensor["name"], tensor.get("datatype"), tensor.get("shape", ()))
+        info = service.check_input(served, tensor["name"], tensor.get("datatype"), tensor.get("shape"))
         if info.name in inputs:
             raise ServeError(f"input {info.name!r} is given twice")
-        size = (tensor.get("parameters") or {}).get("binary_data_size")
+        size = _object(tensor, f"input {info.name!r}").get("binary_data_size")
         if size is not None:
+            if "data" in tensor:
+                raise ServeError(f'input {info.name!r} has both "data" and parameters.binary_data_size')
             if isinstance(size, bool) or not isinstance(size, int) or size < 0 or offset + size > len(binary):
-                raise ServeError(f"input {info.name!r}: binary_data_size {size!r} passes the end of the "
+                raise ServeError(f"input {info.name!r}: binary_data_size {quote(size)} passes the end of the "
                                  f"{len(binary)} bytes of binary data")
             inputs[info.name] = from_bytes(info, binary[offset:offset + size])
             offset += size
@@ -187,13 +186,53 @@ def _parse_request(service: InferenceService, served: Served, headers, body: byt
         raise ServeError(f"the request carries {len(binary)} bytes of binary data; its inputs' binary_data_size "
                          f"add up to {offset}")
     service.check_all_inputs(served, inputs)
-    default_binary = bool((header.get("parameters") or {}).get("binary_data_output", False))
-    requested = header.get("outputs") or []
+    default_binary = _flag(parameters, "binary_data_output", False, "the request")
+    requested = header.get("outputs")
+    requested = [] if requested is None else requested
     if not isinstance(requested, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in requested):
         raise ServeError('"outputs" must be a list of objects with a "name"')
     names = service.output_names(served, [o["name"] for o in requested])
-    binary_of = {o["name"]: bool((o.get("parameters") or {}).get("binary_data", default_binary)) for o in requested}
+    binary_of = {}
+    for output in requested:
+        what = f"output {output['name']!r}"
+        if output["name"] in binary_of:
+            raise ServeError(f"{what} is requested twice")
+        output_parameters = _object(output, what)
+        if "classification" in output_parameters:
+            raise ServeError(f"{what} asks for classification, which this server does not do")
+        binary_of[output["name"]] = _flag(output_parameters, "binary_data", default_binary, what)
     return header, inputs, {name: binary_of.get(name, default_binary) for name in names}
+
+
+def _decompress(body: bytes, encoding: str, max_body_bytes: int) -> bytes:
+    """A gzip or deflate body, inflated to at most `max_body_bytes` (more: 413, as a body that large would be)."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+    try:
+        inflated = inflater.decompress(body, max_body_bytes + 1)
+    except zlib.error:
+        raise ServeError(f"the request body is not valid {encoding} data") from None
+    if len(inflated) > max_body_bytes:
+        raise ServeError(f"the {encoding} request body inflates to more than {max_body_bytes} bytes", 413)
+    if not inflater.eof:
+        raise ServeError(f"the request body is not valid {encoding} data (it ends early)")
+    return inflated
+
+
+def _object(owner: dict, what: str) -> dict:
+    """`owner`'s "parameters" object ({} when absent or null; 400 when it is something else)."""
+    parameters = owner.get("parameters")
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, dict):
+        raise ServeError(f'{what}\'s "parameters" must be an object, not {quote(parameters)}')
+    return parameters
+
+
+def _flag(parameters: dict, key: str, default: bool, what: str) -> bool:
+    value = parameters.get(key, default)
+    if not isinstance(value, bool):
+        raise ServeError(f"{what}'s parameter {key!r} must be true or false, not {quote(value)}")
+    return value
 
 
 def _answer(served: Served, header: dict, outputs: dict[str, np.ndarray], binary_outputs: dict[str, bool]) -> Response:
@@ -207,12 +246,12 @@ def _answer(served: Served, header: dict, outputs: dict[str, np.ndarray], binary
             entry["parameters"] = {"binary_data_size": len(chunk)}
             chunks.append(chunk)
         else:
-            entry["data"] = array.ravel().tolist()
+            entry["data"] = jsonio.flat_data(array)  # NaN and infinities as strings (jsonio)
         described.append(entry)
     answer = {"model_name": served.name, "model_version": VERSION, "outputs": described}
     if "id" in header:
         answer["id"] = header["id"]
-    text = json.dumps(answer, separators=(",", ":")).encode()
+    text = jsonio.dumps(answer)
     if not chunks:
         return Response(text, media_type="application/json")
     return Response(b"".join([text, *chunks]), media_type="application/octet-stream",
@@ -234,7 +273,9 @@ def _add_v1(app: FastAPI, service: InferenceService) -> None:
         if served is None:
             return JSONResponse({"detail": f"no model named {name!r}"}, status_code=404)
         try:
-            body = await request.json()
+            raw = await request.body()
+            jsonio.check_depth(raw, "the body")
+            body = json.loads(raw)
             if not isinstance(body, dict) or not isinstance(body.get("inputs"), dict):
                 return JSONResponse({"detail": 'the body must be {"inputs": {name: values}}'}, status_code=422)
             dtypes = {t.name: t.dtype for t in served.inputs}
@@ -247,7 +288,7 @@ def _add_v1(app: FastAPI, service: InferenceService) -> None:
             outputs = await service.answer(served, future, received)
         except TvmschedError as err:
             return JSONResponse({"detail": " ".join(str(err).split())}, status_code=400)
-        return JSONResponse({"outputs": {k: v.tolist() for k, v in outputs.items()}})
+        return JSONResponse({"outputs": {k: jsonio.nested_data(v) for k, v in outputs.items()}})
 
     @app.get("/v1/stats")
     def stats() -> dict:

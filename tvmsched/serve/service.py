@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tvmsched.errors import TvmschedError
-from tvmsched.serve.errors import ServeError
+from tvmsched.serve.errors import ServeError, quote
 from tvmsched.serve.repository import ModelSpec, Repository, check_artifact
 from tvmsched.serve.tensors import TensorInfo, tensor_infos
 
@@ -190,12 +190,17 @@ class InferenceService:
         info = next((t for t in served.inputs if t.name == name), None)
         if info is None:
             raise ServeError(f"model {served.name!r} has no input {name!r} (inputs: {', '.join(t.name for t in served.inputs)})")
+        if not isinstance(datatype, str):
+            raise ServeError(f"input {name!r}: datatype must be a string such as {info.datatype!r}, not {quote(datatype)}")
         if datatype != info.datatype:
-            raise ServeError(f"input {name!r} of model {served.name!r} is {info.datatype}, not {datatype}")
-        try:
-            shape = tuple(int(d) for d in shape)
-        except (TypeError, ValueError):
-            raise ServeError(f"input {name!r}: shape must be a list of integers, not {shape!r}") from None
+            raise ServeError(f"input {name!r} of model {served.name!r} is {info.datatype}, not {datatype if len(datatype) <= 40 else quote(datatype)}")
+        try:  # a JSON list or gRPC's repeated int64: integers only (not 1.5, "1" or true)
+            dims = None if isinstance(shape, (str, bytes, dict)) else tuple(shape)
+        except TypeError:
+            dims = None
+        if dims is None or not all(type(d) is int for d in dims):
+            raise ServeError(f"input {name!r}: shape must be a list of integers, not {quote(shape)}")
+        shape = dims
         if shape != info.shape:
             raise ServeError(f"input {name!r} of model {served.name!r} has shape {list(info.shape)}, not {list(shape)}")
         return info
