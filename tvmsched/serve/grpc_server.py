@@ -13,6 +13,7 @@ import time
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from tvmsched.errors import TvmschedError
 from tvmsched.serve.grpc_stubs import stubs
@@ -27,9 +28,36 @@ TYPE_NUMBERS = {"BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5, "I
                 "INT64": 9, "FP16": 10, "FP32": 11, "FP64": 12}
 
 
+SERVICE = "inference.GRPCInferenceService"
+
+
 def add_service(server: grpc.aio.Server, service: InferenceService) -> None:
-    _, pb2_grpc = stubs()
-    pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Servicer(service), server)
+    """Serve `service` on `server`: each method of the proto's service, unary, as the generated
+    add_GRPCInferenceServiceServicer_to_server registers them, except that requests arrive as bytes and are decoded by
+    the handler (_decoded), so that a message protobuf cannot decode is INVALID_ARGUMENT with one line."""
+    pb2, _ = stubs()
+    servicer, handlers = Servicer(service), {}
+    for method in pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+        assert not method.client_streaming and not method.server_streaming, method.name
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+            _decoded(getattr(servicer, method.name), getattr(pb2, method.input_type.name)),
+            response_serializer=getattr(pb2, method.output_type.name).SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
+
+
+def _decoded(method, request_type):
+    """`method` taking the request's bytes: grpc's own decoding failure is UNKNOWN with a Python exception's name
+    ('Unexpected <class DecodeError>'), for a message nested deeper than protobuf's recursion limit (100 levels of
+    unknown groups, say) or truncated bytes."""
+    async def handler(raw: bytes, context):
+        try:
+            request = request_type.FromString(raw)
+        except DecodeError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a {request_type.DESCRIPTOR.full_name} "
+                                "message protobuf can decode (malformed, truncated, or nested deeper than its limit)")
+        return await method(request, context)
+    return handler
 
 
 async def _abort(context, err: Exception):
