@@ -3,6 +3,7 @@
 
 #include <tvmsched/engine.h>
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -73,6 +74,12 @@ T Element(const json& v, const std::string& input, const std::string& datatype) 
     if (!v.is_boolean()) throw bad();
     return v.get<bool>();
   } else if constexpr (std::is_floating_point_v<T>) {
+    if (v.is_string()) {  // how JSON outputs carry non-finite values (NonFinite), sent back
+      const std::string& text = v.get_ref<const std::string&>();
+      if (text == "NaN") return std::numeric_limits<T>::quiet_NaN();
+      if (text == "Infinity") return std::numeric_limits<T>::infinity();
+      if (text == "-Infinity") return -std::numeric_limits<T>::infinity();
+    }
     if (!v.is_number()) throw bad();
     return static_cast<T>(v.get<double>());
   } else {
@@ -129,7 +136,7 @@ void AppendJson(json& out, const char* data, size_t count) {
   const T* values = reinterpret_cast<const T*>(data);
   for (size_t i = 0; i < count; ++i) {
     if constexpr (std::is_floating_point_v<T>)
-      out.push_back(static_cast<double>(values[i]));
+      out.push_back(FloatJson(static_cast<double>(values[i])));
     else
       out.push_back(values[i]);
   }
@@ -178,6 +185,12 @@ std::string Names(const std::vector<TensorInfo>& tensors) {
 
 }  // namespace
 
+json FloatJson(double value) {
+  if (std::isnan(value)) return "NaN";
+  if (std::isinf(value)) return value > 0 ? "Infinity" : "-Infinity";
+  return value;
+}
+
 std::string Datatype(DLDataType dtype) {
   for (const Named& n : kDatatypes)
     if (Same(n.dtype, dtype)) return n.name;
@@ -191,6 +204,20 @@ std::string ConfigDatatype(DLDataType dtype) {
 
 json Metadata(const TensorInfo& tensor) {
   return {{"name", tensor.name}, {"datatype", Datatype(tensor.dtype)}, {"shape", tensor.shape}};
+}
+
+std::string NonFiniteHint(const std::string& text, size_t byte) {
+  // nlohmann's error byte is one past the character it stopped at: the N or I of NaN, Infinity or -Infinity
+  if (byte == 0 || byte > text.size()) return "";
+  size_t at = byte - 1;
+  for (const char* literal : {"NaN", "Infinity"}) {
+    if (text.compare(at, std::strlen(literal), literal) == 0) {
+      return std::string(": ") + (at > 0 && text[at - 1] == '-' ? "-" : "") + literal +
+             " is not a JSON number; send non-finite values as the strings \"NaN\", \"Infinity\", \"-Infinity\", "
+             "or as binary data";
+    }
+  }
+  return "";
 }
 
 std::string ShapeText(const std::vector<int64_t>& shape) {
@@ -228,7 +255,8 @@ Request ParseRequest(const std::string& body, std::optional<size_t> header_lengt
   try {
     parsed = json::parse(header);
   } catch (const json::parse_error& err) {
-    throw Error(400, "the request is not valid JSON (parse error at byte " + std::to_string(err.byte) + ")");
+    throw Error(400, "the request is not valid JSON (parse error at byte " + std::to_string(err.byte) + ")" +
+                         NonFiniteHint(header, err.byte));
   }
   if (!parsed.is_object()) throw Error(400, "the request must be a JSON object, not " + Quote(parsed));
   Request request;

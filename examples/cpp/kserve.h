@@ -50,6 +50,15 @@ json Metadata(const TensorInfo& tensor);
 /*! \brief "[1,784]" */
 std::string ShapeText(const std::vector<int64_t>& shape);
 
+/*! \brief A float as JSON output data: a number, or for NaN and infinities (which JSON has no numbers for) the strings
+ *  "NaN", "Infinity" and "-Infinity" (tvmsched serve writes the same: tvmsched/serve/jsonio.py; tritonclient's
+ *  as_numpy reads them back). Input data takes these strings for FP32 and FP64 elements too. */
+json FloatJson(double value);
+
+/*! \brief When nlohmann's parse error at `byte` of `text` is a bare NaN, Infinity or -Infinity (Triton's dialect of
+ *  JSON, refused here as by tvmsched serve): ": NaN is not a JSON number; send ..." to end the error line; else "". */
+std::string NonFiniteHint(const std::string& text, size_t byte);
+
 /*! \brief The JSON header's length from the Inference-Header-Content-Length header (`value`; empty: absent, the
  *  whole body is JSON); 400 when it is not a length within the body. */
 std::optional<size_t> HeaderLength(const std::string& value, bool present, size_t body_size);

@@ -23,7 +23,9 @@
 // Routes, /v1 (the JSON contract of examples/server.py):
 //   POST /v1/models/{name}/infer  {"inputs": {NAME: nested list | number}} -> {"outputs": {NAME: nested list}}
 //                                 404 {"detail": "no model named 'x'"}; 400 {"detail": "<engine error>"};
-//                                 422 {"detail": [...]} for a body that is not {"inputs": {...}}
+//                                 422 {"detail": [...]} for a body that is not {"inputs": {...}}; 400 for one
+//                                 nested deeper than 64 levels. NaN and infinities in outputs are the strings
+//                                 "NaN", "Infinity", "-Infinity" (JSON has no such numbers), as on /v2
 //   GET  /v1/models, GET /v1/stats  as in examples/server.py (/v1/stats adds "_memory" with --memory-budget)
 // Routes, /v2 (Open Inference Protocol; every error is {"error": "<one line>"}: 400 bad request, 404 unknown model
 // or version, 503 queue full or model not ready):
@@ -61,6 +63,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -186,6 +189,14 @@ void Dispatch(DLDataType dtype, F&& f) {
 
 template <typename T>
 T Element(const json& v, const std::string& name) {
+  if constexpr (std::is_floating_point_v<T>) {  // non-finite values as JSON outputs carry them (kserve::FloatJson)
+    if (v.is_string()) {
+      const std::string& text = v.get_ref<const std::string&>();
+      if (text == "NaN") return std::numeric_limits<T>::quiet_NaN();
+      if (text == "Infinity") return std::numeric_limits<T>::infinity();
+      if (text == "-Infinity") return -std::numeric_limits<T>::infinity();
+    }
+  }
   if (!v.is_number() && !v.is_boolean()) {
     throw HttpError(400, "input '" + name + "' holds " + v.dump() + ", not a number");
   }
@@ -237,7 +248,7 @@ json Nested(const T*& data, const int64_t* shape, int ndim) {
   if (ndim == 0) {
     T v = *data++;
     if constexpr (std::is_floating_point_v<T>)
-      return static_cast<double>(v);
+      return kserve::FloatJson(static_cast<double>(v));  // NaN and infinities as strings: JSON has no such numbers
     else if constexpr (std::is_same_v<T, bool>)
       return v;
     else if constexpr (std::is_signed_v<T>)
@@ -272,8 +283,8 @@ json ValidationError(const std::string& type, json loc, const std::string& msg) 
 json ParseInferBody(const std::string& body) {
   try {  // nlohmann's parser and destructor recurse per level: 100000 '[' would overflow the stack
     tvmsched::CheckJsonDepth(body, "the body", tvmsched::kMaxJsonDepth);
-  } catch (const std::invalid_argument&) {
-    throw HttpError(400, "There was an error parsing the body");  // examples/server.py's answer to it
+  } catch (const std::invalid_argument& err) {
+    throw HttpError(400, err.what());  // "the body nests deeper than 64 levels", as tvmsched serve's /v1 answers
   }
   json parsed;
   try {
