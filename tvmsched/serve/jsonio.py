@@ -4,7 +4,8 @@ Reading a request body:
 - Its brackets may nest at most MAX_DEPTH (64) levels: deeper is one 400 line, found by a scan without recursion
   before any parser sees the body (Python's parser raised RecursionError on 100000 '[', answered 500; nlohmann's
   would overflow the C++ server's stack). 64 levels leave a tensor 60 nested dimensions inside a request.
-- It is UTF-8 (a BOM is skipped), as Triton and the C++ server read it.
+- It is UTF-8 (a BOM is skipped) and its strings are Unicode (no "\\ud800" escape without its pair), as Triton and the
+  C++ server read it.
 - It is strict JSON: the bare literals NaN, Infinity and -Infinity (Python's json module reads them; Triton does
   too, rapidjson's kParseNanAndInfFlag, and tritonclient.http writes them for non-finite elements of JSON inputs)
   are a 400 that says how to send such values: as the strings below, or as binary data.
@@ -54,9 +55,31 @@ def loads(body: bytes, what: str = "the request"):
     """The JSON value of a request body (or of its JSON header), or one 400 line saying what is wrong with it."""
     check_depth(body, f"{what}'s JSON")
     try:
-        return json.loads(body.decode("utf-8-sig"), parse_constant=_no_constant)
+        value = json.loads(body.decode("utf-8-sig"), parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
         raise ServeError(f"{what} is not valid JSON: {err}") from None
+    if _SURROGATE.search(body) and not _unicode(value):  # "\ud800" alone: Python reads it, nlohmann and UTF-8 do not
+        raise ServeError(f"{what} is not valid JSON: a string holds a UTF-16 surrogate escape (\\uD800-\\uDFFF) "
+                         "that is not half of a pair")
+    return value
+
+
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _unicode(value) -> bool:
+    """Whether every string in `value` (keys too) is Unicode that UTF-8 can encode: no lone surrogate."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(value, dict):
+        return all(_unicode(k) and _unicode(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_unicode(v) for v in value if isinstance(v, (str, list, dict)))
+    return True
 
 
 def _no_constant(name: str):
