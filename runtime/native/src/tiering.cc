@@ -291,9 +291,12 @@ class Streamer : public Placement {
   bool Step(std::unique_lock<std::mutex>& lock, StreamHandle copy) {
     if (measuring_ || failed_) return false;
     int n = static_cast<int>(groups_.size());
-    int wanted[2] = {groups_[cursor_], groups_[(cursor_ + 1) % n]};
-    auto is_wanted = [&](int g) { return g == wanted[0] || g == wanted[1]; };
     int buffers = m_->num_buffers();
+    // the group the running request needs next, and (two buffers) the one after it; with one buffer the one after it
+    // is not kept: a model of two streamed groups would keep the next request's first group in the only buffer and
+    // its running request's second group would wait for ever (the watchdog's stall)
+    int wanted[2] = {groups_[cursor_], groups_[buffers > 1 ? (cursor_ + 1) % n : cursor_]};
+    auto is_wanted = [&](int g) { return g == wanted[0] || g == wanted[1]; };
     for (int s = 0; s < buffers; ++s) {
       int& g = slots_[s];
       if (g >= 0 && !is_wanted(g) && (m_->CasGroup(g, kReady, kAbsent) || m_->CasGroup(g, kFinished, kAbsent))) g = -1;
