@@ -23,12 +23,17 @@ void PreemptionGroupObj::Remove(Stream stream) {
 }
 
 std::vector<Stream> PreemptionGroupObj::Hold(Request request, Stream own) {
+  return Hold(std::move(request), std::vector<Stream>{std::move(own)});
+}
+
+std::vector<Stream> PreemptionGroupObj::Hold(Request request, const std::vector<Stream>& own) {
   std::vector<Stream> stopped;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (active_.fetch_add(1, std::memory_order_acq_rel) == 0) {
       for (const Stream& member : members_) {
-        if (member.same_as(own)) continue;  // a best-effort model's own real-time request
+        // a best-effort model's own real-time request
+        if (std::any_of(own.begin(), own.end(), [&](const Stream& s) { return member.same_as(s); })) continue;
         if (Stop(member)) stopped.push_back(member);
       }
     }

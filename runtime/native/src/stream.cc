@@ -255,6 +255,33 @@ Request StreamObj::SubmitBy(ffi::Map<ffi::String, ffi::Tensor> inputs, std::vect
   return Request(request);
 }
 
+void StreamObj::SetSource(Source source) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  source_ = std::move(source);
+}
+
+void StreamObj::Poke() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);  // (so that the submitter cannot miss it between its check and its wait)
+    pull_.store(true, std::memory_order_release);
+  }
+  cond_.notify_all();
+}
+
+void StreamObj::Pull() {
+  pull_.store(false, std::memory_order_release);  // (a Poke() from now on asks again)
+  std::vector<Request> got = source_();
+  if (got.empty()) return;
+  for (size_t i = 0; i < got.size(); ++i) m_->AddUser();  // in use from now on: its switcher does not evict it
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Request& request : got) requests_.push_back(std::move(request));
+    queued_.fetch_add(static_cast<int64_t>(got.size()), std::memory_order_release);
+    if (!paused_locked() && !m_->resident()) m_->placement()->Demand(m_, -1);
+  }
+  cond_.notify_all();
+}
+
 PreemptReport StreamObj::Preempt(bool abort, bool wait) {
   double start = Device::NowMicros();
   PreemptReport report;
@@ -479,7 +506,11 @@ void StreamObj::SubmitLoop() {
       std::unique_lock<std::mutex> lock(mutex_);
       if (!closed_ && !paused_locked() && !HasWork()) {  // poll briefly: a request arriving soon starts at once
         lock.unlock();
-        SpinUntil([this] { return queued_.load(std::memory_order_acquire) > 0; }, options_.idle_spin_us);
+        SpinUntil(
+            [this] {
+              return queued_.load(std::memory_order_acquire) > 0 || (source_ && pull_.load(std::memory_order_acquire));
+            },
+            options_.idle_spin_us);
         lock.lock();
       }
       // paused: wait without retiring anything (a drain decides what completed); nobody but this
@@ -489,7 +520,8 @@ void StreamObj::SubmitLoop() {
       auto ready = [this] {
         return (closed_ && !HasWork()) ||
                ((closed_ || (!paused_locked() && HasWork())) && !(gated_ && in_flight_.empty())) ||
-               undrained();  // a Preempt() that did not wait: this thread drains
+               undrained() ||  // a Preempt() that did not wait: this thread drains
+               MayPull();
       };
       while (!cond_.wait_for(lock, std::chrono::milliseconds(100), ready)) {
         if (!HasWork() && use_count() == 1) closed_ = true;
@@ -512,6 +544,12 @@ void StreamObj::SubmitLoop() {
         continue;
       }
       if (paused_locked()) continue;  // closing while paused: Close() resumes first
+      if (MayPull()) {
+        lock.unlock();
+        Deliver();  // what just ended (the watchdog's failure included) is delivered first
+        Pull();
+        continue;
+      }
       if (!requests_.empty()) launch = NextLaunch();
       running_ = launch;  // preempt() waits until it is tracked (asynchronous) or returned (synchronous)
     }
@@ -589,6 +627,7 @@ std::string StreamObj::Stalled() const {
 void StreamObj::EndRequest() {
   m_->users.fetch_sub(1);
   m_->placement()->EndRequest(m_);
+  if (source_ && requests_.empty()) pull_.store(true, std::memory_order_release);  // its source may have more
 }
 
 bool StreamObj::StartRequest() {

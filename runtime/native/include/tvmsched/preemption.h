@@ -31,6 +31,8 @@ class PreemptionGroupObj : public ffi::Object {
   void Remove(Stream stream);
   /*! \brief Hold the group while `request` (queued on `own`) runs; returns the busy members this call preempted. */
   std::vector<Stream> Hold(Request request, Stream own);
+  /*! \brief Hold for a request that any of `own` may run (a model's streams): none of them is preempted. */
+  std::vector<Stream> Hold(Request request, const std::vector<Stream>& own);
   /*! \brief A switch-in waits for memory that the started requests of the paused models `holders` keep: while the
    *  group is held, the members serving one of them finish their started request and pause again
    *  (StreamObj::FinishStarted). Returns how many did; 0 when not held (paused by someone else). */

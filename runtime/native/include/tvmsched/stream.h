@@ -177,6 +177,14 @@ class StreamObj : public ffi::Object {
   bool FinishStarted();
   bool paused() const;
   bool busy() const;
+  /*! \brief Where it takes its requests besides Submit (the engine Runtime's queue of its model): `source()` is called
+   *  on the submitter thread, outside the stream's lock, when nothing is queued on the stream and it was poked since
+   *  the last call or has just finished a request; it returns the requests to run next, in order (inputs checked,
+   *  candidate ids chosen; none: the stream waits to be poked). Set once, before requests come. */
+  using Source = std::function<std::vector<Request>()>;
+  void SetSource(Source source);
+  /*! \brief Its source has work: the stream asks it as soon as nothing is queued on it. */
+  void Poke();
   /*! \brief Requests queued or running (a lock-free read; for choosing among a model's streams). */
   int64_t pending() const { return queued_.load(std::memory_order_relaxed); }
   /*! \brief The running request's progress; nullopt when idle. */
@@ -254,6 +262,12 @@ class StreamObj : public ffi::Object {
    *  one line; else empty. */
   std::string HandleFault(const Launch& launch, const std::string& error);
   void Deliver();
+  /*! \brief The source may have work for it now (under mutex_). */
+  bool MayPull() const {
+    return source_ && !closed_ && !paused_locked() && requests_.empty() && pull_.load(std::memory_order_acquire);
+  }
+  /*! \brief Ask the source (without the lock) and queue what it gives. */
+  void Pull();
   bool idempotent(const Launch& l) const { return idempotent_[l.layer][l.candidate]; }
 
   Model model_;
@@ -298,6 +312,8 @@ class StreamObj : public ffi::Object {
   std::vector<Launch> Quiesce(std::unique_lock<std::mutex>& lock);
   uint64_t run_generation_ = 0;     // the device's generation when the head request started (the submitter's alone)
   std::atomic<int64_t> queued_{0};  // requests_.size(), polled by the idle submitter
+  Source source_;
+  std::atomic<bool> pull_{false};  // ask the source: it was poked, or a request just ended
   std::thread thread_, progress_thread_;
 };
 
