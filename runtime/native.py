@@ -175,6 +175,14 @@ def policy_decide(policy, model: str, stream: str, loaded_models: int, views) ->
             "streams": int(streams), "estimated": bool(estimated), "seconds": float(seconds)}
 
 
+def create_runtime(options: dict):
+    """The engine's multi-tenant Runtime (tvmsched/runtime.h): `options` as tvmsched.engine.create_runtime reads them
+    (device, memory_budget, policy, total_units, colocation rows, max_in_flight, idle_spin_us, progress_interval_ms,
+    stall_timeout_s, trusted_keys, max_groups, threshold1, threshold2, preset_count, retain, tiers,
+    tier_buffer_bytes; an unknown key is one error line)."""
+    return func("create_runtime")(dict(options))
+
+
 def create_memory_scope(budget: int):
     """A budget that the models loaded into it count against (a Runtime's; 0: none, still counted)."""
     return func("create_memory_scope")(int(budget))

@@ -514,6 +514,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("done", [](Request r) { return r->done(); })
       .def("outputs", [](Request r) { return r->outputs(); })
       .def("error", [](Request r) { return r->error(); })
+      .def("candidate_ids", [](Request r) { return ToArray(r->candidate_ids); })
       // a Python callable waits for the GIL: on the engine's callback thread, never on the stream's submitter
       .def("on_done", [](Request r, ffi::Function callback) { r->OnDone(std::move(callback), true); });
 
@@ -530,6 +531,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("preempted", [](PreemptionGroup g) { return g->preempted.load(); });
 
   refl::ObjectDef<StreamObj>()
+      .def("name", [](Stream s) { return s->name(); })
       .def("submit", [](Stream s, ffi::Map<ffi::String, ffi::Tensor> inputs,
                         ffi::Array<int64_t> ids) { return s->Submit(std::move(inputs), Ids(ids)); })
       .def("submit_by", [](Stream s, ffi::Map<ffi::String, ffi::Tensor> inputs, ffi::Array<int64_t> ids,

@@ -21,6 +21,7 @@
 #include "tvmsched/model.h"
 #include "tvmsched/policy.h"
 #include "tvmsched/preemption.h"
+#include "tvmsched/runtime.h"
 #include "tvmsched/stream.h"
 #include "tvmsched/switching.h"
 #include "tvmsched/tiering.h"

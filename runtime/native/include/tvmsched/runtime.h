@@ -1,0 +1,190 @@
+/*!
+ * \file tvmsched/runtime.h
+ * \brief The multi-tenant runtime, in the engine: many models on a device, each on one or more streams, the
+ *        placement of each model's memory, the policy that decides what each stream launches, admission (queue caps,
+ *        time limits, latency targets), real-time preemption, stats. C++ servers embed it as Python's Runtime does
+ *        (docs/runtime.md states the rules):
+ *
+ *   tvmsched::RuntimeOptions options;             // devices (one, with its memory budget), policy, ...
+ *   auto rt = tvmsched::Runtime::Create(options);
+ *   rt->Load("resnet.tvms", {.qos_ms = 20, .realtime = true});
+ *   tvmsched::Request r = rt->Submit("resnet", inputs, {});   // queued on the model; r->Wait(-1, 0)
+ *
+ * Requests queue on their model, not on a stream: a stream with nothing queued asks the runtime for its next
+ * request, and the policy decides then — which queued requests launch, at which batch size, with which candidate
+ * ids — reading every stream's state (the resource monitor). No Python runs on a request's path.
+ *
+ * Time limits: a request's `timeout` (Triton's parameter, else its model's default) is the longest it may stay
+ * queued; past it, kReject fails it ("... timed out in the queue") and kDelay lets it run after the requests that
+ * still have time. A model's latency target (`qos_ms`) bounds its finish: a request whose predicted finish already
+ * exceeds it is refused at submit, when others are queued ahead of it (alone on an idle stream, it runs).
+ *
+ * Thread-safe. Lock order: the runtime's lock, then a stream's (a stream asks its source without its own lock).
+ */
+#ifndef TVMSCHED_RUNTIME_H_
+#define TVMSCHED_RUNTIME_H_
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tvmsched/artifact.h"
+#include "tvmsched/model.h"
+#include "tvmsched/policy.h"
+#include "tvmsched/preemption.h"
+#include "tvmsched/stream.h"
+#include "tvmsched/switching.h"
+#include "tvmsched/tiering.h"
+
+namespace tvmsched {
+
+/*! \brief A device the runtime serves on, and the device memory its models may take (0: no budget of its own). */
+struct DeviceSpec {
+  std::string kind = "cpu";
+  size_t memory_budget = 0;
+};
+
+struct RuntimeOptions {
+  /*! \brief The devices (one in this release; more come with multi-device placement). */
+  std::vector<DeviceSpec> devices{DeviceSpec{}};
+  std::string policy = "colocation";
+  std::shared_ptr<ColocationTable> colocation;  ///< the colocation profile (null: the fallback rule for every pair)
+  int total_units = 0;                          ///< the device's compute units (0: its own count)
+  StreamOptions stream;                         ///< every stream's (its priority is set per model)
+  std::vector<std::string> trusted_keys;        ///< load only artifacts one of these keys signed (none: any)
+  SwitchOptions switching;                      ///< the switcher of models that do not fit beside the resident ones
+  int max_groups = 4;                           ///< sub-tasks per switched model
+  std::vector<TierShare> tiers;                 ///< where models larger than the budget keep their streamed weights
+  size_t tier_buffer_bytes = 0;                 ///< each stream buffer of a streamed model (0: its own rule)
+};
+
+enum class TimeoutAction : int { kReject = 0, kDelay = 1 };
+
+/*! \brief Triton's default_queue_policy, per model. */
+struct QueuePolicy {
+  TimeoutAction timeout_action = TimeoutAction::kReject;
+  double default_timeout_us = 0;  ///< a request's longest stay in the queue when it gives none (0: no limit)
+  bool allow_timeout_override = true;
+  int64_t max_queue_size = 0;  ///< requests queued at most (0: no cap); more are refused at submit
+};
+
+struct ModelOptions {
+  std::string name;         ///< "" = the artifact's model name
+  double qos_ms = 0;        ///< its latency target (0: the artifact's, if any; < 0: none)
+  bool realtime = false;    ///< real-time: its requests preempt the best-effort streams while they run
+  bool resident = true;     ///< made resident now if it fits (else switched in by its first request)
+  size_t device_bytes = 0;  ///< larger than the budget: the device memory it streams through (0: all that is left)
+  int streams = 1;          ///< streams serving it (each a resident copy); each request goes to the first free one
+  QueuePolicy queue;
+  bool warmup = false;  ///< run every candidate kernel once before it takes requests
+};
+
+struct SubmitOptions {
+  int priority = -1;       ///< 1: real-time, 0: best-effort, -1: the model's
+  double timeout_us = -1;  ///< its longest stay in the queue (-1: the model's default; 0: none)
+};
+
+/*! \brief A model's counters (the percentiles over its latest 8192 to 16384 requests). */
+struct ModelStats {
+  std::string priority;
+  double qos_ms = -1;
+  int64_t requests = 0, errors = 0, refused = 0, timed_out = 0, qos_violations = 0, queued = 0;
+  double p50_ms = -1, p99_ms = -1;
+  int64_t launches = 0, reruns = 0, faults = 0, fault_restarts = 0;
+  std::string placement;
+};
+
+class RuntimeObj : public ffi::Object {
+ public:
+  explicit RuntimeObj(RuntimeOptions options);
+  ~RuntimeObj();
+
+  /*! \brief Load an artifact as a new model; returns its name. The placement is decided here, once: resident if it
+   *  fits beside the resident models, else registered and switched in by its requests, or streamed from the host
+   *  tiers when it is larger than the whole budget. One-line TvmschedError on failure (nothing stays loaded). */
+  std::string Load(const std::string& path, const ModelOptions& options);
+  /*! \brief New requests for it are refused at once; its queued and running ones finish first (within `timeout_s`),
+   *  then its memory and its name are given back. */
+  void Unload(const std::string& name, double timeout_s = 60);
+  /*! \brief Queue one request (inputs checked now: a bad request raises and queues nothing; so does a refused one). */
+  Request Submit(const std::string& model, ffi::Map<ffi::String, ffi::Tensor> inputs, const SubmitOptions& options);
+  /*! \brief Every busy stream's work still to run (the resource monitor), by stream name. */
+  std::vector<StreamView> Monitor();
+  std::map<std::string, ModelStats> Stats();
+  /*! \brief The colocation policy's decisions: how many, and the p50 / p99 of the latest ones' times (µs; -1: none). */
+  std::tuple<int64_t, double, double> DecisionStats();
+  std::vector<std::string> models() const;
+  /*! \brief The streams of a model (its first one first; the others are NAME#1 ...). */
+  std::vector<Stream> streams(const std::string& model) const;
+  const std::string& policy_kind() const { return policy_kind_; }
+  int total_units() const { return total_units_; }
+  const std::shared_ptr<MemoryScope>& scope() const { return scope_; }
+  /*! \brief Finish what is queued, then stop every stream. */
+  void Shutdown();
+
+  static constexpr bool _type_mutable = true;
+  TVM_FFI_DECLARE_OBJECT_INFO_FINAL("tvmsched.Runtime", RuntimeObj, ffi::Object);
+
+ private:
+  struct Pending {
+    Request request;
+    bool realtime = false;
+    double timeout_at_us = 0;  // 0: none
+  };
+  struct Entry {
+    std::string name;
+    ModelOptions options;
+    double qos_ms = -1;
+    PolicyModel policy_model;
+    std::vector<Model> models;  // one per stream (the first may be registered or streamed; the others resident)
+    std::vector<Stream> streams;
+    std::deque<Pending> queue, delayed;  // delayed: past their timeout under kDelay (they run after the others)
+    double fastest_us = 0;               // its fastest candidates' isolated latency, summed
+    bool closing = false;
+    int64_t refused = 0, timed_out = 0, inflight = 0;  // inflight: taken by a stream, not finished
+  };
+  /*! \brief A stream's source: what it runs next (under the runtime's lock; expired requests collected to fail). */
+  std::vector<Request> Next(const std::shared_ptr<Entry>& entry, int stream, std::vector<Pending>* expired);
+  void Expire(Entry& entry, double now, std::vector<Pending>* expired);
+  std::vector<StreamView> MonitorLocked();
+  void Fail(std::vector<Pending>* expired, const std::string& model);
+  void PokeAll(const std::shared_ptr<Entry>& entry);
+  void SweepLoop();
+  void WarmUp(const std::shared_ptr<Entry>& entry);
+  Model LoadModel(const std::string& path, const LoadOptions& options) const;
+
+  RuntimeOptions options_;
+  std::string policy_kind_;
+  std::shared_ptr<Device> device_;
+  std::shared_ptr<MemoryScope> scope_;
+  int total_units_ = 1;
+  TrustedKeys trusted_;
+  Switcher switcher_;
+  PreemptionGroup group_;
+  std::shared_ptr<ColocationTable> table_;
+
+  mutable std::mutex mu_;
+  std::condition_variable sweep_cond_;
+  std::unique_ptr<Policy> policy_;
+  std::map<std::string, std::shared_ptr<Entry>> entries_;
+  std::vector<std::shared_ptr<Entry>> order_;  // loaded models in load order (the monitor's order)
+  int64_t serial_running_ = 0;                 // serial policies: requests running (0 or 1)
+  bool closed_ = false;
+  std::vector<size_t> tier_used_;  // per tier share: bytes the streamed models took
+  std::thread sweeper_;            // fails requests whose timeout passed while every stream was busy
+};
+
+class Runtime : public ffi::ObjectRef {
+ public:
+  static Runtime Create(RuntimeOptions options);
+  TVM_FFI_DEFINE_OBJECT_REF_METHODS_NULLABLE(Runtime, ffi::ObjectRef, RuntimeObj);
+};
+
+}  // namespace tvmsched
+
+#endif  // TVMSCHED_RUNTIME_H_

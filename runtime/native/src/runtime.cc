@@ -1,0 +1,686 @@
+// The engine's multi-tenant runtime (tvmsched/runtime.h): models, placements, streams, the policy, admission.
+#include "tvmsched/runtime.h"
+
+#include <tvm/ffi/error.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+namespace tvmsched {
+
+namespace {
+
+constexpr size_t kLookahead = 4;     // queued requests of a stream the monitor lays out, besides the running one
+constexpr size_t kPolicyQueue = 64;  // queued requests a policy is shown
+
+double Percentile(std::vector<double> values, double q) {  // numpy's default (linear between the closest ranks)
+  if (values.empty()) return -1;
+  std::sort(values.begin(), values.end());
+  double pos = q / 100.0 * static_cast<double>(values.size() - 1);
+  size_t lo = static_cast<size_t>(std::floor(pos)), hi = static_cast<size_t>(std::ceil(pos));
+  return values[lo] + (values[hi] - values[lo]) * (pos - static_cast<double>(lo));
+}
+
+std::string Ms(double us) {
+  std::ostringstream text;
+  text.precision(3);
+  text << std::fixed << us / 1e3;
+  return text.str();
+}
+
+/*! \brief A running request's layers still to run, from its progress bitmap (done / all blocks per layer): a partly
+ *  done layer keeps the share of its latency its remaining blocks stand for; then the requests queued behind it. */
+std::vector<CandidateInfo> StreamWork(const PolicyModel& model, const StreamState& state) {
+  std::vector<CandidateInfo> work;
+  const auto& layers = model.layers;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    CandidateInfo cand = layers[i][state.ids.empty() ? 0 : state.ids[i]];
+    int64_t blocks = state.blocks[i];
+    double left =
+        1.0 - static_cast<double>(std::min(std::max<int64_t>(state.done[i], 0), blocks)) / static_cast<double>(blocks);
+    if (left > 0) {
+      if (left != 1.0) cand.latency_us *= left;
+      work.push_back(cand);
+    }
+  }
+  for (size_t q = 0; q < state.queued.size() && q < kLookahead; ++q) {
+    const auto& ids = state.queued[q];
+    for (size_t i = 0; i < layers.size(); ++i) work.push_back(layers[i][ids.empty() ? 0 : ids[i]]);
+  }
+  return work;
+}
+
+ffi::Map<ffi::String, ffi::Tensor> ZeroInputs(const Manifest& manifest) {
+  ffi::Map<ffi::String, ffi::Tensor> inputs;
+  for (const Binding& binding : manifest.inputs) {
+    const TensorSpec& spec = manifest.tensors.at(binding.tensor);
+    ffi::Tensor tensor = EmptyHostTensor(spec.shape, spec.dtype);
+    std::memset(tensor.data_ptr(), 0, spec.nbytes());
+    inputs.Set(binding.name, tensor);
+  }
+  return inputs;
+}
+
+}  // namespace
+
+Runtime Runtime::Create(RuntimeOptions options) { return Runtime(ffi::make_object<RuntimeObj>(std::move(options))); }
+
+RuntimeObj::RuntimeObj(RuntimeOptions options) : options_(std::move(options)) {
+  if (options_.devices.size() != 1) {
+    TVM_FFI_THROW(TvmschedError) << "a runtime serves one device in this release, not " << options_.devices.size();
+  }
+  const DeviceSpec& spec = options_.devices[0];
+  if (spec.kind != "cpu" && spec.kind != "cuda") {
+    TVM_FFI_THROW(TvmschedError) << "unknown device '" << spec.kind << "': use cpu or cuda";
+  }
+  device_ = OpenDevice(spec.kind);
+  total_units_ = options_.total_units > 0 ? options_.total_units : device_->total_units();
+  scope_ = std::make_shared<MemoryScope>(spec.memory_budget);
+  trusted_ = TrustedKeys::FromFiles(options_.trusted_keys);
+  table_ = options_.colocation ? options_.colocation : std::make_shared<ColocationTable>(total_units_);
+  policy_kind_ = options_.policy;
+  policy_ = CreatePolicy(options_.policy, table_, total_units_);
+  SwitchOptions switching = options_.switching;
+  switching.budget = spec.memory_budget;
+  switching.scope = scope_;
+  switcher_ = Switcher::Create(device_, switching);
+  group_ = PreemptionGroup::Create();
+  // a switch-in waits for memory that preempted requests keep: the requests the group paused finish and pause again
+  // (the priority policy's memory_blocked; nothing when the streams were paused by someone else)
+  switcher_->SetBlockedCallback(ffi::Function::FromTyped(
+      [group = group_](ffi::Any, ffi::Array<Model> holders) { group->FinishStartedOf(holders); }));
+  tier_used_.assign(options_.tiers.size(), 0);
+  sweeper_ = std::thread([this] { SweepLoop(); });
+}
+
+RuntimeObj::~RuntimeObj() { Shutdown(); }
+
+Model RuntimeObj::LoadModel(const std::string& path, const LoadOptions& options) const {
+  return Model::Load(path, options_.devices[0].kind, options, trusted_);
+}
+
+std::string RuntimeObj::Load(const std::string& path, const ModelOptions& options) {
+  if (options.streams < 1 || options.streams > 64) {
+    TVM_FFI_THROW(TvmschedError) << "streams must be a whole number from 1 to 64, not " << options.streams;
+  }
+  if (options.queue.max_queue_size < 0 || options.queue.default_timeout_us < 0) {
+    TVM_FFI_THROW(TvmschedError) << "a queue policy's max_queue_size and default_timeout_us cannot be negative";
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) TVM_FFI_THROW(TvmschedError) << "the runtime is shut down";
+  }
+  // the placement, decided here once: registered first (to measure it), then switched or streamed
+  LoadOptions registered;
+  registered.resident = false;
+  registered.max_groups = std::max(1, options_.max_groups);
+  registered.scope = scope_;
+  Model first = LoadModel(path, registered);
+  std::string name = options.name.empty() ? first->name() : options.name;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (entries_.count(name)) TVM_FFI_THROW(TvmschedError) << "a model named '" << name << "' is already loaded";
+  }
+  size_t footprint = first->env_bytes();
+  for (int g = 0; g < first->num_groups(); ++g) footprint += first->group_bytes(g);
+  const size_t budget = options_.devices[0].memory_budget;
+  bool streamed = budget > 0 && footprint > budget;
+  std::vector<size_t> took(options_.tiers.size(), 0);
+  if (streamed) {
+    first = Model();  // registered only to measure it: its pinned host copy goes now
+    if (options.streams > 1) {
+      TVM_FFI_THROW(TvmschedError) << "model " << name << " is larger than the memory budget (its weights stream from "
+                                   << "the host tiers): it runs on one stream, not " << options.streams;
+    }
+    size_t in_use = scope_->in_use();
+    size_t room = budget > in_use ? budget - in_use : 0;
+    if (options.device_bytes > 0) {
+      if (options.device_bytes > room) {
+        TVM_FFI_THROW(TvmschedError) << "model " << name << " asks for " << options.device_bytes
+                                     << " bytes of device memory; " << room << " are left";
+      }
+      room = options.device_bytes;
+    }
+    if (room == 0) {
+      TVM_FFI_THROW(TvmschedError) << "model " << name << " is larger than the memory budget of " << budget
+                                   << " bytes and no device memory is left to stream it through";
+    }
+    auto tiers = std::make_shared<TierOptions>();
+    tiers->device_bytes = room;
+    tiers->buffer_bytes = options_.tier_buffer_bytes;
+    tiers->in_flight = options_.stream.max_in_flight;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t t = 0; t < options_.tiers.size(); ++t) {
+        TierShare share = options_.tiers[t];
+        share.capacity = share.capacity > tier_used_[t] ? share.capacity - tier_used_[t] : 0;
+        tiers->tiers.push_back(share);
+      }
+    }
+    LoadOptions load;
+    load.tiers = tiers;
+    load.scope = scope_;
+    try {
+      first = LoadModel(path, load);
+    } catch (const ffi::Error& err) {  // the engine's line says what streaming needs; the user set the budget
+      TVM_FFI_THROW(TvmschedError) << err.message() << " (model " << name << " is larger than the runtime's memory "
+                                   << "budget of " << budget << " bytes, " << room << " of them left to stream it)";
+    }
+    if (TierStore* store = first->tier_store()) {
+      for (size_t t = 0; t < took.size() && t < store->used().size(); ++t) took[t] = store->used()[t];
+    }
+  } else {
+    switcher_->Add(first);
+    if (options.resident) switcher_->Prefetch(first);  // false: it does not fit now; switched in on demand
+  }
+
+  auto entry = std::make_shared<Entry>();
+  entry->name = name;
+  entry->options = options;
+  const Manifest& manifest = first->manifest();
+  entry->qos_ms = options.qos_ms > 0 ? options.qos_ms : options.qos_ms < 0 ? -1 : manifest.qos_ms.value_or(-1);
+  entry->models.push_back(first);
+  std::vector<Stream> streams;
+  try {
+    for (int i = 1; i < options.streams; ++i) {  // its other streams: resident copies of their own
+      LoadOptions copy;
+      copy.scope = scope_;
+      entry->models.push_back(LoadModel(path, copy));
+    }
+    StreamOptions stream_options = options_.stream;
+    stream_options.priority = options.realtime ? StreamPriority::kHigh : StreamPriority::kLow;
+    for (int i = 0; i < options.streams; ++i) {
+      std::string stream_name = i == 0 ? name : name + "#" + std::to_string(i);
+      streams.push_back(Stream::Create(entry->models[i], stream_name, stream_options));
+    }
+  } catch (...) {
+    for (Stream& s : streams) s->Close();
+    if (!streamed) {
+      for (int tries = 0; tries < 1000 && !switcher_->Remove(first); ++tries) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    } else {
+      first->ReleaseTiers();
+    }
+    throw;
+  }
+  entry->streams = streams;
+  // what its policy sees: every candidate's units (an explicit count), isolated latency and profile key
+  for (const LayerSpec& layer : manifest.layers) {
+    std::vector<CandidateInfo> cands;
+    for (const CandidateSpec& c : layer.candidates) {
+      CandidateInfo info;
+      info.units = std::min(c.units > 0 ? c.units : total_units_, total_units_);
+      info.latency_us = c.latency_us;
+      cands.push_back(info);
+    }
+    entry->policy_model.choice = entry->policy_model.choice || cands.size() > 1;
+    entry->policy_model.layers.push_back(std::move(cands));
+  }
+  entry->policy_model.name = name;
+  entry->policy_model.qos_ms = entry->qos_ms;
+  entry->policy_model.fastest = FastestIds(entry->policy_model.layers);
+  for (size_t i = 0; i < manifest.layers.size(); ++i) {
+    entry->fastest_us += entry->policy_model.layers[i][entry->policy_model.fastest[i]].latency_us;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ || entries_.count(name)) {
+      for (Stream& s : streams) s->Close();
+      TVM_FFI_THROW(TvmschedError) << (closed_ ? std::string("the runtime is shut down")
+                                               : "a model named '" + name + "' is already loaded");
+    }
+    std::vector<std::pair<int, int>> key_units;
+    for (size_t i = 0; i < manifest.layers.size(); ++i) {
+      for (size_t c = 0; c < manifest.layers[i].candidates.size(); ++c) {
+        CandidateInfo& info = entry->policy_model.layers[i][c];
+        info.key = table_->Key(name + "/" + manifest.layers[i].candidates[c].kernel);
+        key_units.emplace_back(info.key, info.units);
+      }
+    }
+    table_->AddCandidates(key_units);
+    for (size_t t = 0; t < took.size(); ++t) tier_used_[t] += took[t];
+    entries_[name] = entry;
+    order_.push_back(entry);
+  }
+  Entry* raw = entry.get();
+  for (int i = 0; i < options.streams; ++i) {
+    streams[i]->SetSource([this, raw, i] {
+      std::vector<Pending> expired;
+      std::vector<Request> next;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto found = entries_.find(raw->name);
+        if (found != entries_.end() && found->second.get() == raw) next = Next(found->second, i, &expired);
+      }
+      Fail(&expired, raw->name);
+      return next;
+    });
+  }
+  if (options.warmup) WarmUp(entry);
+  if (!options.realtime) {
+    for (Stream& s : streams) group_->Add(s);
+  }
+  return name;
+}
+
+void RuntimeObj::WarmUp(const std::shared_ptr<Entry>& entry) {
+  // every candidate of every layer once (as many requests as a layer has candidates), on every stream
+  const Manifest& manifest = entry->models[0]->manifest();
+  ffi::Map<ffi::String, ffi::Tensor> inputs = ZeroInputs(manifest);
+  size_t most = 0;
+  for (const auto& cands : entry->policy_model.layers) most = std::max(most, cands.size());
+  double timeout_s = options_.stream.stall_timeout_s > 0 ? options_.stream.stall_timeout_s : 60;
+  for (size_t c = 0; c < most; ++c) {
+    std::vector<int> ids;
+    for (const auto& cands : entry->policy_model.layers) ids.push_back(std::min<int>(c, cands.size() - 1));
+    for (Stream& stream : entry->streams) {
+      Request r = stream->Submit(inputs, ids);
+      if (!r->Wait(timeout_s, 0)) {
+        TVM_FFI_THROW(TvmschedError) << "model " << entry->name << ": its warm-up did not finish in " << timeout_s
+                                     << " s";
+      }
+      if (!r->error().empty()) TVM_FFI_THROW(TvmschedError) << std::string(r->error());
+    }
+  }
+}
+
+Request RuntimeObj::Submit(const std::string& model, ffi::Map<ffi::String, ffi::Tensor> inputs,
+                           const SubmitOptions& options) {
+  std::shared_ptr<Entry> entry;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) TVM_FFI_THROW(TvmschedError) << "the runtime is shut down";
+    auto found = entries_.find(model);
+    if (found == entries_.end()) {
+      std::ostringstream loaded;
+      for (const auto& e : order_) loaded << (loaded.tellp() ? ", " : "") << e->name;
+      TVM_FFI_THROW(TvmschedError) << "no model named '" << model
+                                   << "' is loaded (loaded: " << (order_.empty() ? "none" : loaded.str()) << ")";
+    }
+    entry = found->second;
+  }
+  if (options.priority < -1 || options.priority > 1) {
+    TVM_FFI_THROW(TvmschedError) << "a request's priority is 1 (real-time), 0 (best-effort) or -1 (its model's)";
+  }
+  ModelObj* m = entry->models[0].get();
+  m->CheckInputs(inputs);  // a bad request raises here and queues nothing
+  if (std::string quarantined = m->quarantined(); !quarantined.empty()) TVM_FFI_THROW(TvmschedError) << quarantined;
+  const QueuePolicy& queue = entry->options.queue;
+  double timeout_us =
+      options.timeout_us >= 0 && queue.allow_timeout_override ? options.timeout_us : queue.default_timeout_us;
+  auto request = ffi::make_object<RequestObj>();
+  request->inputs = std::move(inputs);
+  request->submitted_us = Device::NowMicros();
+  Pending pending{Request(request), options.priority == 1 || (options.priority < 0 && entry->options.realtime),
+                  timeout_us > 0 ? request->submitted_us + timeout_us : 0};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ || entry->closing) {
+      TVM_FFI_THROW(TvmschedError) << (closed_ ? "the runtime is shut down"
+                                               : "model " + entry->name + " is being unloaded");
+    }
+    int64_t queued = static_cast<int64_t>(entry->queue.size() + entry->delayed.size());
+    if (queue.max_queue_size > 0 && queued >= queue.max_queue_size) {
+      ++entry->refused;
+      TVM_FFI_THROW(TvmschedError) << "model " << entry->name << ": its queue is full (" << queued
+                                   << " requests queued, max_queue_size " << queue.max_queue_size << ")";
+    }
+    if (entry->qos_ms > 0) {  // admission: refuse what would finish past the latency target already
+      int64_t busy = 0;
+      for (const Stream& s : entry->streams) busy += s->pending() > 0;
+      int64_t ahead = queued + busy, streams = static_cast<int64_t>(entry->streams.size());
+      double predicted_us = static_cast<double>(ahead / streams + 1) * entry->fastest_us;
+      if (ahead >= streams && predicted_us > entry->qos_ms * 1e3) {
+        ++entry->refused;
+        TVM_FFI_THROW(TvmschedError) << "model " << entry->name << ": the request would finish in about "
+                                     << Ms(predicted_us) << " ms (" << ahead << " requests ahead of it), past its "
+                                     << "latency target of " << entry->qos_ms << " ms: refused";
+      }
+    }
+    if (pending.realtime) {  // real-time requests go before the best-effort ones queued on the model
+      auto at = std::find_if(entry->queue.begin(), entry->queue.end(), [](const Pending& p) { return !p.realtime; });
+      entry->queue.insert(at, pending);
+    } else {
+      entry->queue.push_back(pending);
+    }
+    if (pending.timeout_at_us > 0) sweep_cond_.notify_all();
+  }
+  if (pending.realtime) group_->Hold(pending.request, entry->streams);  // its own model's streams go on
+  PokeAll(entry);
+  return pending.request;
+}
+
+void RuntimeObj::PokeAll(const std::shared_ptr<Entry>& entry) {
+  for (const Stream& s : entry->streams) s->Poke();
+}
+
+void RuntimeObj::Expire(Entry& entry, double now, std::vector<Pending>* expired) {
+  for (auto it = entry.queue.begin(); it != entry.queue.end();) {
+    if (it->timeout_at_us > 0 && now > it->timeout_at_us) {
+      ++entry.timed_out;
+      Pending late = *it;
+      it = entry.queue.erase(it);
+      if (entry.options.queue.timeout_action == TimeoutAction::kDelay) {
+        late.timeout_at_us = 0;  // it runs after the requests that still have time
+        entry.delayed.push_back(late);
+      } else {
+        expired->push_back(late);
+      }
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int stream, std::vector<Pending>* expired) {
+  double now = Device::NowMicros();
+  Expire(*entry, now, expired);
+  std::deque<Pending>& lane = entry->queue.empty() ? entry->delayed : entry->queue;
+  if (lane.empty()) return {};
+  if (policy_->serial()) {  // one request at a time across the models, the oldest first
+    if (serial_running_ > 0) return {};
+    std::shared_ptr<Entry> oldest;
+    double oldest_us = 0;
+    for (const auto& e : order_) {
+      const std::deque<Pending>& l = e->queue.empty() ? e->delayed : e->queue;
+      if (!l.empty() && (!oldest || l.front().request->submitted_us < oldest_us)) {
+        oldest = e, oldest_us = l.front().request->submitted_us;
+      }
+    }
+    if (oldest != entry) {
+      if (oldest) PokeAll(oldest);
+      return {};
+    }
+  }
+  std::vector<QueuedRequest> queued;
+  for (size_t i = 0; i < lane.size() && i < kPolicyQueue; ++i) {
+    const Pending& p = lane[i];
+    QueuedRequest q;
+    q.arrival_us = p.request->submitted_us;
+    q.timeout_us = p.timeout_at_us > 0 ? p.timeout_at_us - q.arrival_us : 0;
+    q.deadline_us = entry->qos_ms > 0 ? q.arrival_us + entry->qos_ms * 1e3 : 0;
+    q.priority = p.realtime ? 1 : 0;
+    queued.push_back(q);
+  }
+  PolicyInput input;
+  input.model = &entry->policy_model;
+  input.stream = entry->streams[stream]->name();
+  input.queued = &queued;
+  input.monitor = [this] { return MonitorLocked(); };
+  input.total_units = total_units_;
+  input.loaded_models = static_cast<int>(entries_.size());
+  PolicyDecision decision = policy_->Decide(input);
+  std::vector<int> take = decision.launch;
+  std::sort(take.begin(), take.end());
+  std::vector<Request> out;
+  for (int index : take) {
+    if (index < 0 || index >= static_cast<int>(lane.size())) continue;
+    Request request = lane[index].request;
+    request->candidate_ids = decision.candidate_ids;
+    out.push_back(request);
+  }
+  for (auto it = take.rbegin(); it != take.rend(); ++it) {
+    if (*it >= 0 && *it < static_cast<int>(lane.size())) lane.erase(lane.begin() + *it);
+  }
+  if (policy_->serial() && !out.empty()) {
+    serial_running_ += static_cast<int64_t>(out.size());
+    for (Request& request : out) {
+      request->OnFinishing([this] {
+        std::shared_ptr<Entry> oldest;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          --serial_running_;
+          double oldest_us = 0;
+          for (const auto& e : order_) {
+            const std::deque<Pending>& l = e->queue.empty() ? e->delayed : e->queue;
+            if (!l.empty() && (!oldest || l.front().request->submitted_us < oldest_us)) {
+              oldest = e, oldest_us = l.front().request->submitted_us;
+            }
+          }
+        }
+        if (oldest) PokeAll(oldest);
+      });
+    }
+  }
+  if (!lane.empty()) {  // more queued: the model's other free streams take them
+    for (size_t i = 0; i < entry->streams.size(); ++i) {
+      if (static_cast<int>(i) != stream) entry->streams[i]->Poke();
+    }
+  }
+  return out;
+}
+
+void RuntimeObj::Fail(std::vector<Pending>* expired, const std::string& model) {
+  double now = Device::NowMicros();
+  for (Pending& p : *expired) {
+    std::ostringstream text;
+    text << "model " << model << ": the request timed out in the queue (queued "
+         << static_cast<int64_t>(now - p.request->submitted_us) << " us, its timeout "
+         << static_cast<int64_t>(p.timeout_at_us - p.request->submitted_us) << " us)";
+    p.request->Finish({}, ffi::String(text.str()), now);
+  }
+  expired->clear();
+}
+
+void RuntimeObj::SweepLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!closed_) {
+    double earliest = 0;
+    for (const auto& e : order_) {
+      for (const Pending& p : e->queue) {
+        if (p.timeout_at_us > 0 && (earliest == 0 || p.timeout_at_us < earliest)) earliest = p.timeout_at_us;
+      }
+    }
+    double wait_us = earliest > 0 ? std::max(0.0, earliest - Device::NowMicros()) + 50 : 100000;
+    sweep_cond_.wait_for(lock, std::chrono::duration<double, std::micro>(std::min(wait_us, 100000.0)));
+    if (closed_) break;
+    double now = Device::NowMicros();
+    std::vector<std::pair<std::string, std::vector<Pending>>> failed;
+    std::vector<std::shared_ptr<Entry>> delayed;
+    for (const auto& e : order_) {
+      std::vector<Pending> expired;
+      size_t before = e->delayed.size();
+      Expire(*e, now, &expired);
+      if (!expired.empty()) failed.emplace_back(e->name, std::move(expired));
+      if (e->delayed.size() > before) delayed.push_back(e);
+    }
+    if (failed.empty() && delayed.empty()) continue;
+    lock.unlock();
+    for (auto& [name, expired] : failed) Fail(&expired, name);
+    for (auto& e : delayed) PokeAll(e);
+    lock.lock();
+  }
+}
+
+std::vector<StreamView> RuntimeObj::MonitorLocked() {
+  std::vector<StreamView> views;
+  for (const auto& entry : order_) {
+    for (const Stream& stream : entry->streams) {
+      std::optional<StreamState> state = stream->State();
+      if (!state) continue;
+      views.push_back({stream->name(), StreamWork(entry->policy_model, *state)});
+    }
+  }
+  return views;
+}
+
+std::vector<StreamView> RuntimeObj::Monitor() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return MonitorLocked();
+}
+
+std::map<std::string, ModelStats> RuntimeObj::Stats() {
+  std::vector<std::shared_ptr<Entry>> entries;
+  std::map<std::string, std::pair<int64_t, int64_t>> counts;  // refused, timed out; queued below
+  std::map<std::string, int64_t> queued;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    entries = order_;
+    for (const auto& e : entries) {
+      counts[e->name] = {e->refused, e->timed_out};
+      queued[e->name] = static_cast<int64_t>(e->queue.size() + e->delayed.size());
+    }
+  }
+  std::map<std::string, ModelStats> out;
+  for (const auto& e : entries) {
+    ModelStats s;
+    s.priority = e->options.realtime ? "realtime" : "best_effort";
+    s.qos_ms = e->qos_ms;
+    std::vector<double> latencies_ms;
+    for (const Stream& stream : e->streams) {
+      s.requests += stream->completed.load();
+      s.errors += stream->failed.load();
+      s.launches += stream->launches.load();
+      s.reruns += stream->reruns.load();
+      s.faults += stream->faults.load();
+      s.fault_restarts += stream->fault_restarts.load();
+      for (double us : stream->Latencies()) latencies_ms.push_back(us / 1e3);
+    }
+    s.refused = counts[e->name].first;
+    s.timed_out = counts[e->name].second;
+    s.queued = queued[e->name];
+    s.errors += s.refused + (e->options.queue.timeout_action == TimeoutAction::kReject ? s.timed_out : 0);
+    if (s.qos_ms > 0) {
+      for (double ms : latencies_ms) s.qos_violations += ms > s.qos_ms;
+    }
+    s.p50_ms = Percentile(latencies_ms, 50);
+    s.p99_ms = Percentile(std::move(latencies_ms), 99);
+    s.placement = e->models[0]->placement()->kind();
+    out[e->name] = s;
+  }
+  return out;
+}
+
+std::tuple<int64_t, double, double> RuntimeObj::DecisionStats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  LayerScheduler* scheduler = SchedulerOf(*policy_);
+  if (!scheduler) return {0, -1, -1};
+  std::vector<double> times(scheduler->decision_us().begin(), scheduler->decision_us().end());
+  return {scheduler->decided(), Percentile(times, 50), Percentile(times, 99)};
+}
+
+std::vector<std::string> RuntimeObj::models() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> names;
+  for (const auto& e : order_) names.push_back(e->name);
+  return names;
+}
+
+std::vector<Stream> RuntimeObj::streams(const std::string& model) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto found = entries_.find(model);
+  if (found == entries_.end()) TVM_FFI_THROW(TvmschedError) << "no model named '" << model << "' is loaded";
+  return found->second->streams;
+}
+
+void RuntimeObj::Unload(const std::string& name, double timeout_s) {
+  std::shared_ptr<Entry> entry;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto found = entries_.find(name);
+    if (found == entries_.end() || found->second->closing) {
+      TVM_FFI_THROW(TvmschedError) << "model '" << name << "' is not loaded";
+    }
+    entry = found->second;
+    entry->closing = true;  // new requests are refused from now on
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  for (Stream& s : entry->streams) {
+    group_->Remove(s);
+    s->Resume();  // a paused stream would keep its queued requests for ever
+  }
+  while (true) {  // its queued and running requests finish first
+    bool idle;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      idle = entry->queue.empty() && entry->delayed.empty();
+    }
+    for (const Stream& s : entry->streams) idle = idle && s->pending() == 0;
+    if (idle) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      TVM_FFI_THROW(TvmschedError) << "model " << name << ": its requests did not finish within " << timeout_s << " s";
+    }
+    PokeAll(entry);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    entries_.erase(name);
+    order_.erase(std::remove(order_.begin(), order_.end(), entry), order_.end());
+  }
+  for (Stream& s : entry->streams) s->Close();
+  Model& first = entry->models[0];
+  if (first->tiered()) {
+    if (TierStore* store = first->tier_store()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t t = 0; t < tier_used_.size() && t < store->used().size(); ++t) {
+        tier_used_[t] -= std::min(tier_used_[t], store->used()[t]);
+      }
+    }
+    first->ReleaseTiers();
+  } else if (std::strcmp(first->placement()->kind(), "resident") != 0) {
+    while (!switcher_->Remove(first)) {  // its switch-in or last clean may still be under way
+      if (std::chrono::steady_clock::now() > deadline) {
+        TVM_FFI_THROW(TvmschedError) << "model " << name << ": its switcher did not let go of it within " << timeout_s
+                                     << " s";
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+}
+
+void RuntimeObj::Shutdown() {
+  std::vector<std::shared_ptr<Entry>> entries;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ && !sweeper_.joinable()) return;
+    entries = order_;
+  }
+  for (const auto& e : entries) {  // what is queued runs first (a paused stream would hold it up)
+    for (Stream& s : e->streams) s->Resume();
+  }
+  double timeout_s = options_.stream.stall_timeout_s > 0 ? options_.stream.stall_timeout_s : 60;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  for (const auto& e : entries) {
+    while (std::chrono::steady_clock::now() < deadline) {
+      bool idle;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        idle = e->queue.empty() && e->delayed.empty();
+      }
+      for (const Stream& s : e->streams) idle = idle && s->pending() == 0;
+      if (idle) break;
+      PokeAll(e);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  std::vector<std::pair<std::string, std::vector<Pending>>> left;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    for (const auto& e : entries) {  // past the deadline: what is still queued fails with one line
+      std::vector<Pending> pending(e->queue.begin(), e->queue.end());
+      pending.insert(pending.end(), e->delayed.begin(), e->delayed.end());
+      e->queue.clear();
+      e->delayed.clear();
+      if (!pending.empty()) left.emplace_back(e->name, std::move(pending));
+    }
+  }
+  sweep_cond_.notify_all();
+  if (sweeper_.joinable()) sweeper_.join();
+  double now = Device::NowMicros();
+  for (auto& [name, pending] : left) {
+    for (Pending& p : pending) p.request->Finish({}, ffi::String("model " + name + ": the runtime shut down"), now);
+  }
+  for (const auto& e : entries) {
+    for (Stream& s : e->streams) s->Close();
+    if (e->models[0]->tiered()) e->models[0]->ReleaseTiers();
+  }
+  if (switcher_.defined()) switcher_->Close();
+}
+
+}  // namespace tvmsched

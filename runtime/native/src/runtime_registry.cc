@@ -1,0 +1,202 @@
+// The engine Runtime's Python surface (tvmsched.engine.create_runtime and tvmsched.Runtime's methods): options
+// travel as one map each, checked key by key (an unknown key is one error line naming the known ones).
+#include <tvm/ffi/reflection/registry.h>
+
+#include <set>
+#include <sstream>
+
+#include "tvmsched/runtime.h"
+
+namespace tvmsched {
+
+namespace {
+
+namespace refl = tvm::ffi::reflection;
+
+/*! \brief A map of options read key by key; Done() refuses the keys nobody read. */
+class OptionMap {
+ public:
+  OptionMap(ffi::Map<ffi::String, ffi::Any> map, std::string what) : map_(std::move(map)), what_(std::move(what)) {}
+
+  template <typename T>
+  T Get(const std::string& key, T fallback) {
+    read_.insert(key);
+    auto found = map_.find(key);
+    if (found == map_.end() || (*found).second == nullptr) return fallback;
+    auto value = (*found).second.try_cast<T>();
+    if (!value.has_value()) TVM_FFI_THROW(TvmschedError) << what_ << ": option '" << key << "' has the wrong type";
+    return *value;
+  }
+  double Number(const std::string& key, double fallback) {
+    read_.insert(key);
+    auto found = map_.find(key);
+    if (found == map_.end() || (*found).second == nullptr) return fallback;
+    if (auto i = (*found).second.try_cast<int64_t>()) return static_cast<double>(*i);
+    return Get<double>(key, fallback);
+  }
+  void Done() const {
+    for (const auto& [key, value] : map_) {
+      if (!read_.count(std::string(key))) {
+        std::ostringstream known;
+        for (const auto& k : read_) known << (known.tellp() ? ", " : "") << k;
+        TVM_FFI_THROW(TvmschedError) << what_ << ": unknown option '" << std::string(key) << "' (known: " << known.str()
+                                     << ")";
+      }
+    }
+  }
+
+ private:
+  ffi::Map<ffi::String, ffi::Any> map_;
+  std::string what_;
+  std::set<std::string> read_;
+};
+
+ffi::Map<ffi::String, ffi::Any> StatsMap(const ModelStats& s) {
+  ffi::Map<ffi::String, ffi::Any> out;
+  out.Set("priority", s.priority);
+  out.Set("qos_ms", s.qos_ms);
+  out.Set("requests", s.requests);
+  out.Set("errors", s.errors);
+  out.Set("refused", s.refused);
+  out.Set("timed_out", s.timed_out);
+  out.Set("qos_violations", s.qos_violations);
+  out.Set("queued", s.queued);
+  out.Set("p50_ms", s.p50_ms);
+  out.Set("p99_ms", s.p99_ms);
+  out.Set("launches", s.launches);
+  out.Set("reruns", s.reruns);
+  out.Set("faults", s.faults);
+  out.Set("fault_restarts", s.fault_restarts);
+  out.Set("placement", s.placement);
+  return out;
+}
+
+TVM_FFI_STATIC_INIT_BLOCK() {
+  refl::GlobalDef()
+      // options: device, memory_budget, policy, total_units, colocation ([first, second, value] rows), max_in_flight,
+      // idle_spin_us, progress_interval_ms, stall_timeout_s, trusted_keys, max_groups, threshold1, threshold2,
+      // preset_count, retain, tiers ([{kind, capacity_bytes, numa_node, path}]), tier_buffer_bytes
+      .def("tvmsched.engine.create_runtime", [](ffi::Map<ffi::String, ffi::Any> map) {
+        OptionMap o(std::move(map), "a runtime");
+        RuntimeOptions options;
+        DeviceSpec device;
+        device.kind = o.Get<ffi::String>("device", "cpu");
+        int64_t budget = o.Get<int64_t>("memory_budget", 0);
+        if (budget < 0) TVM_FFI_THROW(TvmschedError) << "a memory budget cannot be negative";
+        device.memory_budget = static_cast<size_t>(budget);
+        options.devices = {device};
+        options.policy = o.Get<ffi::String>("policy", "colocation");
+        options.total_units = static_cast<int>(o.Get<int64_t>("total_units", 0));
+        auto rows = o.Get<ffi::Array<ffi::Array<ffi::Any>>>("colocation", {});
+        options.stream.max_in_flight = static_cast<int>(o.Get<int64_t>("max_in_flight", kDefaultInFlight));
+        options.stream.idle_spin_us = o.Number("idle_spin_us", options.stream.idle_spin_us);
+        options.stream.progress_interval_ms = o.Number("progress_interval_ms", options.stream.progress_interval_ms);
+        options.stream.stall_timeout_s = o.Number("stall_timeout_s", options.stream.stall_timeout_s);
+        for (const auto& key : o.Get<ffi::Array<ffi::String>>("trusted_keys", {})) options.trusted_keys.push_back(key);
+        options.max_groups = static_cast<int>(o.Get<int64_t>("max_groups", options.max_groups));
+        options.switching.threshold1 = static_cast<size_t>(o.Get<int64_t>("threshold1", 0));
+        options.switching.threshold2 = static_cast<size_t>(o.Get<int64_t>("threshold2", 0));
+        options.switching.preset_count = static_cast<int>(o.Get<int64_t>("preset_count", 2));
+        options.switching.retain = o.Get<bool>("retain", true);
+        for (const auto& tier : o.Get<ffi::Array<ffi::Map<ffi::String, ffi::Any>>>("tiers", {})) {
+          TierShare share;
+          share.kind = tier.at("kind").cast<ffi::String>();
+          share.capacity = static_cast<size_t>(tier.at("capacity_bytes").cast<int64_t>());
+          share.numa_node = static_cast<int>(tier.at("numa_node").cast<int64_t>());
+          share.path = tier.at("path").cast<ffi::String>();
+          options.tiers.push_back(share);
+        }
+        options.tier_buffer_bytes = static_cast<size_t>(o.Get<int64_t>("tier_buffer_bytes", 0));
+        o.Done();
+        if (!rows.empty()) {  // the table needs the device's unit count: resolved as the runtime will
+          int units = options.total_units > 0 ? options.total_units : OpenDevice(device.kind)->total_units();
+          options.colocation = std::make_shared<ColocationTable>(units);
+          for (const auto& row : rows) {
+            if (row.size() != 3) TVM_FFI_THROW(TvmschedError) << "a colocation row is [first, second, value]";
+            auto value = row[2].try_cast<double>();
+            if (!value) TVM_FFI_THROW(TvmschedError) << "a colocation row's value is a number";
+            options.colocation->AddMeasured(row[0].cast<ffi::String>(), row[1].cast<ffi::String>(), *value);
+          }
+        }
+        return Runtime::Create(std::move(options));
+      });
+
+  // model options: name, qos_ms, realtime, resident, device_bytes, streams, warmup, timeout_action ("reject" or
+  // "delay"), default_timeout_us, allow_timeout_override, max_queue_size
+  refl::ObjectDef<RuntimeObj>()
+      .def("load",
+           [](Runtime rt, const std::string& path, ffi::Map<ffi::String, ffi::Any> map) {
+             OptionMap o(std::move(map), "a model");
+             ModelOptions options;
+             options.name = o.Get<ffi::String>("name", "");
+             options.qos_ms = o.Number("qos_ms", 0);
+             options.realtime = o.Get<bool>("realtime", false);
+             options.resident = o.Get<bool>("resident", true);
+             options.device_bytes = static_cast<size_t>(o.Get<int64_t>("device_bytes", 0));
+             options.streams = static_cast<int>(o.Get<int64_t>("streams", 1));
+             options.warmup = o.Get<bool>("warmup", false);
+             std::string action = o.Get<ffi::String>("timeout_action", "reject");
+             if (action != "reject" && action != "delay")
+               TVM_FFI_THROW(TvmschedError) << "timeout_action is reject or delay, not " << action;
+             options.queue.timeout_action = action == "delay" ? TimeoutAction::kDelay : TimeoutAction::kReject;
+             options.queue.default_timeout_us = o.Number("default_timeout_us", 0);
+             options.queue.allow_timeout_override = o.Get<bool>("allow_timeout_override", true);
+             options.queue.max_queue_size = o.Get<int64_t>("max_queue_size", 0);
+             o.Done();
+             return rt->Load(path, options);
+           })
+      .def("unload", [](Runtime rt, const std::string& name, double timeout_s) { rt->Unload(name, timeout_s); })
+      .def("submit",
+           [](Runtime rt, const std::string& model, ffi::Map<ffi::String, ffi::Tensor> inputs, int64_t priority,
+              double timeout_us) {
+             SubmitOptions options;
+             options.priority = static_cast<int>(priority);
+             options.timeout_us = timeout_us;
+             return rt->Submit(model, std::move(inputs), options);
+           })
+      .def("monitor",
+           [](Runtime rt) {
+             // [[stream name, [[units, latency_us], ...]], ...]
+             ffi::Array<ffi::Array<ffi::Any>> out;
+             for (const StreamView& view : rt->Monitor()) {
+               ffi::Array<ffi::Array<double>> work;
+               for (const CandidateInfo& c : view.remaining)
+                 work.push_back({static_cast<double>(c.units), c.latency_us});
+               out.push_back({view.name, work});
+             }
+             return out;
+           })
+      .def("stats",
+           [](Runtime rt) {
+             ffi::Map<ffi::String, ffi::Map<ffi::String, ffi::Any>> out;
+             for (const auto& [name, s] : rt->Stats()) out.Set(name, StatsMap(s));
+             return out;
+           })
+      .def("decision_stats",
+           [](Runtime rt) {
+             auto [decided, p50, p99] = rt->DecisionStats();
+             return ffi::Array<ffi::Any>{decided, p50, p99};
+           })
+      .def("models",
+           [](Runtime rt) {
+             ffi::Array<ffi::String> out;
+             for (const auto& name : rt->models()) out.push_back(name);
+             return out;
+           })
+      .def("streams", [](Runtime rt, const std::string& model) { return ffi::Array<Stream>(rt->streams(model)); })
+      .def("policy", [](Runtime rt) { return rt->policy_kind(); })
+      .def("total_units", [](Runtime rt) { return static_cast<int64_t>(rt->total_units()); })
+      .def("memory",
+           [](Runtime rt) {
+             ffi::Map<ffi::String, int64_t> out;
+             out.Set("in_use", static_cast<int64_t>(rt->scope()->in_use()));
+             out.Set("peak", static_cast<int64_t>(rt->scope()->peak()));
+             out.Set("budget", static_cast<int64_t>(rt->scope()->budget()));
+             return out;
+           })
+      .def("shutdown", [](Runtime rt) { rt->Shutdown(); });
+}
+
+}  // namespace
+
+}  // namespace tvmsched

@@ -1,0 +1,237 @@
+"""The engine's multi-tenant Runtime (tvmsched/runtime.h) through its tvm-ffi door: requests queue on their model and
+the policy decides when a stream takes one; time limits, queue caps, admission by latency target, real-time
+preemption, the serial baseline, unloading. Run in both CPU modes (`make test`'s asynchronous pass)."""
+
+import time
+
+import numpy as np
+import pytest
+
+from tvmsched.errors import TvmschedError
+from tvmsched.runtime import Executor, native
+from tvmsched.runtime.executor import from_engine, to_engine
+from tests.runtime.test_runtime import kit_artifacts  # noqa: F401 (the fixture: artifacts with 1- and 2-thread candidates)
+
+WAIT_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def mlp(compiled):
+    return str(compiled("mlp"))  # shared, read only
+
+
+@pytest.fixture(scope="module")
+def mlp_run(mlp):
+    """(inputs, outputs of a direct run on one executor)."""
+    executor = Executor(mlp)
+    inputs = executor.random_inputs(3)
+    return inputs, executor.run(inputs)
+
+
+def finished(request) -> dict:
+    assert request.wait(WAIT_S, 0.0), "the request did not finish"
+    assert not str(request.error()), str(request.error())
+    return from_engine(request.outputs())
+
+
+def failure(request) -> str:
+    assert request.wait(WAIT_S, 0.0), "the request did not finish"
+    return str(request.error())
+
+
+def wait_until(condition, what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(0.001)
+
+
+@pytest.fixture
+def runtime():
+    made = []
+
+    def make(**options):
+        made.append(native.create_runtime(options))
+        return made[-1]
+
+    yield make
+    for rt in made:
+        rt.shutdown()
+
+
+def test_requests_queue_on_their_model_and_any_of_its_streams_runs_them_bit_identically(runtime, mlp, mlp_run):
+    inputs, want = mlp_run
+    rt = runtime()
+    assert rt.load(mlp, {"streams": 3, "warmup": True}) == "mlp"
+    requests = [rt.submit("mlp", to_engine(inputs), -1, -1.0) for _ in range(60)]
+    for request in requests:
+        got = finished(request)
+        assert set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
+    stats = rt.stats()["mlp"]
+    warmup = 3  # one request per candidate count (1) on each of the 3 streams
+    assert stats["requests"] == 60 + warmup and stats["errors"] == 0 and stats["queued"] == 0
+    served = [int(s.counts()["completed"]) for s in rt.streams("mlp")]
+    assert sum(served) == 60 + warmup and [str(s.name()) for s in rt.streams("mlp")] == ["mlp", "mlp#1", "mlp#2"]
+
+
+def test_bad_options_and_bad_requests_are_one_line_and_queue_nothing(runtime, mlp, mlp_run):
+    with pytest.raises(TvmschedError, match="a runtime: unknown option 'polcy'"):
+        native.create_runtime({"polcy": "fcfs"})
+    with pytest.raises(TvmschedError, match=r"policy must be one of .*not 'lottery'"):
+        native.create_runtime({"policy": "lottery"})
+    rt = runtime()
+    with pytest.raises(TvmschedError, match="a model: unknown option 'stream'"):
+        rt.load(mlp, {"stream": 2})
+    with pytest.raises(TvmschedError, match="timeout_action is reject or delay, not drop"):
+        rt.load(mlp, {"timeout_action": "drop"})
+    rt.load(mlp, {})
+    with pytest.raises(TvmschedError, match="already loaded"):
+        rt.load(mlp, {})
+    with pytest.raises(TvmschedError, match=r"no model named 'nope' is loaded \(loaded: mlp\)"):
+        rt.submit("nope", to_engine(mlp_run[0]), -1, -1.0)
+    with pytest.raises(TvmschedError, match="input"):
+        rt.submit("mlp", {}, -1, -1.0)
+    assert rt.stats()["mlp"]["queued"] == 0
+
+
+def test_a_request_queued_past_its_timeout_is_rejected_and_the_next_one_runs(runtime, mlp, mlp_run):
+    inputs, want = mlp_run
+    rt = runtime()
+    rt.load(mlp, {"default_timeout_us": 2000.0})
+    (stream,) = rt.streams("mlp")
+    stream.preempt(True, True)  # nothing is taken from the queue while its only stream is paused
+    late = rt.submit("mlp", to_engine(inputs), -1, -1.0)  # the model's default: 2 ms
+    patient = rt.submit("mlp", to_engine(inputs), -1, 0.0)  # its own: none
+    assert "timed out in the queue" in failure(late) and "its timeout 2000 us" in failure(late)
+    stream.resume(True)
+    got = finished(patient)
+    assert all(np.array_equal(got[k], want[k]) for k in want)
+    stats = rt.stats()["mlp"]
+    assert (stats["timed_out"], stats["errors"], stats["requests"]) == (1, 1, 1)
+
+
+def test_under_delay_a_timed_out_request_runs_after_those_that_still_have_time(runtime, mlp, mlp_run):
+    inputs, _ = mlp_run
+    rt = runtime()
+    rt.load(mlp, {"timeout_action": "delay"})
+    (stream,) = rt.streams("mlp")
+    stream.preempt(True, True)
+    late = rt.submit("mlp", to_engine(inputs), -1, 1000.0)
+    time.sleep(0.02)  # past its timeout: delayed
+    on_time = [rt.submit("mlp", to_engine(inputs), -1, 0.0) for _ in range(3)]
+    stream.resume(True)
+    finished(late)
+    for request in on_time:
+        finished(request)
+    assert late.started_us > max(r.started_us for r in on_time)
+    assert rt.stats()["mlp"]["timed_out"] == 1 and rt.stats()["mlp"]["errors"] == 0
+
+
+def test_a_full_queue_refuses_at_submit(runtime, mlp, mlp_run):
+    rt = runtime()
+    rt.load(mlp, {"max_queue_size": 2})
+    (stream,) = rt.streams("mlp")
+    stream.preempt(True, True)
+    queued = [rt.submit("mlp", to_engine(mlp_run[0]), -1, -1.0) for _ in range(2)]
+    with pytest.raises(TvmschedError, match=r"model mlp: its queue is full \(2 requests queued, max_queue_size 2\)"):
+        rt.submit("mlp", to_engine(mlp_run[0]), -1, -1.0)
+    stream.resume(True)
+    for request in queued:
+        finished(request)
+    assert rt.stats()["mlp"]["refused"] == 1
+
+
+def test_admission_refuses_a_request_that_would_finish_past_the_latency_target(runtime, mlp, mlp_run):
+    rt = runtime()
+    rt.load(mlp, {"qos_ms": 1e-6})  # any wait misses it
+    (stream,) = rt.streams("mlp")
+    stream.preempt(True, True)
+    first = rt.submit("mlp", to_engine(mlp_run[0]), -1, -1.0)  # nobody ahead: admitted (it may still miss)
+    with pytest.raises(TvmschedError, match=r"model mlp: the request would finish in about .* ms \(1 requests ahead "
+                                            r"of it\), past its latency target of 1e-06 ms: refused"):
+        rt.submit("mlp", to_engine(mlp_run[0]), -1, -1.0)
+    stream.resume(True)
+    finished(first)
+    stats = rt.stats()["mlp"]
+    assert stats["refused"] == 1 and stats["qos_violations"] == 1
+
+
+def test_a_real_time_request_preempts_the_best_effort_streams_until_it_is_done(runtime, mlp, mlp_run):
+    rt = runtime()
+    rt.load(mlp, {"name": "be", "streams": 2})
+    rt.load(mlp, {"name": "rt", "realtime": True})
+    (realtime,) = rt.streams("rt")
+    realtime.preempt(True, True)  # its request stays queued: the best-effort streams stay preempted meanwhile
+    request = rt.submit("rt", to_engine(mlp_run[0]), -1, -1.0)
+    assert all(s.paused() for s in rt.streams("be"))
+    queued_be = rt.submit("be", to_engine(mlp_run[0]), -1, -1.0)
+    time.sleep(0.01)
+    assert not queued_be.done()  # best-effort work waits for the real-time request
+    realtime.resume(True)
+    finished(request)
+    wait_until(lambda: not any(s.paused() for s in rt.streams("be")), "the best-effort streams resumed")
+    finished(queued_be)
+    # a best-effort model's request that asks for real time preempts the others but not its own model's streams
+    (other,) = [s for s in rt.streams("rt")]
+    other.preempt(True, True)
+    held = rt.submit("rt", to_engine(mlp_run[0]), 0, -1.0)  # best-effort: preempts nothing
+    assert not any(s.paused() for s in rt.streams("be"))
+    own = rt.submit("be", to_engine(mlp_run[0]), 1, -1.0)
+    finished(own)
+    other.resume(True)
+    finished(held)
+
+
+def test_the_serial_policy_runs_one_request_at_a_time_in_arrival_order(runtime, mlp, mlp_run):
+    rt = runtime(policy="fcfs")
+    for name in ("a", "b"):
+        rt.load(mlp, {"name": name})
+    requests = [rt.submit("ab"[i % 2], to_engine(mlp_run[0]), -1, -1.0) for i in range(20)]
+    for request in requests:
+        finished(request)
+    spans = [(r.started_us, r.finished_us) for r in requests]
+    assert [s for s, _ in spans] == sorted(s for s, _ in spans)  # arrival order
+    assert all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1))  # never two at once
+
+
+def test_colocation_decides_when_a_stream_takes_a_request_against_the_busy_streams(runtime, kit_artifacts):  # noqa: F811
+    rt = runtime(policy="colocation", total_units=2)
+    for name in ("mlp", "resnet18-small"):
+        rt.load(str(kit_artifacts(name)), {})
+    inputs = {name: Executor(str(kit_artifacts(name))).random_inputs(0) for name in ("mlp", "resnet18-small")}
+    requests = [rt.submit(name, to_engine(inputs[name]), -1, -1.0) for _ in range(15) for name in inputs]
+    for request in requests:
+        finished(request)
+    decided, p50_us, p99_us = rt.decision_stats()
+    assert int(decided) == len(requests) and 0 < float(p50_us) <= float(p99_us)
+    layers = {name: len(Executor(str(kit_artifacts(name))).manifest.layers) for name in inputs}
+    for request, name in zip(requests, [name for _ in range(15) for name in inputs]):
+        assert len(request.candidate_ids()) == layers[name]  # chosen when a stream took it
+
+
+def test_unload_lets_the_queued_requests_finish_then_frees_the_name(runtime, mlp, mlp_run):
+    rt = runtime()
+    rt.load(mlp, {"streams": 2})
+    requests = [rt.submit("mlp", to_engine(mlp_run[0]), -1, -1.0) for _ in range(20)]
+    rt.unload("mlp", 60.0)
+    assert all(r.done() and not str(r.error()) for r in requests)
+    with pytest.raises(TvmschedError, match=r"no model named 'mlp' is loaded \(loaded: none\)"):
+        rt.submit("mlp", to_engine(mlp_run[0]), -1, -1.0)
+    assert rt.load(mlp, {}) == "mlp"
+    finished(rt.submit("mlp", to_engine(mlp_run[0]), -1, -1.0))
+
+
+def test_a_model_larger_than_the_budget_is_switched_or_streamed_as_decided_at_load(runtime, mlp, mlp_run):
+    inputs, want = mlp_run
+    rt = runtime()
+    rt.load(mlp, {})
+    assert rt.stats()["mlp"]["placement"] == "staged"  # switched in by its requests if memory runs short
+    footprint = int(rt.memory()["in_use"])
+    budget = footprint * 9 // 10  # (mlp's largest layer needs most of it: a stream buffer of its weights)
+    small = runtime(memory_budget=budget,
+                    tiers=[{"kind": "dram", "capacity_bytes": 1 << 30, "numa_node": -1, "path": ""}])
+    small.load(mlp, {})
+    assert small.stats()["mlp"]["placement"] == "streamed"
+    got = finished(small.submit("mlp", to_engine(inputs), -1, -1.0))
+    assert all(np.array_equal(got[k], want[k]) for k in want)
+    assert int(small.memory()["peak"]) <= budget < footprint
