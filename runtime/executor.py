@@ -99,6 +99,18 @@ class Executor:
         self.num_layers = self.native.num_layers()
         self.output_names = tuple(binding.name for binding in self.manifest.outputs)
 
+    @classmethod
+    def over(cls, native_model, artifact) -> "Executor":
+        """An executor over an engine model that is already loaded (one of the engine Runtime's); `artifact`: its
+        file (for the manifest's view of it)."""
+        executor = cls.__new__(cls)
+        executor.native = native_model
+        executor.manifest = Manifest.parse(str(native_model.manifest_json()), artifact)
+        executor.device = native_model.device_kind()
+        executor.num_layers = native_model.num_layers()
+        executor.output_names = tuple(binding.name for binding in executor.manifest.outputs)
+        return executor
+
     @property
     def flag_memory(self) -> str:
         """Where its preempt flag is now: "host_mapped" (CPU: host memory), "device" (CUDA, chosen for kernels with

@@ -190,6 +190,15 @@ class Task:
         self.stream = native.create_stream(executor.native, name, max_in_flight, IDLE_SPIN_US, progress_interval_ms, stall,
                                            priority)
 
+    @classmethod
+    def over(cls, executor: Executor, stream, name: str, *, quiet_gc: bool = False) -> "Task":
+        """A view of an engine stream that already serves `executor`'s model (one of the engine Runtime's)."""
+        task = cls.__new__(cls)
+        task.executor, task.name, task.quiet_gc = executor, name, quiet_gc
+        task.output_names = executor.output_names
+        task.stream = stream
+        return task
+
     def submit(self, inputs: dict, candidate_ids: list[int] | None = None, deadline_us: float = 0) -> Future:
         """Queue one request; the future resolves to its outputs (or the error its inputs caused). `deadline_us`
         (engine clock, native.now_us(); 0: none): a request still queued then fails with one line instead of

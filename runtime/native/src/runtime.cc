@@ -195,6 +195,7 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
     for (int i = 0; i < options.streams; ++i) {
       std::string stream_name = i == 0 ? name : name + "#" + std::to_string(i);
       streams.push_back(Stream::Create(entry->models[i], stream_name, stream_options));
+      if (options_.timeline) streams.back()->RecordTimeline(true);
     }
   } catch (...) {
     for (Stream& s : streams) s->Close();
@@ -457,10 +458,10 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
 void RuntimeObj::Fail(std::vector<Pending>* expired, const std::string& model) {
   double now = Device::NowMicros();
   for (Pending& p : *expired) {
-    std::ostringstream text;
-    text << "model " << model << ": the request timed out in the queue (queued "
-         << static_cast<int64_t>(now - p.request->submitted_us) << " us, its timeout "
-         << static_cast<int64_t>(p.timeout_at_us - p.request->submitted_us) << " us)";
+    std::ostringstream text;  // (the stream's words for its own deadline: servers answer both with 504)
+    text << "model " << model << ": the request did not start within its deadline (queued "
+         << static_cast<int64_t>(now - p.request->submitted_us) << " us, "
+         << static_cast<int64_t>(now - p.timeout_at_us) << " us past it)";
     p.request->Finish({}, ffi::String(text.str()), now);
   }
   expired->clear();
@@ -575,6 +576,13 @@ std::vector<Stream> RuntimeObj::streams(const std::string& model) const {
   auto found = entries_.find(model);
   if (found == entries_.end()) TVM_FFI_THROW(TvmschedError) << "no model named '" << model << "' is loaded";
   return found->second->streams;
+}
+
+std::vector<Model> RuntimeObj::engine_models(const std::string& model) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto found = entries_.find(model);
+  if (found == entries_.end()) TVM_FFI_THROW(TvmschedError) << "no model named '" << model << "' is loaded";
+  return found->second->models;
 }
 
 void RuntimeObj::Unload(const std::string& name, double timeout_s) {

@@ -107,6 +107,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
           options.tiers.push_back(share);
         }
         options.tier_buffer_bytes = static_cast<size_t>(o.Get<int64_t>("tier_buffer_bytes", 0));
+        options.timeline = o.Get<bool>("timeline", false);
         o.Done();
         if (!rows.empty()) {  // the table needs the device's unit count: resolved as the runtime will
           int units = options.total_units > 0 ? options.total_units : OpenDevice(device.kind)->total_units();
@@ -184,6 +185,15 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              return out;
            })
       .def("streams", [](Runtime rt, const std::string& model) { return ffi::Array<Stream>(rt->streams(model)); })
+      .def("engine_models",
+           [](Runtime rt, const std::string& model) { return ffi::Array<Model>(rt->engine_models(model)); })
+      .def("switch_events",
+           [](Runtime rt) {  // [model, stage, group, start_us, end_us, bytes, held]
+             ffi::Array<ffi::Array<ffi::Any>> out;
+             for (const StageEvent& e : rt->SwitchEvents())
+               out.push_back({e.model, e.stage, e.group, e.start_us, e.end_us, e.bytes, e.held});
+             return out;
+           })
       .def("policy", [](Runtime rt) { return rt->policy_kind(); })
       .def("total_units", [](Runtime rt) { return static_cast<int64_t>(rt->total_units()); })
       .def("memory",

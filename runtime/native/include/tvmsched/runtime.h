@@ -15,8 +15,8 @@
  * ids — reading every stream's state (the resource monitor). No Python runs on a request's path.
  *
  * Time limits: a request's `timeout` (Triton's parameter, else its model's default) is the longest it may stay
- * queued; past it, kReject fails it ("... timed out in the queue") and kDelay lets it run after the requests that
- * still have time. A model's latency target (`qos_ms`) bounds its finish: a request whose predicted finish already
+ * queued; past it, kReject fails it ("... did not start within its deadline") and kDelay lets it run after the requests
+ * that still have time. A model's latency target (`qos_ms`) bounds its finish: a request whose predicted finish already
  * exceeds it is refused at submit, when others are queued ahead of it (alone on an idle stream, it runs).
  *
  * Thread-safe. Lock order: the runtime's lock, then a stream's (a stream asks its source without its own lock).
@@ -61,6 +61,7 @@ struct RuntimeOptions {
   int max_groups = 4;                           ///< sub-tasks per switched model
   std::vector<TierShare> tiers;                 ///< where models larger than the budget keep their streamed weights
   size_t tier_buffer_bytes = 0;                 ///< each stream buffer of a streamed model (0: its own rule)
+  bool timeline = false;                        ///< every stream records its launches from its start (warm-up too)
 };
 
 enum class TimeoutAction : int { kReject = 0, kDelay = 1 };
@@ -121,6 +122,10 @@ class RuntimeObj : public ffi::Object {
   std::vector<std::string> models() const;
   /*! \brief The streams of a model (its first one first; the others are NAME#1 ...). */
   std::vector<Stream> streams(const std::string& model) const;
+  /*! \brief The engine models its streams serve, in the same order (the first is the switched or streamed one). */
+  std::vector<Model> engine_models(const std::string& model) const;
+  /*! \brief The switcher's recorded stages (stage1, stage2, exec, clean, evict). */
+  std::vector<StageEvent> SwitchEvents() const { return switcher_->Events(); }
   const std::string& policy_kind() const { return policy_kind_; }
   int total_units() const { return total_units_; }
   const std::shared_ptr<MemoryScope>& scope() const { return scope_; }

@@ -1,0 +1,366 @@
+"""The embeddable multi-tenant runtime: many models, one device, per-request candidate choice.
+
+    with Runtime("cpu") as rt:
+        resnet = rt.load("resnet.tvms", qos_ms=20, priority="realtime")
+        bert = rt.load("bert.tvms", qos_ms=200)
+        outputs = rt.submit(resnet, {"input": x}).result()     # or: await rt.infer(resnet, {...})
+        rt.stats(); rt.export_timeline("trace.json")
+
+A typed wrapper over the engine's Runtime (tvmsched/runtime.h, docs/runtime.md "The engine's Runtime"): the engine
+keeps the models, their placement, their streams, the queue of each model, the policy that decides when a stream
+takes a request and with which candidates, admission, real-time preemption and the stats. Python hands over the
+inputs and takes the result; no Python runs on a request's way through the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import tempfile
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tvmsched.errors import TvmschedError
+from tvmsched.runtime import native
+from tvmsched.runtime import policies
+from tvmsched.runtime.executor import Executor, to_engine
+from tvmsched.runtime.preemption import EngineFuture, Task, default_stall_timeout_s, failed_future, hold_gc
+from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, StreamView
+from tvmsched.runtime.switching import StageEvent, SwitchSettings, stage_events
+from tvmsched.runtime.tiering import TierSettings, TierShares
+
+log = logging.getLogger(__name__)
+
+PRIORITIES = ("realtime", "best_effort")
+POLICIES = policies.KINDS
+_PRIORITY_CODE = {None: -1, "realtime": 1, "best_effort": 0}
+
+
+@dataclass
+class Model:
+    """A loaded model as Python sees it: its name, target, priority, its streams (`tasks`: views of the engine's) and
+    what its policy knows of its candidates (`layers`)."""
+
+    name: str
+    qos_ms: float | None
+    priority: str
+    task: Task
+    layers: list[list[CandidateInfo]]
+    fastest: tuple[int, ...] = ()
+    rejected: int = 0  # requests refused at submit (bad inputs, a full queue, admission)
+    warm: bool = False
+    replicas: tuple[Task, ...] = ()
+
+    @property
+    def tasks(self) -> tuple[Task, ...]:
+        return (self.task, *self.replicas)
+
+    @property
+    def resident(self) -> bool:
+        return self.task.executor.resident
+
+    @property
+    def tiered(self) -> bool:
+        return self.task.executor.placement == "streamed"
+
+    @property
+    def placement(self) -> str:
+        return self.task.executor.placement
+
+
+@dataclass
+class _Decisions:
+    """What `Runtime.scheduler` still offers of the policy's decisions: how many (the engine keeps their times)."""
+
+    decided: int = 0
+    p50_us: float | None = None
+    p99_us: float | None = None
+    table: ColocationTable | None = field(default=None, repr=False)
+
+
+class Runtime:
+    """Serve several compiled models on one device (thread-safe). Arguments as before (docs/runtime.md): device,
+    total_units, colocation (a ColocationTable, a tuning-database URL or a profile's JSON file), max_in_flight,
+    timeline, policy, progress_interval_ms, trusted_keys, memory_budget, switching (SwitchSettings), tiering
+    (TierSettings), stall_timeout_s, freeze_gc."""
+
+    def __init__(self, device: str = "cpu", *, total_units: int | None = None, colocation: ColocationTable | str | None = None,
+                 max_in_flight: int = 8, timeline: bool = False, policy: str = "colocation",
+                 progress_interval_ms: float = 1.0, trusted_keys=(), memory_budget: int | None = None,
+                 switching: SwitchSettings = SwitchSettings(), tiering: TierSettings = TierSettings(),
+                 stall_timeout_s: float | None = None, freeze_gc: bool = True):
+        if device not in ("cpu", "cuda"):
+            raise TvmschedError(f"unknown device {device!r}: use cpu or cuda")
+        if policy not in POLICIES:
+            raise TvmschedError(f"policy must be one of {POLICIES}, not {policy!r}")
+        if memory_budget is not None and int(memory_budget) <= 0:
+            raise TvmschedError(f"a memory budget must be a positive number of bytes, not {memory_budget}")
+        self.device = device
+        self.total_units = total_units or int(native.device_info(device)["total_units"])
+        table = self._table(colocation) if policy == "colocation" else None
+        options = {"device": device, "policy": policy, "total_units": self.total_units, "max_in_flight": max_in_flight,
+                   "progress_interval_ms": float(progress_interval_ms),
+                   "stall_timeout_s": default_stall_timeout_s() if stall_timeout_s is None else float(stall_timeout_s),
+                   "trusted_keys": [str(k) for k in trusted_keys], "max_groups": switching.max_groups,
+                   "threshold1": switching.threshold1, "threshold2": switching.threshold2,
+                   "preset_count": switching.preset_count, "retain": switching.retain, "timeline": bool(timeline),
+                   "colocation": [[a, b, float(r)] for (a, b), r in (table.measured.items() if table else ())]}
+        if memory_budget is not None:  # a model larger than it streams from the host tiers: their shares, found now
+            options.update(memory_budget=int(memory_budget), tiers=TierShares(tiering).engine_tiers(),
+                           tier_buffer_bytes=int(tiering.buffer_bytes))
+        self._engine = native.create_runtime(options)
+        self.policy_kind = policy
+        self._table_view = table
+        self.models: dict[str, Model] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._timeline = timeline
+        self._started_us = float(native.now_us())
+        self._trusted_keys = tuple(str(k) for k in trusted_keys)
+        self._memory_budget = None if memory_budget is None else int(memory_budget)
+        self._freeze_gc = freeze_gc
+        self._froze = False
+
+    def _table(self, colocation) -> ColocationTable:
+        if isinstance(colocation, str) and colocation.endswith(".json"):  # `tvmsched profile-coloc --out` rows
+            from tvmsched.runtime.colocation import load_table
+
+            if not Path(colocation).is_file():
+                raise TvmschedError(f"no colocation profile at {colocation}")
+            return load_table(colocation, self.total_units)
+        if isinstance(colocation, str):  # a tuning-database URL holding this device's profile
+            from tvmsched.runtime.colocation import device_name, table_from_rows
+            from tvmsched.tuning_db import open_store
+
+            return table_from_rows(open_store(colocation).colocation(device_name(self.device)), self.total_units)
+        return colocation or ColocationTable(self.total_units)
+
+    @property
+    def scheduler(self) -> _Decisions | None:
+        """The colocation policy's decisions (how many; the p50/p99 of their times in µs) and its profile; None for
+        the other policies."""
+        if self.policy_kind != "colocation":
+            return None
+        decided, p50, p99 = self._engine.decision_stats()
+        return _Decisions(int(decided), None if p50 < 0 else float(p50), None if p99 < 0 else float(p99),
+                          self._table_view)
+
+    def load(self, artifact, *, qos_ms: float | None = None, priority: str = "best_effort", name: str | None = None,
+             resident: bool = True, device_bytes: int | None = None, warmup: bool = False, streams: int = 1) -> Model:
+        """Load an artifact (path or Artifact) as a new model; the engine decides its placement (docs/runtime.md)."""
+        if priority not in PRIORITIES:
+            raise TvmschedError(f"priority must be one of {PRIORITIES}, not {priority!r}")
+        if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= 64:
+            raise TvmschedError(f"streams must be a whole number from 1 to 64, not {streams!r}")
+        if self._closed:
+            raise TvmschedError("the runtime is shut down")
+        options = {"qos_ms": float(qos_ms) if qos_ms else 0.0, "realtime": priority == "realtime",
+                   "resident": bool(resident), "streams": streams, "warmup": bool(warmup),
+                   "device_bytes": int(device_bytes or 0)}
+        if name is not None:
+            options["name"] = str(name)
+        with tempfile.TemporaryDirectory(prefix="tvmsched-") as tmp:
+            path = self._artifact_path(artifact, Path(tmp))
+            loaded = str(self._engine.load(path, options))
+            natives, engine_streams = self._engine.engine_models(loaded), self._engine.streams(loaded)
+            tasks = [Task.over(Executor.over(m, path), s, str(s.name()), quiet_gc=self._freeze_gc)
+                     for m, s in zip(natives, engine_streams)]
+        layers = [[self._info(loaded, c) for c in layer.candidates] for layer in tasks[0].executor.manifest.layers]
+        if self._table_view is not None:
+            self._table_view.add_candidates(c for layer in layers for c in layer)
+        stats = self._engine.stats()[loaded]
+        model = Model(loaded, None if float(stats["qos_ms"]) < 0 else float(stats["qos_ms"]), priority, tasks[0], layers,
+                      tuple(policies.fastest_ids(layers)), warm=bool(warmup), replicas=tuple(tasks[1:]))
+        with self._lock:
+            self.models[loaded] = model
+        if model.placement == "streamed":
+            info = native.tiering_info(model.task.executor.native)
+            log.info("model %s is larger than the memory budget: %d bytes of its weights stay on the device", loaded,
+                     int(info["resident_weight_bytes"]))
+        if self._freeze_gc:
+            _freeze_heap(first=not self._froze)
+            self._froze = True
+        return model
+
+    def _artifact_path(self, artifact, tmp: Path) -> str:
+        from tvmsched.artifact.format import Artifact
+
+        if isinstance(artifact, Artifact):
+            if self._trusted_keys:
+                raise TvmschedError("trusted keys check signed artifact files: pass the artifact's path, not an Artifact")
+            from tvmsched.lower.targets import check_cpu_features
+
+            check_cpu_features(artifact.manifest, f"the artifact of model {artifact.manifest.model_name}")
+            path = tmp / "model.tvms"
+            artifact.save(path)
+            return str(path)
+        return str(artifact)
+
+    def _info(self, model: str, candidate) -> CandidateInfo:
+        units = min(candidate.units or self.total_units, self.total_units)
+        latency = candidate.latency_us if candidate.latency_us is not None else 1.0
+        return CandidateInfo(units, latency, f"{model}/{candidate.kernel}")
+
+    def _model(self, model: Model | str) -> Model:
+        if isinstance(model, Model):
+            return model
+        found = self.models.get(model) if isinstance(model, str) else None
+        if found is None:
+            raise TvmschedError(f"no model named {model!r} is loaded (loaded: {', '.join(self.models) or 'none'})")
+        return found
+
+    def submit(self, model: Model | str, inputs: dict[str, np.ndarray], *, priority: str | None = None,
+               start_within_us: float | None = None) -> Future:
+        """Queue one request on its model; the future resolves to its outputs (or its error). `priority`: this
+        request's ("realtime" preempts the busy best-effort streams, its own model's excepted, while it runs;
+        "best_effort" preempts nothing), default the model's. `start_within_us`: the longest it may stay queued (a
+        request still queued then fails with one line, "did not start within its deadline")."""
+        model = self._model(model)
+        if self._closed:
+            raise TvmschedError("the runtime is shut down")
+        if priority not in _PRIORITY_CODE:
+            raise TvmschedError(f"priority must be one of {PRIORITIES}, not {priority!r}")
+        code = _PRIORITY_CODE[priority]
+        quiet = hold_gc(self._freeze_gc)
+        try:
+            request = self._engine.submit(model.name, to_engine(inputs), code,
+                                          float(start_within_us) if start_within_us else -1.0)
+            return EngineFuture(request, model.task.output_names, self._freeze_gc)
+        except TvmschedError as err:
+            if "is shut down" in str(err):
+                raise
+            model.rejected += 1
+            return failed_future(err)
+        finally:
+            if quiet:
+                gc.enable()
+
+    async def infer(self, model: Model | str, inputs: dict[str, np.ndarray], *, priority: str | None = None,
+                    start_within_us: float | None = None) -> dict[str, np.ndarray]:
+        """asyncio form of submit()."""
+        return await asyncio.wrap_future(self.submit(model, inputs, priority=priority, start_within_us=start_within_us))
+
+    def monitor(self) -> dict[str, StreamView]:
+        """The resource monitor: every busy stream's work still to run, by stream name (units and latency of each)."""
+        return {str(name): StreamView(str(name), tuple(CandidateInfo(int(u), float(lat), "") for u, lat in work))
+                for name, work in self._engine.monitor()}
+
+    def stats(self) -> dict[str, dict]:
+        """Per model: requests, errors, QoS violations, latency p50/p99 (ms), launches and re-runs, queue counters;
+        `_device`: the device's fault state; `_scheduler`: the policy's decisions."""
+        out = {}
+        for name, s in self._engine.stats().items():
+            name = str(name)
+            model = self.models.get(name)
+            none = lambda v: None if float(v) < 0 else float(v)
+            out[name] = {"priority": str(s["priority"]), "qos_ms": none(s["qos_ms"]), "requests": int(s["requests"]),
+                         "errors": int(s["errors"]) + (model.rejected if model else 0) - int(s["refused"]),
+                         "qos_violations": int(s["qos_violations"]), "p50_ms": none(s["p50_ms"]),
+                         "p99_ms": none(s["p99_ms"]), "launches": int(s["launches"]), "reruns": int(s["reruns"]),
+                         "faults": int(s["faults"]), "fault_restarts": int(s["fault_restarts"]),
+                         "refused": int(s["refused"]), "timed_out": int(s["timed_out"]), "queued": int(s["queued"])}
+        decided, p50, p99 = self._engine.decision_stats()
+        out["_device"] = native.device_faults(self.device)
+        out["_scheduler"] = {"decisions": int(decided), "p50_us": None if p50 < 0 else float(p50),
+                             "p99_us": None if p99 < 0 else float(p99)}
+        return out
+
+    def tiering(self, model: Model | str) -> dict:
+        """A tiered model's placement: resident weight bytes, buffer bytes, groups, bytes per tier."""
+        info = native.tiering_info(self._model(model).task.executor.native)
+        return {"resident_weight_bytes": int(info["resident_weight_bytes"]), "buffer_bytes": int(info["buffer_bytes"]),
+                "buffers": int(info["buffers"]), "groups": int(info["groups"]),
+                "streamed_group_bytes": [int(b) for b in info["streamed_group_bytes"]],
+                "tiers": [{k: (str(v) if k == "kind" else int(v)) for k, v in t.items()} for t in info["tiers"]],
+                "direct_io": bool(info["direct_io"])}
+
+    def tier_events(self) -> list[StageEvent]:
+        events = []
+        for model in list(self.models.values()):
+            if model.tiered:
+                events += stage_events(native.tiering_events(model.task.executor.native))
+        return events
+
+    def switch_events(self) -> list[StageEvent]:
+        """The switcher's recorded stages (stage1, stage2, exec, clean, evict), in engine µs."""
+        return stage_events(self._engine.switch_events())
+
+    def memory(self) -> dict[str, int]:
+        """The engine's accounting of this Runtime's model memory: in_use, peak and budget (0: none) in bytes."""
+        return {str(k): int(v) for k, v in self._engine.memory().items()}
+
+    def export_timeline(self, path: str | Path, png: str | Path | None = None) -> int:
+        """Write the recorded launches as Chrome-trace / Perfetto JSON (and a PNG); returns the event count."""
+        from tvmsched.runtime.runtime import plot_timeline
+
+        events = []
+        started = self._started_us / 1e6
+        for model in self.models.values():
+            for task, layer, cand, start, end in [row for each in model.tasks for row in each.timeline]:
+                events.append({"name": f"L{layer}:c{cand}", "cat": model.priority, "ph": "X", "pid": 0, "tid": task,
+                               "ts": (start - started) * 1e6, "dur": (end - start) * 1e6,
+                               "args": {"layer": layer, "candidate": cand, "units": model.layers[layer][cand].units}})
+        for e in self.switch_events() + self.tier_events():
+            events.append({"name": e.stage if e.group < 0 else f"{e.stage} g{e.group}", "cat": "switch", "ph": "X",
+                           "pid": 0, "tid": f"{e.model} stages", "ts": e.start_us - self._started_us,
+                           "dur": e.end_us - e.start_us, "args": {"group": e.group, "bytes": e.bytes}})
+        Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+        if png is not None:
+            plot_timeline(events, png)
+        return len(events)
+
+    def unload(self, model: Model | str, timeout_s: float = 60.0) -> None:
+        """Stop serving a model: new requests are refused at once, its queued and running ones finish first, then its
+        device memory (and tier shares) are freed and its name can be loaded again."""
+        model = self._model(model)
+        with self._lock:
+            if self.models.get(model.name) is not model:
+                raise TvmschedError(f"model {model.name!r} is not loaded")
+            del self.models[model.name]
+        self._engine.unload(model.name, float(timeout_s))
+        model.replicas = ()
+        log.info("model %s unloaded", model.name)
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Finish queued requests, then stop every stream."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._engine.shutdown()
+        if self._froze:
+            self._froze = False
+            _thaw_heap()
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+_freezers = 0  # Runtimes with freeze_gc that froze the heap and are not shut down yet
+_freezers_lock = threading.Lock()
+
+
+def _freeze_heap(first: bool) -> None:
+    """Collect once, then freeze what is left: later collections (gen 2 included) skip it."""
+    global _freezers
+    with _freezers_lock:
+        _freezers += first
+        gc.collect()
+        gc.freeze()
+
+
+def _thaw_heap() -> None:
+    global _freezers
+    with _freezers_lock:
+        _freezers -= 1
+        if _freezers == 0:
+            gc.unfreeze()

@@ -1,0 +1,78 @@
+"""The Python Runtime as a typed wrapper over the engine's (runtime/runtime_next.py, issue 38 step 4; it replaces
+runtime/runtime.py once the tests that reach into the Python switcher and priority policy are ported): the public API
+on the engine Runtime, in both CPU modes."""
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from tvmsched.errors import TvmschedError
+from tvmsched.runtime import Executor
+from tvmsched.runtime.runtime_next import Runtime
+
+
+@pytest.fixture(scope="module")
+def mlp(compiled):
+    return str(compiled("mlp"))  # shared, read only
+
+
+@pytest.fixture(scope="module")
+def mlp_run(mlp):
+    executor = Executor(mlp)
+    inputs = executor.random_inputs(7)
+    return inputs, executor.run(inputs)
+
+
+def test_submit_and_infer_on_several_streams_match_a_direct_run_bit_for_bit(mlp, mlp_run, tmp_path):
+    inputs, want = mlp_run
+    with Runtime("cpu", timeline=True) as rt:
+        model = rt.load(mlp, streams=2, warmup=True)
+        assert [t.name for t in model.tasks] == ["mlp", "mlp#1"] and model.placement == "staged"
+        futures = [rt.submit(model, inputs) for _ in range(30)]
+        outputs = [f.result(timeout=60) for f in futures] + [asyncio.run(rt.infer("mlp", inputs))]
+        assert all(np.array_equal(o["output"], want["output"]) for o in outputs)
+        stats = rt.stats()
+        assert stats["mlp"]["requests"] == 31 + 2 and stats["mlp"]["errors"] == 0  # + one warm-up per stream
+        assert stats["_scheduler"]["decisions"] == 0  # one candidate per layer: nothing to decide
+        bad = rt.submit(model, {"wrong": np.zeros(2)})
+        with pytest.raises(TvmschedError, match="input names do not match"):
+            bad.result(timeout=60)
+        assert rt.stats()["mlp"]["errors"] == 1
+        events = rt.export_timeline(tmp_path / "trace.json")
+        trace = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+        launches = [e for e in trace if e["cat"] != "switch"]
+        assert events == len(trace) and len(launches) == 33 * len(model.layers)  # the warm-ups' launches included
+
+
+def test_a_request_queued_past_start_within_us_fails_with_the_deadline_line(mlp, mlp_run):
+    inputs, want = mlp_run
+    with Runtime("cpu") as rt:
+        model = rt.load(mlp)
+        model.task.preempt()  # its only stream takes nothing while paused
+        late = rt.submit(model, inputs, start_within_us=2000)
+        roomy = rt.submit(model, inputs, start_within_us=60e6)
+        with pytest.raises(TvmschedError, match=r"model mlp: the request did not start within its deadline"):
+            late.result(timeout=60)
+        model.task.resume()
+        assert np.array_equal(roomy.result(timeout=60)["output"], want["output"])
+
+
+def test_unload_frees_the_name_and_bad_arguments_are_one_line(mlp, mlp_run):
+    with Runtime("cpu") as rt:
+        with pytest.raises(TvmschedError, match="priority must be one of"):
+            rt.load(mlp, priority="urgent")
+        with pytest.raises(TvmschedError, match="streams must be a whole number from 1 to 64"):
+            rt.load(mlp, streams=0)
+        model = rt.load(mlp)
+        with pytest.raises(TvmschedError, match="priority must be one of"):
+            rt.submit(model, mlp_run[0], priority="urgent")
+        futures = [rt.submit(model, mlp_run[0]) for _ in range(10)]
+        rt.unload(model)
+        assert all(f.done() for f in futures)
+        with pytest.raises(TvmschedError, match=r"no model named 'mlp' is loaded \(loaded: none\)"):
+            rt.submit("mlp", mlp_run[0])
+        assert rt.load(mlp).name == "mlp"  # the name is free again
+    with pytest.raises(TvmschedError, match="policy must be one of"):
+        Runtime("cpu", policy="lottery")
