@@ -324,7 +324,7 @@ void ModelObj::Init(const std::string& path, ArtifactContents contents, const Lo
     std::vector<ffi::AnyView>& views = layer_views_.emplace_back();
     for (DLTensor& arg : args) views.emplace_back(&arg);
   }
-  if (options.tiers) return InitTiered(path, contents, *options.tiers);
+  if (options.tiers) return InitStreamed(*this, path, contents, *options.tiers);
   if (!options.resident) return;
   PrepareEnvironment();
   try {
@@ -349,14 +349,11 @@ void ModelObj::FreeDeviceMemory() {
   for (int g = 0; g < num_groups(); ++g) FreeGroupBlocks(g);
   for (auto& [id, data] : tensor_data_) device_->Release(data);
   tensor_data_.clear();
-  for (void*& buffer : buffers_) {
-    if (buffer) device_->Release(buffer);
-    buffer = nullptr;
-  }
   CleanEnvironment();
 }
 
-void ModelObj::SetGroups(std::vector<std::pair<int, int>> groups) {
+void ModelObj::SetGroups(std::vector<std::pair<int, int>> groups, bool shared_activations) {
+  shared_activations_ = shared_activations;
   groups_ = std::move(groups);
   layer_group_.assign(num_layers(), 0);
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -436,6 +433,12 @@ Model Model::Load(const std::string& path, const std::string& device, const Load
 
 void* ModelObj::AllocFor(const std::string& what, size_t nbytes) {
   return device_->Allocate(nbytes, "cannot load model " + manifest_.model_name + ": " + what, scope_);
+}
+
+void* ModelObj::AllocTensor(const std::string& id, const std::string& what, size_t nbytes) {
+  void* data = AllocFor(what, nbytes);
+  tensor_data_[id] = data;
+  return data;
 }
 
 bool ModelObj::resident() const {
@@ -544,6 +547,17 @@ size_t ModelObj::TensorBytes(const std::string& id) const {
   return host != host_weights_.end() ? host->second.nbytes : Align(manifest_.tensors.at(id).nbytes());
 }
 
+size_t ModelObj::PlannedActivationBytes() const {
+  size_t bytes = 0;
+  for (int g = 0; g < num_groups(); ++g) {
+    for (size_t b : group_plans_[g].storage_bytes) bytes += b;
+  }
+  for (const auto& [id, users] : tensor_groups_) {  // activations crossing groups: allocated once
+    if (!internal_.count(id) && !host_weights_.count(id)) bytes += TensorBytes(id);
+  }
+  return bytes;
+}
+
 size_t ModelObj::GroupNeed(int g) const {
   size_t bytes = 0;
   for (size_t b : group_plans_[g].storage_bytes) bytes += b;
@@ -560,24 +574,29 @@ void ModelObj::FreeGroupBlocks(int g) {
   for (const auto& [id, block] : group_plans_[g].assignment) tensor_data_.erase(id);
 }
 
-void ModelObj::BindLayer(int i) {
+void ModelObj::BindLayer(int i, const std::map<std::string, void*>* placed) {
   for (size_t a = 0; a < layer_arg_ids_[i].size(); ++a) {
     const std::string& id = layer_arg_ids_[i][a];
-    const auto& where = env_tensors_.count(id) ? env_data_ : tensor_data_;
+    const auto& where = placed && placed->count(id) ? *placed : env_tensors_.count(id) ? env_data_ : tensor_data_;
     auto found = where.find(id);
     if (found != where.end()) {
       layer_args_[i][a].data = found->second;
-    } else if (!streamed_.count(id)) {  // a streamed weight keeps what StreamIn bound
+    } else if (!placed_.count(id)) {  // a placed tensor keeps what its placement bound last
       layer_args_[i][a].data = nullptr;
     }
   }
+}
+
+void ModelObj::BindLayers(int first, int last, const std::vector<std::pair<std::string, void*>>& placed) {
+  std::map<std::string, void*> data(placed.begin(), placed.end());
+  for (int i = first; i <= last; ++i) BindLayer(i, &data);
 }
 
 void ModelObj::PrepareGroup(int g, StreamHandle copy_stream) {
   std::vector<std::string> fresh;  // allocated here: freed again if a later step fails
   try {
     for (const auto& id : group_tensors_[g]) {
-      if (internal_.count(id) || tensor_data_.count(id) || streamed_.count(id)) continue;
+      if (internal_.count(id) || tensor_data_.count(id) || placed_.count(id)) continue;
       auto host = host_weights_.find(id);
       if (host != host_weights_.end()) {
         if (!host->second.data) TVM_FFI_THROW(TvmschedError) << "internal: weight " << id << " has no host copy";

@@ -54,8 +54,6 @@ MemoryPlan PlanMemory(const Manifest& manifest, int reuse_distance);
 
 class ModelObj;
 struct TierOptions;  // tvmsched/tiering.h
-class TierStore;
-struct StreamingFootprint;
 
 /*! \brief How a model is loaded. */
 struct LoadOptions {
@@ -72,6 +70,12 @@ struct LoadOptions {
   std::shared_ptr<MemoryScope> scope;
 };
 
+/*! \brief Lay out and load a model larger than its device memory (LoadOptions::tiers): its streamer (the streamed
+ *  placement, tiering.cc) chooses the weights that stream, owns their tiers and buffers, and becomes the model's
+ *  placement. ModelObj::Init calls it once the model's program is loaded; declared here so that model.cc need not
+ *  include tvmsched/tiering.h. */
+void InitStreamed(ModelObj& model, const std::string& path, ArtifactContents& contents, const TierOptions& options);
+
 class ModelObj : public ffi::Object {
  public:
   explicit ModelObj(std::shared_ptr<Device> device);
@@ -81,6 +85,7 @@ class ModelObj : public ffi::Object {
 
   const Manifest& manifest() const { return manifest_; }
   Device& device() const { return *device_; }
+  const std::shared_ptr<Device>& shared_device() const { return device_; }
   /*! \brief The budget its memory counts against (null: none but the device's). */
   const std::shared_ptr<MemoryScope>& scope() const { return scope_; }
   const std::string& name() const { return manifest_.model_name; }
@@ -93,7 +98,8 @@ class ModelObj : public ffi::Object {
    *  are made again). No request may be running. */
   void SetStreamPriority(StreamPriority priority);
   StreamPriority stream_priority() const { return stream_priority_; }
-  /*! \brief Re-allocate activations for a new reuse distance (no request may be running). */
+  /*! \brief Re-allocate activations for a new reuse distance (no request may be running; before its groups are set:
+   *  the distance they will be planned for). */
   void Replan(int reuse_distance);
   /*! \brief Check names, shapes and dtypes (one-line errors) without copying. */
   void CheckInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs) const;
@@ -202,26 +208,33 @@ class ModelObj : public ffi::Object {
     for (const auto& [id, host] : host_weights_) out.emplace_back(host.data, host.nbytes);
     return out;
   }
-  // ---- tiering (mechanism D, tvmsched/tiering.h): a model larger than its device memory. Its
-  // groups without streamed weights are kReady from Init; a streamer thread alone calls StreamIn.
-  bool tiered() const { return tier_store_ != nullptr; }
-  TierStore* tier_store() const { return tier_store_.get(); }
-  /*! \brief The groups with streamed weights, in layer order. */
-  const std::vector<int>& streamed_groups() const { return streamed_groups_; }
-  /*! \brief Bytes group `g` copies into a stream buffer (its streamed weights, page-aligned). */
-  size_t stream_bytes(int g) const { return stream_bytes_[g]; }
-  size_t buffer_bytes() const { return buffer_bytes_; }
-  /*! \brief Stream buffers: 2 (double buffering), or 1 where the device memory holds only one. */
-  int num_buffers() const { return num_buffers_; }
-  /*! \brief Stop streaming and give the tiers back (their memory, the disk file) and its device memory: its later
-   *  requests fail with one line. No request may be running. */
-  void ReleaseTiers();
-  size_t resident_weight_bytes() const { return resident_weight_bytes_; }
-  /*! \brief Copy group `g`'s streamed weights into stream buffer `slot` (0 or 1) on `copy_stream`
-   *  (0: synchronous; `bounce`: page-aligned host memory of buffer_bytes() for disk reads), wait for
-   *  them, and bind its layers to them. For measuring: `only_tier` >= 0 copies only the weights in that
-   *  tier and binds nothing; `copied` (if given) adds the bytes copied. */
-  void StreamIn(int g, int slot, char* bounce, StreamHandle copy_stream, int only_tier = -1, size_t* copied = nullptr);
+  /*! \brief Its placement is a streamer (mechanism D, tvmsched/tiering.h): a model larger than its device memory,
+   *  whose groups without streamed weights are kReady from Init and whose streamer owns the rest of its layout. */
+  bool tiered() const { return std::string(placement_->kind()) == "streamed"; }
+
+  // ---- the layout a placement lays out and binds (groups, their plans, its tensors' memory). The switcher's and the
+  // streamer's threads call these; no request may be running while a layout is set.
+  /*! \brief Sub-tasks and what each uses, from `groups` (first and last layer of each); `shared_activations`: one
+   *  activation plan over all layers (group 0's; the other groups' are empty), for a model whose groups run one after
+   *  another and whose activations live as long as it does (a streamed one). Plans every group; allocates nothing. */
+  void SetGroups(std::vector<std::pair<int, int>> groups, bool shared_activations = false);
+  /*! \brief Non-environment tensors group `g`'s layers use (weights and activations), in the order they read them. */
+  const std::vector<std::string>& group_tensors(int g) const { return group_tensors_[g]; }
+  /*! \brief Device bytes of the current groups' activations when all are prepared: every group's storage blocks and
+   *  the activations crossing groups (allocated once). */
+  size_t PlannedActivationBytes() const;
+  /*! \brief Device memory for `what` in its scope (one line naming the model and `what` when it cannot be had). */
+  void* AllocFor(const std::string& what, size_t nbytes);
+  /*! \brief Allocate tensor `id`'s memory (`what` names it in the error); freed with the model's memory. */
+  void* AllocTensor(const std::string& id, const std::string& what, size_t nbytes);
+  /*! \brief Tensors whose memory its placement provides and binds (a streamer's streamed weights): the model never
+   *  allocates them, and its layers keep what BindLayers bound them to last. */
+  void SetPlacedTensors(std::set<std::string> ids) { placed_ = std::move(ids); }
+  /*! \brief Bind layers `first`..`last` again, the placed tensors in `placed` to the memory given there. */
+  void BindLayers(int first, int last, const std::vector<std::pair<std::string, void*>>& placed);
+  /*! \brief Free every allocation the model made: activations, weights, the environment (a placement's own memory,
+   *  as a streamer's buffers, is its own to free). */
+  void FreeDeviceMemory();
   /*! \brief Requests queued or running on a stream (a switcher never evicts a model in use). */
   std::atomic<int> users{0};
   /*! \brief A stream took a request (waits while a switcher is cleaning the environment). */
@@ -244,15 +257,11 @@ class ModelObj : public ffi::Object {
     ffi::Function kernel;
     int units = 0;  // its compute units, an explicit count (all units: the device's total)
   };
-  /*! \brief Device memory for `what` (a tensor, named in the error when the device has not enough). */
-  void* AllocFor(const std::string& what, size_t nbytes);
   void FreeGroupBlocks(int g);
-  /*! \brief Free every allocation: activations, weights, stream buffers, the environment. */
-  void FreeDeviceMemory();
   /*! \brief Bytes a weight or crossing activation is allocated with (weights exact, activations aligned). */
   size_t TensorBytes(const std::string& id) const;
   void PlanGroup(int g);
-  void BindLayer(int layer);
+  void BindLayer(int layer, const std::map<std::string, void*>* placed = nullptr);
   StreamHandle StreamFor(int units);
 
   Manifest manifest_;
@@ -265,15 +274,6 @@ class ModelObj : public ffi::Object {
   StreamHandle current_stream_ = nullptr;
   StreamPriority stream_priority_ = StreamPriority::kNormal;
   std::string kernels_;  // kernels.so, kept for stage 1
-  /*! \brief Sub-tasks and what each uses (groups_, layer_group_, group_tensors_, tensor_groups_, internal_,
-   *  group_weight_bytes_, plans), from `groups` (first and last layer of each). */
-  void SetGroups(std::vector<std::pair<int, int>> groups);
-  /*! \brief Init of a tiered model (after the host weights' sizes are known). */
-  void InitTiered(const std::string& path, ArtifactContents& contents, const TierOptions& options);
-  /*! \brief Lay a tiered model out with `streamed` weights streamed: its groups, their plans, each group's place in a
-   *  stream buffer (tiering.cc). */
-  StreamingFootprint LayOutStreamed(const std::set<std::string>& streamed, const std::map<std::string, size_t>& nbytes,
-                                    size_t buffer);
   struct HostWeight {
     void* data = nullptr;  // pinned host memory (registered models; resident ones drop it after the copy)
     size_t nbytes = 0;
@@ -287,9 +287,8 @@ class ModelObj : public ffi::Object {
   std::vector<std::vector<std::string>> group_tensors_;    // non-environment tensors each group uses
   std::map<std::string, std::vector<int>> tensor_groups_;  // ... and the groups using each
   std::set<std::string> internal_;                         // activations used by one group only: its storage blocks
-  // a streamed model whose activations take less so: its activations live as long as it does and its groups run one
-  // after another, so one plan over all its layers (group 0's; the other groups' are empty) may share storage the
-  // groups' own plans sum (44 of resnet50's 54 MB at 1/4 of its footprint on 2026-11-26; LayOutStreamed chooses)
+  // one activation plan over all layers (SetGroups): a streamed model whose activations take less so, as one plan
+  // may share storage the groups' own plans sum (44 of resnet50's 54 MB at 1/4 of its footprint on 2026-11-26)
   bool shared_activations_ = false;
   /*! \brief Bind the layers whose arguments group g's memory holds (its own; every layer for shared group 0). */
   void BindGroup(int g);
@@ -307,18 +306,10 @@ class ModelObj : public ffi::Object {
   std::string placement_error_;
   std::function<void()> waker_;
   std::map<std::string, void*> tensor_data_;  // allocated tensor id -> its data pointer (switcher thread only)
+  std::set<std::string> placed_;              // tensors its placement provides and binds (SetPlacedTensors)
   std::vector<std::vector<std::string>> layer_arg_ids_;  // per layer: the tensor of each of its first args
   std::vector<std::vector<DLTensor>> layer_args_;        // per layer: inputs, outputs, flags, counter
   std::vector<std::vector<ffi::AnyView>> layer_views_;   // per layer: views of layer_args_ (what CallPacked takes)
-  // tiering
-  std::shared_ptr<TierStore> tier_store_;  // (shared: model.cc frees it without the complete type)
-  std::set<std::string> streamed_;         // weights that live in the host tiers
-  std::vector<int> streamed_groups_;
-  std::vector<size_t> stream_bytes_;                                        // per group
-  std::vector<std::vector<std::pair<std::string, size_t>>> stream_layout_;  // per group: weight -> offset in a buffer
-  size_t buffer_bytes_ = 0, resident_weight_bytes_ = 0;
-  void* buffers_[2] = {nullptr, nullptr};
-  int num_buffers_ = 2;
   FlagArray flags_;
   int32_t* counters_ = nullptr;
   int reuse_distance_ = 1;
