@@ -519,7 +519,7 @@ StreamingFootprint Streamer::LayOut(const std::set<std::string>& streamed, const
   // shares storage across many groups; per group, a greedy plan may pack a few large groups tighter)
   auto activations = [&](bool shared) {
     m_->SetGroups(groups, shared);
-    return m_->PlannedActivationBytes();
+    return m_->subtasks().PlannedActivationBytes();
   };
   size_t apart = activations(false);
   StreamingFootprint fp;
@@ -529,7 +529,7 @@ StreamingFootprint Streamer::LayOut(const std::set<std::string>& streamed, const
   layout_.offsets.assign(n, {});
   layout_.stream_bytes.assign(n, 0);
   for (int g = 0; g < n; ++g) {
-    for (const auto& id : m_->group_tensors(g)) {
+    for (const auto& id : m_->subtasks().tensors(g)) {
       if (!layout_.streamed.count(id)) continue;
       layout_.offsets[g].emplace_back(id, layout_.stream_bytes[g]);
       layout_.stream_bytes[g] += PageRound(nbytes.at(id));

@@ -1,10 +1,12 @@
 /*!
  * \file tvmsched/model.h
- * \brief A loaded artifact on a device: kernels, weights, activations (the liveness plan), the
- *        preempt flag array and the progress counters. Runs layers; decides nothing.
+ * \brief A loaded artifact on a device: the program (kernels, candidates, inputs and outputs, the preempt flag
+ *        array, the progress counters) and the binding of its layers' arguments to memory (weights, activations
+ *        by the liveness plan). Runs layers; decides nothing.
  *
- * Not thread-safe: one request at a time (a Stream owns it while serving). The model owns all
- * its device memory and frees it when the last reference goes.
+ * Not thread-safe: one request at a time (a Stream owns it while serving). Its sub-tasks (tvmsched/subtasks.h) are
+ * laid out by its placement (placement.h), which owns whatever memory it adds (a streamer's tiers and buffers); the
+ * model owns the rest of its device memory and frees it when the last reference goes.
  */
 #ifndef TVMSCHED_MODEL_H_
 #define TVMSCHED_MODEL_H_
@@ -29,6 +31,7 @@
 #include "tvmsched/artifact.h"
 #include "tvmsched/device.h"
 #include "tvmsched/placement.h"
+#include "tvmsched/subtasks.h"
 
 namespace tvmsched {
 
@@ -36,21 +39,6 @@ namespace ffi = tvm::ffi;
 
 /*! \brief Launches a stream keeps in flight on an asynchronous device unless told otherwise (StreamOptions). */
 constexpr int kDefaultInFlight = 8;
-
-/*! \brief Storage blocks and which block each activation lives in (greedy best fit over layer order). */
-struct MemoryPlan {
-  std::vector<size_t> storage_bytes;
-  std::map<std::string, int> assignment;
-};
-
-/*!
- * \brief Plan the layers' outputs so that any `reuse_distance` consecutive layers can run again (no
- *  block is reused within that window); tensors in `keep` (the model outputs) get blocks of their own.
- */
-MemoryPlan PlanMemory(const std::vector<LayerSpec>& layers, const std::map<std::string, size_t>& nbytes,
-                      const std::set<std::string>& keep, int reuse_distance);
-/*! \brief The plan of a manifest's activations (outputs kept). */
-MemoryPlan PlanMemory(const Manifest& manifest, int reuse_distance);
 
 class ModelObj;
 struct TierOptions;  // tvmsched/tiering.h
@@ -157,27 +145,24 @@ class ModelObj : public ffi::Object {
   // ---- staging (mechanism C, docs/switching.md): the environment (stage 1) and the sub-tasks
   // (stage 2: memory and weights of a group of consecutive layers). A resident model has all of
   // them from Init; a registered one gets them from a switcher, whose thread alone calls Prepare*/Clean*.
-  int num_groups() const { return static_cast<int>(groups_.size()); }
-  int group_of(int layer) const { return layer_group_[layer]; }
+  /*! \brief Its sub-tasks (tvmsched/subtasks.h); the calls below read them for the stream and the placements. */
+  const SubTasks& subtasks() const { return subtasks_; }
+  int num_groups() const { return subtasks_.size(); }
+  int group_of(int layer) const { return subtasks_.group_of(layer); }
   /*! \brief First and last layer of group `g`. */
-  std::pair<int, int> group_layers(int g) const { return groups_[g]; }
+  std::pair<int, int> group_layers(int g) const { return subtasks_.layers(g); }
   /*! \brief Bytes group `g` holds when prepared: the weights and activations its layers use. */
-  size_t group_bytes(int g) const { return group_bytes_[g]; }
+  size_t group_bytes(int g) const { return subtasks_.bytes(g); }
   /*! \brief Bytes PrepareGroup(g) would allocate now (what other prepared groups share is not counted). */
   size_t GroupNeed(int g) const;
   /*! \brief Weight bytes of group `g` (what its stage 2 copies from host memory). */
-  size_t group_weight_bytes(int g) const { return group_weight_bytes_[g]; }
+  size_t group_weight_bytes(int g) const { return subtasks_.weight_bytes(g); }
   /*! \brief Bytes of the environment: input and output buffers, index-check words, progress counters. */
   size_t env_bytes() const { return env_bytes_; }
   bool env_ready() const { return env_ready_.load(std::memory_order_acquire); }
-  GroupState group_state(int g) const {
-    return static_cast<GroupState>(group_state_[g].load(std::memory_order_acquire));
-  }
-  bool CasGroup(int g, GroupState from, GroupState to) {
-    int expected = from;
-    return group_state_[g].compare_exchange_strong(expected, to, std::memory_order_acq_rel);
-  }
-  void SetGroupState(int g, GroupState state) { group_state_[g].store(state, std::memory_order_release); }
+  GroupState group_state(int g) const { return subtasks_.state(g); }
+  bool CasGroup(int g, GroupState from, GroupState to) { return subtasks_.Cas(g, from, to); }
+  void SetGroupState(int g, GroupState state) { subtasks_.SetState(g, state); }
   /*! \brief The environment and every group are prepared. */
   bool resident() const;
   /*! \brief Stage 1: load the kernel library, look up every candidate, create the streams, allocate
@@ -205,7 +190,7 @@ class ModelObj : public ffi::Object {
   /*! \brief Each weight's pinned host copy (registered models; empty data for resident ones). */
   std::vector<std::pair<const void*, size_t>> host_weights() const {
     std::vector<std::pair<const void*, size_t>> out;
-    for (const auto& [id, host] : host_weights_) out.emplace_back(host.data, host.nbytes);
+    for (const auto& [id, host] : subtasks_.host_weights) out.emplace_back(host.data, host.nbytes);
     return out;
   }
   /*! \brief Its placement is a streamer (mechanism D, tvmsched/tiering.h): a model larger than its device memory,
@@ -214,15 +199,9 @@ class ModelObj : public ffi::Object {
 
   // ---- the layout a placement lays out and binds (groups, their plans, its tensors' memory). The switcher's and the
   // streamer's threads call these; no request may be running while a layout is set.
-  /*! \brief Sub-tasks and what each uses, from `groups` (first and last layer of each); `shared_activations`: one
-   *  activation plan over all layers (group 0's; the other groups' are empty), for a model whose groups run one after
-   *  another and whose activations live as long as it does (a streamed one). Plans every group; allocates nothing. */
+  /*! \brief Lay its sub-tasks out (SubTasks::Set) from `groups` (first and last layer of each), planned for its reuse
+   *  distance; `shared_activations`: one activation plan over all layers (a streamed model). Allocates nothing. */
   void SetGroups(std::vector<std::pair<int, int>> groups, bool shared_activations = false);
-  /*! \brief Non-environment tensors group `g`'s layers use (weights and activations), in the order they read them. */
-  const std::vector<std::string>& group_tensors(int g) const { return group_tensors_[g]; }
-  /*! \brief Device bytes of the current groups' activations when all are prepared: every group's storage blocks and
-   *  the activations crossing groups (allocated once). */
-  size_t PlannedActivationBytes() const;
   /*! \brief Device memory for `what` in its scope (one line naming the model and `what` when it cannot be had). */
   void* AllocFor(const std::string& what, size_t nbytes);
   /*! \brief Allocate tensor `id`'s memory (`what` names it in the error); freed with the model's memory. */
@@ -258,9 +237,6 @@ class ModelObj : public ffi::Object {
     int units = 0;  // its compute units, an explicit count (all units: the device's total)
   };
   void FreeGroupBlocks(int g);
-  /*! \brief Bytes a weight or crossing activation is allocated with (weights exact, activations aligned). */
-  size_t TensorBytes(const std::string& id) const;
-  void PlanGroup(int g);
   void BindLayer(int layer, const std::map<std::string, void*>* placed = nullptr);
   StreamHandle StreamFor(int units);
 
@@ -273,30 +249,14 @@ class ModelObj : public ffi::Object {
   std::map<int, StreamHandle> streams_;  // units -> this model's stream (tenants overlap)
   StreamHandle current_stream_ = nullptr;
   StreamPriority stream_priority_ = StreamPriority::kNormal;
-  std::string kernels_;  // kernels.so, kept for stage 1
-  struct HostWeight {
-    void* data = nullptr;  // pinned host memory (registered models; resident ones drop it after the copy)
-    size_t nbytes = 0;
-  };
-  std::map<std::string, HostWeight> host_weights_;
-  bool registered_ = false;                    // loaded with resident = false: host weights kept
+  std::string kernels_;      // kernels.so, kept for stage 1
+  SubTasks subtasks_;        // its groups and host weights; bound to memory below (tensor_data_, layer_args_)
+  bool registered_ = false;  // loaded with resident = false: host weights kept
   std::map<std::string, size_t> env_tensors_;  // model inputs, outputs and index-check words -> bytes
   std::map<std::string, void*> env_data_;      // their device memory (stage 1)
-  std::vector<std::pair<int, int>> groups_;    // sub-tasks: first and last layer
-  std::vector<int> layer_group_;
-  std::vector<std::vector<std::string>> group_tensors_;    // non-environment tensors each group uses
-  std::map<std::string, std::vector<int>> tensor_groups_;  // ... and the groups using each
-  std::set<std::string> internal_;                         // activations used by one group only: its storage blocks
-  // one activation plan over all layers (SetGroups): a streamed model whose activations take less so, as one plan
-  // may share storage the groups' own plans sum (44 of resnet50's 54 MB at 1/4 of its footprint on 2026-11-26)
-  bool shared_activations_ = false;
   /*! \brief Bind the layers whose arguments group g's memory holds (its own; every layer for shared group 0). */
   void BindGroup(int g);
-  std::vector<MemoryPlan> group_plans_;
-  std::vector<std::vector<void*>> group_blocks_;
-  std::vector<size_t> group_bytes_, group_weight_bytes_;
   size_t env_bytes_ = 0;
-  std::unique_ptr<std::atomic<int>[]> group_state_;
   std::atomic<bool> env_ready_{false};
   FlagMemory flag_memory_ = FlagMemory::kAuto;
   std::shared_ptr<Placement> placement_;
