@@ -106,54 +106,6 @@ ffi::Tensor EmptyHostTensor(const std::vector<int64_t>& shape, DLDataType dtype)
   return ffi::Tensor::FromNDAlloc(HostAlloc(), ffi::ShapeView(shape.data(), shape.size()), dtype, DLDevice{kDLCPU, 0});
 }
 
-MemoryPlan PlanMemory(const std::vector<LayerSpec>& layers, const std::map<std::string, size_t>& nbytes,
-                      const std::set<std::string>& keep, int reuse_distance) {
-  std::map<std::string, int> last_use;
-  for (const LayerSpec& layer : layers) {
-    for (const auto* ids : {&layer.outputs, &layer.inputs}) {
-      for (const auto& id : *ids) last_use[id] = layer.index + reuse_distance - 1;
-    }
-  }
-  MemoryPlan plan;
-  std::vector<int> free;
-  for (const LayerSpec& layer : layers) {
-    for (const auto& id : layer.outputs) {
-      size_t need = (nbytes.at(id) + kAlign - 1) / kAlign * kAlign;
-      int block = -1;
-      if (!keep.count(id) && !free.empty()) {  // smallest free block that fits, else the largest (grown)
-        for (int b : free) {
-          if (plan.storage_bytes[b] >= need && (block < 0 || plan.storage_bytes[b] < plan.storage_bytes[block]))
-            block = b;
-        }
-        if (block < 0)
-          block = *std::max_element(free.begin(), free.end(),
-                                    [&](int a, int b) { return plan.storage_bytes[a] < plan.storage_bytes[b]; });
-      }
-      if (block < 0) {
-        plan.storage_bytes.push_back(need);
-        block = static_cast<int>(plan.storage_bytes.size()) - 1;
-      } else {
-        free.erase(std::find(free.begin(), free.end(), block));
-        plan.storage_bytes[block] = std::max(plan.storage_bytes[block], need);
-      }
-      plan.assignment[id] = block;
-    }
-    for (const auto& [id, block] : plan.assignment) {
-      if (!keep.count(id) && last_use[id] == layer.index) free.push_back(block);
-    }
-  }
-  return plan;
-}
-
-MemoryPlan PlanMemory(const Manifest& m, int reuse_distance) {
-  std::set<std::string> keep;
-  for (const Binding& b : m.outputs) keep.insert(b.tensor);
-  for (const IndexCheckSpec& c : m.index_checks) keep.insert(c.tensor);  // read after the run
-  std::map<std::string, size_t> nbytes;
-  for (const auto& [id, spec] : m.tensors) nbytes[id] = spec.nbytes();
-  return PlanMemory(m.layers, nbytes, keep, reuse_distance);
-}
-
 namespace {
 
 /*! \brief Call a layer's kernel; a kernel refusing its arguments (the manifest does not match the library) is
@@ -291,7 +243,7 @@ void ModelObj::Init(const std::string& path, ArtifactContents contents, const Lo
     layer_arg_ids_.push_back(std::move(args));
   }
   for (auto& [id, array] : contents.weights) {  // resident: copied from here; registered: kept pinned
-    HostWeight& host = host_weights_[id];
+    SubTasks::HostWeight& host = subtasks_.host_weights[id];
     host.nbytes = array.data.size();
     if (!options.resident && !options.tiers) {
       host.data = device_->AllocHost(host.nbytes);
@@ -324,13 +276,13 @@ void ModelObj::Init(const std::string& path, ArtifactContents contents, const Lo
     std::vector<ffi::AnyView>& views = layer_views_.emplace_back();
     for (DLTensor& arg : args) views.emplace_back(&arg);
   }
-  if (options.tiers) return InitTiered(path, contents, *options.tiers);
+  if (options.tiers) return InitStreamed(*this, path, contents, *options.tiers);
   if (!options.resident) return;
   PrepareEnvironment();
   try {
     for (int g = 0; g < num_groups(); ++g) {
-      for (const auto& id : group_tensors_[g]) {  // copy straight from the artifact's bytes
-        if (!host_weights_.count(id) || tensor_data_.count(id)) continue;
+      for (const auto& id : subtasks_.tensors(g)) {  // copy straight from the artifact's bytes
+        if (!subtasks_.is_weight(id) || tensor_data_.count(id)) continue;
         const std::string& bytes = contents.weights.at(id).data;
         void* data = AllocFor("weight " + id, bytes.size());
         tensor_data_[id] = data;
@@ -349,47 +301,11 @@ void ModelObj::FreeDeviceMemory() {
   for (int g = 0; g < num_groups(); ++g) FreeGroupBlocks(g);
   for (auto& [id, data] : tensor_data_) device_->Release(data);
   tensor_data_.clear();
-  for (void*& buffer : buffers_) {
-    if (buffer) device_->Release(buffer);
-    buffer = nullptr;
-  }
   CleanEnvironment();
 }
 
-void ModelObj::SetGroups(std::vector<std::pair<int, int>> groups) {
-  groups_ = std::move(groups);
-  layer_group_.assign(num_layers(), 0);
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    for (int i = groups_[g].first; i <= groups_[g].second; ++i) layer_group_[i] = static_cast<int>(g);
-  }
-  group_tensors_.assign(groups_.size(), {});
-  tensor_groups_.clear();
-  internal_.clear();
-  for (const LayerSpec& layer : manifest_.layers) {
-    for (const auto& id : layer_arg_ids_[layer.index]) {
-      if (env_tensors_.count(id)) continue;
-      int g = layer_group_[layer.index];
-      auto& users = tensor_groups_[id];
-      if (std::find(users.begin(), users.end(), g) == users.end()) {
-        users.push_back(g);
-        group_tensors_[g].push_back(id);
-      }
-    }
-  }
-  group_weight_bytes_.assign(groups_.size(), 0);
-  for (auto& [id, users] : tensor_groups_) {
-    bool weight = host_weights_.count(id) > 0;
-    if (!weight && (users.size() == 1 || shared_activations_)) internal_.insert(id);
-    if (weight) {
-      for (int g : users) group_weight_bytes_[g] += host_weights_.at(id).nbytes;
-    }
-  }
-  group_state_.reset(new std::atomic<int>[groups_.size()]);
-  for (size_t g = 0; g < groups_.size(); ++g) group_state_[g].store(kAbsent);
-  group_plans_.assign(groups_.size(), MemoryPlan());
-  group_blocks_.assign(groups_.size(), {});
-  group_bytes_.assign(groups_.size(), 0);
-  for (int g = 0; g < num_groups(); ++g) PlanGroup(g);
+void ModelObj::SetGroups(std::vector<std::pair<int, int>> groups, bool shared_activations) {
+  subtasks_.Set(manifest_, layer_arg_ids_, env_tensors_, std::move(groups), shared_activations, reuse_distance_);
 }
 
 ModelObj::~ModelObj() {
@@ -399,7 +315,7 @@ ModelObj::~ModelObj() {
   } catch (...) {  // a failed device: free what can be freed
   }
   FreeDeviceMemory();
-  for (auto& [id, host] : host_weights_) {
+  for (auto& [id, host] : subtasks_.host_weights) {
     if (host.data) device_->FreeHost(host.data);
   }
 }
@@ -436,6 +352,12 @@ Model Model::Load(const std::string& path, const std::string& device, const Load
 
 void* ModelObj::AllocFor(const std::string& what, size_t nbytes) {
   return device_->Allocate(nbytes, "cannot load model " + manifest_.model_name + ": " + what, scope_);
+}
+
+void* ModelObj::AllocTensor(const std::string& id, const std::string& what, size_t nbytes) {
+  void* data = AllocFor(what, nbytes);
+  tensor_data_[id] = data;
+  return data;
 }
 
 bool ModelObj::resident() const {
@@ -509,94 +431,65 @@ void ModelObj::CleanEnvironment() {
   library_ = std::nullopt;
 }
 
-void ModelObj::PlanGroup(int g) {
-  std::vector<LayerSpec> layers;  // the group's layers, seeing only its internal activations
-  std::map<std::string, size_t> nbytes;
-  // shared activations: group 0 plans every layer's (every activation is internal then), the others none
-  int first = shared_activations_ ? 0 : groups_[g].first;
-  int last = shared_activations_ ? (g == 0 ? num_layers() - 1 : -1) : groups_[g].second;
-  for (int i = first; i <= last; ++i) {
-    LayerSpec spec;
-    spec.index = i;
-    for (const auto& id : manifest_.layers[i].inputs) {
-      if (internal_.count(id)) spec.inputs.push_back(id);
-    }
-    for (const auto& id : manifest_.layers[i].outputs) {
-      if (internal_.count(id)) {
-        spec.outputs.push_back(id);
-        nbytes[id] = manifest_.tensors.at(id).nbytes();
-      }
-    }
-    layers.push_back(std::move(spec));
-  }
-  group_plans_[g] = PlanMemory(layers, nbytes, {}, reuse_distance_);
-  size_t bytes = 0;
-  for (size_t b : group_plans_[g].storage_bytes) bytes += b;
-  for (const auto& id : group_tensors_[g]) {
-    if (internal_.count(id)) continue;
-    bytes += TensorBytes(id);
-  }
-  group_bytes_[g] = bytes;
-}
-
-size_t ModelObj::TensorBytes(const std::string& id) const {
-  auto host = host_weights_.find(id);
-  return host != host_weights_.end() ? host->second.nbytes : Align(manifest_.tensors.at(id).nbytes());
-}
-
 size_t ModelObj::GroupNeed(int g) const {
   size_t bytes = 0;
-  for (size_t b : group_plans_[g].storage_bytes) bytes += b;
-  for (const auto& id : group_tensors_[g]) {
-    if (internal_.count(id) || tensor_data_.count(id)) continue;
-    bytes += TensorBytes(id);
+  for (size_t b : subtasks_.plan(g).storage_bytes) bytes += b;
+  for (const auto& id : subtasks_.tensors(g)) {
+    if (subtasks_.internal(id) || tensor_data_.count(id)) continue;
+    bytes += subtasks_.TensorBytes(id);
   }
   return bytes;
 }
 
 void ModelObj::FreeGroupBlocks(int g) {
-  for (void* block : group_blocks_[g]) device_->Release(block);
-  group_blocks_[g].clear();
-  for (const auto& [id, block] : group_plans_[g].assignment) tensor_data_.erase(id);
+  for (void* block : subtasks_.blocks(g)) device_->Release(block);
+  subtasks_.blocks(g).clear();
+  for (const auto& [id, block] : subtasks_.plan(g).assignment) tensor_data_.erase(id);
 }
 
-void ModelObj::BindLayer(int i) {
+void ModelObj::BindLayer(int i, const std::map<std::string, void*>* placed) {
   for (size_t a = 0; a < layer_arg_ids_[i].size(); ++a) {
     const std::string& id = layer_arg_ids_[i][a];
-    const auto& where = env_tensors_.count(id) ? env_data_ : tensor_data_;
+    const auto& where = placed && placed->count(id) ? *placed : env_tensors_.count(id) ? env_data_ : tensor_data_;
     auto found = where.find(id);
     if (found != where.end()) {
       layer_args_[i][a].data = found->second;
-    } else if (!streamed_.count(id)) {  // a streamed weight keeps what StreamIn bound
+    } else if (!placed_.count(id)) {  // a placed tensor keeps what its placement bound last
       layer_args_[i][a].data = nullptr;
     }
   }
 }
 
+void ModelObj::BindLayers(int first, int last, const std::vector<std::pair<std::string, void*>>& placed) {
+  std::map<std::string, void*> data(placed.begin(), placed.end());
+  for (int i = first; i <= last; ++i) BindLayer(i, &data);
+}
+
 void ModelObj::PrepareGroup(int g, StreamHandle copy_stream) {
   std::vector<std::string> fresh;  // allocated here: freed again if a later step fails
   try {
-    for (const auto& id : group_tensors_[g]) {
-      if (internal_.count(id) || tensor_data_.count(id) || streamed_.count(id)) continue;
-      auto host = host_weights_.find(id);
-      if (host != host_weights_.end()) {
+    for (const auto& id : subtasks_.tensors(g)) {
+      if (subtasks_.internal(id) || tensor_data_.count(id) || placed_.count(id)) continue;
+      auto host = subtasks_.host_weights.find(id);
+      if (host != subtasks_.host_weights.end()) {
         if (!host->second.data) TVM_FFI_THROW(TvmschedError) << "internal: weight " << id << " has no host copy";
         void* data = AllocFor("weight " + id, host->second.nbytes);
         tensor_data_[id] = data;
         fresh.push_back(id);
         device_->CopyToDevice(data, host->second.data, host->second.nbytes, copy_stream);
       } else {
-        tensor_data_[id] = AllocFor("the activation " + id, TensorBytes(id));
+        tensor_data_[id] = AllocFor("the activation " + id, subtasks_.TensorBytes(id));
         fresh.push_back(id);
       }
     }
-    const MemoryPlan& plan = group_plans_[g];
+    const MemoryPlan& plan = subtasks_.plan(g);
+    std::vector<void*>& blocks = subtasks_.blocks(g);
     std::vector<std::string> held(plan.storage_bytes.size());  // per block, its tensors (named if it cannot be had)
     for (const auto& [id, block] : plan.assignment) held[block] += (held[block].empty() ? "" : ", ") + id;
     for (size_t block = 0; block < plan.storage_bytes.size(); ++block) {
-      group_blocks_[g].push_back(AllocFor("the activation block of " + held[block], plan.storage_bytes[block]));
+      blocks.push_back(AllocFor("the activation block of " + held[block], plan.storage_bytes[block]));
     }
-    for (const auto& [id, block] : plan.assignment) tensor_data_[id] = group_blocks_[g][block];
+    for (const auto& [id, block] : plan.assignment) tensor_data_[id] = blocks[block];
     if (copy_stream) device_->SyncStream(copy_stream);
   } catch (...) {
     FreeGroupBlocks(g);
@@ -611,19 +504,20 @@ void ModelObj::PrepareGroup(int g, StreamHandle copy_stream) {
 
 void ModelObj::BindGroup(int g) {
   // shared activations: group 0's blocks hold every layer's
-  int first = shared_activations_ && g == 0 ? 0 : groups_[g].first;
-  int last = shared_activations_ && g == 0 ? num_layers() - 1 : groups_[g].second;
+  bool all = subtasks_.shared_activations() && g == 0;
+  int first = all ? 0 : subtasks_.layers(g).first;
+  int last = all ? num_layers() - 1 : subtasks_.layers(g).second;
   for (int i = first; i <= last; ++i) BindLayer(i);
 }
 
 void ModelObj::CleanGroup(int g, const std::vector<bool>& pending) {
   FreeGroupBlocks(g);
-  for (const auto& id : group_tensors_[g]) {
+  for (const auto& id : subtasks_.tensors(g)) {
     auto found = tensor_data_.find(id);
-    if (internal_.count(id) || found == tensor_data_.end()) continue;
-    bool weight = host_weights_.count(id) > 0;
+    if (subtasks_.internal(id) || found == tensor_data_.end()) continue;
+    bool weight = subtasks_.is_weight(id);
     bool needed = false;
-    for (int h : tensor_groups_.at(id)) {
+    for (int h : subtasks_.users(id)) {
       // an activation stays while a group the running request has still to run reads it, this one included: a
       // finished copy of g left by the last request may be cleaned while the running request has yet to run g
       if ((h != g && group_state(h) != kAbsent) || (!weight && pending[h])) needed = true;
@@ -632,7 +526,7 @@ void ModelObj::CleanGroup(int g, const std::vector<bool>& pending) {
     device_->Release(found->second);
     tensor_data_.erase(found);
   }
-  for (int i = groups_[g].first; i <= groups_[g].second; ++i) BindLayer(i);
+  for (int i = subtasks_.layers(g).first; i <= subtasks_.layers(g).second; ++i) BindLayer(i);
 }
 
 void ModelObj::AddUser() {
@@ -684,15 +578,16 @@ void ModelObj::Replan(int reuse_distance) {
   Synchronize();
   reuse_distance_ = reuse_distance;
   for (int g = 0; g < num_groups(); ++g) {
-    bool prepared = !group_blocks_[g].empty() || group_state(g) >= kHeld;
+    std::vector<void*>& blocks = subtasks_.blocks(g);
+    bool prepared = !blocks.empty() || group_state(g) >= kHeld;
     FreeGroupBlocks(g);
-    PlanGroup(g);
+    subtasks_.Plan(g, reuse_distance_);
     if (!prepared) continue;
-    const MemoryPlan& plan = group_plans_[g];
+    const MemoryPlan& plan = subtasks_.plan(g);
     for (size_t block = 0; block < plan.storage_bytes.size(); ++block) {
-      group_blocks_[g].push_back(AllocFor("an activation block", plan.storage_bytes[block]));
+      blocks.push_back(AllocFor("an activation block", plan.storage_bytes[block]));
     }
-    for (const auto& [id, block] : plan.assignment) tensor_data_[id] = group_blocks_[g][block];
+    for (const auto& [id, block] : plan.assignment) tensor_data_[id] = blocks[block];
     BindGroup(g);
   }
 }
@@ -774,7 +669,7 @@ void ModelObj::RunLayer(int index, int candidate) {
   if (index < 0 || index >= num_layers() || candidate < 0 || candidate >= static_cast<int>(candidates_[index].size())) {
     TVM_FFI_THROW(TvmschedError) << "no layer " << index << " with candidate " << candidate;
   }
-  if (group_state(layer_group_[index]) < kReady || !env_ready()) {
+  if (group_state(subtasks_.group_of(index)) < kReady || !env_ready()) {
     TVM_FFI_THROW(TvmschedError) << "model " << name() << " is not resident (layer " << index
                                  << "'s sub-task is not prepared)";
   }

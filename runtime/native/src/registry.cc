@@ -245,14 +245,15 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("tvmsched.engine.tiering_info",
            [](Model m) {
              ffi::Map<ffi::String, ffi::Any> out;
-             TierStore* store = m->tier_store();
-             if (!store) TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " is not tiered";
-             out.Set("resident_weight_bytes", static_cast<int64_t>(m->resident_weight_bytes()));
-             out.Set("buffer_bytes", static_cast<int64_t>(m->buffer_bytes()));
-             out.Set("buffers", m->num_buffers());
+             const StreamedLayout* layout = StreamedLayoutOf(*m.get());
+             if (!layout) TVM_FFI_THROW(TvmschedError) << "model " << m->name() << " is not tiered";
+             const TierStore* store = layout->store.get();
+             out.Set("resident_weight_bytes", static_cast<int64_t>(layout->resident_weight_bytes));
+             out.Set("buffer_bytes", static_cast<int64_t>(layout->buffer_bytes));
+             out.Set("buffers", layout->num_buffers);
              out.Set("groups", m->num_groups());
              ffi::Array<int64_t> streamed;
-             for (int g : m->streamed_groups()) streamed.push_back(static_cast<int64_t>(m->stream_bytes(g)));
+             for (int g : layout->groups) streamed.push_back(static_cast<int64_t>(layout->stream_bytes[g]));
              out.Set("streamed_group_bytes", streamed);
              ffi::Array<ffi::Map<ffi::String, ffi::Any>> tiers;
              for (size_t t = 0; t < store->tiers().size(); ++t) {
@@ -266,7 +267,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              out.Set("direct_io", store->direct_io());
              return out;
            })
-      .def("tvmsched.engine.release_tiers", [](Model m) { m->ReleaseTiers(); })
+      .def("tvmsched.engine.release_tiers", [](Model m) { ReleaseTiers(*m.get()); })
       .def("tvmsched.engine.flag_memory", [](Model m) { return std::string(m->flag_memory()); })
       .def("tvmsched.engine.flag_memory_wanted", [](Model m) { return std::string(m->flag_memory_wanted()); })
       .def("tvmsched.engine.tiering_events", [](Model m) { return EventRows(StreamerEvents(*m.get())); })

@@ -169,8 +169,9 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
       TVM_FFI_THROW(TvmschedError) << err.message() << " (model " << name << " is larger than the runtime's memory "
                                    << "budget of " << budget << " bytes, " << room << " of them left to stream it)";
     }
-    if (TierStore* store = first->tier_store()) {
-      for (size_t t = 0; t < took.size() && t < store->used().size(); ++t) took[t] = store->used()[t];
+    if (const StreamedLayout* layout = StreamedLayoutOf(*first.get()); layout && layout->store) {
+      const TierStore& store = *layout->store;
+      for (size_t t = 0; t < took.size() && t < store.used().size(); ++t) took[t] = store.used()[t];
     }
   } else {
     switcher_->Add(first);
@@ -204,7 +205,7 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
     } else {
-      first->ReleaseTiers();
+      ReleaseTiers(*first.get());
     }
     throw;
   }
@@ -623,13 +624,14 @@ void RuntimeObj::Unload(const std::string& name, double timeout_s) {
   for (Stream& s : entry->streams) s->Close();
   Model& first = entry->models[0];
   if (first->tiered()) {
-    if (TierStore* store = first->tier_store()) {
+    if (const StreamedLayout* layout = StreamedLayoutOf(*first.get()); layout && layout->store) {
       std::lock_guard<std::mutex> lock(mu_);
-      for (size_t t = 0; t < tier_used_.size() && t < store->used().size(); ++t) {
-        tier_used_[t] -= std::min(tier_used_[t], store->used()[t]);
+      const TierStore& store = *layout->store;
+      for (size_t t = 0; t < tier_used_.size() && t < store.used().size(); ++t) {
+        tier_used_[t] -= std::min(tier_used_[t], store.used()[t]);
       }
     }
-    first->ReleaseTiers();
+    ReleaseTiers(*first.get());
   } else if (std::strcmp(first->placement()->kind(), "resident") != 0) {
     while (!switcher_->Remove(first)) {  // its switch-in or last clean may still be under way
       if (std::chrono::steady_clock::now() > deadline) {
@@ -686,7 +688,7 @@ void RuntimeObj::Shutdown() {
   }
   for (const auto& e : entries) {
     for (Stream& s : e->streams) s->Close();
-    if (e->models[0]->tiered()) e->models[0]->ReleaseTiers();
+    if (e->models[0]->tiered()) ReleaseTiers(*e->models[0].get());
   }
   if (switcher_.defined()) switcher_->Close();
 }

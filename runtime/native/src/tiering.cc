@@ -181,236 +181,7 @@ void TierStore::Fetch(const std::string& id, void* dst, char* bounce, StreamHand
   if (!host_memory_) device_->CopyToDevice(dst, into, h.nbytes, stream);
 }
 
-// ---- the streamer -----------------------------------------------------------------------------
-
-namespace {
-
-/*! \brief The streamed placement of a tiered model: its thread copies each streamed sub-task into a buffer ahead
- *  of the request that runs it. */
-class Streamer : public Placement {
- public:
-  const char* kind() const override { return "streamed"; }
-  explicit Streamer(ModelObj* m) : m_(m), groups_(m->streamed_groups()) {}
-
-  void Demand(ModelObj*, int group) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    int at = Position(group);
-    if (at >= 0 && m_->group_state(group) < kReady) Move(at);
-  }
-  void GroupStarted(ModelObj*, int group) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    int at = Position(group);
-    if (at >= 0) Move((at + 1) % static_cast<int>(groups_.size()));
-  }
-  void GroupFinished(ModelObj*, int, double) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    Move(cursor_);
-  }
-  void RequestFinished(ModelObj*) override {  // the next request starts from the first group
-    std::lock_guard<std::mutex> lock(mu_);
-    Move(0);
-  }
-  void Detach() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cond_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
-
-  std::vector<StageEvent> Events() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return events_;
-  }
-
-  /*! \brief Copy every streamed weight of one tier at a time into the buffers, as StreamIn does. */
-  std::map<std::string, std::pair<double, size_t>> CopyFloor(int repeat) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (m_->users.load() > 0)
-      TVM_FFI_THROW(TvmschedError) << "model " << m_->name() << " is in use; its copy floor is measured idle";
-    measuring_ = true;
-    cond_.wait(lock, [&] { return !copying_; });
-    for (int& g : slots_) g = -1;  // buffer 0 is written over: every group is loaded again afterwards
-    for (int g : groups_) m_->CasGroup(g, kReady, kAbsent) || m_->CasGroup(g, kFinished, kAbsent);
-    lock.unlock();
-    std::map<std::string, std::pair<double, size_t>> out;
-    std::string error;
-    try {
-      out = MeasureCopies(repeat);
-    } catch (const std::exception& err) {
-      error = ErrorLine(err);
-    }
-    lock.lock();
-    measuring_ = false;
-    Notify();
-    if (!error.empty()) TVM_FFI_THROW(TvmschedError) << error;
-    return out;
-  }
-
- private:
-  int Position(int group) const {
-    auto at = std::find(groups_.begin(), groups_.end(), group);
-    return at == groups_.end() ? -1 : static_cast<int>(at - groups_.begin());
-  }
-  void Move(int cursor) {
-    cursor_ = cursor;
-    Notify();
-  }
-  void Notify() {
-    dirty_ = true;
-    if (!started_ && !stop_ && !groups_.empty()) {  // started on first use: a stream may re-plan the activations before
-      started_ = true;
-      thread_ = std::thread([this] { Loop(); });
-    }
-    cond_.notify_all();
-  }
-
-  void Loop() {
-    StreamHandle copy = nullptr;
-    std::unique_lock<std::mutex> lock(mu_);
-    try {
-      m_->device().SetThreadUnits(0);
-      copy = m_->device().CreateStream(0, nullptr);
-      if (!m_->device().host_memory()) bounce_ = static_cast<char*>(m_->device().AllocHost(m_->buffer_bytes()));
-    } catch (const std::exception& err) {
-      Fail(lock, err);
-    }
-    while (!stop_) {
-      if (!Step(lock, copy)) {
-        cond_.wait(lock, [&] { return stop_ || dirty_; });
-        dirty_ = false;
-      }
-    }
-    lock.unlock();
-    if (copy) m_->device().DestroyStream(copy);
-    if (bounce_) m_->device().FreeHost(bounce_);
-  }
-
-  /*! \brief Take back a buffer whose group is not wanted and fill a free one with a wanted group. */
-  bool Step(std::unique_lock<std::mutex>& lock, StreamHandle copy) {
-    if (measuring_ || failed_) return false;
-    int n = static_cast<int>(groups_.size());
-    int buffers = m_->num_buffers();
-    // the group the running request needs next, and (two buffers) the one after it; with one buffer the one after it
-    // is not kept: a model of two streamed groups would keep the next request's first group in the only buffer and
-    // its running request's second group would wait for ever (the watchdog's stall)
-    int wanted[2] = {groups_[cursor_], groups_[buffers > 1 ? (cursor_ + 1) % n : cursor_]};
-    auto is_wanted = [&](int g) { return g == wanted[0] || g == wanted[1]; };
-    for (int s = 0; s < buffers; ++s) {
-      int& g = slots_[s];
-      if (g >= 0 && !is_wanted(g) && (m_->CasGroup(g, kReady, kAbsent) || m_->CasGroup(g, kFinished, kAbsent))) g = -1;
-    }
-    for (int g : wanted) {
-      if (slots_[0] == g || slots_[1] == g) continue;
-      int slot = slots_[0] < 0 ? 0 : (slots_[1] < 0 && buffers > 1) ? 1 : -1;
-      if (slot < 0) return false;
-      slots_[slot] = g;
-      m_->SetGroupState(g, kPreparing);
-      copying_ = true;
-      lock.unlock();
-      double start = Device::NowMicros();
-      std::string error;
-      try {
-        m_->StreamIn(g, slot, bounce_, copy);
-      } catch (const std::exception& err) {
-        error = ErrorLine(err);
-      }
-      double end = Device::NowMicros();
-      lock.lock();
-      copying_ = false;
-      cond_.notify_all();
-      if (!error.empty()) {
-        slots_[slot] = -1;
-        m_->SetGroupState(g, kAbsent);
-        failed_ = true;
-        m_->SetPlacementError(error);
-      } else {
-        m_->SetGroupState(g, kReady);
-        if (events_.size() < 65536)
-          events_.push_back({m_->name(), "stream", g, start, end, static_cast<int64_t>(m_->stream_bytes(g)), slot});
-      }
-      lock.unlock();
-      m_->Wake();  // outside mu_: the stream's waker takes the stream's lock, under which it calls in here
-      lock.lock();
-      return true;
-    }
-    return false;
-  }
-
-  void Fail(std::unique_lock<std::mutex>& lock, const std::exception& err) {
-    failed_ = true;
-    m_->SetPlacementError(ErrorLine(err));
-    lock.unlock();
-    m_->Wake();
-    lock.lock();
-  }
-
-  std::map<std::string, std::pair<double, size_t>> MeasureCopies(int repeat) {
-    Device& device = m_->device();
-    device.SetThreadUnits(0);
-    StreamHandle copy = device.CreateStream(0, nullptr);
-    bool host_memory = device.host_memory();
-    char* bounce = host_memory ? nullptr : static_cast<char*>(device.AllocHost(m_->buffer_bytes()));
-    TierStore& store = *m_->tier_store();
-    std::map<std::string, std::pair<double, size_t>> out;
-    std::string error;
-    try {
-      for (size_t t = 0; t < store.tiers().size(); ++t) {
-        if (!store.used()[t]) continue;
-        double best = 1e300;
-        size_t bytes = 0;
-        for (int r = 0; r < std::max(1, repeat); ++r) {
-          bytes = 0;
-          double start = Device::NowMicros();
-          for (int g : groups_) {  // group by group, as the streamer copies them
-            m_->StreamIn(g, 0, bounce, copy, static_cast<int>(t), &bytes);
-          }
-          best = std::min(best, (Device::NowMicros() - start) * 1e-6);
-        }
-        auto& entry = out[store.tiers()[t].kind];
-        entry.first += best;
-        entry.second += bytes;
-      }
-    } catch (const std::exception& err) {
-      error = ErrorLine(err);
-    }
-    if (bounce) device.FreeHost(bounce);
-    device.DestroyStream(copy);
-    if (!error.empty()) TVM_FFI_THROW(TvmschedError) << error;
-    return out;
-  }
-
-  ModelObj* m_;
-  std::vector<int> groups_;
-  std::mutex mu_;
-  std::condition_variable cond_;
-  std::thread thread_;
-  bool started_ = false, stop_ = false, dirty_ = false, measuring_ = false, copying_ = false, failed_ = false;
-  int cursor_ = 0;           // position in groups_ of the group the running request needs next
-  int slots_[2] = {-1, -1};  // the group in each stream buffer
-  char* bounce_ = nullptr;
-  std::vector<StageEvent> events_;
-};
-
-Streamer& StreamerOf(ModelObj& model) {
-  auto* streamer = dynamic_cast<Streamer*>(model.placement());
-  if (!streamer || !model.tier_store())
-    TVM_FFI_THROW(TvmschedError) << "model " << model.name() << " is not tiered (or was shut down)";
-  return *streamer;
-}
-
-}  // namespace
-
-std::shared_ptr<Placement> CreateStreamer(ModelObj* model) { return std::make_shared<Streamer>(model); }
-
-std::vector<StageEvent> StreamerEvents(ModelObj& model) { return StreamerOf(model).Events(); }
-
-std::map<std::string, std::pair<double, size_t>> TierCopyFloor(ModelObj& model, int repeat) {
-  return StreamerOf(model).CopyFloor(repeat);
-}
-
-// ---- the streamed model: its plan and its loading (the tiering members of ModelObj) ---------------------------
+// ---- the streamed layout: which weights stream, and the groups they stream in ----------------------------------
 
 namespace {
 
@@ -452,15 +223,11 @@ std::vector<std::pair<int, int>> StreamGroups(const std::vector<LayerSpec>& laye
   return groups;
 }
 
-}  // namespace
-
 /*! \brief What a tiered model needs on the device beside its resident weights, for one choice of streamed weights. */
 struct StreamingFootprint {
   size_t activations = 0;  ///< activation blocks of every group, and the activations crossing groups
   size_t slot = 0;         ///< the largest group's streamed weights: one stream buffer
 };
-
-namespace {
 
 /*! \brief Tiering's decision for a model larger than its room: which weights stay on the device and how many stream
  *  buffers. The weights read first stay while they fit beside the environment, the activations and two buffers;
@@ -508,146 +275,414 @@ StreamingChoice ChooseStreamed(const std::vector<std::string>& order, const std:
   }
 }
 
-}  // namespace
+// ---- the streamer -----------------------------------------------------------------------------
 
-StreamingFootprint ModelObj::LayOutStreamed(const std::set<std::string>& streamed,
-                                            const std::map<std::string, size_t>& nbytes, size_t buffer) {
-  streamed_ = streamed;
-  std::vector<std::pair<int, int>> groups = StreamGroups(manifest_.layers, streamed_, nbytes, buffer);
+/*! \brief The streamed placement of a tiered model: it owns the model's streamed layout (its tiers, its stream
+ *  buffers) and its thread copies each streamed sub-task into a buffer ahead of the request that runs it. */
+class Streamer final : public Placement {
+ public:
+  const char* kind() const override { return "streamed"; }
+  explicit Streamer(ModelObj* m) : m_(m), device_(m->shared_device()) {}
+  ~Streamer() override {
+    Detach();
+    FreeBuffers();
+  }
+
+  const StreamedLayout& layout() const { return layout_; }
+  /*! \brief Lay the model out (which weights stream, its groups, their places in a buffer), place the streamed
+   *  weights in the tiers and the rest on the device (InitStreamed). Nothing is left allocated when it fails. */
+  void Load(const std::string& path, ArtifactContents& contents, const TierOptions& options);
+  /*! \brief The tiers and the model's device memory go (ReleaseTiers). */
+  void ReleaseTiers();
+
+  void Demand(ModelObj*, int group) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    int at = Position(group);
+    if (at >= 0 && m_->group_state(group) < kReady) Move(at);
+  }
+  void GroupStarted(ModelObj*, int group) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    int at = Position(group);
+    if (at >= 0) Move((at + 1) % static_cast<int>(layout_.groups.size()));
+  }
+  void GroupFinished(ModelObj*, int, double) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Move(cursor_);
+  }
+  void RequestFinished(ModelObj*) override {  // the next request starts from the first group
+    std::lock_guard<std::mutex> lock(mu_);
+    Move(0);
+  }
+  void Detach() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cond_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  std::vector<StageEvent> Events() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return events_;
+  }
+
+  /*! \brief Copy every streamed weight of one tier at a time into the buffers, as StreamIn does. */
+  std::map<std::string, std::pair<double, size_t>> CopyFloor(int repeat) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (m_->users.load() > 0)
+      TVM_FFI_THROW(TvmschedError) << "model " << m_->name() << " is in use; its copy floor is measured idle";
+    measuring_ = true;
+    cond_.wait(lock, [&] { return !copying_; });
+    for (int& g : slots_) g = -1;  // buffer 0 is written over: every group is loaded again afterwards
+    for (int g : layout_.groups) m_->CasGroup(g, kReady, kAbsent) || m_->CasGroup(g, kFinished, kAbsent);
+    lock.unlock();
+    std::map<std::string, std::pair<double, size_t>> out;
+    std::string error;
+    try {
+      out = MeasureCopies(repeat);
+    } catch (const std::exception& err) {
+      error = ErrorLine(err);
+    }
+    lock.lock();
+    measuring_ = false;
+    Notify();
+    if (!error.empty()) TVM_FFI_THROW(TvmschedError) << error;
+    return out;
+  }
+
+ private:
+  int Position(int group) const {
+    auto at = std::find(layout_.groups.begin(), layout_.groups.end(), group);
+    return at == layout_.groups.end() ? -1 : static_cast<int>(at - layout_.groups.begin());
+  }
+  void Move(int cursor) {
+    cursor_ = cursor;
+    Notify();
+  }
+  void Notify() {
+    dirty_ = true;
+    if (!started_ && !stop_ &&
+        !layout_.groups.empty()) {  // started on first use: a stream may re-plan the activations before
+      started_ = true;
+      thread_ = std::thread([this] { Loop(); });
+    }
+    cond_.notify_all();
+  }
+
+  void Loop() {
+    StreamHandle copy = nullptr;
+    std::unique_lock<std::mutex> lock(mu_);
+    try {
+      m_->device().SetThreadUnits(0);
+      copy = m_->device().CreateStream(0, nullptr);
+      if (!m_->device().host_memory()) bounce_ = static_cast<char*>(m_->device().AllocHost(layout_.buffer_bytes));
+    } catch (const std::exception& err) {
+      Fail(lock, err);
+    }
+    while (!stop_) {
+      if (!Step(lock, copy)) {
+        cond_.wait(lock, [&] { return stop_ || dirty_; });
+        dirty_ = false;
+      }
+    }
+    lock.unlock();
+    if (copy) m_->device().DestroyStream(copy);
+    if (bounce_) m_->device().FreeHost(bounce_);
+  }
+
+  /*! \brief Take back a buffer whose group is not wanted and fill a free one with a wanted group. */
+  bool Step(std::unique_lock<std::mutex>& lock, StreamHandle copy) {
+    if (measuring_ || failed_) return false;
+    int n = static_cast<int>(layout_.groups.size());
+    int buffers = layout_.num_buffers;
+    // the group the running request needs next, and (two buffers) the one after it; with one buffer the one after it
+    // is not kept: a model of two streamed groups would keep the next request's first group in the only buffer and
+    // its running request's second group would wait for ever (the watchdog's stall)
+    int wanted[2] = {layout_.groups[cursor_], layout_.groups[buffers > 1 ? (cursor_ + 1) % n : cursor_]};
+    auto is_wanted = [&](int g) { return g == wanted[0] || g == wanted[1]; };
+    for (int s = 0; s < buffers; ++s) {
+      int& g = slots_[s];
+      if (g >= 0 && !is_wanted(g) && (m_->CasGroup(g, kReady, kAbsent) || m_->CasGroup(g, kFinished, kAbsent))) g = -1;
+    }
+    for (int g : wanted) {
+      if (slots_[0] == g || slots_[1] == g) continue;
+      int slot = slots_[0] < 0 ? 0 : (slots_[1] < 0 && buffers > 1) ? 1 : -1;
+      if (slot < 0) return false;
+      slots_[slot] = g;
+      m_->SetGroupState(g, kPreparing);
+      copying_ = true;
+      lock.unlock();
+      double start = Device::NowMicros();
+      std::string error;
+      try {
+        StreamIn(g, slot, bounce_, copy);
+      } catch (const std::exception& err) {
+        error = ErrorLine(err);
+      }
+      double end = Device::NowMicros();
+      lock.lock();
+      copying_ = false;
+      cond_.notify_all();
+      if (!error.empty()) {
+        slots_[slot] = -1;
+        m_->SetGroupState(g, kAbsent);
+        failed_ = true;
+        m_->SetPlacementError(error);
+      } else {
+        m_->SetGroupState(g, kReady);
+        if (events_.size() < 65536)
+          events_.push_back({m_->name(), "stream", g, start, end, static_cast<int64_t>(layout_.stream_bytes[g]), slot});
+      }
+      lock.unlock();
+      m_->Wake();  // outside mu_: the stream's waker takes the stream's lock, under which it calls in here
+      lock.lock();
+      return true;
+    }
+    return false;
+  }
+
+  void Fail(std::unique_lock<std::mutex>& lock, const std::exception& err) {
+    failed_ = true;
+    m_->SetPlacementError(ErrorLine(err));
+    lock.unlock();
+    m_->Wake();
+    lock.lock();
+  }
+
+  std::map<std::string, std::pair<double, size_t>> MeasureCopies(int repeat) {
+    Device& device = m_->device();
+    device.SetThreadUnits(0);
+    StreamHandle copy = device.CreateStream(0, nullptr);
+    bool host_memory = device.host_memory();
+    char* bounce = host_memory ? nullptr : static_cast<char*>(device.AllocHost(layout_.buffer_bytes));
+    TierStore& store = *layout_.store;
+    std::map<std::string, std::pair<double, size_t>> out;
+    std::string error;
+    try {
+      for (size_t t = 0; t < store.tiers().size(); ++t) {
+        if (!store.used()[t]) continue;
+        double best = 1e300;
+        size_t bytes = 0;
+        for (int r = 0; r < std::max(1, repeat); ++r) {
+          bytes = 0;
+          double start = Device::NowMicros();
+          for (int g : layout_.groups) {  // group by group, as the streamer copies them
+            StreamIn(g, 0, bounce, copy, static_cast<int>(t), &bytes);
+          }
+          best = std::min(best, (Device::NowMicros() - start) * 1e-6);
+        }
+        auto& entry = out[store.tiers()[t].kind];
+        entry.first += best;
+        entry.second += bytes;
+      }
+    } catch (const std::exception& err) {
+      error = ErrorLine(err);
+    }
+    if (bounce) device.FreeHost(bounce);
+    device.DestroyStream(copy);
+    if (!error.empty()) TVM_FFI_THROW(TvmschedError) << error;
+    return out;
+  }
+
+  /*! \brief Lay the model out with `streamed` weights streamed: its groups, their plans, each group's place in a
+   *  stream buffer. */
+  StreamingFootprint LayOut(const std::set<std::string>& streamed, const std::map<std::string, size_t>& nbytes,
+                            size_t buffer);
+  /*! \brief Copy group `g`'s streamed weights into stream buffer `slot` (0 or 1) on `copy_stream` (0: synchronous;
+   *  `bounce`: page-aligned host memory of layout_.buffer_bytes for disk reads), wait for them, and bind its layers
+   *  to them. For measuring: `only_tier` >= 0 copies only the weights in that tier and binds nothing; `copied` (if
+   *  given) adds the bytes copied. */
+  void StreamIn(int g, int slot, char* bounce, StreamHandle copy_stream, int only_tier = -1, size_t* copied = nullptr);
+  void FreeBuffers() {
+    for (void*& buffer : layout_.buffers) {
+      if (buffer) device_->Release(buffer);
+      buffer = nullptr;
+    }
+  }
+
+  ModelObj* m_;
+  std::shared_ptr<Device> device_;
+  StreamedLayout layout_;
+  std::mutex mu_;
+  std::condition_variable cond_;
+  std::thread thread_;
+  bool started_ = false, stop_ = false, dirty_ = false, measuring_ = false, copying_ = false, failed_ = false;
+  int cursor_ = 0;           // position in layout_.groups of the group the running request needs next
+  int slots_[2] = {-1, -1};  // the group in each stream buffer
+  char* bounce_ = nullptr;
+  std::vector<StageEvent> events_;
+};
+
+StreamingFootprint Streamer::LayOut(const std::set<std::string>& streamed, const std::map<std::string, size_t>& nbytes,
+                                    size_t buffer) {
+  layout_.streamed = streamed;
+  std::vector<std::pair<int, int>> groups = StreamGroups(m_->manifest().layers, layout_.streamed, nbytes, buffer);
   // the activations planned per group (crossing ones apart) or in one plan over all layers: the smaller (one plan
   // shares storage across many groups; per group, a greedy plan may pack a few large groups tighter)
   auto activations = [&](bool shared) {
-    shared_activations_ = shared;
-    SetGroups(groups);
-    size_t bytes = 0;
-    for (int g = 0; g < num_groups(); ++g) {
-      for (size_t b : group_plans_[g].storage_bytes) bytes += b;
-    }
-    for (const auto& [id, users] : tensor_groups_) {  // activations crossing groups: allocated once
-      if (!internal_.count(id) && !host_weights_.count(id)) bytes += TensorBytes(id);
-    }
-    return bytes;
+    m_->SetGroups(groups, shared);
+    return m_->subtasks().PlannedActivationBytes();
   };
   size_t apart = activations(false);
   StreamingFootprint fp;
   fp.activations = activations(true);
   if (apart < fp.activations) fp.activations = activations(false);
-  stream_layout_.assign(num_groups(), {});
-  stream_bytes_.assign(num_groups(), 0);
-  for (int g = 0; g < num_groups(); ++g) {
-    for (const auto& id : group_tensors_[g]) {
-      if (!streamed_.count(id)) continue;
-      stream_layout_[g].emplace_back(id, stream_bytes_[g]);
-      stream_bytes_[g] += PageRound(nbytes.at(id));
+  int n = m_->num_groups();
+  layout_.offsets.assign(n, {});
+  layout_.stream_bytes.assign(n, 0);
+  for (int g = 0; g < n; ++g) {
+    for (const auto& id : m_->subtasks().tensors(g)) {
+      if (!layout_.streamed.count(id)) continue;
+      layout_.offsets[g].emplace_back(id, layout_.stream_bytes[g]);
+      layout_.stream_bytes[g] += PageRound(nbytes.at(id));
     }
-    fp.slot = std::max(fp.slot, stream_bytes_[g]);
+    fp.slot = std::max(fp.slot, layout_.stream_bytes[g]);
   }
   return fp;
 }
 
-void ModelObj::InitTiered(const std::string& path, ArtifactContents& contents, const TierOptions& options) {
+void Streamer::Load(const std::string& path, ArtifactContents& contents, const TierOptions& options) {
+  ModelObj& m = *m_;
   const size_t room = options.device_bytes;
   auto fail = [&](const std::string& why) {
-    TVM_FFI_THROW(TvmschedError) << "cannot stream model " << name() << ": " << why;
+    TVM_FFI_THROW(TvmschedError) << "cannot stream model " << m.name() << ": " << why;
   };
   if (options.in_flight < 1) fail("launches in flight must be at least 1");
   // its stream keeps launches in flight on an asynchronous device: the activations are planned for them now, so the
   // room computed below holds (a stream that re-planned them later would pass it: the H200 run of 2026-11-26)
-  reuse_distance_ = device_->launches_async() ? options.in_flight : 1;
-  std::vector<std::string> order;  // weights in the order the layers first read them
+  m.Replan(device_->launches_async() ? options.in_flight : 1);  // no groups yet: the distance they are planned for
+  std::vector<std::string> order;                               // weights in the order the layers first read them
   std::map<std::string, size_t> nbytes;
   size_t largest = 0;
   int largest_layer = 0;
-  for (const LayerSpec& layer : manifest_.layers) {
+  for (const LayerSpec& layer : m.manifest().layers) {
     size_t mine = 0;
     std::set<std::string> seen_here;
     for (const auto& id : layer.inputs) {
-      auto host = host_weights_.find(id);
-      if (host == host_weights_.end() || !seen_here.insert(id).second) continue;
-      mine += PageRound(host->second.nbytes);
+      auto weight = contents.weights.find(id);
+      if (weight == contents.weights.end() || !seen_here.insert(id).second) continue;
+      mine += PageRound(weight->second.data.size());
       if (!nbytes.count(id)) order.push_back(id);
-      nbytes[id] = host->second.nbytes;
+      nbytes[id] = weight->second.data.size();
     }
     if (mine > largest) largest = mine, largest_layer = layer.index;
   }
-  if (env_bytes_ >= room)
-    fail("its inputs and outputs alone take " + std::to_string(env_bytes_) + " of the " + std::to_string(room) +
+  const size_t env_bytes = m.env_bytes();
+  if (env_bytes >= room)
+    fail("its inputs and outputs alone take " + std::to_string(env_bytes) + " of the " + std::to_string(room) +
          " bytes of device memory it may use");
   size_t buffer =
-      options.buffer_bytes ? PageRound(options.buffer_bytes) : std::max(largest, PageRound((room - env_bytes_) / 8));
+      options.buffer_bytes ? PageRound(options.buffer_bytes) : std::max(largest, PageRound((room - env_bytes) / 8));
   if (buffer < largest) {
     fail("a stream buffer of " + std::to_string(buffer) + " bytes cannot hold the weights of layer " +
          std::to_string(largest_layer) + " (" + std::to_string(largest) + " bytes)");
   }
   StreamingChoice choice = ChooseStreamed(
-      order, nbytes, env_bytes_, room, buffer,
-      [&](const std::set<std::string>& streamed) { return LayOutStreamed(streamed, nbytes, buffer); },
+      order, nbytes, env_bytes, room, buffer,
+      [&](const std::set<std::string>& streamed) { return LayOut(streamed, nbytes, buffer); },
       [&](const std::string& why) { fail(why + " (" + path + ")"); });
   size_t slot = choice.slot;
-  buffer_bytes_ = slot;
-  num_buffers_ = choice.buffers;
-  resident_weight_bytes_ = choice.resident;
-  for (int g = 0; g < num_groups(); ++g) {
-    if (stream_bytes_[g]) streamed_groups_.push_back(g);
+  layout_.buffer_bytes = slot;
+  layout_.num_buffers = choice.buffers;
+  layout_.resident_weight_bytes = choice.resident;
+  for (int g = 0; g < m.num_groups(); ++g) {
+    if (layout_.stream_bytes[g]) layout_.groups.push_back(g);
   }
   std::vector<std::pair<std::string, const std::string*>> streamed;
   for (const auto& id : order) {
-    if (streamed_.count(id)) streamed.emplace_back(id, &contents.weights.at(id).data);
+    if (layout_.streamed.count(id)) streamed.emplace_back(id, &contents.weights.at(id).data);
   }
-  tier_store_ = std::make_shared<TierStore>(device_, options.tiers, streamed, name());
-  PrepareEnvironment();
+  layout_.store = std::make_unique<TierStore>(device_, options.tiers, streamed, m.name());
+  m.SetPlacedTensors(layout_.streamed);  // StreamIn binds them; the model never allocates them
+  m.PrepareEnvironment();
   try {
     for (const auto& id : order) {
-      if (streamed_.count(id)) continue;
+      if (layout_.streamed.count(id)) continue;
       const std::string& bytes = contents.weights.at(id).data;
-      tensor_data_[id] = AllocFor("weight " + id, bytes.size());
-      device_->CopyToDevice(tensor_data_[id], bytes.data(), bytes.size(), nullptr);
+      void* data = m.AllocTensor(id, "weight " + id, bytes.size());
+      device_->CopyToDevice(data, bytes.data(), bytes.size(), nullptr);
     }
-    for (int g = 0; g < num_groups(); ++g) {
-      PrepareGroup(g, nullptr);  // activations (the streamed weights come with StreamIn)
-      SetGroupState(g, stream_bytes_[g] ? kAbsent : kReady);
+    for (int g = 0; g < m.num_groups(); ++g) {
+      m.PrepareGroup(g, nullptr);  // activations (the streamed weights come with StreamIn)
+      m.SetGroupState(g, layout_.stream_bytes[g] ? kAbsent : kReady);
     }
-    if (!streamed_groups_.empty()) {
-      for (int b = 0; b < num_buffers_; ++b)
-        buffers_[b] = AllocFor("a stream buffer", slot + 4096);  // page-aligned inside
+    if (!layout_.groups.empty()) {
+      for (int b = 0; b < layout_.num_buffers; ++b)
+        layout_.buffers[b] = m.AllocFor("a stream buffer", slot + 4096);  // page-aligned inside
     }
   } catch (...) {
-    FreeDeviceMemory();
-    tier_store_.reset();
+    m.FreeDeviceMemory();
+    FreeBuffers();
+    layout_.store.reset();
     throw;
   }
-  SetPlacement(CreateStreamer(this));
 }
 
-void ModelObj::ReleaseTiers() {
-  if (!tier_store_) return;
-  placement_->Detach();  // its thread stops first: nothing copies from the tiers after this
-  SetPlacementError("model " + name() + " was shut down (its memory tiers are released)");
-  tier_store_.reset();
+void Streamer::ReleaseTiers() {
+  if (!layout_.store) return;
+  Detach();  // its thread stops first: nothing copies from the tiers after this
+  m_->SetPlacementError("model " + m_->name() + " was shut down (its memory tiers are released)");
+  layout_.store.reset();
   try {
-    Synchronize();
+    m_->Synchronize();
   } catch (...) {  // a failed device: free what can be freed
   }
-  for (int g = 0; g < num_groups(); ++g) SetGroupState(g, kAbsent);
-  FreeDeviceMemory();  // its device memory goes now too, not when its last reference does
+  for (int g = 0; g < m_->num_groups(); ++g) m_->SetGroupState(g, kAbsent);
+  m_->FreeDeviceMemory();  // its device memory goes now too, not when its last reference does
+  FreeBuffers();
 }
 
-void ModelObj::StreamIn(int g, int slot, char* bounce, StreamHandle copy_stream, int only_tier, size_t* copied) {
-  auto address = reinterpret_cast<uintptr_t>(buffers_[slot]);
+void Streamer::StreamIn(int g, int slot, char* bounce, StreamHandle copy_stream, int only_tier, size_t* copied) {
+  auto address = reinterpret_cast<uintptr_t>(layout_.buffers[slot]);
   char* base = reinterpret_cast<char*>(PageRound(address));
+  TierStore& store = *layout_.store;
   for (int disk = 0; disk < 2; ++disk) {  // host-memory tiers first: their copies run while the disk is read
-    for (const auto& [id, offset] : stream_layout_[g]) {
-      const TierStore::Home& home = tier_store_->home(id);
+    for (const auto& [id, offset] : layout_.offsets[g]) {
+      const TierStore::Home& home = store.home(id);
       if ((home.data == nullptr) != (disk == 1) || (only_tier >= 0 && home.tier != only_tier)) continue;
-      tier_store_->Fetch(id, base + offset, bounce ? bounce + offset : nullptr, copy_stream);
+      store.Fetch(id, base + offset, bounce ? bounce + offset : nullptr, copy_stream);
       if (copied) *copied += home.nbytes;
     }
   }
   if (copy_stream) device_->SyncStream(copy_stream);
   if (only_tier >= 0) return;
-  for (const auto& [id, offset] : stream_layout_[g]) tensor_data_[id] = base + offset;
-  for (int i = groups_[g].first; i <= groups_[g].second; ++i) BindLayer(i);
-  for (const auto& [id, offset] : stream_layout_[g]) tensor_data_.erase(id);
+  std::vector<std::pair<std::string, void*>> placed;
+  for (const auto& [id, offset] : layout_.offsets[g]) placed.emplace_back(id, base + offset);
+  auto [first, last] = m_->group_layers(g);
+  m_->BindLayers(first, last, placed);
+}
+
+Streamer* AsStreamer(ModelObj& model) { return dynamic_cast<Streamer*>(model.placement()); }
+
+Streamer& StreamerOf(ModelObj& model) {
+  Streamer* streamer = AsStreamer(model);
+  if (!streamer || !streamer->layout().store)
+    TVM_FFI_THROW(TvmschedError) << "model " << model.name() << " is not tiered (or was shut down)";
+  return *streamer;
+}
+
+}  // namespace
+
+void InitStreamed(ModelObj& model, const std::string& path, ArtifactContents& contents, const TierOptions& options) {
+  auto streamer = std::make_shared<Streamer>(&model);
+  streamer->Load(path, contents, options);
+  model.SetPlacement(streamer);
+}
+
+const StreamedLayout* StreamedLayoutOf(ModelObj& model) {
+  Streamer* streamer = AsStreamer(model);
+  return streamer && streamer->layout().store ? &streamer->layout() : nullptr;
+}
+
+void ReleaseTiers(ModelObj& model) {
+  if (Streamer* streamer = AsStreamer(model)) streamer->ReleaseTiers();
+}
+
+std::vector<StageEvent> StreamerEvents(ModelObj& model) { return StreamerOf(model).Events(); }
+
+std::map<std::string, std::pair<double, size_t>> TierCopyFloor(ModelObj& model, int repeat) {
+  return StreamerOf(model).CopyFloor(repeat);
 }
 
 }  // namespace tvmsched

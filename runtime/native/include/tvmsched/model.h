@@ -1,10 +1,12 @@
 /*!
  * \file tvmsched/model.h
- * \brief A loaded artifact on a device: kernels, weights, activations (the liveness plan), the
- *        preempt flag array and the progress counters. Runs layers; decides nothing.
+ * \brief A loaded artifact on a device: the program (kernels, candidates, inputs and outputs, the preempt flag
+ *        array, the progress counters) and the binding of its layers' arguments to memory (weights, activations
+ *        by the liveness plan). Runs layers; decides nothing.
  *
- * Not thread-safe: one request at a time (a Stream owns it while serving). The model owns all
- * its device memory and frees it when the last reference goes.
+ * Not thread-safe: one request at a time (a Stream owns it while serving). Its sub-tasks (tvmsched/subtasks.h) are
+ * laid out by its placement (placement.h), which owns whatever memory it adds (a streamer's tiers and buffers); the
+ * model owns the rest of its device memory and frees it when the last reference goes.
  */
 #ifndef TVMSCHED_MODEL_H_
 #define TVMSCHED_MODEL_H_
@@ -29,6 +31,7 @@
 #include "tvmsched/artifact.h"
 #include "tvmsched/device.h"
 #include "tvmsched/placement.h"
+#include "tvmsched/subtasks.h"
 
 namespace tvmsched {
 
@@ -37,25 +40,8 @@ namespace ffi = tvm::ffi;
 /*! \brief Launches a stream keeps in flight on an asynchronous device unless told otherwise (StreamOptions). */
 constexpr int kDefaultInFlight = 8;
 
-/*! \brief Storage blocks and which block each activation lives in (greedy best fit over layer order). */
-struct MemoryPlan {
-  std::vector<size_t> storage_bytes;
-  std::map<std::string, int> assignment;
-};
-
-/*!
- * \brief Plan the layers' outputs so that any `reuse_distance` consecutive layers can run again (no
- *  block is reused within that window); tensors in `keep` (the model outputs) get blocks of their own.
- */
-MemoryPlan PlanMemory(const std::vector<LayerSpec>& layers, const std::map<std::string, size_t>& nbytes,
-                      const std::set<std::string>& keep, int reuse_distance);
-/*! \brief The plan of a manifest's activations (outputs kept). */
-MemoryPlan PlanMemory(const Manifest& manifest, int reuse_distance);
-
 class ModelObj;
 struct TierOptions;  // tvmsched/tiering.h
-class TierStore;
-struct StreamingFootprint;
 
 /*! \brief How a model is loaded. */
 struct LoadOptions {
@@ -72,6 +58,12 @@ struct LoadOptions {
   std::shared_ptr<MemoryScope> scope;
 };
 
+/*! \brief Lay out and load a model larger than its device memory (LoadOptions::tiers): its streamer (the streamed
+ *  placement, tiering.cc) chooses the weights that stream, owns their tiers and buffers, and becomes the model's
+ *  placement. ModelObj::Init calls it once the model's program is loaded; declared here so that model.cc need not
+ *  include tvmsched/tiering.h. */
+void InitStreamed(ModelObj& model, const std::string& path, ArtifactContents& contents, const TierOptions& options);
+
 class ModelObj : public ffi::Object {
  public:
   explicit ModelObj(std::shared_ptr<Device> device);
@@ -81,6 +73,7 @@ class ModelObj : public ffi::Object {
 
   const Manifest& manifest() const { return manifest_; }
   Device& device() const { return *device_; }
+  const std::shared_ptr<Device>& shared_device() const { return device_; }
   /*! \brief The budget its memory counts against (null: none but the device's). */
   const std::shared_ptr<MemoryScope>& scope() const { return scope_; }
   const std::string& name() const { return manifest_.model_name; }
@@ -93,7 +86,8 @@ class ModelObj : public ffi::Object {
    *  are made again). No request may be running. */
   void SetStreamPriority(StreamPriority priority);
   StreamPriority stream_priority() const { return stream_priority_; }
-  /*! \brief Re-allocate activations for a new reuse distance (no request may be running). */
+  /*! \brief Re-allocate activations for a new reuse distance (no request may be running; before its groups are set:
+   *  the distance they will be planned for). */
   void Replan(int reuse_distance);
   /*! \brief Check names, shapes and dtypes (one-line errors) without copying. */
   void CheckInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs) const;
@@ -151,27 +145,24 @@ class ModelObj : public ffi::Object {
   // ---- staging (mechanism C, docs/switching.md): the environment (stage 1) and the sub-tasks
   // (stage 2: memory and weights of a group of consecutive layers). A resident model has all of
   // them from Init; a registered one gets them from a switcher, whose thread alone calls Prepare*/Clean*.
-  int num_groups() const { return static_cast<int>(groups_.size()); }
-  int group_of(int layer) const { return layer_group_[layer]; }
+  /*! \brief Its sub-tasks (tvmsched/subtasks.h); the calls below read them for the stream and the placements. */
+  const SubTasks& subtasks() const { return subtasks_; }
+  int num_groups() const { return subtasks_.size(); }
+  int group_of(int layer) const { return subtasks_.group_of(layer); }
   /*! \brief First and last layer of group `g`. */
-  std::pair<int, int> group_layers(int g) const { return groups_[g]; }
+  std::pair<int, int> group_layers(int g) const { return subtasks_.layers(g); }
   /*! \brief Bytes group `g` holds when prepared: the weights and activations its layers use. */
-  size_t group_bytes(int g) const { return group_bytes_[g]; }
+  size_t group_bytes(int g) const { return subtasks_.bytes(g); }
   /*! \brief Bytes PrepareGroup(g) would allocate now (what other prepared groups share is not counted). */
   size_t GroupNeed(int g) const;
   /*! \brief Weight bytes of group `g` (what its stage 2 copies from host memory). */
-  size_t group_weight_bytes(int g) const { return group_weight_bytes_[g]; }
+  size_t group_weight_bytes(int g) const { return subtasks_.weight_bytes(g); }
   /*! \brief Bytes of the environment: input and output buffers, index-check words, progress counters. */
   size_t env_bytes() const { return env_bytes_; }
   bool env_ready() const { return env_ready_.load(std::memory_order_acquire); }
-  GroupState group_state(int g) const {
-    return static_cast<GroupState>(group_state_[g].load(std::memory_order_acquire));
-  }
-  bool CasGroup(int g, GroupState from, GroupState to) {
-    int expected = from;
-    return group_state_[g].compare_exchange_strong(expected, to, std::memory_order_acq_rel);
-  }
-  void SetGroupState(int g, GroupState state) { group_state_[g].store(state, std::memory_order_release); }
+  GroupState group_state(int g) const { return subtasks_.state(g); }
+  bool CasGroup(int g, GroupState from, GroupState to) { return subtasks_.Cas(g, from, to); }
+  void SetGroupState(int g, GroupState state) { subtasks_.SetState(g, state); }
   /*! \brief The environment and every group are prepared. */
   bool resident() const;
   /*! \brief Stage 1: load the kernel library, look up every candidate, create the streams, allocate
@@ -199,29 +190,30 @@ class ModelObj : public ffi::Object {
   /*! \brief Each weight's pinned host copy (registered models; empty data for resident ones). */
   std::vector<std::pair<const void*, size_t>> host_weights() const {
     std::vector<std::pair<const void*, size_t>> out;
-    for (const auto& [id, host] : host_weights_) out.emplace_back(host.data, host.nbytes);
+    for (const auto& [id, host] : subtasks_.host_weights) out.emplace_back(host.data, host.nbytes);
     return out;
   }
-  // ---- tiering (mechanism D, tvmsched/tiering.h): a model larger than its device memory. Its
-  // groups without streamed weights are kReady from Init; a streamer thread alone calls StreamIn.
-  bool tiered() const { return tier_store_ != nullptr; }
-  TierStore* tier_store() const { return tier_store_.get(); }
-  /*! \brief The groups with streamed weights, in layer order. */
-  const std::vector<int>& streamed_groups() const { return streamed_groups_; }
-  /*! \brief Bytes group `g` copies into a stream buffer (its streamed weights, page-aligned). */
-  size_t stream_bytes(int g) const { return stream_bytes_[g]; }
-  size_t buffer_bytes() const { return buffer_bytes_; }
-  /*! \brief Stream buffers: 2 (double buffering), or 1 where the device memory holds only one. */
-  int num_buffers() const { return num_buffers_; }
-  /*! \brief Stop streaming and give the tiers back (their memory, the disk file) and its device memory: its later
-   *  requests fail with one line. No request may be running. */
-  void ReleaseTiers();
-  size_t resident_weight_bytes() const { return resident_weight_bytes_; }
-  /*! \brief Copy group `g`'s streamed weights into stream buffer `slot` (0 or 1) on `copy_stream`
-   *  (0: synchronous; `bounce`: page-aligned host memory of buffer_bytes() for disk reads), wait for
-   *  them, and bind its layers to them. For measuring: `only_tier` >= 0 copies only the weights in that
-   *  tier and binds nothing; `copied` (if given) adds the bytes copied. */
-  void StreamIn(int g, int slot, char* bounce, StreamHandle copy_stream, int only_tier = -1, size_t* copied = nullptr);
+  /*! \brief Its placement is a streamer (mechanism D, tvmsched/tiering.h): a model larger than its device memory,
+   *  whose groups without streamed weights are kReady from Init and whose streamer owns the rest of its layout. */
+  bool tiered() const { return std::string(placement_->kind()) == "streamed"; }
+
+  // ---- the layout a placement lays out and binds (groups, their plans, its tensors' memory). The switcher's and the
+  // streamer's threads call these; no request may be running while a layout is set.
+  /*! \brief Lay its sub-tasks out (SubTasks::Set) from `groups` (first and last layer of each), planned for its reuse
+   *  distance; `shared_activations`: one activation plan over all layers (a streamed model). Allocates nothing. */
+  void SetGroups(std::vector<std::pair<int, int>> groups, bool shared_activations = false);
+  /*! \brief Device memory for `what` in its scope (one line naming the model and `what` when it cannot be had). */
+  void* AllocFor(const std::string& what, size_t nbytes);
+  /*! \brief Allocate tensor `id`'s memory (`what` names it in the error); freed with the model's memory. */
+  void* AllocTensor(const std::string& id, const std::string& what, size_t nbytes);
+  /*! \brief Tensors whose memory its placement provides and binds (a streamer's streamed weights): the model never
+   *  allocates them, and its layers keep what BindLayers bound them to last. */
+  void SetPlacedTensors(std::set<std::string> ids) { placed_ = std::move(ids); }
+  /*! \brief Bind layers `first`..`last` again, the placed tensors in `placed` to the memory given there. */
+  void BindLayers(int first, int last, const std::vector<std::pair<std::string, void*>>& placed);
+  /*! \brief Free every allocation the model made: activations, weights, the environment (a placement's own memory,
+   *  as a streamer's buffers, is its own to free). */
+  void FreeDeviceMemory();
   /*! \brief Requests queued or running on a stream (a switcher never evicts a model in use). */
   std::atomic<int> users{0};
   /*! \brief A stream took a request (waits while a switcher is cleaning the environment). */
@@ -244,15 +236,8 @@ class ModelObj : public ffi::Object {
     ffi::Function kernel;
     int units = 0;  // its compute units, an explicit count (all units: the device's total)
   };
-  /*! \brief Device memory for `what` (a tensor, named in the error when the device has not enough). */
-  void* AllocFor(const std::string& what, size_t nbytes);
   void FreeGroupBlocks(int g);
-  /*! \brief Free every allocation: activations, weights, stream buffers, the environment. */
-  void FreeDeviceMemory();
-  /*! \brief Bytes a weight or crossing activation is allocated with (weights exact, activations aligned). */
-  size_t TensorBytes(const std::string& id) const;
-  void PlanGroup(int g);
-  void BindLayer(int layer);
+  void BindLayer(int layer, const std::map<std::string, void*>* placed = nullptr);
   StreamHandle StreamFor(int units);
 
   Manifest manifest_;
@@ -264,40 +249,14 @@ class ModelObj : public ffi::Object {
   std::map<int, StreamHandle> streams_;  // units -> this model's stream (tenants overlap)
   StreamHandle current_stream_ = nullptr;
   StreamPriority stream_priority_ = StreamPriority::kNormal;
-  std::string kernels_;  // kernels.so, kept for stage 1
-  /*! \brief Sub-tasks and what each uses (groups_, layer_group_, group_tensors_, tensor_groups_, internal_,
-   *  group_weight_bytes_, plans), from `groups` (first and last layer of each). */
-  void SetGroups(std::vector<std::pair<int, int>> groups);
-  /*! \brief Init of a tiered model (after the host weights' sizes are known). */
-  void InitTiered(const std::string& path, ArtifactContents& contents, const TierOptions& options);
-  /*! \brief Lay a tiered model out with `streamed` weights streamed: its groups, their plans, each group's place in a
-   *  stream buffer (tiering.cc). */
-  StreamingFootprint LayOutStreamed(const std::set<std::string>& streamed, const std::map<std::string, size_t>& nbytes,
-                                    size_t buffer);
-  struct HostWeight {
-    void* data = nullptr;  // pinned host memory (registered models; resident ones drop it after the copy)
-    size_t nbytes = 0;
-  };
-  std::map<std::string, HostWeight> host_weights_;
-  bool registered_ = false;                    // loaded with resident = false: host weights kept
+  std::string kernels_;      // kernels.so, kept for stage 1
+  SubTasks subtasks_;        // its groups and host weights; bound to memory below (tensor_data_, layer_args_)
+  bool registered_ = false;  // loaded with resident = false: host weights kept
   std::map<std::string, size_t> env_tensors_;  // model inputs, outputs and index-check words -> bytes
   std::map<std::string, void*> env_data_;      // their device memory (stage 1)
-  std::vector<std::pair<int, int>> groups_;    // sub-tasks: first and last layer
-  std::vector<int> layer_group_;
-  std::vector<std::vector<std::string>> group_tensors_;    // non-environment tensors each group uses
-  std::map<std::string, std::vector<int>> tensor_groups_;  // ... and the groups using each
-  std::set<std::string> internal_;                         // activations used by one group only: its storage blocks
-  // a streamed model whose activations take less so: its activations live as long as it does and its groups run one
-  // after another, so one plan over all its layers (group 0's; the other groups' are empty) may share storage the
-  // groups' own plans sum (44 of resnet50's 54 MB at 1/4 of its footprint on 2026-11-26; LayOutStreamed chooses)
-  bool shared_activations_ = false;
   /*! \brief Bind the layers whose arguments group g's memory holds (its own; every layer for shared group 0). */
   void BindGroup(int g);
-  std::vector<MemoryPlan> group_plans_;
-  std::vector<std::vector<void*>> group_blocks_;
-  std::vector<size_t> group_bytes_, group_weight_bytes_;
   size_t env_bytes_ = 0;
-  std::unique_ptr<std::atomic<int>[]> group_state_;
   std::atomic<bool> env_ready_{false};
   FlagMemory flag_memory_ = FlagMemory::kAuto;
   std::shared_ptr<Placement> placement_;
@@ -307,18 +266,10 @@ class ModelObj : public ffi::Object {
   std::string placement_error_;
   std::function<void()> waker_;
   std::map<std::string, void*> tensor_data_;  // allocated tensor id -> its data pointer (switcher thread only)
+  std::set<std::string> placed_;              // tensors its placement provides and binds (SetPlacedTensors)
   std::vector<std::vector<std::string>> layer_arg_ids_;  // per layer: the tensor of each of its first args
   std::vector<std::vector<DLTensor>> layer_args_;        // per layer: inputs, outputs, flags, counter
   std::vector<std::vector<ffi::AnyView>> layer_views_;   // per layer: views of layer_args_ (what CallPacked takes)
-  // tiering
-  std::shared_ptr<TierStore> tier_store_;  // (shared: model.cc frees it without the complete type)
-  std::set<std::string> streamed_;         // weights that live in the host tiers
-  std::vector<int> streamed_groups_;
-  std::vector<size_t> stream_bytes_;                                        // per group
-  std::vector<std::vector<std::pair<std::string, size_t>>> stream_layout_;  // per group: weight -> offset in a buffer
-  size_t buffer_bytes_ = 0, resident_weight_bytes_ = 0;
-  void* buffers_[2] = {nullptr, nullptr};
-  int num_buffers_ = 2;
   FlagArray flags_;
   int32_t* counters_ = nullptr;
   int reuse_distance_ = 1;

@@ -20,7 +20,9 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tvmsched/device.h"
@@ -98,9 +100,28 @@ inline size_t PageRound(size_t n) { return (n + 4095) / 4096 * 4096; }
  *  one TvmschedError line when the node does not exist or the kernel refuses. */
 void BindToNode(void* addr, size_t nbytes, int node);
 
-/*! \brief The streamer of a tiered model (ModelObj::Init gives it one): its residency, whose thread
- *  keeps the group the running request needs next, and the one after, in the two stream buffers. */
-std::shared_ptr<Placement> CreateStreamer(ModelObj* model);
+/*! \brief A tiered model's memory layout beside its groups: what streams, from where, into which buffers. Its
+ *  streamer (the model's placement, made by InitStreamed in model.h) owns it; the model holds the groups, their
+ *  activations and its resident weights, and binds the streamed weights where the streamer copied them. */
+struct StreamedLayout {
+  std::unique_ptr<TierStore> store;  ///< where each streamed weight lives (null once the tiers are released)
+  std::set<std::string> streamed;    ///< the weights that live in the host tiers
+  std::vector<int> groups;           ///< the groups with streamed weights, in layer order
+  std::vector<size_t> stream_bytes;  ///< per group: the bytes it copies into a stream buffer (page-aligned)
+  std::vector<std::vector<std::pair<std::string, size_t>>> offsets;  ///< per group: streamed weight -> its offset
+  size_t buffer_bytes = 0;           ///< each stream buffer's use: the largest group's stream bytes
+  size_t resident_weight_bytes = 0;  ///< the weights that stay on the device
+  void* buffers[2] = {nullptr, nullptr};
+  int num_buffers = 2;  ///< 2 (double buffering), or 1 where the device memory holds only one
+};
+
+/*! \brief The layout of a tiered model's streamer; null for a model that is not tiered or whose tiers were
+ *  released. */
+const StreamedLayout* StreamedLayoutOf(ModelObj& model);
+
+/*! \brief Stop streaming and give the tiers back (their memory, the disk file) and the model's device memory: its
+ *  later requests fail with one line. No request may be running; nothing for a model that is not tiered. */
+void ReleaseTiers(ModelObj& model);
 
 /*! \brief The streamer's record: a "stream" event per group copied (bytes: what it copied). */
 std::vector<StageEvent> StreamerEvents(ModelObj& model);
