@@ -265,6 +265,7 @@ Request ParseRequest(const std::string& body, std::optional<size_t> header_lengt
     request.id = *id;
   }
   const json* parameters = Parameters(parsed, "the request");
+  if (parameters) request.parameters = *parameters;
   bool binary_outputs = BoolParameter(parameters, "binary_data_output", false, "the request");
 
   auto list = parsed.find("inputs");
@@ -421,6 +422,40 @@ Response EncodeResponse(const std::string& model, const std::string& version, co
     response.body += binary;
   }
   return response;
+}
+
+ffi::Tensor FromJson(const json& value, DLDataType dtype, const std::string& name) {
+  std::vector<int64_t> shape;
+  for (const json* v = &value; v->is_array(); v = &(*v)[0]) {
+    shape.push_back(static_cast<int64_t>(v->size()));
+    if (v->empty()) break;
+  }
+  ffi::Tensor tensor = tvmsched::EmptyHostTensor(shape, dtype);
+  std::string datatype = Datatype(dtype);
+  bool supported = DispatchJson(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    FillFromJson<T>(value, static_cast<T*>(tensor.data_ptr()), static_cast<size_t>(Elements(shape)), name, datatype,
+                    shape);
+  });
+  if (!supported) throw Error(400, "input '" + name + "' is " + datatype + ": send it as binary data on /v2");
+  return tensor;
+}
+
+json ToJson(const ffi::Tensor& tensor) {
+  const DLTensor* t = tensor.GetDLTensorPtr();
+  std::vector<int64_t> shape(t->shape, t->shape + t->ndim);
+  json flat = json::array();
+  const char* data = static_cast<const char*>(t->data) + t->byte_offset;
+  if (!DispatchJson(t->dtype, [&](auto zero) { AppendJson<decltype(zero)>(flat, data, Elements(shape)); }))
+    throw Error(400, "an output is " + Datatype(t->dtype) + ": ask for it as binary data on /v2");
+  if (shape.empty()) return flat[0];
+  for (size_t d = shape.size() - 1; d > 0 && shape[d] > 0; --d) {  // fold the innermost dimension into lists
+    json folded = json::array();
+    for (size_t i = 0; i < flat.size(); i += shape[d])
+      folded.push_back(json(flat.begin() + i, flat.begin() + i + shape[d]));
+    flat = std::move(folded);
+  }
+  return flat;
 }
 
 }  // namespace kserve

@@ -65,7 +65,8 @@ std::optional<size_t> HeaderLength(const std::string& value, bool present, size_
 
 /*! \brief A parsed inference request. */
 struct Request {
-  json id;  // the request's "id" (null: none)
+  json id;          // the request's "id" (null: none)
+  json parameters;  // the request's "parameters" object (null: none): priority, timeout, ...
   ffi::Map<ffi::String, ffi::Tensor> inputs;
   /*! \brief The outputs to answer, in order, each with whether it goes as binary data. */
   std::vector<std::pair<std::string, bool>> outputs;
@@ -85,6 +86,12 @@ struct Response {
 /*! \brief The response to `request` from the engine's `outputs`. */
 Response EncodeResponse(const std::string& model, const std::string& version, const Request& request,
                         const ffi::Map<ffi::String, ffi::Tensor>& outputs);
+
+/*! \brief A tensor of `dtype` from JSON data nested as its shape (a number: a scalar), as np.asarray does: the /v1
+ *  contract's inputs (elements checked as /v2's). */
+ffi::Tensor FromJson(const json& value, DLDataType dtype, const std::string& name);
+/*! \brief A tensor as nested JSON lists (tensor.tolist(); non-finite floats as FloatJson writes them). */
+json ToJson(const ffi::Tensor& tensor);
 
 }  // namespace kserve
 

@@ -1,75 +1,34 @@
-// tvmsched_server: the C++ twin of examples/server.py, an HTTP inference server over the engine, speaking both the
-// JSON contract of examples/server.py (/v1) and the Open Inference Protocol (KServe v2, /v2) with Triton's binary
-// tensor data extension, so that tritonclient.http and other KServe clients can use it (docs/cpp-server.md).
+// tvmsched_server: an HTTP adapter over the engine's multi-tenant runtime (tvmsched::Runtime, tvmsched/runtime.h):
+// the Open Inference Protocol (KServe v2) over REST with Triton's binary tensor data, model configuration and
+// statistics extensions, as `tvmsched serve` speaks it, with no Python in the request path (docs/cpp-server.md).
 //
-//   tvmsched_server --model mlp=mlp.tvms:20 --model bert=bert.tvms:200:best_effort --port 8080
-//   curl -X POST localhost:8080/v1/models/mlp/infer -d '{"inputs": {"input": [[...]]}}'
-//   curl -X POST localhost:8080/v2/models/mlp/infer
-//        -d '{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], "data": [...]}]}'
-//   curl localhost:8080/metrics
+//   tvmsched_server --model mlp=mlp.tvms:20:realtime --model-repository models/ --policy colocation --port 8000
 //
-// Each --model is NAME=ARTIFACT[:QOS_MS[:PRIORITY]] (priority realtime or best_effort, the default):
-// one tvmsched::Stream per model; HTTP handler threads submit requests and wait on them. While a
-// real-time request runs, busy best-effort streams are preempted (resumed when none runs any more).
-//
-// --memory-budget BYTES (or 512MiB, 8GiB, 1.5GB): the models' device memory never passes BYTES (the engine checks every
-// allocation): each model is registered with the engine's switcher (tvmsched/switching.h, docs/switching.md), made
-// resident at start while it fits beside the others, else switched in by its requests (the least recently used idle
-// models evicted), as runtime/runtime.py's Runtime(memory_budget=...) does. A model larger than the whole budget is
-// refused at start (this server does not stream weights from host tiers).
-// --max-queue N: a model with N requests queued or running answers more with 503 (default 64, as `tvmsched serve`;
-// 0: no limit but the HTTP server's 64 threads).
-//
-// Routes, /v1 (the JSON contract of examples/server.py):
-//   POST /v1/models/{name}/infer  {"inputs": {NAME: nested list | number}} -> {"outputs": {NAME: nested list}}
-//                                 404 {"detail": "no model named 'x'"}; 400 {"detail": "<engine error>"};
-//                                 422 {"detail": [...]} for a body that is not {"inputs": {...}}; 400 for one
-//                                 nested deeper than 64 levels. NaN and infinities in outputs are the strings
-//                                 "NaN", "Infinity", "-Infinity" (JSON has no such numbers), as on /v2
-//   GET  /v1/models, GET /v1/stats  as in examples/server.py (/v1/stats adds "_memory" with --memory-budget)
-// Routes, /v2 (Open Inference Protocol; every error is {"error": "<one line>"}: 400 bad request, 404 unknown model
-// or version, 503 queue full or model not ready):
-//   GET  /v2/health/live, /v2/health/ready, /v2 (server metadata)
-//   GET  /v2/models/{name}[/versions/1]                model metadata; .../ready; .../config (Triton's model
-//                                                       configuration); .../stats and /v2/models/stats (Triton's
-//                                                       statistics)
-//   POST /v2/models/{name}[/versions/1]/infer          JSON tensors (flat row-major "data") or binary tensor data
-//                                                       (Inference-Header-Content-Length; binary outputs on request)
-// GET /metrics: Prometheus text format (prometheus-cpp core + TextSerializer): the tvmsched_* series and Triton's
-//   nv_inference_* series (labels model, version).
-//   A body over --max-body-bytes (default 16 MiB) is answered 413 without being read.
-//   A request's X-Request-Id header comes back on its answer; JSON answers are never compressed.
-//   SIGTERM/SIGINT: no new connections, the requests in flight are answered, exit status 0.
-//
-// --trust KEY.pub (repeatable): load only artifacts signed by one of these keys (README, "Trust model").
-// Without it an artifact's kernels.so runs unverified (TVMSCHED_REQUIRE_SIGNATURE=1 in the environment refuses that).
-//
+// The Runtime does the multi-tenant work: placement under --memory-budget (switched, or streamed from the host when
+// larger than the budget), each model on its `streams`, requests queued on the model and the policy (--policy
+// colocation, fastest, partition or fcfs) deciding when a stream takes one, real-time requests preempting best-effort
+// streams, Triton's queue policy (max_queue, per-request timeout), admission by latency target. This file maps
+// flags, model-repository configs and request parameters onto it, and the protocol's messages onto Submit.
+// /v1 (examples/server.py's JSON contract) is a thin front of the same path: its inputs become the same tensors, go
+// to the same Submit and are counted in the same statistics.
 // HTTP: cpp-httplib; JSON: nlohmann-json; both from Debian (libcpp-httplib-dev, nlohmann-json3-dev).
 #include <httplib.h>
-#include <prometheus/counter.h>
-#include <prometheus/gauge.h>
-#include <prometheus/histogram.h>
-#include <prometheus/registry.h>
-#include <prometheus/text_serializer.h>
 #include <pthread.h>
 #include <signal.h>
 #include <tvmsched/engine.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <cerrno>
 #include <chrono>
-#include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
-#include <limits>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
-#include <optional>
-#include <stdexcept>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -83,831 +42,565 @@
 namespace {
 
 namespace ffi = tvm::ffi;
+namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 constexpr const char* kUsage =
-    "usage: tvmsched_server --model NAME=ARTIFACT[:QOS_MS[:PRIORITY]] [--model ...] [--port N] "
-    "[--host 127.0.0.1] [--device cpu|cuda] [--trust KEY.pub ...] [--max-body-bytes N] [--memory-budget BYTES] "
-    "[--max-queue N]";
+    "usage: tvmsched_server [--model NAME=ARTIFACT[:QOS_MS[:PRIORITY]] ...] [--model-repository DIR] [--policy "
+    "colocation|fastest|partition|fcfs] [--colocation PROFILE.json] [--memory-budget BYTES] [--max-queue N] "
+    "[--device cpu|cuda] [--trust KEY.pub ...] [--host 127.0.0.1] [--port N] [--max-body-bytes N] [--no-warmup]";
+constexpr double kBuckets[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
 
-/*! \brief A request the client got wrong: HTTP `status` with {"detail": detail}. */
 struct HttpError : std::runtime_error {
   int status;
-  json detail;
-  HttpError(int status, json detail)
-      : std::runtime_error(detail.is_string() ? detail.get<std::string>() : detail.dump()),
-        status(status),
-        detail(std::move(detail)) {}
+  HttpError(int status, const std::string& message) : std::runtime_error(message), status(status) {}
 };
 
-/*! \brief A count and a total duration (Triton's statistics: {"count", "ns"}). */
-struct Duration {
+struct Duration {  // Triton's {"count", "ns"}
   std::atomic<int64_t> count{0}, ns{0};
-  void Add(int64_t nanoseconds) {
-    count.fetch_add(1);
-    ns.fetch_add(nanoseconds);
-  }
+  void Add(int64_t n) { count += 1, ns += n; }
   json Json() const { return {{"count", count.load()}, {"ns", ns.load()}}; }
 };
 
-/*! \brief Where one request's time went, in ns (Triton's statistics and nv_inference_*_duration_us). */
-struct Timing {
-  int64_t request = 0, input = 0, queue = 0, infer = 0, output = 0;
+/*! \brief A model to serve: `tvmsched serve`'s ModelSpec (tvmsched/serve/repository.py). */
+struct Spec {
+  std::string name, path, priority = "best_effort";
+  double qos_ms = 0;  // 0: the artifact's
+  bool warmup = true;
+  int64_t max_queue = -1;  // -1: the server's --max-queue
+  int streams = 1;
 };
 
-/*! \brief One served model: its stream and its metrics. */
+/*! \brief A loaded model: what the protocol shows of it and the server's counters (the HTTP side of a request). */
 struct Served {
-  std::string name, priority, path;
-  std::string version = "1";  // one version per model
-  std::optional<double> qos_ms;
-  tvmsched::Model model;
-  tvmsched::Stream stream;
-  std::map<std::string, DLDataType> input_dtypes;
-  std::vector<kserve::TensorInfo> inputs, outputs;  // as the manifest declares them, in its order
-  size_t footprint = 0;                             // --memory-budget: bytes it holds when resident
-  std::atomic<int64_t> rejected{0};                 // requests the engine refused at submit (bad inputs)
-  std::atomic<int64_t> pending{0};                  // requests submitted and not finished (--max-queue)
-  // Triton's statistics (GET /v2/models/{name}/stats)
-  Duration success, fail, queue, compute_input, compute_infer, compute_output;
-  std::atomic<int64_t> last_inference_ms{0};
-  prometheus::Counter *requests, *errors, *qos_violations, *preemptions;
-  prometheus::Histogram* latency;
-  // Triton's metrics
-  prometheus::Counter *nv_success, *nv_failure, *nv_count, *nv_exec, *nv_request_us, *nv_queue_us, *nv_input_us,
-      *nv_infer_us, *nv_output_us;
-  prometheus::Gauge* nv_pending;
+  Spec spec;
+  std::vector<kserve::TensorInfo> inputs, outputs;
+  std::vector<tvmsched::Stream> streams;
+  int64_t max_queue = 0, warmup_requests = 0;  // warm-up runs the Runtime's request counts include
+  double qos_ms = -1;                          // its latency target (the spec's or the artifact's; < 0: none)
+  Duration success, fail, queue, input, infer, output;
+  std::atomic<int64_t> requests{0}, errors{0}, violations{0}, pending{0}, last_ms{0}, latency_ns{0};
+  std::atomic<int64_t> buckets[std::size(kBuckets)] = {};
 };
 
-/*! \brief Real-time over best-effort (the policy of runtime/policies/priority.py): which requests are real-time and
- *  which streams best-effort; the engine's preemption group preempts and resumes them. */
-class Priorities {
- public:
-  void AddBestEffort(Served* served) {
-    best_effort_.push_back(served);
-    group_->Add(served->stream);
-  }
-  /*! \brief A real-time request was queued on `own`: the first one preempts every best-effort stream but `own`
-   *  without waiting for their kernels to stop (each stream's own thread drains them); they resume when the last is
-   *  done, in the engine. */
-  void Hold(const tvmsched::Request& request, const tvmsched::Stream& own) {
-    for (const tvmsched::Stream& stopped : group_->Hold(request, own)) {
-      for (Served* s : best_effort_) {
-        if (s->stream.same_as(stopped)) s->preemptions->Increment();
-      }
+int64_t NowNs() { return std::chrono::steady_clock::now().time_since_epoch() / std::chrono::nanoseconds(1); }
+
+std::string OneLine(std::string text) {
+  std::replace(text.begin(), text.end(), '\n', ' ');
+  std::replace(text.begin(), text.end(), '\r', ' ');
+  return text;
+}
+
+/*! \brief `parameters.priority` and `.timeout` (µs, Triton's) as Runtime::Submit takes them (as tvmsched serve's
+ *  service.py reads them: 1 or "realtime" real-time; 0, "" or absent the model's; 2+ or "best_effort" best-effort). */
+tvmsched::SubmitOptions Scheduling(const json& parameters) {
+  tvmsched::SubmitOptions options;
+  if (!parameters.is_object()) return options;
+  if (auto found = parameters.find("priority"); found != parameters.end()) {
+    const json& p = *found;
+    if (p == 1 || p == "realtime" || p == "1") {
+      options.priority = 1;
+    } else if (p == "best_effort" || (p.is_number_integer() && p.get<int64_t>() > 1)) {
+      options.priority = 0;
+    } else if (!(p == 0 || p == "" || p == "0" || p.is_null())) {
+      throw HttpError(400,
+                      "parameter priority must be 0 (the model's), 1 or 'realtime' (real-time), 2 or more or "
+                      "'best_effort', not " +
+                          p.dump(-1, ' ', false, json::error_handler_t::replace));
     }
   }
-  /*! \brief The switcher: a switch-in waits for memory that the started requests of the paused models `holders`
-   *  keep. Those paused for real-time work finish their request and pause again (runtime/policies/priority.py). */
-  void MemoryBlocked(const ffi::Array<tvmsched::Model>& holders) { group_->FinishStartedOf(holders); }
-
- private:
-  tvmsched::PreemptionGroup group_ = tvmsched::PreemptionGroup::Create();
-  std::vector<Served*> best_effort_;  // added before serving starts (read without a lock after): their counters
-};
-
-// ---- tensors <-> JSON ------------------------------------------------------------------------
-
-/*! \brief Call `f(T{})` with the C++ type of `dtype` (bool as bool, stored as one byte). */
-template <typename F>
-void Dispatch(DLDataType dtype, F&& f) {
-  int bits = dtype.bits;
-  if (dtype.lanes == 1) {
-    if (dtype.code == kDLFloat && bits == 32) return f(float{});
-    if (dtype.code == kDLFloat && bits == 64) return f(double{});
-    if (dtype.code == kDLInt && bits == 8) return f(int8_t{});
-    if (dtype.code == kDLInt && bits == 16) return f(int16_t{});
-    if (dtype.code == kDLInt && bits == 32) return f(int32_t{});
-    if (dtype.code == kDLInt && bits == 64) return f(int64_t{});
-    if (dtype.code == kDLUInt && bits == 8) return f(uint8_t{});
-    if (dtype.code == kDLUInt && bits == 16) return f(uint16_t{});
-    if (dtype.code == kDLUInt && bits == 32) return f(uint32_t{});
-    if (dtype.code == kDLUInt && bits == 64) return f(uint64_t{});
-    if (dtype.code == kDLBool && bits == 8) return f(bool{});
-  }
-  throw HttpError(400, "dtype " + tvmsched::DTypeName(dtype) + " is not supported by this server");
-}
-
-template <typename T>
-T Element(const json& v, const std::string& name) {
-  if constexpr (std::is_floating_point_v<T>) {  // non-finite values as JSON outputs carry them (kserve::FloatJson)
-    if (v.is_string()) {
-      const std::string& text = v.get_ref<const std::string&>();
-      if (text == "NaN") return std::numeric_limits<T>::quiet_NaN();
-      if (text == "Infinity") return std::numeric_limits<T>::infinity();
-      if (text == "-Infinity") return -std::numeric_limits<T>::infinity();
+  if (auto found = parameters.find("timeout"); found != parameters.end()) {
+    if (!found->is_number_integer() || (!found->is_number_unsigned() && found->get<int64_t>() < 0)) {
+      throw HttpError(400, "parameter timeout must be a non-negative number of microseconds, not " +
+                               found->dump(-1, ' ', false, json::error_handler_t::replace));
     }
+    if (found->get<uint64_t>() > 0) options.timeout_us = static_cast<double>(found->get<uint64_t>());
   }
-  if (!v.is_number() && !v.is_boolean()) {
-    throw HttpError(400, "input '" + name + "' holds " + v.dump() + ", not a number");
-  }
-  if constexpr (std::is_same_v<T, bool>) {
-    return v.is_boolean() ? v.get<bool>() : v.get<double>() != 0;
-  } else if constexpr (std::is_floating_point_v<T>) {
-    return static_cast<T>(v.is_boolean() ? (v.get<bool>() ? 1.0 : 0.0) : v.get<double>());
-  } else {
-    if (v.is_boolean()) return static_cast<T>(v.get<bool>());
-    if (v.is_number_unsigned()) return static_cast<T>(v.get<uint64_t>());
-    if (v.is_number_integer()) return static_cast<T>(v.get<int64_t>());
-    return static_cast<T>(v.get<double>());  // numpy truncates floats cast to integers
-  }
+  return options;
 }
-
-template <typename T>
-void Fill(const json& v, const std::vector<int64_t>& shape, size_t dim, T*& out, const std::string& name) {
-  if (dim == shape.size()) {
-    if (v.is_array()) throw HttpError(400, "input '" + name + "' is not a rectangular array (inhomogeneous shape)");
-    *out++ = Element<T>(v, name);
-    return;
-  }
-  if (!v.is_array() || static_cast<int64_t>(v.size()) != shape[dim]) {
-    throw HttpError(400, "input '" + name + "' is not a rectangular array (inhomogeneous shape after " +
-                             std::to_string(dim) + " dimensions)");
-  }
-  for (const json& item : v) Fill(item, shape, dim + 1, out, name);
-}
-
-/*! \brief np.asarray(value, dtype): a nested list (or a number) as a host tensor. */
-ffi::Tensor ToTensor(const json& value, DLDataType dtype, const std::string& name) {
-  std::vector<int64_t> shape;
-  for (const json* v = &value; v->is_array(); v = &(*v)[0]) {
-    shape.push_back(static_cast<int64_t>(v->size()));
-    if (v->empty()) break;
-  }
-  ffi::Tensor tensor;
-  Dispatch(dtype, [&](auto zero) {
-    using T = decltype(zero);
-    tensor = tvmsched::EmptyHostTensor(shape, dtype);
-    T* out = static_cast<T*>(tensor.data_ptr());
-    Fill<T>(value, shape, 0, out, name);
-  });
-  return tensor;
-}
-
-template <typename T>
-json Nested(const T*& data, const int64_t* shape, int ndim) {
-  if (ndim == 0) {
-    T v = *data++;
-    if constexpr (std::is_floating_point_v<T>)
-      return kserve::FloatJson(static_cast<double>(v));  // NaN and infinities as strings: JSON has no such numbers
-    else if constexpr (std::is_same_v<T, bool>)
-      return v;
-    else if constexpr (std::is_signed_v<T>)
-      return static_cast<int64_t>(v);
-    else
-      return static_cast<uint64_t>(v);
-  }
-  json out = json::array();
-  for (int64_t i = 0; i < shape[0]; ++i) out.push_back(Nested<T>(data, shape + 1, ndim - 1));
-  return out;
-}
-
-/*! \brief tensor.tolist() */
-json ToJson(const ffi::Tensor& tensor) {
-  const DLTensor* t = tensor.GetDLTensorPtr();
-  json out;
-  Dispatch(t->dtype, [&](auto zero) {
-    using T = decltype(zero);
-    const T* data = reinterpret_cast<const T*>(static_cast<const char*>(t->data) + t->byte_offset);
-    out = Nested<T>(data, t->shape, t->ndim);
-  });
-  return out;
-}
-
-// ---- the server -------------------------------------------------------------------------------
-
-json ValidationError(const std::string& type, json loc, const std::string& msg) {
-  return json::array({{{"type", type}, {"loc", std::move(loc)}, {"msg", msg}}});
-}
-
-/*! \brief The body as examples/server.py's InferRequest: {"inputs": {NAME: list | float | int}} (else 422). */
-json ParseInferBody(const std::string& body) {
-  try {  // nlohmann's parser and destructor recurse per level: 100000 '[' would overflow the stack
-    tvmsched::CheckJsonDepth(body, "the body", tvmsched::kMaxJsonDepth);
-  } catch (const std::invalid_argument& err) {
-    throw HttpError(400, err.what());  // "the body nests deeper than 64 levels", as tvmsched serve's /v1 answers
-  }
-  json parsed;
-  try {
-    parsed = json::parse(body);
-  } catch (const json::parse_error& err) {
-    throw HttpError(422,
-                    ValidationError("json_invalid", {"body", static_cast<int64_t>(err.byte)}, "JSON decode error"));
-  }
-  if (!parsed.is_object()) {
-    throw HttpError(422, ValidationError("model_attributes_type", {"body"},
-                                         "Input should be a valid dictionary or object to extract fields from"));
-  }
-  auto inputs = parsed.find("inputs");
-  if (inputs == parsed.end()) throw HttpError(422, ValidationError("missing", {"body", "inputs"}, "Field required"));
-  if (!inputs->is_object())
-    throw HttpError(422, ValidationError("dict_type", {"body", "inputs"}, "Input should be a valid dictionary"));
-  for (const auto& [key, value] : inputs->items()) {
-    if (!value.is_array() && !value.is_number() && !value.is_boolean()) {
-      throw HttpError(422, ValidationError("list_type", {"body", "inputs", key},
-                                           "Input should be a valid list, number or integer"));
-    }
-  }
-  return *inputs;
-}
-
-/*! \brief numpy's percentile (linear interpolation) of sorted `values`. */
-double Percentile(const std::vector<double>& sorted, double q) {
-  double at = (sorted.size() - 1) * q / 100.0;
-  size_t lo = static_cast<size_t>(std::floor(at)), hi = std::min(lo + 1, sorted.size() - 1);
-  return sorted[lo] + (sorted[hi] - sorted[lo]) * (at - lo);
-}
-
-json OrNull(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-/*! \brief The options of Server (flags of Main). */
-struct ServerOptions {
-  size_t memory_budget = 0;  // 0: no budget, every model resident
-  int64_t max_queue = 64;    // 0: no limit
-};
 
 class Server {
  public:
-  Server(const std::string& device, ServerOptions options)
-      : registry_(std::make_shared<prometheus::Registry>()), options_(options) {
-    requests_ = &prometheus::BuildCounter()
-                     .Name("tvmsched_requests_total")
-                     .Help("Inference requests received, per model")
-                     .Register(*registry_);
-    errors_ = &prometheus::BuildCounter()
-                   .Name("tvmsched_errors_total")
-                   .Help("Inference requests answered with an error, per model")
-                   .Register(*registry_);
-    qos_violations_ = &prometheus::BuildCounter()
-                           .Name("tvmsched_qos_violations_total")
-                           .Help("Requests whose latency exceeded the model's QoS target")
-                           .Register(*registry_);
-    preemptions_ = &prometheus::BuildCounter()
-                        .Name("tvmsched_preemptions_total")
-                        .Help("Times the model's stream was preempted by a real-time request")
-                        .Register(*registry_);
-    latency_ = &prometheus::BuildHistogram()
-                    .Name("tvmsched_request_latency_seconds")
-                    .Help("Submit-to-finish latency of completed requests (engine clock)")
-                    .Register(*registry_);
-    busy_ = &prometheus::BuildGauge()
-                 .Name("tvmsched_busy_streams")
-                 .Help("Model streams with requests queued or running, per device")
-                 .Register(*registry_);
-    // Triton's names (https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/docs/user_guide/
-    // metrics.html); one inference per request (no batching): inference and execution counts are the successes
-    auto counter = [&](const char* name, const char* help) {
-      return &prometheus::BuildCounter().Name(name).Help(help).Register(*registry_);
-    };
-    nv_success_ = counter("nv_inference_request_success", "Number of successful inference requests, all batch sizes");
-    nv_failure_ = counter("nv_inference_request_failure", "Number of failed inference requests, all batch sizes");
-    nv_count_ = counter("nv_inference_count", "Number of inferences performed (does not include cached requests)");
-    nv_exec_ = counter("nv_inference_exec_count",
-                       "Number of model executions performed (does not include cached "
-                       "requests)");
-    nv_request_us_ = counter("nv_inference_request_duration_us",
-                             "Cumulative inference request duration in "
-                             "microseconds (includes cached requests)");
-    nv_queue_us_ = counter("nv_inference_queue_duration_us",
-                           "Cumulative inference queuing duration in microseconds "
-                           "(includes cached requests)");
-    nv_input_us_ = counter("nv_inference_compute_input_duration_us",
-                           "Cumulative compute input duration in "
-                           "microseconds (does not include cached requests)");
-    nv_infer_us_ = counter("nv_inference_compute_infer_duration_us",
-                           "Cumulative compute inference duration in "
-                           "microseconds (does not include cached requests)");
-    nv_output_us_ = counter("nv_inference_compute_output_duration_us",
-                            "Cumulative inference compute output duration in microseconds (does not include cached "
-                            "requests)");
-    nv_pending_ = &prometheus::BuildGauge()
-                       .Name("nv_inference_pending_request_count")
-                       .Help("Instantaneous number of pending requests awaiting execution per-model.")
-                       .Register(*registry_);
-    if (options_.memory_budget) {  // runtime/runtime.py's Runtime(memory_budget=...): a scope and its switcher
-      scope_ = std::make_shared<tvmsched::MemoryScope>(options_.memory_budget);
-      tvmsched::SwitchOptions switching;
-      switching.budget = options_.memory_budget;
-      switching.scope = scope_;
-      switcher_ = tvmsched::Switcher::Create(tvmsched::OpenDevice(device), switching);
-      switcher_->SetBlockedCallback(ffi::Function::FromTyped(
-          [this](tvmsched::Model, ffi::Array<tvmsched::Model> holders) { priorities_.MemoryBlocked(holders); }));
-    }
-  }
+  Server(tvmsched::RuntimeOptions options, int64_t max_queue)
+      : runtime_(tvmsched::Runtime::Create(options)), device_(options.devices[0].kind), max_queue_(max_queue) {}
 
-  void Load(const std::string& name, const std::string& path, std::optional<double> qos_ms, const std::string& priority,
-            const std::string& device, const tvmsched::TrustedKeys& trusted) {
-    if (models_.count(name)) throw std::runtime_error("a model named '" + name + "' is already loaded");
-    auto served = std::make_unique<Served>();
-    served->name = name;
-    served->priority = priority;
-    served->path = path;
-    if (switcher_.defined()) {
-      // registered: its weights wait in pinned host memory; the switcher makes it resident (runtime/runtime.py)
-      tvmsched::LoadOptions options;
-      options.resident = false;
-      options.max_groups = kSwitchGroups;
-      options.scope = scope_;
-      served->model = tvmsched::Model::Load(path, device, options, trusted);
-      served->footprint = served->model->env_bytes();
-      for (int g = 0; g < served->model->num_groups(); ++g) served->footprint += served->model->group_bytes(g);
-      if (served->footprint > options_.memory_budget) {
-        throw std::runtime_error("model '" + name + "' needs " + std::to_string(served->footprint) +
-                                 " bytes of device memory when resident, more than --memory-budget " +
-                                 std::to_string(options_.memory_budget) +
-                                 " (this server does not stream weights from host tiers)");
-      }
-      switcher_->Add(served->model);
-    } else {
-      served->model = tvmsched::Model::Load(path, device, tvmsched::FlagMemory::kAuto, trusted);
+  void Load(const Spec& spec) {
+    if (models_.count(spec.name)) throw std::runtime_error("two models are named '" + spec.name + "'");
+    tvmsched::ModelOptions options;
+    options.name = spec.name;
+    options.qos_ms = spec.qos_ms;
+    options.realtime = spec.priority == "realtime";
+    options.streams = spec.streams;
+    options.warmup = spec.warmup;
+    auto s = std::make_unique<Served>();
+    s->spec = spec;
+    s->max_queue = options.queue.max_queue_size = spec.max_queue >= 0 ? spec.max_queue : max_queue_;
+    runtime_->Load(spec.path, options);
+    s->streams = runtime_->streams(spec.name);
+    tvmsched::ModelStats stats = runtime_->Stats()[spec.name];
+    s->warmup_requests = stats.requests, s->qos_ms = stats.qos_ms;
+    const tvmsched::Manifest& manifest = s->streams[0]->model()->manifest();
+    for (auto [list, bindings] : {std::pair{&s->inputs, &manifest.inputs}, {&s->outputs, &manifest.outputs}}) {
+      for (const auto& b : *bindings)
+        list->push_back({b.name, manifest.tensors.at(b.tensor).dtype, manifest.tensors.at(b.tensor).shape});
     }
-    served->qos_ms = qos_ms ? qos_ms : served->model->manifest().qos_ms;
-    served->stream = tvmsched::Stream::Create(served->model, name);
-    const tvmsched::Manifest& manifest = served->model->manifest();
-    for (const auto& b : manifest.inputs) {
-      const tvmsched::TensorSpec& spec = manifest.tensors.at(b.tensor);
-      served->input_dtypes[b.name] = spec.dtype;
-      served->inputs.push_back({b.name, spec.dtype, spec.shape});
-    }
-    for (const auto& b : manifest.outputs) {
-      const tvmsched::TensorSpec& spec = manifest.tensors.at(b.tensor);
-      served->outputs.push_back({b.name, spec.dtype, spec.shape});
-    }
-    prometheus::Labels labels{{"model", name}};
-    served->requests = &requests_->Add(labels);
-    served->errors = &errors_->Add(labels);
-    served->qos_violations = &qos_violations_->Add(labels);
-    served->preemptions = &preemptions_->Add(labels);
-    served->latency =
-        &latency_->Add(labels, prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-                                                                       0.1, 0.25, 0.5, 1, 2.5, 5, 10});
-    prometheus::Labels nv{{"model", name}, {"version", served->version}};
-    served->nv_success = &nv_success_->Add(nv);
-    served->nv_failure = &nv_failure_->Add(nv);
-    served->nv_count = &nv_count_->Add(nv);
-    served->nv_exec = &nv_exec_->Add(nv);
-    served->nv_request_us = &nv_request_us_->Add(nv);
-    served->nv_queue_us = &nv_queue_us_->Add(nv);
-    served->nv_input_us = &nv_input_us_->Add(nv);
-    served->nv_infer_us = &nv_infer_us_->Add(nv);
-    served->nv_output_us = &nv_output_us_->Add(nv);
-    served->nv_pending = &nv_pending_->Add(nv);
-    device_kind_ = served->model->device().kind();
-    if (priority == "best_effort") priorities_.AddBestEffort(served.get());
-    order_.push_back(name);
-    Served* loaded = served.get();
-    models_.emplace(name, std::move(served));
-    if (switcher_.defined()) {  // resident now if it fits beside the others, else switched in by its requests
-      bool resident = switcher_->Prefetch(loaded->model);
-      std::cout << "tvmsched_server: model " << name << " (" << loaded->footprint << " bytes) "
-                << (resident ? "resident" : "registered, switched in on demand") << std::endl;
-    }
+    order_.push_back(spec.name);
+    models_[spec.name] = std::move(s);
   }
-
-  json Infer(const std::string& name, const std::string& body) {
-    int64_t start = NowNs();
-    json inputs = ParseInferBody(body);  // FastAPI validates the body before the route runs
-    auto found = models_.find(name);
-    if (found == models_.end()) throw HttpError(404, "no model named '" + name + "'");
-    Served& s = *found->second;
-    s.requests->Increment();
-    try {
-      Timing timing;
-      ffi::Map<ffi::String, ffi::Tensor> tensors;
-      for (const auto& [key, value] : inputs.items()) {
-        auto dtype = s.input_dtypes.find(key);  // unknown names: float32, and the engine names the mismatch
-        tensors.Set(ffi::String(key),
-                    ToTensor(value, dtype != s.input_dtypes.end() ? dtype->second : DLDataType{kDLFloat, 32, 1}, key));
-      }
-      timing.input = NowNs() - start;
-      tvmsched::Request request = Execute(s, tensors, &timing);
-      int64_t encode = NowNs();
-      json outputs = json::object();
-      for (const auto& kv : request->outputs()) outputs[std::string(kv.first)] = ToJson(kv.second);
-      timing.output = NowNs() - encode;
-      timing.request = NowNs() - start;
-      Succeeded(s, timing);
-      return {{"outputs", outputs}};
-    } catch (const HttpError&) {
-      Failed(s, NowNs() - start);
-      throw;
-    }
-  }
-
-  // ---- the Open Inference Protocol (/v2) ----------------------------------------------------------
 
   /*! \brief POST /v2/models/{name}[/versions/{version}]/infer */
-  kserve::Response InferV2(const std::string& name, const std::string& version, const std::string& body,
-                           bool has_header_length, const std::string& header_length) {
+  kserve::Response InferV2(const std::string& name, const std::string& version, const httplib::Request& req) {
     int64_t start = NowNs();
     Served& s = Find(name, version);
-    s.requests->Increment();
-    try {
-      std::string why = NotReady(s);
-      if (!why.empty()) throw HttpError(503, why);
-      Timing timing;
-      kserve::Request parsed;
-      try {
-        parsed = kserve::ParseRequest(body, kserve::HeaderLength(header_length, has_header_length, body.size()), name,
-                                      s.inputs, s.outputs);
-      } catch (const kserve::Error& err) {
-        throw HttpError(err.status, err.what());
-      }
-      timing.input = NowNs() - start;
-      tvmsched::Request request = Execute(s, parsed.inputs, &timing);
+    return Counted(s, start, [&](int64_t* input_ns, int64_t* output_ns) {
+      const char* header = "Inference-Header-Content-Length";
+      kserve::Request parsed = kserve::ParseRequest(
+          req.body, kserve::HeaderLength(req.get_header_value(header), req.has_header(header), req.body.size()), name,
+          s.inputs, s.outputs);
+      tvmsched::SubmitOptions options = Scheduling(parsed.parameters);
+      *input_ns = NowNs() - start;
+      tvmsched::Request request = Execute(s, parsed.inputs, options);
       int64_t encode = NowNs();
-      kserve::Response response;
-      try {
-        response = kserve::EncodeResponse(name, s.version, parsed, request->outputs());
-      } catch (const kserve::Error& err) {
-        throw HttpError(err.status, err.what());
-      }
-      timing.output = NowNs() - encode;
-      timing.request = NowNs() - start;
-      Succeeded(s, timing);
-      return response;
-    } catch (const HttpError&) {
-      Failed(s, NowNs() - start);
-      throw;
+      kserve::Response response = kserve::EncodeResponse(name, "1", parsed, request->outputs());
+      *output_ns = NowNs() - encode;
+      return std::make_pair(request, response);
+    });
+  }
+
+  /*! \brief POST /v1/models/{name}/infer: {"inputs": {NAME: nested list}} -> {"outputs": {NAME: nested list}}. */
+  json InferV1(const std::string& name, const std::string& body) {
+    int64_t start = NowNs();
+    try {  // nlohmann's parser recurses per level: 100000 '[' would overflow the stack
+      tvmsched::CheckJsonDepth(body, "the body", tvmsched::kMaxJsonDepth);
+    } catch (const std::invalid_argument& err) {
+      throw HttpError(400, err.what());
     }
+    json parsed = json::parse(body, nullptr, false);
+    if (parsed.is_discarded() || !parsed.is_object() || !parsed.contains("inputs") || !parsed["inputs"].is_object())
+      throw HttpError(422, "the body must be {\"inputs\": {name: values}}");
+    Served& s = Find(name, "");
+    return Counted(s, start, [&](int64_t* input_ns, int64_t* output_ns) {
+      ffi::Map<ffi::String, ffi::Tensor> inputs;
+      for (const auto& [key, value] : parsed["inputs"].items()) {
+        auto info = std::find_if(s.inputs.begin(), s.inputs.end(), [&](const auto& t) { return t.name == key; });
+        inputs.Set(key,
+                   kserve::FromJson(value, info != s.inputs.end() ? info->dtype : DLDataType{kDLFloat, 32, 1}, key));
+      }
+      *input_ns = NowNs() - start;
+      tvmsched::Request request = Execute(s, inputs, {});
+      int64_t encode = NowNs();
+      json outputs = json::object();
+      for (const auto& [key, value] : request->outputs()) outputs[std::string(key)] = kserve::ToJson(value);
+      *output_ns = NowNs() - encode;
+      return std::make_pair(request, json{{"outputs", outputs}});
+    });
   }
 
-  /*! \brief GET /v2/health/ready: every model loaded (they are before the server listens), the device not lost. */
-  std::string ServerNotReady() const {
-    if (stopping_.load()) return "the server is shutting down";
-    if (order_.empty()) return "";
-    std::string lost = models_.at(order_.front())->model->device().faults().lost;
-    return lost.empty() ? "" : "the device is lost (docs/faults.md): " + lost;
+  std::string NotReady(const std::string& name = "", const std::string& version = "") {
+    if (stopping_) return "the server is shutting down";
+    if (name.empty()) {
+      std::string lost = order_.empty() ? "" : models_[order_[0]]->streams[0]->model()->device().faults().lost;
+      return lost.empty() ? "" : "the device is lost (docs/faults.md): " + lost;
+    }
+    const tvmsched::Model& model = Find(name, version).streams[0]->model();
+    if (std::string q = model->quarantined(); !q.empty()) return "model '" + name + "' is quarantined: " + q;
+    if (std::string p = model->placement_error(); !p.empty()) return "model '" + name + "' cannot be placed: " + p;
+    return NotReady();
   }
 
-  json ServerMetadata() const {
-    return {{"name", "tvmsched"},
-            {"version", TVMSCHED_VERSION},
-            {"extensions", {"binary_tensor_data", "model_configuration", "statistics", "parameters"}}};
-  }
-
-  /*! \brief GET /v2/models/{name}[/versions/{version}] */
   json ModelMetadata(const std::string& name, const std::string& version) {
     const Served& s = Find(name, version);
     json inputs = json::array(), outputs = json::array();
     for (const auto& t : s.inputs) inputs.push_back(kserve::Metadata(t));
     for (const auto& t : s.outputs) outputs.push_back(kserve::Metadata(t));
-    return {{"name", s.name},
-            {"versions", {s.version}},
-            {"platform", "tvmsched"},
-            {"inputs", inputs},
-            {"outputs", outputs}};
+    return {{"name", name}, {"versions", {"1"}}, {"platform", "tvmsched"}, {"inputs", inputs}, {"outputs", outputs}};
   }
 
-  /*! \brief GET /v2/models/{name}[/versions/{version}]/ready: empty when ready, else why not. */
-  std::string ModelNotReady(const std::string& name, const std::string& version) {
-    return NotReady(Find(name, version));
-  }
-
-  /*! \brief GET /v2/models/{name}[/versions/{version}]/config: Triton's model configuration of the model. */
+  /*! \brief Triton's model configuration (no batching: max_batch_size 0; one instance per stream). */
   json ModelConfig(const std::string& name, const std::string& version) {
     const Served& s = Find(name, version);
+    tvmsched::ModelStats stats = runtime_->Stats()[name];
     json inputs = json::array(), outputs = json::array();
-    for (const auto& t : s.inputs) {
-      inputs.push_back({{"name", t.name},
-                        {"data_type", kserve::ConfigDatatype(t.dtype)},
-                        {"format", "FORMAT_NONE"},
-                        {"dims", t.shape},
-                        {"is_shape_tensor", false},
-                        {"allow_ragged_batch", false},
-                        {"optional", false}});
+    for (const auto& t : s.inputs)
+      inputs.push_back({{"name", t.name}, {"data_type", kserve::ConfigDatatype(t.dtype)}, {"dims", t.shape}});
+    for (const auto& t : s.outputs)
+      outputs.push_back({{"name", t.name}, {"data_type", kserve::ConfigDatatype(t.dtype)}, {"dims", t.shape}});
+    json parameters;
+    for (auto [key, value] : {std::pair<const char*, std::string>{"priority", stats.priority},
+                              {"placement", stats.placement},
+                              {"qos_ms", json(stats.qos_ms).dump()},
+                              {"max_queue", std::to_string(s.max_queue)},
+                              {"streams", std::to_string(s.streams.size())},
+                              {"policy", runtime_->policy_kind()}}) {
+      if (key != std::string("qos_ms") || stats.qos_ms > 0) parameters[key] = {{"string_value", value}};
     }
-    for (const auto& t : s.outputs) {
-      outputs.push_back({{"name", t.name},
-                         {"data_type", kserve::ConfigDatatype(t.dtype)},
-                         {"dims", t.shape},
-                         {"label_filename", ""},
-                         {"is_shape_tensor", false}});
-    }
-    bool gpu = device_kind_ != "cpu";
-    json parameters = {{"priority", {{"string_value", s.priority}}},
-                       {"placement", {{"string_value", s.model->placement()->kind()}}}};
-    if (s.qos_ms) parameters["qos_ms"] = {{"string_value", json(*s.qos_ms).dump()}};
-    if (options_.max_queue) parameters["max_queue"] = {{"string_value", std::to_string(options_.max_queue)}};
-    std::string file = s.path.substr(s.path.find_last_of('/') == std::string::npos ? 0 : s.path.find_last_of('/') + 1);
-    return {{"name", s.name},
+    return {{"name", name},
             {"platform", "tvmsched"},
             {"backend", "tvmsched"},
-            {"version_policy", {{"specific", {{"versions", {std::stoll(s.version)}}}}}},
             {"max_batch_size", 0},
             {"input", inputs},
             {"output", outputs},
             {"instance_group",
-             {{{"name", s.name},
-               {"kind", gpu ? "KIND_GPU" : "KIND_CPU"},
-               {"count", 1},
-               {"gpus", gpu ? json::array({0}) : json::array()}}}},
-            {"default_model_filename", file},
-            {"parameters", parameters},
-            {"model_transaction_policy", {{"decoupled", false}}}};
+             {{{"name", name}, {"kind", device_ == "cpu" ? "KIND_CPU" : "KIND_GPU"}, {"count", s.streams.size()}}}},
+            {"parameters", parameters}};
   }
 
-  /*! \brief GET /v2/models[/{name}[/versions/{version}]]/stats: Triton's statistics (all models without a name). */
-  json ModelStats(const std::optional<std::string>& name, const std::string& version) {
+  /*! \brief Triton's statistics of one model or, without a name, of all. */
+  json Statistics(const std::string& name, const std::string& version) {
     json list = json::array();
-    if (name) {
-      list.push_back(StatsOf(Find(*name, version)));
-    } else {
-      for (const auto& each : order_) list.push_back(StatsOf(*models_.at(each)));
+    for (const std::string& each : order_) {
+      if (!name.empty() && each != Find(name, version).spec.name) continue;
+      const Served& s = *models_[each];
+      json compute = {
+          {"compute_input", s.input.Json()}, {"compute_infer", s.infer.Json()}, {"compute_output", s.output.Json()}};
+      json inference = {{"success", s.success.Json()},
+                        {"fail", s.fail.Json()},
+                        {"queue", s.queue.Json()},
+                        {"cache_hit", Duration().Json()},
+                        {"cache_miss", Duration().Json()}};
+      inference.update(compute);
+      json batches = json::array();
+      if (s.success.count) batches.push_back(json{{"batch_size", 1}}), batches[0].update(compute);
+      list.push_back({{"name", each},
+                      {"version", "1"},
+                      {"last_inference", s.last_ms.load()},
+                      {"inference_count", s.success.count.load()},
+                      {"execution_count", s.success.count.load()},
+                      {"inference_stats", inference},
+                      {"batch_stats", batches},
+                      {"memory_usage", json::array()}});
     }
     return {{"model_stats", list}};
   }
 
-  // ---- /v1 ----------------------------------------------------------------------------------------
-
-  json Models() const {
+  json ModelsV1() {
     json out = json::object();
-    for (const auto& name : order_) {
-      const Served& s = *models_.at(name);
+    for (const auto& [name, stats] : runtime_->Stats()) {
       json shapes = json::object();
-      for (const auto& b : s.model->manifest().inputs) shapes[b.name] = s.model->manifest().tensors.at(b.tensor).shape;
-      out[name] = {{"qos_ms", OrNull(s.qos_ms)}, {"priority", s.priority}, {"inputs", shapes}};
+      for (const auto& t : models_[name]->inputs) shapes[t.name] = t.shape;
+      out[name] = {
+          {"qos_ms", stats.qos_ms > 0 ? json(stats.qos_ms) : json()}, {"priority", stats.priority}, {"inputs", shapes}};
     }
     return out;
   }
 
-  json Stats() const {
-    json out = json::object();
-    for (const auto& name : order_) {
-      const Served& s = *models_.at(name);
-      std::vector<double> ms;
-      for (double us : s.stream->Latencies()) ms.push_back(us / 1e3);  // the latest 8192 to 16384 requests
-      int64_t violations = s.qos_ms ? std::count_if(ms.begin(), ms.end(), [&](double v) { return v > *s.qos_ms; }) : 0;
-      std::sort(ms.begin(), ms.end());
-      out[name] = {{"priority", s.priority},
-                   {"qos_ms", OrNull(s.qos_ms)},
-                   {"requests", s.stream->completed.load()},
-                   {"errors", s.stream->failed.load() + s.rejected.load()},
-                   {"qos_violations", violations},
-                   {"p50_ms", ms.empty() ? json(nullptr) : json(Percentile(ms, 50))},
-                   {"p99_ms", ms.empty() ? json(nullptr) : json(Percentile(ms, 99))},
-                   {"launches", s.stream->launches.load()},
-                   {"reruns", s.stream->reruns.load()},
-                   {"faults", s.stream->faults.load()},
-                   {"fault_restarts", s.stream->fault_restarts.load()}};
+  /*! \brief The Runtime's stats (Python's Runtime.stats() keys; warm-up runs not counted) and its memory. */
+  json StatsV1() {
+    json out = json::object(), footprints = json::object(), resident = json::array();
+    for (auto& [name, st] : runtime_->Stats()) {
+      const tvmsched::Model& model = models_[name]->streams[0]->model();
+      out[name] = {{"priority", st.priority},
+                   {"qos_ms", st.qos_ms > 0 ? json(st.qos_ms) : json()},
+                   {"requests", st.requests - models_[name]->warmup_requests},
+                   {"errors", st.errors},
+                   {"refused", st.refused},
+                   {"timed_out", st.timed_out},
+                   {"queued", st.queued},
+                   {"qos_violations", st.qos_violations},
+                   {"p50_ms", st.p50_ms < 0 ? json() : json(st.p50_ms)},
+                   {"p99_ms", st.p99_ms < 0 ? json() : json(st.p99_ms)},
+                   {"launches", st.launches},
+                   {"reruns", st.reruns},
+                   {"faults", st.faults},
+                   {"fault_restarts", st.fault_restarts},
+                   {"placement", st.placement},
+                   {"streams", models_[name]->streams.size()},
+                   {"stream_requests", json::array()}};
+      for (const auto& stream : models_[name]->streams)
+        out[name]["stream_requests"].push_back(stream->completed.load());
+      size_t bytes = model->env_bytes();
+      for (int g = 0; g < model->num_groups(); ++g) bytes += model->group_bytes(g);
+      footprints[name] = bytes;
+      if (model->resident()) resident.push_back(name);
+    }
+    auto [decided, p50, p99] = runtime_->DecisionStats();
+    out["_scheduler"] = {{"policy", runtime_->policy_kind()},
+                         {"decisions", decided},
+                         {"p50_us", p50 < 0 ? json() : json(p50)},
+                         {"p99_us", p99 < 0 ? json() : json(p99)}};
+    const auto& scope = runtime_->scope();
+    if (scope->budget()) {
+      out["_memory"] = {{"budget", scope->budget()},
+                        {"in_use", scope->in_use()},
+                        {"peak", scope->peak()},
+                        {"footprints", footprints},
+                        {"resident", resident}};
     }
     if (!order_.empty()) {  // the device's fault state machine (docs/faults.md)
-      tvmsched::Device::FaultStats faults = models_.at(order_.front())->model->device().faults();
-      static const char* const kHealth[] = {"healthy", "faulted", "lost"};
-      out["_device"] = {
-          {"health", kHealth[faults.health]}, {"generation", faults.generation},           {"faults", faults.faults},
-          {"recoveries", faults.recoveries},  {"last_recovery_s", faults.last_recovery_s}, {"lost", faults.lost}};
-    }
-    out["_scheduler"] = {{"decisions", 0}, {"p50_us", nullptr}, {"p99_us", nullptr}};  // no layer scheduler here
-    if (switcher_.defined()) {  // --memory-budget: the scope's accounting and the switcher's recorded stages
-      json stages = json::object(), resident = json::array(), footprints = json::object();
-      for (const char* stage : {"stage1", "stage2", "exec", "clean", "evict"}) stages[stage] = 0;
-      for (const tvmsched::StageEvent& e : switcher_->Events()) stages[e.stage] = stages.value(e.stage, 0) + 1;
-      for (const auto& name : order_) {
-        const Served& s = *models_.at(name);
-        footprints[name] = s.footprint;
-        if (s.model->resident()) resident.push_back(name);
-      }
-      out["_memory"] = {{"budget", scope_->budget()}, {"in_use", scope_->in_use()}, {"peak", scope_->peak()},
-                        {"footprints", footprints},   {"resident", resident},       {"switch_stages", stages}};
+      auto f = models_[order_[0]]->streams[0]->model()->device().faults();
+      out["_device"] = {{"health", std::vector<std::string>{"healthy", "faulted", "lost"}.at(f.health)},
+                        {"generation", f.generation},
+                        {"faults", f.faults},
+                        {"recoveries", f.recoveries},
+                        {"last_recovery_s", f.last_recovery_s},
+                        {"lost", f.lost}};
     }
     return out;
   }
 
+  /*! \brief Prometheus text: the tvmsched_* series of both example servers and Triton's nv_inference_* ones. */
   std::string Metrics() {
+    std::ostringstream out;
+    auto family = [&](const char* name, const char* type, const char* help, auto value, bool nv) {
+      out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+      for (const std::string& m : order_) {
+        out << name << "{model=\"" << m << (nv ? "\",version=\"1\"} " : "\"} ") << value(*models_[m]) << "\n";
+      }
+    };
+    auto preemptions = [](const Served& s) {
+      int64_t n = 0;
+      for (const auto& stream : s.streams) n += stream->preemptions.load();
+      return n;
+    };
+    family(
+        "tvmsched_requests_total", "counter", "Inference requests received, per model",
+        [](const Served& s) { return s.requests.load(); }, false);
+    family(
+        "tvmsched_errors_total", "counter", "Inference requests answered with an error, per model",
+        [](const Served& s) { return s.errors.load(); }, false);
+    family(
+        "tvmsched_qos_violations_total", "counter", "Requests whose latency exceeded the model's QoS target",
+        [](const Served& s) { return s.violations.load(); }, false);
+    family("tvmsched_preemptions_total", "counter", "Times the model's streams were preempted by a real-time request",
+           preemptions, false);
+    out << "# HELP tvmsched_request_latency_seconds Submit-to-finish latency of completed requests (engine clock)\n"
+        << "# TYPE tvmsched_request_latency_seconds histogram\n";
+    for (const std::string& m : order_) {
+      const Served& s = *models_[m];
+      int64_t below = 0;
+      for (size_t b = 0; b < std::size(kBuckets); ++b) {
+        below += s.buckets[b].load();
+        out << "tvmsched_request_latency_seconds_bucket{model=\"" << m << "\",le=\"" << kBuckets[b] << "\"} " << below
+            << "\n";
+      }
+      out << "tvmsched_request_latency_seconds_bucket{model=\"" << m << "\",le=\"+Inf\"} " << s.success.count << "\n"
+          << "tvmsched_request_latency_seconds_sum{model=\"" << m << "\"} " << s.latency_ns / 1e9 << "\n"
+          << "tvmsched_request_latency_seconds_count{model=\"" << m << "\"} " << s.success.count << "\n";
+    }
     int64_t busy = 0;
-    for (const auto& [name, s] : models_) busy += s->stream->busy() ? 1 : 0;
-    busy_->Add({{"device", device_kind_}}).Set(static_cast<double>(busy));
-    return prometheus::TextSerializer().Serialize(registry_->Collect());
+    for (const auto& [name, s] : models_) {
+      for (const auto& stream : s->streams) busy += stream->busy();
+    }
+    out << "# HELP tvmsched_busy_streams Model streams with requests queued or running, per device\n"
+        << "# TYPE tvmsched_busy_streams gauge\ntvmsched_busy_streams{device=\"" << device_ << "\"} " << busy << "\n";
+    family(
+        "nv_inference_request_success", "counter", "Number of successful inference requests, all batch sizes",
+        [](const Served& s) { return s.success.count.load(); }, true);
+    family(
+        "nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes",
+        [](const Served& s) { return s.fail.count.load(); }, true);
+    family(
+        "nv_inference_count", "counter", "Number of inferences performed (does not include cached requests)",
+        [](const Served& s) { return s.success.count.load(); }, true);
+    family(
+        "nv_inference_exec_count", "counter", "Number of model executions performed (does not include cached requests)",
+        [](const Served& s) { return s.success.count.load(); }, true);
+    for (auto [name, field] : {std::pair{"nv_inference_request_duration_us", &Served::success},
+                               {"nv_inference_queue_duration_us", &Served::queue},
+                               {"nv_inference_compute_input_duration_us", &Served::input},
+                               {"nv_inference_compute_infer_duration_us", &Served::infer},
+                               {"nv_inference_compute_output_duration_us", &Served::output}}) {
+      family(
+          name, "counter", "Cumulative duration in microseconds",
+          [field = field](const Served& s) { return (s.*field).ns / 1e3; }, true);
+    }
+    family(
+        "nv_inference_pending_request_count", "gauge",
+        "Instantaneous number of pending requests awaiting execution per-model.",
+        [](const Served& s) { return s.pending.load(); }, true);
+    return out.str();
   }
 
-  void Stopping() { stopping_.store(true); }
-
-  void Close() {
-    for (const auto& [name, s] : models_) s->stream->Close();  // finish queued requests, stop the submitters
-    if (switcher_.defined()) switcher_->Close();
-  }
+  void Stopping() { stopping_ = true; }
+  void Close() { runtime_->Shutdown(); }
+  const std::vector<std::string>& names() const { return order_; }
 
  private:
-  static constexpr int kSwitchGroups = 8;  // sub-tasks per model (runtime/switching.py's SwitchSettings.max_groups)
-
-  /*! \brief The model `name` at `version` ("" or "1"), else 404. */
   Served& Find(const std::string& name, const std::string& version) {
     auto found = models_.find(name);
     if (found == models_.end()) throw HttpError(404, "no model named '" + name + "'");
-    if (!version.empty() && version != found->second->version) {
-      throw HttpError(
-          404, "model '" + name + "' has no version '" + version + "' (it has version " + found->second->version + ")");
-    }
+    if (!version.empty() && version != "1")
+      throw HttpError(404, "model '" + name + "' has no version '" + version + "' (it has version 1)");
     return *found->second;
   }
 
-  /*! \brief Why `s` takes no requests now (503), else empty. */
-  std::string NotReady(const Served& s) const {
-    std::string why = ServerNotReady();
-    if (!why.empty()) return why;
-    if (std::string q = s.model->quarantined(); !q.empty()) return "model '" + s.name + "' is quarantined: " + q;
-    if (std::string p = s.model->placement_error(); !p.empty()) return "model '" + s.name + "' cannot be placed: " + p;
-    return "";
+  /*! \brief Run `handle` for model `s` and count it: a success's times (the Runtime's queue and compute; decoding and
+   *  encoding), or a failure (any error from the request, rethrown). */
+  template <typename F>
+  auto Counted(Served& s, int64_t start, F handle) -> decltype(handle(nullptr, nullptr).second) {
+    s.requests += 1;
+    try {
+      if (std::string why = NotReady(s.spec.name); !why.empty()) throw HttpError(503, why);
+      int64_t input_ns = 0, output_ns = 0;
+      auto [request, answer] = handle(&input_ns, &output_ns);
+      double submitted = request->submitted_us, started = request->started_us, finished = request->finished_us;
+      s.success.Add(NowNs() - start);
+      s.queue.Add(static_cast<int64_t>(std::max(0.0, started - submitted) * 1e3));
+      s.infer.Add(static_cast<int64_t>(std::max(0.0, finished - started) * 1e3));
+      s.input.Add(input_ns);
+      s.output.Add(output_ns);
+      s.last_ms = std::chrono::system_clock::now().time_since_epoch() / std::chrono::milliseconds(1);
+      double seconds = (finished - submitted) / 1e6;
+      s.latency_ns += static_cast<int64_t>(seconds * 1e9);
+      s.buckets[std::lower_bound(std::begin(kBuckets), std::end(kBuckets), seconds) - std::begin(kBuckets)] +=
+          seconds <= 10;
+      s.violations += s.qos_ms > 0 && seconds * 1e3 > s.qos_ms;
+      return answer;
+    } catch (...) {
+      s.errors += 1;
+      s.fail.Add(NowNs() - start);
+      throw;
+    }
   }
 
-  json StatsOf(const Served& s) const {
-    json inference = {{"success", s.success.Json()},
-                      {"fail", s.fail.Json()},
-                      {"queue", s.queue.Json()},
-                      {"compute_input", s.compute_input.Json()},
-                      {"compute_infer", s.compute_infer.Json()},
-                      {"compute_output", s.compute_output.Json()},
-                      {"cache_hit", {{"count", 0}, {"ns", 0}}},
-                      {"cache_miss", {{"count", 0}, {"ns", 0}}}};
-    json batches = json::array();
-    if (s.success.count.load()) {
-      batches.push_back({{"batch_size", 1},
-                         {"compute_input", s.compute_input.Json()},
-                         {"compute_infer", s.compute_infer.Json()},
-                         {"compute_output", s.compute_output.Json()}});
-    }
-    return {{"name", s.name},
-            {"version", s.version},
-            {"last_inference", s.last_inference_ms.load()},
-            {"inference_count", s.success.count.load()},
-            {"execution_count", s.success.count.load()},
-            {"inference_stats", inference},
-            {"batch_stats", batches},
-            {"memory_usage", json::array()}};
-  }
-
-  /*! \brief Submit `tensors` to `s` and wait: the finished request (its queue and compute times in `timing`), or
-   *  HttpError 503 (--max-queue) or 400 (the engine's one line). */
-  tvmsched::Request Execute(Served& s, const ffi::Map<ffi::String, ffi::Tensor>& tensors, Timing* timing) {
-    struct Pending {  // queued or running: counted until it is done
-      Served& s;
-      int64_t now;
-      explicit Pending(Served& s) : s(s), now(s.pending.fetch_add(1) + 1) { s.nv_pending->Increment(); }
-      ~Pending() {
-        s.pending.fetch_sub(1);
-        s.nv_pending->Decrement();
-      }
-    } pending(s);
-    if (options_.max_queue && pending.now > options_.max_queue) {
-      throw HttpError(503, "model '" + s.name + "' has " + std::to_string(options_.max_queue) +
-                               " requests queued or running, the limit of --max-queue: try again later");
-    }
-    bool realtime = s.priority == "realtime";
+  /*! \brief Submit to the Runtime and wait. Refused at submit (the queue full, the latency target out of reach, the
+   *  runtime closing): 503; timed out in the queue: 504, as `tvmsched serve`; another engine error: 400. */
+  tvmsched::Request Execute(Served& s, const ffi::Map<ffi::String, ffi::Tensor>& inputs, tvmsched::SubmitOptions o) {
+    s.pending += 1;
+    struct Done {
+      std::atomic<int64_t>& n;
+      ~Done() { n -= 1; }
+    } done{s.pending};
     tvmsched::Request request;
     try {
-      request = s.stream->Submit(tensors, {});
+      request = runtime_->Submit(s.spec.name, inputs, o);
     } catch (const ffi::Error& err) {
-      s.rejected.fetch_add(1);
-      throw HttpError(400, err.message());
+      std::string line = err.message();
+      bool full = line.find("its queue is full") != std::string::npos;
+      bool refused = full || line.find("refused") != std::string::npos || line.find("shut down") != std::string::npos;
+      throw HttpError(refused ? 503 : 400,
+                      full ? line + ": try again later (--max-queue, the model's max_queue)" : line);
     }
-    if (realtime) priorities_.Hold(request, s.stream);  // queued first: it starts on its own stream while others stop
     request->Wait(-1, 50);
-    if (!request->error().empty()) throw HttpError(400, std::string(request->error()));
-    double ms = (request->finished_us - request->submitted_us) / 1e3;
-    s.latency->Observe(ms / 1e3);
-    if (s.qos_ms && ms > *s.qos_ms) s.qos_violations->Increment();
-    timing->queue = static_cast<int64_t>(std::max(0.0, request->started_us - request->submitted_us) * 1e3);
-    timing->infer = static_cast<int64_t>(std::max(0.0, request->finished_us - request->started_us) * 1e3);
+    std::string error = request->error();
+    bool late = error.find("timed out in the queue") != std::string::npos ||
+                error.find("within its deadline") != std::string::npos;
+    if (!error.empty()) throw HttpError(late ? 504 : 400, error);
     return request;
   }
 
-  void Succeeded(Served& s, const Timing& t) {
-    s.success.Add(t.request);
-    s.queue.Add(t.queue);
-    s.compute_input.Add(t.input);
-    s.compute_infer.Add(t.infer);
-    s.compute_output.Add(t.output);
-    s.last_inference_ms.store(
-        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-            .count());
-    s.nv_success->Increment();
-    s.nv_count->Increment();
-    s.nv_exec->Increment();
-    s.nv_request_us->Increment(t.request / 1e3);
-    s.nv_queue_us->Increment(t.queue / 1e3);
-    s.nv_input_us->Increment(t.input / 1e3);
-    s.nv_infer_us->Increment(t.infer / 1e3);
-    s.nv_output_us->Increment(t.output / 1e3);
-  }
-
-  void Failed(Served& s, int64_t ns) {
-    s.errors->Increment();
-    s.fail.Add(ns);
-    s.nv_failure->Increment();
-  }
-
-  std::shared_ptr<prometheus::Registry> registry_;
-  ServerOptions options_;
-  prometheus::Family<prometheus::Counter>*requests_, *errors_, *qos_violations_, *preemptions_;
-  prometheus::Family<prometheus::Histogram>* latency_;
-  prometheus::Family<prometheus::Gauge>* busy_;
-  prometheus::Family<prometheus::Counter>*nv_success_, *nv_failure_, *nv_count_, *nv_exec_, *nv_request_us_,
-      *nv_queue_us_, *nv_input_us_, *nv_infer_us_, *nv_output_us_;
-  prometheus::Family<prometheus::Gauge>* nv_pending_;
+  tvmsched::Runtime runtime_;
+  std::string device_;
+  int64_t max_queue_;
   std::map<std::string, std::unique_ptr<Served>> models_;  // loaded before serving; read-only after
   std::vector<std::string> order_;
-  std::string device_kind_ = "cpu";
-  Priorities priorities_;
-  std::shared_ptr<tvmsched::MemoryScope> scope_;  // --memory-budget: the models' budget and its switcher
-  tvmsched::Switcher switcher_;
   std::atomic<bool> stopping_{false};
 };
 
-struct ModelSpec {
-  std::string name, path, priority = "best_effort";
-  std::optional<double> qos_ms;
-};
+// ---- flags and the model repository -------------------------------------------------------------------------------
 
-ModelSpec ParseModel(const std::string& spec) {
-  auto bad = [&] { return std::runtime_error("--model '" + spec + "' is not NAME=ARTIFACT[:QOS_MS[:PRIORITY]]"); };
-  size_t eq = spec.find('=');
-  if (eq == std::string::npos || eq == 0) throw bad();
-  ModelSpec out;
-  out.name = spec.substr(0, eq);
+Spec ParseModel(const std::string& text) {
+  auto bad = [&](const std::string& why) { return std::runtime_error("--model '" + text + "' " + why); };
+  Spec spec;
+  size_t eq = text.find('=');
+  std::stringstream rest(eq == std::string::npos ? "" : text.substr(eq + 1));
   std::vector<std::string> parts;
-  std::string rest = spec.substr(eq + 1);
-  for (size_t at = 0;;) {
-    size_t colon = rest.find(':', at);
-    parts.push_back(rest.substr(at, colon == std::string::npos ? std::string::npos : colon - at));
-    if (colon == std::string::npos) break;
-    at = colon + 1;
-  }
-  if (parts.size() > 3 || parts[0].empty()) throw bad();
-  out.path = parts[0];
+  for (std::string part; std::getline(rest, part, ':');) parts.push_back(part);
+  if (eq == 0 || eq == std::string::npos || parts.empty() || parts.size() > 3 || parts[0].empty())
+    throw bad("is not NAME=ARTIFACT[:QOS_MS[:PRIORITY]]");
+  spec.name = text.substr(0, eq), spec.path = parts[0];
   if (parts.size() > 1 && !parts[1].empty()) {
     char* end = nullptr;
-    double qos = std::strtod(parts[1].c_str(), &end);
-    if (*end != '\0' || !(qos > 0)) throw bad();
-    out.qos_ms = qos;
+    spec.qos_ms = std::strtod(parts[1].c_str(), &end);
+    if (*end != '\0' || !(spec.qos_ms > 0))
+      throw bad("is not NAME=ARTIFACT[:QOS_MS[:PRIORITY]] with a positive QOS_MS");
   }
-  if (parts.size() > 2 && !parts[2].empty()) {
-    if (parts[2] != "realtime" && parts[2] != "best_effort") {
-      throw std::runtime_error("priority must be realtime or best_effort, not '" + parts[2] + "'");
+  if (parts.size() > 2 && !parts[2].empty()) spec.priority = parts[2];
+  if (spec.priority != "realtime" && spec.priority != "best_effort")
+    throw bad("priority must be realtime or best_effort, not '" + spec.priority + "'");
+  return spec;
+}
+
+/*! \brief config.toml's `key = value` lines (numbers, true/false, "strings", # comments) as a JSON object. */
+json ReadToml(const std::string& text, const std::string& path) {
+  json out = json::object();
+  std::stringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    bool quoted = false;  // a comment starts at a '#' outside a string
+    for (size_t i = 0; i < line.size(); ++i) {
+      quoted = line[i] == '"' && (i == 0 || line[i - 1] != '\\') ? !quoted : quoted;
+      if (line[i] == '#' && !quoted) line.erase(i);
     }
-    out.priority = parts[2];
+    line.erase(0, line.find_first_not_of(" \t\r"));
+    line.erase(line.find_last_not_of(" \t\r") + 1);
+    if (line.empty()) continue;
+    size_t eq = line.find('=');
+    std::string key = line.substr(0, eq == std::string::npos ? 0 : line.find_last_not_of(" \t", eq - 1) + 1);
+    std::string value = eq == std::string::npos ? "" : line.substr(line.find_first_not_of(" \t", eq + 1));
+    json parsed =
+        json::parse(value == "true" || value == "false" || value[0] == '"' ? value : value + " ", nullptr, false);
+    if (key.empty() || parsed.is_discarded() || parsed.is_structured())
+      throw std::runtime_error("cannot read " + path + ": '" + line + "' is not a key = value line this server reads");
+    out[key] = parsed;
   }
   return out;
 }
 
-void Reply(httplib::Response& res, int status, const json& body) {
-  res.status = status;
-  // with a charset, cpp-httplib never compresses the answer (it compresses only exact content types): a client
-  // sending "Accept-Encoding: br" (browsers, locust, httpx with brotli installed) got every answer brotli'd at
-  // quality 11, ~1 s of a core for bert-tiny's 320 kB; examples/server.py never compresses either.
-  // Invalid UTF-8 (a model name in the URL) is replaced, never thrown.
-  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json; charset=utf-8");
-}
-
-std::string OneLine(std::string text) {
-  for (char& c : text) c = c == '\n' || c == '\r' ? ' ' : c;
-  return text;
-}
-
-/*! \brief An Open Inference Protocol error: {"error": one line}. */
-void ReplyError(httplib::Response& res, int status, const std::string& message) {
-  Reply(res, status, {{"error", OneLine(message)}});
-}
-
-/*! \brief A /v2 handler: every exception answered {"error": ...} (HttpError's status; engine errors 400). */
-template <typename F>
-httplib::Server::Handler V2(F handler) {
-  return [handler](const httplib::Request& req, httplib::Response& res) {
-    try {
-      handler(req, res);
-    } catch (const HttpError& err) {
-      ReplyError(res, err.status, err.what());
-    } catch (const kserve::Error& err) {
-      ReplyError(res, err.status, err.what());
-    } catch (const ffi::Error& err) {
-      ReplyError(res, 400, err.message());
-    } catch (const std::exception& err) {
-      ReplyError(res, 500, err.what());
+/*! \brief The models of a model repository (tvmsched/serve/repository.py: its layout, keys and checks). */
+std::vector<Spec> ReadRepository(const std::string& root) {
+  if (!fs::is_directory(root)) throw std::runtime_error("--model-repository " + root + ": not a folder");
+  std::vector<fs::path> folders;
+  for (const auto& entry : fs::directory_iterator(root)) {
+    if (entry.is_directory() && entry.path().filename().string()[0] != '.') folders.push_back(entry.path());
+  }
+  std::sort(folders.begin(), folders.end());
+  std::vector<Spec> specs;
+  for (const fs::path& folder : folders) {
+    Spec spec;
+    spec.name = folder.filename().string();
+    int artifacts = 0;
+    for (const auto& entry : fs::directory_iterator(folder)) {
+      if (entry.path().extension() == ".tvms") spec.path = entry.path().string(), ++artifacts;
     }
-  };
+    if (artifacts != 1) {
+      throw std::runtime_error("model folder " + folder.string() + " must hold exactly one .tvms artifact, not " +
+                               std::to_string(artifacts));
+    }
+    fs::path path = folder / "config.json";
+    bool toml = !fs::is_regular_file(path) && fs::is_regular_file(folder / "config.toml");
+    if (toml) path = folder / "config.toml";
+    json config = json::object();
+    if (fs::is_regular_file(path)) {
+      std::ifstream file(path);
+      std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+      config = toml ? ReadToml(text, path.string()) : json::parse(text, nullptr, false);
+      if (config.is_discarded()) throw std::runtime_error("cannot read " + path.string() + ": not valid JSON");
+      if (!config.is_object()) throw std::runtime_error(path.string() + " must hold an object");
+    }
+    static const std::map<std::string, std::string> kKinds = {{"qos_ms", "number"},
+                                                              {"priority", "string"},
+                                                              {"warmup", "boolean"},
+                                                              {"max_queue", "integer"},
+                                                              {"streams", "integer"}};
+    for (const auto& [key, value] : config.items()) {
+      auto kind = kKinds.find(key);
+      if (kind == kKinds.end())
+        throw std::runtime_error(path.string() + ": unknown key '" + key +
+                                 "' (known: qos_ms, priority, warmup, max_queue, streams)");
+      bool ok = kind->second == "number"    ? value.is_number()
+                : kind->second == "integer" ? value.is_number_integer()
+                : kind->second == "string"  ? value.is_string()
+                                            : value.is_boolean();
+      if (!ok) throw std::runtime_error(path.string() + ": " + key + " has the wrong type (" + value.type_name() + ")");
+    }
+    spec.qos_ms = config.value("qos_ms", 0.0);
+    spec.priority = config.value("priority", std::string("best_effort"));
+    spec.warmup = config.value("warmup", true);
+    spec.max_queue = config.value("max_queue", int64_t{-1});
+    int64_t streams = config.value("streams", int64_t{1});
+    if (spec.priority != "realtime" && spec.priority != "best_effort")
+      throw std::runtime_error(path.string() + ": priority must be one of realtime, best_effort");
+    if ((config.contains("qos_ms") && !(spec.qos_ms > 0)) || (config.contains("max_queue") && spec.max_queue < 1))
+      throw std::runtime_error(path.string() + ": qos_ms and max_queue must be positive");
+    if (streams < 1 || streams > 64) throw std::runtime_error(path.string() + ": streams must be from 1 to 64");
+    spec.streams = static_cast<int>(streams);
+    specs.push_back(spec);
+  }
+  return specs;
 }
 
-/*! \brief Bytes from "1048576", "512MiB", "2GiB" or "1.5GB" (runtime/tiering.py's parse_bytes: units B, KB..TB
- *  decimal, KiB..TiB binary, case-insensitive; a fraction of a byte dropped); at least 1. */
+/*! \brief Bytes from "1048576", "512MiB", "2GiB" or "1.5GB" (runtime/tiering.py's parse_bytes); at least 1. */
 size_t ParseBytes(const std::string& flag, const std::string& text) {
-  auto bad = [&] {
-    return std::runtime_error(flag +
-                              " must be a number of bytes, optionally with a unit (B, KB, MB, GB, TB, KiB, MiB, " +
-                              "GiB, TiB), of at least 1 byte, not '" + text + "'");
-  };
-  size_t at = 0, end = text.size();
-  while (at < end && std::isspace(static_cast<unsigned char>(text[at]))) ++at;
-  while (end > at && std::isspace(static_cast<unsigned char>(text[end - 1]))) --end;
-  size_t number = at;
-  while (number < end && (std::isdigit(static_cast<unsigned char>(text[number])) || text[number] == '.')) ++number;
-  std::string digits = text.substr(at, number - at), unit;
-  size_t unit_at = number;
-  while (unit_at < end && std::isspace(static_cast<unsigned char>(text[unit_at]))) ++unit_at;
-  for (size_t i = unit_at; i < end; ++i) unit += static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
   static const std::map<std::string, long double> kUnits = {{"", 1},
                                                             {"b", 1},
                                                             {"kb", 1e3},
@@ -918,184 +611,205 @@ size_t ParseBytes(const std::string& flag, const std::string& text) {
                                                             {"mib", 1048576.0L},
                                                             {"gib", 1073741824.0L},
                                                             {"tib", 1099511627776.0L}};
+  std::string trimmed = text;
+  trimmed.erase(0, trimmed.find_first_not_of(" \t"));
+  trimmed.erase(trimmed.find_last_not_of(" \t") + 1);
+  size_t digits = trimmed.find_first_not_of("0123456789.");
+  std::string number = trimmed.substr(0, digits), unit = digits == std::string::npos ? "" : trimmed.substr(digits);
+  unit.erase(0, unit.find_first_not_of(" \t"));
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::tolower(c); });
   auto scale = kUnits.find(unit);
-  if (digits.empty() || digits == "." || std::count(digits.begin(), digits.end(), '.') > 1 || scale == kUnits.end())
-    throw bad();
-  long double bytes = std::strtold(digits.c_str(), nullptr) * scale->second;
-  if (!(bytes >= 1) || bytes > 1e18L) throw bad();
+  long double bytes =
+      number.empty() || number == "." || std::count(number.begin(), number.end(), '.') > 1 || scale == kUnits.end()
+          ? 0
+          : std::strtold(number.c_str(), nullptr) * scale->second;
+  if (!(bytes >= 1) || bytes > 1e18L) {
+    throw std::runtime_error(flag +
+                             " must be a number of bytes, optionally with a unit (B, KB, MB, GB, TB, KiB, MiB, "
+                             "GiB, TiB), of at least 1 byte, not '" +
+                             text + "'");
+  }
   return static_cast<size_t>(bytes);
 }
 
-/*! \brief A non-negative integer flag's value. */
-long long ParseCount(const std::string& flag, const std::string& text, long long min) {
+long long ParseCount(const std::string& flag, const std::string& text, long long min, long long max) {
   char* end = nullptr;
   errno = 0;
   long long n = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno == ERANGE || n < min) {
+  if (text.empty() || *end != '\0' || errno == ERANGE || n < min || n > max) {
     throw std::runtime_error(flag + " must be an integer of at least " + std::to_string(min) + ", not '" + text + "'");
   }
   return n;
 }
 
-int Fail(const std::string& message) {
-  std::string line = message;
-  for (char& c : line) c = c == '\n' ? ' ' : c;
-  std::cerr << "error: " << line << std::endl;
-  return 2;
+// ---- HTTP -----------------------------------------------------------------------------------------------------------
+
+void Reply(httplib::Response& res, int status, const json& body) {
+  res.status = status;  // with a charset cpp-httplib never compresses the answer (~1 s of brotli for a large one)
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json; charset=utf-8");
+}
+
+/*! \brief A handler whose errors are one line: {"error": ...} on /v2, {"detail": ...} on /v1 (engine errors 400). */
+template <typename F>
+httplib::Server::Handler Handle(const char* key, F handler) {
+  return [key, handler](const httplib::Request& req, httplib::Response& res) {
+    try {
+      handler(req, res);
+    } catch (const HttpError& err) {
+      Reply(res, err.status, {{key, OneLine(err.what())}});
+    } catch (const kserve::Error& err) {
+      Reply(res, err.status, {{key, OneLine(err.what())}});
+    } catch (const ffi::Error& err) {
+      Reply(res, 400, {{key, OneLine(err.message())}});
+    } catch (const std::exception& err) {
+      Reply(res, 500, {{key, OneLine(err.what())}});
+    }
+  };
 }
 
 int Main(int argc, char** argv) {
-  std::vector<ModelSpec> specs;
-  std::string host = "127.0.0.1", device = "cpu";
-  std::vector<std::string> trusted;
+  std::vector<Spec> specs;
+  std::string host = "127.0.0.1", repository, colocation;
+  tvmsched::RuntimeOptions options;
+  options.max_groups = 8;  // sub-tasks per switched model, as runtime/switching.py's SwitchSettings
+  int64_t max_queue = 64;
   int port = 8080;
-  size_t max_body_bytes = 16 << 20;  // a request body larger than this is refused (413) before it is read
-  ServerOptions options;
+  size_t max_body_bytes = 16 << 20;
+  bool warmup = true;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
-    auto value = [&](const std::string& flag) -> std::string {
-      if (arg.rfind(flag + "=", 0) == 0) return arg.substr(flag.size() + 1);
-      if (i + 1 >= argc) throw std::runtime_error(flag + " needs a value (" + kUsage + ")");
+    auto is = [&](const std::string& flag) { return arg == flag || arg.rfind(flag + "=", 0) == 0; };
+    auto value = [&]() -> std::string {
+      if (arg.find('=') != std::string::npos) return arg.substr(arg.find('=') + 1);
+      if (i + 1 >= argc) throw std::runtime_error(arg + " needs a value (" + kUsage + ")");
       return argv[++i];
     };
-    auto is = [&](const std::string& flag) { return arg == flag || arg.rfind(flag + "=", 0) == 0; };
     if (arg == "-h" || arg == "--help") {
       std::cout << kUsage << "\n";
       return 0;
     } else if (is("--model")) {
-      specs.push_back(ParseModel(value("--model")));
+      specs.push_back(ParseModel(value()));
+    } else if (is("--model-repository")) {
+      repository = value();
+    } else if (is("--policy")) {
+      options.policy = value();
+    } else if (is("--colocation")) {
+      colocation = value();
     } else if (is("--port")) {
-      std::string text = value("--port");
-      char* end = nullptr;
-      long p = std::strtol(text.c_str(), &end, 10);
-      if (text.empty() || *end != '\0' || p < 0 || p > 65535)
-        throw std::runtime_error("--port must be 0..65535, not '" + text + "'");
-      port = static_cast<int>(p);
+      port = static_cast<int>(ParseCount("--port", value(), 0, 65535));
     } else if (is("--trust")) {
-      trusted.push_back(value("--trust"));
+      options.trusted_keys.push_back(value());
     } else if (is("--max-body-bytes")) {
-      std::string text = value("--max-body-bytes");
-      char* end = nullptr;
-      long long n = std::strtoll(text.c_str(), &end, 10);
-      if (text.empty() || *end != '\0' || n < 1)
-        throw std::runtime_error("--max-body-bytes must be a positive integer, not '" + text + "'");
-      max_body_bytes = static_cast<size_t>(n);
+      max_body_bytes = static_cast<size_t>(ParseCount("--max-body-bytes", value(), 1, 1LL << 40));
     } else if (is("--memory-budget")) {
-      options.memory_budget = ParseBytes("--memory-budget", value("--memory-budget"));
+      options.devices[0].memory_budget = ParseBytes("--memory-budget", value());
     } else if (is("--max-queue")) {
-      options.max_queue = ParseCount("--max-queue", value("--max-queue"), 0);
+      max_queue = ParseCount("--max-queue", value(), 0, 1 << 20);
+    } else if (arg == "--warmup" || arg == "--no-warmup") {
+      warmup = arg == "--warmup";
     } else if (is("--host")) {
-      host = value("--host");
+      host = value();
     } else if (is("--device")) {
-      device = value("--device");
-      if (device != "cpu" && device != "cuda")
-        throw std::runtime_error("--device must be cpu or cuda, not '" + device + "'");
+      options.devices[0].kind = value();
     } else {
       throw std::runtime_error("unknown argument " + arg + " (" + kUsage + ")");
     }
   }
-  if (specs.empty()) throw std::runtime_error(std::string("at least one --model is required (") + kUsage + ")");
+  for (Spec& spec : specs) spec.warmup = warmup;
+  if (!repository.empty()) {
+    for (const Spec& spec : ReadRepository(repository)) specs.push_back(spec);
+  }
+  if (specs.empty())
+    throw std::runtime_error(std::string("nothing to serve: give --model and/or --model-repository (") + kUsage + ")");
+  if (!colocation.empty()) {  // `tvmsched profile-coloc --out` rows: {"first", "second", "overhead_per_unit_time"}
+    std::ifstream file(colocation);
+    json rows = file ? json::parse(file, nullptr, false) : json();
+    if (!rows.is_array()) throw std::runtime_error("--colocation " + colocation + ": not a JSON list of profile rows");
+    options.colocation =
+        std::make_shared<tvmsched::ColocationTable>(tvmsched::OpenDevice(options.devices[0].kind)->total_units());
+    for (const json& row : rows) {
+      options.colocation->AddMeasured(row.at("first"), row.at("second"), row.at("overhead_per_unit_time"));
+    }
+  }
 
-  // SIGINT/SIGTERM stop the server from a thread of their own; every thread started below inherits the mask
-  sigset_t signals;
+  sigset_t signals;  // SIGINT/SIGTERM stop the server from a thread of their own; every thread inherits the mask
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  Server server(device, options);
-  tvmsched::TrustedKeys keys = tvmsched::TrustedKeys::FromFiles(trusted);
-  for (const ModelSpec& spec : specs) server.Load(spec.name, spec.path, spec.qos_ms, spec.priority, device, keys);
+  Server server(options, max_queue);
+  for (const Spec& spec : specs) server.Load(spec);
 
   httplib::Server http;
-  // small JSON answers on kept-alive connections: without TCP_NODELAY each one waits ~40 ms for the
-  // client's delayed ACK (Nagle); keep connections for many requests, one pool thread per connection
-  http.set_tcp_nodelay(true);
-  http.set_payload_max_length(max_body_bytes);  // 413 Payload Too Large, the body never buffered
+  http.set_tcp_nodelay(true);  // small answers on kept-alive connections: no 40 ms wait for a delayed ACK
+  http.set_payload_max_length(max_body_bytes);  // 413, the body never buffered
   http.set_keep_alive_max_count(100000);
   http.new_task_queue = [] { return new httplib::ThreadPool(64); };
-  http.Post(R"(/v1/models/([^/]+)/infer)", [&](const httplib::Request& req, httplib::Response& res) {
-    try {
-      Reply(res, 200, server.Infer(req.matches[1], req.body));
-    } catch (const HttpError& err) {
-      Reply(res, err.status, {{"detail", err.detail}});
-    } catch (const ffi::Error& err) {
-      Reply(res, 400, {{"detail", err.message()}});
-    } catch (const std::exception& err) {
-      Reply(res, 500, {{"detail", err.what()}});
-    }
-  });
-  http.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) { Reply(res, 200, server.Models()); });
-  http.Get("/v1/stats", [&](const httplib::Request&, httplib::Response& res) { Reply(res, 200, server.Stats()); });
-  http.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
-    res.set_content(server.Metrics(), "text/plain; version=0.0.4; charset=utf-8");
-  });
-
-  // the Open Inference Protocol (KServe v2); a model's routes take an optional /versions/{version}
   const std::string model = R"(/v2/models/([^/]+)(?:/versions/([^/]+))?)";
-  http.Get("/v2/health/live",
-           [](const httplib::Request&, httplib::Response& res) { Reply(res, 200, {{"live", true}}); });
-  http.Get("/v2/health/ready", V2([&](const httplib::Request&, httplib::Response& res) {
-             std::string why = server.ServerNotReady();
+  auto get = [&](const std::string& route, auto answer) {
+    http.Get(route, Handle("error", [answer](const httplib::Request& req, httplib::Response& res) {
+               Reply(res, 200, answer(req));
+             }));
+  };
+  get("/v2/health/live", [](const httplib::Request&) { return json{{"live", true}}; });
+  http.Get("/v2/health/ready", Handle("error", [&](const httplib::Request&, httplib::Response& res) {
+             std::string why = server.NotReady();
              Reply(res, why.empty() ? 200 : 503,
                    why.empty() ? json{{"ready", true}} : json{{"ready", false}, {"error", why}});
            }));
-  http.Get("/v2",
-           V2([&](const httplib::Request&, httplib::Response& res) { Reply(res, 200, server.ServerMetadata()); }));
-  http.Get("/v2/models/stats", V2([&](const httplib::Request&, httplib::Response& res) {
-             Reply(res, 200, server.ModelStats(std::nullopt, ""));
-           }));
-  http.Get(model, V2([&](const httplib::Request& req, httplib::Response& res) {
-             Reply(res, 200, server.ModelMetadata(req.matches[1], req.matches[2]));
-           }));
-  http.Get(model + "/ready", V2([&](const httplib::Request& req, httplib::Response& res) {
-             std::string why = server.ModelNotReady(req.matches[1], req.matches[2]);
+  get("/v2", [](const httplib::Request&) {
+    return json{
+        {"name", "tvmsched"},
+        {"version", TVMSCHED_VERSION},
+        {"extensions", {"binary_tensor_data", "model_configuration", "statistics", "parameters", "schedule_policy"}}};
+  });
+  get("/v2/models/stats", [&](const httplib::Request&) { return server.Statistics("", ""); });
+  get(model, [&](const httplib::Request& req) { return server.ModelMetadata(req.matches[1], req.matches[2]); });
+  get(model + "/config",
+      [&](const httplib::Request& req) { return server.ModelConfig(req.matches[1], req.matches[2]); });
+  get(model + "/stats", [&](const httplib::Request& req) { return server.Statistics(req.matches[1], req.matches[2]); });
+  http.Get(model + "/ready", Handle("error", [&](const httplib::Request& req, httplib::Response& res) {
+             std::string why = server.NotReady(req.matches[1], req.matches[2]);
              json body = {{"name", std::string(req.matches[1])}, {"ready", why.empty()}};
              if (!why.empty()) body["error"] = OneLine(why);
              Reply(res, why.empty() ? 200 : 503, body);
            }));
-  http.Get(model + "/config", V2([&](const httplib::Request& req, httplib::Response& res) {
-             Reply(res, 200, server.ModelConfig(req.matches[1], req.matches[2]));
-           }));
-  http.Get(model + "/stats", V2([&](const httplib::Request& req, httplib::Response& res) {
-             Reply(res, 200, server.ModelStats(std::string(req.matches[1]), req.matches[2]));
-           }));
-  http.Post(model + "/infer", V2([&](const httplib::Request& req, httplib::Response& res) {
-              const char* header = "Inference-Header-Content-Length";
-              kserve::Response out = server.InferV2(req.matches[1], req.matches[2], req.body, req.has_header(header),
-                                                    req.get_header_value(header));
-              res.status = 200;
-              if (out.header_length) {  // binary outputs follow the JSON header
-                res.set_header(header, std::to_string(*out.header_length));
-                res.set_content(std::move(out.body), "application/octet-stream");
-              } else {
-                res.set_content(std::move(out.body), "application/json; charset=utf-8");
-              }
+  http.Post(model + "/infer", Handle("error", [&](const httplib::Request& req, httplib::Response& res) {
+              kserve::Response out = server.InferV2(req.matches[1], req.matches[2], req);
+              if (out.header_length)
+                res.set_header("Inference-Header-Content-Length", std::to_string(*out.header_length));
+              res.set_content(std::move(out.body),
+                              out.header_length ? "application/octet-stream" : "application/json; charset=utf-8");
             }));
-  // a request's X-Request-Id comes back on its answer (errors included): clients match answers to requests
-  http.set_post_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+  http.Post(R"(/v1/models/([^/]+)/infer)", Handle("detail", [&](const httplib::Request& req, httplib::Response& res) {
+              Reply(res, 200, server.InferV1(req.matches[1], req.body));
+            }));
+  http.Get("/v1/models", Handle("detail", [&](const httplib::Request&, httplib::Response& res) {
+             Reply(res, 200, server.ModelsV1());
+           }));
+  http.Get("/v1/stats", Handle("detail", [&](const httplib::Request&, httplib::Response& res) {
+             Reply(res, 200, server.StatsV1());
+           }));
+  http.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(server.Metrics(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  http.set_post_routing_handler([](const httplib::Request& req, httplib::Response& res) {  // matched by clients
     if (req.has_header("X-Request-Id")) res.set_header("X-Request-Id", req.get_header_value("X-Request-Id"));
   });
   http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // our own {"detail"/"error": ...}
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // our own {"error"/"detail": ...}
     const char* text = res.status == 404   ? "Not Found"
                        : res.status == 405 ? "Method Not Allowed"
                        : res.status == 413 ? "Payload Too Large"
                        : res.status < 500  ? "Bad Request"
                                            : "Internal Server Error";
-    if (req.path == "/v2" || req.path.rfind("/v2/", 0) == 0)
-      ReplyError(res, res.status, text);  // the Open Inference Protocol's errors
-    else
-      Reply(res, res.status, {{"detail", text}});
+    Reply(res, res.status, {{req.path == "/v2" || req.path.rfind("/v2/", 0) == 0 ? "error" : "detail", text}});
     return httplib::Server::HandlerResponse::Handled;
   }));
 
-  if (port == 0) {
-    port = http.bind_to_any_port(host);
-    if (port < 0) throw std::runtime_error("cannot listen on " + host);
-  } else if (!http.bind_to_port(host, port)) {
+  if (port == 0 ? (port = http.bind_to_any_port(host)) < 0 : !http.bind_to_port(host, port))
     throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port));
-  }
   std::thread([&http, &server, signals] {
     int sig = 0;
     sigwait(&signals, &sig);
@@ -1103,8 +817,9 @@ int Main(int argc, char** argv) {
     http.stop();
   }).detach();
   std::string names;
-  for (const ModelSpec& spec : specs) names += (names.empty() ? "" : ", ") + spec.name;
-  std::cout << "tvmsched_server: serving " << names << " on http://" << host << ":" << port << std::endl;
+  for (const std::string& name : server.names()) names += (names.empty() ? "" : ", ") + name;
+  std::cout << "tvmsched_server: serving " << names << " on http://" << host << ":" << port << " (policy "
+            << options.policy << ")" << std::endl;
   http.listen_after_bind();
   server.Close();
   return 0;
@@ -1116,8 +831,9 @@ int main(int argc, char** argv) {
   try {
     return Main(argc, argv);
   } catch (const tvm::ffi::Error& err) {
-    return Fail(err.message());
+    std::cerr << "error: " << OneLine(err.message()) << std::endl;
   } catch (const std::exception& err) {
-    return Fail(err.what());
+    std::cerr << "error: " << OneLine(err.what()) << std::endl;
   }
+  return 2;
 }

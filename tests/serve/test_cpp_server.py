@@ -349,7 +349,7 @@ def test_queue_limit_answers_503(cpp_build, zoo):  # noqa: F811
 
 def test_switching_under_a_memory_budget(cpp_build, zoo):  # noqa: F811
     """--memory-budget below what the models hold together (mlp and two tenants of bert-tiny; a model's footprint
-    overestimates what it holds, so two models alone would fit): each is switched in by its requests (others
+    overestimates what it holds, so two models alone would fit): the Runtime switches each in by its requests (others
     evicted), answers stay right, and the models' memory never passes the budget. Requests go one at a time: at
     the same time, the engine's switcher fails some of them (docs/cpp-server.md, "Known issue"; Python's Runtime too)."""
     sizes = {name: entry[3] for name, entry in zoo.items()}
@@ -365,11 +365,6 @@ def test_switching_under_a_memory_budget(cpp_build, zoo):  # noqa: F811
         assert memory["budget"] == budget and memory["peak"] <= budget and memory["in_use"] <= budget, memory
         assert memory["footprints"] == {**sizes, "bert2": sizes["bert"]}  # the engine's sizes are the Python runtime's
         assert len(memory["resident"]) < 3, memory
-        # evicted models keep their environment (a warm standby): each switch-in is stage 2 of its sub-tasks (8 for
-        # bert-tiny), at least one per bert request after the first two
-        stages = memory["switch_stages"]
-        assert stages["evict"] >= 8 and stages["stage1"] == 3 and stages["stage2"] >= 8 * (sequence.count("bert") +
-                                                                                       sequence.count("bert2") - 2), memory
         placements = {client.get_model_config(name)["parameters"]["placement"]["string_value"] for name in served}
         assert placements == {"staged"}
         metrics = _metrics(base)
@@ -379,14 +374,21 @@ def test_switching_under_a_memory_budget(cpp_build, zoo):  # noqa: F811
     finally:
         client.close()
         assert stop_server(proc) == 0
-    # a model that cannot fit the budget, and bad values, stop the server at once with one line
+    # a model larger than the whole budget streams its weights from host memory (the Runtime's placement, as in
+    # tvmsched serve), and answers right
+    proc, base = _start(cpp_build, zoo, "--memory-budget", str(sizes["bert"] - 1), names=("bert",))
+    client = tritonclient_http.InferenceServerClient(base.removeprefix("http://"))
+    try:
+        assert client.get_model_config("bert")["parameters"]["placement"]["string_value"] == "streamed"
+        _check(_infer(client, "bert", zoo["bert"][1], binary=True), zoo["bert"][2])
+    finally:
+        client.close()
+        assert stop_server(proc) == 0
+    # one that cannot even stream through the budget, and bad values, stop the server at once with one line
     run = lambda *flags: subprocess.run([str(cpp_build / "tvmsched_server"), "--port", str(free_port()), *flags,
                                          "--model", f"bert={zoo['bert'][0]}"], cwd=ROOT, capture_output=True,
                                         text=True, timeout=120)
-    assert_user_error(run("--memory-budget", str(sizes["bert"] - 1)),
-                      f"model 'bert' needs {sizes['bert']} bytes of device memory when resident, more than "
-                      f"--memory-budget {sizes['bert'] - 1}")
-    assert_user_error(run("--memory-budget", "1.5KiB"), "more than --memory-budget 1536 ")  # units as tvmsched serve's
+    assert_user_error(run("--memory-budget", "1.5KiB"), "larger than the runtime's memory budget of 1536 bytes")
     assert_user_error(run("--memory-budget", "lots"), "--memory-budget must be a number of bytes, optionally with a "
                       "unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), of at least 1 byte, not 'lots'")
     assert_user_error(run("--max-queue", "-1"), "--max-queue must be an integer of at least 0")
@@ -438,3 +440,100 @@ def test_real_time_requests_preempt_best_effort_ones_through_the_engine(cpp_buil
     finally:
         stop.set()
         assert stop_server(proc) == 0
+
+
+def test_runtime_streams_policy_priority_and_timeout(cpp_build, zoo, tmp_path):  # noqa: F811
+    """The server is an adapter over the engine's Runtime: a model repository (tvmsched serve's layout and keys, JSON
+    and TOML) serves bert on 2 streams that both take requests; --policy reaches the Runtime; a request's
+    parameters.priority 1 preempts the busy best-effort streams of another model; parameters.timeout (µs) that runs
+    out while the request is queued answers 504, as tvmsched serve; bad parameters are 400 lines."""
+    import threading
+
+    for name, config, text in (("bert", "config.json", '{"streams": 2, "max_queue": 32, "qos_ms": 60000}'),
+                               ("mlp", "config.toml", 'priority = "best_effort"  # TOML\nwarmup = false\n')):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"{name}.tvms").symlink_to(zoo[name][0])  # the shared artifact, read only
+        (tmp_path / name / config).write_text(text)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = start_server([str(cpp_build / "tvmsched_server"), "--port", str(port), "--model-repository", str(tmp_path),
+                         "--policy", "fastest"], base)
+    client = tritonclient_http.InferenceServerClient(base.removeprefix("http://"), concurrency=8)
+    stop, failures = threading.Event(), []
+    try:
+        config = client.get_model_config("bert")
+        assert config["instance_group"][0]["count"] == 2 and config["parameters"]["streams"]["string_value"] == "2"
+        assert config["parameters"]["policy"]["string_value"] == "fastest"
+        assert config["parameters"]["max_queue"]["string_value"] == "32"
+        stats = lambda: httpx.get(f"{base}/v1/stats", timeout=10).json()
+        assert stats()["_scheduler"]["policy"] == "fastest"
+        before = stats()["bert"]["stream_requests"]
+        pending = [client.async_infer("bert", _bert_tensor(zoo)) for _ in range(24)]  # 8 at a time: both streams
+        for request in pending:
+            _check(request.get_result(), zoo["bert"][2])
+        after = stats()["bert"]["stream_requests"]
+        assert len(after) == 2 and all(a > b for a, b in zip(after, before)), (before, after)
+
+        def best_effort_load():
+            own = tritonclient_http.InferenceServerClient(base.removeprefix("http://"))
+            try:
+                while not stop.is_set():
+                    _infer(own, "bert", zoo["bert"][1], binary=True)
+            except Exception as err:  # noqa: BLE001 (reported below)
+                failures.append(err)
+            finally:
+                own.close()
+
+        threads = [threading.Thread(target=best_effort_load) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        tensor = tritonclient_http.InferInput("input", list(zoo["mlp"][1]["input"].shape), "FP32")
+        tensor.set_data_from_numpy(zoo["mlp"][1]["input"])
+        preempted = 0.0
+        for _ in range(300):  # mlp is best-effort: its requests preempt bert only because they ask for priority 1
+            _check(client.infer("mlp", [tensor], priority=1), zoo["mlp"][2])
+            preempted = _sample(_metrics(base), "tvmsched_preemptions_total", model="bert")
+            if preempted >= 3:
+                break
+        assert preempted >= 3, "bert was never preempted by a real-time request"
+        timed_out = 0
+        for _ in range(20):  # bert's streams are busy: a request that may wait 1 µs in the queue cannot start
+            try:
+                client.infer("bert", _bert_tensor(zoo), timeout=1)
+            except InferenceServerException as err:
+                assert err.status() == "504", err
+                timed_out += 1
+        assert timed_out, "no request timed out in the queue"
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert not failures, failures
+        assert stats()["bert"]["timed_out"] >= timed_out
+        _check(client.infer("bert", _bert_tensor(zoo), timeout=60_000_000), zoo["bert"][2])  # time enough
+        for parameters, fragment in (({"priority": "high"}, "parameter priority must be"),
+                                     ({"timeout": -5}, "parameter timeout must be a non-negative"),
+                                     ({"timeout": 1.5}, "parameter timeout must be")):
+            body = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784],
+                                "data": zoo["mlp"][1]["input"].ravel().tolist()}], "parameters": parameters}
+            reply = httpx.post(f"{base}/v2/models/mlp/infer", json=body, timeout=60)
+            assert reply.status_code == 400 and fragment in reply.json()["error"], reply.text
+    finally:
+        stop.set()
+        client.close()
+        assert stop_server(proc) == 0
+    bad = subprocess.run([str(cpp_build / "tvmsched_server"), "--port", str(free_port()), "--policy", "nope",
+                          "--model", f"mlp={zoo['mlp'][0]}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert_user_error(bad, "nope")
+    (tmp_path / "mlp" / "config.toml").write_text("streams = 0\n")
+    bad = subprocess.run([str(cpp_build / "tvmsched_server"), "--port", str(free_port()), "--model-repository",
+                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert_user_error(bad, "config.toml: streams must be from 1 to 64")
+
+
+def _bert_tensor(zoo) -> list:
+    tensors = []
+    for key, value in zoo["bert"][1].items():
+        tensor = tritonclient_http.InferInput(key, list(value.shape), "FP32")
+        tensor.set_data_from_numpy(value)
+        tensors.append(tensor)
+    return tensors
