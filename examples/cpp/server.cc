@@ -196,8 +196,11 @@ class Server {
     });
   }
 
-  std::string NotReady(const std::string& name = "", const std::string& version = "") {
-    if (stopping_) return "the server is shutting down";
+  /*! \brief Why the server (or model `name`) takes no requests now (503), else empty. `in_flight`: for a request that
+   *  reached its handler: one that came before a SIGTERM is still answered (only the probes say it is shutting down).
+   */
+  std::string NotReady(const std::string& name = "", const std::string& version = "", bool in_flight = false) {
+    if (stopping_ && !in_flight) return "the server is shutting down";
     if (name.empty()) {
       std::string lost = order_.empty() ? "" : models_[order_[0]]->streams[0]->model()->device().faults().lost;
       return lost.empty() ? "" : "the device is lost (docs/faults.md): " + lost;
@@ -205,7 +208,7 @@ class Server {
     const tvmsched::Model& model = Find(name, version).streams[0]->model();
     if (std::string q = model->quarantined(); !q.empty()) return "model '" + name + "' is quarantined: " + q;
     if (std::string p = model->placement_error(); !p.empty()) return "model '" + name + "' cannot be placed: " + p;
-    return NotReady();
+    return NotReady("", "", in_flight);
   }
 
   json ModelMetadata(const std::string& name, const std::string& version) {
@@ -430,7 +433,7 @@ class Server {
   auto Counted(Served& s, int64_t start, F handle) -> decltype(handle(nullptr, nullptr).second) {
     s.requests += 1;
     try {
-      if (std::string why = NotReady(s.spec.name); !why.empty()) throw HttpError(503, why);
+      if (std::string why = NotReady(s.spec.name, "", true); !why.empty()) throw HttpError(503, why);
       int64_t input_ns = 0, output_ns = 0;
       auto [request, answer] = handle(&input_ns, &output_ns);
       double submitted = request->submitted_us, started = request->started_us, finished = request->finished_us;
