@@ -292,12 +292,7 @@ class Runtime:
 
     def tiering(self, model: Model | str) -> dict:
         """A tiered model's placement: resident weight bytes, buffer bytes, groups, bytes per tier."""
-        info = native.tiering_info(self._model(model).task.executor.native)
-        return {"resident_weight_bytes": int(info["resident_weight_bytes"]), "buffer_bytes": int(info["buffer_bytes"]),
-                "buffers": int(info["buffers"]),
-                "groups": int(info["groups"]), "streamed_group_bytes": [int(b) for b in info["streamed_group_bytes"]],
-                "tiers": [{k: (str(v) if k == "kind" else int(v)) for k, v in t.items()} for t in info["tiers"]],
-                "direct_io": bool(info["direct_io"])}
+        return tiering_report(self._model(model).task.executor.native)
 
     def tier_events(self) -> list[StageEvent]:
         """The tiered models' streamed groups ("stream" events: bytes copied, `held`: the buffer), in engine µs."""
@@ -425,22 +420,7 @@ class Runtime:
 
     def export_timeline(self, path: str | Path, png: str | Path | None = None) -> int:
         """Write the recorded launches as Chrome-trace / Perfetto JSON (and a PNG); returns the event count."""
-        events = []
-        started = self._started_us / 1e6
-        for model in self.models.values():
-            for task, layer, cand, start, end in [row for each in model.tasks for row in each.timeline]:
-                events.append({"name": f"L{layer}:c{cand}", "cat": model.priority, "ph": "X", "pid": 0, "tid": task,
-                               "ts": (start - started) * 1e6, "dur": (end - start) * 1e6,
-                               "args": {"layer": layer, "candidate": cand,
-                                        "units": model.layers[layer][cand].units}})
-        for e in self.switch_events() + self.tier_events():  # switching stages and streamed groups, a row per model
-            events.append({"name": e.stage if e.group < 0 else f"{e.stage} g{e.group}", "cat": "switch", "ph": "X", "pid": 0,
-                           "tid": f"{e.model} stages", "ts": e.start_us - self._started_us, "dur": e.end_us - e.start_us,
-                           "args": {"group": e.group, "bytes": e.bytes}})
-        Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
-        if png is not None:
-            plot_timeline(events, png)
-        return len(events)
+        return write_timeline(self.models.values(), self.switch_events() + self.tier_events(), self._started_us, path, png)
 
     def unload(self, model: Model | str, timeout_s: float = 60.0) -> None:
         """Stop serving a model: new requests for it are refused at once, its queued and running ones finish first,
@@ -547,6 +527,36 @@ def _thaw_heap() -> None:
         _freezers -= 1
         if _freezers == 0:
             gc.unfreeze()
+
+
+def write_timeline(models, stages: list[StageEvent], started_us: float, path: str | Path, png: str | Path | None) -> int:
+    """The models' recorded launches (a row per stream) and the switching / streaming `stages` (a row per model) as
+    Chrome-trace / Perfetto JSON at `path` (and a PNG); returns the event count."""
+    events = []
+    started = started_us / 1e6
+    for model in models:
+        for task, layer, cand, start, end in [row for each in model.tasks for row in each.timeline]:
+            events.append({"name": f"L{layer}:c{cand}", "cat": model.priority, "ph": "X", "pid": 0, "tid": task,
+                           "ts": (start - started) * 1e6, "dur": (end - start) * 1e6,
+                           "args": {"layer": layer, "candidate": cand, "units": model.layers[layer][cand].units}})
+    for e in stages:
+        events.append({"name": e.stage if e.group < 0 else f"{e.stage} g{e.group}", "cat": "switch", "ph": "X", "pid": 0,
+                       "tid": f"{e.model} stages", "ts": e.start_us - started_us, "dur": e.end_us - e.start_us,
+                       "args": {"group": e.group, "bytes": e.bytes}})
+    Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    if png is not None:
+        plot_timeline(events, png)
+    return len(events)
+
+
+def tiering_report(native_model) -> dict:
+    """A tiered model's placement: resident weight bytes, buffer bytes, groups, bytes per tier (engine's tiering_info)."""
+    info = native.tiering_info(native_model)
+    return {"resident_weight_bytes": int(info["resident_weight_bytes"]), "buffer_bytes": int(info["buffer_bytes"]),
+            "buffers": int(info["buffers"]),
+            "groups": int(info["groups"]), "streamed_group_bytes": [int(b) for b in info["streamed_group_bytes"]],
+            "tiers": [{k: (str(v) if k == "kind" else int(v)) for k, v in t.items()} for t in info["tiers"]],
+            "direct_io": bool(info["direct_io"])}
 
 
 def plot_timeline(events: list[dict], path: str | Path) -> None:

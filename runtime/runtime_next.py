@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import logging
 import tempfile
 import threading
@@ -31,6 +30,7 @@ from tvmsched.runtime import native
 from tvmsched.runtime import policies
 from tvmsched.runtime.executor import Executor, to_engine
 from tvmsched.runtime.preemption import EngineFuture, Task, default_stall_timeout_s, failed_future, hold_gc
+from tvmsched.runtime.runtime import _freeze_heap, _thaw_heap, tiering_report, write_timeline
 from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, StreamView
 from tvmsched.runtime.switching import StageEvent, SwitchSettings, stage_events
 from tvmsched.runtime.tiering import TierSettings, TierShares
@@ -273,12 +273,7 @@ class Runtime:
 
     def tiering(self, model: Model | str) -> dict:
         """A tiered model's placement: resident weight bytes, buffer bytes, groups, bytes per tier."""
-        info = native.tiering_info(self._model(model).task.executor.native)
-        return {"resident_weight_bytes": int(info["resident_weight_bytes"]), "buffer_bytes": int(info["buffer_bytes"]),
-                "buffers": int(info["buffers"]), "groups": int(info["groups"]),
-                "streamed_group_bytes": [int(b) for b in info["streamed_group_bytes"]],
-                "tiers": [{k: (str(v) if k == "kind" else int(v)) for k, v in t.items()} for t in info["tiers"]],
-                "direct_io": bool(info["direct_io"])}
+        return tiering_report(self._model(model).task.executor.native)
 
     def tier_events(self) -> list[StageEvent]:
         events = []
@@ -297,23 +292,7 @@ class Runtime:
 
     def export_timeline(self, path: str | Path, png: str | Path | None = None) -> int:
         """Write the recorded launches as Chrome-trace / Perfetto JSON (and a PNG); returns the event count."""
-        from tvmsched.runtime.runtime import plot_timeline
-
-        events = []
-        started = self._started_us / 1e6
-        for model in self.models.values():
-            for task, layer, cand, start, end in [row for each in model.tasks for row in each.timeline]:
-                events.append({"name": f"L{layer}:c{cand}", "cat": model.priority, "ph": "X", "pid": 0, "tid": task,
-                               "ts": (start - started) * 1e6, "dur": (end - start) * 1e6,
-                               "args": {"layer": layer, "candidate": cand, "units": model.layers[layer][cand].units}})
-        for e in self.switch_events() + self.tier_events():
-            events.append({"name": e.stage if e.group < 0 else f"{e.stage} g{e.group}", "cat": "switch", "ph": "X",
-                           "pid": 0, "tid": f"{e.model} stages", "ts": e.start_us - self._started_us,
-                           "dur": e.end_us - e.start_us, "args": {"group": e.group, "bytes": e.bytes}})
-        Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
-        if png is not None:
-            plot_timeline(events, png)
-        return len(events)
+        return write_timeline(self.models.values(), self.switch_events() + self.tier_events(), self._started_us, path, png)
 
     def unload(self, model: Model | str, timeout_s: float = 60.0) -> None:
         """Stop serving a model: new requests are refused at once, its queued and running ones finish first, then its
@@ -343,24 +322,3 @@ class Runtime:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
-
-
-_freezers = 0  # Runtimes with freeze_gc that froze the heap and are not shut down yet
-_freezers_lock = threading.Lock()
-
-
-def _freeze_heap(first: bool) -> None:
-    """Collect once, then freeze what is left: later collections (gen 2 included) skip it."""
-    global _freezers
-    with _freezers_lock:
-        _freezers += first
-        gc.collect()
-        gc.freeze()
-
-
-def _thaw_heap() -> None:
-    global _freezers
-    with _freezers_lock:
-        _freezers -= 1
-        if _freezers == 0:
-            gc.unfreeze()
