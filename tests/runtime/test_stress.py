@@ -930,8 +930,10 @@ def test_a_resume_racing_a_preempt_loses_no_aborted_work(zoo):
                     window.append((k, rt.submit(model, x[k])))
                     continue
                 k, future = window.pop(0)
-                if not going():
-                    stop.set()
+                if not going():  # the hammers stop before the last resume: a preempt() still under way in one of
+                    stop.set()   # them would otherwise pause the stream after it (the wait below then timed out)
+                    for thread in threads:
+                        thread.join()
                     model.task.resume()
                 wrong += not np.array_equal(future.result(timeout=DEADLINE_S)["output"], want[k]["output"])
                 done += 1
