@@ -35,20 +35,12 @@ def run(artifacts: list[Path], qos_ms: list[float], policy: str, rate: float, se
     inputs = [h.task.executor.random_inputs(i) for i, h in enumerate(handles)]
     for handle, x in zip(handles, inputs):  # warm-up
         rt.submit(handle, x).result()
-    rng = np.random.default_rng(seed)
-    arrivals = sorted((t, i) for i in range(len(handles))
-                      for t in np.cumsum(rng.exponential(len(handles) / rate, size=int(seconds * rate) + 20)) if t < seconds)
+    arrivals = poisson_arrivals(len(handles), rate, seconds, seed)
     before = rt.stats()  # the warm-up's requests are left out of the counts below
     if rt.scheduler is not None:  # (the policies without a layer scheduler have none)
         rt.scheduler.decisions.clear()
-    start, futures = time.perf_counter(), []
-    for at, i in arrivals:
-        delay = start + at - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        futures.append(rt.submit(handles[i], inputs[i]))
-    for future in futures:
-        future.result()
+    start = time.perf_counter()
+    drive(rt, handles, inputs, arrivals)
     elapsed = time.perf_counter() - start
     stats = rt.stats()
     rt.shutdown()
@@ -61,6 +53,25 @@ def run(artifacts: list[Path], qos_ms: list[float], policy: str, rate: float, se
         "p99_ms": {h.name: stats[h.name]["p99_ms"] for h in handles},
         "decision_p50_us": stats["_scheduler"]["p50_us"], "decision_p99_us": stats["_scheduler"]["p99_us"],
     }
+
+
+def poisson_arrivals(models: int, rate: float, seconds: float, seed: int) -> list[tuple[float, int]]:
+    """(time s, model index) of Poisson arrivals of `rate` requests/s in all, split evenly over `models`, in order."""
+    rng = np.random.default_rng(seed)
+    return sorted((t, i) for i in range(models)
+                  for t in np.cumsum(rng.exponential(models / rate, size=int(seconds * rate) + 20)) if t < seconds)
+
+
+def drive(rt, handles, inputs, arrivals: list[tuple[float, int]]) -> None:
+    """Submit each arrival at its time (from now) and wait for every result."""
+    start, futures = time.perf_counter(), []
+    for at, i in arrivals:
+        delay = start + at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        futures.append(rt.submit(handles[i], inputs[i]))
+    for future in futures:
+        future.result()
 
 
 WITHIN = 0.01  # a rate is sustained with at most this share of QoS violations

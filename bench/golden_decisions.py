@@ -36,7 +36,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 from tvmsched.runtime import policies
 from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, StreamView
@@ -186,18 +185,9 @@ def record_run(paths: dict[str, Path], mix: dict, policy: str, table: Colocation
     inputs = [h.task.executor.random_inputs(i) for i, h in enumerate(handles)]
     for handle, x in zip(handles, inputs):  # warm-up (recorded: the policies' state starts here)
         rt.submit(handle, x).result()
-    rate, seconds = mix["rate"], mix["seconds"]
-    rng = np.random.default_rng(seed)
-    gaps = [rng.exponential(len(handles) / rate, size=int(seconds * rate) + 20) for _ in handles]  # as bench/colocation
-    arrivals = sorted((t, i) for i in range(len(handles)) for t in np.cumsum(gaps[i]) if t < seconds)
-    start, futures = time.perf_counter(), []
-    for at, i in arrivals:
-        delay = start + at - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        futures.append(rt.submit(handles[i], inputs[i]))
-    for future in futures:
-        future.result()
+    from colocation import drive, poisson_arrivals  # bench/colocation.py: the same arrivals and driving
+
+    drive(rt, handles, inputs, poisson_arrivals(len(handles), mix["rate"], mix["seconds"], seed))
     stats = rt.stats()
     real_table = getattr(recorder.policy, "scheduler", None)
     rt.shutdown()

@@ -312,17 +312,10 @@ class Runtime:
         return {str(k): int(v) for k, v in native.memory_scope_stats(self._memory_scope).items()}
 
     def _model(self, model: Model | str) -> Model:
-        if isinstance(model, Model):
-            return model
-        found = self.models.get(model) if isinstance(model, str) else None
-        if found is None:
-            raise TvmschedError(f"no model named {model!r} is loaded (loaded: {', '.join(self.models) or 'none'})")
-        return found
+        return find_model(self.models, model)
 
     def _info(self, model: str, candidate) -> CandidateInfo:
-        units = min(candidate.units or self.total_units, self.total_units)  # one encoding: an explicit count
-        latency = candidate.latency_us if candidate.latency_us is not None else 1.0
-        return CandidateInfo(units, latency, f"{model}/{candidate.kernel}")
+        return candidate_info(model, candidate, self.total_units)
 
     def submit(self, model: Model | str, inputs: dict[str, np.ndarray], *, priority: str | None = None,
                start_within_us: float | None = None) -> Future:
@@ -477,6 +470,23 @@ class Runtime:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+def find_model(models: dict[str, Model], model: Model | str) -> Model:
+    """A loaded model by handle or name; one line naming the loaded ones when there is none."""
+    if isinstance(model, Model):
+        return model
+    found = models.get(model) if isinstance(model, str) else None
+    if found is None:
+        raise TvmschedError(f"no model named {model!r} is loaded (loaded: {', '.join(models) or 'none'})")
+    return found
+
+
+def candidate_info(model: str, candidate, total_units: int) -> CandidateInfo:
+    """What a policy knows of a manifest's candidate: units (one encoding: an explicit count), latency, profile key."""
+    units = min(candidate.units or total_units, total_units)
+    latency = candidate.latency_us if candidate.latency_us is not None else 1.0
+    return CandidateInfo(units, latency, f"{model}/{candidate.kernel}")
 
 
 def _memory_blocked(priorities: weakref.ref, waiting, holders: list) -> None:

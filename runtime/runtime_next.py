@@ -30,7 +30,8 @@ from tvmsched.runtime import native
 from tvmsched.runtime import policies
 from tvmsched.runtime.executor import Executor, to_engine
 from tvmsched.runtime.preemption import EngineFuture, Task, default_stall_timeout_s, failed_future, hold_gc
-from tvmsched.runtime.runtime import _freeze_heap, _thaw_heap, tiering_report, write_timeline
+from tvmsched.runtime.runtime import (Model, _freeze_heap, _thaw_heap, candidate_info, find_model, tiering_report,
+                                      write_timeline)
 from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, StreamView
 from tvmsched.runtime.switching import StageEvent, SwitchSettings, stage_events
 from tvmsched.runtime.tiering import TierSettings, TierShares
@@ -40,38 +41,6 @@ log = logging.getLogger(__name__)
 PRIORITIES = ("realtime", "best_effort")
 POLICIES = policies.KINDS
 _PRIORITY_CODE = {None: -1, "realtime": 1, "best_effort": 0}
-
-
-@dataclass
-class Model:
-    """A loaded model as Python sees it: its name, target, priority, its streams (`tasks`: views of the engine's) and
-    what its policy knows of its candidates (`layers`)."""
-
-    name: str
-    qos_ms: float | None
-    priority: str
-    task: Task
-    layers: list[list[CandidateInfo]]
-    fastest: tuple[int, ...] = ()
-    rejected: int = 0  # requests refused at submit (bad inputs, a full queue, admission)
-    warm: bool = False
-    replicas: tuple[Task, ...] = ()
-
-    @property
-    def tasks(self) -> tuple[Task, ...]:
-        return (self.task, *self.replicas)
-
-    @property
-    def resident(self) -> bool:
-        return self.task.executor.resident
-
-    @property
-    def tiered(self) -> bool:
-        return self.task.executor.placement == "streamed"
-
-    @property
-    def placement(self) -> str:
-        return self.task.executor.placement
 
 
 @dataclass
@@ -171,7 +140,8 @@ class Runtime:
             natives, engine_streams = self._engine.engine_models(loaded), self._engine.streams(loaded)
             tasks = [Task.over(Executor.over(m, path), s, str(s.name()), quiet_gc=self._freeze_gc)
                      for m, s in zip(natives, engine_streams)]
-        layers = [[self._info(loaded, c) for c in layer.candidates] for layer in tasks[0].executor.manifest.layers]
+        layers = [[candidate_info(loaded, c, self.total_units) for c in layer.candidates]
+                  for layer in tasks[0].executor.manifest.layers]
         if self._table_view is not None:
             self._table_view.add_candidates(c for layer in layers for c in layer)
         stats = self._engine.stats()[loaded]
@@ -202,18 +172,8 @@ class Runtime:
             return str(path)
         return str(artifact)
 
-    def _info(self, model: str, candidate) -> CandidateInfo:
-        units = min(candidate.units or self.total_units, self.total_units)
-        latency = candidate.latency_us if candidate.latency_us is not None else 1.0
-        return CandidateInfo(units, latency, f"{model}/{candidate.kernel}")
-
     def _model(self, model: Model | str) -> Model:
-        if isinstance(model, Model):
-            return model
-        found = self.models.get(model) if isinstance(model, str) else None
-        if found is None:
-            raise TvmschedError(f"no model named {model!r} is loaded (loaded: {', '.join(self.models) or 'none'})")
-        return found
+        return find_model(self.models, model)
 
     def submit(self, model: Model | str, inputs: dict[str, np.ndarray], *, priority: str | None = None,
                start_within_us: float | None = None) -> Future:

@@ -16,19 +16,6 @@ from tests.runtime.test_runtime import kit_artifacts  # noqa: F401 (the fixture:
 WAIT_S = 30.0
 
 
-@pytest.fixture(scope="module")
-def mlp(compiled):
-    return str(compiled("mlp"))  # shared, read only
-
-
-@pytest.fixture(scope="module")
-def mlp_run(mlp):
-    """(inputs, outputs of a direct run on one executor)."""
-    executor = Executor(mlp)
-    inputs = executor.random_inputs(3)
-    return inputs, executor.run(inputs)
-
-
 def finished(request) -> dict:
     assert request.wait(WAIT_S, 0.0), "the request did not finish"
     assert not str(request.error()), str(request.error())

@@ -9,20 +9,7 @@ import numpy as np
 import pytest
 
 from tvmsched.errors import TvmschedError
-from tvmsched.runtime import Executor
 from tvmsched.runtime.runtime_next import Runtime
-
-
-@pytest.fixture(scope="module")
-def mlp(compiled):
-    return str(compiled("mlp"))  # shared, read only
-
-
-@pytest.fixture(scope="module")
-def mlp_run(mlp):
-    executor = Executor(mlp)
-    inputs = executor.random_inputs(7)
-    return inputs, executor.run(inputs)
 
 
 def test_submit_and_infer_on_several_streams_match_a_direct_run_bit_for_bit(mlp, mlp_run, tmp_path):

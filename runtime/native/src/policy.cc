@@ -35,8 +35,10 @@ void ColocationTable::AddMeasured(const std::string& first, const std::string& s
   RebuildByUnits();
 }
 
-void ColocationTable::AddCandidates(const std::vector<std::pair<int, int>>& key_units) {
-  for (const auto& [key, units] : key_units) units_of_[key] = units;
+void ColocationTable::AddCandidates(const PolicyModel& model) {
+  for (const auto& cands : model.layers) {
+    for (const CandidateInfo& c : cands) units_of_[c.key] = c.units;
+  }
   RebuildByUnits();
 }
 
@@ -89,6 +91,16 @@ std::vector<int> FastestIds(const std::vector<std::vector<CandidateInfo>>& layer
     ids.push_back(best);
   }
   return ids;
+}
+
+PolicyModel MakePolicyModel(std::string name, std::vector<std::vector<CandidateInfo>> layers, double qos_ms) {
+  PolicyModel model;
+  model.name = std::move(name);
+  model.qos_ms = qos_ms;
+  model.fastest = FastestIds(layers);
+  model.choice = std::any_of(layers.begin(), layers.end(), [](const auto& cands) { return cands.size() > 1; });
+  model.layers = std::move(layers);
+  return model;
 }
 
 void LayerScheduler::RecordTime(double us) {

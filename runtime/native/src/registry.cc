@@ -382,18 +382,13 @@ TVM_FFI_STATIC_INIT_BLOCK() {
               ffi::Array<ffi::Array<double>> latency, ffi::Array<ffi::Array<ffi::String>> keys, double qos_ms) {
              if (units.size() != latency.size() || units.size() != keys.size())
                TVM_FFI_THROW(TvmschedError) << "model " << name << ": as many layers of units, latencies and keys";
-             PolicyModel model;
-             model.name = name;
-             model.qos_ms = qos_ms;
-             std::vector<std::pair<int, int>> key_units;
+             std::vector<std::vector<CandidateInfo>> layers;
              for (size_t i = 0; i < units.size(); ++i) {
-               model.layers.push_back(p->Candidates(units[i], latency[i], keys[i]));
-               if (model.layers.back().empty()) TVM_FFI_THROW(TvmschedError) << "layer " << i << " has no candidate";
-               model.choice = model.choice || model.layers.back().size() > 1;
-               for (const CandidateInfo& c : model.layers.back()) key_units.emplace_back(c.key, c.units);
+               layers.push_back(p->Candidates(units[i], latency[i], keys[i]));
+               if (layers.back().empty()) TVM_FFI_THROW(TvmschedError) << "layer " << i << " has no candidate";
              }
-             model.fastest = FastestIds(model.layers);
-             p->table->AddCandidates(key_units);
+             PolicyModel model = MakePolicyModel(name, std::move(layers), qos_ms);
+             p->table->AddCandidates(model);
              p->models[name] = std::move(model);
            })
       // one decision for a request of `model` to stream `stream` (its oldest queued request); `views`: the monitor,

@@ -210,7 +210,8 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
     throw;
   }
   entry->streams = streams;
-  // what its policy sees: every candidate's units (an explicit count), isolated latency and profile key
+  // what its policy sees: every candidate's units (an explicit count), isolated latency and profile key (below)
+  std::vector<std::vector<CandidateInfo>> layers;
   for (const LayerSpec& layer : manifest.layers) {
     std::vector<CandidateInfo> cands;
     for (const CandidateSpec& c : layer.candidates) {
@@ -219,12 +220,9 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
       info.latency_us = c.latency_us;
       cands.push_back(info);
     }
-    entry->policy_model.choice = entry->policy_model.choice || cands.size() > 1;
-    entry->policy_model.layers.push_back(std::move(cands));
+    layers.push_back(std::move(cands));
   }
-  entry->policy_model.name = name;
-  entry->policy_model.qos_ms = entry->qos_ms;
-  entry->policy_model.fastest = FastestIds(entry->policy_model.layers);
+  entry->policy_model = MakePolicyModel(name, std::move(layers), entry->qos_ms);
   for (size_t i = 0; i < manifest.layers.size(); ++i) {
     entry->fastest_us += entry->policy_model.layers[i][entry->policy_model.fastest[i]].latency_us;
   }
@@ -235,15 +233,12 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
       TVM_FFI_THROW(TvmschedError) << (closed_ ? std::string("the runtime is shut down")
                                                : "a model named '" + name + "' is already loaded");
     }
-    std::vector<std::pair<int, int>> key_units;
     for (size_t i = 0; i < manifest.layers.size(); ++i) {
       for (size_t c = 0; c < manifest.layers[i].candidates.size(); ++c) {
-        CandidateInfo& info = entry->policy_model.layers[i][c];
-        info.key = table_->Key(name + "/" + manifest.layers[i].candidates[c].kernel);
-        key_units.emplace_back(info.key, info.units);
+        entry->policy_model.layers[i][c].key = table_->Key(name + "/" + manifest.layers[i].candidates[c].kernel);
       }
     }
-    table_->AddCandidates(key_units);
+    table_->AddCandidates(entry->policy_model);
     for (size_t t = 0; t < took.size(); ++t) tier_used_[t] += took[t];
     entries_[name] = entry;
     order_.push_back(entry);
@@ -385,14 +380,7 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
   if (lane.empty()) return {};
   if (policy_->serial()) {  // one request at a time across the models, the oldest first
     if (serial_running_ > 0) return {};
-    std::shared_ptr<Entry> oldest;
-    double oldest_us = 0;
-    for (const auto& e : order_) {
-      const std::deque<Pending>& l = e->queue.empty() ? e->delayed : e->queue;
-      if (!l.empty() && (!oldest || l.front().request->submitted_us < oldest_us)) {
-        oldest = e, oldest_us = l.front().request->submitted_us;
-      }
-    }
+    std::shared_ptr<Entry> oldest = OldestLocked();
     if (oldest != entry) {
       if (oldest) PokeAll(oldest);
       return {};
@@ -436,13 +424,7 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
         {
           std::lock_guard<std::mutex> lock(mu_);
           --serial_running_;
-          double oldest_us = 0;
-          for (const auto& e : order_) {
-            const std::deque<Pending>& l = e->queue.empty() ? e->delayed : e->queue;
-            if (!l.empty() && (!oldest || l.front().request->submitted_us < oldest_us)) {
-              oldest = e, oldest_us = l.front().request->submitted_us;
-            }
-          }
+          oldest = OldestLocked();
         }
         if (oldest) PokeAll(oldest);
       });
@@ -454,6 +436,29 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
     }
   }
   return out;
+}
+
+std::shared_ptr<RuntimeObj::Entry> RuntimeObj::OldestLocked() const {
+  std::shared_ptr<Entry> oldest;
+  double oldest_us = 0;
+  for (const auto& e : order_) {
+    const std::deque<Pending>& lane = e->queue.empty() ? e->delayed : e->queue;
+    if (!lane.empty() && (!oldest || lane.front().request->submitted_us < oldest_us)) {
+      oldest = e, oldest_us = lane.front().request->submitted_us;
+    }
+  }
+  return oldest;
+}
+
+bool RuntimeObj::Drained(const Entry& entry) const {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!entry.queue.empty() || !entry.delayed.empty()) return false;
+  }
+  for (const Stream& s : entry.streams) {
+    if (s->pending() > 0) return false;
+  }
+  return true;
 }
 
 void RuntimeObj::Fail(std::vector<Pending>* expired, const std::string& model) {
@@ -602,14 +607,7 @@ void RuntimeObj::Unload(const std::string& name, double timeout_s) {
     group_->Remove(s);
     s->Resume();  // a paused stream would keep its queued requests for ever
   }
-  while (true) {  // its queued and running requests finish first
-    bool idle;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      idle = entry->queue.empty() && entry->delayed.empty();
-    }
-    for (const Stream& s : entry->streams) idle = idle && s->pending() == 0;
-    if (idle) break;
+  while (!Drained(*entry)) {  // its queued and running requests finish first
     if (std::chrono::steady_clock::now() > deadline) {
       TVM_FFI_THROW(TvmschedError) << "model " << name << ": its requests did not finish within " << timeout_s << " s";
     }
@@ -656,14 +654,7 @@ void RuntimeObj::Shutdown() {
   double timeout_s = options_.stream.stall_timeout_s > 0 ? options_.stream.stall_timeout_s : 60;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   for (const auto& e : entries) {
-    while (std::chrono::steady_clock::now() < deadline) {
-      bool idle;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        idle = e->queue.empty() && e->delayed.empty();
-      }
-      for (const Stream& s : e->streams) idle = idle && s->pending() == 0;
-      if (idle) break;
+    while (std::chrono::steady_clock::now() < deadline && !Drained(*e)) {
       PokeAll(e);
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }

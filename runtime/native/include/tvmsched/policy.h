@@ -52,8 +52,8 @@ class ColocationTable {
   int Key(const std::string& key);
   /*! \brief A profiled pair's interference (a pair given again keeps its first place and takes the new value). */
   void AddMeasured(const std::string& first, const std::string& second, double overhead);
-  /*! \brief Loaded candidates (key, units): the unit counts the profiled pairs are averaged by. */
-  void AddCandidates(const std::vector<std::pair<int, int>>& key_units);
+  /*! \brief A loaded model's candidates (their keys and units): the unit counts the profiled pairs are averaged by. */
+  void AddCandidates(const struct PolicyModel& model);
   double Overhead(const CandidateInfo& a, const CandidateInfo& b) const;
   double Fallback(const CandidateInfo& a, const CandidateInfo& b) const;
   /*! \brief Estimated time of `cand` while the `running` candidates run beside it throughout:
@@ -81,6 +81,9 @@ struct PolicyModel {
   std::vector<int> fastest;                        ///< the fastest candidate of every layer
   bool choice = false;                             ///< some layer has more than one candidate
 };
+
+/*! \brief A model's view from its layers (`fastest` and `choice` derived from them). */
+PolicyModel MakePolicyModel(std::string name, std::vector<std::vector<CandidateInfo>> layers, double qos_ms);
 
 /*! \brief A request waiting in a stream's queue, as a policy sees it. */
 struct QueuedRequest {

@@ -156,6 +156,10 @@ class RuntimeObj : public ffi::Object {
   /*! \brief A stream's source: what it runs next (under the runtime's lock; expired requests collected to fail). */
   std::vector<Request> Next(const std::shared_ptr<Entry>& entry, int stream, std::vector<Pending>* expired);
   void Expire(Entry& entry, double now, std::vector<Pending>* expired);
+  /*! \brief The model whose first queued request came first (serial policies), or null (under the lock). */
+  std::shared_ptr<Entry> OldestLocked() const;
+  /*! \brief Nothing of the model queued or running (takes the lock). */
+  bool Drained(const Entry& entry) const;
   std::vector<StreamView> MonitorLocked();
   void Fail(std::vector<Pending>* expired, const std::string& model);
   void PokeAll(const std::shared_ptr<Entry>& entry);
