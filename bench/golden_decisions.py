@@ -176,9 +176,9 @@ class Recorder:
 
 def record_run(paths: dict[str, Path], mix: dict, policy: str, table: ColocationTable | None, seed: int) -> dict:
     """One mix under one policy: load, warm up (one request each), Poisson arrivals; every decision recorded."""
-    from tvmsched.runtime import Runtime
+    from reference_runtime import ReferenceRuntime  # the Python policies deciding at submit, as they were recorded
 
-    rt = Runtime("cpu", policy=policy, colocation=table)
+    rt = ReferenceRuntime("cpu", policy=policy, colocation=table)
     recorder = Recorder(rt.policy)
     rt.policy = recorder
     handles = [rt.load(paths[name], qos_ms=qos, streams=streams) for name, qos, streams, _ in mix["models"]]

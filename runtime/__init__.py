@@ -10,10 +10,6 @@ def __getattr__(name: str):
         from tvmsched.runtime.executor import Executor
         return Executor
     if name == "Runtime":
-        import os
-        if os.environ.get("TVMSCHED_RUNTIME_NEXT"):  # (temporary: the engine-backed Runtime while it is tested)
-            from tvmsched.runtime.runtime_next import Runtime
-            return Runtime
         from tvmsched.runtime.runtime import Runtime
         return Runtime
     raise AttributeError(f"module 'tvmsched.runtime' has no attribute {name!r}")

@@ -6,46 +6,40 @@
         outputs = rt.submit(resnet, {"input": x}).result()     # or: await rt.infer(resnet, {...})
         rt.stats(); rt.export_timeline("trace.json")
 
-Each loaded model is one request stream of the native engine (runtime/native: queue, submitter
-thread, preemption, progress bitmap, timeline). Python keeps the policies: a request's candidate-ID
-list comes from the policy (`policies.create(kind)`; colocation reads the resource monitor), and
-real-time models preempt best-effort ones (policies.priority.Priorities).
+A typed wrapper over the engine's Runtime (tvmsched/runtime.h, docs/runtime.md "The engine's Runtime"): the engine
+keeps the models, their placement, their streams, the queue of each model, the policy that decides when a stream
+takes a request and with which candidates, admission, real-time preemption and the stats. Python hands over the
+inputs and takes the result; no Python runs on a request's way through the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import dataclasses
-import functools
 import gc
 import json
 import logging
-import queue
+import tempfile
 import threading
-import time
-import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import tvm_ffi
 
 from tvmsched.errors import TvmschedError
 from tvmsched.runtime import native
 from tvmsched.runtime import policies
-from tvmsched.runtime.executor import Executor, candidate_list
-from tvmsched.runtime.policies.priority import Priorities
-from tvmsched.runtime.preemption import EngineFuture, Task, hold_gc, least_pending
-from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, StreamView, stream_work
-from tvmsched.runtime.switching import StageEvent, SwitchSettings, Switcher, footprint, stage_events
+from tvmsched.runtime.executor import Executor, to_engine
+from tvmsched.runtime.preemption import EngineFuture, Task, default_stall_timeout_s, failed_future, hold_gc
+from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, StreamView
+from tvmsched.runtime.switching import StageEvent, SwitchSettings, stage_events
 from tvmsched.runtime.tiering import TierSettings, TierShares
 
 log = logging.getLogger(__name__)
 
 PRIORITIES = ("realtime", "best_effort")
 POLICIES = policies.KINDS
+_PRIORITY_CODE = {None: -1, "realtime": 1, "best_effort": 0}
 
 
 @dataclass
@@ -56,14 +50,9 @@ class Model:
     task: Task
     layers: list[list[CandidateInfo]]
     fastest: tuple[int, ...] = ()  # the fastest candidate of every layer
-    # fcfs: measured from submit() in Python; the latest ones only, like the engine's (a server runs for long)
-    serial_latencies_ms: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=1 << 14))
     rejected: int = 0  # requests refused at submit (bad inputs); failures while running are the stream's
     warm: bool = False  # every candidate kernel ran once at load (Runtime.load(warmup=True))
-    # the policy's view of a request to each of its streams (`tasks`' order), rebuilt on every load and unload
-    requests: tuple[policies.Request, ...] = field(default=(), repr=False)
-    engine_ids: dict = field(default_factory=dict, repr=False)  # candidate-ID lists converted for the engine
-    # more streams of the same model (Runtime.load(streams=)): each request goes to the one with the fewest pending
+    # more streams of the same model (Runtime.load(streams=)): a request runs on the first of them that is free
     replicas: tuple[Task, ...] = ()
 
     @property
@@ -87,6 +76,16 @@ class Model:
         return self.task.executor.placement
 
 
+@dataclass
+class _Decisions:
+    """What `Runtime.scheduler` still offers of the policy's decisions: how many (the engine keeps their times)."""
+
+    decided: int = 0
+    p50_us: float | None = None
+    p99_us: float | None = None
+    table: ColocationTable | None = field(default=None, repr=False)
+
+
 class Runtime:
     """Serve several compiled models on one device (thread-safe; see the module docstring).
 
@@ -98,33 +97,21 @@ class Runtime:
             for every pair.
         max_in_flight: launches each stream keeps on a GPU at once.
         timeline: record every launch for `export_timeline`.
-        progress_interval_ms: how often the CUDA kernels' progress counters are copied to the host
-            (artifacts compiled with progress counters; CPU counters are host memory, read when needed).
-        policy: "colocation" (the layer scheduler), or the baselines "fastest" (concurrent streams,
-            fastest candidates), "partition" (each model's fastest candidates within an even share of
-            the units), "fcfs" (one request at a time in arrival order, fastest candidates).
-        trusted_keys: Ed25519 public key files: `load` accepts only artifact files one of them signed
-            (an artifact is native code; README, "Trust model").
-        memory_budget: bytes of device memory this Runtime's models may allocate (every allocation is
-            checked); None: no budget of its own. The budget is this Runtime's alone (`memory()`): other
-            Runtimes and plain executors of the process count against their own budgets or none, and the
-            device's capacity (what really exists) is checked apart from it. Models that do not fit beside
-            the resident ones are registered and switched in when a request needs them
-            (runtime/switching.py; the switcher's budget is this one, else the device's free memory). A
-            model larger than the whole budget streams its weights
-            from the host tiers instead (`tiering`; it keeps the device memory left when it is loaded).
-        switching: the switching pipeline's settings (SwitchSettings: thresholds 1 and 2, preset count,
-            retain, sub-tasks per model).
-        tiering: where models larger than the budget keep the weights they stream (TierSettings: the
-            topology, or a plan and its GPU; default: the discovered DRAM, CXL nodes and temporary folder).
-        stall_timeout_s: the engine's watchdog: a request that waits this long for its model to be switched
-            in fails with one line naming the stage it is stuck in (None: TVMSCHED_STALL_TIMEOUT_S, else 60;
-            0: no watchdog).
-        freeze_gc: keep Python's garbage collection out of requests: after each load the heap is collected once
-            and frozen (`gc.freeze()`: later collections skip what existed then: modules, loaded models, your
-            data), and no automatic collection starts inside `submit()` or its future's `result()` (one that
-            falls due there runs at your code's next allocation). The last such Runtime to shut down unfreezes
-            the heap. False: the collector is left alone.
+        policy: "colocation" (the layer scheduler), or the baselines "fastest" (concurrent streams, fastest
+            candidates), "partition" (each model's fastest candidates within an even share of the units), "fcfs"
+            (one request at a time in arrival order, fastest candidates). The engine's C++ policies
+            (tvmsched/policy.h); they decide when a stream can launch, reading every stream's state.
+        progress_interval_ms: how often the CUDA kernels' progress counters are copied to the host.
+        trusted_keys: Ed25519 public key files: `load` accepts only artifact files one of them signed.
+        memory_budget: bytes of device memory this Runtime's models may allocate (`memory()`; None: no budget of its
+            own). Models that do not fit beside the resident ones are switched in when a request needs them
+            (docs/switching.md); a model larger than the whole budget streams its weights from the host tiers.
+        switching: the switching pipeline's settings (SwitchSettings).
+        tiering: where models larger than the budget keep the weights they stream (TierSettings).
+        stall_timeout_s: the engine's watchdog: a request that waits this long for its model to be switched in fails
+            with one line naming the stage (None: TVMSCHED_STALL_TIMEOUT_S, else 60; 0: no watchdog).
+        freeze_gc: keep Python's garbage collection out of requests (the heap is collected and frozen after each load;
+            no automatic collection starts inside `submit()` or its future's `result()`). False: left alone.
     """
 
     def __init__(self, device: str = "cpu", *, total_units: int | None = None, colocation: ColocationTable | str | None = None,
@@ -134,168 +121,177 @@ class Runtime:
                  stall_timeout_s: float | None = None, freeze_gc: bool = True):
         if device not in ("cpu", "cuda"):
             raise TvmschedError(f"unknown device {device!r}: use cpu or cuda")
+        if policy not in POLICIES:
+            raise TvmschedError(f"policy must be one of {POLICIES}, not {policy!r}")
+        if memory_budget is not None and int(memory_budget) <= 0:
+            raise TvmschedError(f"a memory budget must be a positive number of bytes, not {memory_budget}")
         self.device = device
         self.total_units = total_units or int(native.device_info(device)["total_units"])
+        table = self._table(colocation) if policy == "colocation" else None
+        options = {"device": device, "policy": policy, "total_units": self.total_units, "max_in_flight": max_in_flight,
+                   "progress_interval_ms": float(progress_interval_ms),
+                   "stall_timeout_s": default_stall_timeout_s() if stall_timeout_s is None else float(stall_timeout_s),
+                   "trusted_keys": [str(k) for k in trusted_keys], "max_groups": switching.max_groups,
+                   "threshold1": switching.threshold1, "threshold2": switching.threshold2,
+                   "preset_count": switching.preset_count, "retain": switching.retain, "timeline": bool(timeline),
+                   "colocation": [[a, b, float(r)] for (a, b), r in (table.measured.items() if table else ())]}
+        if memory_budget is not None:  # a model larger than it streams from the host tiers: their shares, found now
+            options.update(memory_budget=int(memory_budget), tiers=TierShares(tiering).engine_tiers(),
+                           tier_buffer_bytes=int(tiering.buffer_bytes))
+        self._engine = native.create_runtime(options)
+        self.policy_kind = policy
+        self._table_view = table
+        self.models: dict[str, Model] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._timeline = timeline
+        self._started_us = float(native.now_us())
+        self._trusted_keys = tuple(str(k) for k in trusted_keys)
+        self._memory_budget = None if memory_budget is None else int(memory_budget)
+        self._freeze_gc = freeze_gc
+        self._froze = False
+
+    def _table(self, colocation) -> ColocationTable:
         if isinstance(colocation, str) and colocation.endswith(".json"):  # `tvmsched profile-coloc --out` rows
             from tvmsched.runtime.colocation import load_table
 
             if not Path(colocation).is_file():
                 raise TvmschedError(f"no colocation profile at {colocation}")
-            colocation = load_table(colocation, self.total_units)
-        elif isinstance(colocation, str):  # a tuning-database URL holding this device's profile
+            return load_table(colocation, self.total_units)
+        if isinstance(colocation, str):  # a tuning-database URL holding this device's profile
             from tvmsched.runtime.colocation import device_name, table_from_rows
             from tvmsched.tuning_db import open_store
 
-            colocation = table_from_rows(open_store(colocation).colocation(device_name(device)), self.total_units)
-        self.policy = policies.create(policy, table=colocation, total_units=self.total_units)
-        self.models: dict[str, Model] = {}
-        self._lock = threading.Lock()
-        self._serial: queue.Queue | None = None  # serial policies: requests in arrival order, run one by one
-        self._serial_thread: threading.Thread | None = None
-        self._max_in_flight = max_in_flight
-        self._timeline = timeline
-        self._progress_interval_ms = progress_interval_ms
-        self._closed = False
-        self._started_us = float(native.now_us())
-        self._trusted_keys = tuple(str(k) for k in trusted_keys)
-        if memory_budget is not None and int(memory_budget) <= 0:
-            raise TvmschedError(f"a memory budget must be a positive number of bytes, not {memory_budget}")
-        self._memory_scope = native.create_memory_scope(int(memory_budget or 0))  # its models count against it alone
-        self.switcher = Switcher(device, int(memory_budget or 0), switching, memory_scope=self._memory_scope)
-        self.priorities = Priorities()
-        # a switch-in waiting for memory that preempted requests keep: the priority policy decides (no cycle)
-        self.switcher.on_blocked(functools.partial(_memory_blocked, weakref.ref(self.priorities)))
-        self._memory_budget = None if memory_budget is None else int(memory_budget)
-        self._budget_room = self._memory_budget
-        self._tiering = tiering
-        self._stall_timeout_s = stall_timeout_s
-        self._freeze_gc = freeze_gc
-        self._froze = False  # counted in _freezers (froze the heap at a load, not shut down yet)
-        self._monitor = functools.partial(_monitor, self.models)  # the policies' view of the streams (no cycle)
-        self._tier_shares: TierShares | None = None  # resolved by the first tiered model
+            return table_from_rows(open_store(colocation).colocation(device_name(self.device)), self.total_units)
+        return colocation or ColocationTable(self.total_units)
 
     @property
-    def scheduler(self):
-        """The colocation policy's layer scheduler (its decisions), else None."""
-        return getattr(self.policy, "scheduler", None)
+    def scheduler(self) -> _Decisions | None:
+        """The colocation policy's decisions (how many; the p50/p99 of their times in µs) and its profile; None for
+        the other policies."""
+        if self.policy_kind != "colocation":
+            return None
+        decided, p50, p99 = self._engine.decision_stats()
+        return _Decisions(int(decided), None if p50 < 0 else float(p50), None if p99 < 0 else float(p99),
+                          self._table_view)
 
     def load(self, artifact, *, qos_ms: float | None = None, priority: str = "best_effort", name: str | None = None,
              resident: bool = True, device_bytes: int | None = None, warmup: bool = False, streams: int = 1) -> Model:
-        """Load an artifact (path or Artifact) as a new request stream: resident if it fits beside the
-        resident models (`resident=False`: registered only), else registered and switched in by its
-        first request (evicting the least recently used idle models). A model larger than the whole
-        memory budget streams its weights from the host tiers and keeps `device_bytes` of device memory
-        (default: all that is left). `warmup`: run every candidate kernel once before the model takes requests (the
-        first request then pays no first-launch costs: a CUDA module's load, page faults). `streams`: serve it on that
-        many streams, each a resident copy with its own memory (weights included), each request on the stream with the
-        fewest pending: concurrent requests of a real-time model then run side by side instead of queueing behind
-        each other."""
+        """Load an artifact (path or Artifact) as a new model; the engine decides its placement (docs/runtime.md)."""
         if priority not in PRIORITIES:
             raise TvmschedError(f"priority must be one of {PRIORITIES}, not {priority!r}")
         if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= 64:
             raise TvmschedError(f"streams must be a whole number from 1 to 64, not {streams!r}")
-        executor = Executor(artifact, self.device, trusted_keys=self._trusted_keys,
-                            register_groups=self.switcher.settings.max_groups, memory_scope=self._memory_scope)
-        name = name or executor.manifest.model_name
+        if self._closed:
+            raise TvmschedError("the runtime is shut down")
+        options = {"qos_ms": float(qos_ms) if qos_ms else 0.0, "realtime": priority == "realtime",
+                   "resident": bool(resident), "streams": streams, "warmup": bool(warmup),
+                   "device_bytes": int(device_bytes or 0)}
+        if name is not None:
+            options["name"] = str(name)
+        with tempfile.TemporaryDirectory(prefix="tvmsched-") as tmp:
+            path = self._artifact_path(artifact, Path(tmp))
+            loaded = str(self._engine.load(path, options))
+            natives, engine_streams = self._engine.engine_models(loaded), self._engine.streams(loaded)
+            tasks = [Task.over(Executor.over(m, path), s, str(s.name()), quiet_gc=self._freeze_gc)
+                     for m, s in zip(natives, engine_streams)]
+        layers = [[candidate_info(loaded, c, self.total_units) for c in layer.candidates]
+                  for layer in tasks[0].executor.manifest.layers]
+        if self._table_view is not None:
+            self._table_view.add_candidates(c for layer in layers for c in layer)
+        stats = self._engine.stats()[loaded]
+        model = Model(loaded, None if float(stats["qos_ms"]) < 0 else float(stats["qos_ms"]), priority, tasks[0], layers,
+                      tuple(policies.fastest_ids(layers)), warm=bool(warmup), replicas=tuple(tasks[1:]))
         with self._lock:
-            if self._closed:
-                raise TvmschedError("the runtime is shut down")
-            if name in self.models:
-                raise TvmschedError(f"a model named {name!r} is already loaded")
-        if self._budget_room is not None and footprint(executor) > self._budget_room:
-            del executor  # registered only to measure it: its pinned host copy goes now
-            executor = self._load_tiered(artifact, name, device_bytes)
-        else:
-            self.switcher.add(executor)
-        tasks = [self._task(executor, name, priority)]  # plans its memory first; then its copies' (streams > 1)
-        try:
-            if executor.placement == "staged" and resident and not self.switcher.prefetch(executor):
-                log.info("model %s does not fit beside the resident models: registered, switched in on demand", name)
-            if streams > 1 and executor.placement == "streamed":
-                raise TvmschedError(f"model {name} is larger than the memory budget (its weights stream from the host "
-                                    f"tiers): it runs on one stream, not {streams}")
-            for i in range(1, streams):
-                copy = Executor(artifact, self.device, trusted_keys=self._trusted_keys, memory_scope=self._memory_scope)
-                tasks.append(self._task(copy, f"{name}#{i}", priority))
-        except Exception:
-            for task in tasks:
-                task.close()
-            raise
-        with self._lock:
-            if name in self.models:
-                for task in tasks:
-                    task.close()
-                raise TvmschedError(f"a model named {name!r} is already loaded")
-            if self._timeline:
-                for task in tasks:
-                    task.record_timeline()
-            layers = [[self._info(name, c) for c in layer.candidates] for layer in executor.manifest.layers]
-            if self.scheduler is not None:
-                self.scheduler.table.add_candidates(c for layer in layers for c in layer)
-            model = Model(name, qos_ms or executor.manifest.qos_ms, priority, tasks[0], layers,
-                          tuple(policies.fastest_ids(layers)), replicas=tuple(tasks[1:]))
-            self.models[name] = model
-            for each in self.models.values():  # built once, not per request (loaded_models changed)
-                request = policies.Request(each.name, each.layers, each.qos_ms, self._monitor, self.total_units,
-                                           len(self.models), each.fastest, choice=any(len(cands) > 1 for cands in each.layers))
-                each.requests = tuple(dataclasses.replace(request, stream=task.name) for task in each.tasks)
-        if warmup:
-            self._warm_up(model)
-        if priority == "best_effort":
-            for each in model.tasks:
-                self.priorities.add_best_effort(each)
+            self.models[loaded] = model
+        if model.placement == "streamed":
+            info = native.tiering_info(model.task.executor.native)
+            log.info("model %s is larger than the memory budget: %d bytes of its weights stay on the device", loaded,
+                     int(info["resident_weight_bytes"]))
         if self._freeze_gc:
             _freeze_heap(first=not self._froze)
             self._froze = True
         return model
 
-    def _task(self, executor: Executor, name: str, priority: str) -> Task:
-        """A stream of this runtime's for a model: real-time ones on high-priority device streams, others low."""
-        return Task(executor, name, self._max_in_flight, self._progress_interval_ms, stall_timeout_s=self._stall_timeout_s,
-                    quiet_gc=self._freeze_gc, priority="high" if priority == "realtime" else "low")
+    def _artifact_path(self, artifact, tmp: Path) -> str:
+        from tvmsched.artifact.format import Artifact
 
-    def _warm_up(self, model: Model) -> None:
-        """Run every candidate of every layer once (random inputs; as many requests as a layer has candidates)."""
-        inputs = model.task.executor.random_inputs(0)
-        for c in range(max(len(cands) for cands in model.layers)):
-            ids = [min(c, len(cands) - 1) for cands in model.layers]
-            for task in model.tasks:
-                task.submit(inputs, ids).result(timeout=self._stall_timeout_s or 60)
-        model.warm = True
+        if isinstance(artifact, Artifact):
+            if self._trusted_keys:
+                raise TvmschedError("trusted keys check signed artifact files: pass the artifact's path, not an Artifact")
+            from tvmsched.lower.targets import check_cpu_features
 
-    def _load_tiered(self, artifact, name: str, device_bytes: int | None) -> Executor:
-        """Load a model larger than the budget with the device memory left and the tier shares left."""
-        room = self._memory_budget - self.memory()["in_use"]
-        if device_bytes is not None:
-            if device_bytes > room:
-                raise TvmschedError(f"model {name} asks for {device_bytes} bytes of device memory; {max(room, 0)} are left")
-            room = int(device_bytes)
-        if room <= 0:
-            raise TvmschedError(f"model {name} is larger than the memory budget of {self._memory_budget} bytes and "
-                                "no device memory is left to stream it through")
-        if self._tier_shares is None:
-            self._tier_shares = TierShares(self._tiering)
+            check_cpu_features(artifact.manifest, f"the artifact of model {artifact.manifest.model_name}")
+            path = tmp / "model.tvms"
+            artifact.save(path)
+            return str(path)
+        return str(artifact)
+
+    def _model(self, model: Model | str) -> Model:
+        return find_model(self.models, model)
+
+    def submit(self, model: Model | str, inputs: dict[str, np.ndarray], *, priority: str | None = None,
+               start_within_us: float | None = None) -> Future:
+        """Queue one request on its model; the future resolves to its outputs (or its error). `priority`: this
+        request's ("realtime" preempts the busy best-effort streams, its own model's excepted, while it runs;
+        "best_effort" preempts nothing), default the model's. `start_within_us`: the longest it may stay queued (a
+        request still queued then fails with one line, "did not start within its deadline")."""
+        model = self._model(model)
+        if self._closed:
+            raise TvmschedError("the runtime is shut down")
+        if priority not in _PRIORITY_CODE:
+            raise TvmschedError(f"priority must be one of {PRIORITIES}, not {priority!r}")
+        code = _PRIORITY_CODE[priority]
+        quiet = hold_gc(self._freeze_gc)
         try:
-            executor = Executor(artifact, self.device, trusted_keys=self._trusted_keys,
-                                tiered={"device_bytes": room, "buffer_bytes": self._tiering.buffer_bytes,
-                                        "tiers": self._tier_shares.engine_tiers(), "in_flight": self._max_in_flight},
-                                memory_scope=self._memory_scope)
-        except TvmschedError as err:  # the engine's line says what streaming needs; the user set the budget
-            raise TvmschedError(f"{err} (model {name} is larger than the Runtime's memory budget of "
-                                f"{self._memory_budget} bytes, {room} of them left to stream it through)") from None
-        info = native.tiering_info(executor.native)
-        self._tier_shares.take(info)
-        log.info("model %s is larger than the memory budget: %d bytes of its weights stay on the device, the rest "
-                 "stream from %s", name, int(info["resident_weight_bytes"]),
-                 ", ".join(f"{t['kind']} {int(t['used_bytes'])}" for t in info["tiers"] if int(t["used_bytes"])))
-        return executor
+            request = self._engine.submit(model.name, to_engine(inputs), code,
+                                          float(start_within_us) if start_within_us else -1.0)
+            return EngineFuture(request, model.task.output_names, self._freeze_gc)
+        except TvmschedError as err:
+            if "is shut down" in str(err):
+                raise
+            model.rejected += 1
+            return failed_future(err)
+        finally:
+            if quiet:
+                gc.enable()
+
+    async def infer(self, model: Model | str, inputs: dict[str, np.ndarray], *, priority: str | None = None,
+                    start_within_us: float | None = None) -> dict[str, np.ndarray]:
+        """asyncio form of submit()."""
+        return await asyncio.wrap_future(self.submit(model, inputs, priority=priority, start_within_us=start_within_us))
+
+    def monitor(self) -> dict[str, StreamView]:
+        """The resource monitor: every busy stream's work still to run, by stream name (units and latency of each)."""
+        return {str(name): StreamView(str(name), tuple(CandidateInfo(int(u), float(lat), "") for u, lat in work))
+                for name, work in self._engine.monitor()}
+
+    def stats(self) -> dict[str, dict]:
+        """Per model: requests, errors, QoS violations, latency p50/p99 (ms), launches and re-runs, queue counters;
+        `_device`: the device's fault state; `_scheduler`: the policy's decisions."""
+        out = {}
+        for name, s in self._engine.stats().items():
+            name = str(name)
+            model = self.models.get(name)
+            none = lambda v: None if float(v) < 0 else float(v)
+            out[name] = {"priority": str(s["priority"]), "qos_ms": none(s["qos_ms"]), "requests": int(s["requests"]),
+                         "errors": int(s["errors"]) + (model.rejected if model else 0) - int(s["refused"]),
+                         "qos_violations": int(s["qos_violations"]), "p50_ms": none(s["p50_ms"]),
+                         "p99_ms": none(s["p99_ms"]), "launches": int(s["launches"]), "reruns": int(s["reruns"]),
+                         "faults": int(s["faults"]), "fault_restarts": int(s["fault_restarts"]),
+                         "refused": int(s["refused"]), "timed_out": int(s["timed_out"]), "queued": int(s["queued"])}
+        decided, p50, p99 = self._engine.decision_stats()
+        out["_device"] = native.device_faults(self.device)
+        out["_scheduler"] = {"decisions": int(decided), "p50_us": None if p50 < 0 else float(p50),
+                             "p99_us": None if p99 < 0 else float(p99),
+                             "finished_for_memory": int(self._engine.finished_for_memory())}
+        return out
 
     def tiering(self, model: Model | str) -> dict:
         """A tiered model's placement: resident weight bytes, buffer bytes, groups, bytes per tier."""
         return tiering_report(self._model(model).task.executor.native)
 
     def tier_events(self) -> list[StageEvent]:
-        """The tiered models' streamed groups ("stream" events: bytes copied, `held`: the buffer), in engine µs."""
         events = []
         for model in list(self.models.values()):
             if model.tiered:
@@ -304,163 +300,56 @@ class Runtime:
 
     def switch_events(self) -> list[StageEvent]:
         """The switcher's recorded stages (stage1, stage2, exec, clean, evict), in engine µs."""
-        return self.switcher.events()
+        return stage_events(self._engine.switch_events())
 
     def memory(self) -> dict[str, int]:
-        """The engine's accounting of this Runtime's model memory: in_use, peak and budget (0: none) in bytes.
-        (The whole device's, every Runtime and plain executor of the process included: `native.device_memory`.)"""
-        return {str(k): int(v) for k, v in native.memory_scope_stats(self._memory_scope).items()}
+        """The engine's accounting of this Runtime's model memory: in_use, peak and budget (0: none) in bytes."""
+        return {str(k): int(v) for k, v in self._engine.memory().items()}
 
-    def _model(self, model: Model | str) -> Model:
-        return find_model(self.models, model)
+    @property
+    def memory_scope(self):
+        """This Runtime's memory budget as the engine keeps it: a plain `Executor(path, memory_scope=rt.memory_scope)`
+        counts against it (memory the switcher cannot evict)."""
+        return self._engine.memory_scope()
 
-    def _info(self, model: str, candidate) -> CandidateInfo:
-        return candidate_info(model, candidate, self.total_units)
+    def evict(self, model: Model | str, keep_environment: bool = False) -> bool:
+        """Evict a switched model now if it is idle (its environment too unless `keep_environment`); False when it is
+        busy or not in memory. One line for a model that is not switched (resident beside no budget, or streamed)."""
+        return bool(self._engine.evict(self._model(model).name, bool(keep_environment)))
 
-    def submit(self, model: Model | str, inputs: dict[str, np.ndarray], *, priority: str | None = None,
-               start_within_us: float | None = None) -> Future:
-        """Schedule and queue one request; the future resolves to its outputs (or its error). `priority`: this
-        request's ("realtime": it preempts the busy best-effort streams, its own model's excepted, while it runs;
-        "best_effort": it preempts nothing), default the model's. `start_within_us`: a deadline to start; a request
-        still queued that long after submit() fails with one line ("did not start within its deadline") instead
-        of running late."""
-        model = self._model(model)
-        if self._closed:
-            raise TvmschedError("the runtime is shut down")
-        if priority is not None and priority not in PRIORITIES:
-            raise TvmschedError(f"priority must be one of {PRIORITIES}, not {priority!r}")
-        quiet = hold_gc(self._freeze_gc)  # no collection starts in this code (freeze_gc)
-        try:
-            if model.replicas:  # the stream first: the policy estimates from when that one is free
-                task = least_pending(model.tasks)
-                request = model.requests[model.tasks.index(task)]
-            else:
-                task, request = model.task, model.requests[0]
-            ids = _engine_ids(model, self.policy.choose(request))
-            deadline = native.now_us() + start_within_us if start_within_us else 0
-            if self.policy.serial:
-                return self._serial_submit(model, inputs, ids, deadline)
-            if (priority or model.priority) == "realtime":
-                future = self.priorities.submit_realtime(task, inputs, ids, deadline)
-            else:
-                future = task.submit(inputs, ids, deadline)
-            if not isinstance(future, EngineFuture):  # refused before it reached the engine's queue
-                model.rejected += 1
-            return future
-        finally:
-            if quiet:
-                gc.enable()
+    def preempt(self, model: Model | str, abort: bool = True) -> list:
+        """Pause every stream of a model (what it runs stops at a layer boundary; `abort`: a started request re-runs
+        its unfinished layers); what is queued waits until `resume`. Returns each stream's PreemptReport."""
+        return [task.preempt(abort=abort) for task in self._model(model).tasks]
 
-    def _serial_submit(self, model: Model, inputs, ids, deadline_us: float = 0) -> Future:
-        """One request at a time, in arrival order (the time-sharing baseline)."""
-        future: Future = Future()
-        with self._lock:  # queued before shutdown() sends the loop its end (under this lock), or refused
-            if self._closed:
-                raise TvmschedError("the runtime is shut down")
-            if self._serial is None:
-                self._serial = queue.Queue()
-                self._serial_thread = threading.Thread(target=self._serial_loop, name="serial", daemon=True)
-                self._serial_thread.start()
-            self._serial.put((model, inputs, ids, future, native.now_us(), deadline_us))
-        return future
-
-    def _serial_loop(self) -> None:
-        while True:
-            item = self._serial.get()
-            if item is None:  # shutdown(): every request queued before it has run
-                return
-            model, inputs, ids, future, sent_us, deadline_us = item
-            try:
-                outputs = model.task.submit(inputs, ids, deadline_us).result()
-            except Exception as err:  # noqa: BLE001
-                future.set_exception(err)
-                continue
-            model.serial_latencies_ms.append((native.now_us() - sent_us) / 1e3)  # counted before the caller wakes
-            future.set_result(outputs)
-
-    async def infer(self, model: Model | str, inputs: dict[str, np.ndarray], *, priority: str | None = None,
-                    start_within_us: float | None = None) -> dict[str, np.ndarray]:
-        """asyncio form of submit()."""
-        return await asyncio.wrap_future(self.submit(model, inputs, priority=priority, start_within_us=start_within_us))
-
-    def monitor(self) -> dict[str, StreamView]:
-        """The resource monitor: every busy stream's work still to run (from its progress bitmap and queue), by stream
-        name (a model's name; the copies of a model loaded with `streams=N` are NAME#1 .. NAME#N-1)."""
-        return _monitor(self.models)
-
-    def stats(self) -> dict[str, dict]:
-        """Per model: requests, errors, QoS violations, latency p50/p99 (ms), launches and re-runs (QoS violations
-        and percentiles: of the latest 8192 to 16384 requests; the counts: since the model was loaded)."""
-        out = {}
-        for name, m in list(self.models.items()):
-            counts = m.task.counts()
-            latencies = m.serial_latencies_ms if self.policy.serial else [us / 1e3 for us in m.task.latencies_us()]
-            lat = np.array(latencies) if latencies else None
-            out[name] = {
-                "priority": m.priority, "qos_ms": m.qos_ms, "requests": int(counts["completed"]), "errors": int(counts["failed"]) + m.rejected,
-                "qos_violations": 0 if m.qos_ms is None or lat is None else int((lat > m.qos_ms).sum()),
-                "p50_ms": None if lat is None else float(np.percentile(lat, 50)),
-                "p99_ms": None if lat is None else float(np.percentile(lat, 99)),
-                "launches": int(counts["launches"]), "reruns": int(counts["reruns"]),
-                "faults": int(counts["faults"]), "fault_restarts": int(counts["fault_restarts"]),
-            }
-        decisions = [d.seconds * 1e6 for d in self.scheduler.decisions] if self.scheduler is not None else []
-        out["_device"] = native.device_faults(self.device)  # docs/faults.md: the device's fault state machine
-        out["_scheduler"] = {"decisions": self.scheduler.decided if self.scheduler is not None else 0,  # p50/p99: the last 10k
-                             "p50_us": float(np.percentile(decisions, 50)) if decisions else None,
-                             "p99_us": float(np.percentile(decisions, 99)) if decisions else None}
-        return out
+    def resume(self, model: Model | str) -> None:
+        """Let a paused model's streams run again."""
+        for task in self._model(model).tasks:
+            task.resume()
 
     def export_timeline(self, path: str | Path, png: str | Path | None = None) -> int:
         """Write the recorded launches as Chrome-trace / Perfetto JSON (and a PNG); returns the event count."""
         return write_timeline(self.models.values(), self.switch_events() + self.tier_events(), self._started_us, path, png)
 
     def unload(self, model: Model | str, timeout_s: float = 60.0) -> None:
-        """Stop serving a model: new requests for it are refused at once, its queued and running ones finish first,
-        then its device memory (and its tier shares) are freed and its name can be loaded again."""
+        """Stop serving a model: new requests are refused at once, its queued and running ones finish first, then its
+        device memory (and tier shares) are freed and its name can be loaded again."""
         model = self._model(model)
         with self._lock:
             if self.models.get(model.name) is not model:
                 raise TvmschedError(f"model {model.name!r} is not loaded")
             del self.models[model.name]
-            for each in self.models.values():  # loaded_models changed
-                each.requests = tuple(dataclasses.replace(r, loaded_models=len(self.models)) for r in each.requests)
-        for task in model.tasks:
-            self.priorities.remove_best_effort(task)
-            task.resume()  # a paused stream would keep its queued requests for ever
-            task.close()
-        model.replicas = ()  # its copies' memory goes with their last reference (now), not with the Model's
-        executor = model.task.executor
-        if model.placement == "streamed":
-            self._tier_shares.give_back(native.tiering_info(executor.native))  # what it placed, read before the release
-            native.release_tiers(executor.native)
-        elif model.placement == "staged":
-            deadline = time.monotonic() + timeout_s
-            while not self.switcher.remove(executor):  # its switch-in or last clean may still be under way
-                if time.monotonic() > deadline:
-                    raise TvmschedError(f"model {model.name}: its switcher did not let go of it within {timeout_s} s")
-                time.sleep(0.01)
+        self._engine.unload(model.name, float(timeout_s))
+        model.replicas = ()
         log.info("model %s unloaded", model.name)
 
     def shutdown(self, wait: bool = True) -> None:
-        """Finish queued requests, then stop every stream's submitter."""
+        """Finish queued requests, then stop every stream."""
         with self._lock:
+            if self._closed:
+                return
             self._closed = True
-            models = list(self.models.values())
-            serial, self._serial_thread = self._serial_thread, None
-            if serial is not None:
-                self._serial.put(None)
-        for model in models:  # a paused stream would hold up the others' queued requests (its memory, a serial turn)
-            for task in model.tasks:
-                task.resume()
-        if serial is not None:  # serial policies: the requests it queued run first
-            serial.join()
-        for model in models:
-            for task in model.tasks:
-                task.close()
-            if model.tiered:  # its tier memory and disk file go now, not when the last reference does
-                native.release_tiers(model.task.executor.native)
-        self.switcher.close()
+        self._engine.shutdown()
         if self._froze:
             self._froze = False
             _thaw_heap()
@@ -487,35 +376,6 @@ def candidate_info(model: str, candidate, total_units: int) -> CandidateInfo:
     units = min(candidate.units or total_units, total_units)
     latency = candidate.latency_us if candidate.latency_us is not None else 1.0
     return CandidateInfo(units, latency, f"{model}/{candidate.kernel}")
-
-
-def _memory_blocked(priorities: weakref.ref, waiting, holders: list) -> None:
-    """The switcher's report of a switch-in held up by preempted requests, for the priority policy."""
-    policy = priorities()
-    if policy is not None:
-        policy.memory_blocked(waiting, holders)
-
-
-def _monitor(models: dict[str, Model]) -> dict[str, StreamView]:
-    """Every busy stream by its name (a model's first stream: the model's name; its copies: NAME#i)."""
-    views = {}
-    for model in list(models.values()):
-        for task in model.tasks:
-            state = task.state()
-            if state is not None:
-                views[task.name] = StreamView(task.name, stream_work(model.layers, state))
-    return views
-
-
-def _engine_ids(model: Model, ids) -> tvm_ffi.Array:
-    """A policy's candidate-ID list as the engine takes it, converted once per distinct list (up to 16 per model)."""
-    key = tuple(ids)
-    found = model.engine_ids.get(key)
-    if found is None:
-        found = tvm_ffi.convert(candidate_list(ids))
-        if len(model.engine_ids) < 16:
-            model.engine_ids[key] = found
-    return found
 
 
 _freezers = 0  # Runtimes with freeze_gc that froze the heap and are not shut down yet

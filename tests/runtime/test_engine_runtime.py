@@ -183,6 +183,20 @@ def test_the_serial_policy_runs_one_request_at_a_time_in_arrival_order(runtime, 
     assert all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1))  # never two at once
 
 
+def test_under_the_serial_policy_a_real_time_request_waits_its_turn_and_preempts_nothing(runtime, mlp, mlp_run):
+    """Stress seed 1: a real-time request under fcfs held the preemption group, which paused the best-effort streams
+    whose older requests it waited behind — the queue stopped for good. One at a time, nothing runs beside it."""
+    rt = runtime(policy="fcfs")
+    rt.load(mlp, {"name": "be"})
+    rt.load(mlp, {"name": "rt", "realtime": True})
+    older = [rt.submit("be", to_engine(mlp_run[0]), -1, -1.0) for _ in range(3)]
+    realtime = rt.submit("rt", to_engine(mlp_run[0]), -1, -1.0)
+    assert not any(s.paused() for s in rt.streams("be"))
+    for request in [*older, realtime]:
+        np.testing.assert_array_equal(finished(request)["output"], mlp_run[1]["output"])
+    assert realtime.started_us >= max(r.finished_us for r in older)  # in arrival order
+
+
 def test_colocation_decides_when_a_stream_takes_a_request_against_the_busy_streams(runtime, kit_artifacts):  # noqa: F811
     rt = runtime(policy="colocation", total_units=2)
     for name in ("mlp", "resnet18-small"):

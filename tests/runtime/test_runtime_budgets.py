@@ -127,7 +127,7 @@ def test_a_switch_that_cannot_find_room_fails_instead_of_waiting(zoo):
     path = zoo["resnet18-small"]
     budget = _footprint(path)
     with Runtime("cpu", memory_budget=budget) as rt:
-        blocker = Executor(path, memory_scope=rt._memory_scope)  # counts against the budget, not the switcher's
+        blocker = Executor(path, memory_scope=rt.memory_scope)  # counts against the budget, not the switcher's
         assert 0 < rt.memory()["in_use"] <= budget
         other = rt.load(path, qos_ms=10_000, name="other", resident=False)
         with pytest.raises(TvmschedError) as err:

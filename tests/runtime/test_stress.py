@@ -448,7 +448,7 @@ class Driver:
         model = slot.models[name][0]
         self.note(f"{rt}.evict({name}, keep_env={keep_env})")
         try:
-            done = slot.rt.switcher.native.evict(model.task.executor.native, keep_env)
+            done = slot.rt.evict(name, keep_environment=keep_env)
         except Exception as err:  # noqa: BLE001
             message = self.check_error(err, "evict")
             self.note(f"  -> error: {message}")
@@ -512,7 +512,7 @@ class Driver:
     def resolve(self, p: Pending) -> None:
         """Wait for one future within the deadline (resuming its task if the driver paused it) and check it."""
         # fcfs runs one request at a time in arrival order: a request queued behind a paused model's waits for it
-        for name in sorted(p.slot.paused) if p.slot.rt.policy.serial else [p.model] if p.model in p.slot.paused else []:
+        for name in sorted(p.slot.paused) if p.slot.rt.policy_kind == "fcfs" else [p.model] if p.model in p.slot.paused else []:
             self.note(f"{p.slot.label}.resume({name}) to wait for {p.label}")
             p.slot.models[name][0].task.resume()
             p.slot.paused.discard(name)
@@ -811,7 +811,7 @@ def test_a_resident_load_beside_switching_models_is_never_refused(zoo):
             futures += [rt.submit(busy, x) for _ in range(3)]
             rt.load(zoo.paths["mlp" if i % 2 else "bert-tiny"], qos_ms=10_000, name=f"load{i}")  # resident or registered
             for name in list(rt.models)[1:]:  # evict them again: the next load finds room, maybe
-                rt.switcher.native.evict(rt.models[name].task.executor.native, False)
+                rt.evict(name)
         for future in futures:
             _same(future.result(timeout=DEADLINE_S), want)
 
@@ -883,11 +883,11 @@ def test_a_realtime_request_waits_for_memory_its_preempted_requests_hold(zoo):
             _same(future.result(timeout=DEADLINE_S), zoo.want["resnet18-small"][0])  # the watchdog failed it before
             for background in backgrounds:
                 _same(background.result(timeout=DEADLINE_S), zoo.want["mobilenetv2"][0])
-            if rt.priorities.finished_for_memory:
+            if rt.stats()["_scheduler"]["finished_for_memory"]:
                 break
         else:
             pytest.fail("the real-time request never waited for a preempted best-effort request's memory")
-        assert rt.priorities.finished_for_memory >= 1
+        assert rt.stats()["_scheduler"]["finished_for_memory"] >= 1
 
 
 def test_a_resume_racing_a_preempt_loses_no_aborted_work(zoo):
@@ -961,6 +961,6 @@ def test_a_switch_in_takes_back_idle_models_environments(zoo):
         second = rt.load(zoo.paths["mobilenetv2"], qos_ms=10_000, resident=False)
         for k in range(INPUT_SETS):
             _same(rt.submit(first, zoo.inputs["resnet18-small"][k]).result(timeout=DEADLINE_S), zoo.want["resnet18-small"][k])
-            assert rt.switcher.native.evict(first.task.executor.native, True)  # its environment stays
+            assert rt.evict(first, keep_environment=True)  # its environment stays
             _same(rt.submit(second, zoo.inputs["mobilenetv2"][k]).result(timeout=DEADLINE_S), zoo.want["mobilenetv2"][k])
         assert rt.memory()["peak"] <= budget

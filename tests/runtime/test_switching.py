@@ -83,7 +83,7 @@ def test_random_switch_sequences_are_bit_identical_and_stay_within_budget_and_th
     assert all(stats[name]["errors"] == 0 for name in ZOO)
     evictions = [e for e in events if e.stage == "evict"]
     assert evictions, "a budget holding two of four models must evict"
-    threshold2 = rt.switcher.options["threshold2"]
+    threshold2 = settings.threshold2
     held = [e.held for e in events if e.stage == "stage2"]  # switching sub-tasks' bytes once each stage 2 was done
     assert held
     if not ASYNC_LAUNCHES:  # a known gap of the GPU path, found by the asynchronous mode (docs/switching.md, Limits)
@@ -136,7 +136,7 @@ def _switch_a_then_b(rt, zoo, a, b):
     """Both evicted with their environments, then a request of each at once (a is current, b next): the stages
     recorded meanwhile."""
     for name in (a, b):
-        assert rt.switcher.native.evict(rt.models[name].task.executor.native, False)
+        assert rt.evict(name)
     mark = len(rt.switch_events())
     fa = rt.submit(a, zoo[a][1])
     fb = rt.submit(b, zoo[b][1])

@@ -89,15 +89,13 @@ def _measure_switches(device: str, probes: dict[str, dict], variant: SwitchSetti
     with Runtime(device, memory_budget=budget, switching=variant) as rt:
         for name in names:
             rt.load(probes[name]["path"], resident=False)
-        executors = {name: rt.models[name].task.executor for name in names}
         cold, warm = {n: [] for n in names}, {n: [] for n in names}
         for _ in range(repeat):
             for name in names:  # each switch-in from evicted: environment gone (cold) or kept ahead (warm)
                 for keep_env, out in ((False, cold), (True, warm)):
-                    if not rt.switcher.native.evict(executors[name].native, keep_env):
+                    if not rt.evict(name, keep_environment=keep_env):
                         raise TvmschedError(f"could not evict {name} to measure its switch")
                     out[name].append(_latency_ms(rt, name, probes[name]["inputs"]))
-        del executors
         evictions = sum(e.stage == "evict" for e in rt.switch_events())
     return warm, cold, evictions
 

@@ -3,24 +3,12 @@
 // tvmsched.engine.* global functions.
 #include <tvm/ffi/reflection/registry.h>
 
+#include "memory_scope_ref.h"
 #include "tvm_runtime.h"
 #include "tvmsched/engine.h"
 #include "tvmsched/sm_windows.h"
 
 namespace tvmsched {
-
-/*! \brief A Runtime's memory budget, as Python holds it (tvmsched.engine.create_memory_scope). */
-class MemoryScopeObj : public ffi::Object {
- public:
-  std::shared_ptr<MemoryScope> scope;
-  static constexpr bool _type_mutable = true;
-  TVM_FFI_DECLARE_OBJECT_INFO_FINAL("tvmsched.MemoryScope", MemoryScopeObj, ffi::Object);
-};
-
-class MemoryScopeRef : public ffi::ObjectRef {
- public:
-  TVM_FFI_DEFINE_OBJECT_REF_METHODS_NULLABLE(MemoryScopeRef, ffi::ObjectRef, MemoryScopeObj);
-};
 
 /*! \brief A policy with the models it was told of, as Python holds it (tvmsched.engine.create_policy): for replaying
  *  recorded decisions and for experiments; the engine's Runtime holds its policy directly. */

@@ -90,8 +90,10 @@ RuntimeObj::RuntimeObj(RuntimeOptions options) : options_(std::move(options)) {
   group_ = PreemptionGroup::Create();
   // a switch-in waits for memory that preempted requests keep: the requests the group paused finish and pause again
   // (the priority policy's memory_blocked; nothing when the streams were paused by someone else)
-  switcher_->SetBlockedCallback(ffi::Function::FromTyped(
-      [group = group_](ffi::Any, ffi::Array<Model> holders) { group->FinishStartedOf(holders); }));
+  switcher_->SetBlockedCallback(
+      ffi::Function::FromTyped([group = group_, finished = finished_for_memory_](ffi::Any, ffi::Array<Model> holders) {
+        *finished += group->FinishStartedOf(holders);
+      }));
   tier_used_.assign(options_.tiers.size(), 0);
   sweeper_ = std::thread([this] { SweepLoop(); });
 }
@@ -346,7 +348,9 @@ Request RuntimeObj::Submit(const std::string& model, ffi::Map<ffi::String, ffi::
     }
     if (pending.timeout_at_us > 0) sweep_cond_.notify_all();
   }
-  if (pending.realtime) group_->Hold(pending.request, entry->streams);  // its own model's streams go on
+  // its own model's streams go on. Not under a serial policy: nothing runs beside it to preempt, and pausing the
+  // older requests it waits behind would stop the queue for good
+  if (pending.realtime && !policy_->serial()) group_->Hold(pending.request, entry->streams);
   PokeAll(entry);
   return pending.request;
 }
@@ -589,6 +593,22 @@ std::vector<Model> RuntimeObj::engine_models(const std::string& model) const {
   auto found = entries_.find(model);
   if (found == entries_.end()) TVM_FFI_THROW(TvmschedError) << "no model named '" << model << "' is loaded";
   return found->second->models;
+}
+
+bool RuntimeObj::Evict(const std::string& name, bool keep_environment) {
+  Model first;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto found = entries_.find(name);
+    if (found == entries_.end()) TVM_FFI_THROW(TvmschedError) << "no model named '" << name << "' is loaded";
+    first = found->second->models[0];
+  }
+  const char* kind = first->placement()->kind();
+  if (std::strcmp(kind, "staged") != 0) {
+    TVM_FFI_THROW(TvmschedError) << "model " << name << " is " << kind
+                                 << ", not switched: only a switched model is evicted";
+  }
+  return switcher_->Evict(first, keep_environment);
 }
 
 void RuntimeObj::Unload(const std::string& name, double timeout_s) {

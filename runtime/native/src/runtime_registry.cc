@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 
+#include "memory_scope_ref.h"
 #include "tvmsched/runtime.h"
 
 namespace tvmsched {
@@ -204,6 +205,15 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              out.Set("budget", static_cast<int64_t>(rt->scope()->budget()));
              return out;
            })
+      .def("memory_scope",
+           [](Runtime rt) {  // a plain Executor loaded into it counts against this runtime's budget
+             auto obj = ffi::make_object<MemoryScopeObj>();
+             obj->scope = rt->scope();
+             return MemoryScopeRef(obj);
+           })
+      .def("evict",
+           [](Runtime rt, const std::string& name, bool keep_environment) { return rt->Evict(name, keep_environment); })
+      .def("finished_for_memory", [](Runtime rt) { return rt->finished_for_memory(); })
       .def("shutdown", [](Runtime rt) { rt->Shutdown(); });
 }
 

@@ -24,6 +24,7 @@
 #ifndef TVMSCHED_RUNTIME_H_
 #define TVMSCHED_RUNTIME_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -112,6 +113,9 @@ class RuntimeObj : public ffi::Object {
   /*! \brief New requests for it are refused at once; its queued and running ones finish first (within `timeout_s`),
    *  then its memory and its name are given back. */
   void Unload(const std::string& name, double timeout_s = 60);
+  /*! \brief Evict an idle switched model now (its environment too unless `keep_environment`): an operator's lever
+   *  and the tests'; false when it is busy or not in memory. One line for a resident or streamed model. */
+  bool Evict(const std::string& name, bool keep_environment);
   /*! \brief Queue one request (inputs checked now: a bad request raises and queues nothing; so does a refused one). */
   Request Submit(const std::string& model, ffi::Map<ffi::String, ffi::Tensor> inputs, const SubmitOptions& options);
   /*! \brief Every busy stream's work still to run (the resource monitor), by stream name. */
@@ -119,6 +123,9 @@ class RuntimeObj : public ffi::Object {
   std::map<std::string, ModelStats> Stats();
   /*! \brief The colocation policy's decisions: how many, and the p50 / p99 of the latest ones' times (µs; -1: none). */
   std::tuple<int64_t, double, double> DecisionStats();
+  /*! \brief How often a switch-in waited for memory that paused best-effort requests held, and the preemption group
+   *  let them finish (and pause again) to free it. */
+  int64_t finished_for_memory() const { return finished_for_memory_->load(); }
   std::vector<std::string> models() const;
   /*! \brief The streams of a model (its first one first; the others are NAME#1 ...). */
   std::vector<Stream> streams(const std::string& model) const;
@@ -186,6 +193,7 @@ class RuntimeObj : public ffi::Object {
   bool closed_ = false;
   std::vector<size_t> tier_used_;  // per tier share: bytes the streamed models took
   std::thread sweeper_;            // fails requests whose timeout passed while every stream was busy
+  std::shared_ptr<std::atomic<int64_t>> finished_for_memory_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 class Runtime : public ffi::ObjectRef {

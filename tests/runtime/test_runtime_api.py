@@ -1,6 +1,5 @@
-"""The Python Runtime as a typed wrapper over the engine's (runtime/runtime_next.py, issue 38 step 4; it replaces
-runtime/runtime.py once the tests that reach into the Python switcher and priority policy are ported): the public API
-on the engine Runtime, in both CPU modes."""
+"""The Python Runtime as a typed wrapper over the engine's (runtime/runtime.py): its public API (submit, infer,
+several streams, unload, deadlines, stats, timeline) in both CPU modes."""
 
 import asyncio
 import json
@@ -9,7 +8,7 @@ import numpy as np
 import pytest
 
 from tvmsched.errors import TvmschedError
-from tvmsched.runtime.runtime_next import Runtime
+from tvmsched.runtime import Runtime
 
 
 def test_submit_and_infer_on_several_streams_match_a_direct_run_bit_for_bit(mlp, mlp_run, tmp_path):

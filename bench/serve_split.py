@@ -1,0 +1,99 @@
+"""Where `tvmsched serve`'s time inside the server goes, per request at concurrency 1 (issue 38's split): parse,
+submit, queue (the engine: submit to start), wake-up (the engine finished it to the handler holding its outputs),
+encode — measured in-process on the handler's own functions, one request at a time, with the HTTP layers (uvicorn,
+FastAPI routing, middleware) left out; bench/cpp_server_overhead.py measures the whole server over HTTP.
+
+    python bench/serve_split.py ARTIFACT.tvms [--requests 2000] [--rounds 5]
+
+The request is tritonclient's binary-tensor body for the model's inputs (random, seeded). Each phase is timed with
+the engine's clock (native.now_us) and reported as the median over the requests of each round, then the median of
+the rounds; `total inside` is parse + submit + wake-up + encode (what Triton's statistics call the server's own time:
+success - queue - compute_infer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PHASES = ("parse", "submit", "queue", "wake", "encode", "total inside")
+
+
+def binary_request(served) -> tuple[dict, bytes]:
+    """(headers, body) of tritonclient's binary-tensor request for the model's inputs."""
+    rng = np.random.default_rng(0)
+    arrays = [rng.random(t.shape).astype(t.dtype) for t in served.inputs]
+    header = json.dumps({"inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape),
+                                     "parameters": {"binary_data_size": a.nbytes}} for t, a in zip(served.inputs, arrays)],
+                         "outputs": [{"name": t.name, "parameters": {"binary_data": True}} for t in served.outputs]}).encode()
+    return {"Inference-Header-Content-Length": str(len(header))}, header + b"".join(a.tobytes() for a in arrays)
+
+
+def one_round(service, served, headers, body, requests: int) -> dict[str, float]:
+    from tvmsched.runtime import native
+    from tvmsched.serve.http import _answer, _parse_request
+
+    now = native.now_us
+    times = {p: [] for p in PHASES}
+    for _ in range(requests):
+        t0 = now()
+        header, inputs, binary = _parse_request(service, served, headers, body, len(body))
+        t1 = now()
+        future = service.submit(served, inputs, header.get("parameters"))
+        t2 = now()
+        outputs = future.result(timeout=60)
+        t3 = now()
+        service.finish(served, future, 0, None)
+        _answer(served, header, outputs, binary)
+        t4 = now()
+        r = future.request
+        times["parse"].append(t1 - t0)
+        times["submit"].append(t2 - t1)
+        times["queue"].append(r.started_us - r.submitted_us)
+        times["wake"].append(t3 - r.finished_us)
+        times["encode"].append(t4 - t3)
+        times["total inside"].append((t1 - t0) + (t2 - t1) + (t3 - r.finished_us) + (t4 - t3))
+    return {p: statistics.median(v) for p, v in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("artifacts", nargs="+", type=Path)
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    from tvmsched.runtime import Runtime
+    from tvmsched.serve.repository import ModelSpec
+    from tvmsched.serve.service import InferenceService
+
+    load = os.getloadavg()[0]
+    with Runtime("cpu") as rt:
+        service = InferenceService(rt)
+        cases = []
+        for path in args.artifacts:
+            served = service.add(ModelSpec(name=path.stem, path=path))
+            headers, body = binary_request(served)
+            one_round(service, served, headers, body, 50)  # warm-up
+            cases.append((served, headers, body))
+        rounds = {served.name: [] for served, _, _ in cases}
+        for _ in range(args.rounds):  # interleaved
+            for served, headers, body in cases:
+                rounds[served.name].append(one_round(service, served, headers, body, args.requests))
+    print(f"load average (1 min) {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
+    print("| model | " + " | ".join(f"{p} µs" for p in PHASES) + " |")
+    print("|---|" + "---:|" * len(PHASES))
+    for name, results in rounds.items():
+        print(f"| {name} | " + " | ".join(f"{statistics.median(r[p] for r in results):.1f}" for p in PHASES) + " |")
+
+
+if __name__ == "__main__":
+    main()
