@@ -55,12 +55,12 @@ def test_a_request_still_queued_at_its_deadline_fails_instead_of_starting_late(a
     with Runtime("cpu") as rt:
         mlp = rt.load(mlp_path, name="mlp")
         x = {"input": np.random.default_rng(1).random((1, 784), dtype=np.float32)}
-        mlp.task.preempt()  # paused: nothing starts until resume()
+        rt.preempt(mlp)  # paused: nothing starts until resume()
         late = rt.submit(mlp, x, start_within_us=2000)
         roomy = rt.submit(mlp, x, start_within_us=60e6)
         plain = rt.submit(mlp, x)
         time.sleep(0.05)
-        mlp.task.resume()
+        rt.resume(mlp)
         with pytest.raises(TvmschedError, match=r"model mlp: the request did not start within its deadline \(queued \d+ us, \d+ us past it\)"):
             late.result(timeout=60)
         assert late.request.started_us == 0  # it never ran

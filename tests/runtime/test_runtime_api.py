@@ -36,12 +36,12 @@ def test_a_request_queued_past_start_within_us_fails_with_the_deadline_line(mlp,
     inputs, want = mlp_run
     with Runtime("cpu") as rt:
         model = rt.load(mlp)
-        model.task.preempt()  # its only stream takes nothing while paused
+        rt.preempt(model)  # its only stream takes nothing while paused
         late = rt.submit(model, inputs, start_within_us=2000)
         roomy = rt.submit(model, inputs, start_within_us=60e6)
         with pytest.raises(TvmschedError, match=r"model mlp: the request did not start within its deadline"):
             late.result(timeout=60)
-        model.task.resume()
+        rt.resume(model)
         assert np.array_equal(roomy.result(timeout=60)["output"], want["output"])
 
 

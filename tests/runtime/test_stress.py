@@ -425,9 +425,8 @@ class Driver:
         slot = self.slot(rt, name)
         if slot is None:
             return
-        task = slot.models[name][0].task
-        self.note(f"{rt}.preempt({name}) busy={task.busy}")
-        report = task.preempt()
+        self.note(f"{rt}.preempt({name}) busy={slot.models[name][0].task.busy}")
+        (report,) = slot.rt.preempt(name)  # one stream each
         slot.paused.add(name)
         self.note(f"  -> {report.seconds * 1e3:.2f} ms, {len(report.rerun)} to re-run")
         self.count("preempt")
@@ -437,7 +436,7 @@ class Driver:
         if slot is None:
             return
         self.note(f"{rt}.resume({name})")
-        slot.models[name][0].task.resume()
+        slot.rt.resume(name)
         slot.paused.discard(name)
         self.count("resume")
 
@@ -514,7 +513,7 @@ class Driver:
         # fcfs runs one request at a time in arrival order: a request queued behind a paused model's waits for it
         for name in sorted(p.slot.paused) if p.slot.rt.policy_kind == "fcfs" else [p.model] if p.model in p.slot.paused else []:
             self.note(f"{p.slot.label}.resume({name}) to wait for {p.label}")
-            p.slot.models[name][0].task.resume()
+            p.slot.rt.resume(name)
             p.slot.paused.discard(name)
         del self.pending[p.label]
         started = time.monotonic()
@@ -695,7 +694,7 @@ def test_fcfs_shutdown_finishes_queued_requests_and_stops_its_thread(zoo):
     rt = Runtime("cpu", policy="fcfs")
     model = rt.load(zoo.paths["bert-tiny"], qos_ms=10_000)
     futures = [rt.submit(model, x) for _ in range(12)]
-    model.task.preempt()  # a paused stream: shutdown resumes it first
+    rt.preempt(model)  # a paused stream: shutdown resumes it first
     rt.shutdown()
     for future in futures:
         _same(future.result(timeout=DEADLINE_S), want)
@@ -716,13 +715,13 @@ def test_a_paused_task_holds_up_no_other_switch_in(zoo, when):
         held = rt.load(a, qos_ms=10_000, name="held", resident=False)
         other = rt.load(b, qos_ms=10_000, name="other", resident=False)
         if when == "idle":
-            held.task.preempt()
+            rt.preempt(held)
             future = rt.submit(held, zoo.inputs["mobilenetv2"][0])
         else:
             future = held_mid_request(rt, held, zoo.inputs["mobilenetv2"][0])
         _same(rt.submit(other, zoo.inputs["bert-tiny"][0]).result(timeout=5), zoo.want["bert-tiny"][0])
         assert not future.done()
-        held.task.resume()
+        rt.resume(held)
         _same(future.result(timeout=DEADLINE_S), zoo.want["mobilenetv2"][0])
 
 
@@ -793,7 +792,7 @@ def test_closing_a_stream_that_waits_for_a_switch_in_neither_spins_nor_hangs(zoo
         with pytest.raises(TvmschedError) as err:
             waiting_future.result(timeout=1)
         assert "watchdog" in str(err.value) and "\n" not in str(err.value), str(err.value)
-        held.task.resume()
+        rt.resume(held)
         _same(held_future.result(timeout=DEADLINE_S), zoo.want["mobilenetv2"][1])
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import json
+import time
 
 import numpy as np
 import pytest
@@ -104,11 +105,11 @@ def test_recorded_stages_follow_the_pipeline_rules(zoo, budget_restored):
         for name in (a, b):
             rt.load(zoo[name][0], resident=False)
         # a paused stream leaves the switcher's queue until it resumes: it holds up no other switch-in
-        rt.models[a].task.preempt()
+        rt.preempt(a)
         fa = rt.submit(a, zoo[a][1])
         _same(rt.submit(b, zoo[b][1]).result(timeout=120), zoo[b][2])
         assert not fa.done() and not _stage(rt.switch_events(), a, "stage2")
-        rt.models[a].task.resume()
+        rt.resume(a)
         _same(fa.result(timeout=120), zoo[a][2])
         n_a = len(groups(rt.models[a].task.executor))
         assert n_a >= 3
@@ -133,12 +134,17 @@ def test_recorded_stages_follow_the_pipeline_rules(zoo, budget_restored):
 
 
 def _switch_a_then_b(rt, zoo, a, b):
-    """Both evicted with their environments, then a request of each at once (a is current, b next): the stages
-    recorded meanwhile."""
+    """Both evicted with their environments, then a request of each, b's as soon as a's switch-in began (a is
+    current, b next: requests queue on their model, so two submitted at once may reach the switcher in either order):
+    the stages recorded meanwhile."""
     for name in (a, b):
         assert rt.evict(name)
     mark = len(rt.switch_events())
     fa = rt.submit(a, zoo[a][1])
+    deadline = time.monotonic() + 60
+    while not _stage(rt.switch_events()[mark:], a, "stage1"):
+        assert time.monotonic() < deadline, f"{a}'s switch-in did not begin"
+        time.sleep(0.0002)
     fb = rt.submit(b, zoo[b][1])
     _same(fa.result(timeout=120), zoo[a][2])
     _same(fb.result(timeout=120), zoo[b][2])

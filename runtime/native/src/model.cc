@@ -565,6 +565,7 @@ void ModelObj::Wake() {
 }
 
 void ModelObj::SetStreamPriority(StreamPriority priority) {
+  std::lock_guard<std::mutex> lock(env_mu_);  // its streams go: not while its switcher cleans its environment
   if (priority == stream_priority_) return;
   Synchronize();
   for (auto& [units, stream] : streams_) device_->DestroyStream(stream);

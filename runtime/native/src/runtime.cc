@@ -176,6 +176,10 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
       for (size_t t = 0; t < took.size() && t < store.used().size(); ++t) took[t] = store.used()[t];
     }
   } else {
+    // its device streams get the priority now, before its switcher prepares them: set later (by its Stream), it
+    // would destroy the ones a prefetch made while the switcher's memory thread may evict them (both destroyed
+    // one stream: a join that never returned, stress test in the asynchronous mode)
+    first->SetStreamPriority(options.realtime ? StreamPriority::kHigh : StreamPriority::kLow);
     switcher_->Add(first);
     if (options.resident) switcher_->Prefetch(first);  // false: it does not fit now; switched in on demand
   }
