@@ -50,7 +50,9 @@ def one_round(service, served, headers, body, requests: int) -> dict[str, float]
         t1 = now()
         future = service.submit(served, inputs, header.get("parameters"))
         t2 = now()
-        outputs = future.result(timeout=60)
+        outputs = service.inline_outputs(served, future)  # as the server's handler waits at concurrency 1
+        if outputs is None:
+            outputs = future.result(timeout=60)
         t3 = now()
         service.finish(served, future, 0, None)
         _answer(served, header, outputs, binary)

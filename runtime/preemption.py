@@ -99,14 +99,16 @@ class EngineFuture(Future):
             self._pull()
         return super().done()
 
-    def _wait(self, timeout: float | None) -> None:
+    def _wait(self, timeout: float | None, spin_us: float = WAIT_SPIN_US) -> None:
         if self._state in _OPEN:
-            if not self.request.wait(-1.0 if timeout is None else float(timeout), WAIT_SPIN_US):
+            if not self.request.wait(-1.0 if timeout is None else float(timeout), spin_us):
                 raise FutureTimeout()
             self._pull()
 
-    def result(self, timeout: float | None = None):
-        self._wait(timeout)
+    def result(self, timeout: float | None = None, *, spin_us: float = WAIT_SPIN_US):
+        """Future.result; `spin_us`: how long the wait polls (yielding its core) before it sleeps (a request expected
+        to end within it is seen done without a sleeping thread's wake-up)."""
+        self._wait(timeout, spin_us)
         if self._state == FINISHED and self._exception is None:  # the common case, without the condition's lock
             return self._result
         return super().result(0)

@@ -55,7 +55,7 @@ def loads(body: bytes, what: str = "the request"):
     """The JSON value of a request body (or of its JSON header), or one 400 line saying what is wrong with it."""
     check_depth(body, f"{what}'s JSON")
     try:
-        value = json.loads(body.decode("utf-8-sig"), parse_constant=_no_constant)
+        value = _DECODER.decode(body.decode("utf-8-sig"))
     except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
         raise ServeError(f"{what} is not valid JSON: {err}") from None
     if _SURROGATE.search(body) and not _unicode(value):  # "\ud800" alone: Python reads it, nlohmann and UTF-8 do not
@@ -87,6 +87,7 @@ def _no_constant(name: str):
 
 
 NON_FINITE_HINT = 'send non-finite values as the strings "NaN", "Infinity", "-Infinity", or as binary data'
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)  # made once (json.loads with a hook makes one per call)
 
 
 def dumps(value) -> bytes:

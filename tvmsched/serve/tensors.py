@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +23,10 @@ class TensorInfo:
     datatype: str  # v2 name: FP32, INT64, ...
     shape: tuple[int, ...]
     dtype: np.dtype
+
+    @functools.cached_property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
 
     def metadata(self) -> dict:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
@@ -87,7 +93,7 @@ def _refuse(info: TensorInfo, value) -> None:
 
 def from_bytes(info: TensorInfo, raw: bytes | memoryview) -> np.ndarray:
     """Raw little-endian row-major bytes as the input's array."""
-    expected = int(np.prod(info.shape)) * info.dtype.itemsize
+    expected = info.nbytes
     if len(raw) != expected:
         raise ServeError(f"input {info.name!r}: {len(raw)} bytes of data for shape {list(info.shape)} {info.datatype} "
                          f"({expected} expected)")
