@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tvmsched.artifact.format import Artifact
 from tvmsched.runtime import Runtime
 
 POLICIES = ["colocation", "fcfs", "fastest", "partition"]
@@ -31,14 +32,18 @@ def run(artifacts: list[Path], qos_ms: list[float], policy: str, rate: float, se
         colocation: str | None = None) -> dict:
     rt = Runtime(device, policy="colocation" if policy == NO_PROFILE else policy,
                  colocation=None if policy == NO_PROFILE else colocation)
-    handles = [rt.load(path, qos_ms=q, name=f"m{i}") for i, (path, q) in enumerate(zip(artifacts, qos_ms))]
+    # loaded under their own model names: the profile's keys are MODEL/KERNEL (a second copy of a model gets m<i>, and
+    # the fallback rule; before, every model was m<i> and no profile row ever matched)
+    handles, names = [], set()
+    for i, (path, q) in enumerate(zip(artifacts, qos_ms)):
+        name = Artifact.load(path).manifest.model_name
+        handles.append(rt.load(path, qos_ms=q, name=name if name not in names else f"m{i}"))
+        names.add(handles[-1].name)
     inputs = [h.task.executor.random_inputs(i) for i, h in enumerate(handles)]
     for handle, x in zip(handles, inputs):  # warm-up
         rt.submit(handle, x).result()
     arrivals = poisson_arrivals(len(handles), rate, seconds, seed)
     before = rt.stats()  # the warm-up's requests are left out of the counts below
-    if rt.scheduler is not None:  # (the policies without a layer scheduler have none)
-        rt.scheduler.decisions.clear()
     start = time.perf_counter()
     drive(rt, handles, inputs, arrivals)
     elapsed = time.perf_counter() - start

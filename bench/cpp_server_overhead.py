@@ -5,8 +5,10 @@ Runtime) beside `tvmsched serve`, on one model, interleaved rounds (issue 38, st
 
 Each round sends REQUESTS binary-tensor requests (tritonclient's body, one keep-alive http.client connection, one at a
 time) to each server in turn. Inside = Triton's statistics over the round: (success - queue - compute_infer) ns /
-count, the server's own time around the Runtime; client p50 is the round's median round trip. Prints the medians
-over the rounds and the load average.
+count, the server's own time around the Runtime; client p50 is the round's median round trip; the C++ server also
+times decoding (compute_input) and encoding (compute_output). Its success time ends after the answer is encoded,
+tvmsched serve's before: the C++ server's "inside" includes encoding, tvmsched serve's does not. Prints the medians over
+the rounds and the load average.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def stats(conn: http.client.HTTPConnection) -> dict:
     return json.loads(conn.getresponse().read())["model_stats"][0]["inference_stats"]
 
 
-def round_(port: int, data: bytes, header: int, n: int) -> tuple[float, float]:
+def round_(port: int, data: bytes, header: int, n: int) -> tuple[float, float, float, float]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     before, times = stats(conn), []
     for _ in range(n):
@@ -55,7 +57,8 @@ def round_(port: int, data: bytes, header: int, n: int) -> tuple[float, float]:
     conn.close()
     delta = {k: (after[k]["ns"] - before[k]["ns"], after[k]["count"] - before[k]["count"]) for k in after}
     inside = (delta["success"][0] - delta["queue"][0] - delta["compute_infer"][0]) / delta["success"][1]
-    return inside / 1e3, statistics.median(times) / 1e3
+    per = lambda key: delta[key][0] / max(delta[key][1], 1) / 1e3  # µs per request (0: the server does not time it)
+    return inside / 1e3, statistics.median(times) / 1e3, per("compute_input"), per("compute_output")
 
 
 def main() -> None:
@@ -91,7 +94,9 @@ def main() -> None:
         inside = statistics.median(r[0] for r in rows)
         client = statistics.median(r[1] for r in rows)
         print(f"{name}: inside the server p50-of-rounds {inside:.1f} µs (min {min(r[0] for r in rows):.1f}, "
-              f"max {max(r[0] for r in rows):.1f}); client round trip {client:.1f} µs")
+              f"max {max(r[0] for r in rows):.1f}); client round trip {client:.1f} µs; of it, decoding the request "
+              f"{statistics.median(r[2] for r in rows):.1f} µs (compute_input; 0: not timed apart), encoding the answer "
+              f"{statistics.median(r[3] for r in rows):.1f} µs (compute_output)")
 
 
 if __name__ == "__main__":
