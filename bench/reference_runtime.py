@@ -11,13 +11,10 @@ import dataclasses
 import functools
 import queue
 import threading
-import time
 import weakref
 import gc
-import asyncio
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from pathlib import Path
 import logging
 
 import numpy as np
@@ -29,9 +26,9 @@ from tvmsched.runtime import policies
 from tvmsched.runtime.executor import Executor, candidate_list
 from tvmsched.runtime.policies.priority import Priorities
 from tvmsched.runtime.preemption import EngineFuture, Task, hold_gc, least_pending
-from tvmsched.runtime.runtime import Model, _freeze_heap, _thaw_heap, candidate_info, find_model, tiering_report, write_timeline
+from tvmsched.runtime.runtime import Model, _freeze_heap, _thaw_heap, candidate_info, colocation_table, find_model
 from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, StreamView, stream_work
-from tvmsched.runtime.switching import StageEvent, SwitchSettings, Switcher, footprint, stage_events
+from tvmsched.runtime.switching import SwitchSettings, Switcher, footprint
 from tvmsched.runtime.tiering import TierSettings, TierShares
 
 log = logging.getLogger(__name__)
@@ -51,44 +48,8 @@ class RefModel(Model):
 
 
 class ReferenceRuntime:
-    """Serve several compiled models on one device (thread-safe; see the module docstring).
-
-    Args:
-        device: "cpu" or "cuda".
-        total_units: the device's compute units (default: CPU threads / the SMs of the GPU).
-        colocation: a ColocationTable, the URL of a tuning database holding this device's profile
-            (`tvmsched profile-coloc --db`), or a profile's JSON file (`--out`); default: none, the fallback rule
-            for every pair.
-        max_in_flight: launches each stream keeps on a GPU at once.
-        timeline: record every launch for `export_timeline`.
-        progress_interval_ms: how often the CUDA kernels' progress counters are copied to the host
-            (artifacts compiled with progress counters; CPU counters are host memory, read when needed).
-        policy: "colocation" (the layer scheduler), or the baselines "fastest" (concurrent streams,
-            fastest candidates), "partition" (each model's fastest candidates within an even share of
-            the units), "fcfs" (one request at a time in arrival order, fastest candidates).
-        trusted_keys: Ed25519 public key files: `load` accepts only artifact files one of them signed
-            (an artifact is native code; README, "Trust model").
-        memory_budget: bytes of device memory this Runtime's models may allocate (every allocation is
-            checked); None: no budget of its own. The budget is this Runtime's alone (`memory()`): other
-            Runtimes and plain executors of the process count against their own budgets or none, and the
-            device's capacity (what really exists) is checked apart from it. Models that do not fit beside
-            the resident ones are registered and switched in when a request needs them
-            (runtime/switching.py; the switcher's budget is this one, else the device's free memory). A
-            model larger than the whole budget streams its weights
-            from the host tiers instead (`tiering`; it keeps the device memory left when it is loaded).
-        switching: the switching pipeline's settings (SwitchSettings: thresholds 1 and 2, preset count,
-            retain, sub-tasks per model).
-        tiering: where models larger than the budget keep the weights they stream (TierSettings: the
-            topology, or a plan and its GPU; default: the discovered DRAM, CXL nodes and temporary folder).
-        stall_timeout_s: the engine's watchdog: a request that waits this long for its model to be switched
-            in fails with one line naming the stage it is stuck in (None: TVMSCHED_STALL_TIMEOUT_S, else 60;
-            0: no watchdog).
-        freeze_gc: keep Python's garbage collection out of requests: after each load the heap is collected once
-            and frozen (`gc.freeze()`: later collections skip what existed then: modules, loaded models, your
-            data), and no automatic collection starts inside `submit()` or its future's `result()` (one that
-            falls due there runs at your code's next allocation). The last such Runtime to shut down unfreezes
-            the heap. False: the collector is left alone.
-    """
+    """The former `tvmsched.runtime.Runtime` (the same arguments: runtime/runtime.py), its policies deciding in Python
+    at submit."""
 
     def __init__(self, device: str = "cpu", *, total_units: int | None = None, colocation: ColocationTable | str | None = None,
                  max_in_flight: int = 8, timeline: bool = False, policy: str = "colocation",
@@ -99,17 +60,7 @@ class ReferenceRuntime:
             raise TvmschedError(f"unknown device {device!r}: use cpu or cuda")
         self.device = device
         self.total_units = total_units or int(native.device_info(device)["total_units"])
-        if isinstance(colocation, str) and colocation.endswith(".json"):  # `tvmsched profile-coloc --out` rows
-            from tvmsched.runtime.colocation import load_table
-
-            if not Path(colocation).is_file():
-                raise TvmschedError(f"no colocation profile at {colocation}")
-            colocation = load_table(colocation, self.total_units)
-        elif isinstance(colocation, str):  # a tuning-database URL holding this device's profile
-            from tvmsched.runtime.colocation import device_name, table_from_rows
-            from tvmsched.tuning_db import open_store
-
-            colocation = table_from_rows(open_store(colocation).colocation(device_name(device)), self.total_units)
+        colocation = colocation_table(colocation, device, self.total_units)
         self.policy = policies.create(policy, table=colocation, total_units=self.total_units)
         self.models: dict[str, Model] = {}
         self._lock = threading.Lock()
@@ -253,27 +204,6 @@ class ReferenceRuntime:
                  ", ".join(f"{t['kind']} {int(t['used_bytes'])}" for t in info["tiers"] if int(t["used_bytes"])))
         return executor
 
-    def tiering(self, model: Model | str) -> dict:
-        """A tiered model's placement: resident weight bytes, buffer bytes, groups, bytes per tier."""
-        return tiering_report(self._model(model).task.executor.native)
-
-    def tier_events(self) -> list[StageEvent]:
-        """The tiered models' streamed groups ("stream" events: bytes copied, `held`: the buffer), in engine µs."""
-        events = []
-        for model in list(self.models.values()):
-            if model.tiered:
-                events += stage_events(native.tiering_events(model.task.executor.native))
-        return events
-
-    def switch_events(self) -> list[StageEvent]:
-        """The switcher's recorded stages (stage1, stage2, exec, clean, evict), in engine µs."""
-        return self.switcher.events()
-
-    def memory(self) -> dict[str, int]:
-        """The engine's accounting of this Runtime's model memory: in_use, peak and budget (0: none) in bytes.
-        (The whole device's, every Runtime and plain executor of the process included: `native.device_memory`.)"""
-        return {str(k): int(v) for k, v in native.memory_scope_stats(self._memory_scope).items()}
-
     def _model(self, model: Model | str) -> Model:
         return find_model(self.models, model)
 
@@ -341,11 +271,6 @@ class ReferenceRuntime:
             model.serial_latencies_ms.append((native.now_us() - sent_us) / 1e3)  # counted before the caller wakes
             future.set_result(outputs)
 
-    async def infer(self, model: Model | str, inputs: dict[str, np.ndarray], *, priority: str | None = None,
-                    start_within_us: float | None = None) -> dict[str, np.ndarray]:
-        """asyncio form of submit()."""
-        return await asyncio.wrap_future(self.submit(model, inputs, priority=priority, start_within_us=start_within_us))
-
     def monitor(self) -> dict[str, StreamView]:
         """The resource monitor: every busy stream's work still to run (from its progress bitmap and queue), by stream
         name (a model's name; the copies of a model loaded with `streams=N` are NAME#1 .. NAME#N-1)."""
@@ -374,37 +299,6 @@ class ReferenceRuntime:
                              "p99_us": float(np.percentile(decisions, 99)) if decisions else None}
         return out
 
-    def export_timeline(self, path: str | Path, png: str | Path | None = None) -> int:
-        """Write the recorded launches as Chrome-trace / Perfetto JSON (and a PNG); returns the event count."""
-        return write_timeline(self.models.values(), self.switch_events() + self.tier_events(), self._started_us, path, png)
-
-    def unload(self, model: Model | str, timeout_s: float = 60.0) -> None:
-        """Stop serving a model: new requests for it are refused at once, its queued and running ones finish first,
-        then its device memory (and its tier shares) are freed and its name can be loaded again."""
-        model = self._model(model)
-        with self._lock:
-            if self.models.get(model.name) is not model:
-                raise TvmschedError(f"model {model.name!r} is not loaded")
-            del self.models[model.name]
-            for each in self.models.values():  # loaded_models changed
-                each.requests = tuple(dataclasses.replace(r, loaded_models=len(self.models)) for r in each.requests)
-        for task in model.tasks:
-            self.priorities.remove_best_effort(task)
-            task.resume()  # a paused stream would keep its queued requests for ever
-            task.close()
-        model.replicas = ()  # its copies' memory goes with their last reference (now), not with the Model's
-        executor = model.task.executor
-        if model.placement == "streamed":
-            self._tier_shares.give_back(native.tiering_info(executor.native))  # what it placed, read before the release
-            native.release_tiers(executor.native)
-        elif model.placement == "staged":
-            deadline = time.monotonic() + timeout_s
-            while not self.switcher.remove(executor):  # its switch-in or last clean may still be under way
-                if time.monotonic() > deadline:
-                    raise TvmschedError(f"model {model.name}: its switcher did not let go of it within {timeout_s} s")
-                time.sleep(0.01)
-        log.info("model %s unloaded", model.name)
-
     def shutdown(self, wait: bool = True) -> None:
         """Finish queued requests, then stop every stream's submitter."""
         with self._lock:
@@ -427,12 +321,6 @@ class ReferenceRuntime:
         if self._froze:
             self._froze = False
             _thaw_heap()
-
-    def __enter__(self) -> ReferenceRuntime:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown()
 
 
 def _memory_blocked(priorities: weakref.ref, waiting, holders: list) -> None:

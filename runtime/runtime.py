@@ -127,7 +127,7 @@ class Runtime:
             raise TvmschedError(f"a memory budget must be a positive number of bytes, not {memory_budget}")
         self.device = device
         self.total_units = total_units or int(native.device_info(device)["total_units"])
-        table = self._table(colocation) if policy == "colocation" else None
+        table = colocation_table(colocation, device, self.total_units) if policy == "colocation" else None
         options = {"device": device, "policy": policy, "total_units": self.total_units, "max_in_flight": max_in_flight,
                    "progress_interval_ms": float(progress_interval_ms),
                    "stall_timeout_s": default_stall_timeout_s() if stall_timeout_s is None else float(stall_timeout_s),
@@ -150,20 +150,6 @@ class Runtime:
         self._memory_budget = None if memory_budget is None else int(memory_budget)
         self._freeze_gc = freeze_gc
         self._froze = False
-
-    def _table(self, colocation) -> ColocationTable:
-        if isinstance(colocation, str) and colocation.endswith(".json"):  # `tvmsched profile-coloc --out` rows
-            from tvmsched.runtime.colocation import load_table
-
-            if not Path(colocation).is_file():
-                raise TvmschedError(f"no colocation profile at {colocation}")
-            return load_table(colocation, self.total_units)
-        if isinstance(colocation, str):  # a tuning-database URL holding this device's profile
-            from tvmsched.runtime.colocation import device_name, table_from_rows
-            from tvmsched.tuning_db import open_store
-
-            return table_from_rows(open_store(colocation).colocation(device_name(self.device)), self.total_units)
-        return colocation or ColocationTable(self.total_units)
 
     @property
     def scheduler(self) -> _Decisions | None:
@@ -359,6 +345,24 @@ class Runtime:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+def colocation_table(colocation, device: str, total_units: int) -> ColocationTable:
+    """The colocation profile a Runtime's `colocation` argument names: a ColocationTable, a profile's JSON file
+    (`tvmsched profile-coloc --out` rows), a tuning-database URL holding this device's profile, or None (the fallback
+    rule for every pair)."""
+    if isinstance(colocation, str) and colocation.endswith(".json"):
+        from tvmsched.runtime.colocation import load_table
+
+        if not Path(colocation).is_file():
+            raise TvmschedError(f"no colocation profile at {colocation}")
+        return load_table(colocation, total_units)
+    if isinstance(colocation, str):
+        from tvmsched.runtime.colocation import device_name, table_from_rows
+        from tvmsched.tuning_db import open_store
+
+        return table_from_rows(open_store(colocation).colocation(device_name(device)), total_units)
+    return colocation or ColocationTable(total_units)
 
 
 def find_model(models: dict[str, Model], model: Model | str) -> Model:
