@@ -443,6 +443,9 @@ def bench_switch(artifacts: tuple[str, ...], device: str, repeat: int, qos_ms: f
 @click.option("--memory-budget", metavar="BYTES", help="Device memory the models may use (e.g. 8GiB): more are switched "
               "in on demand, larger ones stream their weights.")
 @click.option("--colocation", metavar="URL", help="Tuning database holding this device's colocation profile.")
+@click.option("--policy", default="colocation", show_default=True,
+              type=click.Choice(["colocation", "fastest", "partition", "fcfs"]),
+              help="Which candidates each request runs with, and when (docs/runtime.md; the C++ server's --policy).")
 @click.option("--trust", "trusted", multiple=True, type=click.Path(dir_okay=False), metavar="KEY.pub",
               help="Load only artifacts signed by this Ed25519 public key (repeatable).")
 @click.option("--host", default="127.0.0.1", show_default=True)
@@ -453,8 +456,8 @@ def bench_switch(artifacts: tuple[str, ...], device: str, repeat: int, qos_ms: f
 @click.option("--max-body-bytes", default=16 << 20, show_default=True, type=click.IntRange(1), help="Larger requests get 413.")
 @click.option("--warmup/--no-warmup", default=True, show_default=True, help="Run every candidate kernel once at load.")
 def serve_cmd(models_: tuple[str, ...], model_repository: str | None, device: str, memory_budget: str | None,
-              colocation: str | None, trusted: tuple[str, ...], host: str, port: int, grpc_port: int, max_queue: int,
-              max_body_bytes: int, warmup: bool) -> None:
+              colocation: str | None, policy: str, trusted: tuple[str, ...], host: str, port: int, grpc_port: int,
+              max_queue: int, max_body_bytes: int, warmup: bool) -> None:
     """Serve models over the Open Inference Protocol (KServe v2): HTTP/REST and gRPC, Triton's clients work."""
     import dataclasses
 
@@ -472,7 +475,7 @@ def serve_cmd(models_: tuple[str, ...], model_repository: str | None, device: st
         raise TvmschedError(f"--port and --grpc-port are both {port}")
     check_ports(settings)
     service = build_service(specs, model_repository, device=device, memory_budget=budget, colocation=colocation,
-                            trusted_keys=trusted, max_queue=max_queue)
+                            trusted_keys=trusted, max_queue=max_queue, policy=policy)
     click.echo(f"serving {', '.join(service.models) or 'no model'} on http://{host}:{port}"
                + (f" and grpc {host}:{grpc_port}" if grpc_port else ""), err=True)
     serve(service, settings)

@@ -25,7 +25,8 @@ class ServerSettings:
 
 
 def build_service(specs: list[ModelSpec], repository: str | None, *, device: str = "cpu", memory_budget: int | None = None,
-                  colocation: str | None = None, trusted_keys=(), max_queue: int = 64) -> InferenceService:
+                  colocation: str | None = None, trusted_keys=(), max_queue: int = 64,
+                  policy: str = "colocation") -> InferenceService:
     """A Runtime with the models of `specs` and of the repository loaded (and warmed up); what can be checked
     without loading (flags, the repository, the artifacts' paths) is checked first, before TVM is imported."""
     if not specs and repository is None:
@@ -42,7 +43,8 @@ def build_service(specs: list[ModelSpec], repository: str | None, *, device: str
         check_artifact(spec.path)
     from tvmsched.runtime import Runtime
 
-    runtime = Runtime(device, colocation=colocation, trusted_keys=trusted_keys, memory_budget=memory_budget)
+    runtime = Runtime(device, policy=policy, colocation=colocation, trusted_keys=trusted_keys,
+                      memory_budget=memory_budget)
     service = InferenceService(runtime, max_queue=max_queue, repository=repo)
     try:
         for spec in specs + repo_specs:

@@ -159,9 +159,13 @@ class InferenceService:
     def model_config(self, served: Served) -> dict:
         """Triton's model configuration, as far as it applies (no batching: max_batch_size 0, dims = shapes)."""
         tensor = lambda t: {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": list(t.shape)}
-        params = {"qos_ms": served.model.qos_ms, "priority": served.model.priority, "max_queue": served.max_queue}
+        streams = len(served.model.tasks)
+        params = {"priority": served.model.priority, "placement": served.model.placement, "qos_ms": served.model.qos_ms,
+                  "max_queue": served.max_queue, "streams": streams, "policy": self.runtime.policy_kind}
+        kind = "KIND_CPU" if self.runtime.device == "cpu" else "KIND_GPU"
         return {"name": served.name, "platform": PLATFORM, "backend": PLATFORM, "max_batch_size": 0,
                 "input": [tensor(t) for t in served.inputs], "output": [tensor(t) for t in served.outputs],
+                "instance_group": [{"name": served.name, "kind": kind, "count": streams}],
                 "parameters": {k: {"string_value": str(v)} for k, v in params.items() if v is not None}}
 
     def statistics(self, name: str = "", version: str = "") -> dict:

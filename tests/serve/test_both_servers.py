@@ -1,0 +1,144 @@
+"""The same tritonclient tests against both servers (issue 38): `tvmsched serve` and build/cpp/tvmsched_server, started
+from one model repository (the same folders and config keys) with the same policy, both over the engine's Runtime.
+
+Each test runs once per server: metadata and Triton's model configuration (streams as the instance count, the policy,
+the placement), outputs bit-identical to a direct engine run in binary and JSON, per-request priority and timeout
+parameters, a model on two streams under concurrent clients, statistics that count what was answered, and one-line
+errors for an unknown model and a wrong shape. The C++ half is skipped where the C++ examples cannot be built
+(tests/test_cpp_examples.py's fixture).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from tests.helpers import free_port, start_server, stop_server
+from tests.serve.test_cpp_server import zoo  # noqa: F401 (the fixture: mlp and bert-tiny, shared artifacts)
+from tests.test_cpp_examples import cpp_build  # noqa: F401 (the fixture: `make cpp` once)
+
+tritonclient_http = pytest.importorskip("tritonclient.http")
+InferenceServerException = pytest.importorskip("tritonclient.utils").InferenceServerException
+
+POLICY = "colocation"
+CONFIGS = {"mlp": ("config.toml", 'priority = "best_effort"\nqos_ms = 60000.0\n'),
+           "bert": ("config.json", '{"streams": 2, "max_queue": 32}')}
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory, zoo):  # noqa: F811
+    root = tmp_path_factory.mktemp("repository")
+    for name, (config, text) in CONFIGS.items():
+        (root / name).mkdir()
+        (root / name / f"{name}.tvms").symlink_to(zoo[name][0])  # the shared artifact, read only
+        (root / name / config).write_text(text)
+    return root
+
+
+@pytest.fixture(scope="module")
+def direct(zoo):  # noqa: F811
+    """Each model's outputs from a direct engine run of its inputs (the fastest candidates: colocation's choice when
+    nothing else runs)."""
+    from tvmsched.runtime import Executor
+
+    out = {}
+    for name, (path, inputs, _, _) in zoo.items():
+        executor = Executor(path)
+        fastest = [min(range(len(layer.candidates)), key=lambda c: layer.candidates[c].latency_us or 0)
+                   for layer in executor.manifest.layers]
+        out[name] = executor.run(inputs, fastest)
+    return out
+
+
+@pytest.fixture(scope="module")
+def serve_server(repository):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    process = start_server([sys.executable, "-m", "tvmsched.cli", "serve", "--model-repository", str(repository),
+                            "--policy", POLICY, "--port", str(port), "--grpc-port", "0"], base, ready="/v2/health/ready")
+    yield base
+    assert stop_server(process) == 0
+
+
+@pytest.fixture(scope="module")
+def cpp_server(cpp_build, repository):  # noqa: F811
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    process = start_server([str(cpp_build / "tvmsched_server"), "--model-repository", str(repository), "--policy", POLICY,
+                            "--port", str(port)], base)
+    yield base
+    assert stop_server(process) == 0
+
+
+@pytest.fixture(params=["serve", "cpp"])
+def client(request):
+    base = request.getfixturevalue(f"{request.param}_server")
+    client = tritonclient_http.InferenceServerClient(base.removeprefix("http://"), concurrency=4)
+    yield client
+    client.close()
+
+
+def _inputs(zoo, name, binary=True):  # noqa: F811
+    tensors = []
+    for key, array in zoo[name][1].items():
+        tensor = tritonclient_http.InferInput(key, list(array.shape), "FP32")
+        tensor.set_data_from_numpy(array, binary_data=binary)
+        tensors.append(tensor)
+    return tensors
+
+
+def _same(result, want: dict) -> None:
+    for key, array in want.items():
+        np.testing.assert_array_equal(result.as_numpy(key), array)
+
+
+def test_metadata_and_configuration_say_the_same_in_both(client, zoo):  # noqa: F811
+    assert client.is_server_live() and client.is_server_ready()
+    for name in CONFIGS:
+        meta = client.get_model_metadata(name)
+        assert [(t["name"], t["datatype"], t["shape"]) for t in meta["inputs"]] == \
+            [(k, "FP32", list(a.shape)) for k, a in zoo[name][1].items()]
+    config = client.get_model_config("bert")
+    assert config["max_batch_size"] == 0 and config["instance_group"][0]["count"] == 2
+    params = {k: v["string_value"] for k, v in config["parameters"].items()}
+    assert params["streams"] == "2" and params["policy"] == POLICY and params["max_queue"] == "32"
+    assert params["priority"] == "best_effort" and params["placement"] == "staged"
+    mlp = {k: v["string_value"] for k, v in client.get_model_config("mlp")["parameters"].items()}
+    assert float(mlp["qos_ms"]) == 60000.0 and mlp["streams"] == "1"
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_outputs_are_the_direct_runs_bits(client, zoo, direct, binary):  # noqa: F811
+    for name in CONFIGS:
+        _same(client.infer(name, _inputs(zoo, name, binary)), direct[name])
+
+
+def test_priority_and_timeout_parameters_are_taken(client, zoo, direct):  # noqa: F811
+    _same(client.infer("mlp", _inputs(zoo, "mlp"), priority=1), direct["mlp"])  # real-time for this request
+    _same(client.infer("mlp", _inputs(zoo, "mlp"), priority=2, timeout=60_000_000), direct["mlp"])
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("mlp", _inputs(zoo, "mlp"), parameters={"priority": "urgent"})
+    assert "\n" not in str(err.value) and "priority" in str(err.value)
+
+
+def test_a_model_on_two_streams_answers_concurrent_clients_and_the_statistics_count_them(client, zoo, direct):  # noqa: F811
+    before = client.get_inference_statistics("bert")["model_stats"][0]["inference_count"]
+    pending = [client.async_infer("bert", _inputs(zoo, "bert")) for _ in range(12)]
+    for request in pending:
+        _same(request.get_result(), direct["bert"])
+    stats = client.get_inference_statistics("bert")["model_stats"][0]
+    assert stats["inference_count"] == before + 12
+    assert stats["inference_stats"]["success"]["count"] >= 12 and stats["inference_stats"]["queue"]["count"] >= 12
+
+
+def test_unknown_models_and_wrong_shapes_are_one_error_line(client, zoo):  # noqa: F811
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("nobody", _inputs(zoo, "mlp"))
+    assert "\n" not in str(err.value) and "nobody" in str(err.value)
+    tensor = tritonclient_http.InferInput("input", [1, 5], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 5), np.float32))
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("mlp", [tensor])
+    assert "\n" not in str(err.value) and "shape" in str(err.value)
