@@ -238,3 +238,9 @@ def test_a_model_larger_than_the_budget_is_switched_or_streamed_as_decided_at_lo
     got = finished(small.submit("mlp", to_engine(inputs), -1, -1.0))
     assert all(np.array_equal(got[k], want[k]) for k in want)
     assert int(small.memory()["peak"]) <= budget < footprint
+    # a second streamed model finds the memory the first took by default: one line naming it, and the way out
+    with pytest.raises(TvmschedError) as err:
+        small.load(mlp, {"name": "again"})
+    line = str(err.value)
+    assert "\n" not in line and "streamed model(s) mlp took the rest of the budget" in line and "device_bytes" in line
+    assert small.models() == ["mlp"]  # nothing of it stays loaded

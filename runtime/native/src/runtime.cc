@@ -139,16 +139,30 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
     }
     size_t in_use = scope_->in_use();
     size_t room = budget > in_use ? budget - in_use : 0;
+    // the streamed models that took all the memory left when they loaded (no device_bytes): named in the error lines
+    std::string holders;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& e : order_) {
+        if (e->models[0]->tiered() && e->options.device_bytes == 0) holders += (holders.empty() ? "" : ", ") + e->name;
+      }
+    }
+    std::string hint;
+    if (!holders.empty()) {
+      hint = "; streamed model(s) " + holders +
+             " took the rest of the budget when they loaded: give each streamed "
+             "model its device_bytes";
+    }
     if (options.device_bytes > 0) {
       if (options.device_bytes > room) {
         TVM_FFI_THROW(TvmschedError) << "model " << name << " asks for " << options.device_bytes
-                                     << " bytes of device memory; " << room << " are left";
+                                     << " bytes of device memory; " << room << " are left" << hint;
       }
       room = options.device_bytes;
     }
     if (room == 0) {
       TVM_FFI_THROW(TvmschedError) << "model " << name << " is larger than the memory budget of " << budget
-                                   << " bytes and no device memory is left to stream it through";
+                                   << " bytes and no device memory is left to stream it through" << hint;
     }
     auto tiers = std::make_shared<TierOptions>();
     tiers->device_bytes = room;
@@ -169,7 +183,8 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
       first = LoadModel(path, load);
     } catch (const ffi::Error& err) {  // the engine's line says what streaming needs; the user set the budget
       TVM_FFI_THROW(TvmschedError) << err.message() << " (model " << name << " is larger than the runtime's memory "
-                                   << "budget of " << budget << " bytes, " << room << " of them left to stream it)";
+                                   << "budget of " << budget << " bytes, " << room << " of them left to stream it"
+                                   << hint << ")";
     }
     if (const StreamedLayout* layout = StreamedLayoutOf(*first.get()); layout && layout->store) {
       const TierStore& store = *layout->store;
