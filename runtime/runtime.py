@@ -127,11 +127,12 @@ class Runtime:
             raise TvmschedError(f"a memory budget must be a positive number of bytes, not {memory_budget}")
         self.device = device
         self.total_units = total_units or int(native.device_info(device)["total_units"])
+        self._trusted_keys = tuple(str(k) for k in trusted_keys)
         table = colocation_table(colocation, device, self.total_units) if policy == "colocation" else None
         options = {"device": device, "policy": policy, "total_units": self.total_units, "max_in_flight": max_in_flight,
                    "progress_interval_ms": float(progress_interval_ms),
                    "stall_timeout_s": default_stall_timeout_s() if stall_timeout_s is None else float(stall_timeout_s),
-                   "trusted_keys": [str(k) for k in trusted_keys], "max_groups": switching.max_groups,
+                   "trusted_keys": list(self._trusted_keys), "max_groups": switching.max_groups,
                    "threshold1": switching.threshold1, "threshold2": switching.threshold2,
                    "preset_count": switching.preset_count, "retain": switching.retain, "timeline": bool(timeline),
                    "colocation": [[a, b, float(r)] for (a, b), r in (table.measured.items() if table else ())]}
@@ -144,10 +145,7 @@ class Runtime:
         self.models: dict[str, Model] = {}
         self._lock = threading.Lock()
         self._closed = False
-        self._timeline = timeline
         self._started_us = float(native.now_us())
-        self._trusted_keys = tuple(str(k) for k in trusted_keys)
-        self._memory_budget = None if memory_budget is None else int(memory_budget)
         self._freeze_gc = freeze_gc
         self._froze = False
 
@@ -158,8 +156,7 @@ class Runtime:
         if self.policy_kind != "colocation":
             return None
         decided, p50, p99 = self._engine.decision_stats()
-        return _Decisions(int(decided), None if p50 < 0 else float(p50), None if p99 < 0 else float(p99),
-                          self._table_view)
+        return _Decisions(int(decided), _or_none(p50), _or_none(p99), self._table_view)
 
     def load(self, artifact, *, qos_ms: float | None = None, priority: str = "best_effort", name: str | None = None,
              resident: bool = True, device_bytes: int | None = None, warmup: bool = False, streams: int = 1) -> Model:
@@ -186,7 +183,7 @@ class Runtime:
         if self._table_view is not None:
             self._table_view.add_candidates(c for layer in layers for c in layer)
         stats = self._engine.stats()[loaded]
-        model = Model(loaded, None if float(stats["qos_ms"]) < 0 else float(stats["qos_ms"]), priority, tasks[0], layers,
+        model = Model(loaded, _or_none(stats["qos_ms"]), priority, tasks[0], layers,
                       tuple(policies.fastest_ids(layers)), warm=bool(warmup), replicas=tuple(tasks[1:]))
         with self._lock:
             self.models[loaded] = model
@@ -259,17 +256,15 @@ class Runtime:
         for name, s in self._engine.stats().items():
             name = str(name)
             model = self.models.get(name)
-            none = lambda v: None if float(v) < 0 else float(v)
-            out[name] = {"priority": str(s["priority"]), "qos_ms": none(s["qos_ms"]), "requests": int(s["requests"]),
+            out[name] = {"priority": str(s["priority"]), "qos_ms": _or_none(s["qos_ms"]), "requests": int(s["requests"]),
                          "errors": int(s["errors"]) + (model.rejected if model else 0) - int(s["refused"]),
-                         "qos_violations": int(s["qos_violations"]), "p50_ms": none(s["p50_ms"]),
-                         "p99_ms": none(s["p99_ms"]), "launches": int(s["launches"]), "reruns": int(s["reruns"]),
+                         "qos_violations": int(s["qos_violations"]), "p50_ms": _or_none(s["p50_ms"]),
+                         "p99_ms": _or_none(s["p99_ms"]), "launches": int(s["launches"]), "reruns": int(s["reruns"]),
                          "faults": int(s["faults"]), "fault_restarts": int(s["fault_restarts"]),
                          "refused": int(s["refused"]), "timed_out": int(s["timed_out"]), "queued": int(s["queued"])}
         decided, p50, p99 = self._engine.decision_stats()
         out["_device"] = native.device_faults(self.device)
-        out["_scheduler"] = {"decisions": int(decided), "p50_us": None if p50 < 0 else float(p50),
-                             "p99_us": None if p99 < 0 else float(p99),
+        out["_scheduler"] = {"decisions": int(decided), "p50_us": _or_none(p50), "p99_us": _or_none(p99),
                              "finished_for_memory": int(self._engine.finished_for_memory())}
         return out
 
@@ -300,7 +295,7 @@ class Runtime:
 
     def evict(self, model: Model | str, keep_environment: bool = False) -> bool:
         """Evict a switched model now if it is idle (its environment too unless `keep_environment`); False when it is
-        busy or not in memory. One line for a model that is not switched (resident beside no budget, or streamed)."""
+        busy or not in memory. One line for a streamed model (its weights stream from the host tiers: not switched)."""
         return bool(self._engine.evict(self._model(model).name, bool(keep_environment)))
 
     def preempt(self, model: Model | str, abort: bool = True) -> list:
@@ -345,6 +340,11 @@ class Runtime:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+def _or_none(value) -> float | None:
+    """An engine number where a negative one means "none"."""
+    return None if float(value) < 0 else float(value)
 
 
 def colocation_table(colocation, device: str, total_units: int) -> ColocationTable:

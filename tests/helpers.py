@@ -118,6 +118,14 @@ def stop_server(server: subprocess.Popen) -> int:
         raise
 
 
+def wait_until(condition, what: str, timeout_s: float = 30.0, poll_s: float = 0.001) -> None:
+    """Poll `condition` until it holds; fail naming `what` once `timeout_s` passed."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(poll_s)
+
+
 def held_mid_request(rt, model, inputs, deadline_s: float = 60):
     """Submit a request of `model` (a Runtime's) and preempt it once it started, before it finished (a few tries at
     most: a busy machine may run it through first); its future. Two requests go in at a time, so that one of them is

@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 
+from tests.helpers import wait_until
 from tvmsched.errors import TvmschedError
 from tvmsched.runtime import Executor, native
 from tvmsched.runtime.executor import from_engine, to_engine
@@ -25,13 +26,6 @@ def finished(request) -> dict:
 def failure(request) -> str:
     assert request.wait(WAIT_S, 0.0), "the request did not finish"
     return str(request.error())
-
-
-def wait_until(condition, what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.001)
 
 
 @pytest.fixture

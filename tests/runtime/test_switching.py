@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import gc
 import json
-import time
 
 import numpy as np
 import pytest
 
-from tests.helpers import assert_user_error, run_cli
+from tests.helpers import assert_user_error, run_cli, wait_until
 from tests.test_artifact import rewrite_member
 from tvmsched.errors import TvmschedError
 from tvmsched.runtime import native
@@ -141,10 +140,7 @@ def _switch_a_then_b(rt, zoo, a, b):
         assert rt.evict(name)
     mark = len(rt.switch_events())
     fa = rt.submit(a, zoo[a][1])
-    deadline = time.monotonic() + 60
-    while not _stage(rt.switch_events()[mark:], a, "stage1"):
-        assert time.monotonic() < deadline, f"{a}'s switch-in did not begin"
-        time.sleep(0.0002)
+    wait_until(lambda: _stage(rt.switch_events()[mark:], a, "stage1"), f"{a}'s switch-in", 60, poll_s=0.0002)
     fb = rt.submit(b, zoo[b][1])
     _same(fa.result(timeout=120), zoo[a][2])
     _same(fb.result(timeout=120), zoo[b][2])

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import free_port, start_server, stop_server
-from tests.serve.test_cpp_server import zoo  # noqa: F401 (the fixture: mlp and bert-tiny, shared artifacts)
+from tests.serve.test_cpp_server import _tensors, zoo  # noqa: F401 (the fixture: mlp and bert-tiny, shared artifacts)
 from tests.test_cpp_examples import cpp_build  # noqa: F401 (the fixture: `make cpp` once)
 
 tritonclient_http = pytest.importorskip("tritonclient.http")
@@ -39,16 +39,16 @@ def repository(tmp_path_factory, zoo):  # noqa: F811
 
 @pytest.fixture(scope="module")
 def direct(zoo):  # noqa: F811
-    """Each model's outputs from a direct engine run of its inputs (the fastest candidates: colocation's choice when
-    nothing else runs)."""
-    from tvmsched.runtime import Executor
+    """Each model's outputs from a direct engine run of its inputs (the fastest candidates, as the policies read them:
+    colocation's choice when nothing else runs)."""
+    from tvmsched.runtime import Executor, policies
+    from tvmsched.runtime.runtime import candidate_info
 
     out = {}
     for name, (path, inputs, _, _) in zoo.items():
         executor = Executor(path)
-        fastest = [min(range(len(layer.candidates)), key=lambda c: layer.candidates[c].latency_us or 0)
-                   for layer in executor.manifest.layers]
-        out[name] = executor.run(inputs, fastest)
+        layers = [[candidate_info(name, c, 1) for c in layer.candidates] for layer in executor.manifest.layers]
+        out[name] = executor.run(inputs, policies.fastest_ids(layers))
     return out
 
 
@@ -81,12 +81,7 @@ def client(request):
 
 
 def _inputs(zoo, name, binary=True):  # noqa: F811
-    tensors = []
-    for key, array in zoo[name][1].items():
-        tensor = tritonclient_http.InferInput(key, list(array.shape), "FP32")
-        tensor.set_data_from_numpy(array, binary_data=binary)
-        tensors.append(tensor)
-    return tensors
+    return _tensors(zoo[name][1], binary=binary)
 
 
 def _same(result, want: dict) -> None:

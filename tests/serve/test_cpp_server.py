@@ -69,11 +69,7 @@ def server(cpp_build, zoo):  # noqa: F811
 def _infer(client, name: str, inputs: dict, *, binary: bool, outputs: bool = True, request_id: str = ""):
     """tritonclient's infer: binary tensors both ways, or JSON both ways; `outputs=False` asks for none (all come, as
     binary: tritonclient then sets binary_data_output)."""
-    tensors = []
-    for key, value in inputs.items():
-        tensor = tritonclient_http.InferInput(key, list(value.shape), "FP32")
-        tensor.set_data_from_numpy(value, binary_data=binary)
-        tensors.append(tensor)
+    tensors = _tensors(inputs, binary=binary)
     requested = None
     if outputs:
         requested = [tritonclient_http.InferRequestedOutput(key, binary_data=binary) for key in _output_names(name)]
@@ -82,6 +78,16 @@ def _infer(client, name: str, inputs: dict, *, binary: bool, outputs: bool = Tru
 
 def _output_names(name: str) -> list[str]:
     return ["output"]  # both zoo models have one output named "output"
+
+
+def _tensors(inputs: dict, *, binary: bool = True) -> list:
+    """tritonclient's InferInputs of FP32 arrays keyed by input name (binary tensor data, or JSON)."""
+    tensors = []
+    for key, value in inputs.items():
+        tensor = tritonclient_http.InferInput(key, list(value.shape), "FP32")
+        tensor.set_data_from_numpy(value, binary_data=binary)
+        tensors.append(tensor)
+    return tensors
 
 
 def _check(result, expected: dict) -> None:
@@ -531,9 +537,4 @@ def test_runtime_streams_policy_priority_and_timeout(cpp_build, zoo, tmp_path): 
 
 
 def _bert_tensor(zoo) -> list:
-    tensors = []
-    for key, value in zoo["bert"][1].items():
-        tensor = tritonclient_http.InferInput(key, list(value.shape), "FP32")
-        tensor.set_data_from_numpy(value)
-        tensors.append(tensor)
-    return tensors
+    return _tensors(zoo["bert"][1])

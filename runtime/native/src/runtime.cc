@@ -622,10 +622,9 @@ bool RuntimeObj::Evict(const std::string& name, bool keep_environment) {
     if (found == entries_.end()) TVM_FFI_THROW(TvmschedError) << "no model named '" << name << "' is loaded";
     first = found->second->models[0];
   }
-  const char* kind = first->placement()->kind();
-  if (std::strcmp(kind, "staged") != 0) {
-    TVM_FFI_THROW(TvmschedError) << "model " << name << " is " << kind
-                                 << ", not switched: only a switched model is evicted";
+  if (first->tiered()) {  // every other model's first stream is its switcher's (Load)
+    TVM_FFI_THROW(TvmschedError) << "model " << name << " streams its weights from the host tiers: only a switched "
+                                 << "model is evicted";
   }
   return switcher_->Evict(first, keep_environment);
 }

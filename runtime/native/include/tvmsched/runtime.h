@@ -114,7 +114,7 @@ class RuntimeObj : public ffi::Object {
    *  then its memory and its name are given back. */
   void Unload(const std::string& name, double timeout_s = 60);
   /*! \brief Evict an idle switched model now (its environment too unless `keep_environment`): an operator's lever
-   *  and the tests'; false when it is busy or not in memory. One line for a resident or streamed model. */
+   *  and the tests'; false when it is busy or not in memory. One line for a streamed model. */
   bool Evict(const std::string& name, bool keep_environment);
   /*! \brief Queue one request (inputs checked now: a bad request raises and queues nothing; so does a refused one). */
   Request Submit(const std::string& model, ffi::Map<ffi::String, ffi::Tensor> inputs, const SubmitOptions& options);
