@@ -39,23 +39,25 @@ def binary_request(served) -> tuple[dict, bytes]:
 
 
 def one_round(service, served, headers, body, requests: int) -> dict[str, float]:
+    """As serve/http.py's infer route: the engine's codec parses and encodes, the service admits and counts."""
     from tvmsched.runtime import native
-    from tvmsched.serve.http import _answer, _parse_request
 
     now = native.now_us
+    parse, encode = served.codec
+    length = headers["Inference-Header-Content-Length"]
     times = {p: [] for p in PHASES}
     for _ in range(requests):
         t0 = now()
-        header, inputs, binary = _parse_request(service, served, headers, body, len(body))
+        parsed = parse(body, length)
         t1 = now()
-        future = service.submit(served, inputs, header.get("parameters"))
+        future = service.submit(served, parsed[1], dict(parsed[2]) if len(parsed[2]) else None, engine_tensors=True)
         t2 = now()
         outputs = service.inline_outputs(served, future)  # as the server's handler waits at concurrency 1
         if outputs is None:
             outputs = future.result(timeout=60)
         t3 = now()
         service.finish(served, future, 0, None)
-        _answer(served, header, outputs, binary)
+        status, answer, length = encode(parsed[3], outputs)
         t4 = now()
         r = future.request
         times["parse"].append(t1 - t0)

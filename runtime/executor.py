@@ -20,7 +20,9 @@ from tvmsched.runtime import native
 from tvmsched.lower.targets import check_cpu_features
 
 def to_engine(inputs: dict[str, np.ndarray]) -> dict:
-    """Host arrays as tvm-ffi tensors (zero-copy for C-contiguous numpy arrays)."""
+    """Host arrays as tvm-ffi tensors (zero-copy for C-contiguous numpy arrays); a tvm-ffi map of tensors as it is."""
+    if isinstance(inputs, tvm_ffi.Map):
+        return inputs
     if not isinstance(inputs, dict):
         raise TvmschedError(f"inputs must be a dict of arrays keyed by input name, not {type(inputs).__name__}")
     converted = {}

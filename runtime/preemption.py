@@ -70,10 +70,13 @@ class EngineFuture(Future):
     only when someone adds one, so a plain submit().result() costs no Python call from the engine.
 
     `output_names`: the model's outputs (read by name: iterating the engine's map costs ~4 µs); `quiet_gc`: no
-    automatic garbage collection starts while it converts the outputs (`hold_gc`)."""
+    automatic garbage collection starts while it converts the outputs (`hold_gc`); `engine_tensors`: the result is
+    the engine's map of output tensors, unconverted."""
 
-    def __init__(self, request, output_names: tuple[str, ...] | None = None, quiet_gc: bool = False):
+    def __init__(self, request, output_names: tuple[str, ...] | None = None, quiet_gc: bool = False,
+                 engine_tensors: bool = False):
         super().__init__()
+        self._engine_tensors = engine_tensors
         self.request = request
         self._watched = False
         self._names = output_names
@@ -89,7 +92,8 @@ class EngineFuture(Future):
                 if error:
                     self.set_exception(TvmschedError(str(error)))
                 else:
-                    self.set_result(from_engine(self.request.outputs(), self._names))
+                    outputs = self.request.outputs()
+                    self.set_result(outputs if self._engine_tensors else from_engine(outputs, self._names))
         finally:
             if quiet:
                 gc.enable()

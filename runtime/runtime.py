@@ -214,11 +214,13 @@ class Runtime:
         return find_model(self.models, model)
 
     def submit(self, model: Model | str, inputs: dict[str, np.ndarray], *, priority: str | None = None,
-               start_within_us: float | None = None) -> Future:
+               start_within_us: float | None = None, engine_tensors: bool = False) -> Future:
         """Queue one request on its model; the future resolves to its outputs (or its error). `priority`: this
         request's ("realtime" preempts the busy best-effort streams, its own model's excepted, while it runs;
         "best_effort" preempts nothing), default the model's. `start_within_us`: the longest it may stay queued (a
-        request still queued then fails with one line, "did not start within its deadline")."""
+        request still queued then fails with one line, "did not start within its deadline"). `engine_tensors`: the
+        future resolves to the engine's map of output tensors, not numpy arrays (`tvmsched serve` encodes it in C++;
+        `inputs` may be such a map too)."""
         model = self._model(model)
         if self._closed:
             raise TvmschedError("the runtime is shut down")
@@ -229,7 +231,7 @@ class Runtime:
         try:
             request = self._engine.submit(model.name, to_engine(inputs), code,
                                           float(start_within_us) if start_within_us else -1.0)
-            return EngineFuture(request, model.task.output_names, self._freeze_gc)
+            return EngineFuture(request, model.task.output_names, self._freeze_gc, engine_tensors)
         except TvmschedError as err:
             if "is shut down" in str(err):
                 raise

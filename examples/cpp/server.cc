@@ -11,7 +11,9 @@
 // flags, model-repository configs and request parameters onto it, and the protocol's messages onto Submit.
 // /v1 (examples/server.py's JSON contract) is a thin front of the same path: its inputs become the same tensors, go
 // to the same Submit and are counted in the same statistics.
-// HTTP: cpp-httplib; JSON: nlohmann-json; both from Debian (libcpp-httplib-dev, nlohmann-json3-dev).
+// Request bodies are read and answers written by the engine's codec (tvmsched/kserve.h), the one `tvmsched serve`
+// uses too. HTTP: cpp-httplib; JSON of the other routes: nlohmann-json; both from Debian (libcpp-httplib-dev,
+// nlohmann-json3-dev).
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
@@ -33,8 +35,6 @@
 #include <thread>
 #include <vector>
 
-#include "kserve.h"
-
 #ifndef TVMSCHED_VERSION
 #define TVMSCHED_VERSION "unknown"
 #endif
@@ -44,6 +44,7 @@ namespace {
 namespace ffi = tvm::ffi;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+namespace kserve = tvmsched::kserve;
 
 constexpr const char* kUsage =
     "usage: tvmsched_server [--model NAME=ARTIFACT[:QOS_MS[:PRIORITY]] ...] [--model-repository DIR] [--policy "
@@ -96,30 +97,36 @@ std::string OneLine(std::string text) {
 
 /*! \brief `parameters.priority` and `.timeout` (µs, Triton's) as Runtime::Submit takes them (as tvmsched serve's
  *  service.py reads them: 1 or "realtime" real-time; 0, "" or absent the model's; 2+ or "best_effort" best-effort). */
-tvmsched::SubmitOptions Scheduling(const json& parameters) {
+tvmsched::SubmitOptions Scheduling(const ffi::Map<ffi::Any, ffi::Any>& parameters) {
   tvmsched::SubmitOptions options;
-  if (!parameters.is_object()) return options;
-  if (auto found = parameters.find("priority"); found != parameters.end()) {
-    const json& p = *found;
-    if (p == 1 || p == "realtime" || p == "1") {
+  if (auto found = parameters.find(ffi::String("priority")); found != parameters.end()) {
+    const ffi::Any& p = (*found).second;
+    auto text = p.as<ffi::String>();
+    auto number = p.as<int64_t>();
+    if ((number && *number == 1) || (text && (*text == "realtime" || *text == "1"))) {
       options.priority = 1;
-    } else if (p == "best_effort" || (p.is_number_integer() && p.get<int64_t>() > 1)) {
+    } else if ((text && *text == "best_effort") || (number && *number > 1)) {
       options.priority = 0;
-    } else if (!(p == 0 || p == "" || p == "0" || p.is_null())) {
+    } else if (!((number && *number == 0) || (text && (*text == "" || *text == "0")) || p == nullptr)) {
       throw HttpError(400,
                       "parameter priority must be 0 (the model's), 1 or 'realtime' (real-time), 2 or more or "
                       "'best_effort', not " +
-                          p.dump(-1, ' ', false, json::error_handler_t::replace));
+                          kserve::Quote(p));
     }
   }
-  if (auto found = parameters.find("timeout"); found != parameters.end()) {
-    if (!found->is_number_integer() || (!found->is_number_unsigned() && found->get<int64_t>() < 0)) {
+  if (auto found = parameters.find(ffi::String("timeout")); found != parameters.end()) {
+    auto us = (*found).second.as<int64_t>();
+    if (!us || *us < 0) {
       throw HttpError(400, "parameter timeout must be a non-negative number of microseconds, not " +
-                               found->dump(-1, ' ', false, json::error_handler_t::replace));
+                               kserve::Quote((*found).second));
     }
-    if (found->get<uint64_t>() > 0) options.timeout_us = static_cast<double>(found->get<uint64_t>());
+    if (*us > 0) options.timeout_us = static_cast<double>(*us);
   }
   return options;
+}
+
+json Metadata(const kserve::TensorInfo& t) {
+  return {{"name", t.name}, {"datatype", kserve::Datatype(t.dtype)}, {"shape", t.shape}};
 }
 
 class Server {
@@ -171,20 +178,18 @@ class Server {
   }
 
   /*! \brief POST /v1/models/{name}/infer: {"inputs": {NAME: nested list}} -> {"outputs": {NAME: nested list}}. */
-  json InferV1(const std::string& name, const std::string& body) {
+  std::string InferV1(const std::string& name, const std::string& body) {
     int64_t start = NowNs();
-    try {  // nlohmann's parser recurses per level: 100000 '[' would overflow the stack
-      tvmsched::CheckJsonDepth(body, "the body", tvmsched::kMaxJsonDepth);
-    } catch (const std::invalid_argument& err) {
-      throw HttpError(400, err.what());
-    }
-    json parsed = json::parse(body, nullptr, false);
-    if (parsed.is_discarded() || !parsed.is_object() || !parsed.contains("inputs") || !parsed["inputs"].is_object())
+    ffi::Any parsed = kserve::ParseJson(body, "the body");
+    const ffi::MapObj* object = parsed.as<ffi::MapObj>();
+    auto found = object ? object->find(ffi::String("inputs")) : ffi::MapObj::iterator();
+    if (object == nullptr || found == object->end() || (*found).second.as<ffi::MapObj>() == nullptr)
       throw HttpError(422, "the body must be {\"inputs\": {name: values}}");
     Served& s = Find(name, "");
     return Counted(s, start, [&](int64_t* input_ns, int64_t* output_ns) {
       ffi::Map<ffi::String, ffi::Tensor> inputs;
-      for (const auto& [key, value] : parsed["inputs"].items()) {
+      for (const auto& [key_any, value] : *(*found).second.as<ffi::MapObj>()) {
+        std::string key(key_any.cast<ffi::String>());
         auto info = std::find_if(s.inputs.begin(), s.inputs.end(), [&](const auto& t) { return t.name == key; });
         inputs.Set(key,
                    kserve::FromJson(value, info != s.inputs.end() ? info->dtype : DLDataType{kDLFloat, 32, 1}, key));
@@ -192,10 +197,15 @@ class Server {
       *input_ns = NowNs() - start;
       tvmsched::Request request = Execute(s, inputs, {});
       int64_t encode = NowNs();
-      json outputs = json::object();
-      for (const auto& [key, value] : request->outputs()) outputs[std::string(key)] = kserve::ToJson(value);
+      std::string out = "{\"outputs\":{";
+      for (const auto& [key, value] : request->outputs()) {
+        if (out.back() != '{') out += ',';
+        kserve::AppendString(out, std::string(key));
+        out += ':';
+        kserve::AppendTensor(out, value, true, "output '" + std::string(key) + "'");
+      }
       *output_ns = NowNs() - encode;
-      return std::make_pair(request, json{{"outputs", outputs}});
+      return std::make_pair(request, out + "}}");
     });
   }
 
@@ -217,8 +227,8 @@ class Server {
   json ModelMetadata(const std::string& name, const std::string& version) {
     const Served& s = Find(name, version);
     json inputs = json::array(), outputs = json::array();
-    for (const auto& t : s.inputs) inputs.push_back(kserve::Metadata(t));
-    for (const auto& t : s.outputs) outputs.push_back(kserve::Metadata(t));
+    for (const auto& t : s.inputs) inputs.push_back(Metadata(t));
+    for (const auto& t : s.outputs) outputs.push_back(Metadata(t));
     return {{"name", name}, {"versions", {"1"}}, {"platform", "tvmsched"}, {"inputs", inputs}, {"outputs", outputs}};
   }
 
@@ -228,9 +238,9 @@ class Server {
     tvmsched::ModelStats stats = runtime_->Stats()[name];
     json inputs = json::array(), outputs = json::array();
     for (const auto& t : s.inputs)
-      inputs.push_back({{"name", t.name}, {"data_type", kserve::ConfigDatatype(t.dtype)}, {"dims", t.shape}});
+      inputs.push_back({{"name", t.name}, {"data_type", "TYPE_" + kserve::Datatype(t.dtype)}, {"dims", t.shape}});
     for (const auto& t : s.outputs)
-      outputs.push_back({{"name", t.name}, {"data_type", kserve::ConfigDatatype(t.dtype)}, {"dims", t.shape}});
+      outputs.push_back({{"name", t.name}, {"data_type", "TYPE_" + kserve::Datatype(t.dtype)}, {"dims", t.shape}});
     json parameters;
     for (auto [key, value] : {std::pair<const char*, std::string>{"priority", stats.priority},
                               {"placement", stats.placement},
@@ -797,7 +807,7 @@ int Main(int argc, char** argv) {
                               out.header_length ? "application/octet-stream" : "application/json; charset=utf-8");
             }));
   http.Post(R"(/v1/models/([^/]+)/infer)", Handle("detail", [&](const httplib::Request& req, httplib::Response& res) {
-              Reply(res, 200, server.InferV1(req.matches[1], req.body));
+              res.set_content(server.InferV1(req.matches[1], req.body), "application/json; charset=utf-8");
             }));
   http.Get("/v1/models", Handle("detail", [&](const httplib::Request&, httplib::Response& res) {
              Reply(res, 200, server.ModelsV1());

@@ -111,22 +111,22 @@ def test_health_metadata_config_and_statistics(server, client):
 
 
 BAD = [  # (model, JSON body or (header, binary), status, fragment of the error)
-    ("mlp", {"inputs": [{"name": "input", "datatype": "INT64", "shape": [1, 784], "data": [0] * 784}]}, 400, "is FP32, not INT64"),
-    ("mlp", {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 783], "data": [0] * 783}]}, 400, "has shape [1, 784]"),
-    ("mlp", {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], "data": [0] * 10}]}, 400, "10 values"),
-    ("mlp", {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], "data": ["x"] * 784}]}, 400, "holds 'x', which is not a FP32 value"),
-    ("mlp", {"inputs": [{"name": "nope", "datatype": "FP32", "shape": [1, 784], "data": [0] * 784}]}, 400, "no input 'nope'"),
-    ("mlp", {"inputs": []}, 400, "needs input(s) input"),
+    ("mlp", {"inputs": [{"name": "input", "datatype": "INT64", "shape": [1, 784], "data": [0] * 784}]}, 400, "has datatype 'INT64' but model 'mlp' expects FP32"),
+    ("mlp", {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 783], "data": [0] * 783}]}, 400, "has shape [1,783] but model 'mlp' expects [1,784]"),
+    ("mlp", {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], "data": [0] * 10}]}, 400, "has 10 elements in 'data'; its shape [1,784] needs 784"),
+    ("mlp", {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], "data": ["x"] * 784}]}, 400, "holds \"x\", which is not a FP32 value"),
+    ("mlp", {"inputs": [{"name": "nope", "datatype": "FP32", "shape": [1, 784], "data": [0] * 784}]}, 400, "has no input named 'nope' (its inputs: 'input')"),
+    ("mlp", {"inputs": []}, 400, "needs input 'input', which the request does not give"),
     ("mlp", {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], "data": [0] * 784}],
-             "outputs": [{"name": "logits"}]}, 400, "no output 'logits'"),
+             "outputs": [{"name": "logits"}]}, 400, "has no output named 'logits'"),
     ("mlp", {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], "data": [0] * 784}],
              "parameters": {"priority": "urgent"}}, 400, "parameter priority"),
     ("mlp", {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], "data": [0] * 784}],
              "parameters": {"timeout": -5}}, 400, "parameter timeout"),
     ("mlp", (b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], '
-             b'"parameters": {"binary_data_size": 3136}}]}', b"\0" * 3000), 400, "passes the end"),
+             b'"parameters": {"binary_data_size": 3136}}]}', b"\0" * 3000), 400, "only 3000 bytes of binary data are left for it"),
     ("mlp", (b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], '
-             b'"parameters": {"binary_data_size": 3000}}]}', b"\0" * 3000), 400, "3000 bytes of data"),
+             b'"parameters": {"binary_data_size": 3000}}]}', b"\0" * 3000), 400, "binary_data_size 3000 but its shape [1,784] of FP32 needs 3136 bytes"),
     ("mlp", (b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], '
              b'"parameters": {"binary_data_size": 3136}}]}', b"\0" * 3200), 400, "add up to 3136"),
     ("mlp", b"{not json", 400, "not valid JSON"),

@@ -16,8 +16,10 @@ bytes, in input order (little-endian, row-major). Outputs come back binary when 
 parameters.binary_data, or parameters.binary_data_output for all), with the answer's header length in
 Inference-Header-Content-Length.
 
-JSON (serve/jsonio.py, the C++ server's rules too): request bodies nest at most 64 levels and are strict JSON (a bare
-NaN or Infinity is a 400); NaN and infinities in JSON outputs are the strings "NaN", "Infinity", "-Infinity".
+/v2 infer bodies are parsed and answers encoded by the engine (tvmsched/kserve.h, through tvmsched.engine.kserve_codec): the
+one implementation the C++ server uses too. JSON (its rules, and serve/jsonio.py's for the other routes): request
+bodies nest at most 64 levels and are strict JSON (a bare NaN or Infinity is a 400); NaN and infinities in JSON
+outputs are the strings "NaN", "Infinity", "-Infinity".
 """
 
 from __future__ import annotations
@@ -35,9 +37,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from tvmsched.errors import TvmschedError
 from tvmsched.serve import jsonio, metrics
 from tvmsched.serve.asgi import MAX_BODY_BYTES, AnswerHeaders, BodyLimit
-from tvmsched.serve.errors import ServeError, quote
-from tvmsched.serve.service import VERSION, InferenceService, Served
-from tvmsched.serve.tensors import from_bytes, to_array
+from tvmsched.serve.errors import ServeError
+from tvmsched.serve.service import InferenceService
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -124,9 +125,17 @@ def _infer_route(service: InferenceService, max_body_bytes: int):
         except ServeError as err:
             return _error(err)
         body = await request.body()
+        parse, encode = served.codec
         try:
-            header, inputs, binary_outputs = _parse_request(service, served, request.headers, body, max_body_bytes)
-            future = service.submit(served, inputs, header.get("parameters"))
+            encoding = request.headers.get("content-encoding", "identity").lower()
+            if encoding in ("gzip", "deflate"):
+                body = _decompress(body, encoding, max_body_bytes)
+            elif encoding != "identity":
+                raise ServeError(f"Content-Encoding {encoding} is not supported (gzip, deflate)")
+            parsed = parse(body, request.headers.get(HEADER_LENGTH))  # [0, inputs, parameters, pending] or a refusal
+            if parsed[0]:
+                raise ServeError(parsed[1], parsed[0])
+            future = service.submit(served, parsed[1], dict(parsed[2]) if len(parsed[2]) else None, engine_tensors=True)
         except TvmschedError as err:
             service.count_failure(served, received)
             return _error(err)
@@ -134,74 +143,17 @@ def _infer_route(service: InferenceService, max_body_bytes: int):
             outputs = await service.answer(served, future, received)
         except TvmschedError as err:
             return _error(err)
-        return _answer(served, header, outputs, binary_outputs)
+        status, answer, length = (*encode(parsed[3], outputs), None)[:3]  # [0, body, header length or -1] or a refusal
+        if status:
+            return _error(ServeError(answer, status))
+        if length < 0:  # (the body is a bytes object: Response sends it as it is)
+            return Response(answer, media_type="application/json")
+        return Response(answer, media_type="application/octet-stream", headers={HEADER_LENGTH: str(length)})
     return infer
 
 
 def _error(err: Exception) -> Response:
     return JSONResponse({"error": " ".join(str(err).split())}, status_code=getattr(err, "status", 400))
-
-
-def _parse_request(service: InferenceService, served: Served, headers, body: bytes, max_body_bytes: int):
-    """(JSON header, inputs, {output name: binary?}) of one infer request."""
-    encoding = headers.get("content-encoding", "identity").lower()
-    if encoding in ("gzip", "deflate"):
-        body = _decompress(body, encoding, max_body_bytes)
-    elif encoding != "identity":
-        raise ServeError(f"Content-Encoding {encoding} is not supported (gzip, deflate)")
-    length = headers.get(HEADER_LENGTH)
-    if length is None:
-        json_part, binary = body, memoryview(b"")
-    else:
-        if not length.isdigit() or int(length) > len(body):
-            raise ServeError(f"{HEADER_LENGTH} {length!r} is not a length within the {len(body)}-byte body")
-        json_part, binary = body[:int(length)], memoryview(body)[int(length):]
-    header = jsonio.loads(json_part)
-    if not isinstance(header, dict) or not isinstance(header.get("inputs"), list):
-        raise ServeError('the request must be a JSON object with an "inputs" list')
-    if not isinstance(header.get("id", ""), str):
-        raise ServeError(f"the request's \"id\" must be a string, not {quote(header['id'])}")
-    parameters = _object(header, "the request")
-    inputs, offset = {}, 0
-    for tensor in header["inputs"]:
-        if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
-            raise ServeError('every input must be an object with a "name", "datatype", "shape" and "data"')
-        info = service.check_input(served, tensor["name"], tensor.get("datatype"), tensor.get("shape"))
-        if info.name in inputs:
-            raise ServeError(f"input {info.name!r} is given twice")
-        size = _object(tensor, f"input {info.name!r}").get("binary_data_size")
-        if size is not None:
-            if "data" in tensor:
-                raise ServeError(f'input {info.name!r} has both "data" and parameters.binary_data_size')
-            if isinstance(size, bool) or not isinstance(size, int) or size < 0 or offset + size > len(binary):
-                raise ServeError(f"input {info.name!r}: binary_data_size {quote(size)} passes the end of the "
-                                 f"{len(binary)} bytes of binary data")
-            inputs[info.name] = from_bytes(info, binary[offset:offset + size])
-            offset += size
-        elif "data" in tensor:
-            inputs[info.name] = to_array(info, tensor["data"], tensor.get("shape"))
-        else:
-            raise ServeError(f'input {info.name!r} has neither "data" nor parameters.binary_data_size')
-    if offset != len(binary):
-        raise ServeError(f"the request carries {len(binary)} bytes of binary data; its inputs' binary_data_size "
-                         f"add up to {offset}")
-    service.check_all_inputs(served, inputs)
-    default_binary = _flag(parameters, "binary_data_output", False, "the request")
-    requested = header.get("outputs")
-    requested = [] if requested is None else requested
-    if not isinstance(requested, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in requested):
-        raise ServeError('"outputs" must be a list of objects with a "name"')
-    names = service.output_names(served, [o["name"] for o in requested])
-    binary_of = {}
-    for output in requested:
-        what = f"output {output['name']!r}"
-        if output["name"] in binary_of:
-            raise ServeError(f"{what} is requested twice")
-        output_parameters = _object(output, what)
-        if "classification" in output_parameters:
-            raise ServeError(f"{what} asks for classification, which this server does not do")
-        binary_of[output["name"]] = _flag(output_parameters, "binary_data", default_binary, what)
-    return header, inputs, {name: binary_of.get(name, default_binary) for name in names}
 
 
 def _decompress(body: bytes, encoding: str, max_body_bytes: int) -> bytes:
@@ -216,46 +168,6 @@ def _decompress(body: bytes, encoding: str, max_body_bytes: int) -> bytes:
     if not inflater.eof:
         raise ServeError(f"the request body is not valid {encoding} data (it ends early)")
     return inflated
-
-
-def _object(owner: dict, what: str) -> dict:
-    """`owner`'s "parameters" object ({} when absent or null; 400 when it is something else)."""
-    parameters = owner.get("parameters")
-    if parameters is None:
-        return {}
-    if not isinstance(parameters, dict):
-        raise ServeError(f'{what}\'s "parameters" must be an object, not {quote(parameters)}')
-    return parameters
-
-
-def _flag(parameters: dict, key: str, default: bool, what: str) -> bool:
-    value = parameters.get(key, default)
-    if not isinstance(value, bool):
-        raise ServeError(f"{what}'s parameter {key!r} must be true or false, not {quote(value)}")
-    return value
-
-
-def _answer(served: Served, header: dict, outputs: dict[str, np.ndarray], binary_outputs: dict[str, bool]) -> Response:
-    described, chunks = [], []
-    infos = {t.name: t for t in served.outputs}
-    for name, binary in binary_outputs.items():
-        array = np.ascontiguousarray(outputs[name])
-        entry = {"name": name, "datatype": infos[name].datatype, "shape": list(array.shape)}
-        if binary:
-            chunk = array.tobytes()
-            entry["parameters"] = {"binary_data_size": len(chunk)}
-            chunks.append(chunk)
-        else:
-            entry["data"] = jsonio.flat_data(array)  # NaN and infinities as strings (jsonio)
-        described.append(entry)
-    answer = {"model_name": served.name, "model_version": VERSION, "outputs": described}
-    if "id" in header:
-        answer["id"] = header["id"]
-    text = jsonio.dumps(answer)
-    if not chunks:
-        return Response(text, media_type="application/json")
-    return Response(b"".join([text, *chunks]), media_type="application/octet-stream",
-                    headers={HEADER_LENGTH: str(len(text))})
 
 
 def _add_v1(app: FastAPI, service: InferenceService) -> None:

@@ -1,4 +1,6 @@
-"""JSON as both HTTP servers read and write it (`tvmsched serve` here; examples/cpp/kserve.cc follows the same rules).
+"""JSON as both HTTP servers read and write it, for the routes the engine's codec does not serve (/v1, repository
+control): /v2 infer bodies are read and answered by tvmsched/kserve.h (runtime/native/src/kserve.cc) under the same
+rules.
 
 Reading a request body:
 - Its brackets may nest at most MAX_DEPTH (64) levels: deeper is one 400 line, found by a scan without recursion

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tvmsched.errors import TvmschedError
+from tvmsched.runtime import native
 from tvmsched.serve.errors import ServeError, quote
 from tvmsched.serve.repository import ModelSpec, Repository, check_artifact
 from tvmsched.serve.tensors import TensorInfo, tensor_infos
@@ -71,6 +72,7 @@ class Served:
     pending: int = 0  # requests admitted and not answered yet
     compute_s: float = 0.0  # recent compute time per request (EWMA; 0 until one ran)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    codec: tuple = ()  # the engine's REST parser and encoder of its requests (engine kserve_codec: serve/http.py)
 
     @property
     def name(self) -> str:
@@ -98,6 +100,8 @@ class InferenceService:
             manifest = model.task.executor.manifest
             served = Served(spec, model, tensor_infos(manifest, manifest.inputs), tensor_infos(manifest, manifest.outputs),
                             spec.max_queue or self.max_queue)
+            served.codec = tuple(native.func("kserve_codec")(
+                spec.name, VERSION, *([[t.name, t.datatype, list(t.shape)] for t in ts] for ts in (served.inputs, served.outputs))))
             self.models[spec.name] = served
             self.failed.pop(spec.name, None)
         log.info("serving model %s from %s", spec.name, spec.path)
@@ -221,8 +225,10 @@ class InferenceService:
                 raise ServeError(f"model {served.name!r} has no output {name!r} (outputs: {', '.join(known)})")
         return list(requested) or known
 
-    def submit(self, served: Served, inputs: dict[str, np.ndarray], parameters: dict | None = None):
-        """Admit and queue one request; returns the engine's future (answer it with `finish`, run or failed)."""
+    def submit(self, served: Served, inputs: dict[str, np.ndarray], parameters: dict | None = None,
+               engine_tensors: bool = False):
+        """Admit and queue one request; returns the engine's future (answer it with `finish`, run or failed).
+        `engine_tensors`: inputs and outputs are the engine's maps of tensors (Runtime.submit)."""
         priority, timeout_us = _scheduling(parameters or {})
         with served.lock:
             if served.pending >= served.max_queue:
@@ -234,7 +240,8 @@ class InferenceService:
                                  "each", 504)
             served.pending += 1
         try:
-            return self.runtime.submit(served.model, inputs, priority=priority, start_within_us=timeout_us or None)
+            return self.runtime.submit(served.model, inputs, priority=priority, start_within_us=timeout_us or None,
+                                       engine_tensors=engine_tensors)
         except BaseException:
             with served.lock:
                 served.pending -= 1

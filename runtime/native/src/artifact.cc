@@ -231,6 +231,24 @@ void CheckInvariants(const Manifest& m) {
 
 }  // namespace
 
+bool IsUtf8(const std::string& text) {
+  for (size_t i = 0; i < text.size();) {
+    auto byte = [&](size_t at) { return static_cast<uint8_t>(text[at]); };
+    uint8_t c = byte(i);
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (len == 0 || i + len > text.size()) return false;
+    uint32_t code = len == 1 ? c : len == 2 ? c & 0x1f : len == 3 ? c & 0x0f : c & 0x07;
+    for (size_t k = 1; k < len; ++k) {
+      if ((byte(i + k) & 0xc0) != 0x80) return false;
+      code = code << 6 | (byte(i + k) & 0x3f);
+    }
+    static const uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};  // overlong forms are not UTF-8
+    if (code < kMin[len] || code > 0x10ffff || (code >= 0xd800 && code <= 0xdfff)) return false;
+    i += len;
+  }
+  return true;
+}
+
 void CheckJsonDepth(const std::string& text, const std::string& what, int max_depth) {
   int depth = 0;
   bool in_string = false;
@@ -261,25 +279,6 @@ constexpr int64_t kMaxBlocks = int64_t(1)
                                << 40;  // blocks of one launch (GPU grids top out near 2^63, real ones far lower)
 constexpr int64_t kMaxBytes = int64_t(1) << 50;  // a layer's or candidate's bytes
 constexpr double kMaxLatencyUs = 3.6e9;          // an hour, in microseconds
-
-/*! \brief Whether `text` is well-formed UTF-8 (JSON's encoding; Python decodes the manifest as it). */
-bool IsUtf8(const std::string& text) {
-  for (size_t i = 0; i < text.size();) {
-    auto byte = [&](size_t at) { return static_cast<uint8_t>(text[at]); };
-    uint8_t c = byte(i);
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    if (len == 0 || i + len > text.size()) return false;
-    uint32_t code = len == 1 ? c : len == 2 ? c & 0x1f : len == 3 ? c & 0x0f : c & 0x07;
-    for (size_t k = 1; k < len; ++k) {
-      if ((byte(i + k) & 0xc0) != 0x80) return false;
-      code = code << 6 | (byte(i + k) & 0x3f);
-    }
-    static const uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};  // overlong forms are not UTF-8
-    if (code < kMin[len] || code > 0x10ffff || (code >= 0xd800 && code <= 0xdfff)) return false;
-    i += len;
-  }
-  return true;
-}
 
 Manifest ParseManifest(const std::string& text) {
   if (!IsUtf8(text)) throw std::invalid_argument("manifest.json is not UTF-8");

@@ -143,6 +143,9 @@ constexpr int kMaxJsonDepth = 64;
  *  (a scan without recursion, run before any JSON parser sees `text`). */
 void CheckJsonDepth(const std::string& text, const std::string& what, int max_depth);
 
+/*! \brief Whether `text` is well-formed UTF-8 (JSON's encoding: no overlong forms, no surrogates). */
+bool IsUtf8(const std::string& text);
+
 /*! \brief Refuse, with one TvmschedError line naming `what` (the artifact), to load kernels that need CPU
  *  features this CPU lacks (manifest.cpu_features against CPUID and the OS's XSAVE state); x86-64 only. */
 void CheckCpuFeatures(const Manifest& manifest, const std::string& what);

@@ -18,6 +18,7 @@
 
 #include "tvmsched/artifact.h"
 #include "tvmsched/device.h"
+#include "tvmsched/kserve.h"
 #include "tvmsched/model.h"
 #include "tvmsched/policy.h"
 #include "tvmsched/preemption.h"

@@ -1,31 +1,38 @@
-// The Open Inference Protocol (KServe v2) over REST for tvmsched_server: an inference request's JSON
-// header and binary tensor data as engine tensors, and the engine's outputs as an inference response.
+// The Open Inference Protocol (KServe v2) over REST: an inference request's JSON header and binary tensor data as
+// engine tensors, and the engine's outputs as an inference response. The one implementation both servers use:
+// `tvmsched serve` (tvmsched/serve/http.py, through tvmsched.engine.kserve_codec) and examples/cpp/server.cc.
 //
 //   https://kserve.github.io/website/latest/modelserving/data_plane/v2_protocol/ (the REST protocol)
 //   Triton's binary tensor data extension: a request whose `Inference-Header-Content-Length: N` header is set
 //   has N bytes of JSON, then the inputs' raw bytes (row-major, little-endian) in the order of the inputs whose
 //   `parameters.binary_data_size` is set; binary outputs come back the same way.
 //
-// Every problem with a request is a kserve::Error: an HTTP status and one line, answered {"error": line}.
-#ifndef TVMSCHED_EXAMPLES_KSERVE_H_
-#define TVMSCHED_EXAMPLES_KSERVE_H_
+// JSON as both servers read it: UTF-8, nested at most kMaxJsonDepth levels (checked by a scan before tvm-ffi's
+// parser, which recurses), strict (a bare NaN or Infinity, which Triton's parser and Python's accept, is a 400 that
+// says how to send such values). Non-finite elements of JSON outputs are the strings "NaN", "Infinity" and
+// "-Infinity" (tritonclient's as_numpy reads them back); inputs take those strings for FP16/FP32/FP64 elements.
+//
+// Every problem with a request is a kserve::Error: an HTTP status and one line.
+#ifndef TVMSCHED_KSERVE_H_
+#define TVMSCHED_KSERVE_H_
 
 #include <dlpack/dlpack.h>
+#include <tvm/ffi/any.h>
 #include <tvm/ffi/container/map.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/string.h>
 
 #include <cstdint>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+namespace tvmsched {
 namespace kserve {
 
-using json = nlohmann::json;
 namespace ffi = tvm::ffi;
 
 /*! \brief A request the client got wrong (400, 404) or one the server cannot take now (503). */
@@ -43,30 +50,27 @@ struct TensorInfo {
 
 /*! \brief The protocol's name of `dtype` ("FP32", "INT64", "BOOL", ...), or "" when it has none. */
 std::string Datatype(DLDataType dtype);
-/*! \brief Triton's model-configuration name of `dtype` ("TYPE_FP32"), or "TYPE_INVALID". */
-std::string ConfigDatatype(DLDataType dtype);
-/*! \brief {"name", "datatype", "shape"}: a tensor in model metadata. */
-json Metadata(const TensorInfo& tensor);
 /*! \brief "[1,784]" */
 std::string ShapeText(const std::vector<int64_t>& shape);
 
-/*! \brief A float as JSON output data: a number, or for NaN and infinities (which JSON has no numbers for) the strings
- *  "NaN", "Infinity" and "-Infinity" (tvmsched serve writes the same: tvmsched/serve/jsonio.py; tritonclient's
- *  as_numpy reads them back). Input data takes these strings for FP32 and FP64 elements too. */
-json FloatJson(double value);
+/*! \brief A JSON text as tvm-ffi values (objects: Map<Any, Any>), read as the header says; 400 naming `what`. */
+ffi::Any ParseJson(std::string_view text, const std::string& what);
+/*! \brief A client's value quoted for an error line (JSON, cut to 80 characters, non-UTF-8 bytes as '?'). */
+std::string Quote(const ffi::Any& value);
+/*! \brief `text` as a JSON string literal, appended to `out`. */
+void AppendString(std::string& out, std::string_view text);
+/*! \brief A tensor's elements as JSON, appended to `out`: a flat list, or lists nested as its shape (np.tolist());
+ *  400 naming `what` for a datatype JSON has no numbers for (FP16, BF16). */
+void AppendTensor(std::string& out, const ffi::Tensor& tensor, bool nested, const std::string& what);
 
-/*! \brief When nlohmann's parse error at `byte` of `text` is a bare NaN, Infinity or -Infinity (Triton's dialect of
- *  JSON, refused here as by tvmsched serve): ": NaN is not a JSON number; send ..." to end the error line; else "". */
-std::string NonFiniteHint(const std::string& text, size_t byte);
-
-/*! \brief The JSON header's length from the Inference-Header-Content-Length header (`value`; empty: absent, the
- *  whole body is JSON); 400 when it is not a length within the body. */
+/*! \brief The JSON header's length from the Inference-Header-Content-Length header (`value`; not `present`: absent,
+ *  the whole body is JSON); 400 when it is not a length within the body. */
 std::optional<size_t> HeaderLength(const std::string& value, bool present, size_t body_size);
 
 /*! \brief A parsed inference request. */
 struct Request {
-  json id;          // the request's "id" (null: none)
-  json parameters;  // the request's "parameters" object (null: none): priority, timeout, ...
+  ffi::Any id;                            // the request's "id" (None: none)
+  ffi::Map<ffi::Any, ffi::Any> parameters;  // the request's "parameters" (empty: none): priority, timeout, ...
   ffi::Map<ffi::String, ffi::Tensor> inputs;
   /*! \brief The outputs to answer, in order, each with whether it goes as binary data. */
   std::vector<std::pair<std::string, bool>> outputs;
@@ -74,7 +78,7 @@ struct Request {
 
 /*! \brief Parse `body` (its first `header_length` bytes JSON and the rest binary tensor data, or all JSON) for
  *  `model`, whose inputs and outputs are `inputs` and `outputs`: names, datatypes, shapes and sizes checked. */
-Request ParseRequest(const std::string& body, std::optional<size_t> header_length, const std::string& model,
+Request ParseRequest(std::string_view body, std::optional<size_t> header_length, const std::string& model,
                      const std::vector<TensorInfo>& inputs, const std::vector<TensorInfo>& outputs);
 
 /*! \brief An inference response: its body, and the JSON header's length when binary data follows it. */
@@ -89,10 +93,9 @@ Response EncodeResponse(const std::string& model, const std::string& version, co
 
 /*! \brief A tensor of `dtype` from JSON data nested as its shape (a number: a scalar), as np.asarray does: the /v1
  *  contract's inputs (elements checked as /v2's). */
-ffi::Tensor FromJson(const json& value, DLDataType dtype, const std::string& name);
-/*! \brief A tensor as nested JSON lists (tensor.tolist(); non-finite floats as FloatJson writes them). */
-json ToJson(const ffi::Tensor& tensor);
+ffi::Tensor FromJson(const ffi::Any& value, DLDataType dtype, const std::string& name);
 
 }  // namespace kserve
+}  // namespace tvmsched
 
-#endif  // TVMSCHED_EXAMPLES_KSERVE_H_
+#endif  // TVMSCHED_KSERVE_H_

@@ -1,0 +1,657 @@
+// The Open Inference Protocol's request and response bodies (tvmsched/kserve.h), and tvmsched.engine.kserve_codec: the
+// same parser and encoder for `tvmsched serve`.
+#include "tvmsched/kserve.h"
+
+#include <tvm/ffi/container/array.h>
+#include <tvm/ffi/extra/json.h>
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/reflection/registry.h>
+
+#include <algorithm>
+#include <charconv>
+#include <functional>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <type_traits>
+
+#include "tvmsched/artifact.h"
+#include "tvmsched/model.h"
+
+namespace tvmsched {
+namespace kserve {
+
+namespace {
+
+struct Named {
+  const char* name;
+  DLDataType dtype;
+};
+
+// BYTES (strings) has no engine dtype; every other datatype of the protocol has one
+constexpr Named kDatatypes[] = {
+    {"BOOL", {kDLBool, 8, 1}},    {"UINT8", {kDLUInt, 8, 1}},   {"UINT16", {kDLUInt, 16, 1}},
+    {"UINT32", {kDLUInt, 32, 1}}, {"UINT64", {kDLUInt, 64, 1}}, {"INT8", {kDLInt, 8, 1}},
+    {"INT16", {kDLInt, 16, 1}},   {"INT32", {kDLInt, 32, 1}},   {"INT64", {kDLInt, 64, 1}},
+    {"FP16", {kDLFloat, 16, 1}},  {"FP32", {kDLFloat, 32, 1}},  {"FP64", {kDLFloat, 64, 1}},
+    {"BF16", {kDLBfloat, 16, 1}},
+};
+
+bool Same(DLDataType a, DLDataType b) { return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes; }
+
+/*! \brief IEEE half precision, stored as its bits (FP16 elements of JSON data; round to nearest even). */
+struct Half {
+  uint16_t bits = 0;
+  static Half From(double value) {
+    float f = static_cast<float>(value);
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);
+    uint32_t abs = x & 0x7fffffff;
+    if (abs >= 0x7f800000) return {static_cast<uint16_t>(sign | (abs > 0x7f800000 ? 0x7e00 : 0x7c00))};
+    if (abs >= 0x477ff000) return {static_cast<uint16_t>(sign | 0x7c00)};  // rounds past 65504: infinity
+    if (abs < 0x38800000) {  // a subnormal half (or zero): scale to units of 2^-24, round to nearest even
+      float scaled = std::fabs(f) * 16777216.0f;
+      return {static_cast<uint16_t>(sign | static_cast<uint16_t>(std::nearbyint(scaled)))};
+    }
+    uint32_t rounded = abs + 0xfff + ((abs >> 13) & 1);
+    return {static_cast<uint16_t>(sign | ((rounded - 0x38000000) >> 13))};
+  }
+  double Value() const {
+    int exponent = (bits >> 10) & 0x1f, mantissa = bits & 0x3ff;
+    double magnitude = exponent == 0    ? std::ldexp(mantissa, -24)
+                       : exponent == 31 ? (mantissa ? std::numeric_limits<double>::quiet_NaN()
+                                                    : std::numeric_limits<double>::infinity())
+                                        : std::ldexp(mantissa | 0x400, exponent - 25);
+    return bits & 0x8000 ? -magnitude : magnitude;
+  }
+};
+
+/*! \brief Call `f(T{})` with the C++ type of `dtype` (the datatypes JSON data can hold; bool stored as a byte). */
+template <typename F>
+bool DispatchJson(DLDataType dtype, F&& f) {
+  if (dtype.lanes != 1) return false;
+  switch (dtype.code) {
+    case kDLBool:
+      if (dtype.bits == 8) return f(bool{}), true;
+      break;
+    case kDLFloat:
+      if (dtype.bits == 16) return f(Half{}), true;
+      if (dtype.bits == 32) return f(float{}), true;
+      if (dtype.bits == 64) return f(double{}), true;
+      break;
+    case kDLInt:
+      if (dtype.bits == 8) return f(int8_t{}), true;
+      if (dtype.bits == 16) return f(int16_t{}), true;
+      if (dtype.bits == 32) return f(int32_t{}), true;
+      if (dtype.bits == 64) return f(int64_t{}), true;
+      break;
+    case kDLUInt:
+      if (dtype.bits == 8) return f(uint8_t{}), true;
+      if (dtype.bits == 16) return f(uint16_t{}), true;
+      if (dtype.bits == 32) return f(uint32_t{}), true;
+      if (dtype.bits == 64) return f(uint64_t{}), true;
+      break;
+  }
+  return false;
+}
+
+std::optional<std::string> Str(const ffi::Any& v) {
+  if (auto s = v.as<ffi::String>()) return std::string(*s);
+  return std::nullopt;
+}
+
+/*! \brief One element of an input's JSON data as a T, or a 400 naming what is wrong with it. */
+template <typename T>
+T Element(const ffi::Any& v, const std::string& input, const std::string& datatype) {
+  auto bad = [&]() {
+    return Error(400, "input '" + input + "' holds " + Quote(v) + ", which is not a " + datatype + " value");
+  };
+  if constexpr (std::is_same_v<T, bool>) {
+    auto b = v.as<bool>();
+    if (!b) throw bad();
+    return *b;
+  } else if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half>) {
+    double value;
+    if (auto d = v.as<double>()) {
+      value = *d;
+    } else if (auto i = v.as<int64_t>()) {
+      value = static_cast<double>(*i);
+    } else if (auto s = Str(v); s && (*s == "NaN" || *s == "Infinity" || *s == "-Infinity")) {
+      // how JSON outputs carry non-finite values, sent back
+      value = *s == "NaN" ? std::numeric_limits<double>::quiet_NaN()
+                          : (*s)[0] == '-' ? -std::numeric_limits<double>::infinity()
+                                           : std::numeric_limits<double>::infinity();
+    } else {
+      throw bad();
+    }
+    if constexpr (std::is_same_v<T, Half>)
+      return Half::From(value);
+    else
+      return static_cast<T>(value);
+  } else {
+    auto i = v.as<int64_t>();  // tvm-ffi's parser reads integers past int64's range as doubles: refused here
+    if (!i) throw bad();
+    if constexpr (std::is_signed_v<T>) {
+      if (*i < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+          *i > static_cast<int64_t>(std::numeric_limits<T>::max()))
+        throw bad();
+    } else {
+      if (*i < 0 || static_cast<uint64_t>(*i) > static_cast<uint64_t>(std::numeric_limits<T>::max())) throw bad();
+    }
+    return static_cast<T>(*i);
+  }
+}
+
+/*! \brief Write `data` (flat or nested, as Triton accepts it) into `out` of `count` elements; 400 on a count
+ *  or element that does not fit. */
+template <typename T>
+void FillFromJson(const ffi::Any& data, T* out, size_t count, const std::string& input, const std::string& datatype,
+                  const std::vector<int64_t>& shape) {
+  auto wrong_count = [&](size_t got) {
+    return Error(400, "input '" + input + "' has " + std::to_string(got) + " elements in 'data'; its shape " +
+                          ShapeText(shape) + " needs " + std::to_string(count));
+  };
+  const ffi::ArrayObj* top = data.as<ffi::ArrayObj>();
+  if (top == nullptr) {
+    if (count != 1) throw wrong_count(1);
+    out[0] = Element<T>(data, input, datatype);
+    return;
+  }
+  size_t written = 0, seen = 0;  // seen: elements counted past `count` (to name how many came)
+  std::vector<std::pair<const ffi::ArrayObj*, size_t>> stack{{top, 0}};  // depth-first, without recursion
+  while (!stack.empty()) {
+    auto& [array, at] = stack.back();
+    if (at == array->size()) {
+      stack.pop_back();
+      continue;
+    }
+    const ffi::Any& item = (*array)[static_cast<int64_t>(at++)];
+    if (const ffi::ArrayObj* inner = item.as<ffi::ArrayObj>()) {
+      stack.push_back({inner, 0});
+    } else if (written < count) {
+      out[written++] = Element<T>(item, input, datatype);
+    } else {
+      ++seen;
+    }
+  }
+  if (written != count || seen) throw wrong_count(written + seen);
+}
+
+void AppendNumber(std::string& out, double value, bool single) {
+  if (std::isnan(value)) {
+    out += "\"NaN\"";
+  } else if (std::isinf(value)) {
+    out += value > 0 ? "\"Infinity\"" : "\"-Infinity\"";
+  } else {
+    char buffer[32];  // the shortest text that reads back as the same float (or double)
+    auto written = single ? std::to_chars(buffer, buffer + sizeof(buffer), static_cast<float>(value))
+                          : std::to_chars(buffer, buffer + sizeof(buffer), value);
+    out.append(buffer, written.ptr);
+    if (std::find_if(buffer, written.ptr, [](char c) { return c == '.' || c == 'e'; }) == written.ptr)
+      out += ".0";  // a float stays a float to the client's parser (3.0, not 3), as Python and Triton write it
+  }
+}
+
+template <typename T>
+void AppendElement(std::string& out, const T& value) {
+  if constexpr (std::is_same_v<T, bool>) {
+    out += value ? "true" : "false";
+  } else if constexpr (std::is_same_v<T, Half>) {
+    AppendNumber(out, value.Value(), true);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    AppendNumber(out, value, std::is_same_v<T, float>);
+  } else {
+    char buffer[24];
+    out.append(buffer, std::to_chars(buffer, buffer + sizeof(buffer), value).ptr);
+  }
+}
+
+int64_t Elements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+size_t Bytes(const std::vector<int64_t>& shape, DLDataType dtype) {
+  return static_cast<size_t>(Elements(shape)) * ((dtype.bits * dtype.lanes + 7) / 8);
+}
+
+/*! \brief A JSON object's member, or nullptr. */
+const ffi::Any* Member(const ffi::MapObj* object, const char* key) {
+  auto found = object->find(ffi::String(key));
+  return found == object->end() ? nullptr : &(*found).second;
+}
+
+/*! \brief A "parameters" object (or none): 400 when it is something else. */
+const ffi::MapObj* Parameters(const ffi::MapObj* owner, const std::string& what) {
+  const ffi::Any* found = Member(owner, "parameters");
+  if (found == nullptr || *found == nullptr) return nullptr;
+  const ffi::MapObj* parameters = found->as<ffi::MapObj>();
+  if (parameters == nullptr) throw Error(400, what + "'s 'parameters' must be an object, not " + Quote(*found));
+  return parameters;
+}
+
+/*! \brief A boolean parameter (`fallback` when absent). */
+bool BoolParameter(const ffi::MapObj* parameters, const char* key, bool fallback, const std::string& what) {
+  const ffi::Any* found = parameters ? Member(parameters, key) : nullptr;
+  if (found == nullptr) return fallback;
+  auto value = found->as<bool>();
+  if (!value) throw Error(400, what + "'s parameter '" + key + "' must be true or false, not " + Quote(*found));
+  return *value;
+}
+
+std::string StringField(const ffi::MapObj* owner, const char* key, const std::string& what) {
+  const ffi::Any* found = Member(owner, key);
+  if (found == nullptr) throw Error(400, what + " has no '" + key + "'");
+  auto text = Str(*found);
+  if (!text) throw Error(400, what + "'s '" + key + "' must be a string, not " + Quote(*found));
+  return *text;
+}
+
+std::string Names(const std::vector<TensorInfo>& tensors) {
+  std::string out;
+  for (const TensorInfo& t : tensors) out += (out.empty() ? "'" : ", '") + t.name + "'";
+  return out;
+}
+
+/*! \brief Where `text` has a bare NaN, Infinity or -Infinity outside its strings (std::string_view::npos: none).
+ *  JSON has no capital N or I outside a string, so the first one found is such a literal or a syntax error. */
+size_t BareNonFinite(std::string_view text) {
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == 'N' || c == 'I') {
+      return i;
+    }
+  }
+  return std::string_view::npos;
+}
+
+}  // namespace
+
+std::string Datatype(DLDataType dtype) {
+  for (const Named& n : kDatatypes)
+    if (Same(n.dtype, dtype)) return n.name;
+  return "";
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? "," : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+ffi::Any ParseJson(std::string_view text, const std::string& what) {
+  if (text.size() >= 3 && text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);  // a UTF-8 byte-order mark
+  std::string copy(text);
+  try {  // tvm-ffi's parser recurses per level: 100000 '[' would overflow the stack
+    CheckJsonDepth(copy, what, kMaxJsonDepth);
+  } catch (const std::invalid_argument& err) {
+    throw Error(400, err.what());
+  }
+  if (!IsUtf8(copy)) throw Error(400, what + " is not valid JSON: it is not UTF-8");
+  if (size_t at = BareNonFinite(text); at != std::string_view::npos) {
+    for (const char* literal : {"NaN", "Infinity"}) {
+      if (text.compare(at, std::strlen(literal), literal) == 0) {
+        throw Error(400, what + " is not valid JSON: " + (at > 0 && text[at - 1] == '-' ? "-" : "") + literal +
+                             " is not a JSON number; send non-finite values as the strings \"NaN\", \"Infinity\", "
+                             "\"-Infinity\", or as binary data");
+      }
+    }
+  }
+  ffi::String error;
+  ffi::Any value = ffi::json::Parse(ffi::String(std::move(copy)), &error);
+  if (!error.empty()) throw Error(400, what + " is not valid JSON: " + std::string(error));
+  return value;
+}
+
+std::string Quote(const ffi::Any& value) {
+  std::string text;
+  try {
+    text = std::string(ffi::json::Stringify(value));
+  } catch (const std::exception&) {
+    text = "(a value)";
+  }
+  if (!IsUtf8(text)) {
+    for (char& c : text) c = static_cast<unsigned char>(c) < 0x80 ? c : '?';
+  }
+  return text.size() > 80 ? text.substr(0, 77) + "..." : text;
+}
+
+void AppendString(std::string& out, std::string_view text) {
+  static const char kHex[] = "0123456789abcdef";
+  out += '"';
+  for (char c : text) {
+    auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\', out += c;
+    } else if (u < 0x20) {
+      out += "\\u00", out += kHex[u >> 4], out += kHex[u & 15];
+    } else {
+      out += c;
+    }
+  }
+  out += '"';
+}
+
+void AppendTensor(std::string& out, const ffi::Tensor& tensor, bool nested, const std::string& what) {
+  const DLTensor* t = tensor.GetDLTensorPtr();
+  std::vector<int64_t> shape(t->shape, t->shape + t->ndim);
+  const char* data = static_cast<const char*>(t->data) + t->byte_offset;
+  int64_t count = Elements(shape);
+  bool supported = DispatchJson(t->dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const T* values = reinterpret_cast<const T*>(data);
+    if (nested && shape.empty()) return AppendElement(out, values[0]);
+    if (!nested) shape = {count};  // one flat list
+    // span[d]: the elements in one list at depth d; element i opens the lists whose span divides i (the innermost
+    // first), and closes those whose span divides i + 1
+    std::vector<int64_t> span(shape.size() + 1, 1);
+    for (size_t d = shape.size(); d-- > 0;) span[d] = span[d + 1] * shape[d];
+    if (count == 0) {  // lists down to the first empty dimension: [[], []] for shape (2, 0)
+      std::function<void(size_t)> empty = [&](size_t d) {
+        out += '[';
+        for (int64_t k = 0; d + 1 < shape.size() && shape[d] > 0 && k < shape[d]; ++k) out += k ? "," : "", empty(d + 1);
+        out += ']';
+      };
+      return empty(0);
+    }
+    size_t ndim = shape.size();
+    for (int64_t i = 0; i < count; ++i) {
+      if (i > 0) out += ',';
+      for (size_t d = ndim; d-- > 0 && i % span[d] == 0;) out += '[';
+      AppendElement(out, values[i]);
+      for (size_t d = ndim; d-- > 0 && (i + 1) % span[d] == 0;) out += ']';
+    }
+  });
+  if (!supported) {
+    throw Error(400, what + " is " + Datatype(t->dtype) + ": ask for it as binary data (parameters.binary_data), not JSON");
+  }
+}
+
+std::optional<size_t> HeaderLength(const std::string& value, bool present, size_t body_size) {
+  if (!present) return std::nullopt;
+  size_t length = 0;
+  bool digits = !value.empty() && value.size() <= 19;
+  for (char c : value) {
+    digits = digits && c >= '0' && c <= '9';
+    if (digits) length = length * 10 + static_cast<size_t>(c - '0');
+  }
+  if (!digits || length == 0 || length > body_size) {
+    throw Error(400, "Inference-Header-Content-Length is '" + value.substr(0, 40) +
+                         "': it must be the length of the JSON header, 1 to the body's " + std::to_string(body_size) +
+                         " bytes");
+  }
+  return length;
+}
+
+Request ParseRequest(std::string_view body, std::optional<size_t> header_length, const std::string& model,
+                     const std::vector<TensorInfo>& inputs, const std::vector<TensorInfo>& outputs) {
+  size_t json_size = header_length.value_or(body.size());
+  ffi::Any root = ParseJson(body.substr(0, json_size), "the request");
+  const ffi::MapObj* parsed = root.as<ffi::MapObj>();
+  if (parsed == nullptr) throw Error(400, "the request must be a JSON object, not " + Quote(root));
+  Request request;
+  if (const ffi::Any* id = Member(parsed, "id")) {
+    if (!Str(*id)) throw Error(400, "the request's 'id' must be a string, not " + Quote(*id));
+    request.id = *id;
+  }
+  const ffi::MapObj* parameters = Parameters(parsed, "the request");
+  if (parameters) request.parameters = Member(parsed, "parameters")->cast<ffi::Map<ffi::Any, ffi::Any>>();
+  bool binary_outputs = BoolParameter(parameters, "binary_data_output", false, "the request");
+
+  const ffi::Any* list_any = Member(parsed, "inputs");
+  const ffi::ArrayObj* list = list_any ? list_any->as<ffi::ArrayObj>() : nullptr;
+  if (list == nullptr)
+    throw Error(400,
+                "the request needs 'inputs', a list of tensors (model '" + model + "' takes " + Names(inputs) + ")");
+  size_t cursor = json_size;  // where the next input's binary data starts
+  for (const ffi::Any& input_any : *list) {
+    const ffi::MapObj* input = input_any.as<ffi::MapObj>();
+    if (input == nullptr) throw Error(400, "each of 'inputs' must be an object, not " + Quote(input_any));
+    std::string name = StringField(input, "name", "an input");
+    std::string what = "input '" + name + "'";
+    const TensorInfo* expected = nullptr;
+    for (const TensorInfo& t : inputs) expected = t.name == name ? &t : expected;
+    if (expected == nullptr) {
+      throw Error(400, "model '" + model + "' has no input named '" + name + "' (its inputs: " + Names(inputs) + ")");
+    }
+    if (request.inputs.count(name)) throw Error(400, what + " is given twice");
+    std::string datatype = StringField(input, "datatype", what);
+    if (datatype != Datatype(expected->dtype)) {
+      throw Error(400, what + " has datatype '" + datatype.substr(0, 40) + "' but model '" + model + "' expects " +
+                           Datatype(expected->dtype));
+    }
+    const ffi::Any* shape_any = Member(input, "shape");
+    const ffi::ArrayObj* shape_json = shape_any ? shape_any->as<ffi::ArrayObj>() : nullptr;
+    if (shape_json == nullptr) throw Error(400, what + " needs a 'shape', a list of dimensions");
+    std::vector<int64_t> shape;
+    for (const ffi::Any& d : *shape_json) {
+      auto dim = d.as<int64_t>();
+      if (!dim || *dim < 0 || *dim > (int64_t{1} << 40))
+        throw Error(400, what + " has a shape with the dimension " + Quote(d) + ", not a size");
+      shape.push_back(*dim);
+    }
+    bool fits = shape.size() == expected->shape.size();
+    for (size_t i = 0; fits && i < shape.size(); ++i) fits = expected->shape[i] < 0 || expected->shape[i] == shape[i];
+    if (!fits) {
+      throw Error(400, what + " has shape " + ShapeText(shape) + " but model '" + model + "' expects " +
+                           ShapeText(expected->shape));
+    }
+    size_t nbytes = Bytes(shape, expected->dtype);
+    const ffi::MapObj* input_parameters = Parameters(input, what);
+    const ffi::Any* data = Member(input, "data");
+    const ffi::Any* size = input_parameters ? Member(input_parameters, "binary_data_size") : nullptr;
+    if (size && data) throw Error(400, what + " has both 'data' and parameters.binary_data_size");
+    if (!size && !data) throw Error(400, what + " has neither 'data' nor parameters.binary_data_size");
+    ffi::Tensor tensor = EmptyHostTensor(shape, expected->dtype);
+    char* out = static_cast<char*>(tensor.data_ptr());
+    if (size) {
+      auto given = size->as<int64_t>();
+      if (!given || *given < 0)
+        throw Error(400, what + "'s binary_data_size must be a number of bytes, not " + Quote(*size));
+      if (static_cast<uint64_t>(*given) != nbytes) {
+        throw Error(400, what + " has binary_data_size " + std::to_string(*given) + " but its shape " +
+                             ShapeText(shape) + " of " + datatype + " needs " + std::to_string(nbytes) + " bytes");
+      }
+      if (!header_length) {
+        throw Error(400, what +
+                             " has binary_data_size but the request has no Inference-Header-Content-Length: "
+                             "no binary data follows its JSON");
+      }
+      if (body.size() - cursor < nbytes) {
+        throw Error(400, what + " has binary_data_size " + std::to_string(nbytes) + " but only " +
+                             std::to_string(body.size() - cursor) + " bytes of binary data are left for it");
+      }
+      if (nbytes) std::memcpy(out, body.data() + cursor, nbytes);
+      cursor += nbytes;
+    } else {
+      size_t count = static_cast<size_t>(Elements(shape));
+      bool supported = DispatchJson(expected->dtype, [&](auto zero) {
+        using T = decltype(zero);
+        FillFromJson<T>(*data, reinterpret_cast<T*>(out), count, name, datatype, shape);
+      });
+      if (!supported) throw Error(400, what + " is " + datatype + ": send it as binary data, not JSON 'data'");
+    }
+    request.inputs.Set(ffi::String(name), tensor);
+  }
+  for (const TensorInfo& t : inputs) {
+    if (!request.inputs.count(t.name)) {
+      throw Error(400, "model '" + model + "' needs input '" + t.name + "', which the request does not give");
+    }
+  }
+  if (cursor != body.size()) {
+    throw Error(400, "the request has " + std::to_string(body.size() - json_size) +
+                         " bytes after its JSON header but its inputs' binary_data_size add up to " +
+                         std::to_string(cursor - json_size));
+  }
+
+  const ffi::Any* requested_any = Member(parsed, "outputs");
+  if (requested_any == nullptr || *requested_any == nullptr) {
+    for (const TensorInfo& t : outputs) request.outputs.emplace_back(t.name, binary_outputs);
+    return request;
+  }
+  const ffi::ArrayObj* requested = requested_any->as<ffi::ArrayObj>();
+  if (requested == nullptr)
+    throw Error(400, "the request's 'outputs' must be a list, not " + Quote(*requested_any));
+  std::set<std::string> seen;
+  for (const ffi::Any& output_any : *requested) {
+    const ffi::MapObj* output = output_any.as<ffi::MapObj>();
+    if (output == nullptr) throw Error(400, "each of 'outputs' must be an object, not " + Quote(output_any));
+    std::string name = StringField(output, "name", "an output");
+    std::string what = "output '" + name + "'";
+    bool found = false;
+    for (const TensorInfo& t : outputs) found = found || t.name == name;
+    if (!found) {
+      throw Error(400,
+                  "model '" + model + "' has no output named '" + name + "' (its outputs: " + Names(outputs) + ")");
+    }
+    if (!seen.insert(name).second) throw Error(400, what + " is requested twice");
+    const ffi::MapObj* output_parameters = Parameters(output, what);
+    if (output_parameters && Member(output_parameters, "classification"))
+      throw Error(400, what + " asks for classification, which this server does not do");
+    request.outputs.emplace_back(name, BoolParameter(output_parameters, "binary_data", binary_outputs, what));
+  }
+  return request;
+}
+
+Response EncodeResponse(const std::string& model, const std::string& version, const Request& request,
+                        const ffi::Map<ffi::String, ffi::Tensor>& outputs) {
+  std::string head = "{\"model_name\":", binary;
+  AppendString(head, model);
+  head += ",\"model_version\":";
+  AppendString(head, version);
+  if (auto id = Str(request.id)) head += ",\"id\":", AppendString(head, *id);
+  head += ",\"outputs\":[";
+  bool any_binary = false;
+  for (const auto& [name, as_binary] : request.outputs) {
+    auto found = outputs.find(ffi::String(name));
+    if (found == outputs.end()) throw Error(500, "the engine gave no output '" + name + "'");
+    const DLTensor* t = (*found).second.GetDLTensorPtr();
+    std::vector<int64_t> shape(t->shape, t->shape + t->ndim);
+    if (head.back() != '[') head += ',';
+    head += "{\"name\":";
+    AppendString(head, name);
+    head += ",\"datatype\":\"" + Datatype(t->dtype) + "\",\"shape\":" + ShapeText(shape);
+    if (as_binary) {
+      size_t nbytes = Bytes(shape, t->dtype);
+      head += ",\"parameters\":{\"binary_data_size\":" + std::to_string(nbytes) + "}}";
+      binary.append(static_cast<const char*>(t->data) + t->byte_offset, nbytes);
+      any_binary = true;
+    } else {
+      head += ",\"data\":";
+      AppendTensor(head, (*found).second, false, "output '" + name + "'");
+      head += '}';
+    }
+  }
+  head += "]}";
+  Response response;
+  if (any_binary) response.header_length = head.size();
+  response.body = std::move(head);
+  response.body += binary;
+  return response;
+}
+
+ffi::Tensor FromJson(const ffi::Any& value, DLDataType dtype, const std::string& name) {
+  std::vector<int64_t> shape;
+  for (const ffi::ArrayObj* a = value.as<ffi::ArrayObj>(); a != nullptr;) {
+    shape.push_back(static_cast<int64_t>(a->size()));
+    a = a->size() ? (*a)[0].as<ffi::ArrayObj>() : nullptr;
+  }
+  ffi::Tensor tensor = EmptyHostTensor(shape, dtype);
+  std::string datatype = Datatype(dtype);
+  bool supported = DispatchJson(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    FillFromJson<T>(value, static_cast<T*>(tensor.data_ptr()), static_cast<size_t>(Elements(shape)), name, datatype,
+                    shape);
+  });
+  if (!supported) throw Error(400, "input '" + name + "' is " + datatype + ": send it as binary data on /v2");
+  return tensor;
+}
+
+namespace {
+
+/*! \brief A model's tensors as the codec's Python caller gives them: [[name, "FP32", [1, 784]], ...]. */
+std::vector<TensorInfo> Infos(const ffi::Array<ffi::Array<ffi::Any>>& list) {
+  std::vector<TensorInfo> out;
+  for (const auto& t : list) {
+    TensorInfo info{std::string(t[0].cast<ffi::String>()), {}, {}};
+    std::string datatype(t[1].cast<ffi::String>());
+    const Named* named = nullptr;
+    for (const Named& n : kDatatypes) named = datatype == n.name ? &n : named;
+    if (named == nullptr) TVM_FFI_THROW(ValueError) << "no datatype " << datatype;
+    info.dtype = named->dtype;
+    for (const ffi::Any& d : t[2].cast<ffi::Array<ffi::Any>>()) info.shape.push_back(d.cast<int64_t>());
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+/*! \brief A request as the Python caller holds it between parse and encode: [id, [name, binary?]...]. */
+ffi::Array<ffi::Any> Pending(const Request& request) {
+  ffi::Array<ffi::Any> out{request.id};
+  for (const auto& [name, binary] : request.outputs) out.push_back(ffi::Array<ffi::Any>{ffi::String(name), binary});
+  return out;
+}
+
+Request FromPending(const ffi::Array<ffi::Any>& pending) {
+  Request request;
+  request.id = pending[0];
+  for (size_t i = 1; i < pending.size(); ++i) {
+    auto pair = pending[i].cast<ffi::Array<ffi::Any>>();
+    request.outputs.emplace_back(std::string(pair[0].cast<ffi::String>()), pair[1].cast<bool>());
+  }
+  return request;
+}
+
+ffi::Array<ffi::Any> Refusal(const Error& err) { return {static_cast<int64_t>(err.status), ffi::String(err.what())}; }
+
+}  // namespace
+
+TVM_FFI_STATIC_INIT_BLOCK() {
+  // tvmsched.engine.kserve_codec(model, version, inputs, outputs) -> [parse, encode], two functions over the model's
+  // tensors ([[name, datatype, shape], ...]). Each answers [status, one line] for a bad request (status > 0):
+  //   parse(body: bytes, Inference-Header-Content-Length's value or None) -> [0, inputs, parameters, pending]
+  //   encode(pending, outputs) -> [0, body: bytes, header_length: int, -1 when the body is all JSON]
+  namespace refl = tvm::ffi::reflection;
+  refl::GlobalDef().def("tvmsched.engine.kserve_codec", [](ffi::String model, ffi::String version,
+                                                    ffi::Array<ffi::Array<ffi::Any>> inputs,
+                                                    ffi::Array<ffi::Array<ffi::Any>> outputs) {
+    auto in = std::make_shared<std::vector<TensorInfo>>(Infos(inputs));
+    auto out = std::make_shared<std::vector<TensorInfo>>(Infos(outputs));
+    std::string name(model), v(version);
+    auto parse = ffi::Function::FromTyped([in, out, name](ffi::Bytes body, ffi::Optional<ffi::String> header) {
+      try {
+        std::string_view text(body.data(), body.size());
+        std::optional<size_t> length = HeaderLength(header ? std::string(*header) : "", header.has_value(), text.size());
+        Request request = ParseRequest(text, length, name, *in, *out);
+        return ffi::Array<ffi::Any>{int64_t{0}, request.inputs, request.parameters, Pending(request)};
+      } catch (const Error& err) {
+        return Refusal(err);
+      }
+    });
+    auto encode = ffi::Function::FromTyped(
+        [name, v](ffi::Array<ffi::Any> pending, ffi::Map<ffi::String, ffi::Tensor> outputs) {
+          try {
+            Response response = EncodeResponse(name, v, FromPending(pending), outputs);
+            int64_t length = response.header_length ? static_cast<int64_t>(*response.header_length) : -1;
+            return ffi::Array<ffi::Any>{int64_t{0}, ffi::Bytes(response.body), length};
+          } catch (const Error& err) {
+            return Refusal(err);
+          }
+        });
+    return ffi::Array<ffi::Any>{parse, encode};
+  });
+}
+
+}  // namespace kserve
+}  // namespace tvmsched

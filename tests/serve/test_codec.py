@@ -1,0 +1,66 @@
+"""The engine's Open Inference Protocol codec (runtime/native/src/kserve.cc), called as `tvmsched serve` calls it:
+FP16 elements of JSON data against numpy's conversion, outputs nested or flat, and answers a strict parser reads."""
+
+import json
+
+import numpy as np
+import pytest
+import tvm_ffi
+
+from tvmsched.runtime import native
+
+
+def _codec(dtype: str, shape: list[int]):
+    native.engine()
+    return native.func("kserve_codec")("m", "1", [["x", dtype, shape]], [["y", dtype, shape]])
+
+
+def _strict(text: bytes):
+    def refuse(name):
+        raise ValueError(f"bare {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_fp16_json_data_rounds_as_numpy_and_comes_back_as_the_same_halves():
+    rng = np.random.default_rng(0)
+    values = np.concatenate([rng.normal(0, 1, 200), rng.normal(0, 1e4, 100), rng.normal(0, 1e-6, 100),  # subnormals
+                             [65504, 65519.99, 65520, -70000, 2 ** -24, 2 ** -25, 3 * 2 ** -26, 0.0, -0.0]])
+    data = [float(v) for v in values] + ["NaN", "-Infinity"]
+    parse, encode = _codec("FP16", [len(data)])
+    parsed = parse(json.dumps({"inputs": [{"name": "x", "datatype": "FP16", "shape": [len(data)], "data": data}]}).encode(), None)
+    assert parsed[0] == 0, parsed
+    got = np.from_dlpack(parsed[1]["x"])
+    with np.errstate(over="ignore"):  # past 65504 is infinity
+        expected = np.array(values, np.float32).astype(np.float16)  # the codec rounds through float32 as numpy here
+    assert np.array_equal(got[:len(values)].view(np.uint16), expected.view(np.uint16))
+    assert np.isnan(got[-2]) and got[-1] == -np.inf
+    answer = encode(parsed[3], {"y": tvm_ffi.from_dlpack(got.copy())})
+    assert answer[0] == 0 and answer[2] == -1
+    out = _strict(bytes(answer[1]))["outputs"][0]
+    back = np.array([{"NaN": np.nan, "-Infinity": -np.inf, "Infinity": np.inf}.get(v, v) for v in out["data"]], np.float16)
+    assert np.array_equal(back.view(np.uint16)[:-2], got.view(np.uint16)[:-2]) and np.isnan(back[-2])
+
+
+@pytest.mark.parametrize("dtype,numpy", [("FP32", np.float32), ("FP64", np.float64), ("INT64", np.int64), ("BOOL", np.bool_)])
+def test_outputs_read_back_bit_identical_flat_and_binary(dtype, numpy):
+    rng = np.random.default_rng(1)
+    y = rng.normal(0, 100, (2, 3, 4)).astype(numpy)
+    if dtype.startswith("FP"):
+        y.flat[:4] = [np.nan, np.inf, -np.inf, -0.0]
+    parse, encode = _codec(dtype, [2, 3, 4])
+    header = json.dumps({"id": "a\"b", "inputs": [{"name": "x", "datatype": dtype, "shape": [2, 3, 4],
+                                                    "parameters": {"binary_data_size": y.nbytes}}],
+                         "outputs": [{"name": "y", "parameters": {"binary_data": False}}]}).encode()
+    parsed = parse(header + y.tobytes(), str(len(header)))
+    assert parsed[0] == 0, parsed
+    assert np.array_equal(np.from_dlpack(parsed[1]["x"]), y, equal_nan=True)
+    answer = encode(parsed[3], {"y": tvm_ffi.from_dlpack(y)})
+    body = _strict(bytes(answer[1]))
+    assert body["id"] == 'a"b' and body["outputs"][0]["shape"] == [2, 3, 4]
+    data = body["outputs"][0]["data"]
+    assert len(data) == y.size and all(not isinstance(v, list) for v in data)  # flat, as the protocol sends it
+    if dtype.startswith("FP"):
+        assert all(isinstance(v, float) for v in data[4:])  # 3.0, never 3: a float stays a float
+        data = [{"NaN": np.nan, "Infinity": np.inf, "-Infinity": -np.inf}.get(v, v) for v in data]
+    back = np.array(data, numpy).reshape(y.shape)
+    assert np.array_equal(back.view(np.uint8), y.view(np.uint8))  # bit-identical: -0.0 and NaN included
