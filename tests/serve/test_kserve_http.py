@@ -339,3 +339,16 @@ def test_trust_refuses_an_unsigned_artifact(server, tmp_path, cli):
 def test_a_body_over_the_limit_is_413_before_it_is_read(server):
     reply = httpx.post(f"http://{server.http}/v2/models/mlp/infer", content=b"\0" * ((16 << 20) + 1), timeout=60)
     assert reply.status_code == 413 and reply.json()["error"] == f"request body larger than {16 << 20} bytes"
+
+
+def test_infer_answers_carry_the_request_id_and_a_chunked_body_over_the_limit_is_413(server):
+    """The infer route is answered before FastAPI's middleware (serve/http.py InferRoute): it does their part itself."""
+    url = f"http://{server.http}/v2/models/mlp/infer"
+    x = np.zeros((1, 784), np.float32)
+    good = httpx.post(url, json={"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], "data": x.ravel().tolist()}]},
+                      headers={"X-Request-Id": "abc-1"}, timeout=60)
+    bad = httpx.post(url, content=b"{", headers={"X-Request-Id": "abc-2"}, timeout=60)
+    assert (good.status_code, good.headers["x-request-id"]) == (200, "abc-1"), good.text
+    assert (bad.status_code, bad.headers["x-request-id"]) == (400, "abc-2") and "not valid JSON" in bad.json()["error"]
+    chunked = httpx.post(url, content=iter([b"\0" * (8 << 20)] * 3), timeout=60)  # no Content-Length: read until past
+    assert chunked.status_code == 413 and chunked.json()["error"] == f"request body larger than {16 << 20} bytes"

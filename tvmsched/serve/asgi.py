@@ -20,7 +20,7 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers") or ()).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            return await self._too_large(send)
+            return await too_large(send, self.max_bytes)
         received, refused = 0, False
 
         async def limited_receive():  # past the limit: answer 413 now, and the app sees a disconnect
@@ -29,7 +29,7 @@ class BodyLimit:
             received += len(message.get("body", b""))
             if received > self.max_bytes and not refused:
                 refused = True
-                await self._too_large(send)
+                await too_large(send, self.max_bytes)
             return {"type": "http.disconnect"} if refused else message
 
         async def guarded_send(message):  # the app's own answer to a refused request is dropped
@@ -42,12 +42,23 @@ class BodyLimit:
             if not refused:
                 raise
 
-    async def _too_large(self, send):
-        text = b'request body larger than %d bytes' % self.max_bytes  # "detail": FastAPI's key, "error": the v2 protocol's
-        body = b'{"detail":"%s","error":"%s"}' % (text, text)
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
-        await send({"type": "http.response.body", "body": body})
+
+
+async def too_large(send, max_bytes: int) -> None:
+    """Answer 413: the request's body is over `max_bytes`."""
+    text = b'request body larger than %d bytes' % max_bytes  # "detail": FastAPI's key, "error": the v2 protocol's
+    body = b'{"detail":"%s","error":"%s"}' % (text, text)
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def extra_answer_headers(scope, request_id: bytes | None) -> list:
+    """What AnswerHeaders adds to an answer: the request's X-Request-Id, and Connection: close while draining."""
+    extra = [(b"x-request-id", request_id)] if request_id is not None else []
+    if getattr(scope["app"].state, "draining", False):
+        extra.append((b"connection", b"close"))
+    return extra
 
 
 class AnswerHeaders:
@@ -64,9 +75,7 @@ class AnswerHeaders:
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
-                extra = [(b"x-request-id", request_id)] if request_id is not None else []
-                if getattr(scope["app"].state, "draining", False):
-                    extra.append((b"connection", b"close"))
+                extra = extra_answer_headers(scope, request_id)
                 if extra:
                     message = {**message, "headers": [*message.get("headers", ()), *extra]}
             await send(message)

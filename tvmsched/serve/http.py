@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import zlib
 
@@ -36,7 +37,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from tvmsched.errors import TvmschedError
 from tvmsched.serve import jsonio, metrics
-from tvmsched.serve.asgi import MAX_BODY_BYTES, AnswerHeaders, BodyLimit
+from tvmsched.serve.asgi import MAX_BODY_BYTES, AnswerHeaders, BodyLimit, extra_answer_headers, too_large
 from tvmsched.serve.errors import ServeError
 from tvmsched.serve.service import InferenceService
 
@@ -47,6 +48,7 @@ def create_app(service: InferenceService, *, max_body_bytes: int = MAX_BODY_BYTE
     app = FastAPI(title="tvmsched inference (Open Inference Protocol v2)")
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(AnswerHeaders)
+    app.add_middleware(InferRoute, service=service, max_body_bytes=max_body_bytes)  # outermost: /v2 infer
     app.state.service = service
     gpus = metrics.GpuCollector()  # NVML started once; no GPU: no GPU metrics
 
@@ -81,7 +83,6 @@ def create_app(service: InferenceService, *, max_body_bytes: int = MAX_BODY_BYTE
         app.add_api_route(prefix + "/ready", _model_ready(service))
         app.add_api_route(prefix + "/config", lambda name, version="": service.model_config(service.get(name, version)))
         app.add_api_route(prefix + "/stats", lambda name, version="": service.statistics(name, version))
-        app.add_route(prefix + "/infer", _infer_route(service, max_body_bytes), methods=["POST"])
 
     @app.post("/v2/repository/index")
     def repository_index() -> list:
@@ -116,44 +117,84 @@ def _model_ready(service: InferenceService):
     return model_ready
 
 
-def _infer_route(service: InferenceService, max_body_bytes: int):
-    async def infer(request: Request) -> Response:
+_INFER = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
+_READ_HEADERS = (b"content-length", b"content-encoding", b"inference-header-content-length", b"x-request-id")
+
+
+class InferRoute:
+    """ASGI: POST /v2/models/{m}[/versions/{v}]/infer, answered here, every other request passed on to `app` (its
+    body-limit and answer-header middleware, FastAPI's routing). The outermost of the app's middleware, it does what
+    those two do for the requests it answers itself (413 past `max_body_bytes`, X-Request-Id back, Connection: close
+    while draining): their layers and FastAPI's cost a request at concurrency 1 more than the engine's codec does
+    (bench/results/serving.md)."""
+
+    def __init__(self, app, service: InferenceService, max_body_bytes: int):
+        self.app, self.service, self.max_body_bytes = app, service, max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        match = _INFER.fullmatch(scope["path"]) if scope["type"] == "http" else None
+        if match is None or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
         received = time.perf_counter_ns()
-        params = request.path_params
+        headers = {}
+        for key, value in scope["headers"]:
+            if key in _READ_HEADERS:
+                headers[key] = value
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
+            return await too_large(send, self.max_body_bytes)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body_bytes:  # a chunked body past the limit
+                return await too_large(send, self.max_body_bytes)
+            if not message.get("more_body", False):
+                break
+        status, body, extra = await self.infer(match[1], match[2] or "", headers, b"".join(chunks), received)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/octet-stream" if extra else b"application/json"),
+                                (b"content-length", b"%d" % len(body)), *extra,
+                                *extra_answer_headers(scope, headers.get(b"x-request-id"))]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def infer(self, name: str, version: str, headers: dict, body: bytes, received: int):
+        """(status, body, extra headers) of one infer request."""
+        service = self.service
         try:
-            served = service.get(params["name"], params.get("version", ""))
+            served = service.get(name, version)
         except ServeError as err:
-            return _error(err)
-        body = await request.body()
+            return _error_body(err)
         parse, encode = served.codec
         try:
-            encoding = request.headers.get("content-encoding", "identity").lower()
+            encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").lower()
             if encoding in ("gzip", "deflate"):
-                body = _decompress(body, encoding, max_body_bytes)
+                body = _decompress(body, encoding, self.max_body_bytes)
             elif encoding != "identity":
                 raise ServeError(f"Content-Encoding {encoding} is not supported (gzip, deflate)")
-            parsed = parse(body, request.headers.get(HEADER_LENGTH))  # [0, inputs, parameters, pending] or a refusal
-            if parsed[0]:
+            length = headers.get(b"inference-header-content-length")
+            parsed = parse(body, None if length is None else length.decode("latin-1"))  # [0, inputs, parameters, pending]
+            if parsed[0]:  # or a refusal: [status, line]
                 raise ServeError(parsed[1], parsed[0])
             future = service.submit(served, parsed[1], dict(parsed[2]) if len(parsed[2]) else None, engine_tensors=True)
         except TvmschedError as err:
             service.count_failure(served, received)
-            return _error(err)
+            return _error_body(err)
         try:
             outputs = await service.answer(served, future, received)
         except TvmschedError as err:
-            return _error(err)
+            return _error_body(err)
         status, answer, length = (*encode(parsed[3], outputs), None)[:3]  # [0, body, header length or -1] or a refusal
         if status:
-            return _error(ServeError(answer, status))
-        if length < 0:  # (the body is a bytes object: Response sends it as it is)
-            return Response(answer, media_type="application/json")
-        return Response(answer, media_type="application/octet-stream", headers={HEADER_LENGTH: str(length)})
-    return infer
+            return _error_body(ServeError(answer, status))
+        return 200, answer, [] if length < 0 else [(HEADER_LENGTH.encode(), b"%d" % length)]
 
 
-def _error(err: Exception) -> Response:
-    return JSONResponse({"error": " ".join(str(err).split())}, status_code=getattr(err, "status", 400))
+def _error_body(err: Exception) -> tuple[int, bytes, list]:
+    return getattr(err, "status", 400), jsonio.dumps({"error": " ".join(str(err).split())}), []
 
 
 def _decompress(body: bytes, encoding: str, max_body_bytes: int) -> bytes:
