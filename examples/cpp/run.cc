@@ -9,6 +9,7 @@
 // model output, keyed by output name (np.load(path)["output"]). Any problem: one `error: ...` line
 // on stderr and exit status 2.
 #include <tvmsched/engine.h>
+#include <tvmsched/npz.h>
 
 #include <cstdio>
 #include <cstring>
@@ -16,8 +17,6 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include "npz.h"
 
 namespace {
 
@@ -57,13 +56,13 @@ int Run(int argc, char** argv) {
 
   tvmsched::Model model =
       tvmsched::Model::Load(artifact, device, tvmsched::FlagMemory::kAuto, tvmsched::TrustedKeys::FromFiles(trusted));
-  auto inputs = npz::Load(in_path);
+  auto inputs = tvmsched::LoadNpz(in_path);
   tvmsched::Stream stream = tvmsched::Stream::Create(model, model->name());
   tvmsched::Request request = stream->Submit(inputs, {});  // checks names, shapes and dtypes first
   request->Wait(-1, 50);
   stream->Close();
   if (!request->error().empty()) return Fail(std::string(request->error()));
-  npz::Save(out_path, request->outputs());
+  tvmsched::SaveNpz(out_path, request->outputs());
   return 0;
 }
 

@@ -1,5 +1,6 @@
 // The artifact reader: zip of stored members -> checksums -> manifest (tvm-ffi's JSON parser) -> weights (.npy).
 #include "tvmsched/artifact.h"
+#include "tvmsched/npz.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -370,51 +371,7 @@ Manifest ParseManifest(const std::string& text) {
   return m;
 }
 
-// ---- weights (.npy members of weights.npz) ----------------------------------------------------
-
-HostArray ParseNpy(const std::string& bytes, const std::string& name) {
-  if (bytes.size() < 10 || bytes.compare(0, 6, "\x93NUMPY") != 0) throw std::invalid_argument(name + " is not .npy");
-  int major = uint8_t(bytes[6]);
-  size_t header_len = major == 1 ? Le16(bytes, 8) : Le32(bytes, 8);
-  size_t start = (major == 1 ? 10 : 12) + header_len;
-  if (start > bytes.size()) throw std::invalid_argument(name + " has a truncated header");
-  std::string header = bytes.substr(major == 1 ? 10 : 12, header_len);
-  auto field = [&](const char* key) {
-    size_t at = header.find(std::string("'") + key + "'");
-    if (at == std::string::npos) throw std::invalid_argument(name + " lacks " + key);
-    at = header.find(':', at);
-    return header.substr(at + 1);
-  };
-  std::string descr = field("descr");
-  descr = descr.substr(descr.find('\'') + 1);
-  descr = descr.substr(0, descr.find('\''));
-  if (field("fortran_order").find("False") > 2) throw std::invalid_argument(name + " is in Fortran order");
-  if (descr.size() < 3 || (descr[0] != '<' && descr[0] != '|'))
-    throw std::invalid_argument(name + " has dtype " + descr);
-  HostArray out;
-  int size = std::atoi(descr.c_str() + 2);
-  uint8_t code = descr[1] == 'f'   ? kDLFloat
-                 : descr[1] == 'i' ? kDLInt
-                 : descr[1] == 'u' ? kDLUInt
-                 : descr[1] == 'b' ? kDLBool
-                                   : 255;
-  if (code == 255 || size <= 0 || size > 8) throw std::invalid_argument(name + " has dtype " + descr);
-  out.dtype = DLDataType{code, static_cast<uint8_t>(size * 8), 1};
-  std::string shape = field("shape");
-  shape = shape.substr(shape.find('(') + 1, shape.find(')') - shape.find('(') - 1);
-  std::stringstream dims(shape);
-  size_t count = 1;
-  for (std::string dim; std::getline(dims, dim, ',');) {
-    if (dim.find_first_not_of(' ') == std::string::npos) continue;
-    int64_t d = std::stoll(dim);
-    if (d < 0) throw std::invalid_argument(name + " has a negative dimension");
-    out.shape.push_back(d);
-    count *= static_cast<size_t>(d);
-  }
-  if (bytes.size() - start != count * size) throw std::invalid_argument(name + " holds the wrong number of bytes");
-  out.data = bytes.substr(start);
-  return out;
-}
+// weights: the .npy members of weights.npz, read by ParseNpy (npz.cc)
 
 }  // namespace
 

@@ -1,6 +1,5 @@
-#include "npz.h"
-
-#include <tvmsched/engine.h>
+// numpy's .npy and .npz formats (tvmsched/npz.h).
+#include "tvmsched/npz.h"
 
 #include <cstring>
 #include <fstream>
@@ -8,12 +7,12 @@
 #include <sstream>
 #include <stdexcept>
 
-namespace npz {
+#include "tvmsched/model.h"
+
+namespace tvmsched {
 namespace {
 
-namespace ffi = tvm::ffi;
-
-std::runtime_error Error(const std::string& text) { return std::runtime_error(text); }
+std::invalid_argument Error(const std::string& text) { return std::invalid_argument(text); }
 
 void Put16(std::string& out, uint32_t v) {
   out.push_back(static_cast<char>(v & 0xff));
@@ -69,13 +68,12 @@ std::string DescrOf(DLDataType dtype) {
               : dtype.code == kDLBool ? 'b'
                                       : '?';
   if (kind == '?' || dtype.lanes != 1 || dtype.bits % 8 != 0) {
-    throw Error("cannot write dtype " + tvmsched::DTypeName(dtype) + " to .npy");
+    throw Error("cannot write dtype " + DTypeName(dtype) + " to .npy");
   }
   return std::string(size == 1 ? "|" : "<") + kind + std::to_string(size);
 }
 
-}  // namespace
-
+/*! \brief CRC-32 (ISO-HDLC, as zip uses). */
 uint32_t Crc32(const std::string& data) {
   static const auto table = [] {
     std::vector<uint32_t> t(256);
@@ -91,7 +89,9 @@ uint32_t Crc32(const std::string& data) {
   return crc ^ 0xFFFFFFFFu;
 }
 
-ffi::Tensor ParseNpy(const std::string& bytes, const std::string& what) {
+}  // namespace
+
+HostArray ParseNpy(const std::string& bytes, const std::string& what) {
   if (bytes.size() < 10 || bytes.compare(0, 6, "\x93NUMPY") != 0) throw Error(what + " is not a .npy array");
   int major = static_cast<uint8_t>(bytes[6]);
   if (major < 1 || major > 3) throw Error(what + " has .npy format version " + std::to_string(major));
@@ -131,9 +131,7 @@ ffi::Tensor ParseNpy(const std::string& bytes, const std::string& what) {
     throw Error(what + " holds " + std::to_string(bytes.size() - prefix - header_len) +
                 " data bytes, its shape needs " + std::to_string(nbytes));
   }
-  ffi::Tensor tensor = tvmsched::EmptyHostTensor(shape, dtype);
-  if (nbytes) std::memcpy(tensor.data_ptr(), bytes.data() + prefix + header_len, nbytes);
-  return tensor;
+  return HostArray{shape, dtype, bytes.substr(prefix + header_len)};
 }
 
 std::string WriteNpy(const ffi::Tensor& tensor) {
@@ -216,20 +214,23 @@ std::string StoredZip(const std::vector<std::pair<std::string, std::string>>& me
   return out;
 }
 
-ffi::Map<ffi::String, ffi::Tensor> Load(const std::string& path) {
+ffi::Map<ffi::String, ffi::Tensor> LoadNpz(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   if (!file) throw Error("input file not found: " + path);
   std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
   ffi::Map<ffi::String, ffi::Tensor> out;
-  for (const auto& [member, data] : tvmsched::ReadStoredZip(bytes, path)) {
+  for (const auto& [member, data] : ReadStoredZip(bytes, path)) {
     bool npy = member.size() > 4 && member.compare(member.size() - 4, 4, ".npy") == 0;
     std::string key = npy ? member.substr(0, member.size() - 4) : member;
-    out.Set(ffi::String(key), ParseNpy(data, path + ":" + member));
+    HostArray array = ParseNpy(data, path + ":" + member);
+    ffi::Tensor tensor = EmptyHostTensor(array.shape, array.dtype);
+    if (!array.data.empty()) std::memcpy(tensor.data_ptr(), array.data.data(), array.data.size());
+    out.Set(ffi::String(key), tensor);
   }
   return out;
 }
 
-void Save(const std::string& path, const ffi::Map<ffi::String, ffi::Tensor>& arrays) {
+void SaveNpz(const std::string& path, const ffi::Map<ffi::String, ffi::Tensor>& arrays) {
   std::vector<std::pair<std::string, std::string>> members;
   for (const auto& kv : arrays) members.emplace_back(std::string(kv.first) + ".npy", WriteNpy(kv.second));
   std::string bytes = StoredZip(members);
@@ -240,4 +241,4 @@ void Save(const std::string& path, const ffi::Map<ffi::String, ffi::Tensor>& arr
   if (!file) throw Error("cannot write " + path);
 }
 
-}  // namespace npz
+}  // namespace tvmsched
