@@ -180,20 +180,10 @@ class Server {
   /*! \brief POST /v1/models/{name}/infer: {"inputs": {NAME: nested list}} -> {"outputs": {NAME: nested list}}. */
   std::string InferV1(const std::string& name, const std::string& body) {
     int64_t start = NowNs();
-    ffi::Any parsed = kserve::ParseJson(body, "the body");
-    const ffi::MapObj* object = parsed.as<ffi::MapObj>();
-    auto found = object ? object->find(ffi::String("inputs")) : ffi::MapObj::iterator();
-    if (object == nullptr || found == object->end() || (*found).second.as<ffi::MapObj>() == nullptr)
-      throw HttpError(422, "the body must be {\"inputs\": {name: values}}");
     Served& s = Find(name, "");
+    // a body that is not {"inputs": {...}} (422, as FastAPI's validation in examples/server.py) is not a request
+    ffi::Map<ffi::String, ffi::Tensor> inputs = kserve::ParseV1(body, s.inputs);
     return Counted(s, start, [&](int64_t* input_ns, int64_t* output_ns) {
-      ffi::Map<ffi::String, ffi::Tensor> inputs;
-      for (const auto& [key_any, value] : *(*found).second.as<ffi::MapObj>()) {
-        std::string key(key_any.cast<ffi::String>());
-        auto info = std::find_if(s.inputs.begin(), s.inputs.end(), [&](const auto& t) { return t.name == key; });
-        inputs.Set(key,
-                   kserve::FromJson(value, info != s.inputs.end() ? info->dtype : DLDataType{kDLFloat, 32, 1}, key));
-      }
       *input_ns = NowNs() - start;
       tvmsched::Request request = Execute(s, inputs, {});
       int64_t encode = NowNs();

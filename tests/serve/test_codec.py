@@ -64,3 +64,45 @@ def test_outputs_read_back_bit_identical_flat_and_binary(dtype, numpy):
         data = [{"NaN": np.nan, "Infinity": np.inf, "-Infinity": -np.inf}.get(v, v) for v in data]
     back = np.array(data, numpy).reshape(y.shape)
     assert np.array_equal(back.view(np.uint8), y.view(np.uint8))  # bit-identical: -0.0 and NaN included
+
+
+ACCEPTED = ["0", "-0", "-0.0", "1e3", "1E+3", "2.5e-3", "-1.25", "1e-310", "123456789012345678901234567890", "1e400",
+            "-1e400", "0.1", "9007199254740993", "[1.5]", "[[[2]]]"]
+REFUSED = ["01", "1.", ".5", "-", "1e", "+1", "0x10", "[1,]", "[1 2]", "tru", "nul", '"a', "[", "]", "[1,,2]", "1 2"]
+
+
+@pytest.mark.parametrize("number", ACCEPTED)
+def test_numbers_read_as_python_reads_them(number):
+    """The engine's JSON reader (runtime/native/src/json_reader.h) against Python's json module: FP64 data."""
+    parse, _ = _codec("FP64", [1])
+    parsed = parse(b'{"inputs": [{"name": "x", "datatype": "FP64", "shape": [1], "data": %s}]}' % number.encode(), None)
+    assert parsed[0] == 0, parsed
+    expected = np.array(json.loads(number), np.float64).reshape(1)
+    assert np.from_dlpack(parsed[1]["x"]).view(np.uint64).tolist() == expected.view(np.uint64).tolist()
+
+
+@pytest.mark.parametrize("data", REFUSED)
+def test_malformed_json_is_one_400_line(data):
+    parse, _ = _codec("FP64", [1])
+    body = b'{"inputs": [{"name": "x", "datatype": "FP64", "shape": [1], "data": %s}]}' % data.encode()
+    with pytest.raises(ValueError):
+        json.loads(body)  # Python refuses it too
+    status, line = parse(body, None)
+    assert status == 400 and line.startswith("the request is not valid JSON: ") and "\n" not in line, line
+
+
+def test_strings_escapes_keys_and_integers():
+    parse, encode = _codec("INT64", [2])
+    body = ('{"id": "caf\\u00e9 \\ud83d\\ude00 \\"q\\" \\\\ \\/ \\t", "inputs": [{"name": "x", "datatype": "INT64", '
+            '"shape": [2], "data": [1, 2], "data": [-9223372036854775808, 9223372036854775807]}]}').encode()
+    parsed = parse(body, None)
+    assert parsed[0] == 0, parsed  # a repeated key: the last one counts, as Python's json reads it
+    assert np.from_dlpack(parsed[1]["x"]).tolist() == json.loads(body)["inputs"][0]["data"]
+    answer = encode(parsed[3], {"y": tvm_ffi.from_dlpack(np.array([1, 2], np.int64))})
+    assert _strict(bytes(answer[1]))["id"] == json.loads(body)["id"]
+    for bad, fragment in [(b'{"id": "\\ud800", "inputs": []}', "surrogate"), (b'{"id": "\\udc00x", "inputs": []}', "surrogate"),
+                          (b'{"id": "a\x01", "inputs": []}', "control character"), (b'{"id": "\\x", "inputs": []}', "escape"),
+                          (b'{"inputs": [{"name": "x", "datatype": "INT64", "shape": [2], "data": [1, 1e30]}]}', "holds 1e+30"),
+                          (b'{"inputs": [{"name": "x", "datatype": "INT64", "shape": [2], "data": [1, 9223372036854775808]}]}', "which is not a INT64 value")]:
+        status, line = parse(bad, None)
+        assert status == 400 and fragment in line, line

@@ -232,7 +232,7 @@ void CheckInvariants(const Manifest& m) {
 
 }  // namespace
 
-bool IsUtf8(const std::string& text) {
+bool IsUtf8(std::string_view text) {
   for (size_t i = 0; i < text.size();) {
     auto byte = [&](size_t at) { return static_cast<uint8_t>(text[at]); };
     uint8_t c = byte(i);

@@ -3,7 +3,7 @@
 #include "tvmsched/kserve.h"
 
 #include <tvm/ffi/container/array.h>
-#include <tvm/ffi/extra/json.h>
+#include <tvm/ffi/extra/json.h>  // Stringify: Quote
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 
@@ -18,6 +18,7 @@
 
 #include "tvmsched/artifact.h"
 #include "tvmsched/model.h"
+#include "json_reader.h"
 
 namespace tvmsched {
 namespace kserve {
@@ -97,32 +98,32 @@ bool DispatchJson(DLDataType dtype, F&& f) {
   return false;
 }
 
-std::optional<std::string> Str(const ffi::Any& v) {
-  if (auto s = v.as<ffi::String>()) return std::string(*s);
-  return std::nullopt;
-}
+using json_reader::Document;
+using json_reader::Kind;
+using json_reader::Node;
+
+std::string QuoteNode(const Document& doc, const Node& v);
 
 /*! \brief One element of an input's JSON data as a T, or a 400 naming what is wrong with it. */
 template <typename T>
-T Element(const ffi::Any& v, const std::string& input, const std::string& datatype) {
+T Element(const Document& doc, const Node& v, const std::string& input, const std::string& datatype) {
   auto bad = [&]() {
-    return Error(400, "input '" + input + "' holds " + Quote(v) + ", which is not a " + datatype + " value");
+    return Error(400, "input '" + input + "' holds " + QuoteNode(doc, v) + ", which is not a " + datatype + " value");
   };
   if constexpr (std::is_same_v<T, bool>) {
-    auto b = v.as<bool>();
-    if (!b) throw bad();
-    return *b;
+    if (v.kind != Kind::kBool) throw bad();
+    return v.boolean;
   } else if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half>) {
     double value;
-    if (auto d = v.as<double>()) {
-      value = *d;
-    } else if (auto i = v.as<int64_t>()) {
-      value = static_cast<double>(*i);
-    } else if (auto s = Str(v); s && (*s == "NaN" || *s == "Infinity" || *s == "-Infinity")) {
+    if (v.kind == Kind::kDouble) {
+      value = v.number;
+    } else if (v.kind == Kind::kInt) {
+      value = static_cast<double>(v.integer);
+    } else if (v.kind == Kind::kString && (v.text == "NaN" || v.text == "Infinity" || v.text == "-Infinity")) {
       // how JSON outputs carry non-finite values, sent back
-      value = *s == "NaN" ? std::numeric_limits<double>::quiet_NaN()
-                          : (*s)[0] == '-' ? -std::numeric_limits<double>::infinity()
-                                           : std::numeric_limits<double>::infinity();
+      value = v.text == "NaN" ? std::numeric_limits<double>::quiet_NaN()
+              : v.text[0] == '-' ? -std::numeric_limits<double>::infinity()
+                                 : std::numeric_limits<double>::infinity();
     } else {
       throw bad();
     }
@@ -131,47 +132,46 @@ T Element(const ffi::Any& v, const std::string& input, const std::string& dataty
     else
       return static_cast<T>(value);
   } else {
-    auto i = v.as<int64_t>();  // tvm-ffi's parser reads integers past int64's range as doubles: refused here
-    if (!i) throw bad();
+    if (v.kind != Kind::kInt) throw bad();  // an integer past int64's range reads as a double: refused here
     if constexpr (std::is_signed_v<T>) {
-      if (*i < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
-          *i > static_cast<int64_t>(std::numeric_limits<T>::max()))
+      if (v.integer < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+          v.integer > static_cast<int64_t>(std::numeric_limits<T>::max()))
         throw bad();
     } else {
-      if (*i < 0 || static_cast<uint64_t>(*i) > static_cast<uint64_t>(std::numeric_limits<T>::max())) throw bad();
+      if (v.integer < 0 || static_cast<uint64_t>(v.integer) > static_cast<uint64_t>(std::numeric_limits<T>::max()))
+        throw bad();
     }
-    return static_cast<T>(*i);
+    return static_cast<T>(v.integer);
   }
 }
 
 /*! \brief Write `data` (flat or nested, as Triton accepts it) into `out` of `count` elements; 400 on a count
  *  or element that does not fit. */
 template <typename T>
-void FillFromJson(const ffi::Any& data, T* out, size_t count, const std::string& input, const std::string& datatype,
-                  const std::vector<int64_t>& shape) {
+void FillFromJson(const Document& doc, const Node& data, T* out, size_t count, const std::string& input,
+                  const std::string& datatype, const std::vector<int64_t>& shape) {
   auto wrong_count = [&](size_t got) {
     return Error(400, "input '" + input + "' has " + std::to_string(got) + " elements in 'data'; its shape " +
                           ShapeText(shape) + " needs " + std::to_string(count));
   };
-  const ffi::ArrayObj* top = data.as<ffi::ArrayObj>();
-  if (top == nullptr) {
+  if (data.kind != Kind::kArray) {
     if (count != 1) throw wrong_count(1);
-    out[0] = Element<T>(data, input, datatype);
+    out[0] = Element<T>(doc, data, input, datatype);
     return;
   }
   size_t written = 0, seen = 0;  // seen: elements counted past `count` (to name how many came)
-  std::vector<std::pair<const ffi::ArrayObj*, size_t>> stack{{top, 0}};  // depth-first, without recursion
+  std::vector<std::pair<const Node*, uint32_t>> stack{{&data, 0}};  // depth-first, without recursion
   while (!stack.empty()) {
     auto& [array, at] = stack.back();
-    if (at == array->size()) {
+    if (at == array->count) {
       stack.pop_back();
       continue;
     }
-    const ffi::Any& item = (*array)[static_cast<int64_t>(at++)];
-    if (const ffi::ArrayObj* inner = item.as<ffi::ArrayObj>()) {
-      stack.push_back({inner, 0});
+    const Node& item = doc.child(*array, at++);
+    if (item.kind == Kind::kArray) {
+      stack.push_back({&item, 0});
     } else if (written < count) {
-      out[written++] = Element<T>(item, input, datatype);
+      out[written++] = Element<T>(doc, item, input, datatype);
     } else {
       ++seen;
     }
@@ -218,36 +218,31 @@ size_t Bytes(const std::vector<int64_t>& shape, DLDataType dtype) {
   return static_cast<size_t>(Elements(shape)) * ((dtype.bits * dtype.lanes + 7) / 8);
 }
 
-/*! \brief A JSON object's member, or nullptr. */
-const ffi::Any* Member(const ffi::MapObj* object, const char* key) {
-  auto found = object->find(ffi::String(key));
-  return found == object->end() ? nullptr : &(*found).second;
-}
-
 /*! \brief A "parameters" object (or none): 400 when it is something else. */
-const ffi::MapObj* Parameters(const ffi::MapObj* owner, const std::string& what) {
-  const ffi::Any* found = Member(owner, "parameters");
-  if (found == nullptr || *found == nullptr) return nullptr;
-  const ffi::MapObj* parameters = found->as<ffi::MapObj>();
-  if (parameters == nullptr) throw Error(400, what + "'s 'parameters' must be an object, not " + Quote(*found));
-  return parameters;
+const Node* Parameters(const Document& doc, const Node& owner, const std::string& what) {
+  const Node* found = doc.member(owner, "parameters");
+  if (found == nullptr || found->kind == Kind::kNull) return nullptr;
+  if (found->kind != Kind::kObject)
+    throw Error(400, what + "'s 'parameters' must be an object, not " + QuoteNode(doc, *found));
+  return found;
 }
 
 /*! \brief A boolean parameter (`fallback` when absent). */
-bool BoolParameter(const ffi::MapObj* parameters, const char* key, bool fallback, const std::string& what) {
-  const ffi::Any* found = parameters ? Member(parameters, key) : nullptr;
+bool BoolParameter(const Document& doc, const Node* parameters, const char* key, bool fallback,
+                   const std::string& what) {
+  const Node* found = parameters ? doc.member(*parameters, key) : nullptr;
   if (found == nullptr) return fallback;
-  auto value = found->as<bool>();
-  if (!value) throw Error(400, what + "'s parameter '" + key + "' must be true or false, not " + Quote(*found));
-  return *value;
+  if (found->kind != Kind::kBool)
+    throw Error(400, what + "'s parameter '" + key + "' must be true or false, not " + QuoteNode(doc, *found));
+  return found->boolean;
 }
 
-std::string StringField(const ffi::MapObj* owner, const char* key, const std::string& what) {
-  const ffi::Any* found = Member(owner, key);
+std::string StringField(const Document& doc, const Node& owner, const char* key, const std::string& what) {
+  const Node* found = doc.member(owner, key);
   if (found == nullptr) throw Error(400, what + " has no '" + key + "'");
-  auto text = Str(*found);
-  if (!text) throw Error(400, what + "'s '" + key + "' must be a string, not " + Quote(*found));
-  return *text;
+  if (found->kind != Kind::kString)
+    throw Error(400, what + "'s '" + key + "' must be a string, not " + QuoteNode(doc, *found));
+  return std::string(found->text);
 }
 
 std::string Names(const std::vector<TensorInfo>& tensors) {
@@ -256,24 +251,69 @@ std::string Names(const std::vector<TensorInfo>& tensors) {
   return out;
 }
 
-/*! \brief Where `text` has a bare NaN, Infinity or -Infinity outside its strings (std::string_view::npos: none).
- *  JSON has no capital N or I outside a string, so the first one found is such a literal or a syntax error. */
-size_t BareNonFinite(std::string_view text) {
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    char c = text[i];
-    if (in_string) {
-      if (c == '\\')
-        ++i;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == 'N' || c == 'I') {
-      return i;
+/*! \brief `text` (a BOM skipped) read as JSON; 400 naming `what` when it is not JSON this reads. */
+Document Read(std::string_view text, const std::string& what) {
+  if (text.size() >= 3 && text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);  // a UTF-8 byte-order mark
+  if (!IsUtf8(text)) throw Error(400, what + " is not valid JSON: it is not UTF-8");
+  try {
+    return Document(text, kMaxJsonDepth);
+  } catch (const std::invalid_argument& err) {
+    std::string why = err.what();
+    throw Error(400, what + (why.rfind("nests deeper", 0) == 0 ? " " : " is not valid JSON: ") + why);
+  }
+}
+
+/*! \brief A value as tvm-ffi's (objects: Map<Any, Any>); nesting is bounded by the reader's depth. */
+ffi::Any ToAny(const Document& doc, const Node& v) {
+  switch (v.kind) {
+    case Kind::kNull: return ffi::Any();
+    case Kind::kBool: return v.boolean;
+    case Kind::kInt: return v.integer;
+    case Kind::kDouble: return v.number;
+    case Kind::kString: return ffi::String(std::string(v.text));
+    case Kind::kArray: {
+      ffi::Array<ffi::Any> out;
+      for (uint32_t i = 0; i < v.count; ++i) out.push_back(ToAny(doc, doc.child(v, i)));
+      return out;
+    }
+    case Kind::kObject: {
+      ffi::Map<ffi::Any, ffi::Any> out;
+      for (uint32_t i = 0; i + 1 < v.count; i += 2)
+        out.Set(ffi::String(std::string(doc.child(v, i).text)), ToAny(doc, doc.child(v, i + 1)));
+      return out;
     }
   }
-  return std::string_view::npos;
+  return ffi::Any();
+}
+
+void AppendNode(std::string& out, const Document& doc, const Node& v, size_t limit) {
+  if (out.size() > limit) return;
+  switch (v.kind) {
+    case Kind::kNull: out += "null"; break;
+    case Kind::kBool: out += v.boolean ? "true" : "false"; break;
+    case Kind::kInt: out += std::to_string(v.integer); break;
+    case Kind::kDouble: AppendNumber(out, v.number, false); break;
+    case Kind::kString: AppendString(out, v.text); break;
+    case Kind::kArray:
+    case Kind::kObject: {
+      bool object = v.kind == Kind::kObject;
+      out += object ? '{' : '[';
+      for (uint32_t i = 0; i < v.count && out.size() <= limit; ++i) {
+        if (i) out += object && i % 2 ? ':' : ',';
+        AppendNode(out, doc, doc.child(v, i), limit);
+      }
+      out += object ? '}' : ']';
+    }
+  }
+}
+
+std::string QuoteNode(const Document& doc, const Node& v) {
+  std::string text;
+  AppendNode(text, doc, v, 80);
+  if (!IsUtf8(text)) {
+    for (char& c : text) c = static_cast<unsigned char>(c) < 0x80 ? c : '?';
+  }
+  return text.size() > 80 ? text.substr(0, 77) + "..." : text;
 }
 
 }  // namespace
@@ -291,27 +331,8 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 }
 
 ffi::Any ParseJson(std::string_view text, const std::string& what) {
-  if (text.size() >= 3 && text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);  // a UTF-8 byte-order mark
-  std::string copy(text);
-  try {  // tvm-ffi's parser recurses per level: 100000 '[' would overflow the stack
-    CheckJsonDepth(copy, what, kMaxJsonDepth);
-  } catch (const std::invalid_argument& err) {
-    throw Error(400, err.what());
-  }
-  if (!IsUtf8(copy)) throw Error(400, what + " is not valid JSON: it is not UTF-8");
-  if (size_t at = BareNonFinite(text); at != std::string_view::npos) {
-    for (const char* literal : {"NaN", "Infinity"}) {
-      if (text.compare(at, std::strlen(literal), literal) == 0) {
-        throw Error(400, what + " is not valid JSON: " + (at > 0 && text[at - 1] == '-' ? "-" : "") + literal +
-                             " is not a JSON number; send non-finite values as the strings \"NaN\", \"Infinity\", "
-                             "\"-Infinity\", or as binary data");
-      }
-    }
-  }
-  ffi::String error;
-  ffi::Any value = ffi::json::Parse(ffi::String(std::move(copy)), &error);
-  if (!error.empty()) throw Error(400, what + " is not valid JSON: " + std::string(error));
-  return value;
+  Document doc = Read(text, what);
+  return ToAny(doc, doc.root());
 }
 
 std::string Quote(const ffi::Any& value) {
@@ -397,28 +418,29 @@ std::optional<size_t> HeaderLength(const std::string& value, bool present, size_
 Request ParseRequest(std::string_view body, std::optional<size_t> header_length, const std::string& model,
                      const std::vector<TensorInfo>& inputs, const std::vector<TensorInfo>& outputs) {
   size_t json_size = header_length.value_or(body.size());
-  ffi::Any root = ParseJson(body.substr(0, json_size), "the request");
-  const ffi::MapObj* parsed = root.as<ffi::MapObj>();
-  if (parsed == nullptr) throw Error(400, "the request must be a JSON object, not " + Quote(root));
+  Document doc = Read(body.substr(0, json_size), "the request");
+  const Node& parsed = doc.root();
+  if (parsed.kind != Kind::kObject)
+    throw Error(400, "the request must be a JSON object, not " + QuoteNode(doc, parsed));
   Request request;
-  if (const ffi::Any* id = Member(parsed, "id")) {
-    if (!Str(*id)) throw Error(400, "the request's 'id' must be a string, not " + Quote(*id));
-    request.id = *id;
+  if (const Node* id = doc.member(parsed, "id")) {
+    if (id->kind != Kind::kString) throw Error(400, "the request's 'id' must be a string, not " + QuoteNode(doc, *id));
+    request.id = ffi::String(std::string(id->text));
   }
-  const ffi::MapObj* parameters = Parameters(parsed, "the request");
-  if (parameters) request.parameters = Member(parsed, "parameters")->cast<ffi::Map<ffi::Any, ffi::Any>>();
-  bool binary_outputs = BoolParameter(parameters, "binary_data_output", false, "the request");
+  const Node* parameters = Parameters(doc, parsed, "the request");
+  if (parameters) request.parameters = ToAny(doc, *parameters).cast<ffi::Map<ffi::Any, ffi::Any>>();
+  bool binary_outputs = BoolParameter(doc, parameters, "binary_data_output", false, "the request");
 
-  const ffi::Any* list_any = Member(parsed, "inputs");
-  const ffi::ArrayObj* list = list_any ? list_any->as<ffi::ArrayObj>() : nullptr;
-  if (list == nullptr)
+  const Node* list = doc.member(parsed, "inputs");
+  if (list == nullptr || list->kind != Kind::kArray)
     throw Error(400,
                 "the request needs 'inputs', a list of tensors (model '" + model + "' takes " + Names(inputs) + ")");
   size_t cursor = json_size;  // where the next input's binary data starts
-  for (const ffi::Any& input_any : *list) {
-    const ffi::MapObj* input = input_any.as<ffi::MapObj>();
-    if (input == nullptr) throw Error(400, "each of 'inputs' must be an object, not " + Quote(input_any));
-    std::string name = StringField(input, "name", "an input");
+  for (uint32_t k = 0; k < list->count; ++k) {
+    const Node& input = doc.child(*list, k);
+    if (input.kind != Kind::kObject)
+      throw Error(400, "each of 'inputs' must be an object, not " + QuoteNode(doc, input));
+    std::string name = StringField(doc, input, "name", "an input");
     std::string what = "input '" + name + "'";
     const TensorInfo* expected = nullptr;
     for (const TensorInfo& t : inputs) expected = t.name == name ? &t : expected;
@@ -426,20 +448,20 @@ Request ParseRequest(std::string_view body, std::optional<size_t> header_length,
       throw Error(400, "model '" + model + "' has no input named '" + name + "' (its inputs: " + Names(inputs) + ")");
     }
     if (request.inputs.count(name)) throw Error(400, what + " is given twice");
-    std::string datatype = StringField(input, "datatype", what);
+    std::string datatype = StringField(doc, input, "datatype", what);
     if (datatype != Datatype(expected->dtype)) {
       throw Error(400, what + " has datatype '" + datatype.substr(0, 40) + "' but model '" + model + "' expects " +
                            Datatype(expected->dtype));
     }
-    const ffi::Any* shape_any = Member(input, "shape");
-    const ffi::ArrayObj* shape_json = shape_any ? shape_any->as<ffi::ArrayObj>() : nullptr;
-    if (shape_json == nullptr) throw Error(400, what + " needs a 'shape', a list of dimensions");
+    const Node* shape_json = doc.member(input, "shape");
+    if (shape_json == nullptr || shape_json->kind != Kind::kArray)
+      throw Error(400, what + " needs a 'shape', a list of dimensions");
     std::vector<int64_t> shape;
-    for (const ffi::Any& d : *shape_json) {
-      auto dim = d.as<int64_t>();
-      if (!dim || *dim < 0 || *dim > (int64_t{1} << 40))
-        throw Error(400, what + " has a shape with the dimension " + Quote(d) + ", not a size");
-      shape.push_back(*dim);
+    for (uint32_t i = 0; i < shape_json->count; ++i) {
+      const Node& d = doc.child(*shape_json, i);
+      if (d.kind != Kind::kInt || d.integer < 0 || d.integer > (int64_t{1} << 40))
+        throw Error(400, what + " has a shape with the dimension " + QuoteNode(doc, d) + ", not a size");
+      shape.push_back(d.integer);
     }
     bool fits = shape.size() == expected->shape.size();
     for (size_t i = 0; fits && i < shape.size(); ++i) fits = expected->shape[i] < 0 || expected->shape[i] == shape[i];
@@ -448,19 +470,18 @@ Request ParseRequest(std::string_view body, std::optional<size_t> header_length,
                            ShapeText(expected->shape));
     }
     size_t nbytes = Bytes(shape, expected->dtype);
-    const ffi::MapObj* input_parameters = Parameters(input, what);
-    const ffi::Any* data = Member(input, "data");
-    const ffi::Any* size = input_parameters ? Member(input_parameters, "binary_data_size") : nullptr;
+    const Node* input_parameters = Parameters(doc, input, what);
+    const Node* data = doc.member(input, "data");
+    const Node* size = input_parameters ? doc.member(*input_parameters, "binary_data_size") : nullptr;
     if (size && data) throw Error(400, what + " has both 'data' and parameters.binary_data_size");
     if (!size && !data) throw Error(400, what + " has neither 'data' nor parameters.binary_data_size");
     ffi::Tensor tensor = EmptyHostTensor(shape, expected->dtype);
     char* out = static_cast<char*>(tensor.data_ptr());
     if (size) {
-      auto given = size->as<int64_t>();
-      if (!given || *given < 0)
-        throw Error(400, what + "'s binary_data_size must be a number of bytes, not " + Quote(*size));
-      if (static_cast<uint64_t>(*given) != nbytes) {
-        throw Error(400, what + " has binary_data_size " + std::to_string(*given) + " but its shape " +
+      if (size->kind != Kind::kInt || size->integer < 0)
+        throw Error(400, what + "'s binary_data_size must be a number of bytes, not " + QuoteNode(doc, *size));
+      if (static_cast<uint64_t>(size->integer) != nbytes) {
+        throw Error(400, what + " has binary_data_size " + std::to_string(size->integer) + " but its shape " +
                              ShapeText(shape) + " of " + datatype + " needs " + std::to_string(nbytes) + " bytes");
       }
       if (!header_length) {
@@ -478,7 +499,7 @@ Request ParseRequest(std::string_view body, std::optional<size_t> header_length,
       size_t count = static_cast<size_t>(Elements(shape));
       bool supported = DispatchJson(expected->dtype, [&](auto zero) {
         using T = decltype(zero);
-        FillFromJson<T>(*data, reinterpret_cast<T*>(out), count, name, datatype, shape);
+        FillFromJson<T>(doc, *data, reinterpret_cast<T*>(out), count, name, datatype, shape);
       });
       if (!supported) throw Error(400, what + " is " + datatype + ": send it as binary data, not JSON 'data'");
     }
@@ -495,19 +516,19 @@ Request ParseRequest(std::string_view body, std::optional<size_t> header_length,
                          std::to_string(cursor - json_size));
   }
 
-  const ffi::Any* requested_any = Member(parsed, "outputs");
-  if (requested_any == nullptr || *requested_any == nullptr) {
+  const Node* requested = doc.member(parsed, "outputs");
+  if (requested == nullptr || requested->kind == Kind::kNull) {
     for (const TensorInfo& t : outputs) request.outputs.emplace_back(t.name, binary_outputs);
     return request;
   }
-  const ffi::ArrayObj* requested = requested_any->as<ffi::ArrayObj>();
-  if (requested == nullptr)
-    throw Error(400, "the request's 'outputs' must be a list, not " + Quote(*requested_any));
+  if (requested->kind != Kind::kArray)
+    throw Error(400, "the request's 'outputs' must be a list, not " + QuoteNode(doc, *requested));
   std::set<std::string> seen;
-  for (const ffi::Any& output_any : *requested) {
-    const ffi::MapObj* output = output_any.as<ffi::MapObj>();
-    if (output == nullptr) throw Error(400, "each of 'outputs' must be an object, not " + Quote(output_any));
-    std::string name = StringField(output, "name", "an output");
+  for (uint32_t k = 0; k < requested->count; ++k) {
+    const Node& output = doc.child(*requested, k);
+    if (output.kind != Kind::kObject)
+      throw Error(400, "each of 'outputs' must be an object, not " + QuoteNode(doc, output));
+    std::string name = StringField(doc, output, "name", "an output");
     std::string what = "output '" + name + "'";
     bool found = false;
     for (const TensorInfo& t : outputs) found = found || t.name == name;
@@ -516,10 +537,10 @@ Request ParseRequest(std::string_view body, std::optional<size_t> header_length,
                   "model '" + model + "' has no output named '" + name + "' (its outputs: " + Names(outputs) + ")");
     }
     if (!seen.insert(name).second) throw Error(400, what + " is requested twice");
-    const ffi::MapObj* output_parameters = Parameters(output, what);
-    if (output_parameters && Member(output_parameters, "classification"))
+    const Node* output_parameters = Parameters(doc, output, what);
+    if (output_parameters && doc.member(*output_parameters, "classification"))
       throw Error(400, what + " asks for classification, which this server does not do");
-    request.outputs.emplace_back(name, BoolParameter(output_parameters, "binary_data", binary_outputs, what));
+    request.outputs.emplace_back(name, BoolParameter(doc, output_parameters, "binary_data", binary_outputs, what));
   }
   return request;
 }
@@ -530,7 +551,7 @@ Response EncodeResponse(const std::string& model, const std::string& version, co
   AppendString(head, model);
   head += ",\"model_version\":";
   AppendString(head, version);
-  if (auto id = Str(request.id)) head += ",\"id\":", AppendString(head, *id);
+  if (auto id = request.id.as<ffi::String>()) head += ",\"id\":", AppendString(head, std::string(*id));
   head += ",\"outputs\":[";
   bool any_binary = false;
   for (const auto& [name, as_binary] : request.outputs) {
@@ -561,21 +582,33 @@ Response EncodeResponse(const std::string& model, const std::string& version, co
   return response;
 }
 
-ffi::Tensor FromJson(const ffi::Any& value, DLDataType dtype, const std::string& name) {
-  std::vector<int64_t> shape;
-  for (const ffi::ArrayObj* a = value.as<ffi::ArrayObj>(); a != nullptr;) {
-    shape.push_back(static_cast<int64_t>(a->size()));
-    a = a->size() ? (*a)[0].as<ffi::ArrayObj>() : nullptr;
+ffi::Map<ffi::String, ffi::Tensor> ParseV1(std::string_view body, const std::vector<TensorInfo>& inputs) {
+  Document doc = Read(body, "the body");
+  const Node* map = doc.root().kind == Kind::kObject ? doc.member(doc.root(), "inputs") : nullptr;
+  if (map == nullptr || map->kind != Kind::kObject) throw Error(422, "the body must be {\"inputs\": {name: values}}");
+  ffi::Map<ffi::String, ffi::Tensor> out;
+  for (uint32_t k = 0; k + 1 < map->count; k += 2) {
+    std::string name(doc.child(*map, k).text);
+    const Node& value = doc.child(*map, k + 1);
+    DLDataType dtype{kDLFloat, 32, 1};  // a name the model lacks: the engine's Submit names the problem
+    for (const TensorInfo& t : inputs) dtype = t.name == name ? t.dtype : dtype;
+    std::vector<int64_t> shape;  // nested as its shape, as np.asarray reads it
+    for (const Node* a = &value; a->kind == Kind::kArray;) {
+      shape.push_back(a->count);
+      if (a->count == 0) break;
+      a = &doc.child(*a, 0);
+    }
+    ffi::Tensor tensor = EmptyHostTensor(shape, dtype);
+    std::string datatype = Datatype(dtype);
+    bool supported = DispatchJson(dtype, [&](auto zero) {
+      using T = decltype(zero);
+      FillFromJson<T>(doc, value, static_cast<T*>(tensor.data_ptr()), static_cast<size_t>(Elements(shape)), name,
+                      datatype, shape);
+    });
+    if (!supported) throw Error(400, "input '" + name + "' is " + datatype + ": send it as binary data on /v2");
+    out.Set(ffi::String(name), tensor);
   }
-  ffi::Tensor tensor = EmptyHostTensor(shape, dtype);
-  std::string datatype = Datatype(dtype);
-  bool supported = DispatchJson(dtype, [&](auto zero) {
-    using T = decltype(zero);
-    FillFromJson<T>(value, static_cast<T*>(tensor.data_ptr()), static_cast<size_t>(Elements(shape)), name, datatype,
-                    shape);
-  });
-  if (!supported) throw Error(400, "input '" + name + "' is " + datatype + ": send it as binary data on /v2");
-  return tensor;
+  return out;
 }
 
 namespace {

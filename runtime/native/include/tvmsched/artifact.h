@@ -13,6 +13,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tvmsched {
@@ -144,7 +145,7 @@ constexpr int kMaxJsonDepth = 64;
 void CheckJsonDepth(const std::string& text, const std::string& what, int max_depth);
 
 /*! \brief Whether `text` is well-formed UTF-8 (JSON's encoding: no overlong forms, no surrogates). */
-bool IsUtf8(const std::string& text);
+bool IsUtf8(std::string_view text);
 
 /*! \brief Refuse, with one TvmschedError line naming `what` (the artifact), to load kernels that need CPU
  *  features this CPU lacks (manifest.cpu_features against CPUID and the OS's XSAVE state); x86-64 only. */

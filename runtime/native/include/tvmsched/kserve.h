@@ -7,8 +7,8 @@
 //   has N bytes of JSON, then the inputs' raw bytes (row-major, little-endian) in the order of the inputs whose
 //   `parameters.binary_data_size` is set; binary outputs come back the same way.
 //
-// JSON as both servers read it: UTF-8, nested at most kMaxJsonDepth levels (checked by a scan before tvm-ffi's
-// parser, which recurses), strict (a bare NaN or Infinity, which Triton's parser and Python's accept, is a 400 that
+// JSON as both servers read it (src/json_reader.h, one pass without recursion): UTF-8, nested at most kMaxJsonDepth
+// levels, strict (a bare NaN or Infinity, which Triton's parser and Python's accept, is a 400 that
 // says how to send such values). Non-finite elements of JSON outputs are the strings "NaN", "Infinity" and
 // "-Infinity" (tritonclient's as_numpy reads them back); inputs take those strings for FP16/FP32/FP64 elements.
 //
@@ -53,7 +53,8 @@ std::string Datatype(DLDataType dtype);
 /*! \brief "[1,784]" */
 std::string ShapeText(const std::vector<int64_t>& shape);
 
-/*! \brief A JSON text as tvm-ffi values (objects: Map<Any, Any>), read as the header says; 400 naming `what`. */
+/*! \brief A JSON text as tvm-ffi values (objects: Map<Any, Any>), read as the header says (src/json_reader.h); 400
+ *  naming `what`. */
 ffi::Any ParseJson(std::string_view text, const std::string& what);
 /*! \brief A client's value quoted for an error line (JSON, cut to 80 characters, non-UTF-8 bytes as '?'). */
 std::string Quote(const ffi::Any& value);
@@ -91,9 +92,10 @@ struct Response {
 Response EncodeResponse(const std::string& model, const std::string& version, const Request& request,
                         const ffi::Map<ffi::String, ffi::Tensor>& outputs);
 
-/*! \brief A tensor of `dtype` from JSON data nested as its shape (a number: a scalar), as np.asarray does: the /v1
- *  contract's inputs (elements checked as /v2's). */
-ffi::Tensor FromJson(const ffi::Any& value, DLDataType dtype, const std::string& name);
+/*! \brief The inputs of a /v1 request body, {"inputs": {NAME: data nested as its shape}} (examples/server.py's JSON
+ *  contract; elements checked as /v2's, each of the dtype of the model's input of that name, else FP32); 422 for a
+ *  body of another form. */
+ffi::Map<ffi::String, ffi::Tensor> ParseV1(std::string_view body, const std::vector<TensorInfo>& inputs);
 
 }  // namespace kserve
 }  // namespace tvmsched
