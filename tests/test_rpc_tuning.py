@@ -32,8 +32,20 @@ def wait_for_key(port: int, key: str, timeout_s: float = 300) -> None:  # return
                 return
         except Exception:  # the tracker is still starting
             pass
-        time.sleep(0.5)
+        time.sleep(0.1)
     pytest.fail(f"no RPC server registered key {key!r} with the tracker on port {port}")
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float = 300) -> None:
+    """Returns once something listens on 127.0.0.1:`port` (the tracker `proc` started)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    pytest.fail(f"the RPC tracker never listened on port {port} (exit status {proc.poll()})")
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +54,13 @@ def tracker():
     # both need --port-end above --port (its default, 9199, makes a higher --port fail to bind)
     procs = [subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)]
-    time.sleep(1)
-    procs.append(subprocess.Popen(
-        [sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{port}", "--key", key,
-         "--host", "127.0.0.1", "--port", str(server_port), "--port-end", str(server_port + 1)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    ))
     try:
+        _wait_for_port(port, procs[0])  # (a server that finds no tracker retries only after 5 s)
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{port}", "--key", key,
+             "--host", "127.0.0.1", "--port", str(server_port), "--port-end", str(server_port + 1)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        ))
         wait_for_key(port, key)
         yield f"127.0.0.1:{port}:{key}"
     finally:  # each runs its server in a popen_worker child: the whole group goes (a lone terminate orphaned them)
