@@ -484,7 +484,7 @@ def ms_run_secs(builder, runner, func, target) -> list[float] | None:
         if built.error_msg:
             raise RuntimeError(built.error_msg)
         args_info = ms.arg_info.ArgInfo.from_prim_func(func)
-        result = runner.run([ms.runner.RunnerInput(built.artifact_path, describe(target).kind, args_info)])[0].result()
+        result = runner.run([ms.runner.RunnerInput(built.artifact_path, describe(target).device, args_info)])[0].result()
         if result.error_msg:
             raise RuntimeError(result.error_msg)
         return [float(secs) for secs in result.run_secs]
