@@ -1,14 +1,18 @@
-"""Time per request inside the server at concurrency 1: build/cpp/tvmsched_server (an adapter over the engine's
-Runtime) beside `tvmsched serve`, on one model, interleaved rounds (issue 38, step 5).
+"""Time per request inside the servers at concurrency 1 (issue 38's goals): build/cpp/tvmsched_server (an adapter over
+the engine's Runtime) and `tvmsched serve` (REST binary and gRPC) beside a direct `Runtime.submit` in this process, on
+one or more models, in interleaved rounds.
 
-    python bench/cpp_server_overhead.py ARTIFACT.tvms [--rounds 10] [--requests 200]
+    python bench/cpp_server_overhead.py mlp.tvms bert-tiny.tvms resnet18-small.tvms [--rounds 10] [--requests 200]
 
-Each round sends REQUESTS binary-tensor requests (tritonclient's body, one keep-alive http.client connection, one at a
-time) to each server in turn. Inside = Triton's statistics over the round: (success - queue - compute_infer) ns /
-count, the server's own time around the Runtime; client p50 is the round's median round trip; the C++ server also
-times decoding (compute_input) and encoding (compute_output). Its success time ends after the answer is encoded,
-tvmsched serve's before: the C++ server's "inside" includes encoding, tvmsched serve's does not. Prints the medians over
-the rounds and the load average.
+Both servers serve every model (named by the artifact's file name). Each round sends REQUESTS requests, one at a time,
+for each model and way in turn: `direct` (Runtime.submit(...).result() in this process, no server), `cpp` and `rest`
+(the binary-tensor body tritonclient sends, on one keep-alive http.client connection), `grpc` (tritonclient.grpc,
+raw input contents). Two measures per model and server way, medians over the rounds:
+- inside: Triton's statistics over the round, (success - queue - compute_infer) ns / count: the server's own time
+  around the Runtime. The C++ server counts a success after encoding its answer, tvmsched serve before.
+- overhead: the round's client p50 minus the same round's direct p50 (protocol, client, server, network stack).
+The C++ server also times decoding (compute_input) and encoding (compute_output) apart. Prints a table and the load
+average.
 """
 
 from __future__ import annotations
@@ -29,74 +33,152 @@ sys.path.insert(0, str(ROOT))
 
 from tests.helpers import free_port, start_server, stop_server  # noqa: E402
 
-
-def body(shape) -> tuple[bytes, int]:
-    x = np.random.default_rng(0).random(shape, dtype=np.float32)
-    header = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": list(shape),
-                                     "parameters": {"binary_data_size": x.nbytes}}],
-                         "outputs": [{"name": "output", "parameters": {"binary_data": True}}]}).encode()
-    return header + x.tobytes(), len(header)
+WAYS = ("direct", "cpp", "rest", "grpc")
 
 
-def stats(conn: http.client.HTTPConnection) -> dict:
-    conn.request("GET", "/v2/models/mlp/stats")
+def model_io(path: Path) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Random inputs (seeded) and the output names of an artifact."""
+    from tvmsched.artifact.format import Artifact
+
+    manifest = Artifact.load(path).manifest
+    rng = np.random.default_rng(0)
+    inputs = {}
+    for b in manifest.inputs:
+        spec = manifest.tensors[b.tensor]
+        inputs[b.name] = (rng.random(spec.shape) * 4).astype(spec.dtype)  # (integer inputs: small indices)
+    return inputs, [b.name for b in manifest.outputs]
+
+
+def rest_body(inputs: dict[str, np.ndarray], outputs: list[str]) -> tuple[bytes, int]:
+    from tvmsched.serve.tensors import V2_TYPES
+
+    header = json.dumps({"inputs": [{"name": k, "datatype": V2_TYPES[v.dtype], "shape": list(v.shape),
+                                     "parameters": {"binary_data_size": v.nbytes}} for k, v in inputs.items()],
+                         "outputs": [{"name": o, "parameters": {"binary_data": True}} for o in outputs]}).encode()
+    return header + b"".join(v.tobytes() for v in inputs.values()), len(header)
+
+
+def stats(conn: http.client.HTTPConnection, model: str) -> dict:
+    conn.request("GET", f"/v2/models/{model}/stats")
     return json.loads(conn.getresponse().read())["model_stats"][0]["inference_stats"]
 
 
-def round_(port: int, data: bytes, header: int, n: int) -> tuple[float, float, float, float]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    before, times = stats(conn), []
+def timed(call, n: int) -> float:
+    """The median µs of `n` calls."""
+    times = []
     for _ in range(n):
         start = time.perf_counter_ns()
-        conn.request("POST", "/v2/models/mlp/infer", body=data, headers={"Inference-Header-Content-Length": str(header)})
-        reply = conn.getresponse()
-        reply.read()
-        assert reply.status == 200
+        call()
         times.append(time.perf_counter_ns() - start)
-    after = stats(conn)
+    return statistics.median(times) / 1e3
+
+
+def round_(way: str, port: int, model: str, io, n: int, clients: dict) -> tuple[float, float, float, float]:
+    """(inside µs, client p50 µs, compute_input µs, compute_output µs) of one round of `way` on `model`."""
+    inputs, outputs = io
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    before = stats(conn, model)
+    if way == "grpc":
+        import tritonclient.grpc as tc
+
+        client = clients.setdefault(port + 1, tc.InferenceServerClient(f"127.0.0.1:{port + 1}"))
+        tensors = []
+        for k, v in inputs.items():
+            tensors.append(tc.InferInput(k, list(v.shape), tc.np_to_triton_dtype(v.dtype)))
+            tensors[-1].set_data_from_numpy(v)
+        requested = [tc.InferRequestedOutput(o) for o in outputs]
+        p50 = timed(lambda: client.infer(model, tensors, outputs=requested), n)
+    else:
+        data, header = rest_body(inputs, outputs)
+
+        def call():
+            conn.request("POST", f"/v2/models/{model}/infer", body=data,
+                         headers={"Inference-Header-Content-Length": str(header)})
+            reply = conn.getresponse()
+            reply.read()
+            assert reply.status == 200
+
+        p50 = timed(call, n)
+    after = stats(conn, model)
     conn.close()
     delta = {k: (after[k]["ns"] - before[k]["ns"], after[k]["count"] - before[k]["count"]) for k in after}
     inside = (delta["success"][0] - delta["queue"][0] - delta["compute_infer"][0]) / delta["success"][1]
     per = lambda key: delta[key][0] / max(delta[key][1], 1) / 1e3  # µs per request (0: the server does not time it)
-    return inside / 1e3, statistics.median(times) / 1e3, per("compute_input"), per("compute_output")
+    return inside / 1e3, p50, per("compute_input"), per("compute_output")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("artifact")
+    parser.add_argument("artifacts", nargs="+", type=Path)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--requests", type=int, default=200)
     args = parser.parse_args()
+    from tvmsched.runtime import Runtime
+
+    names = [p.stem for p in args.artifacts]
+    specs = [f"{n}={p}" for n, p in zip(names, args.artifacts)]
     cpp, serve = free_port(), free_port()
-    servers = {
-        "cpp": start_server([str(ROOT / "build/cpp/tvmsched_server"), "--port", str(cpp), "--model",
-                             f"mlp={args.artifact}"], f"http://127.0.0.1:{cpp}"),
-        "serve": start_server([sys.executable, "-m", "tvmsched.cli", "serve", "--port", str(serve), "--grpc-port", "0",
-                               "--model", f"mlp={args.artifact}"], f"http://127.0.0.1:{serve}", ready="/v2/health/ready"),
-    }
-    ports = {"cpp": cpp, "serve": serve}
-    data, header = body((1, 784))
+    while serve + 1 == cpp or not _free(serve + 1):
+        serve = free_port()
     load = [os.getloadavg()[0]]
-    results = {name: [] for name in servers}
+    servers = {
+        "cpp": start_server([str(ROOT / "build/cpp/tvmsched_server"), "--port", str(cpp),
+                             *[a for s in specs for a in ("--model", s)]], f"http://127.0.0.1:{cpp}"),
+        "serve": start_server([sys.executable, "-m", "tvmsched.cli", "serve", "--port", str(serve), "--grpc-port",
+                               str(serve + 1), *[a for s in specs for a in ("--model", s)]],
+                              f"http://127.0.0.1:{serve}", ready="/v2/health/ready"),
+    }
+    port = {"cpp": cpp, "rest": serve, "grpc": serve}
+    io = {n: model_io(p) for n, p in zip(names, args.artifacts)}
+    results = {(n, w): [] for n in names for w in WAYS}
+    clients: dict = {}
     try:
-        for name in servers:  # warm both
-            round_(ports[name], data, header, 50)
-        for _ in range(args.rounds):
-            for name in servers:
-                results[name].append(round_(ports[name], data, header, args.requests))
+        with Runtime("cpu") as rt:
+            for n, p in zip(names, args.artifacts):
+                rt.load(str(p), name=n)
+            direct = {n: (lambda n=n: rt.submit(n, io[n][0]).result(timeout=60)) for n in names}
+            for r in range(args.rounds + 1):  # round 0 warms every way up and is not counted
+                for n in names:
+                    for w in WAYS:
+                        if w == "direct":
+                            row = (0.0, timed(direct[n], args.requests if r else 50), 0.0, 0.0)
+                        else:
+                            row = round_(w, port[w], n, io[n], args.requests if r else 50, clients)
+                        if r:
+                            results[(n, w)].append(row)
         load.append(os.getloadavg()[0])
     finally:
         for proc in servers.values():
             stop_server(proc)
-    print(f"load average (1 min): {load[0]:.2f} at the start, {load[-1]:.2f} at the end; {args.rounds} rounds of "
-          f"{args.requests} requests")
-    for name, rows in results.items():
-        inside = statistics.median(r[0] for r in rows)
-        client = statistics.median(r[1] for r in rows)
-        print(f"{name}: inside the server p50-of-rounds {inside:.1f} µs (min {min(r[0] for r in rows):.1f}, "
-              f"max {max(r[0] for r in rows):.1f}); client round trip {client:.1f} µs; of it, decoding the request "
-              f"{statistics.median(r[2] for r in rows):.1f} µs (compute_input; 0: not timed apart), encoding the answer "
-              f"{statistics.median(r[3] for r in rows):.1f} µs (compute_output)")
+    print(f"load average (1 min): {load[0]:.2f} at the start, {load[-1]:.2f} at the end; {args.rounds} interleaved "
+          f"rounds of {args.requests} requests per model and way")
+    print("| model | way | inside µs (min / max of rounds) | client p50 µs | overhead = client p50 - direct p50 µs "
+          "| decode / encode µs |")
+    print("|---|---|---:|---:|---:|---:|")
+    for n in names:
+        for w in WAYS:
+            rows = results[(n, w)]
+            client = statistics.median(r[1] for r in rows)
+            if w == "direct":
+                print(f"| {n} | direct | | {client:.1f} | | |")
+                continue
+            overhead = statistics.median(r[1] - d[1] for r, d in zip(rows, results[(n, "direct")]))
+            inside = statistics.median(r[0] for r in rows)
+            split = (f"{statistics.median(r[2] for r in rows):.1f} / {statistics.median(r[3] for r in rows):.1f}"
+                     if w == "cpp" else "")
+            print(f"| {n} | {w} | {inside:.1f} ({min(r[0] for r in rows):.1f} / {max(r[0] for r in rows):.1f}) | "
+                  f"{client:.1f} | {overhead:.1f} | {split} |")
+
+
+def _free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 if __name__ == "__main__":
