@@ -3,11 +3,7 @@
 
 from __future__ import annotations
 
-import gc
-import logging
 import os
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -97,18 +93,6 @@ def reference(_cache: Cache) -> References:
     return References(_cache)
 
 
-def _process_state() -> dict:
-    """What an in-process command must leave as it found it."""
-    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in list(logging.root.manager.loggerDict))]
-    return {
-        "gc freeze count": gc.get_freeze_count(),
-        "signal handlers": {sig: signal.getsignal(sig) for sig in signal.valid_signals() if sig not in (signal.SIGKILL, signal.SIGSTOP)},
-        "logging handlers": {logger.name: list(logger.handlers) for logger in loggers if logger.handlers},
-        "logging levels": {logger.name: logger.level for logger in loggers if logger.level != logging.NOTSET},
-        "environment": dict(os.environ),
-    }
-
-
 @pytest.fixture
 def cli():
     """`cli(*args) -> CompletedProcess`: `tvmsched ARGS...` run in this process (tvmsched.cli.main.main, its
@@ -116,40 +100,7 @@ def cli():
 
     For what only a process shows (signals, a server's start and stop, engine environment variables), use
     tests.helpers.run_cli. Each call checks: no gc.freeze() left, and the signal handlers, logging handlers and
-    levels and os.environ as before."""
-    from click.testing import CliRunner
+    levels and os.environ as before. (Module-scoped fixtures call tests.helpers.cli_in_process, the same.)"""
+    from tests.helpers import cli_in_process
 
-    from tvmsched.cli.main import main
-
-    # modules that set up their own logger when first imported (TVM's RPC server and tracker add a handler, SQLAlchemy
-    # sets a level, alembic adds a NullHandler): imported first, so that the check below sees what a command leaves
-    # behind, not what an import did once per process
-    import alembic.command  # noqa: F401
-    import sqlalchemy  # noqa: F401
-    import tvm.rpc.server  # noqa: F401
-    import tvm.rpc.tracker  # noqa: F401
-
-    runner = CliRunner()
-
-    def run(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
-        argv = [str(arg) for arg in args]
-        previous, before = Path.cwd(), _process_state()
-        with runner.isolation() as (stdout, stderr, _):
-            if cwd is not None:
-                os.chdir(cwd)
-            try:
-                code = main(argv)
-            finally:
-                os.chdir(previous)
-                out, err = stdout.getvalue(), stderr.getvalue()
-        after = _process_state()
-        # handlers left behind (a call that removes another's leftovers, as MetaSchedule's loggers do, leaves none)
-        added = {name: [h for h in handlers if h not in before["logging handlers"].get(name, [])]
-                 for name, handlers in after.pop("logging handlers").items()}
-        assert not any(added.values()), f"tvmsched {' '.join(argv)} left logging handlers behind: {added}"
-        for what, value in after.items():
-            assert value == before[what], f"tvmsched {' '.join(argv)} left its {what} changed: {before[what]} -> {value}"
-        assert after["gc freeze count"] == 0, f"tvmsched {' '.join(argv)} left objects frozen (gc.freeze)"
-        return subprocess.CompletedProcess(["tvmsched", *argv], code, out.decode(), err.decode())
-
-    return run
+    return cli_in_process

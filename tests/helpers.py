@@ -50,6 +50,64 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subpro
     )
 
 
+def _process_state() -> dict:
+    """What an in-process command must leave as it found it."""
+    import gc
+    import logging
+    import os
+    import signal
+
+    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in list(logging.root.manager.loggerDict))]
+    return {
+        "gc freeze count": gc.get_freeze_count(),
+        "signal handlers": {sig: signal.getsignal(sig) for sig in signal.valid_signals() if sig not in (signal.SIGKILL, signal.SIGSTOP)},
+        "logging handlers": {logger.name: list(logger.handlers) for logger in loggers if logger.handlers},
+        "logging levels": {logger.name: logger.level for logger in loggers if logger.level != logging.NOTSET},
+        "environment": dict(os.environ),
+    }
+
+
+def cli_in_process(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`tvmsched ARGS...` run in this process (tvmsched.cli.main.main, its one-line errors and exit codes included),
+    stdout and stderr captured as a subprocess's would be: what the `cli` fixture gives, for module-scoped fixtures.
+
+    Each call checks: no gc.freeze() left, and the signal handlers, logging handlers and levels and os.environ as
+    before."""
+    import os
+
+    from click.testing import CliRunner
+
+    from tvmsched.cli.main import main
+
+    # modules that set up their own logger when first imported (TVM's RPC server and tracker add a handler, SQLAlchemy
+    # sets a level, alembic adds a NullHandler): imported first, so that the check below sees what a command leaves
+    # behind, not what an import did once per process
+    import alembic.command  # noqa: F401
+    import sqlalchemy  # noqa: F401
+    import tvm.rpc.server  # noqa: F401
+    import tvm.rpc.tracker  # noqa: F401
+
+    argv = [str(arg) for arg in args]
+    previous, before = Path.cwd(), _process_state()
+    with CliRunner().isolation() as (stdout, stderr, _):
+        if cwd is not None:
+            os.chdir(cwd)
+        try:
+            code = main(argv)
+        finally:
+            os.chdir(previous)
+            out, err = stdout.getvalue(), stderr.getvalue()
+    after = _process_state()
+    # handlers left behind (a call that removes another's leftovers, as MetaSchedule's loggers do, leaves none)
+    added = {name: [h for h in handlers if h not in before["logging handlers"].get(name, [])]
+             for name, handlers in after.pop("logging handlers").items()}
+    assert not any(added.values()), f"tvmsched {' '.join(argv)} left logging handlers behind: {added}"
+    for what, value in after.items():
+        assert value == before[what], f"tvmsched {' '.join(argv)} left its {what} changed: {before[what]} -> {value}"
+    assert after["gc freeze count"] == 0, f"tvmsched {' '.join(argv)} left objects frozen (gc.freeze)"
+    return subprocess.CompletedProcess(["tvmsched", *argv], code, out.decode(), err.decode())
+
+
 def assert_user_error(result: subprocess.CompletedProcess, *fragments: str, after_progress: bool = False) -> None:
     """Exit code 2, one stderr line starting with 'error:' that names the problem, no traceback.
 

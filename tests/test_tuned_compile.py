@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.helpers import run_cli
+from tests.helpers import cli_in_process
 from tvmsched import models
 from tvmsched.runtime import Executor
 
@@ -15,15 +15,16 @@ TRIALS = 8  # tiny budget: this checks the plumbing, not the speed
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
-    """mlp tuned through the CLI into a fresh SQLite database, compiled twice (~1 min on 2 cores: the tuning is the
-    subject; once per run: `make test` sends a module's tests to one pytest-xdist worker, --dist loadscope)."""
+    """mlp tuned through the CLI (in this process) into a fresh SQLite database, compiled twice (~1 min on 2 cores: the
+    tuning is the subject; once per run: `make test` sends a module's tests to one pytest-xdist worker, --dist
+    loadscope); the database's stats after the first, as `tvmsched db stats --json` reports them."""
     folder = tmp_path_factory.mktemp("tuned")
     model_path, db = folder / "mlp.onnx", f"sqlite:///{folder / 'tuning.db'}"
     onnx.save(models.build("mlp"), model_path)
-    first = run_cli("compile", model_path, "-o", folder / "first.tvms", "--tune-trials", TRIALS, "--db", db)
+    first = cli_in_process("compile", model_path, "-o", folder / "first.tvms", "--tune-trials", TRIALS, "--db", db)
     assert first.returncode == 0, first.stderr[-3000:]
-    stats_after_first = json.loads(run_cli("db", "stats", "--db", db, "--json").stdout)
-    second = run_cli("compile", model_path, "-o", folder / "second.tvms", "--tune-trials", TRIALS, "--db", db)
+    stats_after_first = _stats(db)
+    second = cli_in_process("compile", model_path, "-o", folder / "second.tvms", "--tune-trials", TRIALS, "--db", db)
     assert second.returncode == 0, second.stderr[-3000:]
     return folder, db, first, second, stats_after_first
 
@@ -118,6 +119,17 @@ def test_interrupted_tuning_resumes_from_the_database(tmp_path, cli):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     cached = int(resumed.stdout.split(" from the database")[0].rsplit(" ", 1)[-1])
     assert cached >= 1, resumed.stdout  # finished layers are not tuned again
+
+
+def _stats(db: str) -> dict:
+    """The database's stats, as `tvmsched db stats --json` reports them (open_store(db).stats()), read here."""
+    from tvmsched.tuning_db import open_store
+
+    store = open_store(db)
+    try:
+        return store.stats()
+    finally:
+        store.close()
 
 
 def _workloads(db: str) -> int:

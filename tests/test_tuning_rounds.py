@@ -3,7 +3,8 @@
 - `tune measure` runs in a real subprocess under a runtime-only TVM laid out as bench/gpu/make-kit.sh lays it out
   (the tvm package without libtvm_compiler.so, TVM_USE_RUNTIME_LIB=1): the GPU machine's setting.
 - The rounds: kit -> measure -> import -> kit ... on llvm, measured on this CPU; round 2's search is seeded from
-  round 1's imported records; compile --db then runs the records.
+  round 1's imported records; compile --db then runs the records. kit and import run in this process (the full
+  TVM's side), measure in the runtime-only subprocess.
 - A kit of default CUDA schedules built without nvcc (CUDA source that TVM compiles when the library is loaded):
   loading it under the runtime-only TVM failed on the H200 with "module 'tvm.target._ffi_api' has no attribute
   'TargetCurrent'"; here it loads through a stand-in libcuda.so.1.
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import assert_user_error, run_cli
+from tests.helpers import assert_user_error, cli_in_process, run_cli
 from tvmsched import models
 from tvmsched.tune import search as tuning
 from tvmsched.errors import TvmschedError
@@ -67,7 +68,8 @@ def test_the_runtime_only_copy_has_no_compiler(runtime_only_env):
 
 @pytest.fixture(scope="module")
 def rounds(tmp_path_factory, runtime_only_env):
-    """Two rounds through the CLI: kit (here) -> measure (runtime-only TVM) -> import (here), same database."""
+    """Two rounds through the CLI: kit (here, in process) -> measure (runtime-only TVM, a subprocess) -> import (here,
+    in process), same database."""
     tmp = tmp_path_factory.mktemp("rounds")
     model = tmp / "mlp.onnx"
     models.save("mlp", model)
@@ -75,11 +77,11 @@ def rounds(tmp_path_factory, runtime_only_env):
     out = {"tmp": tmp, "model": model, "db": db}
     for r in (1, 2):
         kit, results = tmp / f"kit{r}", tmp / f"results{r}.json"
-        made = run_cli("tune", "kit", model, "--target", "llvm", "--samples", SAMPLES, "--db", db, "-o", kit)
+        made = cli_in_process("tune", "kit", model, "--target", "llvm", "--samples", SAMPLES, "--db", db, "-o", kit)
         assert made.returncode == 0, made.stderr
         measured = run_in(runtime_only_env, "-m", "tvmsched.cli", "tune", "measure", kit, "-o", results, "--units", "all")
         assert measured.returncode == 0, measured.stderr
-        imported = run_cli("tune", "import", kit, results, "--db", db)
+        imported = cli_in_process("tune", "import", kit, results, "--db", db)
         assert imported.returncode == 0, imported.stderr
         out[r] = {"kit": json.loads((kit / "kit.json").read_text()), "results": json.loads(results.read_text()),
                   "kit_out": made.stdout, "import_out": imported.stdout, "records": open_store(db).stats()["records"]}

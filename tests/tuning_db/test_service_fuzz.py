@@ -2,9 +2,9 @@
 
 A real service (uvicorn on 127.0.0.1, in a thread) on SQLite and on PostgreSQL, serving the document the
 tests generate from (test_the_live_service_serves_this_document); schemathesis sends generated requests,
-valid and invalid, to every operation. Each answer must not be a 5xx and must conform to the document: a
-documented status code, content type, headers and body schema; valid requests accepted, invalid ones
-refused; secured writes refused without the token; ``Allow`` right on 405. Examples are bounded and
+valid and invalid, to every operation, each request to both services. Each answer must not be a 5xx and
+must conform to the document: a documented status code, content type, headers and body schema; valid
+requests accepted, invalid ones refused; secured writes refused without the token; ``Allow`` right on 405. Examples are bounded and
 seeded (the same cases every run), so the test stays short and reproducible.
 """
 
@@ -31,27 +31,40 @@ MAX_EXAMPLES = 30  # per operation, in the fuzzing phase
 SEED = 20240611
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def fuzzed_service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Base URL of a token-protected service holding one workload and one record, on each backend."""
-    if request.param == "sqlite":
-        db_url = f"sqlite:///{tmp_path_factory.mktemp('fuzz') / 'tuning.db'}"
-        yield from _serve(db_url)
-        return
+@pytest.fixture(scope="module")
+def sqlite_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Base URL of a token-protected service on SQLite holding one workload and one record."""
+    yield from _serve(f"sqlite:///{tmp_path_factory.mktemp('fuzz') / 'tuning.db'}")
+
+
+@pytest.fixture(scope="module")
+def postgresql_service(pg_admin_url: str) -> Iterator[str]:
+    """Base URL of a token-protected service on PostgreSQL holding one workload and one record."""
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
-    admin_url = request.getfixturevalue("pg_admin_url")
     name = f"fuzz_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    admin = create_engine(pg_admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     try:
-        yield from _serve(make_url(admin_url).set(database=name).render_as_string(hide_password=False))
+        yield from _serve(make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False))
     finally:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def fuzzed_service(request: pytest.FixtureRequest) -> str:
+    """Base URL of the service on each backend."""
+    return request.getfixturevalue(f"{request.param}_service")
+
+
+@pytest.fixture(scope="module")
+def fuzzed_services(sqlite_service: str, postgresql_service: str) -> dict[str, str]:
+    """{backend: base URL}: the services on both backends, which the fuzzing sends each case to."""
+    return {"sqlite": sqlite_service, "postgresql": postgresql_service}
 
 
 def _serve(db_url: str) -> Iterator[str]:
@@ -99,8 +112,8 @@ def _for_generation(document: dict) -> dict:
     return document
 
 
-# The document comes from the app itself at collection time (schemathesis parametrizes tests when they are
-# collected); test_the_live_service_serves_this_document checks that the running service serves the same.
+# The document comes from the app itself; test_the_live_service_serves_this_document checks that the running
+# service serves the same.
 DOCUMENT = create_app(_NoStore(), token=TOKEN).openapi()
 CONFIG = SchemathesisConfig.from_dict({
     "seed": SEED,
@@ -110,7 +123,6 @@ CONFIG = SchemathesisConfig.from_dict({
     "operations": [{"include-path": "/workloads/find", "include-method": "POST",
                     "phases": {"coverage": {"checks": {"positive_data_acceptance": {"enabled": False}}}}}],
 })
-schema = schemathesis.openapi.from_dict(_for_generation(DOCUMENT), config=CONFIG)
 
 
 def _integer_fields(document: dict) -> set[str]:
@@ -129,7 +141,6 @@ def _integer_fields(document: dict) -> set[str]:
 INTEGER_FIELDS = _integer_fields(DOCUMENT)
 
 
-@schema.hook("map_body")
 def _integers_without_a_fraction(context, body):
     """Write whole numbers drawn for integer fields as integers: ``2`` rather than ``2.0``.
 
@@ -144,12 +155,37 @@ def _integers_without_a_fraction(context, body):
     return body
 
 
+@pytest.fixture
+def service_schema(request: pytest.FixtureRequest):
+    """The schema that drives the generation, loaded when the fuzzing test runs (schemathesis builds each
+    operation's coverage cases from it then, ~20 s of CPU): a schema loaded at import would have them built at
+    collection, in every pytest-xdist worker, for the one worker that runs this module."""
+    # schemathesis 4.32's lazy schemas name each operation's subtest by rewriting the item's `_nodeid`, which
+    # pytest 9.2's nodes no longer have (their id is `_id`, read through `nodeid`): it reads it first, so it
+    # gets one (the subtests' reports name the operations through their labels).
+    if not hasattr(request.node, "_nodeid"):
+        request.node._nodeid = request.node.nodeid
+    schema = schemathesis.openapi.from_dict(_for_generation(DOCUMENT), config=CONFIG)
+    schema.hook("map_body")(_integers_without_a_fraction)
+    return schema
+
+
+schema = schemathesis.pytest.from_fixture("service_schema")
+
+
 def test_the_live_service_serves_this_document(fuzzed_service):
     assert httpx.get(f"{fuzzed_service}/openapi.json").json() == DOCUMENT
 
 
+# Each operation is one subtest (reported with label="'METHOD /path'"); each of its cases goes to the service on both
+# backends, so that the cases are built once for the two (the same cases each backend got as a test of its own).
 @schema.parametrize()
 @settings(max_examples=MAX_EXAMPLES, derandomize=True, database=None, deadline=None,
           suppress_health_check=list(HealthCheck))
-def test_the_service_conforms_to_its_openapi_document(case, fuzzed_service):
-    case.call_and_validate(base_url=fuzzed_service, headers=AUTH, timeout=60)
+def test_the_service_conforms_to_its_openapi_document(case, fuzzed_services):
+    for backend, url in fuzzed_services.items():
+        try:
+            case.call_and_validate(base_url=url, headers=AUTH, timeout=60)
+        except Exception as error:
+            error.add_note(f"(the service on {backend})")
+            raise
