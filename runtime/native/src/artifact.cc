@@ -1,6 +1,5 @@
 // The artifact reader: zip of stored members -> checksums -> manifest (tvm-ffi's JSON parser) -> weights (.npy).
 #include "tvmsched/artifact.h"
-#include "tvmsched/npz.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -20,6 +19,8 @@
 #include <iomanip>
 #include <set>
 #include <sstream>
+
+#include "tvmsched/npz.h"
 
 namespace tvmsched {
 

@@ -7,8 +7,8 @@
 #define TVMSCHED_JSON_READER_H_
 
 #include <charconv>
-#include <cstdlib>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -29,7 +29,7 @@ struct Node {
   bool boolean = false;
   int64_t integer = 0;
   double number = 0;
-  std::string_view text;    // a string's characters (unescaped)
+  std::string_view text;          // a string's characters (unescaped)
   uint32_t first = 0, count = 0;  // children: nodes[first .. first + count)
 };
 
@@ -103,12 +103,26 @@ inline Document::Document(std::string_view text, int max_depth) {
       }
       char e = raw[++k];
       switch (e) {
-        case '"': case '\\': case '/': out += e; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+        case '\\':
+        case '/':
+          out += e;
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           uint32_t code = hex4(start + k + 1);
           k += 4;
@@ -224,7 +238,8 @@ inline Document::Document(std::string_view text, int max_depth) {
         continue;
       }
       if (c == '[' || c == '{') {
-        if (static_cast<int>(open.size()) >= max_depth) throw std::invalid_argument("nests deeper than " + std::to_string(max_depth) + " levels");
+        if (static_cast<int>(open.size()) >= max_depth)
+          throw std::invalid_argument("nests deeper than " + std::to_string(max_depth) + " levels");
         open.push_back({c == '[' ? Kind::kArray : Kind::kObject, pending.size()});
         ++at;
         skip_space();

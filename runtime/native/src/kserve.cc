@@ -9,16 +9,16 @@
 
 #include <algorithm>
 #include <charconv>
-#include <functional>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <set>
 #include <type_traits>
 
+#include "json_reader.h"
 #include "tvmsched/artifact.h"
 #include "tvmsched/model.h"
-#include "json_reader.h"
 
 namespace tvmsched {
 namespace kserve {
@@ -121,7 +121,7 @@ T Element(const Document& doc, const Node& v, const std::string& input, const st
       value = static_cast<double>(v.integer);
     } else if (v.kind == Kind::kString && (v.text == "NaN" || v.text == "Infinity" || v.text == "-Infinity")) {
       // how JSON outputs carry non-finite values, sent back
-      value = v.text == "NaN" ? std::numeric_limits<double>::quiet_NaN()
+      value = v.text == "NaN"    ? std::numeric_limits<double>::quiet_NaN()
               : v.text[0] == '-' ? -std::numeric_limits<double>::infinity()
                                  : std::numeric_limits<double>::infinity();
     } else {
@@ -266,11 +266,16 @@ Document Read(std::string_view text, const std::string& what) {
 /*! \brief A value as tvm-ffi's (objects: Map<Any, Any>); nesting is bounded by the reader's depth. */
 ffi::Any ToAny(const Document& doc, const Node& v) {
   switch (v.kind) {
-    case Kind::kNull: return ffi::Any();
-    case Kind::kBool: return v.boolean;
-    case Kind::kInt: return v.integer;
-    case Kind::kDouble: return v.number;
-    case Kind::kString: return ffi::String(std::string(v.text));
+    case Kind::kNull:
+      return ffi::Any();
+    case Kind::kBool:
+      return v.boolean;
+    case Kind::kInt:
+      return v.integer;
+    case Kind::kDouble:
+      return v.number;
+    case Kind::kString:
+      return ffi::String(std::string(v.text));
     case Kind::kArray: {
       ffi::Array<ffi::Any> out;
       for (uint32_t i = 0; i < v.count; ++i) out.push_back(ToAny(doc, doc.child(v, i)));
@@ -289,11 +294,21 @@ ffi::Any ToAny(const Document& doc, const Node& v) {
 void AppendNode(std::string& out, const Document& doc, const Node& v, size_t limit) {
   if (out.size() > limit) return;
   switch (v.kind) {
-    case Kind::kNull: out += "null"; break;
-    case Kind::kBool: out += v.boolean ? "true" : "false"; break;
-    case Kind::kInt: out += std::to_string(v.integer); break;
-    case Kind::kDouble: AppendNumber(out, v.number, false); break;
-    case Kind::kString: AppendString(out, v.text); break;
+    case Kind::kNull:
+      out += "null";
+      break;
+    case Kind::kBool:
+      out += v.boolean ? "true" : "false";
+      break;
+    case Kind::kInt:
+      out += std::to_string(v.integer);
+      break;
+    case Kind::kDouble:
+      AppendNumber(out, v.number, false);
+      break;
+    case Kind::kString:
+      AppendString(out, v.text);
+      break;
     case Kind::kArray:
     case Kind::kObject: {
       bool object = v.kind == Kind::kObject;
@@ -381,7 +396,8 @@ void AppendTensor(std::string& out, const ffi::Tensor& tensor, bool nested, cons
     if (count == 0) {  // lists down to the first empty dimension: [[], []] for shape (2, 0)
       std::function<void(size_t)> empty = [&](size_t d) {
         out += '[';
-        for (int64_t k = 0; d + 1 < shape.size() && shape[d] > 0 && k < shape[d]; ++k) out += k ? "," : "", empty(d + 1);
+        for (int64_t k = 0; d + 1 < shape.size() && shape[d] > 0 && k < shape[d]; ++k)
+          out += k ? "," : "", empty(d + 1);
         out += ']';
       };
       return empty(0);
@@ -395,7 +411,8 @@ void AppendTensor(std::string& out, const ffi::Tensor& tensor, bool nested, cons
     }
   });
   if (!supported) {
-    throw Error(400, what + " is " + Datatype(t->dtype) + ": ask for it as binary data (parameters.binary_data), not JSON");
+    throw Error(400,
+                what + " is " + Datatype(t->dtype) + ": ask for it as binary data (parameters.binary_data), not JSON");
   }
 }
 
@@ -657,23 +674,24 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   //   encode(pending, outputs) -> [0, body: bytes, header_length: int, -1 when the body is all JSON]
   namespace refl = tvm::ffi::reflection;
   refl::GlobalDef().def("tvmsched.engine.kserve_codec", [](ffi::String model, ffi::String version,
-                                                    ffi::Array<ffi::Array<ffi::Any>> inputs,
-                                                    ffi::Array<ffi::Array<ffi::Any>> outputs) {
+                                                           ffi::Array<ffi::Array<ffi::Any>> inputs,
+                                                           ffi::Array<ffi::Array<ffi::Any>> outputs) {
     auto in = std::make_shared<std::vector<TensorInfo>>(Infos(inputs));
     auto out = std::make_shared<std::vector<TensorInfo>>(Infos(outputs));
     std::string name(model), v(version);
     auto parse = ffi::Function::FromTyped([in, out, name](ffi::Bytes body, ffi::Optional<ffi::String> header) {
       try {
         std::string_view text(body.data(), body.size());
-        std::optional<size_t> length = HeaderLength(header ? std::string(*header) : "", header.has_value(), text.size());
+        std::optional<size_t> length =
+            HeaderLength(header ? std::string(*header) : "", header.has_value(), text.size());
         Request request = ParseRequest(text, length, name, *in, *out);
         return ffi::Array<ffi::Any>{int64_t{0}, request.inputs, request.parameters, Pending(request)};
       } catch (const Error& err) {
         return Refusal(err);
       }
     });
-    auto encode = ffi::Function::FromTyped(
-        [name, v](ffi::Array<ffi::Any> pending, ffi::Map<ffi::String, ffi::Tensor> outputs) {
+    auto encode =
+        ffi::Function::FromTyped([name, v](ffi::Array<ffi::Any> pending, ffi::Map<ffi::String, ffi::Tensor> outputs) {
           try {
             Response response = EncodeResponse(name, v, FromPending(pending), outputs);
             int64_t length = response.header_length ? static_cast<int64_t>(*response.header_length) : -1;

@@ -70,7 +70,7 @@ std::optional<size_t> HeaderLength(const std::string& value, bool present, size_
 
 /*! \brief A parsed inference request. */
 struct Request {
-  ffi::Any id;                            // the request's "id" (None: none)
+  ffi::Any id;                              // the request's "id" (None: none)
   ffi::Map<ffi::Any, ffi::Any> parameters;  // the request's "parameters" (empty: none): priority, timeout, ...
   ffi::Map<ffi::String, ffi::Tensor> inputs;
   /*! \brief The outputs to answer, in order, each with whether it goes as binary data. */
