@@ -87,12 +87,11 @@ ASYNC_TESTS = tests/runtime/test_engine.py tests/runtime/test_preemption.py test
 	tests/runtime/test_request_priority.py tests/runtime/test_policies.py tests/runtime/test_host_overhead.py \
 	tests/runtime/test_engine_runtime.py tests/runtime/test_runtime_api.py
 # --dist loadscope: a module's tests go to one worker, so its module fixtures (servers, tuned databases, kits) run
-# once per run, not once per worker; compiled artifacts are shared across workers by tests/artifact_cache.py;
-# --no-loadscope-reorder: modules go in the order of tests/conftest.py (SLOW_MODULES first), not most tests first
+# once per run, not once per worker; compiled artifacts are shared across workers by tests/artifact_cache.py
 test: setup lint
-	$(PY) -m pytest -q -rs -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25 --basetemp=build/pytest
+	$(PY) -m pytest -q -rs -n $(PYTEST_WORKERS) --dist loadscope --durations=25 --basetemp=build/pytest
 	TVMSCHED_CPU_LAUNCHES=async TVMSCHED_TEST_CACHE=build/pytest/shared-cache \
-		$(PY) -m pytest -q -rs -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25 --basetemp=build/pytest-async $(ASYNC_TESTS)
+		$(PY) -m pytest -q -rs -n $(PYTEST_WORKERS) --dist loadscope --durations=25 --basetemp=build/pytest-async $(ASYNC_TESTS)
 
 clean:
 	rm -rf out .pytest_cache $(WHEELHOUSE)

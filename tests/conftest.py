@@ -21,49 +21,6 @@ def pytest_collection(session):
         return (yield)
 
 
-# The modules that keep one pytest-xdist worker busy longest (about 40 s to 3 min each on 2 cores: compiles and tunes
-# that are their subject, torch jobs, servers under load), slowest first. `make test` hands whole modules to its two
-# workers (--dist loadscope) in collection order (--no-loadscope-reorder): these go first, so that the run ends on
-# short modules instead of one worker finishing a long one alone (xdist's own order, most tests first, put the long
-# modules of few tests last). The others follow, most tests first. A stale entry costs balance, never a test.
-SLOW_MODULES = (
-    "tests/runtime/test_collectives.py",
-    "tests/runtime/test_runtime.py",
-    "tests/test_real_models.py",
-    "tests/test_tuned_compile.py",
-    "tests/test_gpu_suite.py",
-    "tests/test_conformance.py",
-    "tests/test_candidates.py",
-    "tests/test_tuning_rounds.py",
-    "tests/test_import_fixes.py",
-    "tests/runtime/test_stress.py",
-    "tests/test_fuzz.py",
-    "tests/test_soak.py",
-    "tests/tuning_db/test_cli_db.py",
-    "tests/test_cli.py",
-    "tests/test_rpc_tuning.py",
-    "tests/passes/test_grid_limit.py",
-    "tests/test_gpu_schedule.py",
-    "tests/test_tune_budget.py",
-    "tests/test_wheel.py",
-    "tests/test_invalid_onnx.py",
-    "tests/test_index_checks.py",
-    "tests/test_cpu_schedule.py",
-    "tests/tuning_db/test_service_fuzz.py",
-    "tests/test_signing.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Whole modules in the order above (a stable sort: each module's tests keep theirs)."""
-    module = lambda item: item.nodeid.split("::", 1)[0]
-    rank = {name: index for index, name in enumerate(SLOW_MODULES)}
-    counts: dict[str, int] = {}
-    for item in items:
-        counts[module(item)] = counts.get(module(item), 0) + 1
-    items.sort(key=lambda item: (rank.get(module(item), len(rank)), -counts[module(item)]))
-
-
 @pytest.fixture(scope="session")
 def _cache(tmp_path_factory: pytest.TempPathFactory):
     """The run's cache folder: under the basetemp that every pytest-xdist worker of the run shares, or the one
