@@ -57,7 +57,7 @@ def one_round(service, served, headers, body, requests: int) -> dict[str, float]
             outputs = future.result(timeout=60)
         t3 = now()
         service.finish(served, future, 0, None)
-        status, answer, length = encode(parsed[3], outputs)
+        status, answer, answer_length = encode(parsed[3], outputs)
         t4 = now()
         r = future.request
         times["parse"].append(t1 - t0)
