@@ -33,29 +33,18 @@ sys.path.insert(0, str(ROOT))
 
 from tests.helpers import free_port, start_server, stop_server  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from serve_split import binary_body  # noqa: E402
+
 WAYS = ("direct", "cpp", "rest", "grpc")
 
 
 def model_io(path: Path) -> tuple[dict[str, np.ndarray], list[str]]:
-    """Random inputs (seeded) and the output names of an artifact."""
-    from tvmsched.artifact.format import Artifact
+    """An artifact's inputs (Executor.random_inputs, seeded) and output names."""
+    from tvmsched.runtime import Executor
 
-    manifest = Artifact.load(path).manifest
-    rng = np.random.default_rng(0)
-    inputs = {}
-    for b in manifest.inputs:
-        spec = manifest.tensors[b.tensor]
-        inputs[b.name] = (rng.random(spec.shape) * 4).astype(spec.dtype)  # (integer inputs: small indices)
-    return inputs, [b.name for b in manifest.outputs]
-
-
-def rest_body(inputs: dict[str, np.ndarray], outputs: list[str]) -> tuple[bytes, int]:
-    from tvmsched.serve.tensors import V2_TYPES
-
-    header = json.dumps({"inputs": [{"name": k, "datatype": V2_TYPES[v.dtype], "shape": list(v.shape),
-                                     "parameters": {"binary_data_size": v.nbytes}} for k, v in inputs.items()],
-                         "outputs": [{"name": o, "parameters": {"binary_data": True}} for o in outputs]}).encode()
-    return header + b"".join(v.tobytes() for v in inputs.values()), len(header)
+    executor = Executor(str(path))
+    return executor.random_inputs(0), [b.name for b in executor.manifest.outputs]
 
 
 def stats(conn: http.client.HTTPConnection, model: str) -> dict:
@@ -73,15 +62,16 @@ def timed(call, n: int) -> float:
     return statistics.median(times) / 1e3
 
 
-def round_(way: str, port: int, model: str, io, n: int, clients: dict) -> tuple[float, float, float, float]:
-    """(inside µs, client p50 µs, compute_input µs, compute_output µs) of one round of `way` on `model`."""
+def round_(way: str, port: int, grpc_port: int, model: str, io, n: int, clients: dict) -> tuple[float, float, float, float]:
+    """(inside µs, client p50 µs, compute_input µs, compute_output µs) of one round of `way` on `model` (statistics
+    from the HTTP `port`; gRPC requests to `grpc_port`)."""
     inputs, outputs = io
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     before = stats(conn, model)
     if way == "grpc":
         import tritonclient.grpc as tc
 
-        client = clients.setdefault(port + 1, tc.InferenceServerClient(f"127.0.0.1:{port + 1}"))
+        client = clients.setdefault(grpc_port, tc.InferenceServerClient(f"127.0.0.1:{grpc_port}"))
         tensors = []
         for k, v in inputs.items():
             tensors.append(tc.InferInput(k, list(v.shape), tc.np_to_triton_dtype(v.dtype)))
@@ -89,11 +79,10 @@ def round_(way: str, port: int, model: str, io, n: int, clients: dict) -> tuple[
         requested = [tc.InferRequestedOutput(o) for o in outputs]
         p50 = timed(lambda: client.infer(model, tensors, outputs=requested), n)
     else:
-        data, header = rest_body(inputs, outputs)
+        headers, data = binary_body(inputs, outputs)
 
         def call():
-            conn.request("POST", f"/v2/models/{model}/infer", body=data,
-                         headers={"Inference-Header-Content-Length": str(header)})
+            conn.request("POST", f"/v2/models/{model}/infer", body=data, headers=headers)
             reply = conn.getresponse()
             reply.read()
             assert reply.status == 200
@@ -117,15 +106,13 @@ def main() -> None:
 
     names = [p.stem for p in args.artifacts]
     specs = [f"{n}={p}" for n, p in zip(names, args.artifacts)]
-    cpp, serve = free_port(), free_port()
-    while serve + 1 == cpp or not _free(serve + 1):
-        serve = free_port()
+    cpp, serve, grpc = free_port(), free_port(), free_port()
     load = [os.getloadavg()[0]]
     servers = {
         "cpp": start_server([str(ROOT / "build/cpp/tvmsched_server"), "--port", str(cpp),
                              *[a for s in specs for a in ("--model", s)]], f"http://127.0.0.1:{cpp}"),
         "serve": start_server([sys.executable, "-m", "tvmsched.cli", "serve", "--port", str(serve), "--grpc-port",
-                               str(serve + 1), *[a for s in specs for a in ("--model", s)]],
+                               str(grpc), *[a for s in specs for a in ("--model", s)]],
                               f"http://127.0.0.1:{serve}", ready="/v2/health/ready"),
     }
     port = {"cpp": cpp, "rest": serve, "grpc": serve}
@@ -143,7 +130,7 @@ def main() -> None:
                         if w == "direct":
                             row = (0.0, timed(direct[n], args.requests if r else 50), 0.0, 0.0)
                         else:
-                            row = round_(w, port[w], n, io[n], args.requests if r else 50, clients)
+                            row = round_(w, port[w], grpc, n, io[n], args.requests if r else 50, clients)
                         if r:
                             results[(n, w)].append(row)
         load.append(os.getloadavg()[0])
@@ -168,17 +155,6 @@ def main() -> None:
                      if w == "cpp" else "")
             print(f"| {n} | {w} | {inside:.1f} ({min(r[0] for r in rows):.1f} / {max(r[0] for r in rows):.1f}) | "
                   f"{client:.1f} | {overhead:.1f} | {split} |")
-
-
-def _free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 if __name__ == "__main__":

@@ -28,14 +28,20 @@ sys.path.insert(0, str(ROOT))
 PHASES = ("parse", "submit", "queue", "wake", "encode", "total inside")
 
 
+def binary_body(inputs: dict[str, np.ndarray], outputs: list[str]) -> tuple[dict, bytes]:
+    """(headers, body) of tritonclient's binary-tensor request: every input as binary data, every output asked back so."""
+    from tvmsched.serve.tensors import V2_TYPES
+
+    header = json.dumps({"inputs": [{"name": k, "datatype": V2_TYPES[v.dtype], "shape": list(v.shape),
+                                     "parameters": {"binary_data_size": v.nbytes}} for k, v in inputs.items()],
+                         "outputs": [{"name": o, "parameters": {"binary_data": True}} for o in outputs]}).encode()
+    return {"Inference-Header-Content-Length": str(len(header))}, header + b"".join(v.tobytes() for v in inputs.values())
+
+
 def binary_request(served) -> tuple[dict, bytes]:
-    """(headers, body) of tritonclient's binary-tensor request for the model's inputs."""
+    """binary_body of the served model's inputs (random, seeded) and outputs."""
     rng = np.random.default_rng(0)
-    arrays = [rng.random(t.shape).astype(t.dtype) for t in served.inputs]
-    header = json.dumps({"inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape),
-                                     "parameters": {"binary_data_size": a.nbytes}} for t, a in zip(served.inputs, arrays)],
-                         "outputs": [{"name": t.name, "parameters": {"binary_data": True}} for t in served.outputs]}).encode()
-    return {"Inference-Header-Content-Length": str(len(header))}, header + b"".join(a.tobytes() for a in arrays)
+    return binary_body({t.name: rng.random(t.shape).astype(t.dtype) for t in served.inputs}, [t.name for t in served.outputs])
 
 
 def one_round(service, served, headers, body, requests: int) -> dict[str, float]:

@@ -187,10 +187,11 @@ class InferRoute:
             outputs = await service.answer(served, future, received)
         except TvmschedError as err:
             return _error_body(err)
-        status, answer, length = (*encode(parsed[3], outputs), None)[:3]  # [0, body, header length or -1] or a refusal
-        if status:
-            return _error_body(ServeError(answer, status))
-        return 200, answer, [] if length < 0 else [(HEADER_LENGTH.encode(), b"%d" % length)]
+        answer = encode(parsed[3], outputs)  # [0, body, header length or -1] or a refusal: [status, line]
+        if answer[0]:
+            return _error_body(ServeError(answer[1], answer[0]))
+        length = answer[2]
+        return 200, answer[1], [] if length < 0 else [(HEADER_LENGTH.encode(), b"%d" % length)]
 
 
 def _error_body(err: Exception) -> tuple[int, bytes, list]:

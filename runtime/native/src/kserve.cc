@@ -345,11 +345,6 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return out + "]";
 }
 
-ffi::Any ParseJson(std::string_view text, const std::string& what) {
-  Document doc = Read(text, what);
-  return ToAny(doc, doc.root());
-}
-
 std::string Quote(const ffi::Any& value) {
   std::string text;
   try {

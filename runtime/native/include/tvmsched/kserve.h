@@ -53,9 +53,6 @@ std::string Datatype(DLDataType dtype);
 /*! \brief "[1,784]" */
 std::string ShapeText(const std::vector<int64_t>& shape);
 
-/*! \brief A JSON text as tvm-ffi values (objects: Map<Any, Any>), read as the header says (src/json_reader.h); 400
- *  naming `what`. */
-ffi::Any ParseJson(std::string_view text, const std::string& what);
 /*! \brief A client's value quoted for an error line (JSON, cut to 80 characters, non-UTF-8 bytes as '?'). */
 std::string Quote(const ffi::Any& value);
 /*! \brief `text` as a JSON string literal, appended to `out`. */
