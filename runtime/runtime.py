@@ -426,13 +426,15 @@ def write_timeline(models, stages: list[StageEvent], started_us: float, path: st
 
 
 def tiering_report(native_model) -> dict:
-    """A tiered model's placement: resident weight bytes, buffer bytes, groups, bytes per tier (engine's tiering_info)."""
+    """A tiered model's placement: resident weight bytes, buffer bytes, groups, bytes per tier (engine's tiering_info),
+    its device memory, and whether it takes turns for it with other streamed models (and holds it now)."""
     info = native.tiering_info(native_model)
     return {"resident_weight_bytes": int(info["resident_weight_bytes"]), "buffer_bytes": int(info["buffer_bytes"]),
             "buffers": int(info["buffers"]),
             "groups": int(info["groups"]), "streamed_group_bytes": [int(b) for b in info["streamed_group_bytes"]],
             "tiers": [{k: (str(v) if k == "kind" else int(v)) for k, v in t.items()} for t in info["tiers"]],
-            "direct_io": bool(info["direct_io"])}
+            "direct_io": bool(info["direct_io"]), "device_bytes": int(info["device_bytes"]),
+            "takes_turns": bool(info["takes_turns"]), "in_memory": bool(info["in_memory"])}
 
 
 def plot_timeline(events: list[dict], path: str | Path) -> None:

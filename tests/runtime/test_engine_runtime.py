@@ -232,9 +232,67 @@ def test_a_model_larger_than_the_budget_is_switched_or_streamed_as_decided_at_lo
     got = finished(small.submit("mlp", to_engine(inputs), -1, -1.0))
     assert all(np.array_equal(got[k], want[k]) for k in want)
     assert int(small.memory()["peak"]) <= budget < footprint
-    # a second streamed model finds the memory the first took by default: one line naming it, and the way out
+    # a model asking for more device memory than is left: one line, and nothing of it stays loaded
     with pytest.raises(TvmschedError) as err:
-        small.load(mlp, {"name": "again"})
+        small.load(mlp, {"name": "again", "device_bytes": budget})
     line = str(err.value)
-    assert "\n" not in line and "streamed model(s) mlp took the rest of the budget" in line and "device_bytes" in line
-    assert small.models() == ["mlp"]  # nothing of it stays loaded
+    assert "\n" not in line and f"model again asks for {budget} bytes of device memory;" in line
+    assert small.models() == ["mlp"]
+
+
+def test_streamed_models_that_cannot_all_be_in_memory_take_turns(runtime, mlp, mlp_run):
+    """Two streamed copies of mlp in a budget that holds one: each plans for the whole budget (no device_bytes), and
+    requests of both, alternating, are each model's bit-identical outputs; a turn ends only when its model is idle
+    (park) and the next takes the memory (unpark), within the budget."""
+    inputs, want = mlp_run
+    probe = runtime()
+    probe.load(mlp, {})
+    footprint = int(probe.memory()["in_use"])
+    budget = footprint * 9 // 10
+    rt = runtime(policy="fcfs", memory_budget=budget,
+                 tiers=[{"kind": "dram", "capacity_bytes": 1 << 30, "numa_node": -1, "path": ""}])
+    rt.load(mlp, {"name": "a"})
+    rt.load(mlp, {"name": "b"})
+    assert rt.stats()["a"]["placement"] == rt.stats()["b"]["placement"] == "streamed"
+    requests = [(name, rt.submit(name, to_engine(inputs), -1, -1.0)) for _ in range(6) for name in ("a", "b")]
+    for name, request in requests:
+        got = finished(request)
+        assert all(np.array_equal(got[k], want[k]) for k in want), name
+    assert int(rt.memory()["peak"]) <= budget
+    events = {name: [str(e[1]) for e in native.tiering_events(rt.engine_models(name)[0])] for name in ("a", "b")}
+    # fcfs runs them in the order they came, a, b, a, b ...: every request after the first is a turn change
+    assert events["a"].count("unpark") == events["b"].count("unpark") == 6, events
+    for name in ("a", "b"):  # each turn ends before the next begins: a model alternates park, unpark
+        turns = [e for e in events[name] if e in ("park", "unpark")]
+        assert all(x != y for x, y in zip(turns, turns[1:])), (name, turns)
+    # a third takes turns too, and unloading one gives its turn away for good
+    rt.load(mlp, {"name": "c"})
+    rt.unload("a", 60.0)
+    for name in ("b", "c", "b"):
+        got = finished(rt.submit(name, to_engine(inputs), -1, -1.0))
+        assert all(np.array_equal(got[k], want[k]) for k in want)
+    assert int(rt.memory()["peak"]) <= budget
+
+
+def test_a_switched_model_and_a_streamed_one_take_the_memory_the_other_holds_idle(runtime, compiled, mlp, mlp_run):
+    """resnet18-small streams through the whole budget; mlp, loaded after it, is switched in by its requests: each one's
+    request takes the memory the other holds idle (the streamed model parks, the switched one is evicted), in turns."""
+    big = str(compiled("resnet18-small"))
+    probe = runtime()
+    probe.load(big, {})
+    budget = int(probe.memory()["in_use"]) * 9 // 10
+    rt = runtime(memory_budget=budget, tiers=[{"kind": "dram", "capacity_bytes": 1 << 30, "numa_node": -1, "path": ""}])
+    rt.load(big, {"name": "big"})
+    rt.load(mlp, {"name": "small"})
+    assert [rt.stats()[n]["placement"] for n in ("big", "small")] == ["streamed", "staged"]
+    big_inputs = Executor(big).random_inputs(1)
+    big_want = Executor(big).run(big_inputs)
+    inputs, want = mlp_run
+    for _ in range(3):
+        for name, given, expected in (("small", inputs, want), ("big", big_inputs, big_want)):
+            got = finished(rt.submit(name, to_engine(given), -1, -1.0))
+            assert all(np.array_equal(got[k], expected[k]) for k in expected), name
+    assert int(rt.memory()["peak"]) <= budget
+    turns = [str(e[1]) for e in native.tiering_events(rt.engine_models("big")[0])]
+    assert turns.count("park") >= 3 and turns.count("unpark") >= 3, turns
+    assert sum(str(e[1]) == "evict" for e in rt.switch_events()) >= 2

@@ -75,7 +75,7 @@ def test_a_fault_fails_its_tenants_request_and_the_others_run_again_bit_identica
         with pytest.raises(TvmschedError) as err:
             rt.submit(faulty, x_f[0]).result(timeout=DEADLINE_S)
         message = str(err.value)
-        assert "\n" not in message and f"model mlp: layer {layer} (candidate " in message, message
+        assert "\n" not in message and f"model faulty: layer {layer} (candidate " in message, message
         assert "faulted on cpu: an injected fault" in message and "the device recovered in" in message, message
         _same(rt.submit(faulty, x_f[1]).result(timeout=DEADLINE_S), want_f[1])  # its next request runs
         paused.task.resume()
@@ -109,8 +109,8 @@ def test_a_model_that_keeps_faulting_is_quarantined_and_the_others_serve(zoo):
             lines.append(str(err.value))
             _same(rt.submit(other, x_b[0]).result(timeout=DEADLINE_S), want_b[0])
         assert all("faulted on cpu" in line and "\n" not in line for line in lines)
-        assert "quarantined" not in lines[1] and "model mlp is quarantined: 3 device faults within 60" in lines[2]
-        with pytest.raises(TvmschedError, match="model mlp is quarantined"):
+        assert "quarantined" not in lines[1] and "model faulty is quarantined: 3 device faults within 60" in lines[2]
+        with pytest.raises(TvmschedError, match="model faulty is quarantined"):
             rt.submit(faulty, x_f[0]).result(timeout=DEADLINE_S)
         again = rt.load(path_f, name="again", qos_ms=10_000)  # loaded again: a model of its own, not quarantined
         _same(rt.submit(again, x_f[1]).result(timeout=DEADLINE_S), want_f[1])

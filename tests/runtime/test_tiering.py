@@ -151,6 +151,29 @@ def test_resident_models_beside_a_tiered_one_and_the_tiers_shared_out(resnet, tm
         assert rt.memory()["peak"] <= budget
 
 
+def test_two_streamed_copies_in_one_budget_take_turns(resnet, tmp_path, budget_restored):
+    """The case that found it: two copies of a model, each larger than the budget, neither given device_bytes. Each
+    plans for the whole budget and they take turns (one in memory at a time, its weights from DRAM and disk), their
+    requests interleaved and bit-identical; the public API shows whose turn it is."""
+    path, inputs, outputs, need = resnet
+    budget = need * 9 // 10
+    settings = TierSettings(topology=_topology(tmp_path, need // 4, 0))
+    with Runtime("cpu", memory_budget=budget, tiering=settings) as rt:
+        a = rt.load(path, name="a")
+        b = rt.load(path, name="b")
+        info = {m.name: rt.tiering(m) for m in (a, b)}
+        assert all(i["takes_turns"] for i in info.values()) and [i["in_memory"] for i in info.values()] == [False, True]
+        assert info["a"]["device_bytes"] == info["b"]["device_bytes"] > budget // 2  # each plans for all of it
+        futures = [(rt.submit(m, x), want) for x, want in zip(inputs, outputs) for m in (a, b)]
+        for future, want in futures:
+            got = future.result(timeout=120)
+            assert all(np.array_equal(got[key], want[key]) for key in want)
+        assert rt.memory()["peak"] <= budget
+        stages = [(e.model, e.stage) for e in rt.tier_events() if e.stage in ("park", "unpark")]
+        assert {("a", "unpark"), ("b", "park"), ("b", "unpark")} <= set(stages), stages
+        assert sum(i["in_memory"] for i in (rt.tiering(a), rt.tiering(b))) == 1
+
+
 def test_too_small_shares_or_device_memory_are_one_line_errors(resnet, tmp_path, budget_restored):
     path, _, _, need = resnet
     baseline = int(func("device_memory")("cpu")["in_use"])

@@ -202,6 +202,7 @@ std::vector<std::pair<int, int>> GroupLayers(const std::vector<size_t>& layer_we
 
 void ModelObj::Init(const std::string& path, ArtifactContents contents, const LoadOptions& options) {
   manifest_ = std::move(contents.manifest);
+  name_ = manifest_.model_name;
   manifest_json_ = std::move(contents.manifest_json);
   kernels_ = std::move(contents.kernels);
   flag_memory_ = options.flag_memory;
@@ -351,7 +352,7 @@ Model Model::Load(const std::string& path, const std::string& device, const Load
 }
 
 void* ModelObj::AllocFor(const std::string& what, size_t nbytes) {
-  return device_->Allocate(nbytes, "cannot load model " + manifest_.model_name + ": " + what, scope_);
+  return device_->Allocate(nbytes, "cannot load model " + name_ + ": " + what, scope_);
 }
 
 void* ModelObj::AllocTensor(const std::string& id, const std::string& what, size_t nbytes) {
@@ -541,6 +542,14 @@ bool ModelObj::TryCleanEnvironment() {
     if (group_state(g) != kAbsent) return false;
   }
   CleanEnvironment();
+  return true;
+}
+
+bool ModelObj::TryFreeDeviceMemory() {
+  std::lock_guard<std::mutex> lock(env_mu_);  // AddUser takes it: no request starts while the memory goes
+  if (users.load() > 0) return false;
+  for (int g = 0; g < num_groups(); ++g) SetGroupState(g, kAbsent);
+  FreeDeviceMemory();
   return true;
 }
 

@@ -253,6 +253,10 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              }
              out.Set("tiers", tiers);
              out.Set("direct_io", store->direct_io());
+             StreamedTurn turn = TurnOf(*m.get());  // turns: whether its device memory is held now, and how much
+             out.Set("takes_turns", turn.takes_turns);
+             out.Set("in_memory", turn.in_memory);
+             out.Set("device_bytes", static_cast<int64_t>(turn.bytes));
              return out;
            })
       .def("tvmsched.engine.release_tiers", [](Model m) { ReleaseTiers(*m.get()); })

@@ -86,6 +86,8 @@ RuntimeObj::RuntimeObj(RuntimeOptions options) : options_(std::move(options)) {
   SwitchOptions switching = options_.switching;
   switching.budget = spec.memory_budget;
   switching.scope = scope_;
+  turns_->runtime = this;
+  switching.room = [board = turns_](size_t bytes) { return board->Ask(nullptr, bytes, nullptr); };
   switcher_ = Switcher::Create(device_, switching);
   group_ = PreemptionGroup::Create();
   // a switch-in waits for memory that preempted requests keep: the requests the group paused finish and pause again
@@ -137,37 +139,41 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
       TVM_FFI_THROW(TvmschedError) << "model " << name << " is larger than the memory budget (its weights stream from "
                                    << "the host tiers): it runs on one stream, not " << options.streams;
     }
-    size_t in_use = scope_->in_use();
-    size_t room = budget > in_use ? budget - in_use : 0;
-    // the streamed models that took all the memory left when they loaded (no device_bytes): named in the error lines
-    std::string holders;
+    // the device memory it streams through: its device_bytes (held for good), else all that the models holding memory
+    // for good leave; such models take turns (TierOptions::make_room), so none takes another's room for ever
+    const bool turns = options.device_bytes == 0;
+    size_t in_use = scope_->in_use(), turn_held = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (const auto& e : order_) {
-        if (e->models[0]->tiered() && e->options.device_bytes == 0) holders += (holders.empty() ? "" : ", ") + e->name;
+        StreamedTurn turn = TurnOf(*e->models[0].get());
+        if (turn.takes_turns && turn.in_memory) turn_held += turn.bytes;
       }
     }
-    std::string hint;
-    if (!holders.empty()) {
-      hint = "; streamed model(s) " + holders +
-             " took the rest of the budget when they loaded: give each streamed "
-             "model its device_bytes";
-    }
+    size_t held = in_use > turn_held ? in_use - turn_held : 0;
+    size_t room = budget > held ? budget - held : 0;
     if (options.device_bytes > 0) {
-      if (options.device_bytes > room) {
+      size_t left = budget > in_use ? budget - in_use : 0;
+      if (options.device_bytes > left) {
         TVM_FFI_THROW(TvmschedError) << "model " << name << " asks for " << options.device_bytes
-                                     << " bytes of device memory; " << room << " are left" << hint;
+                                     << " bytes of device memory; " << left << " are left";
       }
       room = options.device_bytes;
     }
     if (room == 0) {
       TVM_FFI_THROW(TvmschedError) << "model " << name << " is larger than the memory budget of " << budget
-                                   << " bytes and no device memory is left to stream it through" << hint;
+                                   << " bytes and no device memory is left to stream it through";
     }
     auto tiers = std::make_shared<TierOptions>();
     tiers->device_bytes = room;
     tiers->buffer_bytes = options_.tier_buffer_bytes;
     tiers->in_flight = options_.stream.max_in_flight;
+    if (turns) {
+      tiers->make_room = [board = turns_](ModelObj* model, size_t bytes, const std::function<bool()>& take) {
+        return board->Ask(model, bytes, &take);
+      };
+      tiers->turn_ended = [board = turns_] { board->Ended(); };
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (size_t t = 0; t < options_.tiers.size(); ++t) {
@@ -183,14 +189,15 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
       first = LoadModel(path, load);
     } catch (const ffi::Error& err) {  // the engine's line says what streaming needs; the user set the budget
       TVM_FFI_THROW(TvmschedError) << err.message() << " (model " << name << " is larger than the runtime's memory "
-                                   << "budget of " << budget << " bytes, " << room << " of them left to stream it"
-                                   << hint << ")";
+                                   << "budget of " << budget << " bytes, " << room << " of them left to stream it)";
     }
     if (const StreamedLayout* layout = StreamedLayoutOf(*first.get()); layout && layout->store) {
       const TierStore& store = *layout->store;
       for (size_t t = 0; t < took.size() && t < store.used().size(); ++t) took[t] = store.used()[t];
     }
-  } else {
+  }
+  first->SetName(name);  // its events and error lines say the name it is served by
+  if (!streamed) {
     // its device streams get the priority now, before its switcher prepares them: set later (by its Stream), it
     // would destroy the ones a prefetch made while the switcher's memory thread may evict them (both destroyed
     // one stream: a join that never returned, stress test in the asynchronous mode)
@@ -211,6 +218,7 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
       LoadOptions copy;
       copy.scope = scope_;
       entry->models.push_back(LoadModel(path, copy));
+      entry->models.back()->SetName(name);
     }
     StreamOptions stream_options = options_.stream;
     stream_options.priority = options.realtime ? StreamPriority::kHigh : StreamPriority::kLow;
@@ -260,6 +268,10 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
       }
     }
     table_->AddCandidates(entry->policy_model);
+    if (TurnOf(*first.get()).takes_turns) {
+      std::lock_guard<std::mutex> turns(turns_->mu);
+      turns_->streamed.push_back(first);
+    }
     for (size_t t = 0; t < took.size(); ++t) tier_used_[t] += took[t];
     entries_[name] = entry;
     order_.push_back(entry);
@@ -378,6 +390,103 @@ void RuntimeObj::PokeAll(const std::shared_ptr<Entry>& entry) {
   for (const Stream& s : entry->streams) s->Poke();
 }
 
+bool RuntimeObj::TurnBoard::Ask(ModelObj* model, size_t bytes, const std::function<bool()>* take) {
+  RuntimeObj* asked;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!runtime) return take && (*take)();  // shut down: nobody else to wait for (a switch-in fails)
+    asked = runtime;
+    ++asking;
+  }
+  bool yes = false;
+  std::exception_ptr failed;
+  try {
+    yes = asked->MakeRoom(model, bytes, take);
+  } catch (...) {  // take's failure (not for want of room) is the model's: passed on
+    failed = std::current_exception();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (--asking == 0) done.notify_all();
+  }
+  if (failed) std::rethrow_exception(failed);
+  return yes;
+}
+
+void RuntimeObj::TurnBoard::Ended() {
+  std::vector<Model> models;
+  {
+    std::lock_guard<std::mutex> lock(mu);  // (a stream's lock may be held here: not the runtime's, which pokes streams)
+    models = streamed;
+  }
+  for (Model& m : models) NudgeStreamed(*m.get());
+}
+
+bool RuntimeObj::MakeRoom(ModelObj* model, size_t bytes, const std::function<bool()>* take) {
+  // the turns among streamed models: the one waiting longest goes first; the others in memory make room, the
+  // least recently used first: idle ones give it back now, busy ones when their stream is next idle. A switch-in
+  // (model null: the switcher asks) goes before the streamed models' turns, and waits for what the busy ones give
+  const bool switch_in = model == nullptr;
+  std::unique_lock<std::mutex> turn(turn_mu_, std::defer_lock);
+  if (!switch_in) turn.lock();  // (a switch-in never waits for it: a turn taken may wait for the switcher's evictions)
+  StreamedTurn mine = switch_in ? StreamedTurn{} : TurnOf(*model);
+  double since = mine.wanting_since_us > 0 ? mine.wanting_since_us : Device::NowMicros();
+  std::vector<std::pair<StreamedTurn, std::shared_ptr<Entry>>> others;
+  bool others_wait = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& e : order_) {
+      if (e->models[0].get() == model) continue;
+      StreamedTurn turn = TurnOf(*e->models[0].get());
+      if (!turn.takes_turns) continue;
+      if (!switch_in && turn.wanting && turn.wanting_since_us < since) return false;  // an earlier one's turn first
+      others_wait |= turn.wanting;
+      if (turn.in_memory) others.emplace_back(turn, e);
+    }
+  }
+  std::sort(others.begin(), others.end(),
+            [](const auto& a, const auto& b) { return a.first.last_used_us < b.first.last_used_us; });
+  auto free = [&] {
+    size_t in_use = scope_->in_use();
+    return scope_->budget() > in_use ? scope_->budget() - in_use : 0;
+  };
+  std::vector<Model> busy;
+  for (auto& [turn, other] : others) {
+    if (free() >= bytes) break;
+    if (!ParkStreamed(*other->models[0].get())) {
+      busy.push_back(other->models[0]);
+    } else {
+      PokeAll(other);  // requests it refused while yielding: asked for again (it waits for its next turn)
+    }
+  }
+  if (free() < bytes && !switch_in) {  // switched models that took memory between turns: the idle ones are evicted
+    std::vector<Model> staged;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& e : order_) {
+        if (std::strcmp(e->models[0]->placement()->kind(), "staged") == 0) staged.push_back(e->models[0]);
+      }
+    }
+    for (Model& other : staged) {
+      if (free() >= bytes) break;
+      switcher_->Evict(other, /*keep_env=*/false);
+    }
+  }
+  size_t coming = 0;  // what the busy ones will give back
+  for (Model& other : busy) {
+    if (free() + coming >= bytes) break;
+    YieldStreamed(*other.get());
+    coming += TurnOf(*other.get()).bytes;
+  }
+  if (switch_in) return free() + coming >= bytes;
+  bool yes = free() >= bytes && take && (*take)();
+  // others wait behind it: its turn is the requests it holds now (it yields at once: one turn each, in order)
+  if (yes && others_wait) YieldStreamed(*model);
+  turn.unlock();
+  if (yes) turns_->Ended();  // the others look again now (one that began to wait meanwhile asks it to yield)
+  return yes;
+}
+
 void RuntimeObj::Expire(Entry& entry, double now, std::vector<Pending>* expired) {
   for (auto it = entry.queue.begin(); it != entry.queue.end();) {
     if (it->timeout_at_us > 0 && now > it->timeout_at_us) {
@@ -401,6 +510,9 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
   Expire(*entry, now, expired);
   std::deque<Pending>& lane = entry->queue.empty() ? entry->delayed : entry->queue;
   if (lane.empty()) return {};
+  // a streamed model asked to end its turn takes nothing more: its stream drains, it parks, the waiting one goes
+  // (its stream asks again when its request ends: it is then between turns and waits for its own)
+  if (TurnOf(*entry->models[0].get()).yielding) return {};
   if (policy_->serial()) {  // one request at a time across the models, the oldest first
     if (serial_running_ > 0) return {};
     std::shared_ptr<Entry> oldest = OldestLocked();
@@ -659,6 +771,11 @@ void RuntimeObj::Unload(const std::string& name, double timeout_s) {
   }
   for (Stream& s : entry->streams) s->Close();
   Model& first = entry->models[0];
+  {
+    std::lock_guard<std::mutex> lock(turns_->mu);
+    auto& streamed = turns_->streamed;
+    streamed.erase(std::remove(streamed.begin(), streamed.end(), first), streamed.end());
+  }
   if (first->tiered()) {
     if (const StreamedLayout* layout = StreamedLayoutOf(*first.get()); layout && layout->store) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -680,6 +797,12 @@ void RuntimeObj::Unload(const std::string& name, double timeout_s) {
 }
 
 void RuntimeObj::Shutdown() {
+  {
+    std::unique_lock<std::mutex> lock(turns_->mu);  // its streamed models' turns are not asked of it any more
+    turns_->runtime = nullptr;
+    turns_->done.wait(lock, [&] { return turns_->asking == 0; });
+    turns_->streamed.clear();
+  }
   std::vector<std::shared_ptr<Entry>> entries;
   {
     std::lock_guard<std::mutex> lock(mu_);

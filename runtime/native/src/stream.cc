@@ -617,9 +617,10 @@ std::string StreamObj::Stalled() const {
   if (waited_s < options_.stall_timeout_s) return "";
   std::ostringstream text;
   text << "model " << m_->name() << ": a request waited " << static_cast<int64_t>(waited_s) << " s for "
-       << (gated_group_ < 0 ? std::string("its environment to be prepared (switching stage 1)")
-                            : "its sub-task " + std::to_string(gated_group_) +
-                                  " to be switched in (switching stage 2: device memory)")
+       << (gated_group_ < 0
+               ? std::string("its environment to be prepared (switching stage 1, or a streamed model's turn)")
+               : "its sub-task " + std::to_string(gated_group_) +
+                     " to be switched in (switching stage 2: device memory)")
        << " and was failed by the watchdog (stall timeout " << options_.stall_timeout_s << " s)";
   return text.str();
 }

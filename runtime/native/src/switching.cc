@@ -64,6 +64,8 @@ class SwitcherCore : public Placement {
     entries_.clear();  // the models hold this core; it lets go of them (no cycle)
     blocked_.clear();
     reported_.clear();
+    room_refused_.clear();
+    options_.room = nullptr;              // its runtime's callback is not asked after Close
     blocked_callback_ = ffi::Function();  // a Python callback may hold its Runtime
   }
 
@@ -150,6 +152,7 @@ class SwitcherCore : public Placement {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.erase(std::remove(queue_.begin(), queue_.end(), m), queue_.end());
     reported_.erase(m);
+    room_refused_.erase(m);
     entries_.erase(m);  // its Model reference goes: the model is freed with its last one
     return true;
   }
@@ -226,6 +229,7 @@ class SwitcherCore : public Placement {
     e.switching = false;
     std::fill(e.finished.begin(), e.finished.end(), false);
     reported_.erase(m);  // its wait (if any) is over
+    room_refused_.erase(m);
     bool queued = InQueue(m);
     queue_.erase(std::remove(queue_.begin(), queue_.end(), m), queue_.end());  // its task is over
     if (queued) {
@@ -256,7 +260,7 @@ class SwitcherCore : public Placement {
                                  // execution, also after a preemption took it out of the queue
     std::vector<double> exec_start;
   };
-  enum ActionKind { kNone, kPrepare, kClean, kEvict, kFail };
+  enum ActionKind { kNone, kPrepare, kClean, kEvict, kFail, kRoom };
   struct Action {
     ActionKind kind = kNone;
     ModelObj* m = nullptr;
@@ -264,6 +268,7 @@ class SwitcherCore : public Placement {
     std::string error;
     bool drop_env = false;  // an eviction asked for: the environment goes too
     uint64_t ticket = 0;    // ... and its caller waits for this
+    size_t need = 0;        // kRoom: the bytes to ask options_.room for
   };
 
   Entry& Find(ModelObj* m) {
@@ -456,6 +461,7 @@ class SwitcherCore : public Placement {
     if (in_use + need > options_.budget && RunningBytes() == 0 && StartedBytes(m) == 0 && EarlierBytes(m, g) == 0 &&
         !Busy()) {
       std::ostringstream text;
+      if (options_.room && !room_refused_.count(m)) return {kRoom, m, {}, "", false, 0, need};
       text << "model " << m->name() << " cannot be switched in: its sub-task " << g << " needs " << need << " bytes; "
            << in_use << " of the budget of " << options_.budget
            << " bytes are held by memory no request of its runtime "
@@ -491,6 +497,7 @@ class SwitcherCore : public Placement {
     if (Action a = TakeHeld(); a.kind != kNone) return a;
     if (RunningBytes() == 0 && StartedBytes(m) == 0 && !Busy()) {
       std::ostringstream text;
+      if (options_.room && !room_refused_.count(m)) return {kRoom, m, {}, "", false, 0, m->env_bytes()};
       text << "model " << m->name() << " cannot be switched in: its environment needs " << m->env_bytes() << " bytes; "
            << InUse() << " of the budget of " << options_.budget
            << " bytes are held by memory no request of its runtime "
@@ -593,6 +600,22 @@ class SwitcherCore : public Placement {
     while (!stop_) {
       std::vector<ModelObj*> wake;
       Action action = Decide(&wake);
+      if (action.kind == kRoom) {  // its runtime's memory outside the switcher: asked outside the lock
+        std::function<bool(size_t)> room = options_.room;
+        lock.unlock();
+        bool coming = false;
+        try {
+          coming = room(action.need);
+        } catch (const std::exception&) {  // a failing callback is a refusal
+        }
+        lock.lock();
+        if (!coming) {
+          room_refused_.insert(action.m);  // decided again: the switch-in fails
+        } else {
+          cond_.wait_for(lock, std::chrono::milliseconds(2));
+        }
+        continue;
+      }
       if (action.kind == kNone) {
         if (!blocked_.empty()) {  // tell the policy outside the lock (it may call into streams)
           std::vector<Blocked> blocked;
@@ -746,6 +769,7 @@ class SwitcherCore : public Placement {
   std::vector<Blocked> blocked_;    // waits to report (NoteBlocked), delivered by the memory thread
   std::unordered_set<ModelObj*>
       reported_;  // waits reported since the last resume  // asked for by Evict (tvmsched bench switch)
+  std::unordered_set<ModelObj*> room_refused_;  // switch-ins options_.room refused (until their request ends)
   uint64_t evict_tickets_ = 0, evicted_ = 0;
   std::vector<StageEvent> events_;
   uint64_t clock_ = 0;

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
@@ -297,6 +298,12 @@ class Streamer final : public Placement {
 
   void Demand(ModelObj*, int group) override {
     std::lock_guard<std::mutex> lock(mu_);
+    if (parked_) {  // between turns: its memory first (the streamer's thread asks for it)
+      if (!wanted_) wanted_since_us_ = Device::NowMicros();
+      wanted_ = true;
+      Notify();
+      return;
+    }
     int at = Position(group);
     if (at >= 0 && m_->group_state(group) < kReady) Move(at);
   }
@@ -310,8 +317,37 @@ class Streamer final : public Placement {
     Move(cursor_);
   }
   void RequestFinished(ModelObj*) override {  // the next request starts from the first group
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    last_used_us_ = Device::NowMicros();
+    if (yield_ && ParkLocked(lock)) {  // another model waits for memory: its turn ends here when idle
+      lock.unlock();
+      if (turn_ended_) turn_ended_();
+      return;
+    }
     Move(0);
+  }
+
+  StreamedTurn Turn() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return StreamedTurn{static_cast<bool>(make_room_),
+                        !parked_ || granted_,
+                        parked_ && wanted_ && !granted_,
+                        need_,
+                        last_used_us_,
+                        wanted_ ? wanted_since_us_ : 0,
+                        yield_};
+  }
+  bool Park() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return ParkLocked(lock);
+  }
+  void Nudge() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (parked_ && wanted_) Notify();
+  }
+  void Yield() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (make_room_ && (!parked_ || granted_)) yield_ = true;
   }
   void Detach() override {
     {
@@ -332,6 +368,10 @@ class Streamer final : public Placement {
     std::unique_lock<std::mutex> lock(mu_);
     if (m_->users.load() > 0)
       TVM_FFI_THROW(TvmschedError) << "model " << m_->name() << " is in use; its copy floor is measured idle";
+    if (parked_ || unparking_) {
+      TVM_FFI_THROW(TvmschedError) << "model " << m_->name() << " is between turns (another streamed model holds "
+                                   << "the device memory); its copy floor is measured while it holds it";
+    }
     measuring_ = true;
     cond_.wait(lock, [&] { return !copying_; });
     for (int& g : slots_) g = -1;  // buffer 0 is written over: every group is loaded again afterwards
@@ -363,7 +403,7 @@ class Streamer final : public Placement {
   void Notify() {
     dirty_ = true;
     if (!started_ && !stop_ &&
-        !layout_.groups.empty()) {  // started on first use: a stream may re-plan the activations before
+        (!layout_.groups.empty() || make_room_)) {  // started on first use: a stream may re-plan the activations before
       started_ = true;
       thread_ = std::thread([this] { Loop(); });
     }
@@ -382,7 +422,11 @@ class Streamer final : public Placement {
     }
     while (!stop_) {
       if (!Step(lock, copy)) {
-        cond_.wait(lock, [&] { return stop_ || dirty_; });
+        if (parked_ && wanted_ && !failed_) {  // no memory for its turn yet: ask again shortly (turns end unasked)
+          cond_.wait_for(lock, std::chrono::milliseconds(2), [&] { return stop_ || dirty_; });
+        } else {
+          cond_.wait(lock, [&] { return stop_ || dirty_; });
+        }
         dirty_ = false;
       }
     }
@@ -394,6 +438,8 @@ class Streamer final : public Placement {
   /*! \brief Take back a buffer whose group is not wanted and fill a free one with a wanted group. */
   bool Step(std::unique_lock<std::mutex>& lock, StreamHandle copy) {
     if (measuring_ || failed_) return false;
+    if (parked_) return wanted_ && !unparking_ && Unpark(lock);
+    if (layout_.groups.empty()) return false;  // nothing streams (its thread runs for its turns only)
     int n = static_cast<int>(layout_.groups.size());
     int buffers = layout_.num_buffers;
     // the group the running request needs next, and (two buffers) the one after it; with one buffer the one after it
@@ -485,6 +531,110 @@ class Streamer final : public Placement {
     return out;
   }
 
+  /*! \brief All its device memory: the resident weights (copied from `resident`), each group's activations, the
+   *  stream buffers, and last the environment (a request starts once it is ready; the groups without streamed
+   *  weights become kReady then). Nothing is left allocated when it fails. */
+  void Allocate(const std::vector<std::pair<std::string, const std::string*>>& resident) {
+    ModelObj& m = *m_;
+    try {
+      for (const auto& [id, bytes] : resident) {
+        void* data = m.AllocTensor(id, "weight " + id, bytes->size());
+        device_->CopyToDevice(data, bytes->data(), bytes->size(), nullptr);
+      }
+      for (int g = 0; g < m.num_groups(); ++g) {
+        m.SetGroupState(g, kAbsent);
+        m.PrepareGroup(g, nullptr);  // activations (the streamed weights come with StreamIn)
+      }
+      if (!layout_.groups.empty()) {
+        for (int b = 0; b < layout_.num_buffers; ++b)
+          layout_.buffers[b] = m.AllocFor("a stream buffer", layout_.buffer_bytes + 4096);  // page-aligned inside
+      }
+      m.PrepareEnvironment();
+    } catch (...) {
+      m.FreeDeviceMemory();
+      FreeBuffers();
+      throw;
+    }
+    for (int g = 0; g < m.num_groups(); ++g) {
+      if (!layout_.stream_bytes[g]) m.SetGroupState(g, kReady);
+    }
+  }
+  /*! \brief Allocate (true) if the room is there; false if it is not (another model took it meanwhile too). */
+  bool Take(const std::vector<std::pair<std::string, const std::string*>>& resident) {
+    if (Free() < need_) return false;
+    try {
+      Allocate(resident);
+    } catch (const std::exception&) {
+      if (Free() >= need_) throw;  // not for want of room
+      return false;
+    }
+    std::lock_guard<std::mutex> lock(mu_);  // (its thread does not hold it while taking)
+    granted_ = true;                        // it holds its memory: the next turn's decision sees it
+    return true;
+  }
+  /*! \brief Room left in its budget (none: unlimited). */
+  size_t Free() const {
+    const auto& scope = m_->scope();
+    if (!scope || scope->budget() == 0) return SIZE_MAX;
+    size_t in_use = scope->in_use();
+    return scope->budget() > in_use ? scope->budget() - in_use : 0;
+  }
+  /*! \brief Take its memory for a turn (mu_ held; let go of while allocating): true when it holds it now or failed
+   *  for good (its placement error set); false while there is no room (it asks again). */
+  bool Unpark(std::unique_lock<std::mutex>& lock) {
+    if (m_->users.load() == 0) {  // its request went (failed by the watchdog): nobody waits
+      wanted_ = false;
+      return false;
+    }
+    unparking_ = true;
+    yield_ = false;  // (its runtime may ask it again while granting the turn: others wait)
+    lock.unlock();
+    double start = Device::NowMicros();
+    bool got = false;
+    std::string error;
+    try {
+      std::vector<std::pair<std::string, const std::string*>> resident;
+      for (const auto& [id, bytes] : resident_host_) resident.emplace_back(id, &bytes);
+      got = make_room_(m_, need_, [&] { return Take(resident); });  // its runtime decides whether it is its turn
+    } catch (const std::exception& err) {
+      error = ErrorLine(err);
+    }
+    lock.lock();
+    unparking_ = granted_ = false;
+    if (!got && error.empty()) return false;
+    if (got) {
+      parked_ = wanted_ = false;
+      slots_[0] = slots_[1] = -1;
+      last_used_us_ = Device::NowMicros();
+      if (events_.size() < 65536)
+        events_.push_back({m_->name(), "unpark", -1, start, last_used_us_, static_cast<int64_t>(need_), 0});
+      Move(0);
+    } else {
+      failed_ = true;
+      m_->SetPlacementError(error);
+    }
+    lock.unlock();
+    m_->Wake();  // outside mu_ (as Step)
+    lock.lock();
+    return true;
+  }
+  /*! \brief End its turn if nobody uses it (mu_ held): its device memory goes. */
+  bool ParkLocked(std::unique_lock<std::mutex>& lock) {
+    if (!make_room_) return false;
+    cond_.wait(lock, [&] { return !copying_; });  // a copy into a buffer finishes first
+    if (parked_) return true;
+    if (unparking_ || measuring_ || failed_ || stop_) return false;
+    if (!m_->TryFreeDeviceMemory()) return false;  // a request holds it (or was just taken)
+    FreeBuffers();
+    slots_[0] = slots_[1] = -1;
+    cursor_ = 0;
+    parked_ = true;
+    yield_ = granted_ = false;
+    double now = Device::NowMicros();
+    if (events_.size() < 65536) events_.push_back({m_->name(), "park", -1, now, now, static_cast<int64_t>(need_), 0});
+    return true;
+  }
+
   /*! \brief Lay the model out with `streamed` weights streamed: its groups, their plans, each group's place in a
    *  stream buffer. */
   StreamingFootprint LayOut(const std::set<std::string>& streamed, const std::map<std::string, size_t>& nbytes,
@@ -508,6 +658,15 @@ class Streamer final : public Placement {
   std::condition_variable cond_;
   std::thread thread_;
   bool started_ = false, stop_ = false, dirty_ = false, measuring_ = false, copying_ = false, failed_ = false;
+  // turns (TierOptions::make_room): parked_: its device memory is given back; wanted_: a request waits for it;
+  // unparking_: its thread is taking it; yield_: another model waits, park when idle
+  std::function<bool(ModelObj*, size_t, const std::function<bool()>&)> make_room_;
+  std::function<void()> turn_ended_;
+  bool parked_ = false, wanted_ = false, unparking_ = false, yield_ = false;
+  bool granted_ = false;  // its turn's memory was taken, its thread has yet to say so (parked_ is still set)
+  size_t need_ = 0;       // the device memory a turn takes
+  double last_used_us_ = 0, wanted_since_us_ = 0;
+  std::vector<std::pair<std::string, std::string>> resident_host_;  // the resident weights' host copies (turns)
   int cursor_ = 0;           // position in layout_.groups of the group the running request needs next
   int slots_[2] = {-1, -1};  // the group in each stream buffer
   char* bounce_ = nullptr;
@@ -582,8 +741,7 @@ void Streamer::Load(const std::string& path, ArtifactContents& contents, const T
       order, nbytes, env_bytes, room, buffer,
       [&](const std::set<std::string>& streamed) { return LayOut(streamed, nbytes, buffer); },
       [&](const std::string& why) { fail(why + " (" + path + ")"); });
-  size_t slot = choice.slot;
-  layout_.buffer_bytes = slot;
+  layout_.buffer_bytes = choice.slot;
   layout_.num_buffers = choice.buffers;
   layout_.resident_weight_bytes = choice.resident;
   for (int g = 0; g < m.num_groups(); ++g) {
@@ -595,25 +753,23 @@ void Streamer::Load(const std::string& path, ArtifactContents& contents, const T
   }
   layout_.store = std::make_unique<TierStore>(device_, options.tiers, streamed, m.name());
   m.SetPlacedTensors(layout_.streamed);  // StreamIn binds them; the model never allocates them
-  m.PrepareEnvironment();
+  std::vector<std::pair<std::string, const std::string*>> resident;
+  for (const auto& id : order) {
+    if (!layout_.streamed.count(id)) resident.emplace_back(id, &contents.weights.at(id).data);
+  }
+  make_room_ = options.make_room;
+  turn_ended_ = options.turn_ended;
+  need_ = room;
+  last_used_us_ = Device::NowMicros();
   try {
-    for (const auto& id : order) {
-      if (layout_.streamed.count(id)) continue;
-      const std::string& bytes = contents.weights.at(id).data;
-      void* data = m.AllocTensor(id, "weight " + id, bytes.size());
-      device_->CopyToDevice(data, bytes.data(), bytes.size(), nullptr);
-    }
-    for (int g = 0; g < m.num_groups(); ++g) {
-      m.PrepareGroup(g, nullptr);  // activations (the streamed weights come with StreamIn)
-      m.SetGroupState(g, layout_.stream_bytes[g] ? kAbsent : kReady);
-    }
-    if (!layout_.groups.empty()) {
-      for (int b = 0; b < layout_.num_buffers; ++b)
-        layout_.buffers[b] = m.AllocFor("a stream buffer", slot + 4096);  // page-aligned inside
+    if (make_room_) {  // it takes turns: its resident weights keep a host copy; no turn now: its first request's
+      for (const auto& [id, bytes] : resident) resident_host_.emplace_back(id, *bytes);
+      parked_ = !make_room_(m_, need_, [&] { return Take(resident); });
+      granted_ = false;
+    } else {
+      Allocate(resident);
     }
   } catch (...) {
-    m.FreeDeviceMemory();
-    FreeBuffers();
     layout_.store.reset();
     throw;
   }
@@ -680,6 +836,24 @@ void ReleaseTiers(ModelObj& model) {
 }
 
 std::vector<StageEvent> StreamerEvents(ModelObj& model) { return StreamerOf(model).Events(); }
+
+StreamedTurn TurnOf(ModelObj& model) {
+  Streamer* streamer = AsStreamer(model);
+  return streamer ? streamer->Turn() : StreamedTurn{};
+}
+
+bool ParkStreamed(ModelObj& model) {
+  Streamer* streamer = AsStreamer(model);
+  return streamer && streamer->Park();
+}
+
+void YieldStreamed(ModelObj& model) {
+  if (Streamer* streamer = AsStreamer(model)) streamer->Yield();
+}
+
+void NudgeStreamed(ModelObj& model) {
+  if (Streamer* streamer = AsStreamer(model)) streamer->Nudge();
+}
 
 std::map<std::string, std::pair<double, size_t>> TierCopyFloor(ModelObj& model, int repeat) {
   return StreamerOf(model).CopyFloor(repeat);

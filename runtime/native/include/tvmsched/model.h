@@ -76,7 +76,10 @@ class ModelObj : public ffi::Object {
   const std::shared_ptr<Device>& shared_device() const { return device_; }
   /*! \brief The budget its memory counts against (null: none but the device's). */
   const std::shared_ptr<MemoryScope>& scope() const { return scope_; }
-  const std::string& name() const { return manifest_.model_name; }
+  /*! \brief The name it is served by: the artifact's model name, or its runtime's name for it (SetName). */
+  const std::string& name() const { return name_; }
+  /*! \brief Serve it as `name` (its runtime's: in events and error lines). Before any thread of its runs. */
+  void SetName(std::string name) { name_ = std::move(name); }
   int num_layers() const { return static_cast<int>(manifest_.layers.size()); }
   int reuse_distance() const { return reuse_distance_; }
   /*! \brief manifest.json as the loader verified it. */
@@ -220,6 +223,9 @@ class ModelObj : public ffi::Object {
   void AddUser();
   /*! \brief Clean the environment if nobody uses the model and every group is absent (the switcher). */
   bool TryCleanEnvironment();
+  /*! \brief Free all its device memory (FreeDeviceMemory, every group made absent) if nobody uses the model: a
+   *  streamed model's turn ending (tvmsched/tiering.h). */
+  bool TryFreeDeviceMemory();
 
   static constexpr bool _type_mutable = true;
   TVM_FFI_DECLARE_OBJECT_INFO_FINAL("tvmsched.Model", ModelObj, ffi::Object);
@@ -241,6 +247,7 @@ class ModelObj : public ffi::Object {
   StreamHandle StreamFor(int units);
 
   Manifest manifest_;
+  std::string name_;
   std::string manifest_json_;
   std::shared_ptr<Device> device_;
   std::shared_ptr<MemoryScope> scope_;

@@ -171,6 +171,11 @@ class RuntimeObj : public ffi::Object {
   void Fail(std::vector<Pending>* expired, const std::string& model);
   void PokeAll(const std::shared_ptr<Entry>& entry);
   void SweepLoop();
+  /*! \brief A turn-taking streamed model asks for `bytes` of device memory (TierOptions::make_room): whether it is
+   *  its turn, after parking (or asking to yield) the others in memory; if it is, `take` runs under turn_mu_ (one turn
+   *  decided and taken at a time) and its answer is returned. Null `model` and `take`: the switcher asks for a
+   *  switch-in (SwitchOptions::room): whether the room is there or coming. */
+  bool MakeRoom(ModelObj* model, size_t bytes, const std::function<bool()>* take);
   void WarmUp(const std::shared_ptr<Entry>& entry);
   Model LoadModel(const std::string& path, const LoadOptions& options) const;
 
@@ -194,6 +199,21 @@ class RuntimeObj : public ffi::Object {
   std::vector<size_t> tier_used_;  // per tier share: bytes the streamed models took
   std::thread sweeper_;            // fails requests whose timeout passed while every stream was busy
   std::shared_ptr<std::atomic<int64_t>> finished_for_memory_ = std::make_shared<std::atomic<int64_t>>(0);
+  /*! \brief What its streamed models' make_room asks (null once it shuts down: a model may outlive it; Shutdown
+   *  waits for the questions under way). */
+  struct TurnBoard {
+    std::mutex mu;
+    std::condition_variable done;
+    RuntimeObj* runtime = nullptr;
+    int asking = 0;
+    std::vector<Model> streamed;  // the turn-taking models (Ended nudges them without the runtime's lock)
+    /*! \brief MakeRoom of its runtime, if it still runs (else: yes for a streamed model, no for a switch-in). */
+    bool Ask(ModelObj* model, size_t bytes, const std::function<bool()>* take);
+    /*! \brief A turn ended: its runtime's waiting streamed models look again (NudgeStreamed). */
+    void Ended();
+  };
+  std::shared_ptr<TurnBoard> turns_ = std::make_shared<TurnBoard>();
+  std::mutex turn_mu_;  // held while a streamed model's turn is decided and taken (MakeRoom; never by a switch-in)
 };
 
 class Runtime : public ffi::ObjectRef {

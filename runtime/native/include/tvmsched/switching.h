@@ -26,6 +26,7 @@
 #ifndef TVMSCHED_SWITCHING_H_
 #define TVMSCHED_SWITCHING_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +44,10 @@ struct SwitchOptions {
   /*! \brief The budget of the models it switches (their Runtime's): `budget` 0 means this one's, and only
    *  their memory counts as in use. Null: the device's accounting (budget, else its free memory). */
   std::shared_ptr<MemoryScope> scope;
+  /*! \brief Memory its runtime can have given back (turn-taking streamed models, tvmsched/tiering.h): asked with the
+   *  bytes wanted, on the memory thread outside the switcher's lock, before a switch-in fails for memory that nothing
+   *  of its own will free. true: given back or coming (it waits and decides again); false: the switch-in fails. */
+  std::function<bool(size_t)> room;
 };
 
 class SwitcherCore;

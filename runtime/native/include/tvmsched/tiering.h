@@ -18,6 +18,7 @@
 #ifndef TVMSCHED_TIERING_H_
 #define TVMSCHED_TIERING_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -47,6 +48,17 @@ struct TierOptions {
   /*! \brief Launches its stream keeps in flight on a device whose launches are asynchronous: the activations are
    *  planned for that many at load, inside device_bytes (a stream re-planning them later would pass it). */
   int in_flight = 8;
+  /*! \brief Set: the model takes turns with other streamed models for its device memory (device_bytes). It holds
+   *  that memory only while its turn lasts. When a request wants it, the streamer's thread asks
+   *  `make_room(model, bytes, take)` — its runtime's choice: whether it is this model's turn, and whose turn ends
+   *  (ParkStreamed, YieldStreamed) — which, if it is, calls `take` (the allocation: false when the room is not
+   *  there) before any other turn is decided, and returns what `take` returned; false: it asks again when nudged
+   *  (NudgeStreamed) or shortly. After YieldStreamed it gives its memory back as soon as its stream is idle. Its
+   *  resident weights keep a host copy. Also asked once at load (false: it loads between turns). */
+  std::function<bool(ModelObj*, size_t, const std::function<bool()>&)> make_room;
+  /*! \brief Called (outside its locks) when its turn ended as YieldStreamed asked: the models waiting for memory
+   *  are told at once (NudgeStreamed) instead of at their next look. */
+  std::function<void()> turn_ended;
 };
 
 /*! \brief Where each streamed weight lives: the host tiers' memory and the disk file of one model. */
@@ -123,7 +135,30 @@ const StreamedLayout* StreamedLayoutOf(ModelObj& model);
  *  later requests fail with one line. No request may be running; nothing for a model that is not tiered. */
 void ReleaseTiers(ModelObj& model);
 
-/*! \brief The streamer's record: a "stream" event per group copied (bytes: what it copied). */
+/*! \brief A turn-taking streamed model's turn (TierOptions::make_room). */
+struct StreamedTurn {
+  bool takes_turns = false;     ///< it was loaded with make_room
+  bool in_memory = false;       ///< its device memory is held or being taken (false: parked between turns)
+  bool wanting = false;         ///< a request of its waits for its memory
+  size_t bytes = 0;             ///< the device memory its turn takes (its device_bytes)
+  double last_used_us = 0;      ///< when its latest request ended (or its memory was taken)
+  double wanting_since_us = 0;  ///< when a request began to wait for its memory (0: none waits; also while taking it)
+  bool yielding = false;        ///< asked to end its turn (YieldStreamed): it takes no new request until it has
+};
+StreamedTurn TurnOf(ModelObj& model);
+
+/*! \brief End a turn-taking model's turn now if nobody uses it: its device memory is given back (a "park" event);
+ *  true if it holds none afterwards. Its next request takes it again ("unpark"). */
+bool ParkStreamed(ModelObj& model);
+
+/*! \brief Another model waits for memory: this one ends its turn when its stream is next idle. */
+void YieldStreamed(ModelObj& model);
+
+/*! \brief A turn ended: a model waiting for its memory looks again now. */
+void NudgeStreamed(ModelObj& model);
+
+/*! \brief The streamer's record: a "stream" event per group copied (bytes: what it copied); "park" and "unpark"
+ *  events when a turn-taking model gave back or took its device memory (bytes: its turn's). */
 std::vector<StageEvent> StreamerEvents(ModelObj& model);
 
 /*! \brief Per tier (by kind), the seconds to copy the model's weights that live there into a stream
