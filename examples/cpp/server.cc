@@ -95,33 +95,13 @@ std::string OneLine(std::string text) {
   return text;
 }
 
-/*! \brief `parameters.priority` and `.timeout` (µs, Triton's) as Runtime::Submit takes them (as tvmsched serve's
- *  service.py reads them: 1 or "realtime" real-time; 0, "" or absent the model's; 2+ or "best_effort" best-effort). */
+/*! \brief `parameters.priority` and `.timeout` (µs, Triton's) as Runtime::Submit takes them (the engine's reading,
+ *  kserve::ReadScheduling, which tvmsched serve uses too). */
 tvmsched::SubmitOptions Scheduling(const ffi::Map<ffi::Any, ffi::Any>& parameters) {
+  kserve::Scheduling read = kserve::ReadScheduling(parameters);
   tvmsched::SubmitOptions options;
-  if (auto found = parameters.find(ffi::String("priority")); found != parameters.end()) {
-    const ffi::Any& p = (*found).second;
-    auto text = p.as<ffi::String>();
-    auto number = p.as<int64_t>();
-    if ((number && *number == 1) || (text && (*text == "realtime" || *text == "1"))) {
-      options.priority = 1;
-    } else if ((text && *text == "best_effort") || (number && *number > 1)) {
-      options.priority = 0;
-    } else if (!((number && *number == 0) || (text && (*text == "" || *text == "0")) || p == nullptr)) {
-      throw HttpError(400,
-                      "parameter priority must be 0 (the model's), 1 or 'realtime' (real-time), 2 or more or "
-                      "'best_effort', not " +
-                          kserve::Quote(p));
-    }
-  }
-  if (auto found = parameters.find(ffi::String("timeout")); found != parameters.end()) {
-    auto us = (*found).second.as<int64_t>();
-    if (!us || *us < 0) {
-      throw HttpError(400, "parameter timeout must be a non-negative number of microseconds, not " +
-                               kserve::Quote((*found).second));
-    }
-    if (*us > 0) options.timeout_us = static_cast<double>(*us);
-  }
+  options.priority = read.priority;
+  if (read.timeout_us > 0) options.timeout_us = static_cast<double>(read.timeout_us);
   return options;
 }
 

@@ -106,3 +106,25 @@ def test_strings_escapes_keys_and_integers():
                           (b'{"inputs": [{"name": "x", "datatype": "INT64", "shape": [2], "data": [1, 9223372036854775808]}]}', "which is not a INT64 value")]:
         status, line = parse(bad, None)
         assert status == 400 and fragment in line, line
+
+
+@pytest.mark.parametrize("parameters, want", [
+    ({}, [0, -1, 0]), ({"priority": 1}, [0, 1, 0]), ({"priority": "realtime"}, [0, 1, 0]), ({"priority": "1"}, [0, 1, 0]),
+    ({"priority": 0}, [0, -1, 0]), ({"priority": ""}, [0, -1, 0]), ({"priority": 2}, [0, 0, 0]),
+    ({"priority": "best_effort", "timeout": 250}, [0, 0, 250]), ({"timeout": 0}, [0, -1, 0]),
+])
+def test_both_servers_read_priority_and_timeout_alike(parameters, want):
+    """One reading of Triton's scheduling parameters (kserve::ReadScheduling) for the C++ server and tvmsched serve."""
+    assert [int(v) for v in native.func("kserve_scheduling")(parameters)] == want
+
+
+@pytest.mark.parametrize("parameters, fragment", [
+    ({"priority": True}, "parameter priority must be 0 (the model's), 1 or 'realtime' (real-time), 2 or more or "
+                         "'best_effort', not true"),
+    ({"priority": -1}, "not -1"), ({"priority": "urgent"}, 'not "urgent"'), ({"priority": 1.0}, "not 1.0"),
+    ({"timeout": -5}, "parameter timeout must be a non-negative number of microseconds, not -5"),
+    ({"timeout": "10"}, 'not "10"'), ({"timeout": False}, "not false"), ({"timeout": 2.5}, "not 2.5"),
+])
+def test_scheduling_parameters_of_another_kind_are_a_400_line(parameters, fragment):
+    status, line = native.func("kserve_scheduling")(parameters)
+    assert int(status) == 400 and fragment in str(line) and "\n" not in str(line)

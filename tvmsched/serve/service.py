@@ -315,18 +315,12 @@ class InferenceService:
 
 
 def _scheduling(parameters: dict) -> tuple[str | None, int]:
-    """(priority for Runtime.submit or None: the model's; timeout µs, 0: none) from a request's parameters."""
-    priority = parameters.get("priority", 0)
-    if priority in (1, "realtime", "1"):
-        chosen = "realtime"
-    elif priority in (0, "", "0", None):
-        chosen = None
-    elif priority == "best_effort" or isinstance(priority, int) and not isinstance(priority, bool) and priority > 1:
-        chosen = "best_effort"
-    else:
-        raise ServeError(f"parameter priority must be 0 (the model's), 1 or 'realtime' (real-time), 2 or more or "
-                         f"'best_effort', not {priority!r}")
-    timeout = parameters.get("timeout", 0)
-    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
-        raise ServeError(f"parameter timeout must be a non-negative number of microseconds, not {timeout!r}")
-    return chosen, timeout
+    """(priority for Runtime.submit or None: the model's; timeout µs, 0: none) from a request's parameters, read by the
+    engine (kserve::ReadScheduling, as the C++ server reads them)."""
+    if not parameters:
+        return None, 0
+    status, *rest = native.func("kserve_scheduling")(parameters)
+    if status:
+        raise ServeError(str(rest[0]), int(status))
+    priority, timeout = int(rest[0]), int(rest[1])
+    return {1: "realtime", 0: "best_effort"}.get(priority), timeout

@@ -641,6 +641,38 @@ std::vector<TensorInfo> Infos(const ffi::Array<ffi::Array<ffi::Any>>& list) {
   return out;
 }
 
+}  // namespace
+
+Scheduling ReadScheduling(const ffi::Map<ffi::Any, ffi::Any>& parameters) {
+  Scheduling out;
+  if (auto found = parameters.find(ffi::String("priority")); found != parameters.end()) {
+    const ffi::Any& p = (*found).second;
+    auto text = p.as<ffi::String>();
+    auto number = p.type_index() == ffi::TypeIndex::kTVMFFIBool ? std::nullopt : p.as<int64_t>();
+    if ((number && *number == 1) || (text && (*text == "realtime" || *text == "1"))) {
+      out.priority = 1;
+    } else if ((text && *text == "best_effort") || (number && *number > 1)) {
+      out.priority = 0;
+    } else if (!((number && *number == 0) || (text && (*text == "" || *text == "0")) || p == nullptr)) {
+      throw Error(400,
+                  "parameter priority must be 0 (the model's), 1 or 'realtime' (real-time), 2 or more or "
+                  "'best_effort', not " +
+                      Quote(p));
+    }
+  }
+  if (auto found = parameters.find(ffi::String("timeout")); found != parameters.end()) {
+    const ffi::Any& t = (*found).second;
+    auto us = t.type_index() == ffi::TypeIndex::kTVMFFIBool ? std::nullopt : t.as<int64_t>();
+    if (!us || *us < 0) {
+      throw Error(400, "parameter timeout must be a non-negative number of microseconds, not " + Quote(t));
+    }
+    out.timeout_us = *us;
+  }
+  return out;
+}
+
+namespace {
+
 /*! \brief A request as the Python caller holds it between parse and encode: [id, [name, binary?]...]. */
 ffi::Array<ffi::Any> Pending(const Request& request) {
   ffi::Array<ffi::Any> out{request.id};
@@ -696,6 +728,15 @@ TVM_FFI_STATIC_INIT_BLOCK() {
           }
         });
     return ffi::Array<ffi::Any>{parse, encode};
+  });
+  // tvmsched.engine.kserve_scheduling(parameters) -> [0, priority (1, 0, -1), timeout µs (0: none)] or [400, line]
+  refl::GlobalDef().def("tvmsched.engine.kserve_scheduling", [](ffi::Map<ffi::Any, ffi::Any> parameters) {
+    try {
+      Scheduling s = ReadScheduling(parameters);
+      return ffi::Array<ffi::Any>{int64_t{0}, static_cast<int64_t>(s.priority), s.timeout_us};
+    } catch (const Error& err) {
+      return Refusal(err);
+    }
   });
 }
 

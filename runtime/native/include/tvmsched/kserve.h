@@ -89,6 +89,15 @@ struct Response {
 Response EncodeResponse(const std::string& model, const std::string& version, const Request& request,
                         const ffi::Map<ffi::String, ffi::Tensor>& outputs);
 
+/*! \brief A request's scheduling parameters (Triton's `priority` and `timeout`), read once for both servers. */
+struct Scheduling {
+  int priority = -1;       ///< 1: real-time, 0: best-effort, -1: its model's
+  int64_t timeout_us = 0;  ///< the longest it may stay queued (0: its model's default)
+};
+/*! \brief `parameters.priority`: 1 or "realtime" real-time; 0, "", "0" or absent its model's; 2 or more or
+ *  "best_effort" best-effort. `.timeout`: a non-negative whole number of µs. 400 for anything else. */
+Scheduling ReadScheduling(const ffi::Map<ffi::Any, ffi::Any>& parameters);
+
 /*! \brief The inputs of a /v1 request body, {"inputs": {NAME: data nested as its shape}} (examples/server.py's JSON
  *  contract; elements checked as /v2's, each of the dtype of the model's input of that name, else FP32); 422 for a
  *  body of another form. */
