@@ -103,9 +103,10 @@ PolicyModel MakePolicyModel(std::string name, std::vector<std::vector<CandidateI
   return model;
 }
 
-void LayerScheduler::RecordTime(double us) {
-  if (decision_us_.size() >= kHistory) decision_us_.pop_front();
+void LayerScheduler::RecordTime(double us, double monitor_us) {
+  if (decision_us_.size() >= kHistory) decision_us_.pop_front(), monitor_us_.pop_front();
   decision_us_.push_back(us);
+  monitor_us_.push_back(monitor_us);
 }
 
 PolicyDecision LayerScheduler::Choose(const PolicyModel& model, const std::vector<const StreamView*>& all_others,
@@ -232,6 +233,7 @@ class ColocationPolicy : public Policy {
     }
     double start = NowUs();
     std::vector<StreamView> views = input.monitor ? input.monitor() : std::vector<StreamView>();
+    double monitor_us = NowUs() - start;
     // it starts when its own stream's earlier work is done; the model's other streams run beside it like any other
     double start_us = 0;
     std::vector<const StreamView*> others;
@@ -248,7 +250,7 @@ class ColocationPolicy : public Policy {
     PolicyDecision decision = scheduler_.Choose(m, others, start_us);
     if (input.queued == nullptr || !input.queued->empty()) decision.launch = {0};
     decision.seconds = (NowUs() - start) / 1e6;
-    scheduler_.RecordTime(decision.seconds * 1e6);
+    scheduler_.RecordTime(decision.seconds * 1e6, monitor_us);
     return decision;
   }
 

@@ -705,6 +705,14 @@ std::tuple<int64_t, double, double> RuntimeObj::DecisionStats() {
   return {scheduler->decided(), Percentile(times, 50), Percentile(times, 99)};
 }
 
+std::pair<double, double> RuntimeObj::MonitorStats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  LayerScheduler* scheduler = SchedulerOf(*policy_);
+  if (!scheduler) return {-1, -1};
+  std::vector<double> times(scheduler->monitor_us().begin(), scheduler->monitor_us().end());
+  return {Percentile(times, 50), Percentile(std::move(times), 99)};
+}
+
 std::vector<std::string> RuntimeObj::models() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> names;

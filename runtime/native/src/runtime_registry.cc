@@ -179,6 +179,11 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              auto [decided, p50, p99] = rt->DecisionStats();
              return ffi::Array<ffi::Any>{decided, p50, p99};
            })
+      .def("decision_monitor_stats",
+           [](Runtime rt) {
+             auto [p50, p99] = rt->MonitorStats();
+             return ffi::Array<double>{p50, p99};
+           })
       .def("models",
            [](Runtime rt) {
              ffi::Array<ffi::String> out;

@@ -139,14 +139,16 @@ class LayerScheduler {
   /*! \brief Decisions taken, and the latest ones' times (µs; up to kHistory). */
   int64_t decided() const { return decided_; }
   const std::deque<double>& decision_us() const { return decision_us_; }
-  void RecordTime(double us);
+  /*! \brief Of each of those, the time spent reading the monitor (every stream's state, under its lock). */
+  const std::deque<double>& monitor_us() const { return monitor_us_; }
+  void RecordTime(double us, double monitor_us);
   static constexpr size_t kHistory = 10000;
 
  private:
   std::shared_ptr<ColocationTable> table_;
   std::unordered_map<std::string, double> fastest_us_;  // model -> latency of its fastest candidates
   int64_t decided_ = 0;
-  std::deque<double> decision_us_;
+  std::deque<double> decision_us_, monitor_us_;
 };
 
 /*! \brief A policy by kind ("colocation", "fastest", "partition", "fcfs"); `table`: colocation's profile (null: the

@@ -123,6 +123,8 @@ class RuntimeObj : public ffi::Object {
   std::map<std::string, ModelStats> Stats();
   /*! \brief The colocation policy's decisions: how many, and the p50 / p99 of the latest ones' times (µs; -1: none). */
   std::tuple<int64_t, double, double> DecisionStats();
+  /*! \brief Of the same decisions, the p50 / p99 of the time spent reading the monitor (µs; -1: none). */
+  std::pair<double, double> MonitorStats();
   /*! \brief How often a switch-in waited for memory that paused best-effort requests held, and the preemption group
    *  let them finish (and pause again) to free it. */
   int64_t finished_for_memory() const { return finished_for_memory_->load(); }
