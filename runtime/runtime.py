@@ -84,6 +84,8 @@ class _Decisions:
     p50_us: float | None = None
     p99_us: float | None = None
     table: ColocationTable | None = field(default=None, repr=False)
+    monitor_p50_us: float | None = None  # of those times, reading every stream's state (the monitor)
+    monitor_p99_us: float | None = None
 
 
 class Runtime:
@@ -151,12 +153,14 @@ class Runtime:
 
     @property
     def scheduler(self) -> _Decisions | None:
-        """The colocation policy's decisions (how many; the p50/p99 of their times in µs) and its profile; None for
-        the other policies."""
+        """The colocation policy's decisions (how many; the p50/p99 of their times in µs, and of the part spent reading
+        the monitor) and its profile; None for the other policies."""
         if self.policy_kind != "colocation":
             return None
         decided, p50, p99 = self._engine.decision_stats()
-        return _Decisions(int(decided), _or_none(p50), _or_none(p99), self._table_view)
+        monitor_p50, monitor_p99 = self._engine.decision_monitor_stats()
+        return _Decisions(int(decided), _or_none(p50), _or_none(p99), self._table_view, _or_none(monitor_p50),
+                          _or_none(monitor_p99))
 
     def load(self, artifact, *, qos_ms: float | None = None, priority: str = "best_effort", name: str | None = None,
              resident: bool = True, device_bytes: int | None = None, warmup: bool = False, streams: int = 1) -> Model:

@@ -201,6 +201,8 @@ def test_colocation_decides_when_a_stream_takes_a_request_against_the_busy_strea
         finished(request)
     decided, p50_us, p99_us = rt.decision_stats()
     assert int(decided) == len(requests) and 0 < float(p50_us) <= float(p99_us)
+    monitor_p50, monitor_p99 = rt.decision_monitor_stats()  # a part of each decision: below it at every percentile
+    assert 0 < float(monitor_p50) <= float(p50_us) and float(monitor_p50) <= float(monitor_p99) <= float(p99_us)
     layers = {name: len(Executor(str(kit_artifacts(name))).manifest.layers) for name in inputs}
     for request, name in zip(requests, [name for _ in range(15) for name in inputs]):
         assert len(request.candidate_ids()) == layers[name]  # chosen when a stream took it
