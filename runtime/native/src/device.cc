@@ -11,6 +11,11 @@ size_t MemoryScope::in_use() const {
   return in_use_;
 }
 
+size_t MemoryScope::left() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return budget_ > in_use_ ? budget_ - in_use_ : 0;
+}
+
 size_t MemoryScope::peak() const {
   std::lock_guard<std::mutex> lock(mu_);
   return peak_;

@@ -153,7 +153,7 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
     size_t held = in_use > turn_held ? in_use - turn_held : 0;
     size_t room = budget > held ? budget - held : 0;
     if (options.device_bytes > 0) {
-      size_t left = budget > in_use ? budget - in_use : 0;
+      size_t left = scope_->left();
       if (options.device_bytes > left) {
         TVM_FFI_THROW(TvmschedError) << "model " << name << " asks for " << options.device_bytes
                                      << " bytes of device memory; " << left << " are left";
@@ -212,6 +212,7 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
   const Manifest& manifest = first->manifest();
   entry->qos_ms = options.qos_ms > 0 ? options.qos_ms : options.qos_ms < 0 ? -1 : manifest.qos_ms.value_or(-1);
   entry->models.push_back(first);
+  entry->takes_turns = TurnOf(*first.get()).takes_turns;
   std::vector<Stream> streams;
   try {
     for (int i = 1; i < options.streams; ++i) {  // its other streams: resident copies of their own
@@ -268,7 +269,7 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
       }
     }
     table_->AddCandidates(entry->policy_model);
-    if (TurnOf(*first.get()).takes_turns) {
+    if (entry->takes_turns) {
       std::lock_guard<std::mutex> turns(turns_->mu);
       turns_->streamed.push_back(first);
     }
@@ -436,9 +437,8 @@ bool RuntimeObj::MakeRoom(ModelObj* model, size_t bytes, const std::function<boo
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& e : order_) {
-      if (e->models[0].get() == model) continue;
+      if (e->models[0].get() == model || !e->takes_turns) continue;
       StreamedTurn turn = TurnOf(*e->models[0].get());
-      if (!turn.takes_turns) continue;
       if (!switch_in && turn.wanting && turn.wanting_since_us < since) return false;  // an earlier one's turn first
       others_wait |= turn.wanting;
       if (turn.in_memory) others.emplace_back(turn, e);
@@ -446,10 +446,7 @@ bool RuntimeObj::MakeRoom(ModelObj* model, size_t bytes, const std::function<boo
   }
   std::sort(others.begin(), others.end(),
             [](const auto& a, const auto& b) { return a.first.last_used_us < b.first.last_used_us; });
-  auto free = [&] {
-    size_t in_use = scope_->in_use();
-    return scope_->budget() > in_use ? scope_->budget() - in_use : 0;
-  };
+  auto free = [&] { return scope_->left(); };
   std::vector<Model> busy;
   for (auto& [turn, other] : others) {
     if (free() >= bytes) break;
@@ -512,7 +509,7 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
   if (lane.empty()) return {};
   // a streamed model asked to end its turn takes nothing more: its stream drains, it parks, the waiting one goes
   // (its stream asks again when its request ends: it is then between turns and waits for its own)
-  if (TurnOf(*entry->models[0].get()).yielding) return {};
+  if (entry->takes_turns && TurnOf(*entry->models[0].get()).yielding) return {};
   if (policy_->serial()) {  // one request at a time across the models, the oldest first
     if (serial_running_ > 0) return {};
     std::shared_ptr<Entry> oldest = OldestLocked();

@@ -460,8 +460,8 @@ class SwitcherCore : public Placement {
     // still to run and be cleaned): no end to a wait
     if (in_use + need > options_.budget && RunningBytes() == 0 && StartedBytes(m) == 0 && EarlierBytes(m, g) == 0 &&
         !Busy()) {
-      std::ostringstream text;
       if (options_.room && !room_refused_.count(m)) return {kRoom, m, {}, "", false, 0, need};
+      std::ostringstream text;
       text << "model " << m->name() << " cannot be switched in: its sub-task " << g << " needs " << need << " bytes; "
            << in_use << " of the budget of " << options_.budget
            << " bytes are held by memory no request of its runtime "
@@ -496,8 +496,8 @@ class SwitcherCore : public Placement {
     if (Action a = TakeFinished(nullptr); a.kind != kNone) return a;
     if (Action a = TakeHeld(); a.kind != kNone) return a;
     if (RunningBytes() == 0 && StartedBytes(m) == 0 && !Busy()) {
-      std::ostringstream text;
       if (options_.room && !room_refused_.count(m)) return {kRoom, m, {}, "", false, 0, m->env_bytes()};
+      std::ostringstream text;
       text << "model " << m->name() << " cannot be switched in: its environment needs " << m->env_bytes() << " bytes; "
            << InUse() << " of the budget of " << options_.budget
            << " bytes are held by memory no request of its runtime "

@@ -575,9 +575,7 @@ class Streamer final : public Placement {
   /*! \brief Room left in its budget (none: unlimited). */
   size_t Free() const {
     const auto& scope = m_->scope();
-    if (!scope || scope->budget() == 0) return SIZE_MAX;
-    size_t in_use = scope->in_use();
-    return scope->budget() > in_use ? scope->budget() - in_use : 0;
+    return !scope || scope->budget() == 0 ? SIZE_MAX : scope->left();
   }
   /*! \brief Take its memory for a turn (mu_ held; let go of while allocating): true when it holds it now or failed
    *  for good (its placement error set); false while there is no room (it asks again). */

@@ -46,6 +46,8 @@ class MemoryScope {
   explicit MemoryScope(size_t budget) : budget_(budget) {}
   size_t budget() const { return budget_; }
   size_t in_use() const;
+  /*! \brief What the budget has left (0 when it is spent). */
+  size_t left() const;
   size_t peak() const;
   /*! \brief Count `nbytes` for `what`, or one TvmschedError line when the budget would be passed. */
   void Reserve(size_t nbytes, const std::string& what, const char* kind);

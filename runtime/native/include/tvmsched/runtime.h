@@ -160,6 +160,7 @@ class RuntimeObj : public ffi::Object {
     std::deque<Pending> queue, delayed;  // delayed: past their timeout under kDelay (they run after the others)
     double fastest_us = 0;               // its fastest candidates' isolated latency, summed
     bool closing = false;
+    bool takes_turns = false;  // a streamed model taking turns for its memory (TierOptions::make_room)
     int64_t refused = 0, timed_out = 0, inflight = 0;  // inflight: taken by a stream, not finished
   };
   /*! \brief A stream's source: what it runs next (under the runtime's lock; expired requests collected to fail). */
