@@ -112,7 +112,8 @@ void LayerScheduler::RecordTime(double us, double monitor_us) {
 PolicyDecision LayerScheduler::Choose(const PolicyModel& model, const std::vector<const StreamView*>& all_others,
                                       double start_us) {
   PolicyDecision decision;
-  std::vector<const StreamView*> others;
+  std::vector<const StreamView*>& others = busy_;  // (the scratch buffers keep their memory between decisions)
+  others.clear();
   for (const StreamView* view : all_others) {
     if (!view->remaining.empty()) others.push_back(view);
   }
@@ -131,21 +132,23 @@ PolicyDecision LayerScheduler::Choose(const PolicyModel& model, const std::vecto
     }
   } else {
     // each other stream's remaining layers laid out in time: the end of each
-    std::vector<std::vector<double>> ends(others.size());
+    std::vector<std::vector<double>>& ends = ends_;
+    if (ends.size() < others.size()) ends.resize(others.size());
     for (size_t s = 0; s < others.size(); ++s) {
       double t = 0;
-      ends[s].reserve(others[s]->remaining.size());
+      ends[s].clear();
       for (const CandidateInfo& c : others[s]->remaining) ends[s].push_back(t += c.latency_us);
     }
-    std::vector<const CandidateInfo*> running;
-    running.reserve(others.size());
+    std::vector<const CandidateInfo*>& running = running_;
+    std::vector<size_t>& at = at_;  // per stream, its first layer ending after `now` (`now` only grows)
+    at.assign(others.size(), 0);
     double now = start_us;
     decision.candidate_ids.reserve(model.layers.size());
     for (const auto& cands : model.layers) {
       running.clear();
       for (size_t s = 0; s < others.size(); ++s) {  // what each runs at `now` (none once it has finished)
-        auto at = std::upper_bound(ends[s].begin(), ends[s].end(), now) - ends[s].begin();
-        if (at < static_cast<long>(ends[s].size())) running.push_back(&others[s]->remaining[at]);
+        while (at[s] < ends[s].size() && ends[s][at[s]] <= now) ++at[s];
+        if (at[s] < ends[s].size()) running.push_back(&others[s]->remaining[at[s]]);
       }
       int best = 0;
       double best_cost = 0;
@@ -232,12 +235,13 @@ class ColocationPolicy : public Policy {
       return OldestAlone(input, m.fastest.empty() ? FastestIds(m.layers) : m.fastest);
     }
     double start = NowUs();
-    std::vector<StreamView> views = input.monitor ? input.monitor() : std::vector<StreamView>();
+    static const std::vector<StreamView> kNoViews;
+    const std::vector<StreamView>& views = input.monitor ? input.monitor() : kNoViews;
     double monitor_us = NowUs() - start;
     // it starts when its own stream's earlier work is done; the model's other streams run beside it like any other
     double start_us = 0;
-    std::vector<const StreamView*> others;
-    others.reserve(views.size());
+    std::vector<const StreamView*>& others = others_;
+    others.clear();
     bool own_found = false;
     for (const StreamView& view : views) {
       if (!own_found && view.name == input.stream) {
@@ -256,6 +260,7 @@ class ColocationPolicy : public Policy {
 
  private:
   LayerScheduler scheduler_;
+  std::vector<const StreamView*> others_;  // Decide's scratch
 };
 
 }  // namespace

@@ -403,7 +403,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              input.model = &found->second;
              input.stream = stream;
              input.queued = &queued;
-             input.monitor = [&monitor] { return monitor; };
+             input.monitor = [&monitor]() -> const std::vector<StreamView>& { return monitor; };
              input.total_units = p->table->total_units();
              input.loaded_models = static_cast<int>(loaded_models);
              PolicyDecision d = p->policy->Decide(input);

@@ -13,7 +13,6 @@ namespace tvmsched {
 
 namespace {
 
-constexpr size_t kLookahead = 4;     // queued requests of a stream the monitor lays out, besides the running one
 constexpr size_t kPolicyQueue = 64;  // queued requests a policy is shown
 
 double Percentile(std::vector<double> values, double q) {  // numpy's default (linear between the closest ranks)
@@ -33,24 +32,27 @@ std::string Ms(double us) {
 
 /*! \brief A running request's layers still to run, from its progress bitmap (done / all blocks per layer): a partly
  *  done layer keeps the share of its latency its remaining blocks stand for; then the requests queued behind it. */
-std::vector<CandidateInfo> StreamWork(const PolicyModel& model, const StreamState& state) {
-  std::vector<CandidateInfo> work;
+/*! \brief A busy stream's work still to run, into `work` (cleared; its buffer reused): its running request's layers
+ *  not yet done (a partly done one by the share of its blocks left), then each queued request's layers. */
+void StreamWork(const PolicyModel& model, const StreamSnapshot& state, const std::vector<std::vector<int64_t>>& blocks,
+                std::vector<CandidateInfo>* work) {
+  work->clear();
   const auto& layers = model.layers;
-  for (size_t i = 0; i < layers.size(); ++i) {
-    CandidateInfo cand = layers[i][state.ids.empty() ? 0 : state.ids[i]];
-    int64_t blocks = state.blocks[i];
+  const size_t n = layers.size();
+  for (size_t i = 0; i < n; ++i) {
+    int id = state.ids[i];
+    CandidateInfo cand = layers[i][id];
+    int64_t total = blocks[i][id];
     double left =
-        1.0 - static_cast<double>(std::min(std::max<int64_t>(state.done[i], 0), blocks)) / static_cast<double>(blocks);
+        1.0 - static_cast<double>(std::min(std::max<int64_t>(state.done[i], 0), total)) / static_cast<double>(total);
     if (left > 0) {
       if (left != 1.0) cand.latency_us *= left;
-      work.push_back(cand);
+      work->push_back(cand);
     }
   }
-  for (size_t q = 0; q < state.queued.size() && q < kLookahead; ++q) {
-    const auto& ids = state.queued[q];
-    for (size_t i = 0; i < layers.size(); ++i) work.push_back(layers[i][ids.empty() ? 0 : ids[i]]);
+  for (int q = 1; q < state.rows; ++q) {
+    for (size_t i = 0; i < n; ++i) work->push_back(layers[i][state.ids[q * n + i]]);
   }
-  return work;
 }
 
 ffi::Map<ffi::String, ffi::Tensor> ZeroInputs(const Manifest& manifest) {
@@ -532,7 +534,7 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
   input.model = &entry->policy_model;
   input.stream = entry->streams[stream]->name();
   input.queued = &queued;
-  input.monitor = [this] { return MonitorLocked(); };
+  input.monitor = [this]() -> const std::vector<StreamView>& { return MonitorLocked(); };
   input.total_units = total_units_;
   input.loaded_models = static_cast<int>(entries_.size());
   PolicyDecision decision = policy_->Decide(input);
@@ -635,21 +637,33 @@ void RuntimeObj::SweepLoop() {
   }
 }
 
-std::vector<StreamView> RuntimeObj::MonitorLocked() {
-  std::vector<StreamView> views;
+const std::vector<StreamView>& RuntimeObj::MonitorLocked() {
+  size_t k = 0;
   for (const auto& entry : order_) {
     for (const Stream& stream : entry->streams) {
-      std::optional<StreamState> state = stream->State();
-      if (!state) continue;
-      views.push_back({stream->name(), StreamWork(entry->policy_model, *state)});
+      if (k == monitor_views_.size()) monitor_views_.emplace_back(), monitor_reads_.emplace_back();
+      StreamView& view = monitor_views_[k];
+      if (view.name != stream->name()) view.name = stream->name();
+      if (stream->ReadState(&monitor_reads_[k])) {
+        StreamWork(entry->policy_model, monitor_reads_[k], stream->blocks(), &view.remaining);
+      } else {
+        view.remaining.clear();
+      }
+      ++k;
     }
   }
-  return views;
+  monitor_views_.resize(k);  // (fewer only after an unload)
+  monitor_reads_.resize(k);
+  return monitor_views_;
 }
 
 std::vector<StreamView> RuntimeObj::Monitor() {
   std::lock_guard<std::mutex> lock(mu_);
-  return MonitorLocked();
+  std::vector<StreamView> busy;
+  for (const StreamView& view : MonitorLocked()) {
+    if (!view.remaining.empty()) busy.push_back(view);
+  }
+  return busy;
 }
 
 std::map<std::string, ModelStats> RuntimeObj::Stats() {

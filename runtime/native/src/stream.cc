@@ -214,6 +214,9 @@ StreamObj::StreamObj(Model model, std::string name, StreamOptions options)
     threads_.push_back(threads);
   }
   progress_.assign(m_->num_layers(), -1);
+  pub_done_ = std::make_unique<std::atomic<int64_t>[]>(m_->num_layers());
+  pub_ids_ = std::make_unique<std::atomic<int32_t>[]>(static_cast<size_t>(m_->num_layers()) * (1 + kMonitorLookahead));
+  Publish(-1, true);
   m_->SetWaker([this] {  // a placement that prepares on demand wakes this stream when it prepared something
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -248,6 +251,7 @@ Request StreamObj::SubmitBy(ffi::Map<ffi::String, ffi::Tensor> inputs, std::vect
     }
     requests_.emplace_back(request);
     queued_.fetch_add(1, std::memory_order_release);
+    if (requests_.size() <= 1 + kMonitorLookahead) Publish(-2, true);
     // stage 1 starts now (paused: when it resumes, so a paused task holds up no other switch-in)
     if (!paused_locked() && !m_->resident()) m_->placement()->Demand(m_, -1);
   }
@@ -277,6 +281,7 @@ void StreamObj::Pull() {
     std::lock_guard<std::mutex> lock(mutex_);
     for (Request& request : got) requests_.push_back(std::move(request));
     queued_.fetch_add(static_cast<int64_t>(got.size()), std::memory_order_release);
+    Publish(-2, true);
     if (!paused_locked() && !m_->resident()) m_->placement()->Demand(m_, -1);
   }
   cond_.notify_all();
@@ -453,6 +458,53 @@ void StreamObj::SyncProgress() {
     int64_t done = std::min<int64_t>(counts[layer] / threads_[layer][c], blocks_[layer][c]);
     progress_[layer] = std::max(progress_[layer], done);
   }
+  Publish(-1, false);
+}
+
+void StreamObj::Publish(int layer, bool queue) {
+  const uint64_t seq = seq_.load(std::memory_order_relaxed);
+  seq_.store(seq + 1, std::memory_order_relaxed);  // odd: a reader that overlaps this write reads again
+  std::atomic_thread_fence(std::memory_order_release);
+  const int layers = m_->num_layers();
+  if (layer >= 0) pub_done_[layer].store(progress_[layer], std::memory_order_relaxed);
+  if (layer == -1) {
+    for (int i = 0; i < layers; ++i) pub_done_[i].store(progress_[i], std::memory_order_relaxed);
+  }
+  if (queue) {
+    int rows = static_cast<int>(std::min<size_t>(requests_.size(), 1 + kMonitorLookahead));
+    for (int r = 0; r < rows; ++r) {
+      const std::vector<int>& ids = requests_[r]->candidate_ids;
+      for (int i = 0; i < layers; ++i)
+        pub_ids_[r * layers + i].store(ids.empty() ? 0 : ids[i], std::memory_order_relaxed);
+    }
+    pub_rows_.store(rows, std::memory_order_relaxed);
+  }
+  seq_.store(seq + 2, std::memory_order_release);
+}
+
+int StreamObj::CopyPublished(StreamSnapshot* out) const {
+  const uint64_t before = seq_.load(std::memory_order_acquire);
+  if (before & 1) return -1;
+  const int layers = m_->num_layers();
+  const int rows = pub_rows_.load(std::memory_order_relaxed);
+  out->done.resize(layers);
+  out->ids.resize(static_cast<size_t>(rows) * layers);
+  for (int i = 0; i < layers; ++i) out->done[i] = pub_done_[i].load(std::memory_order_relaxed);
+  for (size_t i = 0; i < out->ids.size(); ++i) out->ids[i] = pub_ids_[i].load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (seq_.load(std::memory_order_relaxed) != before) return -1;
+  out->rows = rows;
+  return rows > 0 ? 1 : 0;
+}
+
+bool StreamObj::ReadState(StreamSnapshot* out) const {
+  // a writer holds the stream's lock for a few hundred stores at most: a few tries, then wait for it on the lock
+  constexpr int kTries = 64;
+  for (int attempt = 0; attempt < kTries; ++attempt) {
+    if (int got = CopyPublished(out); got >= 0) return got == 1;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);  // no writer now: every Publish runs under it
+  return CopyPublished(out) == 1;
 }
 
 void StreamObj::RecordTimeline(bool on) {
@@ -658,6 +710,7 @@ bool StreamObj::StartRequest() {
   request->id = ++request_ids_;  // the id its launches and timeline records carry
   if (m_->counts_progress()) m_->ResetProgress();
   std::fill(progress_.begin(), progress_.end(), 0);
+  Publish(-1, false);
   return true;
 }
 
@@ -834,6 +887,7 @@ void StreamObj::Retire(const Launch& launch, double end_us) {
     launched_at_.erase(found);
   }
   progress_[launch.layer] = blocks_[launch.layer][launch.candidate];
+  Publish(launch.layer, false);
   if (int g = m_->group_of(launch.layer); launch.layer == m_->group_layers(g).second && rerun_.empty()) {
     // stamped before the sub-task becomes kFinished: its placement may take it back at once
     m_->placement()->Release(m_, g, Device::NowMicros());
@@ -844,6 +898,7 @@ void StreamObj::Retire(const Launch& launch, double end_us) {
   queued_.fetch_sub(1, std::memory_order_relaxed);
   next_layer_ = 0;
   std::fill(progress_.begin(), progress_.end(), -1);
+  Publish(-1, true);
   try {
     done_.push_back({request, {m_->GetOutputs(), ""}});
     ++completed;
@@ -861,6 +916,7 @@ void StreamObj::FailHead(const std::string& error) {
   queued_.fetch_sub(1, std::memory_order_relaxed);
   next_layer_ = 0;
   std::fill(progress_.begin(), progress_.end(), -1);
+  Publish(-1, true);
   rerun_.clear();
   done_.push_back({request, {{}, error}});
   ++failed;
@@ -881,6 +937,7 @@ void StreamObj::RestartHead() {
   next_layer_ = 0;  // StartRequest runs again: inputs copied anew, a new request number, progress from 0
   rerun_.clear();
   std::fill(progress_.begin(), progress_.end(), -1);
+  Publish(-1, false);
 }
 
 std::string StreamObj::HandleFault(const Launch& launch, const std::string& error) {

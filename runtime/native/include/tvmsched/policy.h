@@ -99,8 +99,9 @@ struct PolicyInput {
   const PolicyModel* model = nullptr;
   std::string stream;  ///< the monitor's name of the stream (a model on several streams: which one)
   const std::vector<QueuedRequest>* queued = nullptr;  ///< the stream's queued requests, oldest first
-  /*! \brief Every busy stream's work still to run, read on demand (the policy's own stream included). */
-  std::function<std::vector<StreamView>()> monitor;
+  /*! \brief Every stream's work still to run, read on demand (the policy's own stream included; an idle stream's
+   *  is empty). The answer stays valid for the decision. */
+  std::function<const std::vector<StreamView>&()> monitor;
   int total_units = 1;
   int loaded_models = 1;
 };
@@ -139,7 +140,7 @@ class LayerScheduler {
   /*! \brief Decisions taken, and the latest ones' times (µs; up to kHistory). */
   int64_t decided() const { return decided_; }
   const std::deque<double>& decision_us() const { return decision_us_; }
-  /*! \brief Of each of those, the time spent reading the monitor (every stream's state, under its lock). */
+  /*! \brief Of each of those, the time spent reading the monitor (every stream's state). */
   const std::deque<double>& monitor_us() const { return monitor_us_; }
   void RecordTime(double us, double monitor_us);
   static constexpr size_t kHistory = 10000;
@@ -149,6 +150,12 @@ class LayerScheduler {
   std::unordered_map<std::string, double> fastest_us_;  // model -> latency of its fastest candidates
   int64_t decided_ = 0;
   std::deque<double> decision_us_, monitor_us_;
+  // Choose's scratch, kept between decisions: the busy streams, when each of their remaining layers ends, what runs
+  // beside the layer being chosen, and where each stream is at that time
+  std::vector<const StreamView*> busy_;
+  std::vector<std::vector<double>> ends_;
+  std::vector<const CandidateInfo*> running_;
+  std::vector<size_t> at_;
 };
 
 /*! \brief A policy by kind ("colocation", "fastest", "partition", "fcfs"); `table`: colocation's profile (null: the

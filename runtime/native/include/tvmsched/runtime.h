@@ -170,7 +170,9 @@ class RuntimeObj : public ffi::Object {
   std::shared_ptr<Entry> OldestLocked() const;
   /*! \brief Nothing of the model queued or running (takes the lock). */
   bool Drained(const Entry& entry) const;
-  std::vector<StreamView> MonitorLocked();
+  /*! \brief Every stream's work still to run (an idle stream's is empty), read without the streams' locks into
+   *  buffers kept between decisions (under the runtime's lock). */
+  const std::vector<StreamView>& MonitorLocked();
   void Fail(std::vector<Pending>* expired, const std::string& model);
   void PokeAll(const std::shared_ptr<Entry>& entry);
   void SweepLoop();
@@ -197,6 +199,8 @@ class RuntimeObj : public ffi::Object {
   std::unique_ptr<Policy> policy_;
   std::map<std::string, std::shared_ptr<Entry>> entries_;
   std::vector<std::shared_ptr<Entry>> order_;  // loaded models in load order (the monitor's order)
+  std::vector<StreamView> monitor_views_;      // MonitorLocked's answer, per stream of order_ (its buffers reused)
+  std::vector<StreamSnapshot> monitor_reads_;  // and each stream's snapshot
   int64_t serial_running_ = 0;                 // serial policies: requests running (0 or 1)
   bool closed_ = false;
   std::vector<size_t> tier_used_;  // per tier share: bytes the streamed models took

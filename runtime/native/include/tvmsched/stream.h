@@ -31,6 +31,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -120,12 +121,22 @@ struct PreemptReport {
   std::vector<Launch> finished;  ///< non-idempotent launches that were let run to their end
 };
 
+/*! \brief Requests queued behind the running one that the resource monitor lays out (ReadState). */
+constexpr int kMonitorLookahead = 4;
+
 /*! \brief What the resource monitor reads of a stream (a consistent snapshot). */
 struct StreamState {
   std::vector<int64_t> done;             ///< per layer, blocks the running request has completed (-1: not started)
   std::vector<int64_t> blocks;           ///< per layer, the blocks of its chosen candidate
   std::vector<int> ids;                  ///< the running request's candidate ids (empty: candidate 0)
   std::vector<std::vector<int>> queued;  ///< candidate ids of the requests queued behind it
+};
+
+/*! \brief The resource monitor's copy of a stream's state (StreamObj::ReadState), its buffers reused between reads. */
+struct StreamSnapshot {
+  int rows = 0;               ///< 0: idle; else the running request and the rows - 1 queued behind it
+  std::vector<int64_t> done;  ///< per layer, as StreamState::done
+  std::vector<int32_t> ids;   ///< rows x layers: each row's candidate ids (candidate 0 where a request was given none)
 };
 
 struct StreamOptions {
@@ -189,6 +200,14 @@ class StreamObj : public ffi::Object {
   int64_t pending() const { return queued_.load(std::memory_order_relaxed); }
   /*! \brief The running request's progress; nullopt when idle. */
   std::optional<StreamState> State();
+  /*! \brief The resource monitor's read: the same state without taking the stream's lock (a sequence lock; it
+   *  takes the lock only after many torn reads), the requests queued behind the running one cut to
+   *  kMonitorLookahead, into `out`'s buffers (no allocation once warm). Progress as the stream last published it:
+   *  by completed layers, or by the counters as the progress thread (asynchronous) or a State() last folded them.
+   *  False when idle. */
+  bool ReadState(StreamSnapshot* out) const;
+  /*! \brief Per layer, per candidate: the blocks a launch runs (fixed at creation). */
+  const std::vector<std::vector<int64_t>>& blocks() const { return blocks_; }
   /*! \brief Fold the kernels' progress counters into the bitmap. */
   void SyncProgress();
   void RecordTimeline(bool on);
@@ -314,6 +333,16 @@ class StreamObj : public ffi::Object {
   std::atomic<int64_t> queued_{0};  // requests_.size(), polled by the idle submitter
   Source source_;
   std::atomic<bool> pull_{false};  // ask the source: it was poked, or a request just ended
+  /*! \brief Under mutex_: copy the progress of `layer` (-1: every layer; -2: none) and, if `queue`, the requests'
+   *  candidate ids to what ReadState reads, between two steps of the sequence number (odd while writing). */
+  void Publish(int layer, bool queue);
+  /*! \brief ReadState's copy of the published state: 1 busy, 0 idle, -1 torn (read again); under mutex_ it cannot
+   *  be torn. */
+  int CopyPublished(StreamSnapshot* out) const;
+  std::atomic<uint64_t> seq_{0};
+  std::atomic<int> pub_rows_{0};  // requests published: the running one, then up to kMonitorLookahead queued
+  std::unique_ptr<std::atomic<int64_t>[]> pub_done_;  // per layer
+  std::unique_ptr<std::atomic<int32_t>[]> pub_ids_;   // per row, per layer
   std::thread thread_, progress_thread_;
 };
 
