@@ -208,6 +208,38 @@ def test_colocation_decides_when_a_stream_takes_a_request_against_the_busy_strea
         assert len(request.candidate_ids()) == layers[name]  # chosen when a stream took it
 
 
+def test_the_monitor_read_while_streams_run_shows_each_stream_s_remaining_layers_never_a_torn_mix(runtime, kit_artifacts):  # noqa: F811,E501
+    # every view is the running request's layers from the first not done (that one possibly part done, at a share of
+    # its latency), then whole queued requests: read without the streams' locks, it must never mix two requests
+    rt = runtime(policy="colocation", total_units=2)
+    names = ("mlp", "resnet18-small")
+    layers = {}
+    for name in names:
+        rt.load(str(kit_artifacts(name)), {"streams": 2})
+        manifest = Executor(str(kit_artifacts(name))).manifest
+        layers[name] = [{(min(c.units or 2, 2), c.latency_us) for c in layer.candidates} for layer in manifest.layers]
+    inputs = {name: to_engine(Executor(str(kit_artifacts(name))).random_inputs(0)) for name in names}
+    requests = [rt.submit(name, inputs[name], -1, -1.0) for _ in range(12) for name in names]
+    views = 0
+    while not all(r.done() for r in requests):
+        for stream, work in rt.monitor():
+            cands = layers[str(stream).split("#")[0]]
+            n = len(cands)
+            work = [(int(u), float(lat)) for u, lat in work]
+            first = n - len(work) % n if len(work) % n else 0  # the running request's first layer not done
+            assert len(work) <= 5 * n
+            for k, (units, latency) in enumerate(work):
+                layer = (first + k) % n
+                if k == 0 and first > 0 and (units, latency) not in cands[layer]:  # part done: a share of its latency
+                    assert any(units == u and 0 < latency < lat for u, lat in cands[layer]), (stream, k, work)
+                else:
+                    assert (units, latency) in cands[layer], (stream, k, work)
+            views += 1
+    for request in requests:
+        finished(request)
+    assert views > 0 and len(rt.monitor()) == 0  # seen busy; idle at the end
+
+
 def test_unload_lets_the_queued_requests_finish_then_frees_the_name(runtime, mlp, mlp_run):
     rt = runtime()
     rt.load(mlp, {"streams": 2})
