@@ -43,6 +43,7 @@ def compile_model(
     loop_checks: int = 0,
     progress_counters: bool = False,
     index_checks: bool = True,
+    batch_size: int | None = None,
     progress: bool = False,
 ) -> Artifact:
     """ONNX → Relax → fused layers → (tuned or default) kernels → artifact (in memory).
@@ -69,12 +70,22 @@ def compile_model(
         progress_counters: kernels count their completed blocks into a per-layer counter (passes.progress).
         index_checks: bounds-check indices read from run-time data (Gather, Scatter*, ...); off only to
             measure what the checks cost: an unchecked artifact reads and writes out of bounds on bad indices.
+        batch_size: compile for this many rows: the model's batch dimension is found, the model rewritten for it
+            and checked row by row against onnxruntime (tvmsched.frontend.batching; a model whose rows are not
+            independent is refused naming the node). None: the shapes as the model (and `input_shapes`) give them.
         progress: show a progress bar while tuning (or deciding between records and default schedules).
     """
     info = _check_options(target, qos_ms, tune_trials, tune_minutes, rpc)
     loop_checks = int(loop_checks)
     if loop_checks < 0 or (loop_checks and not preempt_checks):
         raise TvmschedError(f"--loop-checks {loop_checks}: give K >= 1 (checks per loop) with preempt checks on, or 0")
+    if batch_size is not None:
+        from tvmsched.frontend import batching
+
+        batching.check_rows(model, input_shapes)
+        batched = batching.rebatch(model, batch_size, input_shapes)
+        model, input_shapes = batched.model, batched.input_shapes
+        log.info("batch size %d: %d Reshape targets rewritten", batch_size, len(batched.rewritten))
     graph, funcs, tvm_target = lower_model(model, target, input_shapes, index_checks)
     plan = _choose_kernels(
         graph, funcs, tvm_target, tune_trials=tune_trials, database=database, qos_ms=qos_ms, units=units, rpc=rpc,
@@ -86,6 +97,8 @@ def compile_model(
         plan = _progress_counted(plan, gpu=info.gpu)
     library = kernels.build_library(plan.kernels, tvm_target, extra_sources=_extra_sources(plan, info))
     manifest = _manifest(model, graph, funcs, name, target, tvm_target, plan, qos_ms)
+    if batch_size is not None:
+        manifest = dataclasses.replace(manifest, batch_size=batch_size)
     log.info("compiled %s: %d layers, %d kernels", name, len(graph.layers), len(plan.kernels))
     return Artifact(manifest, library, graph.weights)
 

@@ -107,6 +107,9 @@ class Manifest:
     # CUDA: the SM count the default schedules were tiled for (tvmsched.lower.targets.gpu_sms; None: a CPU artifact,
     # or one older than the field). A candidate's waves are its blocks over its units, or over these SMs.
     gpu_sms: int | None = None
+    # The rows every input's first dimension holds when compiled with a batch size (tvmsched.frontend.batching; None:
+    # the shapes the model gave, or an artifact older than the field).
+    batch_size: int | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict:

@@ -16,6 +16,7 @@ def describe(manifest: Manifest) -> str:
         "inputs  " + ", ".join(f"{b.name} {_shape(tensors[b.tensor])}" for b in manifest.inputs),
         "outputs " + ", ".join(f"{b.name} {_shape(tensors[b.tensor])}" for b in manifest.outputs),
         *([f"QoS target {manifest.qos_ms} ms"] if manifest.qos_ms else []),
+        *([f"batch size {manifest.batch_size} (every input's first dimension)"] if manifest.batch_size else []),
         f"{len(manifest.layers)} layers, weights {weights / 1e6:.2f} MB, "
         f"total {sum(layer.flops for layer in manifest.layers) / 1e9:.3f} GFLOP",
         *_tuning_lines(manifest.tuning),

@@ -89,11 +89,14 @@ def models_build(name: str, output: str | None, seed: int) -> None:
               help="Bounds-check indices read from run-time data (off only to measure the checks: unsafe).")
 @click.option("--sign", "sign_key", type=click.Path(dir_okay=False), metavar="KEYFILE",
               help="Sign the artifact with this Ed25519 private key (tvmsched keys generate).")
+@click.option("--batch-sizes", "batch_csv", metavar="B",
+              help="Compile for B rows: the batch dimension is found and checked row by row against onnxruntime "
+                   "(one size per artifact in this release).")
 def compile_cmd(
     model: str, output: str | None, target: str, input_shapes: tuple[str, ...], tune_trials: int,
     tune_minutes: float | None, db_url: str | None, db_token_file: str | None, qos_ms: float | None,
     units_csv: str | None, rpc: str | None, preempt_checks: bool, loop_checks: int, progress_counters: bool, index_checks: bool,
-    sign_key: str | None,
+    sign_key: str | None, batch_csv: str | None,
 ) -> None:
     """Compile an ONNX MODEL into a per-layer artifact (tuned with --tune-trials and/or --tune-minutes)."""
     from tvmsched.frontend.loader import parse_input_shapes
@@ -107,6 +110,7 @@ def compile_cmd(
 
     check_tuning_budget(tune_trials, tune_minutes, qos_ms)  # before any long work
     shapes = parse_input_shapes(input_shapes)
+    batch_size = _parse_batch_sizes(batch_csv)
     signing_key = None
     if sign_key:  # read before compiling: a bad key fails fast
         from tvmsched.artifact.signing import key_id, load_private_key
@@ -122,7 +126,7 @@ def compile_cmd(
         model, target=target, input_shapes=shapes, tune_trials=tune_trials, tune_minutes=tune_minutes,
         database=database, progress=tuning,
         qos_ms=qos_ms, units=_parse_units(units_csv), rpc=rpc, preempt_checks=preempt_checks, loop_checks=loop_checks,
-        progress_counters=progress_counters, index_checks=index_checks,
+        progress_counters=progress_counters, index_checks=index_checks, batch_size=batch_size,
     )
     artifact.save(output, signing_key)
     manifest = artifact.manifest
@@ -133,6 +137,19 @@ def compile_cmd(
         f"wrote {output}: {len(manifest.layers)} layers, {manifest.device} ({manifest.device_code}), "
         f"{os.path.getsize(output) / 1e6:.2f} MB{signed}"
     )
+
+
+def _parse_batch_sizes(text: str | None) -> int | None:
+    """--batch-sizes: one positive size (None when not given)."""
+    if text is None:
+        return None
+    sizes = text.split(",")
+    if not all(size.strip().isdigit() and int(size) > 0 for size in sizes):
+        raise TvmschedError(f"--batch-sizes {text!r} is not a comma-separated list of positive row counts")
+    if len(sizes) > 1:
+        raise TvmschedError(f"--batch-sizes {text}: one artifact holds one batch size in this release; compile each "
+                            "size to its own artifact")
+    return int(sizes[0])
 
 
 def _check_folder(path: str) -> None:
@@ -339,7 +356,7 @@ def run_cmd(artifact: str, inputs_path: str | None, output_path: str | None, dev
     session = None  # one onnxruntime session checks the outputs and, with --repeat, is timed
     if check_model:
         threads = compare.runtime_threads("cpu")
-        session = compare.onnxruntime_session(check_model, threads)
+        session = compare.onnxruntime_session(_reference_model(check_model, executor.manifest), threads)
         summary["check"] = _check_against_onnxruntime(check_model, inputs, outputs, echo=echo, session=session)
     if repeat > 0:
         side_by_side = check_model and executor.device == "cpu"  # onnxruntime runs on CPU: same device, same threads
@@ -722,6 +739,23 @@ def _read_npz(path: str) -> dict[str, np.ndarray]:
             return {name: data[name] for name in data.files}
     except Exception as err:
         raise TvmschedError(f"cannot read inputs from {path}: {one_line(err)}") from None
+
+
+def _reference_model(path: str, manifest) -> str | bytes:
+    """The ONNX model to check an artifact against: the file, or, for an artifact compiled with a batch size, the
+    file rewritten for that many rows as the compiler did (its inputs' shapes from the artifact)."""
+    if manifest.batch_size is None:
+        return path
+    import onnx
+
+    from tvmsched.frontend import batching
+
+    try:
+        model = onnx.load(path)
+    except Exception as err:  # noqa: BLE001 (protobuf and OS errors alike: not an ONNX file we can read)
+        raise TvmschedError(f"cannot read {path} as an ONNX model: {one_line(err)}") from None
+    shapes = {b.name: manifest.tensors[b.tensor].shape for b in manifest.inputs}
+    return batching.rebatch(model, manifest.batch_size, shapes).model.SerializeToString()
 
 
 def _check_against_onnxruntime(model_path: str, inputs: dict, outputs: dict, tol: float = 1e-4, echo=click.echo,
