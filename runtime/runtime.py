@@ -256,7 +256,8 @@ class Runtime:
                 for name, work in self._engine.monitor()}
 
     def stats(self) -> dict[str, dict]:
-        """Per model: requests, errors, QoS violations, latency p50/p99 (ms), launches and re-runs, queue counters;
+        """Per model: requests, errors, QoS violations, latency p50/p99 (ms), launches and re-runs, queue counters,
+        executions (runs of the model: a model compiled for a batch runs several requests in one, docs/batching.md);
         `_device`: the device's fault state; `_scheduler`: the policy's decisions."""
         out = {}
         for name, s in self._engine.stats().items():
@@ -267,7 +268,8 @@ class Runtime:
                          "qos_violations": int(s["qos_violations"]), "p50_ms": _or_none(s["p50_ms"]),
                          "p99_ms": _or_none(s["p99_ms"]), "launches": int(s["launches"]), "reruns": int(s["reruns"]),
                          "faults": int(s["faults"]), "fault_restarts": int(s["fault_restarts"]),
-                         "refused": int(s["refused"]), "timed_out": int(s["timed_out"]), "queued": int(s["queued"])}
+                         "refused": int(s["refused"]), "timed_out": int(s["timed_out"]), "queued": int(s["queued"]),
+                         "executions": int(s["executions"])}
         decided, p50, p99 = self._engine.decision_stats()
         out["_device"] = native.device_faults(self.device)
         out["_scheduler"] = {"decisions": int(decided), "p50_us": _or_none(p50), "p99_us": _or_none(p99),

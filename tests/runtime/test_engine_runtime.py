@@ -240,6 +240,30 @@ def test_the_monitor_read_while_streams_run_shows_each_stream_s_remaining_layers
     assert views > 0 and len(rt.monitor()) == 0  # seen busy; idle at the end
 
 
+def test_a_batched_model_packs_the_queued_requests_that_fit_into_one_launch_each_getting_its_rows(runtime, compiled):
+    path = str(compiled("mlp", batch_size=8))  # (tests/test_batching.py: compiled for 8 rows, checked against ORT)
+    executor = Executor(path)
+    rt = runtime()
+    rt.load(path, {})
+    (stream,) = rt.streams("mlp")
+    stream.preempt(True, True)  # everything queues, then the stream takes what fits into 8 rows, oldest first
+    rows = [3, 3, 3, 1, 8, 2, 2, 2, 2]  # -> launches of 3+3, 3+1, 8 (whole: not packed), 2+2+2+2
+    sent = [{k: v[:n].copy() for k, v in executor.random_inputs(seed).items()} for seed, n in enumerate(rows)]
+    requests = [rt.submit("mlp", to_engine(inputs), -1, -1.0) for inputs in sent]
+    stream.resume(True)
+    for inputs, request, n in zip(sent, requests, rows):
+        got = finished(request)
+        padded = {k: np.concatenate([v, np.zeros((8 - n, *v.shape[1:]), v.dtype)]) for k, v in inputs.items()}
+        alone = executor.run(padded)  # the same rows at the top of a launch of their own: the same bits
+        assert all(got[k].shape[0] == n and np.array_equal(got[k], alone[k][:n]) for k in alone)
+    stats = rt.stats()["mlp"]
+    assert (stats["requests"], stats["executions"], stats["errors"]) == (9, 4, 0)
+    with pytest.raises(TvmschedError, match=r"^input 'input' has 9 rows: the model takes 1 to 8 rows per request"):
+        rt.submit("mlp", to_engine({"input": np.zeros((9, 784), np.float32)}), -1, -1.0)
+    with pytest.raises(TvmschedError, match=r"input 'input' has shape \(2, 783\), expected \(8, 784\)"):
+        rt.submit("mlp", to_engine({"input": np.zeros((2, 783), np.float32)}), -1, -1.0)
+
+
 def test_unload_lets_the_queued_requests_finish_then_frees_the_name(runtime, mlp, mlp_run):
     rt = runtime()
     rt.load(mlp, {"streams": 2})

@@ -191,6 +191,16 @@ void CheckInvariants(const Manifest& m) {
       throw std::invalid_argument("tensor " + id + " has unknown kind " + spec.kind);
     }
   }
+  if (m.batch_size > 0) {  // a batched model: every input and output holds the batch first
+    for (const auto* bindings : {&m.inputs, &m.outputs}) {
+      for (const Binding& b : *bindings) {
+        const std::vector<int64_t>& shape = m.tensors.at(b.tensor).shape;
+        if (shape.empty() || shape[0] != m.batch_size)
+          throw std::invalid_argument(b.name + "'s first dimension is not the batch size " +
+                                      std::to_string(m.batch_size));
+      }
+    }
+  }
   std::set<std::string> bound, written;
   for (const Binding& b : m.inputs) {
     if (m.tensors.at(b.tensor).kind != "input")
@@ -366,6 +376,7 @@ Manifest ParseManifest(const std::string& text) {
   m.preempt_flags = static_cast<int>(json["preempt_flags"].integer_in(0, 4096, 0));
   if (!json["qos_ms"].null()) m.qos_ms = json["qos_ms"].number_in(0, kMaxLatencyUs / 1000, 0);
   json["gpu_sms"].integer_in(1, kMaxUnits, 1);
+  m.batch_size = json["batch_size"].integer_in(1, int64_t(1) << 20, 0);
   if (!json["cpu"].null()) m.cpu = json["cpu"].name();  // absent (older artifacts): compiled generic
   if (!json["cpu_features"].null()) m.cpu_features = json["cpu_features"].strings();
   CheckInvariants(m);

@@ -602,7 +602,7 @@ void ModelObj::Replan(int reuse_distance) {
   }
 }
 
-void ModelObj::CheckInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs) const {
+void ModelObj::CheckInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs, int64_t* rows) const {
   std::set<std::string> expected, given, unknown, missing;
   for (const Binding& b : manifest_.inputs) expected.insert(b.name);
   for (const auto& kv : inputs) given.insert(std::string(kv.first));
@@ -625,6 +625,19 @@ void ModelObj::CheckInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs) con
     const DLTensor* t = value.GetDLTensorPtr();
     bool same_shape =
         t->ndim == static_cast<int>(spec.shape.size()) && std::equal(spec.shape.begin(), spec.shape.end(), t->shape);
+    if (rows && batch_size() > 0 && t->ndim == static_cast<int>(spec.shape.size()) && t->ndim > 0 &&
+        std::equal(spec.shape.begin() + 1, spec.shape.end(), t->shape + 1)) {  // a part of a batch: its rows
+      if (t->shape[0] < 1 || t->shape[0] > batch_size()) {
+        TVM_FFI_THROW(TvmschedError) << "input '" << b.name << "' has " << t->shape[0] << " rows: the model takes 1 to "
+                                     << batch_size() << " rows per request (max_batch_size)";
+      }
+      if (*rows > 0 && t->shape[0] != *rows) {
+        TVM_FFI_THROW(TvmschedError) << "the inputs' batch dimensions disagree: input '" << b.name << "' has "
+                                     << t->shape[0] << " rows, another " << *rows;
+      }
+      *rows = t->shape[0];
+      same_shape = true;
+    }
     if (!same_shape) {
       TVM_FFI_THROW(TvmschedError) << "input '" << b.name << "' has shape " << ShapeText(t->shape, t->ndim)
                                    << ", expected "

@@ -215,6 +215,7 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
   entry->qos_ms = options.qos_ms > 0 ? options.qos_ms : options.qos_ms < 0 ? -1 : manifest.qos_ms.value_or(-1);
   entry->models.push_back(first);
   entry->takes_turns = TurnOf(*first.get()).takes_turns;
+  entry->batch = first->batch_size();
   std::vector<Stream> streams;
   try {
     for (int i = 1; i < options.streams; ++i) {  // its other streams: resident copies of their own
@@ -340,7 +341,8 @@ Request RuntimeObj::Submit(const std::string& model, ffi::Map<ffi::String, ffi::
     TVM_FFI_THROW(TvmschedError) << "a request's priority is 1 (real-time), 0 (best-effort) or -1 (its model's)";
   }
   ModelObj* m = entry->models[0].get();
-  m->CheckInputs(inputs);  // a bad request raises here and queues nothing
+  int64_t rows = 0;
+  m->CheckInputs(inputs, &rows);  // a bad request raises here and queues nothing
   if (std::string quarantined = m->quarantined(); !quarantined.empty()) TVM_FFI_THROW(TvmschedError) << quarantined;
   const QueuePolicy& queue = entry->options.queue;
   double timeout_us =
@@ -349,7 +351,7 @@ Request RuntimeObj::Submit(const std::string& model, ffi::Map<ffi::String, ffi::
   request->inputs = std::move(inputs);
   request->submitted_us = Device::NowMicros();
   Pending pending{Request(request), options.priority == 1 || (options.priority < 0 && entry->options.realtime),
-                  timeout_us > 0 ? request->submitted_us + timeout_us : 0};
+                  timeout_us > 0 ? request->submitted_us + timeout_us : 0, rows};
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_ || entry->closing) {
@@ -539,13 +541,30 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
   input.loaded_models = static_cast<int>(entries_.size());
   PolicyDecision decision = policy_->Decide(input);
   std::vector<int> take = decision.launch;
+  if (entry->batch > 0 && take == std::vector<int>{0}) {  // a batched model: the requests queued behind it that fit
+    int64_t rows = lane[0].rows;
+    for (int i = 1; i < static_cast<int>(lane.size()) && rows + lane[i].rows <= entry->batch; ++i) {
+      rows += lane[i].rows;
+      take.push_back(i);
+    }
+  }
   std::sort(take.begin(), take.end());
+  take.erase(std::remove_if(take.begin(), take.end(),
+                            [&](int index) { return index < 0 || index >= static_cast<int>(lane.size()); }),
+             take.end());
   std::vector<Request> out;
-  for (int index : take) {
-    if (index < 0 || index >= static_cast<int>(lane.size())) continue;
-    Request request = lane[index].request;
-    request->candidate_ids = decision.candidate_ids;
-    out.push_back(request);
+  if (entry->batch > 0 && !take.empty() && !(take.size() == 1 && lane[take[0]].rows == entry->batch)) {
+    std::vector<Pending> members;
+    for (int index : take) members.push_back(lane[index]);
+    Request packed = Pack(entry, members);
+    packed->candidate_ids = decision.candidate_ids;
+    out.push_back(packed);
+  } else {
+    for (int index : take) {
+      Request request = lane[index].request;
+      request->candidate_ids = decision.candidate_ids;
+      out.push_back(request);
+    }
   }
   for (auto it = take.rbegin(); it != take.rend(); ++it) {
     if (*it >= 0 && *it < static_cast<int>(lane.size())) lane.erase(lane.begin() + *it);
@@ -570,6 +589,58 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
     }
   }
   return out;
+}
+
+Request RuntimeObj::Pack(const std::shared_ptr<Entry>& entry, const std::vector<Pending>& members) {
+  const Manifest& manifest = entry->models[0]->manifest();
+  const int64_t batch = entry->batch;
+  auto packed = ffi::make_object<RequestObj>();
+  packed->submitted_us = members[0].request->submitted_us;  // (its latency in the stream's stats: the oldest's)
+  for (const Binding& binding : manifest.inputs) {
+    const TensorSpec& spec = manifest.tensors.at(binding.tensor);
+    ffi::Tensor tensor = EmptyHostTensor(spec.shape, spec.dtype);
+    const size_t row_bytes = spec.nbytes() / static_cast<size_t>(batch);
+    auto* out = static_cast<char*>(tensor.data_ptr());
+    size_t at = 0;
+    for (const Pending& p : members) {
+      const size_t bytes = row_bytes * static_cast<size_t>(p.rows);
+      std::memcpy(out + at, p.request->inputs[binding.name].data_ptr(), bytes);
+      at += bytes;
+    }
+    std::memset(out + at, 0, spec.nbytes() - at);  // the rows no request brought
+    packed->inputs.Set(binding.name, tensor);
+  }
+  std::vector<std::pair<Request, int64_t>> split;
+  for (const Pending& p : members) split.emplace_back(p.request, p.rows);
+  std::vector<ffi::String> outputs;
+  for (const Binding& binding : manifest.outputs) outputs.emplace_back(binding.name);
+  // when the launch is done, on the stream's thread: each member gets its rows of every output, or the launch's error
+  packed->OnDone(ffi::Function::FromTyped([entry, split, outputs, batch](Request done) {
+    std::string error = done->error();
+    ffi::Map<ffi::String, ffi::Tensor> all = done->outputs();
+    int64_t at = 0;
+    for (const auto& [member, rows] : split) {
+      ffi::Map<ffi::String, ffi::Tensor> mine;
+      for (size_t o = 0; error.empty() && o < outputs.size(); ++o) {
+        ffi::Tensor whole = all[outputs[o]];
+        const DLTensor* t = whole.GetDLTensorPtr();
+        std::vector<int64_t> shape(t->shape, t->shape + t->ndim);
+        const size_t row_bytes =
+            static_cast<size_t>(whole.numel()) * ((t->dtype.bits + 7) / 8) / static_cast<size_t>(batch);
+        shape[0] = rows;
+        ffi::Tensor part = EmptyHostTensor(shape, t->dtype);
+        std::memcpy(part.data_ptr(), static_cast<const char*>(whole.data_ptr()) + row_bytes * at, row_bytes * rows);
+        mine.Set(outputs[o], part);
+      }
+      at += rows;
+      member->started_us = done->started_us;
+      member->Finish(mine, ffi::String(error), done->finished_us);
+    }
+    auto n = static_cast<int64_t>(split.size());
+    (error.empty() ? entry->packs_done : entry->packs_failed) += 1;
+    (error.empty() ? entry->packed_done : entry->packed_failed) += n;
+  }));
+  return Request(packed);
 }
 
 std::shared_ptr<RuntimeObj::Entry> RuntimeObj::OldestLocked() const {
@@ -693,6 +764,9 @@ std::map<std::string, ModelStats> RuntimeObj::Stats() {
       s.fault_restarts += stream->fault_restarts.load();
       for (double us : stream->Latencies()) latencies_ms.push_back(us / 1e3);
     }
+    s.executions = s.requests + s.errors;  // a packed launch runs several requests: count those (Triton's counts)
+    s.requests += e->packed_done.load() - e->packs_done.load();
+    s.errors += e->packed_failed.load() - e->packs_failed.load();
     s.refused = counts[e->name].first;
     s.timed_out = counts[e->name].second;
     s.queued = queued[e->name];

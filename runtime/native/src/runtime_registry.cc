@@ -57,6 +57,7 @@ ffi::Map<ffi::String, ffi::Any> StatsMap(const ModelStats& s) {
   out.Set("priority", s.priority);
   out.Set("qos_ms", s.qos_ms);
   out.Set("requests", s.requests);
+  out.Set("executions", s.executions);
   out.Set("errors", s.errors);
   out.Set("refused", s.refused);
   out.Set("timed_out", s.timed_out);

@@ -70,6 +70,9 @@ struct Manifest {
   int preempt_flags = 0;           ///< length of the flag array every kernel takes last (0: none)
   bool progress_counters = false;  ///< kernels take a per-layer counter after the flags
   std::optional<double> qos_ms;
+  /*! \brief Rows every input's and output's first dimension holds when compiled for a batch (0: not compiled for
+   *  one): a request may then bring 1 to batch_size rows, and the engine Runtime packs requests into one launch. */
+  int64_t batch_size = 0;
   std::string cpu;                        ///< the CPU the kernels were compiled for (LLVM's name; "": not recorded)
   std::vector<std::string> cpu_features;  ///< CPU features the kernels need (LLVM's names; x86-64 only)
 };

@@ -92,8 +92,12 @@ class ModelObj : public ffi::Object {
   /*! \brief Re-allocate activations for a new reuse distance (no request may be running; before its groups are set:
    *  the distance they will be planned for). */
   void Replan(int reuse_distance);
-  /*! \brief Check names, shapes and dtypes (one-line errors) without copying. */
-  void CheckInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs) const;
+  /*! \brief Check names, shapes and dtypes (one-line errors) without copying. With `rows` (a model compiled for a
+   *  batch), each input may bring 1 to batch_size() rows, the same for every input, and its other dimensions as
+   *  compiled: `*rows` is set to that count. */
+  void CheckInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs, int64_t* rows = nullptr) const;
+  /*! \brief Rows every input's first dimension holds (0: not compiled for a batch). */
+  int64_t batch_size() const { return manifest_.batch_size; }
   /*! \brief Check a candidate-ID list (one id per layer, each in range). */
   void CheckCandidates(const std::vector<int>& ids) const;
   void SetInputs(const ffi::Map<ffi::String, ffi::Tensor>& inputs);

@@ -96,6 +96,7 @@ struct ModelStats {
   std::string priority;
   double qos_ms = -1;
   int64_t requests = 0, errors = 0, refused = 0, timed_out = 0, qos_violations = 0, queued = 0;
+  int64_t executions = 0;  ///< runs of the model: a batched model runs several requests at once (Triton's count)
   double p50_ms = -1, p99_ms = -1;
   int64_t launches = 0, reruns = 0, faults = 0, fault_restarts = 0;
   std::string placement;
@@ -149,6 +150,7 @@ class RuntimeObj : public ffi::Object {
     Request request;
     bool realtime = false;
     double timeout_at_us = 0;  // 0: none
+    int64_t rows = 0;          // a batched model's request: its rows (0: the model is not batched)
   };
   struct Entry {
     std::string name;
@@ -161,6 +163,10 @@ class RuntimeObj : public ffi::Object {
     double fastest_us = 0;               // its fastest candidates' isolated latency, summed
     bool closing = false;
     bool takes_turns = false;  // a streamed model taking turns for its memory (TierOptions::make_room)
+    int64_t batch = 0;         // its compiled batch size: requests packed into one launch (0: one request a launch)
+    // of its packed launches (several requests, or fewer rows than the batch): launches and the requests they ran,
+    // finished and failed (the streams count launches; stats count requests)
+    std::atomic<int64_t> packs_done{0}, packed_done{0}, packs_failed{0}, packed_failed{0};
     int64_t refused = 0, timed_out = 0, inflight = 0;  // inflight: taken by a stream, not finished
   };
   /*! \brief A stream's source: what it runs next (under the runtime's lock; expired requests collected to fail). */
@@ -182,6 +188,9 @@ class RuntimeObj : public ffi::Object {
    *  switch-in (SwitchOptions::room): whether the room is there or coming. */
   bool MakeRoom(ModelObj* model, size_t bytes, const std::function<bool()>* take);
   void WarmUp(const std::shared_ptr<Entry>& entry);
+  /*! \brief One launch of a batched model for `members` (its queued requests, in order, `rows` each): their inputs
+   *  packed into the compiled batch (the rows left zero), their outputs split back when it is done. */
+  Request Pack(const std::shared_ptr<Entry>& entry, const std::vector<Pending>& members);
   Model LoadModel(const std::string& path, const LoadOptions& options) const;
 
   RuntimeOptions options_;
