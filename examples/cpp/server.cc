@@ -78,6 +78,8 @@ struct Served {
   std::vector<kserve::TensorInfo> inputs, outputs;
   std::vector<tvmsched::Stream> streams;
   int64_t max_queue = 0, warmup_requests = 0;  // warm-up runs the Runtime's request counts include
+  int64_t batch = 0;                           // the batch size it was compiled for (0: one request a run)
+  std::atomic<int64_t> inferences{0};          // rows of its successful requests (Triton's inference count)
   double qos_ms = -1;                          // its latency target (the spec's or the artifact's; < 0: none)
   Duration success, fail, queue, input, infer, output;
   std::atomic<int64_t> requests{0}, errors{0}, violations{0}, pending{0}, last_ms{0}, latency_ns{0};
@@ -130,9 +132,13 @@ class Server {
     tvmsched::ModelStats stats = runtime_->Stats()[spec.name];
     s->warmup_requests = stats.requests, s->qos_ms = stats.qos_ms;
     const tvmsched::Manifest& manifest = s->streams[0]->model()->manifest();
+    s->batch = manifest.batch_size;
     for (auto [list, bindings] : {std::pair{&s->inputs, &manifest.inputs}, {&s->outputs, &manifest.outputs}}) {
-      for (const auto& b : *bindings)
-        list->push_back({b.name, manifest.tensors.at(b.tensor).dtype, manifest.tensors.at(b.tensor).shape});
+      for (const auto& b : *bindings) {
+        std::vector<int64_t> shape = manifest.tensors.at(b.tensor).shape;
+        if (s->batch > 0) shape[0] = -1;  // any rows up to the batch size (the engine bounds them at submit)
+        list->push_back({b.name, manifest.tensors.at(b.tensor).dtype, shape});
+      }
     }
     order_.push_back(spec.name);
     models_[spec.name] = std::move(s);
@@ -150,6 +156,7 @@ class Server {
       tvmsched::SubmitOptions options = Scheduling(parsed.parameters);
       *input_ns = NowNs() - start;
       tvmsched::Request request = Execute(s, parsed.inputs, options);
+      s.inferences += s.batch > 0 ? (*parsed.inputs.begin()).second.shape()[0] : 1;
       int64_t encode = NowNs();
       kserve::Response response = kserve::EncodeResponse(name, "1", parsed, request->outputs());
       *output_ns = NowNs() - encode;
@@ -202,15 +209,19 @@ class Server {
     return {{"name", name}, {"versions", {"1"}}, {"platform", "tvmsched"}, {"inputs", inputs}, {"outputs", outputs}};
   }
 
-  /*! \brief Triton's model configuration (no batching: max_batch_size 0; one instance per stream). */
+  /*! \brief Triton's model configuration (max_batch_size: the batch size it was compiled for, else 0, and then the
+   *  dims without the batch dimension; one instance per stream). */
   json ModelConfig(const std::string& name, const std::string& version) {
     const Served& s = Find(name, version);
     tvmsched::ModelStats stats = runtime_->Stats()[name];
     json inputs = json::array(), outputs = json::array();
+    auto dims = [&s](const kserve::TensorInfo& t) {
+      return s.batch > 0 ? std::vector<int64_t>(t.shape.begin() + 1, t.shape.end()) : t.shape;
+    };
     for (const auto& t : s.inputs)
-      inputs.push_back({{"name", t.name}, {"data_type", "TYPE_" + kserve::Datatype(t.dtype)}, {"dims", t.shape}});
+      inputs.push_back({{"name", t.name}, {"data_type", "TYPE_" + kserve::Datatype(t.dtype)}, {"dims", dims(t)}});
     for (const auto& t : s.outputs)
-      outputs.push_back({{"name", t.name}, {"data_type", "TYPE_" + kserve::Datatype(t.dtype)}, {"dims", t.shape}});
+      outputs.push_back({{"name", t.name}, {"data_type", "TYPE_" + kserve::Datatype(t.dtype)}, {"dims", dims(t)}});
     json parameters;
     for (auto [key, value] : {std::pair<const char*, std::string>{"priority", stats.priority},
                               {"placement", stats.placement},
@@ -223,12 +234,18 @@ class Server {
     return {{"name", name},
             {"platform", "tvmsched"},
             {"backend", "tvmsched"},
-            {"max_batch_size", 0},
+            {"max_batch_size", s.batch},
             {"input", inputs},
             {"output", outputs},
             {"instance_group",
              {{{"name", name}, {"kind", device_ == "cpu" ? "KIND_CPU" : "KIND_GPU"}, {"count", s.streams.size()}}}},
             {"parameters", parameters}};
+  }
+
+  /*! \brief Runs of the model: a model compiled for a batch runs several requests at once (the engine counts its
+   *  launches, warm-up included); else one per successful request. */
+  int64_t Executions(const Served& s) {
+    return s.batch > 0 ? runtime_->Stats()[s.spec.name].executions - s.warmup_requests : s.success.count.load();
   }
 
   /*! \brief Triton's statistics of one model or, without a name, of all. */
@@ -250,8 +267,8 @@ class Server {
       list.push_back({{"name", each},
                       {"version", "1"},
                       {"last_inference", s.last_ms.load()},
-                      {"inference_count", s.success.count.load()},
-                      {"execution_count", s.success.count.load()},
+                      {"inference_count", s.inferences.load()},
+                      {"execution_count", Executions(s)},
                       {"inference_stats", inference},
                       {"batch_stats", batches},
                       {"memory_usage", json::array()}});
@@ -376,11 +393,11 @@ class Server {
         "nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes",
         [](const Served& s) { return s.fail.count.load(); }, true);
     family(
-        "nv_inference_count", "counter", "Number of inferences performed (does not include cached requests)",
-        [](const Served& s) { return s.success.count.load(); }, true);
+        "nv_inference_count", "counter", "Number of inferences performed (the rows of the successful requests)",
+        [](const Served& s) { return s.inferences.load(); }, true);
     family(
-        "nv_inference_exec_count", "counter", "Number of model executions performed (does not include cached requests)",
-        [](const Served& s) { return s.success.count.load(); }, true);
+        "nv_inference_exec_count", "counter", "Number of model executions performed (one may run several requests)",
+        [this](const Served& s) { return Executions(s); }, true);
     for (auto [name, field] : {std::pair{"nv_inference_request_duration_us", &Served::success},
                                {"nv_inference_queue_duration_us", &Served::queue},
                                {"nv_inference_compute_input_duration_us", &Served::input},

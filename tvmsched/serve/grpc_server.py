@@ -107,7 +107,8 @@ class Servicer:
         pb2 = self.pb2
         number = lambda t: TYPE_NUMBERS.get(t["data_type"][len("TYPE_"):], 0)
         message = pb2.ModelConfig(
-            name=config["name"], platform=config["platform"], backend=config["backend"], max_batch_size=0,
+            name=config["name"], platform=config["platform"], backend=config["backend"],
+            max_batch_size=config["max_batch_size"],
             input=[pb2.ModelInput(name=t["name"], data_type=number(t), dims=t["dims"]) for t in config["input"]],
             output=[pb2.ModelOutput(name=t["name"], data_type=number(t), dims=t["dims"]) for t in config["output"]])
         for key, value in config["parameters"].items():

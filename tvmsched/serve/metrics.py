@@ -54,10 +54,10 @@ def _triton_families(service: InferenceService):
            per_model(lambda s: s.counters.success))
     yield ("nv_inference_request_failure", "counter", "Number of failed inference requests (refusals included)",
            per_model(lambda s: s.counters.failure))
-    yield ("nv_inference_count", "counter", "Number of inferences performed (no batching: one per successful request)",
-           per_model(lambda s: s.counters.success))
-    yield ("nv_inference_exec_count", "counter", "Number of model executions performed (requests the engine ran)",
-           per_model(lambda s: s.counters.executions))
+    yield ("nv_inference_count", "counter", "Number of inferences performed (the rows of the successful requests)",
+           per_model(lambda s: s.counters.inferences))
+    yield ("nv_inference_exec_count", "counter", "Number of model executions performed (one launch may run several "
+           "requests of a model compiled for a batch)", per_model(service.executions))
     yield ("nv_inference_request_duration_us", "counter", "Cumulative inference request duration in microseconds",
            per_model(lambda s: (s.counters.success_ns + s.counters.failure_ns) // 1000))
     yield ("nv_inference_queue_duration_us", "counter", "Cumulative inference queuing duration in microseconds",

@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,7 +55,8 @@ class Counters:
     failure_ns: int = 0
     queue_ns: int = 0  # submitted to started in the engine
     compute_ns: int = 0  # started to finished in the engine
-    executions: int = 0
+    executions: int = 0  # requests the engine ran (a model compiled for a batch: see InferenceService.executions)
+    inferences: int = 0  # rows of the successful requests (Triton's inference count: 1 each unless batched)
     last_inference_ms: int = 0
     qos_violations: int = 0
 
@@ -73,6 +75,8 @@ class Served:
     compute_s: float = 0.0  # recent compute time per request (EWMA; 0 until one ran)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     codec: tuple = ()  # the engine's REST parser and encoder of its requests (engine kserve_codec: serve/http.py)
+    batch: int = 0  # the batch size it was compiled for: requests bring 1 to `batch` rows (0: not batched)
+    warmup_executions: int = 0  # the engine's executions of it when it was loaded (warm-up runs)
 
     @property
     def name(self) -> str:
@@ -99,7 +103,9 @@ class InferenceService:
                                       warmup=spec.warmup, streams=spec.streams)
             manifest = model.task.executor.manifest
             served = Served(spec, model, tensor_infos(manifest, manifest.inputs), tensor_infos(manifest, manifest.outputs),
-                            spec.max_queue or self.max_queue)
+                            spec.max_queue or self.max_queue, batch=manifest.batch_size or 0)
+            if served.batch:
+                served.warmup_executions = int(self.runtime.stats()[model.name]["executions"])
             served.codec = tuple(native.func("kserve_codec")(
                 spec.name, VERSION, *([[t.name, t.datatype, list(t.shape)] for t in ts] for ts in (served.inputs, served.outputs))))
             self.models[spec.name] = served
@@ -161,13 +167,15 @@ class InferenceService:
                 "inputs": [t.metadata() for t in served.inputs], "outputs": [t.metadata() for t in served.outputs]}
 
     def model_config(self, served: Served) -> dict:
-        """Triton's model configuration, as far as it applies (no batching: max_batch_size 0, dims = shapes)."""
-        tensor = lambda t: {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": list(t.shape)}
+        """Triton's model configuration, as far as it applies: max_batch_size, the batch size a model was compiled
+        for (0: not batched), and dims without the batch dimension when there is one."""
+        tensor = lambda t: {"name": t.name, "data_type": f"TYPE_{t.datatype}",
+                            "dims": list(t.shape[1:] if served.batch else t.shape)}
         streams = len(served.model.tasks)
         params = {"priority": served.model.priority, "placement": served.model.placement, "qos_ms": served.model.qos_ms,
                   "max_queue": served.max_queue, "streams": streams, "policy": self.runtime.policy_kind}
         kind = "KIND_CPU" if self.runtime.device == "cpu" else "KIND_GPU"
-        return {"name": served.name, "platform": PLATFORM, "backend": PLATFORM, "max_batch_size": 0,
+        return {"name": served.name, "platform": PLATFORM, "backend": PLATFORM, "max_batch_size": served.batch,
                 "input": [tensor(t) for t in served.inputs], "output": [tensor(t) for t in served.outputs],
                 "instance_group": [{"name": served.name, "kind": kind, "count": streams}],
                 "parameters": {k: {"string_value": str(v)} for k, v in params.items() if v is not None}}
@@ -181,7 +189,7 @@ class InferenceService:
             duration = lambda count, ns: {"count": count, "ns": ns}
             stats.append({
                 "name": served.name, "version": VERSION, "last_inference": c.last_inference_ms,
-                "inference_count": c.success, "execution_count": c.executions,
+                "inference_count": c.inferences, "execution_count": self.executions(served),
                 "inference_stats": {"success": duration(c.success, c.success_ns), "fail": duration(c.failure, c.failure_ns),
                                     "queue": duration(c.executions, c.queue_ns),
                                     "compute_input": duration(c.executions, 0),
@@ -209,9 +217,19 @@ class InferenceService:
         if dims is None or not all(type(d) is int for d in dims):
             raise ServeError(f"input {name!r}: shape must be a list of integers, not {quote(shape)}")
         shape = dims
+        if served.batch and len(shape) == len(info.shape) and shape[1:] == info.shape[1:] and shape[0] >= 1:
+            return dataclasses.replace(info, shape=shape)  # its rows (the engine bounds them by the batch size)
         if shape != info.shape:
             raise ServeError(f"input {name!r} of model {served.name!r} has shape {list(info.shape)}, not {list(shape)}")
         return info
+
+    def executions(self, served: Served) -> int:
+        """Runs of the model (Triton's execution count): a model compiled for a batch runs several requests in one
+        launch, which the engine counts; else one per request that ran."""
+        if not served.batch:
+            return served.counters.executions
+        executions = self.runtime.stats().get(served.model.name, {}).get("executions", 0)
+        return int(executions) - served.warmup_executions
 
     def check_all_inputs(self, served: Served, names) -> None:
         missing = [t.name for t in served.inputs if t.name not in names]
@@ -240,8 +258,10 @@ class InferenceService:
                                  "each", 504)
             served.pending += 1
         try:
-            return self.runtime.submit(served.model, inputs, priority=priority, start_within_us=timeout_us or None,
-                                       engine_tensors=engine_tensors)
+            future = self.runtime.submit(served.model, inputs, priority=priority, start_within_us=timeout_us or None,
+                                         engine_tensors=engine_tensors)
+            future.rows = int(next(iter(inputs.values())).shape[0]) if served.batch and inputs else 1
+            return future
         except BaseException:
             with served.lock:
                 served.pending -= 1
@@ -292,6 +312,7 @@ class InferenceService:
             c = served.counters
             if error is None:
                 c.success += 1
+                c.inferences += getattr(future, "rows", 1)
                 c.success_ns += now - received_ns
                 c.last_inference_ms = int(time.time() * 1e3)
             else:

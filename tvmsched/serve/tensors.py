@@ -33,11 +33,16 @@ class TensorInfo:
 
 
 def tensor_infos(manifest, bindings) -> tuple[TensorInfo, ...]:
+    """The tensors as clients see them: a model compiled for a batch takes and gives any rows up to its batch size,
+    so their first dimension is -1 (Triton's metadata for a batching model)."""
     infos = []
     for b in bindings:
         spec = manifest.tensors[b.tensor]
         dtype = np.dtype(spec.dtype)
-        infos.append(TensorInfo(b.name, V2_TYPES.get(dtype, str(dtype).upper()), tuple(int(d) for d in spec.shape), dtype))
+        shape = tuple(int(d) for d in spec.shape)
+        if manifest.batch_size:
+            shape = (-1, *shape[1:])
+        infos.append(TensorInfo(b.name, V2_TYPES.get(dtype, str(dtype).upper()), shape, dtype))
     return tuple(infos)
 
 
