@@ -165,6 +165,15 @@ def start_server(command: list[str], base: str, ready: str = "/v1/models") -> su
     pytest.fail(f"{command[0]} did not answer within 300 s")
 
 
+def start_serve(*args: str) -> tuple[subprocess.Popen, str, str]:
+    """`tvmsched serve ARGS...` on free REST and gRPC ports: (process, REST base URL, gRPC host:port), once ready."""
+    http, grpc = free_port(), free_port()
+    base = f"http://127.0.0.1:{http}"
+    process = start_server([sys.executable, "-m", "tvmsched.cli", "serve", *args, "--port", str(http), "--grpc-port",
+                            str(grpc)], base, ready="/v2/health/ready")
+    return process, base, f"127.0.0.1:{grpc}"
+
+
 def stop_server(server: subprocess.Popen) -> int:
     """Terminate a server; its exit status (killed, and TimeoutExpired raised, if it does not stop in 30 s)."""
     server.terminate()

@@ -264,6 +264,18 @@ def test_a_batched_model_packs_the_queued_requests_that_fit_into_one_launch_each
         rt.submit("mlp", to_engine({"input": np.zeros((2, 783), np.float32)}), -1, -1.0)
 
 
+def test_the_open_loop_generator_submits_poisson_arrivals_and_times_them_from_their_schedule(runtime, mlp, mlp_run):
+    rt = runtime()
+    rt.load(mlp, {})
+    open_loop = native.func("open_loop")  # (bench/batching.py's load: no Python between requests)
+    result = open_loop(rt, "mlp", to_engine(mlp_run[0]), 400.0, 0.25, 7)
+    latencies = [float(x) for x in result["latencies_us"]]
+    assert 40 <= len(latencies) <= 200 and int(result["failed"]) == int(result["refused"]) == 0  # ~100 expected
+    assert min(latencies) > 0 and rt.stats()["mlp"]["requests"] == len(latencies)
+    with pytest.raises(TvmschedError, match="an open loop needs a positive rate"):
+        open_loop(rt, "mlp", to_engine(mlp_run[0]), 0.0, 1.0, 7)
+
+
 def test_unload_lets_the_queued_requests_finish_then_frees_the_name(runtime, mlp, mlp_run):
     rt = runtime()
     rt.load(mlp, {"streams": 2})

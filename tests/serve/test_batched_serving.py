@@ -6,13 +6,12 @@ executions (Triton's inference and execution counts apart), and a request of too
 
 from __future__ import annotations
 
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from tests.helpers import free_port, start_server, stop_server
+from tests.helpers import free_port, start_serve, start_server, stop_server
 from tests.test_cpp_examples import cpp_build  # noqa: F401 (the fixture: `make cpp` once)
 from tvmsched import models
 
@@ -35,11 +34,8 @@ def repository(tmp_path_factory, compiled):
 
 @pytest.fixture(scope="module")
 def serve_server(repository):
-    port, grpc = free_port(), free_port()
-    base = f"http://127.0.0.1:{port}"
-    process = start_server([sys.executable, "-m", "tvmsched.cli", "serve", "--model-repository", str(repository),
-                            "--port", str(port), "--grpc-port", str(grpc)], base, ready="/v2/health/ready")
-    yield base, f"127.0.0.1:{grpc}"
+    process, base, grpc = start_serve("--model-repository", str(repository))
+    yield base, grpc
     assert stop_server(process) == 0
 
 

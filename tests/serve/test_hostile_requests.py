@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
 
 import httpx
 import numpy as np
 import pytest
 
-from tests.helpers import free_port, start_server, stop_server
+from tests.helpers import free_port, start_serve, start_server, stop_server
 from tests.test_cpp_examples import cpp_build  # noqa: F401 (the fixture: `make cpp` once)
 from tests.test_nan_semantics import CASES, X
 
@@ -43,11 +42,8 @@ def artifact(compiled):
 
 @pytest.fixture(scope="module")
 def serve_server(artifact):
-    http, grpc = free_port(), free_port()
-    base = f"http://127.0.0.1:{http}"
-    process = start_server([sys.executable, "-m", "tvmsched.cli", "serve", "--model", f"leaky={artifact}", "--port",
-                            str(http), "--grpc-port", str(grpc), "--no-warmup"], base, ready="/v2/health/ready")
-    yield base, f"127.0.0.1:{grpc}"
+    process, base, grpc = start_serve("--model", f"leaky={artifact}", "--no-warmup")
+    yield base, grpc
     assert stop_server(process) == 0
 
 

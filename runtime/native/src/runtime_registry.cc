@@ -2,8 +2,12 @@
 // travel as one map each, checked key by key (an unknown key is one error line naming the known ones).
 #include <tvm/ffi/reflection/registry.h>
 
+#include <algorithm>
+#include <chrono>
+#include <random>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "memory_scope_ref.h"
 #include "tvmsched/runtime.h"
@@ -73,8 +77,54 @@ ffi::Map<ffi::String, ffi::Any> StatsMap(const ModelStats& s) {
   return out;
 }
 
+/*! \brief An open-loop load (bench/batching.py): requests of `model` with `inputs` submitted at Poisson arrival times
+ *  of `rate` per second for `seconds`, from this thread (no Python between requests). Each request's latency runs
+ *  from its scheduled arrival, not from when it was submitted, so a generator that falls behind does not hide the
+ *  queueing. Returns {latencies_us: finished requests' latencies, failed, refused, late_us: the generator's p99 lag}.
+ */
+ffi::Map<ffi::String, ffi::Any> OpenLoop(Runtime rt, const std::string& model,
+                                         ffi::Map<ffi::String, ffi::Tensor> inputs, double rate, double seconds,
+                                         int64_t seed) {
+  if (!(rate > 0) || !(seconds > 0) || seconds > 3600)
+    TVM_FFI_THROW(TvmschedError) << "an open loop needs a positive rate and 0 to 3600 seconds";
+  std::mt19937_64 rng(static_cast<uint64_t>(seed));
+  std::exponential_distribution<double> gap(rate / 1e6);  // µs between arrivals
+  std::vector<std::pair<double, Request>> sent;
+  std::vector<double> lags;
+  int64_t refused = 0;
+  const double start = Device::NowMicros() + 1000, end = start + seconds * 1e6;
+  for (double at = start + gap(rng); at < end; at += gap(rng)) {
+    while (Device::NowMicros() < at - 200) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    while (Device::NowMicros() < at) std::this_thread::yield();
+    lags.push_back(Device::NowMicros() - at);
+    try {
+      sent.emplace_back(at, rt->Submit(model, inputs, {}));
+    } catch (const ffi::Error&) {
+      ++refused;
+    }
+  }
+  ffi::Array<double> latencies;
+  int64_t failed = 0;
+  for (auto& [at, request] : sent) {
+    if (!request->Wait(seconds * 10 + 60, 0)) TVM_FFI_THROW(TvmschedError) << "an open loop's request never finished";
+    if (!request->error().empty()) {
+      ++failed;
+    } else {
+      latencies.push_back(request->finished_us - at);
+    }
+  }
+  std::sort(lags.begin(), lags.end());
+  ffi::Map<ffi::String, ffi::Any> out;
+  out.Set("latencies_us", latencies);
+  out.Set("failed", failed);
+  out.Set("refused", refused);
+  out.Set("late_us", lags.empty() ? 0.0 : lags[lags.size() * 99 / 100]);
+  return out;
+}
+
 TVM_FFI_STATIC_INIT_BLOCK() {
   refl::GlobalDef()
+      .def("tvmsched.engine.open_loop", OpenLoop)
       // options: device, memory_budget, policy, total_units, colocation ([first, second, value] rows), max_in_flight,
       // idle_spin_us, progress_interval_ms, stall_timeout_s, trusted_keys, max_groups, threshold1, threshold2,
       // preset_count, retain, tiers ([{kind, capacity_bytes, numa_node, path}]), tier_buffer_bytes
