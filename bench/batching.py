@@ -61,6 +61,9 @@ def alone_p50_us(path: Path, runs: int = 200) -> float:
     return statistics.median(times)
 
 
+DELAY_US = {"value": 0.0}  # --max-queue-delay-us: the batching way's queue delay (its streams wait for full batches)
+
+
 def trial(path: Path, name: str, rate: float, seconds: float, seed: int) -> dict:
     """One open-loop run at `rate` per second on a fresh Runtime: p99 latency and refusals."""
     from tvmsched.runtime import Executor, native
@@ -68,7 +71,7 @@ def trial(path: Path, name: str, rate: float, seconds: float, seed: int) -> dict
 
     rt = native.create_runtime({"policy": "fastest"})
     try:
-        rt.load(str(path), {"warmup": True})
+        rt.load(str(path), {"warmup": True, "max_queue_delay_us": DELAY_US["value"]})
         one_row = {k: v[:1].copy() for k, v in Executor(str(path)).random_inputs(0).items()}
         result = native.func("open_loop")(rt, name, to_engine(one_row), float(rate), float(seconds), int(seed))
         stats = rt.stats()[name]
@@ -121,8 +124,11 @@ def main() -> None:
     parser.add_argument("--models", default="mlp:8,resnet18-small:4,bert-tiny:4", help="NAME:B,...")
     parser.add_argument("--seconds", type=float, default=3.0, help="per trial")
     parser.add_argument("--work", type=Path, default=Path("build/bench-batching"))
+    parser.add_argument("--max-queue-delay-us", type=float, default=0.0,
+                        help="the batching way's queue delay (0: it launches what is queued at once)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    DELAY_US["value"] = args.max_queue_delay_us
     report = {"machine": _common.machine_info(), "load_average": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M"),
               "command": " ".join(sys.argv), "models": {}}
     for item in args.models.split(","):

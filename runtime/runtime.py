@@ -163,8 +163,10 @@ class Runtime:
                           _or_none(monitor_p99))
 
     def load(self, artifact, *, qos_ms: float | None = None, priority: str = "best_effort", name: str | None = None,
-             resident: bool = True, device_bytes: int | None = None, warmup: bool = False, streams: int = 1) -> Model:
-        """Load an artifact (path or Artifact) as a new model; the engine decides its placement (docs/runtime.md)."""
+             resident: bool = True, device_bytes: int | None = None, warmup: bool = False, streams: int = 1,
+             max_queue_delay_us: float = 0.0) -> Model:
+        """Load an artifact (path or Artifact) as a new model; the engine decides its placement (docs/runtime.md).
+        `max_queue_delay_us`: a model compiled for a batch waits at most this long for a full one (docs/batching.md)."""
         if priority not in PRIORITIES:
             raise TvmschedError(f"priority must be one of {PRIORITIES}, not {priority!r}")
         if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= 64:
@@ -173,7 +175,7 @@ class Runtime:
             raise TvmschedError("the runtime is shut down")
         options = {"qos_ms": float(qos_ms) if qos_ms else 0.0, "realtime": priority == "realtime",
                    "resident": bool(resident), "streams": streams, "warmup": bool(warmup),
-                   "device_bytes": int(device_bytes or 0)}
+                   "device_bytes": int(device_bytes or 0), "max_queue_delay_us": float(max_queue_delay_us)}
         if name is not None:
             options["name"] = str(name)
         with tempfile.TemporaryDirectory(prefix="tvmsched-") as tmp:

@@ -70,6 +70,7 @@ struct Spec {
   bool warmup = true;
   int64_t max_queue = -1;  // -1: the server's --max-queue
   int streams = 1;
+  double max_queue_delay_us = 0;  // a model compiled for a batch: how long a free stream waits for a full one
 };
 
 /*! \brief A loaded model: what the protocol shows of it and the server's counters (the HTTP side of a request). */
@@ -124,6 +125,7 @@ class Server {
     options.realtime = spec.priority == "realtime";
     options.streams = spec.streams;
     options.warmup = spec.warmup;
+    options.max_queue_delay_us = spec.max_queue_delay_us;
     auto s = std::make_unique<Served>();
     s->spec = spec;
     s->max_queue = options.queue.max_queue_size = spec.max_queue >= 0 ? spec.max_queue : max_queue_;
@@ -231,15 +233,19 @@ class Server {
                               {"policy", runtime_->policy_kind()}}) {
       if (key != std::string("qos_ms") || stats.qos_ms > 0) parameters[key] = {{"string_value", value}};
     }
-    return {{"name", name},
-            {"platform", "tvmsched"},
-            {"backend", "tvmsched"},
-            {"max_batch_size", s.batch},
-            {"input", inputs},
-            {"output", outputs},
-            {"instance_group",
-             {{{"name", name}, {"kind", device_ == "cpu" ? "KIND_CPU" : "KIND_GPU"}, {"count", s.streams.size()}}}},
-            {"parameters", parameters}};
+    json config = {
+        {"name", name},
+        {"platform", "tvmsched"},
+        {"backend", "tvmsched"},
+        {"max_batch_size", s.batch},
+        {"input", inputs},
+        {"output", outputs},
+        {"instance_group",
+         {{{"name", name}, {"kind", device_ == "cpu" ? "KIND_CPU" : "KIND_GPU"}, {"count", s.streams.size()}}}},
+        {"parameters", parameters}};
+    if (s.batch > 0)
+      config["dynamic_batching"] = {{"max_queue_delay_microseconds", static_cast<int64_t>(s.spec.max_queue_delay_us)}};
+    return config;
   }
 
   /*! \brief Runs of the model: a model compiled for a batch runs several requests at once (the engine counts its
@@ -578,16 +584,14 @@ std::vector<Spec> ReadRepository(const std::string& root) {
       if (config.is_discarded()) throw std::runtime_error("cannot read " + path.string() + ": not valid JSON");
       if (!config.is_object()) throw std::runtime_error(path.string() + " must hold an object");
     }
-    static const std::map<std::string, std::string> kKinds = {{"qos_ms", "number"},
-                                                              {"priority", "string"},
-                                                              {"warmup", "boolean"},
-                                                              {"max_queue", "integer"},
-                                                              {"streams", "integer"}};
+    static const std::map<std::string, std::string> kKinds = {{"qos_ms", "number"},   {"priority", "string"},
+                                                              {"warmup", "boolean"},  {"max_queue", "integer"},
+                                                              {"streams", "integer"}, {"max_queue_delay_us", "number"}};
     for (const auto& [key, value] : config.items()) {
       auto kind = kKinds.find(key);
       if (kind == kKinds.end())
         throw std::runtime_error(path.string() + ": unknown key '" + key +
-                                 "' (known: qos_ms, priority, warmup, max_queue, streams)");
+                                 "' (known: qos_ms, priority, warmup, max_queue, streams, max_queue_delay_us)");
       bool ok = kind->second == "number"    ? value.is_number()
                 : kind->second == "integer" ? value.is_number_integer()
                 : kind->second == "string"  ? value.is_string()
@@ -605,6 +609,9 @@ std::vector<Spec> ReadRepository(const std::string& root) {
       throw std::runtime_error(path.string() + ": qos_ms and max_queue must be positive");
     if (streams < 1 || streams > 64) throw std::runtime_error(path.string() + ": streams must be from 1 to 64");
     spec.streams = static_cast<int>(streams);
+    spec.max_queue_delay_us = config.value("max_queue_delay_us", 0.0);
+    if (!(spec.max_queue_delay_us >= 0 && spec.max_queue_delay_us <= 60e6))
+      throw std::runtime_error(path.string() + ": max_queue_delay_us must be from 0 to 60000000");
     specs.push_back(spec);
   }
   return specs;

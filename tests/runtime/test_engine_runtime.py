@@ -264,6 +264,27 @@ def test_a_batched_model_packs_the_queued_requests_that_fit_into_one_launch_each
         rt.submit("mlp", to_engine({"input": np.zeros((2, 783), np.float32)}), -1, -1.0)
 
 
+def test_with_a_queue_delay_a_free_stream_waits_for_a_full_batch_at_most_that_long(runtime, compiled):
+    path = str(compiled("mlp", batch_size=8))
+    rows = {k: v[:1].copy() for k, v in Executor(path).random_inputs(0).items()}
+    four = {k: np.concatenate([v] * 4) for k, v in rows.items()}
+    rt = runtime()
+    rt.load(path, {"max_queue_delay_us": 1e6})
+    short = [rt.submit("mlp", to_engine(rows), -1, -1.0) for _ in range(3)]  # 3 rows of 8: held up to 1 s
+    time.sleep(0.1)
+    assert not any(r.done() for r in short)
+    for request in short:
+        finished(request)
+        assert request.finished_us - short[0].submitted_us >= 1e6  # launched once the oldest waited the delay
+    assert rt.stats()["mlp"]["executions"] == 1
+    full = [rt.submit("mlp", to_engine(four), -1, -1.0) for _ in range(2)]  # 8 rows: no reason to wait
+    for request in full:
+        finished(request)
+    assert full[1].finished_us - full[0].submitted_us < 1e6 and rt.stats()["mlp"]["executions"] == 2
+    with pytest.raises(TvmschedError, match="max_queue_delay_us is 0 to 60000000 microseconds"):
+        rt.load(path, {"name": "other", "max_queue_delay_us": -1.0})
+
+
 def test_the_open_loop_generator_submits_poisson_arrivals_and_times_them_from_their_schedule(runtime, mlp, mlp_run):
     rt = runtime()
     rt.load(mlp, {})

@@ -6,13 +6,15 @@ A model repository is a folder with one folder per model, named as the model is 
       resnet/
         resnet.tvms        # exactly one artifact (tvmsched compile ... -o resnet.tvms)
         config.json        # optional: {"qos_ms": 20, "priority": "realtime", "warmup": true, "max_queue": 64,
-                           #            "streams": 2}
+                           #            "streams": 2, "max_queue_delay_us": 500}
 
 config.json keys (all optional): qos_ms (the model's latency target, default: the artifact's), priority
 ("realtime" or "best_effort", default best_effort), warmup (run every candidate kernel once at load, default true),
 max_queue (requests queued or running for it before more are answered 503, default: the server's --max-queue),
 streams (serve it on that many streams, a resident copy each, every request on the one with the fewest pending:
-Runtime.load(streams=); default 1).
+Runtime.load(streams=); default 1), max_queue_delay_us (a model compiled for a batch: how long a free stream waits
+after the oldest queued request arrived for the queued rows to fill the batch, Triton's max_queue_delay_microseconds;
+default 0, launch at once; docs/batching.md).
 The candidates (and their unit counts) are the artifact's: choose them when compiling (`tvmsched compile --qos-ms
 --units`). A config.toml with the same keys is read when there is no config.json.
 """
@@ -27,7 +29,8 @@ from pathlib import Path
 from tvmsched.errors import TvmschedError
 
 PRIORITIES = ("realtime", "best_effort")
-CONFIG_KEYS = {"qos_ms": (int, float), "priority": str, "warmup": bool, "max_queue": int, "streams": int}
+CONFIG_KEYS = {"qos_ms": (int, float), "priority": str, "warmup": bool, "max_queue": int, "streams": int,
+               "max_queue_delay_us": (int, float)}
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class ModelSpec:
     warmup: bool = True
     max_queue: int | None = None  # None: the server's
     streams: int = 1  # Runtime.load(streams=)
+    max_queue_delay_us: float = 0.0  # Runtime.load(max_queue_delay_us=)
 
 
 def parse_model(spec: str) -> ModelSpec:
@@ -84,7 +88,8 @@ class Repository:
             raise TvmschedError(f"model folder {folder} must hold exactly one .tvms artifact, not {len(artifacts)}")
         config = _read_config(folder)
         return ModelSpec(name, str(artifacts[0]), config.get("qos_ms"), config.get("priority", "best_effort"),
-                         config.get("warmup", True), config.get("max_queue"), config.get("streams", 1))
+                         config.get("warmup", True), config.get("max_queue"), config.get("streams", 1),
+                         float(config.get("max_queue_delay_us", 0)))
 
 
 def _read_config(folder: Path) -> dict:
@@ -113,4 +118,6 @@ def _read_config(folder: Path) -> dict:
         raise TvmschedError(f"{path}: qos_ms and max_queue must be positive")
     if not 1 <= config.get("streams", 1) <= 64:
         raise TvmschedError(f"{path}: streams must be from 1 to 64")
+    if not 0 <= config.get("max_queue_delay_us", 0) <= 60e6:
+        raise TvmschedError(f"{path}: max_queue_delay_us must be from 0 to 60000000")
     return config

@@ -100,7 +100,8 @@ class InferenceService:
             if spec.name in self.models:
                 raise ServeError(f"model {spec.name!r} is already loaded", 409)
             model = self.runtime.load(spec.path, qos_ms=spec.qos_ms, priority=spec.priority, name=spec.name,
-                                      warmup=spec.warmup, streams=spec.streams)
+                                      warmup=spec.warmup, streams=spec.streams,
+                                      max_queue_delay_us=spec.max_queue_delay_us)
             manifest = model.task.executor.manifest
             served = Served(spec, model, tensor_infos(manifest, manifest.inputs), tensor_infos(manifest, manifest.outputs),
                             spec.max_queue or self.max_queue, batch=manifest.batch_size or 0)
@@ -175,10 +176,13 @@ class InferenceService:
         params = {"priority": served.model.priority, "placement": served.model.placement, "qos_ms": served.model.qos_ms,
                   "max_queue": served.max_queue, "streams": streams, "policy": self.runtime.policy_kind}
         kind = "KIND_CPU" if self.runtime.device == "cpu" else "KIND_GPU"
-        return {"name": served.name, "platform": PLATFORM, "backend": PLATFORM, "max_batch_size": served.batch,
-                "input": [tensor(t) for t in served.inputs], "output": [tensor(t) for t in served.outputs],
-                "instance_group": [{"name": served.name, "kind": kind, "count": streams}],
-                "parameters": {k: {"string_value": str(v)} for k, v in params.items() if v is not None}}
+        config = {"name": served.name, "platform": PLATFORM, "backend": PLATFORM, "max_batch_size": served.batch,
+                  "input": [tensor(t) for t in served.inputs], "output": [tensor(t) for t in served.outputs],
+                  "instance_group": [{"name": served.name, "kind": kind, "count": streams}],
+                  "parameters": {k: {"string_value": str(v)} for k, v in params.items() if v is not None}}
+        if served.batch:
+            config["dynamic_batching"] = {"max_queue_delay_microseconds": int(served.spec.max_queue_delay_us)}
+        return config
 
     def statistics(self, name: str = "", version: str = "") -> dict:
         """Triton's statistics JSON: {"model_stats": [...]} for one model or all."""

@@ -511,6 +511,16 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
   Expire(*entry, now, expired);
   std::deque<Pending>& lane = entry->queue.empty() ? entry->delayed : entry->queue;
   if (lane.empty()) return {};
+  if (entry->batch > 0 && entry->options.max_queue_delay_us > 0) {  // wait a little for a full batch
+    int64_t rows = 0;
+    for (size_t i = 0; i < lane.size() && rows < entry->batch; ++i) rows += lane[i].rows;
+    double until = lane.front().request->submitted_us + entry->options.max_queue_delay_us;
+    if (rows < entry->batch && now < until) {
+      if (entry->hold_until_us != until) entry->hold_until_us = until, sweep_cond_.notify_all();
+      return {};
+    }
+    entry->hold_until_us = 0;
+  }
   // a streamed model asked to end its turn takes nothing more: its stream drains, it parks, the waiting one goes
   // (its stream asks again when its request ends: it is then between turns and waits for its own)
   if (entry->takes_turns && TurnOf(*entry->models[0].get()).yielding) return {};
@@ -686,19 +696,22 @@ void RuntimeObj::SweepLoop() {
       for (const Pending& p : e->queue) {
         if (p.timeout_at_us > 0 && (earliest == 0 || p.timeout_at_us < earliest)) earliest = p.timeout_at_us;
       }
+      if (e->hold_until_us > 0 && (earliest == 0 || e->hold_until_us < earliest)) earliest = e->hold_until_us;
     }
     double wait_us = earliest > 0 ? std::max(0.0, earliest - Device::NowMicros()) + 50 : 100000;
     sweep_cond_.wait_for(lock, std::chrono::duration<double, std::micro>(std::min(wait_us, 100000.0)));
     if (closed_) break;
     double now = Device::NowMicros();
     std::vector<std::pair<std::string, std::vector<Pending>>> failed;
-    std::vector<std::shared_ptr<Entry>> delayed;
+    std::vector<std::shared_ptr<Entry>> delayed;  // (and models whose streams waited for a fuller batch long enough)
     for (const auto& e : order_) {
       std::vector<Pending> expired;
       size_t before = e->delayed.size();
       Expire(*e, now, &expired);
       if (!expired.empty()) failed.emplace_back(e->name, std::move(expired));
-      if (e->delayed.size() > before) delayed.push_back(e);
+      bool held = e->hold_until_us > 0 && now >= e->hold_until_us;
+      if (held) e->hold_until_us = 0;  // (its stream launches when poked: the oldest has waited long enough)
+      if (e->delayed.size() > before || held) delayed.push_back(e);
     }
     if (failed.empty() && delayed.empty()) continue;
     lock.unlock();

@@ -175,7 +175,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       });
 
   // model options: name, qos_ms, realtime, resident, device_bytes, streams, warmup, timeout_action ("reject" or
-  // "delay"), default_timeout_us, allow_timeout_override, max_queue_size
+  // "delay"), default_timeout_us, allow_timeout_override, max_queue_size, max_queue_delay_us
   refl::ObjectDef<RuntimeObj>()
       .def("load",
            [](Runtime rt, const std::string& path, ffi::Map<ffi::String, ffi::Any> map) {
@@ -195,6 +195,9 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              options.queue.default_timeout_us = o.Number("default_timeout_us", 0);
              options.queue.allow_timeout_override = o.Get<bool>("allow_timeout_override", true);
              options.queue.max_queue_size = o.Get<int64_t>("max_queue_size", 0);
+             options.max_queue_delay_us = o.Number("max_queue_delay_us", 0);
+             if (!(options.max_queue_delay_us >= 0 && options.max_queue_delay_us <= 60e6))
+               TVM_FFI_THROW(TvmschedError) << "max_queue_delay_us is 0 to 60000000 microseconds";
              o.Done();
              return rt->Load(path, options);
            })

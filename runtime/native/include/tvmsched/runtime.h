@@ -84,6 +84,10 @@ struct ModelOptions {
   int streams = 1;          ///< streams serving it (each a resident copy); each request goes to the first free one
   QueuePolicy queue;
   bool warmup = false;  ///< run every candidate kernel once before it takes requests
+  /*! \brief A model compiled for a batch: a free stream waits at most this long after the oldest queued request
+   *  arrived for the queued rows to fill the batch (Triton's dynamic_batching.max_queue_delay_microseconds; 0: it
+   *  launches what is queued at once). */
+  double max_queue_delay_us = 0;
 };
 
 struct SubmitOptions {
@@ -164,6 +168,7 @@ class RuntimeObj : public ffi::Object {
     bool closing = false;
     bool takes_turns = false;  // a streamed model taking turns for its memory (TierOptions::make_room)
     int64_t batch = 0;         // its compiled batch size: requests packed into one launch (0: one request a launch)
+    double hold_until_us = 0;  // its free streams wait for a fuller batch until then (the sweeper pokes them; 0: no)
     // of its packed launches (several requests, or fewer rows than the batch): launches and the requests they ran,
     // finished and failed (the streams count launches; stats count requests)
     std::atomic<int64_t> packs_done{0}, packed_done{0}, packs_failed{0}, packed_failed{0};
