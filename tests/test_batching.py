@@ -11,7 +11,7 @@ from tests.helpers import assert_user_error
 from tvmsched import models
 from tvmsched.errors import TvmschedError
 from tvmsched.frontend import batching
-from tvmsched.runtime import Executor
+from tvmsched.runtime import Executor, Runtime
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -76,6 +76,16 @@ def test_a_real_architecture_exported_with_dynamic_axes_compiles_for_b_rows(comp
         for output, want in _alone(model, feeds, row).items():
             scale = float(np.abs(want).max())
             np.testing.assert_allclose(outputs[output][row : row + 1], want, rtol=1e-3, atol=1e-4 * scale)
+    rt = Runtime()  # three inputs: a request's must agree on its rows
+    try:
+        rt.load(str(compiled(model, name="bert-4l", input_shapes=shapes, batch_size=3)), name="bert-4l")
+        torn = {name: value[:2] if name == "input_ids" else value for name, value in feeds.items()}
+        with pytest.raises(TvmschedError, match="^the inputs' batch dimensions disagree: input '"):
+            rt.submit("bert-4l", torn).result(timeout=60)
+        two = rt.submit("bert-4l", {name: value[:2] for name, value in feeds.items()}).result(timeout=60)
+        assert all(np.array_equal(two[k], outputs[k][:2]) for k in outputs)  # the same rows, the same bits
+    finally:
+        rt.shutdown()
 
 
 def _model(nodes, initializers=(), shape=(1, 4, 8), out_shape=None) -> onnx.ModelProto:

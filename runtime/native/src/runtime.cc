@@ -30,10 +30,9 @@ std::string Ms(double us) {
   return text.str();
 }
 
-/*! \brief A running request's layers still to run, from its progress bitmap (done / all blocks per layer): a partly
- *  done layer keeps the share of its latency its remaining blocks stand for; then the requests queued behind it. */
 /*! \brief A busy stream's work still to run, into `work` (cleared; its buffer reused): its running request's layers
- *  not yet done (a partly done one by the share of its blocks left), then each queued request's layers. */
+ *  not yet done, from its progress bitmap (a partly done layer keeps the share of its latency its remaining blocks
+ *  stand for), then the layers of each request queued behind it that the snapshot holds. */
 void StreamWork(const PolicyModel& model, const StreamSnapshot& state, const std::vector<std::vector<int64_t>>& blocks,
                 std::vector<CandidateInfo>* work) {
   work->clear();
