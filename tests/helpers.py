@@ -174,6 +174,13 @@ def start_serve(*args: str) -> tuple[subprocess.Popen, str, str]:
     return process, base, f"127.0.0.1:{grpc}"
 
 
+def start_cpp_server(binary, *args: str) -> tuple[subprocess.Popen, str]:
+    """build/cpp/tvmsched_server ARGS... on a free port: (process, base URL), once ready."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    return start_server([str(binary), *args, "--port", str(port)], base), base
+
+
 def stop_server(server: subprocess.Popen) -> int:
     """Terminate a server; its exit status (killed, and TimeoutExpired raised, if it does not stop in 30 s)."""
     server.terminate()

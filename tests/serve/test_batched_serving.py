@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from tests.helpers import free_port, start_serve, start_server, stop_server
+from tests.helpers import start_cpp_server, start_serve, stop_server
 from tests.test_cpp_examples import cpp_build  # noqa: F401 (the fixture: `make cpp` once)
 from tvmsched import models
 
@@ -41,10 +41,7 @@ def serve_server(repository):
 
 @pytest.fixture(scope="module")
 def cpp_server(cpp_build, repository):  # noqa: F811
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    process = start_server([str(cpp_build / "tvmsched_server"), "--model-repository", str(repository),
-                            "--port", str(port)], base)
+    process, base = start_cpp_server(cpp_build / "tvmsched_server", "--model-repository", str(repository))
     yield base, None
     assert stop_server(process) == 0
 

@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.helpers import free_port, start_serve, start_server, stop_server
+from tests.helpers import start_cpp_server, start_serve, stop_server
 from tests.test_cpp_examples import cpp_build  # noqa: F401 (the fixture: `make cpp` once)
 from tests.test_nan_semantics import CASES, X
 
@@ -49,10 +49,7 @@ def serve_server(artifact):
 
 @pytest.fixture(scope="module")
 def cpp_server(cpp_build, artifact):  # noqa: F811
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    process = start_server([str(cpp_build / "tvmsched_server"), "--model", f"leaky={artifact}", "--port", str(port)],
-                           base)
+    process, base = start_cpp_server(cpp_build / "tvmsched_server", "--model", f"leaky={artifact}")
     yield base, None
     assert stop_server(process) == 0
 
