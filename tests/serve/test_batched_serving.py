@@ -79,8 +79,7 @@ def test_a_batched_model_answers_concurrent_requests_of_several_rows_as_each_row
         client.get_model_config("mlp8")
     config = config.get("config", config)
     assert int(config["max_batch_size"]) == 8 and [int(d) for d in config["input"][0]["dims"]] == [784]
-    if module is tritonclient_http:  # (the gRPC ModelConfig message carries no dynamic_batching yet)
-        assert config["dynamic_batching"] == {"max_queue_delay_microseconds": 2000}
+    assert int(config["dynamic_batching"]["max_queue_delay_microseconds"]) == 2000
     before = _stats(module, client)
     rng = np.random.default_rng(0)
     sent = [rng.standard_normal((n, 784)).astype(np.float32) for n in ROWS]

@@ -113,6 +113,9 @@ class Servicer:
             output=[pb2.ModelOutput(name=t["name"], data_type=number(t), dims=t["dims"]) for t in config["output"]])
         for key, value in config["parameters"].items():
             message.parameters[key].string_value = value["string_value"]
+        if "dynamic_batching" in config:
+            message.dynamic_batching.max_queue_delay_microseconds = \
+                config["dynamic_batching"]["max_queue_delay_microseconds"]
         return pb2.ModelConfigResponse(config=message)
 
     async def ModelStatistics(self, request, context):
