@@ -271,7 +271,8 @@ class Runtime:
                          "p99_ms": _or_none(s["p99_ms"]), "launches": int(s["launches"]), "reruns": int(s["reruns"]),
                          "faults": int(s["faults"]), "fault_restarts": int(s["fault_restarts"]),
                          "refused": int(s["refused"]), "timed_out": int(s["timed_out"]), "queued": int(s["queued"]),
-                         "executions": int(s["executions"])}
+                         "executions": int(s["executions"]),
+                         "batches": [tuple(int(x) for x in b) for b in s["batches"]]}
         decided, p50, p99 = self._engine.decision_stats()
         out["_device"] = native.device_faults(self.device)
         out["_scheduler"] = {"decisions": int(decided), "p50_us": _or_none(p50), "p99_us": _or_none(p99),

@@ -269,7 +269,19 @@ class Server {
                         {"cache_miss", Duration().Json()}};
       inference.update(compute);
       json batches = json::array();
-      if (s.success.count) batches.push_back(json{{"batch_size", 1}}), batches[0].update(compute);
+      if (s.batch > 0) {  // the engine's launches by the rows they brought (compute inside the engine)
+        tvmsched::ModelStats stats = runtime_->Stats()[each];  // (held: the loop reads into it)
+        for (const auto& [rows, counted] : stats.batches) {
+          auto [count, ns] = counted;
+          json zero = {{"count", count}, {"ns", 0}};
+          batches.push_back({{"batch_size", rows},
+                             {"compute_input", zero},
+                             {"compute_infer", {{"count", count}, {"ns", ns}}},
+                             {"compute_output", zero}});
+        }
+      } else if (s.success.count) {
+        batches.push_back(json{{"batch_size", 1}}), batches[0].update(compute);
+      }
       list.push_back({{"name", each},
                       {"version", "1"},
                       {"last_inference", s.last_ms.load()},

@@ -258,6 +258,8 @@ def test_a_batched_model_packs_the_queued_requests_that_fit_into_one_launch_each
         assert all(got[k].shape[0] == n and np.array_equal(got[k], alone[k][:n]) for k in alone)
     stats = rt.stats()["mlp"]
     assert (stats["requests"], stats["executions"], stats["errors"]) == (9, 4, 0)
+    launches = sorted((int(rows), int(count)) for rows, count, _ in stats["batches"])  # by the rows they brought
+    assert launches == [(4, 1), (6, 1), (8, 2)] and all(int(ns) > 0 for _, _, ns in stats["batches"])
     with pytest.raises(TvmschedError, match=r"^input 'input' has 9 rows: the model takes 1 to 8 rows per request"):
         rt.submit("mlp", to_engine({"input": np.zeros((9, 784), np.float32)}), -1, -1.0)
     with pytest.raises(TvmschedError, match=r"input 'input' has shape \(2, 783\), expected \(8, 784\)"):

@@ -65,8 +65,9 @@ def _stats(module, client) -> dict:
     stats = client.get_inference_statistics("mlp8", as_json=True) if module is tritonclient_grpc else \
         client.get_inference_statistics("mlp8")
     s = stats["model_stats"][0]
+    batches = {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in s.get("batch_stats", [])}
     return {"inferences": int(s.get("inference_count", 0)), "executions": int(s.get("execution_count", 0)),
-            "success": int(s["inference_stats"]["success"].get("count", 0))}
+            "success": int(s["inference_stats"]["success"].get("count", 0)), "batches": batches}
 
 
 def test_a_batched_model_answers_concurrent_requests_of_several_rows_as_each_row_alone(client):
@@ -104,6 +105,9 @@ def test_a_batched_model_answers_concurrent_requests_of_several_rows_as_each_row
     assert after["success"] - before["success"] == len(ROWS)
     assert after["inferences"] - before["inferences"] == sum(ROWS)  # Triton's inference count: rows
     assert 0 < after["executions"] - before["executions"] < len(ROWS)  # they share launches: a free stream waits 2 ms
+    batches = after["batches"]  # Triton's batch_stats: the launches by the rows they brought
+    assert sum(batches.values()) == after["executions"] and sum(r * n for r, n in batches.items()) == after["inferences"]
+    assert set(batches) <= set(range(1, 9))
     with pytest.raises(InferenceServerException) as refused:
         infer(np.zeros((9, 784), np.float32), client)
     assert "has 9 rows: the model takes 1 to 8 rows per request" in str(refused.value)

@@ -128,7 +128,10 @@ class Servicer:
         return pb2.ModelStatisticsResponse(model_stats=[
             pb2.ModelStatistics(name=s["name"], version=s["version"], last_inference=s["last_inference"],
                                 inference_count=s["inference_count"], execution_count=s["execution_count"],
-                                inference_stats=pb2.InferStatistics(**{k: duration(v) for k, v in s["inference_stats"].items()}))
+                                inference_stats=pb2.InferStatistics(**{k: duration(v) for k, v in s["inference_stats"].items()}),
+                                batch_stats=[pb2.InferBatchStatistics(batch_size=b["batch_size"],
+                                                                      **{k: duration(v) for k, v in b.items() if k != "batch_size"})
+                                             for b in s["batch_stats"]])
             for s in stats["model_stats"]])
 
     async def RepositoryIndex(self, request, context):

@@ -572,6 +572,10 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
     for (int index : take) {
       Request request = lane[index].request;
       request->candidate_ids = decision.candidate_ids;
+      if (entry->batch > 0) {  // a whole batch alone: counted in the batch statistics when it is done
+        request->OnDone(ffi::Function::FromTyped(
+            [entry, rows = lane[index].rows](Request done) { CountBatch(*entry, rows, *done.get()); }));
+      }
       out.push_back(request);
     }
   }
@@ -648,8 +652,18 @@ Request RuntimeObj::Pack(const std::shared_ptr<Entry>& entry, const std::vector<
     auto n = static_cast<int64_t>(split.size());
     (error.empty() ? entry->packs_done : entry->packs_failed) += 1;
     (error.empty() ? entry->packed_done : entry->packed_failed) += n;
+    CountBatch(*entry, at, *done.get());
   }));
   return Request(packed);
+}
+
+void RuntimeObj::CountBatch(Entry& entry, int64_t rows, const RequestObj& done) {
+  if (!done.error().empty() || done.started_us <= 0) return;  // (Triton counts the executions that succeeded)
+  auto ns = static_cast<int64_t>((done.finished_us - done.started_us) * 1e3);
+  std::lock_guard<std::mutex> lock(entry.batches_mu);
+  auto& [count, total_ns] = entry.batches[rows];
+  ++count;
+  total_ns += ns;
 }
 
 std::shared_ptr<RuntimeObj::Entry> RuntimeObj::OldestLocked() const {
@@ -777,6 +791,10 @@ std::map<std::string, ModelStats> RuntimeObj::Stats() {
       for (double us : stream->Latencies()) latencies_ms.push_back(us / 1e3);
     }
     s.executions = s.requests + s.errors;  // a packed launch runs several requests: count those (Triton's counts)
+    {
+      std::lock_guard<std::mutex> lock(e->batches_mu);
+      s.batches = e->batches;
+    }
     s.requests += e->packed_done.load() - e->packs_done.load();
     s.errors += e->packed_failed.load() - e->packs_failed.load();
     s.refused = counts[e->name].first;

@@ -62,6 +62,9 @@ ffi::Map<ffi::String, ffi::Any> StatsMap(const ModelStats& s) {
   out.Set("qos_ms", s.qos_ms);
   out.Set("requests", s.requests);
   out.Set("executions", s.executions);
+  ffi::Array<ffi::Array<int64_t>> batches;  // [[rows, launches, compute ns], ...]
+  for (const auto& [rows, counted] : s.batches) batches.push_back({rows, counted.first, counted.second});
+  out.Set("batches", batches);
   out.Set("errors", s.errors);
   out.Set("refused", s.refused);
   out.Set("timed_out", s.timed_out);

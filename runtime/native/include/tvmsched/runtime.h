@@ -101,6 +101,9 @@ struct ModelStats {
   double qos_ms = -1;
   int64_t requests = 0, errors = 0, refused = 0, timed_out = 0, qos_violations = 0, queued = 0;
   int64_t executions = 0;  ///< runs of the model: a batched model runs several requests at once (Triton's count)
+  /*! \brief A model compiled for a batch: per count of rows its launches brought (1 to the batch size; the rest is
+   *  padding), the launches and their compute time (ns, start to finish; Triton's batch_stats). */
+  std::map<int64_t, std::pair<int64_t, int64_t>> batches;
   double p50_ms = -1, p99_ms = -1;
   int64_t launches = 0, reruns = 0, faults = 0, fault_restarts = 0;
   std::string placement;
@@ -172,7 +175,9 @@ class RuntimeObj : public ffi::Object {
     // of its packed launches (several requests, or fewer rows than the batch): launches and the requests they ran,
     // finished and failed (the streams count launches; stats count requests)
     std::atomic<int64_t> packs_done{0}, packed_done{0}, packs_failed{0}, packed_failed{0};
-    int64_t refused = 0, timed_out = 0, inflight = 0;  // inflight: taken by a stream, not finished
+    std::mutex batches_mu;                                   // guards batches (written on the streams' threads)
+    std::map<int64_t, std::pair<int64_t, int64_t>> batches;  // ModelStats::batches
+    int64_t refused = 0, timed_out = 0, inflight = 0;        // inflight: taken by a stream, not finished
   };
   /*! \brief A stream's source: what it runs next (under the runtime's lock; expired requests collected to fail). */
   std::vector<Request> Next(const std::shared_ptr<Entry>& entry, int stream, std::vector<Pending>* expired);
@@ -196,6 +201,8 @@ class RuntimeObj : public ffi::Object {
   /*! \brief One launch of a batched model for `members` (its queued requests, in order, `rows` each): their inputs
    *  packed into the compiled batch (the rows left zero), their outputs split back when it is done. */
   Request Pack(const std::shared_ptr<Entry>& entry, const std::vector<Pending>& members);
+  /*! \brief Count a finished launch of a batched model that brought `rows` rows (its batch statistics). */
+  static void CountBatch(Entry& entry, int64_t rows, const RequestObj& done);
   Model LoadModel(const std::string& path, const LoadOptions& options) const;
 
   RuntimeOptions options_;
