@@ -249,17 +249,19 @@ class Server {
   }
 
   /*! \brief Runs of the model: a model compiled for a batch runs several requests at once (the engine counts its
-   *  launches, warm-up included); else one per successful request. */
-  int64_t Executions(const Served& s) {
-    return s.batch > 0 ? runtime_->Stats()[s.spec.name].executions - s.warmup_requests : s.success.count.load();
+   *  launches in `stats`, warm-up included); else one per successful request. */
+  static int64_t Executions(const Served& s, const tvmsched::ModelStats& stats) {
+    return s.batch > 0 ? stats.executions - s.warmup_requests : s.success.count.load();
   }
 
   /*! \brief Triton's statistics of one model or, without a name, of all. */
   json Statistics(const std::string& name, const std::string& version) {
     json list = json::array();
+    std::map<std::string, tvmsched::ModelStats> engine = runtime_->Stats();  // (read once: it walks every stream)
     for (const std::string& each : order_) {
       if (!name.empty() && each != Find(name, version).spec.name) continue;
       const Served& s = *models_[each];
+      const tvmsched::ModelStats& stats = engine[each];
       json compute = {
           {"compute_input", s.input.Json()}, {"compute_infer", s.infer.Json()}, {"compute_output", s.output.Json()}};
       json inference = {{"success", s.success.Json()},
@@ -270,7 +272,6 @@ class Server {
       inference.update(compute);
       json batches = json::array();
       if (s.batch > 0) {  // the engine's launches by the rows they brought (compute inside the engine)
-        tvmsched::ModelStats stats = runtime_->Stats()[each];  // (held: the loop reads into it)
         for (const auto& [rows, counted] : stats.batches) {
           auto [count, ns] = counted;
           json zero = {{"count", count}, {"ns", 0}};
@@ -286,7 +287,7 @@ class Server {
                       {"version", "1"},
                       {"last_inference", s.last_ms.load()},
                       {"inference_count", s.inferences.load()},
-                      {"execution_count", Executions(s)},
+                      {"execution_count", Executions(s, stats)},
                       {"inference_stats", inference},
                       {"batch_stats", batches},
                       {"memory_usage", json::array()}});
@@ -362,6 +363,7 @@ class Server {
   /*! \brief Prometheus text: the tvmsched_* series of both example servers and Triton's nv_inference_* ones. */
   std::string Metrics() {
     std::ostringstream out;
+    std::map<std::string, tvmsched::ModelStats> engine = runtime_->Stats();  // (read once per scrape)
     auto family = [&](const char* name, const char* type, const char* help, auto value, bool nv) {
       out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
       for (const std::string& m : order_) {
@@ -415,7 +417,7 @@ class Server {
         [](const Served& s) { return s.inferences.load(); }, true);
     family(
         "nv_inference_exec_count", "counter", "Number of model executions performed (one may run several requests)",
-        [this](const Served& s) { return Executions(s); }, true);
+        [&engine](const Served& s) { return Executions(s, engine[s.spec.name]); }, true);
     for (auto [name, field] : {std::pair{"nv_inference_request_duration_us", &Served::success},
                                {"nv_inference_queue_duration_us", &Served::queue},
                                {"nv_inference_compute_input_duration_us", &Served::input},

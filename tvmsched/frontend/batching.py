@@ -119,8 +119,8 @@ def check_rows(model: onnx.ModelProto, input_shapes: dict | None = None, seed: i
     rows = [{name: _random(rng, shape, dtypes[name]) for name, shape in one.input_shapes.items()} for _ in range(2)]
     feeds = {name: np.concatenate([row[name] for row in rows]) for name in rows[0]}
     values, order = _intermediates(two.model)
-    alone = [_run(ort, _keep(one.model, values), row, values) for row in rows]
-    together = _run(ort, _keep(two.model, values), feeds, values)
+    alone = _run(ort, one.model, values, rows)
+    (together,) = _run(ort, two.model, values, [feeds])
     from_inputs = _computed_from_inputs(two.model)
     outputs = {o.name for o in model.graph.output}
     for node, index in order:
@@ -221,21 +221,17 @@ def _intermediates(model: onnx.ModelProto) -> tuple[list[onnx.ValueInfoProto], l
     return values, [(node, index) for index, node in enumerate(model.graph.node)]
 
 
-def _keep(model: onnx.ModelProto, values: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
-    out = copy.copy(model)
-    out.CopyFrom(model)
-    declared = {o.name for o in out.graph.output}
-    out.graph.output.extend(v for v in values if v.name not in declared)
-    return out
-
-
-def _run(ort, model: onnx.ModelProto, feeds: dict[str, np.ndarray], values) -> dict[str, np.ndarray]:
+def _run(ort, model: onnx.ModelProto, values: list[onnx.ValueInfoProto], feeds: list[dict]) -> list[dict]:
+    """Every tensor of `values` (and the outputs) of one onnxruntime session of `model` (rebatch's own copy: its
+    outputs are extended in place) for each of `feeds`."""
+    declared = {o.name for o in model.graph.output}
+    model.graph.output.extend(v for v in values if v.name not in declared)
     try:
         options = ort.SessionOptions()
         options.log_severity_level = 3  # (its warnings about the copies' unused initializers are not the user's)
         session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        results = session.run(None, feeds)
+        names = [output.name for output in session.get_outputs()]
+        return [dict(zip(names, session.run(None, feed))) for feed in feeds]
     except Exception as err:  # noqa: BLE001 - onnxruntime raises several types; all say the same here
         reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
         raise TvmschedError(f"cannot check the model's batch dimension: onnxruntime could not run it: {reason}") from None
-    return {output.name: value for output, value in zip(session.get_outputs(), results)}

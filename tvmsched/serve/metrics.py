@@ -56,8 +56,9 @@ def _triton_families(service: InferenceService):
            per_model(lambda s: s.counters.failure))
     yield ("nv_inference_count", "counter", "Number of inferences performed (the rows of the successful requests)",
            per_model(lambda s: s.counters.inferences))
+    engine = service.engine_stats([served for _, served in models])
     yield ("nv_inference_exec_count", "counter", "Number of model executions performed (one launch may run several "
-           "requests of a model compiled for a batch)", per_model(service.executions))
+           "requests of a model compiled for a batch)", per_model(lambda s: service.executions(s, engine)))
     yield ("nv_inference_request_duration_us", "counter", "Cumulative inference request duration in microseconds",
            per_model(lambda s: (s.counters.success_ns + s.counters.failure_ns) // 1000))
     yield ("nv_inference_queue_duration_us", "counter", "Cumulative inference queuing duration in microseconds",

@@ -187,14 +187,14 @@ class InferenceService:
     def statistics(self, name: str = "", version: str = "") -> dict:
         """Triton's statistics JSON: {"model_stats": [...]} for one model or all."""
         models = [self.get(name, version)] if name else list(self.models.values())
-        engine = self.runtime.stats() if any(served.batch for served in models) else {}
+        engine = self.engine_stats(models)
         stats = []
         for served in models:
             c = served.counters
             duration = lambda count, ns: {"count": count, "ns": ns}
             stats.append({
                 "name": served.name, "version": VERSION, "last_inference": c.last_inference_ms,
-                "inference_count": c.inferences, "execution_count": self.executions(served),
+                "inference_count": c.inferences, "execution_count": self.executions(served, engine),
                 "inference_stats": {"success": duration(c.success, c.success_ns), "fail": duration(c.failure, c.failure_ns),
                                     "queue": duration(c.executions, c.queue_ns),
                                     "compute_input": duration(c.executions, 0),
@@ -229,13 +229,17 @@ class InferenceService:
             raise ServeError(f"input {name!r} of model {served.name!r} has shape {list(info.shape)}, not {list(shape)}")
         return info
 
-    def executions(self, served: Served) -> int:
+    def engine_stats(self, models) -> dict:
+        """The engine's counters when some of `models` are compiled for a batch (read once: they walk every stream),
+        else nothing."""
+        return self.runtime.stats() if any(served.batch for served in models) else {}
+
+    def executions(self, served: Served, engine: dict) -> int:
         """Runs of the model (Triton's execution count): a model compiled for a batch runs several requests in one
-        launch, which the engine counts; else one per request that ran."""
+        launch, which the engine counts (`engine`: engine_stats); else one per request that ran."""
         if not served.batch:
             return served.counters.executions
-        executions = self.runtime.stats().get(served.model.name, {}).get("executions", 0)
-        return int(executions) - served.warmup_executions
+        return int(engine.get(served.model.name, {}).get("executions", 0)) - served.warmup_executions
 
     def check_all_inputs(self, served: Served, names) -> None:
         missing = [t.name for t in served.inputs if t.name not in names]

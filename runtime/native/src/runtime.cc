@@ -23,6 +23,12 @@ double Percentile(std::vector<double> values, double q) {  // numpy's default (l
   return values[lo] + (values[hi] - values[lo]) * (pos - static_cast<double>(lo));
 }
 
+/*! \brief The p50 and p99 of recorded times (-1: none). */
+std::pair<double, double> Percentiles(const std::deque<double>& recorded) {
+  std::vector<double> times(recorded.begin(), recorded.end());
+  return {Percentile(times, 50), Percentile(std::move(times), 99)};
+}
+
 std::string Ms(double us) {
   std::ostringstream text;
   text.precision(3);
@@ -579,9 +585,7 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
       out.push_back(request);
     }
   }
-  for (auto it = take.rbegin(); it != take.rend(); ++it) {
-    if (*it >= 0 && *it < static_cast<int>(lane.size())) lane.erase(lane.begin() + *it);
-  }
+  for (auto it = take.rbegin(); it != take.rend(); ++it) lane.erase(lane.begin() + *it);  // (valid: checked above)
   if (policy_->serial() && !out.empty()) {
     serial_running_ += static_cast<int64_t>(out.size());
     for (Request& request : out) {
@@ -625,33 +629,33 @@ Request RuntimeObj::Pack(const std::shared_ptr<Entry>& entry, const std::vector<
   }
   std::vector<std::pair<Request, int64_t>> split;
   for (const Pending& p : members) split.emplace_back(p.request, p.rows);
-  std::vector<ffi::String> outputs;
-  for (const Binding& binding : manifest.outputs) outputs.emplace_back(binding.name);
+  std::vector<std::pair<ffi::String, size_t>> outputs;  // each output's name and the bytes of one of its rows
+  for (const Binding& binding : manifest.outputs) {
+    outputs.emplace_back(binding.name, manifest.tensors.at(binding.tensor).nbytes() / static_cast<size_t>(batch));
+  }
   // when the launch is done, on the stream's thread: each member gets its rows of every output, or the launch's error
-  packed->OnDone(ffi::Function::FromTyped([entry, split, outputs, batch](Request done) {
+  packed->OnDone(ffi::Function::FromTyped([entry, split, outputs](Request done) {
     std::string error = done->error();
     ffi::Map<ffi::String, ffi::Tensor> all = done->outputs();
     int64_t at = 0;
     for (const auto& [member, rows] : split) {
       ffi::Map<ffi::String, ffi::Tensor> mine;
       for (size_t o = 0; error.empty() && o < outputs.size(); ++o) {
-        ffi::Tensor whole = all[outputs[o]];
+        const auto& [name, row_bytes] = outputs[o];
+        ffi::Tensor whole = all[name];
         const DLTensor* t = whole.GetDLTensorPtr();
         std::vector<int64_t> shape(t->shape, t->shape + t->ndim);
-        const size_t row_bytes =
-            static_cast<size_t>(whole.numel()) * ((t->dtype.bits + 7) / 8) / static_cast<size_t>(batch);
         shape[0] = rows;
         ffi::Tensor part = EmptyHostTensor(shape, t->dtype);
         std::memcpy(part.data_ptr(), static_cast<const char*>(whole.data_ptr()) + row_bytes * at, row_bytes * rows);
-        mine.Set(outputs[o], part);
+        mine.Set(name, part);
       }
       at += rows;
       member->started_us = done->started_us;
       member->Finish(mine, ffi::String(error), done->finished_us);
     }
-    auto n = static_cast<int64_t>(split.size());
-    (error.empty() ? entry->packs_done : entry->packs_failed) += 1;
-    (error.empty() ? entry->packed_done : entry->packed_failed) += n;
+    // the stream counted one request: the others it ran
+    (error.empty() ? entry->packed_done : entry->packed_failed) += static_cast<int64_t>(split.size()) - 1;
     CountBatch(*entry, at, *done.get());
   }));
   return Request(packed);
@@ -795,8 +799,8 @@ std::map<std::string, ModelStats> RuntimeObj::Stats() {
       std::lock_guard<std::mutex> lock(e->batches_mu);
       s.batches = e->batches;
     }
-    s.requests += e->packed_done.load() - e->packs_done.load();
-    s.errors += e->packed_failed.load() - e->packs_failed.load();
+    s.requests += e->packed_done.load();
+    s.errors += e->packed_failed.load();
     s.refused = counts[e->name].first;
     s.timed_out = counts[e->name].second;
     s.queued = queued[e->name];
@@ -816,16 +820,14 @@ std::tuple<int64_t, double, double> RuntimeObj::DecisionStats() {
   std::lock_guard<std::mutex> lock(mu_);
   LayerScheduler* scheduler = SchedulerOf(*policy_);
   if (!scheduler) return {0, -1, -1};
-  std::vector<double> times(scheduler->decision_us().begin(), scheduler->decision_us().end());
-  return {scheduler->decided(), Percentile(times, 50), Percentile(times, 99)};
+  auto [p50, p99] = Percentiles(scheduler->decision_us());
+  return {scheduler->decided(), p50, p99};
 }
 
 std::pair<double, double> RuntimeObj::MonitorStats() {
   std::lock_guard<std::mutex> lock(mu_);
   LayerScheduler* scheduler = SchedulerOf(*policy_);
-  if (!scheduler) return {-1, -1};
-  std::vector<double> times(scheduler->monitor_us().begin(), scheduler->monitor_us().end());
-  return {Percentile(times, 50), Percentile(std::move(times), 99)};
+  return scheduler ? Percentiles(scheduler->monitor_us()) : std::pair<double, double>{-1, -1};
 }
 
 std::vector<std::string> RuntimeObj::models() const {

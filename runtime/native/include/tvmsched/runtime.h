@@ -172,9 +172,8 @@ class RuntimeObj : public ffi::Object {
     bool takes_turns = false;  // a streamed model taking turns for its memory (TierOptions::make_room)
     int64_t batch = 0;         // its compiled batch size: requests packed into one launch (0: one request a launch)
     double hold_until_us = 0;  // its free streams wait for a fuller batch until then (the sweeper pokes them; 0: no)
-    // of its packed launches (several requests, or fewer rows than the batch): launches and the requests they ran,
-    // finished and failed (the streams count launches; stats count requests)
-    std::atomic<int64_t> packs_done{0}, packed_done{0}, packs_failed{0}, packed_failed{0};
+    // its packed launches' requests beyond the one their stream counts, finished and failed (stats count requests)
+    std::atomic<int64_t> packed_done{0}, packed_failed{0};
     std::mutex batches_mu;                                   // guards batches (written on the streams' threads)
     std::map<int64_t, std::pair<int64_t, int64_t>> batches;  // ModelStats::batches
     int64_t refused = 0, timed_out = 0, inflight = 0;        // inflight: taken by a stream, not finished
