@@ -66,11 +66,12 @@ class Executor:
             file one of them signed, checked before anything is loaded (README, "Trust model").
         memory_scope: the budget its device memory counts against (a Runtime's, `native.create_memory_scope`);
             None: no budget but the device's capacity.
+        batch_size: an artifact compiled at several batch sizes: the one to run (None: its largest; resident only).
     """
 
     def __init__(self, artifact: Artifact | str | Path, device: str | None = None, flag_memory: str = "auto",
                  trusted_keys: list[str | Path] | tuple = (), register_groups: int | None = None,
-                 tiered: dict | None = None, memory_scope=None):
+                 tiered: dict | None = None, memory_scope=None, batch_size: int | None = None):
         keys = [str(k) for k in trusted_keys]
 
         def load(path: str, keys: list[str]):
@@ -79,7 +80,9 @@ class Executor:
                                            int(tiered.get("buffer_bytes", 0)), tiered["tiers"],
                                            int(tiered.get("in_flight", 8)), memory_scope)
             if register_groups is None:
-                return native.load_model(path, device or "", flag_memory, keys, memory_scope)
+                return native.load_model(path, device or "", flag_memory, keys, memory_scope, batch_size)
+            if batch_size is not None:
+                raise TvmschedError("a batch size other than the largest is loaded resident (no register_groups)")
             # registered: weights in pinned host memory, `register_groups` sub-tasks at most; a switcher
             # (runtime/switching.py) makes it resident
             return native.register_model(path, device or "", flag_memory, keys, int(register_groups), memory_scope)
@@ -95,8 +98,9 @@ class Executor:
                 self.native = load(str(path), [])
         else:
             self.native = load(str(artifact), keys)
-        # the manifest the engine verified and loaded (never a second read of the file)
-        self.manifest: Manifest = Manifest.parse(str(self.native.manifest_json()), artifact)
+        # the manifest the engine verified and loaded (never a second read of the file), at the size it loaded
+        self.manifest: Manifest = Manifest.parse(str(self.native.manifest_json()), artifact).at_batch(
+            int(self.native.batch_size()))
         self.device = self.native.device_kind()
         self.num_layers = self.native.num_layers()
         self.output_names = tuple(binding.name for binding in self.manifest.outputs)
@@ -107,7 +111,8 @@ class Executor:
         file (for the manifest's view of it)."""
         executor = cls.__new__(cls)
         executor.native = native_model
-        executor.manifest = Manifest.parse(str(native_model.manifest_json()), artifact)
+        executor.manifest = Manifest.parse(str(native_model.manifest_json()), artifact).at_batch(
+            int(native_model.batch_size()))
         executor.device = native_model.device_kind()
         executor.num_layers = native_model.num_layers()
         executor.output_names = tuple(binding.name for binding in executor.manifest.outputs)

@@ -192,9 +192,11 @@ def memory_scope_stats(scope) -> dict[str, int]:
     return {str(k): int(v) for k, v in func("memory_scope_stats")(scope).items()}
 
 
-def load_model(path: str, device: str, flag_memory: str, trusted_key_files: list, scope=None) -> NativeModel:
-    """A resident model (weights in device memory)."""
-    return func("load_model")(path, device, flag_memory, trusted_key_files, scope)
+def load_model(path: str, device: str, flag_memory: str, trusted_key_files: list, scope=None,
+               batch_size: int | None = None) -> NativeModel:
+    """A resident model (weights in device memory); an artifact compiled at several batch sizes at `batch_size`
+    (None: its largest)."""
+    return func("load_model")(path, device, flag_memory, trusted_key_files, scope, int(batch_size or 0))
 
 
 def register_model(path: str, device: str, flag_memory: str, trusted_key_files: list, max_groups: int,

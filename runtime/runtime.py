@@ -164,9 +164,10 @@ class Runtime:
 
     def load(self, artifact, *, qos_ms: float | None = None, priority: str = "best_effort", name: str | None = None,
              resident: bool = True, device_bytes: int | None = None, warmup: bool = False, streams: int = 1,
-             max_queue_delay_us: float = 0.0) -> Model:
+             max_queue_delay_us: float = 0.0, preferred_batch_sizes: tuple[int, ...] = ()) -> Model:
         """Load an artifact (path or Artifact) as a new model; the engine decides its placement (docs/runtime.md).
-        `max_queue_delay_us`: a model compiled for a batch waits at most this long for a full one (docs/batching.md)."""
+        A model compiled for a batch (docs/batching.md): `max_queue_delay_us`, how long a free stream waits at most for
+        the queued rows to reach the smallest of `preferred_batch_sizes` (each a compiled size; none: the largest)."""
         if priority not in PRIORITIES:
             raise TvmschedError(f"priority must be one of {PRIORITIES}, not {priority!r}")
         if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= 64:
@@ -175,7 +176,8 @@ class Runtime:
             raise TvmschedError("the runtime is shut down")
         options = {"qos_ms": float(qos_ms) if qos_ms else 0.0, "realtime": priority == "realtime",
                    "resident": bool(resident), "streams": streams, "warmup": bool(warmup),
-                   "device_bytes": int(device_bytes or 0), "max_queue_delay_us": float(max_queue_delay_us)}
+                   "device_bytes": int(device_bytes or 0), "max_queue_delay_us": float(max_queue_delay_us),
+                   "preferred_batch_sizes": [int(size) for size in preferred_batch_sizes]}
         if name is not None:
             options["name"] = str(name)
         with tempfile.TemporaryDirectory(prefix="tvmsched-") as tmp:
@@ -272,7 +274,8 @@ class Runtime:
                          "faults": int(s["faults"]), "fault_restarts": int(s["fault_restarts"]),
                          "refused": int(s["refused"]), "timed_out": int(s["timed_out"]), "queued": int(s["queued"]),
                          "executions": int(s["executions"]),
-                         "batches": [tuple(int(x) for x in b) for b in s["batches"]]}
+                         "batches": [tuple(int(x) for x in b) for b in s["batches"]],
+                         "sizes": {int(b): {"run_us": float(us), "launches": int(n)} for b, us, n in s["sizes"]}}
         decided, p50, p99 = self._engine.decision_stats()
         out["_device"] = native.device_faults(self.device)
         out["_scheduler"] = {"decisions": int(decided), "p50_us": _or_none(p50), "p99_us": _or_none(p99),

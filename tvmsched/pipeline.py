@@ -43,7 +43,7 @@ def compile_model(
     loop_checks: int = 0,
     progress_counters: bool = False,
     index_checks: bool = True,
-    batch_size: int | None = None,
+    batch_size: int | list[int] | None = None,
     progress: bool = False,
 ) -> Artifact:
     """ONNX → Relax → fused layers → (tuned or default) kernels → artifact (in memory).
@@ -70,37 +70,130 @@ def compile_model(
         progress_counters: kernels count their completed blocks into a per-layer counter (passes.progress).
         index_checks: bounds-check indices read from run-time data (Gather, Scatter*, ...); off only to
             measure what the checks cost: an unchecked artifact reads and writes out of bounds on bad indices.
-        batch_size: compile for this many rows: the model's batch dimension is found, the model rewritten for it
-            and checked row by row against onnxruntime (tvmsched.frontend.batching; a model whose rows are not
-            independent is refused naming the node). None: the shapes as the model (and `input_shapes`) give them.
+        batch_size: compile for this many rows, or several sizes (a list): the model's batch dimension is found, the
+            model rewritten for each size and checked row by row against onnxruntime (tvmsched.frontend.batching; a
+            model whose rows are not independent is refused naming the node). Several sizes make one artifact: the
+            largest is its own program, each smaller one a variant with its kernels in the same library and the weights
+            stored once. None: the shapes as the model (and `input_shapes`) give them.
         progress: show a progress bar while tuning (or deciding between records and default schedules).
     """
     info = _check_options(target, qos_ms, tune_trials, tune_minutes, rpc)
     loop_checks = int(loop_checks)
     if loop_checks < 0 or (loop_checks and not preempt_checks):
         raise TvmschedError(f"--loop-checks {loop_checks}: give K >= 1 (checks per loop) with preempt checks on, or 0")
-    if batch_size is not None:
+    sizes = _batch_sizes(batch_size)
+    if sizes:
         from tvmsched.frontend import batching
 
         batching.check_rows(model, input_shapes)
-        batched = batching.rebatch(model, batch_size, input_shapes)
-        model, input_shapes = batched.model, batched.input_shapes
-        log.info("batch size %d: %d Reshape targets rewritten", batch_size, len(batched.rewritten))
-    graph, funcs, tvm_target = lower_model(model, target, input_shapes, index_checks)
-    plan = _choose_kernels(
-        graph, funcs, tvm_target, tune_trials=tune_trials, database=database, qos_ms=qos_ms, units=units, rpc=rpc,
-        progress=progress, tune_minutes=tune_minutes,
+
+    def program(size: int | None, prefix: str = ""):
+        """One compiled program: the model (rewritten for `size` rows) lowered, its kernels chosen and instrumented,
+        its manifest; kernel symbols start with `prefix`."""
+        source, shapes = model, input_shapes
+        if size is not None:
+            batched = batching.rebatch(model, size, input_shapes)
+            source, shapes = batched.model, batched.input_shapes
+            log.info("batch size %d: %d Reshape targets rewritten", size, len(batched.rewritten))
+        graph, funcs, tvm_target = lower_model(source, target, shapes, index_checks)
+        plan = _choose_kernels(
+            graph, funcs, tvm_target, tune_trials=tune_trials, database=database, qos_ms=qos_ms, units=units, rpc=rpc,
+            progress=progress, tune_minutes=tune_minutes,
+        )
+        if preempt_checks:
+            plan = _instrumented(plan, gpu=info.gpu, loops=loop_checks)
+        if progress_counters:
+            plan = _progress_counted(plan, gpu=info.gpu)
+        if prefix:
+            plan = _prefixed(plan, prefix)
+        manifest = _manifest(source, graph, funcs, name, target, tvm_target, plan, qos_ms)
+        if size is not None:
+            manifest = dataclasses.replace(manifest, batch_size=size)
+        return graph, tvm_target, plan, manifest
+
+    graph, tvm_target, plan, manifest = program(sizes[-1] if sizes else None)
+    kernels_, weights = dict(plan.kernels), dict(graph.weights)
+    variants = []
+    for size in sizes[:-1]:  # the smaller sizes: their kernels beside the largest's, the weights they share stored once
+        small_graph, _, small_plan, small = program(size, prefix=f"b{size}_")
+        kernels_.update(small_plan.kernels)
+        variants.append(_variant(small, small_graph.weights, weights))
+    library = kernels.build_library(kernels_, tvm_target, extra_sources=_extra_sources(plan, info))
+    if variants:
+        manifest = dataclasses.replace(manifest, variants=tuple(variants))
+    artifact = Artifact(manifest, library, weights)
+    if len(sizes) > 1 and info.cpu:
+        artifact = _timed_sizes(artifact)
+    log.info("compiled %s: %d layers, %d kernels", name, len(graph.layers), len(kernels_))
+    return artifact
+
+
+def _batch_sizes(batch_size) -> list[int]:
+    """compile_model's batch_size (a size, several, or None) as distinct sizes, smallest first (one error line for a
+    size below 1)."""
+    if batch_size is None:
+        return []
+    sizes = [batch_size] if isinstance(batch_size, int) else list(batch_size)
+    if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
+        raise TvmschedError(f"batch sizes must be positive row counts, not {batch_size!r}")
+    return sorted(set(sizes))
+
+
+def _prefixed(plan: KernelPlan, prefix: str) -> KernelPlan:
+    """The plan with every kernel symbol starting with `prefix` (a smaller batch size's kernels in one library)."""
+    return dataclasses.replace(
+        plan,
+        kernels={prefix + symbol: func for symbol, func in plan.kernels.items()},
+        candidates={f: [dataclasses.replace(c, kernel=prefix + c.kernel) for c in cands] for f, cands in plan.candidates.items()},
     )
-    if preempt_checks:
-        plan = _instrumented(plan, gpu=info.gpu, loops=loop_checks)
-    if progress_counters:
-        plan = _progress_counted(plan, gpu=info.gpu)
-    library = kernels.build_library(plan.kernels, tvm_target, extra_sources=_extra_sources(plan, info))
-    manifest = _manifest(model, graph, funcs, name, target, tvm_target, plan, qos_ms)
-    if batch_size is not None:
-        manifest = dataclasses.replace(manifest, batch_size=batch_size)
-    log.info("compiled %s: %d layers, %d kernels", name, len(graph.layers), len(plan.kernels))
-    return Artifact(manifest, library, graph.weights)
+
+
+def _variant(manifest: Manifest, own: dict, weights: dict):
+    """A smaller size's program as a BatchVariant; its weights join `weights` (those already there with the same bytes
+    are shared; one with other bytes under the same id is kept under the id suffixed with its size)."""
+    import numpy as np
+
+    from tvmsched.artifact.format import BatchVariant
+
+    renamed = {}
+    for tid, array in own.items():
+        if tid in weights and not (weights[tid].dtype == array.dtype and np.array_equal(weights[tid], array)):
+            renamed[tid] = f"{tid}@b{manifest.batch_size}"
+        weights[renamed.get(tid, tid)] = array
+    name = lambda t: renamed.get(t, t)  # noqa: E731
+    layers = tuple(dataclasses.replace(l, inputs=tuple(map(name, l.inputs)), outputs=tuple(map(name, l.outputs)))
+                   for l in manifest.layers)
+    return BatchVariant(
+        batch_size=manifest.batch_size,
+        inputs=tuple(Binding(b.name, name(b.tensor)) for b in manifest.inputs),
+        outputs=tuple(Binding(b.name, name(b.tensor)) for b in manifest.outputs),
+        tensors={name(t): spec for t, spec in manifest.tensors.items()},
+        layers=layers,
+        index_checks=tuple(dataclasses.replace(c, tensor=name(c.tensor)) for c in manifest.index_checks),
+    )
+
+
+def _timed_sizes(artifact: Artifact) -> Artifact:
+    """Each batch size's run at candidate 0 on this CPU (median of 20 after 3 warm-up runs), into the manifest: what
+    `inspect` shows and what a runtime assumes until it measures on its own device."""
+    import tempfile
+
+    from tvmsched.runtime import Executor
+
+    measured = {}
+    with tempfile.TemporaryDirectory(prefix="tvmsched-sizes-") as tmp:
+        path = Path(tmp) / "sizes.tvms"
+        artifact.save(path)
+        for size in artifact.manifest.batch_sizes:
+            executor = Executor(str(path), batch_size=size)
+            runs = executor.time_runs(executor.random_inputs(0), repeat=20, warmup=3)
+            measured[size] = round(sorted(runs)[len(runs) // 2] * 1e6, 3)
+    manifest = artifact.manifest
+    manifest = dataclasses.replace(
+        manifest, batch_latency_us=measured[manifest.batch_size],
+        variants=tuple(dataclasses.replace(v, latency_us=measured[v.batch_size]) for v in manifest.variants),
+    )
+    return dataclasses.replace(artifact, manifest=manifest)
 
 
 def lower_model(model: onnx.ModelProto, target="llvm", input_shapes: dict | None = None, index_checks: bool = True):

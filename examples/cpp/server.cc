@@ -71,6 +71,7 @@ struct Spec {
   int64_t max_queue = -1;  // -1: the server's --max-queue
   int streams = 1;
   double max_queue_delay_us = 0;  // a model compiled for a batch: how long a free stream waits for a full one
+  std::vector<int64_t> preferred_batch_sizes;  // Triton's preferred_batch_size (each a compiled batch size)
 };
 
 /*! \brief A loaded model: what the protocol shows of it and the server's counters (the HTTP side of a request). */
@@ -126,6 +127,7 @@ class Server {
     options.streams = spec.streams;
     options.warmup = spec.warmup;
     options.max_queue_delay_us = spec.max_queue_delay_us;
+    options.preferred_batch_sizes = spec.preferred_batch_sizes;
     auto s = std::make_unique<Served>();
     s->spec = spec;
     s->max_queue = options.queue.max_queue_size = spec.max_queue >= 0 ? spec.max_queue : max_queue_;
@@ -229,7 +231,7 @@ class Server {
                               {"placement", stats.placement},
                               {"qos_ms", json(stats.qos_ms).dump()},
                               {"max_queue", std::to_string(s.max_queue)},
-                              {"streams", std::to_string(s.streams.size())},
+                              {"streams", std::to_string(s.spec.streams)},
                               {"policy", runtime_->policy_kind()}}) {
       if (key != std::string("qos_ms") || stats.qos_ms > 0) parameters[key] = {{"string_value", value}};
     }
@@ -241,10 +243,13 @@ class Server {
         {"input", inputs},
         {"output", outputs},
         {"instance_group",
-         {{{"name", name}, {"kind", device_ == "cpu" ? "KIND_CPU" : "KIND_GPU"}, {"count", s.streams.size()}}}},
+         {{{"name", name}, {"kind", device_ == "cpu" ? "KIND_CPU" : "KIND_GPU"}, {"count", s.spec.streams}}}},
         {"parameters", parameters}};
-    if (s.batch > 0)
+    if (s.batch > 0) {
       config["dynamic_batching"] = {{"max_queue_delay_microseconds", static_cast<int64_t>(s.spec.max_queue_delay_us)}};
+      if (!s.spec.preferred_batch_sizes.empty())
+        config["dynamic_batching"]["preferred_batch_size"] = s.spec.preferred_batch_sizes;
+    }
     return config;
   }
 
@@ -598,17 +603,23 @@ std::vector<Spec> ReadRepository(const std::string& root) {
       if (config.is_discarded()) throw std::runtime_error("cannot read " + path.string() + ": not valid JSON");
       if (!config.is_object()) throw std::runtime_error(path.string() + " must hold an object");
     }
-    static const std::map<std::string, std::string> kKinds = {{"qos_ms", "number"},   {"priority", "string"},
-                                                              {"warmup", "boolean"},  {"max_queue", "integer"},
-                                                              {"streams", "integer"}, {"max_queue_delay_us", "number"}};
+    static const std::map<std::string, std::string> kKinds = {{"qos_ms", "number"},
+                                                              {"priority", "string"},
+                                                              {"warmup", "boolean"},
+                                                              {"max_queue", "integer"},
+                                                              {"streams", "integer"},
+                                                              {"max_queue_delay_us", "number"},
+                                                              {"preferred_batch_sizes", "array"}};
     for (const auto& [key, value] : config.items()) {
       auto kind = kKinds.find(key);
       if (kind == kKinds.end())
         throw std::runtime_error(path.string() + ": unknown key '" + key +
-                                 "' (known: qos_ms, priority, warmup, max_queue, streams, max_queue_delay_us)");
+                                 "' (known: qos_ms, priority, warmup, max_queue, streams, max_queue_delay_us, "
+                                 "preferred_batch_sizes)");
       bool ok = kind->second == "number"    ? value.is_number()
                 : kind->second == "integer" ? value.is_number_integer()
                 : kind->second == "string"  ? value.is_string()
+                : kind->second == "array"   ? value.is_array()
                                             : value.is_boolean();
       if (!ok) throw std::runtime_error(path.string() + ": " + key + " has the wrong type (" + value.type_name() + ")");
     }
@@ -626,6 +637,12 @@ std::vector<Spec> ReadRepository(const std::string& root) {
     spec.max_queue_delay_us = config.value("max_queue_delay_us", 0.0);
     if (!(spec.max_queue_delay_us >= 0 && spec.max_queue_delay_us <= 60e6))
       throw std::runtime_error(path.string() + ": max_queue_delay_us must be from 0 to 60000000");
+    for (const json& size : config.value("preferred_batch_sizes", json::array())) {
+      if (!size.is_number_integer() || size.get<int64_t>() < 1 || size.get<int64_t>() > (int64_t{1} << 20))
+        throw std::runtime_error(path.string() +
+                                 ": preferred_batch_sizes must be a list of row counts from 1 to 1048576");
+      spec.preferred_batch_sizes.push_back(size.get<int64_t>());
+    }
     specs.push_back(spec);
   }
   return specs;

@@ -81,6 +81,21 @@ class IndexCheck:
 
 
 @dataclass(frozen=True)
+class BatchVariant:
+    """The model compiled at one more batch size (an artifact compiled at several, tvmsched.frontend.batching): its own
+    program (bindings, tensors, layers with their candidates, index checks) over the artifact's kernel library and
+    weights; a weight it shares with the manifest's program has the same id and bytes (stored once)."""
+
+    batch_size: int
+    inputs: tuple[Binding, ...]
+    outputs: tuple[Binding, ...]
+    tensors: dict[str, TensorSpec]
+    layers: tuple[Layer, ...]
+    index_checks: tuple[IndexCheck, ...] = ()
+    latency_us: float | None = None  # one run at candidate 0, measured at compile time (None: not measured here)
+
+
+@dataclass(frozen=True)
 class Manifest:
     model_name: str
     target: dict
@@ -110,7 +125,31 @@ class Manifest:
     # The rows every input's first dimension holds when compiled with a batch size (tvmsched.frontend.batching; None:
     # the shapes the model gave, or an artifact older than the field).
     batch_size: int | None = None
+    # Compiled at several batch sizes: the manifest's own program is the largest (footprints, switching and tiering
+    # plans use it); each smaller size is a variant, smallest first. batch_latency_us: the largest size's run at
+    # candidate 0 measured at compile time (None: not measured, a GPU artifact compiled without its device).
+    variants: tuple[BatchVariant, ...] = ()
+    batch_latency_us: float | None = None
     schema_version: int = SCHEMA_VERSION
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        """The compiled batch sizes, smallest first (empty: not compiled for a batch)."""
+        if self.batch_size is None:
+            return ()
+        return (*(v.batch_size for v in self.variants), self.batch_size)
+
+    def at_batch(self, batch_size: int | None) -> Manifest:
+        """The manifest of the program compiled at `batch_size` (the engine's SelectBatch): a variant's program in place
+        of the largest, with no variants; itself for its own size, or for None or 0 (the largest)."""
+        if not batch_size or batch_size == self.batch_size:
+            return self
+        for variant in self.variants:
+            if variant.batch_size == batch_size:
+                fields = {f.name: getattr(variant, f.name) for f in dataclasses.fields(variant) if f.name != "latency_us"}
+                return dataclasses.replace(self, **fields, variants=(), batch_latency_us=variant.latency_us)
+        raise TvmschedError(f"{self.model_name} is not compiled at batch size {batch_size} "
+                            f"(its sizes: {', '.join(map(str, self.batch_sizes)) or 'none'})")
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -139,28 +178,36 @@ class Manifest:
         _check_json(data, cls, "manifest")
         if data.get("tuning") is not None:
             _check_tuning_summary(data["tuning"])
-        layers = tuple(
-            Layer(
-                **{
-                    **layer,
-                    "inputs": tuple(layer["inputs"]),
-                    "outputs": tuple(layer["outputs"]),
-                    "candidates": tuple(Candidate(**c) for c in layer["candidates"]),
-                }
-            )
-            for layer in data["layers"]
-        )
         return cls(
             **{
                 **data,
-                "inputs": tuple(Binding(**b) for b in data["inputs"]),
-                "outputs": tuple(Binding(**b) for b in data["outputs"]),
-                "tensors": {k: TensorSpec(tuple(v["shape"]), v["dtype"], v["kind"]) for k, v in data["tensors"].items()},
-                "layers": layers,
-                "index_checks": tuple(IndexCheck(**{**c, "bounds": tuple(c["bounds"])}) for c in data.get("index_checks", ())),
+                **_program(data),
                 "cpu_features": tuple(data.get("cpu_features", ())),
+                "variants": tuple(BatchVariant(**{**v, **_program(v)}) for v in data.get("variants", ())),
             }
         )
+
+
+def _program(data: dict) -> dict:
+    """The fields of a program (a manifest's or a BatchVariant's) as dataclasses, from their JSON."""
+    layers = tuple(
+        Layer(
+            **{
+                **layer,
+                "inputs": tuple(layer["inputs"]),
+                "outputs": tuple(layer["outputs"]),
+                "candidates": tuple(Candidate(**c) for c in layer["candidates"]),
+            }
+        )
+        for layer in data["layers"]
+    )
+    return {
+        "inputs": tuple(Binding(**b) for b in data["inputs"]),
+        "outputs": tuple(Binding(**b) for b in data["outputs"]),
+        "tensors": {k: TensorSpec(tuple(v["shape"]), v["dtype"], v["kind"]) for k, v in data["tensors"].items()},
+        "layers": layers,
+        "index_checks": tuple(IndexCheck(**{**c, "bounds": tuple(c["bounds"])}) for c in data.get("index_checks", ())),
+    }
 
 
 def _check_json(value, hint, where: str) -> None:

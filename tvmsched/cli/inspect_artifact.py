@@ -16,7 +16,7 @@ def describe(manifest: Manifest) -> str:
         "inputs  " + ", ".join(f"{b.name} {_shape(tensors[b.tensor])}" for b in manifest.inputs),
         "outputs " + ", ".join(f"{b.name} {_shape(tensors[b.tensor])}" for b in manifest.outputs),
         *([f"QoS target {manifest.qos_ms} ms"] if manifest.qos_ms else []),
-        *([f"batch size {manifest.batch_size} (every input's first dimension)"] if manifest.batch_size else []),
+        *_batch_lines(manifest),
         f"{len(manifest.layers)} layers, weights {weights / 1e6:.2f} MB, "
         f"total {sum(layer.flops for layer in manifest.layers) / 1e9:.3f} GFLOP",
         *_tuning_lines(manifest.tuning),
@@ -30,6 +30,29 @@ def describe(manifest: Manifest) -> str:
             f"{k}: {t:.3g}" for k, t in (layer.unit_latency_us or {}).items()) + " us]"
         lines.append(f"{layer.index:>3}  {layer.func[:40]:40s} {out:22s} {layer.flops / 1e6:9.3f} {layer.bytes / 1e3:9.1f}  {cands}{bound}")
     return "\n".join(map(printable, lines))  # names from the manifest cannot add lines or drive the terminal
+
+
+def _batch_lines(manifest: Manifest) -> list[str]:
+    """The batch sizes: each one's run at candidate 0 measured at compile time and the memory it adds to the weights."""
+    if not manifest.batch_size:
+        return []
+    if not manifest.variants:
+        return [f"batch size {manifest.batch_size} (every input's first dimension)"]
+    lines = [f"batch sizes {', '.join(map(str, manifest.batch_sizes))} (every input's first dimension; one program each, "
+             "the weights stored once)"]
+    for size in manifest.batch_sizes:
+        program = manifest.at_batch(size)
+        own = sum(spec.nbytes for spec in program.tensors.values() if spec.kind != "weight")
+        run = f"{program.batch_latency_us:.1f} us" if program.batch_latency_us is not None else "not measured"
+        lines.append(f"  batch {size:>4}: run {run} ({_per_row(program)}), tensors {own / 1e6:.2f} MB besides the "
+                     f"weights, {len(program.layers)} layers")
+    return lines
+
+
+def _per_row(program: Manifest) -> str:
+    if program.batch_latency_us is None:
+        return "per row: not measured"
+    return f"{program.batch_latency_us / program.batch_size:.1f} us per row"
 
 
 def _shape(spec) -> str:

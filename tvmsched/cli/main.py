@@ -90,8 +90,8 @@ def models_build(name: str, output: str | None, seed: int) -> None:
 @click.option("--sign", "sign_key", type=click.Path(dir_okay=False), metavar="KEYFILE",
               help="Sign the artifact with this Ed25519 private key (tvmsched keys generate).")
 @click.option("--batch-sizes", "batch_csv", metavar="B",
-              help="Compile for B rows: the batch dimension is found and checked row by row against onnxruntime "
-                   "(one size per artifact in this release).")
+              help="Compile for B rows, or several sizes (1,2,4,8) in one artifact with the weights stored once: the "
+                   "batch dimension is found and checked row by row against onnxruntime (docs/batching.md).")
 def compile_cmd(
     model: str, output: str | None, target: str, input_shapes: tuple[str, ...], tune_trials: int,
     tune_minutes: float | None, db_url: str | None, db_token_file: str | None, qos_ms: float | None,
@@ -139,17 +139,21 @@ def compile_cmd(
     )
 
 
-def _parse_batch_sizes(text: str | None) -> int | None:
-    """--batch-sizes: one positive size (None when not given)."""
+_MAX_BATCH_SIZES = 16  # sizes in one artifact (each compiles the model once more)
+
+
+def _parse_batch_sizes(text: str | None) -> list[int] | None:
+    """--batch-sizes: distinct positive sizes (None when not given)."""
     if text is None:
         return None
     sizes = text.split(",")
-    if not all(size.strip().isdigit() and int(size) > 0 for size in sizes):
-        raise TvmschedError(f"--batch-sizes {text!r} is not a comma-separated list of positive row counts")
-    if len(sizes) > 1:
-        raise TvmschedError(f"--batch-sizes {text}: one artifact holds one batch size in this release; compile each "
-                            "size to its own artifact")
-    return int(sizes[0])
+    if not all(size.strip().isdigit() and 0 < int(size) <= 1 << 20 for size in sizes):
+        raise TvmschedError(f"--batch-sizes {text!r} is not a comma-separated list of row counts from 1 to 1048576")
+    if len(set(map(int, sizes))) != len(sizes):
+        raise TvmschedError(f"--batch-sizes {text}: a size is given twice")
+    if len(sizes) > _MAX_BATCH_SIZES:
+        raise TvmschedError(f"--batch-sizes {text}: at most {_MAX_BATCH_SIZES} sizes in one artifact")
+    return sorted(int(size) for size in sizes)
 
 
 def _check_folder(path: str) -> None:

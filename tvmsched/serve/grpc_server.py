@@ -116,6 +116,8 @@ class Servicer:
         if "dynamic_batching" in config:
             message.dynamic_batching.max_queue_delay_microseconds = \
                 config["dynamic_batching"]["max_queue_delay_microseconds"]
+            message.dynamic_batching.preferred_batch_size.extend(
+                config["dynamic_batching"].get("preferred_batch_size", []))
         return pb2.ModelConfigResponse(config=message)
 
     async def ModelStatistics(self, request, context):

@@ -6,7 +6,7 @@ A model repository is a folder with one folder per model, named as the model is 
       resnet/
         resnet.tvms        # exactly one artifact (tvmsched compile ... -o resnet.tvms)
         config.json        # optional: {"qos_ms": 20, "priority": "realtime", "warmup": true, "max_queue": 64,
-                           #            "streams": 2, "max_queue_delay_us": 500}
+                           #            "streams": 2, "max_queue_delay_us": 500, "preferred_batch_sizes": [4]}
 
 config.json keys (all optional): qos_ms (the model's latency target, default: the artifact's), priority
 ("realtime" or "best_effort", default best_effort), warmup (run every candidate kernel once at load, default true),
@@ -14,7 +14,8 @@ max_queue (requests queued or running for it before more are answered 503, defau
 streams (serve it on that many streams, a resident copy each, every request on the one with the fewest pending:
 Runtime.load(streams=); default 1), max_queue_delay_us (a model compiled for a batch: how long a free stream waits
 after the oldest queued request arrived for the queued rows to fill the batch, Triton's max_queue_delay_microseconds;
-default 0, launch at once; docs/batching.md).
+default 0, launch at once; docs/batching.md), preferred_batch_sizes (Triton's preferred_batch_size: a free stream
+holds the queued rows only while they are fewer than the smallest of these; each must be a compiled batch size).
 The candidates (and their unit counts) are the artifact's: choose them when compiling (`tvmsched compile --qos-ms
 --units`). A config.toml with the same keys is read when there is no config.json.
 """
@@ -30,7 +31,7 @@ from tvmsched.errors import TvmschedError
 
 PRIORITIES = ("realtime", "best_effort")
 CONFIG_KEYS = {"qos_ms": (int, float), "priority": str, "warmup": bool, "max_queue": int, "streams": int,
-               "max_queue_delay_us": (int, float)}
+               "max_queue_delay_us": (int, float), "preferred_batch_sizes": list}
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class ModelSpec:
     max_queue: int | None = None  # None: the server's
     streams: int = 1  # Runtime.load(streams=)
     max_queue_delay_us: float = 0.0  # Runtime.load(max_queue_delay_us=)
+    preferred_batch_sizes: tuple[int, ...] = ()  # Runtime.load(preferred_batch_sizes=)
 
 
 def parse_model(spec: str) -> ModelSpec:
@@ -89,7 +91,7 @@ class Repository:
         config = _read_config(folder)
         return ModelSpec(name, str(artifacts[0]), config.get("qos_ms"), config.get("priority", "best_effort"),
                          config.get("warmup", True), config.get("max_queue"), config.get("streams", 1),
-                         float(config.get("max_queue_delay_us", 0)))
+                         float(config.get("max_queue_delay_us", 0)), tuple(config.get("preferred_batch_sizes", ())))
 
 
 def _read_config(folder: Path) -> dict:
@@ -118,6 +120,9 @@ def _read_config(folder: Path) -> dict:
         raise TvmschedError(f"{path}: qos_ms and max_queue must be positive")
     if not 1 <= config.get("streams", 1) <= 64:
         raise TvmschedError(f"{path}: streams must be from 1 to 64")
+    sizes = config.get("preferred_batch_sizes", [])
+    if not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1 << 20 for n in sizes):
+        raise TvmschedError(f"{path}: preferred_batch_sizes must be a list of row counts from 1 to 1048576")
     if not 0 <= config.get("max_queue_delay_us", 0) <= 60e6:
         raise TvmschedError(f"{path}: max_queue_delay_us must be from 0 to 60000000")
     return config

@@ -101,7 +101,8 @@ class InferenceService:
                 raise ServeError(f"model {spec.name!r} is already loaded", 409)
             model = self.runtime.load(spec.path, qos_ms=spec.qos_ms, priority=spec.priority, name=spec.name,
                                       warmup=spec.warmup, streams=spec.streams,
-                                      max_queue_delay_us=spec.max_queue_delay_us)
+                                      max_queue_delay_us=spec.max_queue_delay_us,
+                                      preferred_batch_sizes=spec.preferred_batch_sizes)
             manifest = model.task.executor.manifest
             served = Served(spec, model, tensor_infos(manifest, manifest.inputs), tensor_infos(manifest, manifest.outputs),
                             spec.max_queue or self.max_queue, batch=manifest.batch_size or 0)
@@ -172,7 +173,7 @@ class InferenceService:
         for (0: not batched), and dims without the batch dimension when there is one."""
         tensor = lambda t: {"name": t.name, "data_type": f"TYPE_{t.datatype}",
                             "dims": list(t.shape[1:] if served.batch else t.shape)}
-        streams = len(served.model.tasks)
+        streams = served.spec.streams  # (a model compiled at several batch sizes has a stream per size on each)
         params = {"priority": served.model.priority, "placement": served.model.placement, "qos_ms": served.model.qos_ms,
                   "max_queue": served.max_queue, "streams": streams, "policy": self.runtime.policy_kind}
         kind = "KIND_CPU" if self.runtime.device == "cpu" else "KIND_GPU"
@@ -182,6 +183,8 @@ class InferenceService:
                   "parameters": {k: {"string_value": str(v)} for k, v in params.items() if v is not None}}
         if served.batch:
             config["dynamic_batching"] = {"max_queue_delay_microseconds": int(served.spec.max_queue_delay_us)}
+            if served.spec.preferred_batch_sizes:
+                config["dynamic_batching"]["preferred_batch_size"] = list(served.spec.preferred_batch_sizes)
         return config
 
     def statistics(self, name: str = "", version: str = "") -> dict:

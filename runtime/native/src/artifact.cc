@@ -292,22 +292,9 @@ constexpr int64_t kMaxBlocks = int64_t(1)
 constexpr int64_t kMaxBytes = int64_t(1) << 50;  // a layer's or candidate's bytes
 constexpr double kMaxLatencyUs = 3.6e9;          // an hour, in microseconds
 
-Manifest ParseManifest(const std::string& text) {
-  if (!IsUtf8(text)) throw std::invalid_argument("manifest.json is not UTF-8");
-  CheckJsonDepth(text, "manifest.json", kMaxJsonDepth);
-  ffi::String error;
-  ffi::Any root = ffi::json::Parse(ffi::String(text), &error);
-  if (!error.empty()) throw std::invalid_argument("manifest.json is not JSON: " + std::string(error));
-  Json json(root, "manifest");
-  Manifest m;
-  // clamped, never wrapped into the version this engine reads; the caller reports any other version
-  m.schema_version = static_cast<int>(std::clamp<int64_t>(json["schema_version"].integer(), -(1 << 30), 1 << 30));
-  if (m.schema_version != kSchemaVersion) return m;  // the caller reports the version
-  m.model_name = json["model_name"].name();
-  m.device = json["device"].str();
-  if (m.device != "cpu" && m.device != "cuda") throw std::invalid_argument("manifest.device must be cpu or cuda");
-  m.device_code = json["device_code"].name();
-  m.progress_counters = !json["progress_counters"].null() && json["progress_counters"].boolean();
+/*! \brief A program's fields of `json` (a manifest or one of its variants) into `m`, whose progress_counters is set. */
+void ParseProgram(const Json& json, Manifest* out) {
+  Manifest& m = *out;
   for (const char* side : {"inputs", "outputs"}) {
     for (const Json& b : json[side].items())
       (side[0] == 'i' ? m.inputs : m.outputs).push_back({b["name"].name(), b["tensor"].name()});
@@ -373,13 +360,49 @@ Manifest ParseManifest(const std::string& text) {
       m.index_checks.push_back({known(c["tensor"].name()), static_cast<int>(bit), c["message"].str()});
     }
   }
+}
+
+Manifest ParseManifest(const std::string& text) {
+  if (!IsUtf8(text)) throw std::invalid_argument("manifest.json is not UTF-8");
+  CheckJsonDepth(text, "manifest.json", kMaxJsonDepth);
+  ffi::String error;
+  ffi::Any root = ffi::json::Parse(ffi::String(text), &error);
+  if (!error.empty()) throw std::invalid_argument("manifest.json is not JSON: " + std::string(error));
+  Json json(root, "manifest");
+  Manifest m;
+  // clamped, never wrapped into the version this engine reads; the caller reports any other version
+  m.schema_version = static_cast<int>(std::clamp<int64_t>(json["schema_version"].integer(), -(1 << 30), 1 << 30));
+  if (m.schema_version != kSchemaVersion) return m;  // the caller reports the version
+  m.model_name = json["model_name"].name();
+  m.device = json["device"].str();
+  if (m.device != "cpu" && m.device != "cuda") throw std::invalid_argument("manifest.device must be cpu or cuda");
+  m.device_code = json["device_code"].name();
+  m.progress_counters = !json["progress_counters"].null() && json["progress_counters"].boolean();
   m.preempt_flags = static_cast<int>(json["preempt_flags"].integer_in(0, 4096, 0));
+  ParseProgram(json, &m);
   if (!json["qos_ms"].null()) m.qos_ms = json["qos_ms"].number_in(0, kMaxLatencyUs / 1000, 0);
   json["gpu_sms"].integer_in(1, kMaxUnits, 1);
   m.batch_size = json["batch_size"].integer_in(1, int64_t(1) << 20, 0);
   if (!json["cpu"].null()) m.cpu = json["cpu"].name();  // absent (older artifacts): compiled generic
   if (!json["cpu_features"].null()) m.cpu_features = json["cpu_features"].strings();
+  m.batch_latency_us = json["batch_latency_us"].number_in(0, kMaxLatencyUs, 0);
   CheckInvariants(m);
+  if (!json["variants"].null()) {  // the smaller batch sizes, smallest first, each checked as the largest is
+    int64_t below = 0;
+    for (const Json& item : json["variants"].items()) {
+      Manifest v = m;
+      v.variants.clear();
+      v.inputs.clear(), v.outputs.clear(), v.tensors.clear(), v.layers.clear(), v.index_checks.clear();
+      v.batch_size = item["batch_size"].integer_in(1, int64_t(1) << 20, 0);
+      if (m.batch_size == 0 || v.batch_size <= below || v.batch_size >= m.batch_size)
+        throw std::invalid_argument("manifest.variants' batch sizes are not distinct sizes below batch_size, in order");
+      below = v.batch_size;
+      v.batch_latency_us = item["latency_us"].number_in(0, kMaxLatencyUs, 0);
+      ParseProgram(item, &v);
+      CheckInvariants(v);
+      m.variants.push_back(std::move(v));
+    }
+  }
   return m;
 }
 
@@ -535,15 +558,25 @@ ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& truste
   }
   try {
     auto arrays = ReadStoredZip(members["weights.npz"], "weights.npz", 65535);
-    for (const auto& [id, spec] : out.manifest.tensors) {
-      if (spec.kind != "weight") continue;
-      auto found = arrays.find(id + ".npy");
-      if (found == arrays.end()) throw std::invalid_argument("weights.npz lacks " + id);
-      HostArray array = ParseNpy(found->second, id);
-      bool same_dtype = array.dtype.code == spec.dtype.code && array.dtype.bits == spec.dtype.bits;
-      if (array.shape != spec.shape || !same_dtype)
-        throw std::invalid_argument("weight " + id + " does not match its shape or dtype");
-      out.weights.emplace(id, std::move(array));
+    std::vector<const Manifest*> programs{&out.manifest};
+    for (const Manifest& v : out.manifest.variants) programs.push_back(&v);
+    for (const Manifest* program : programs) {
+      for (const auto& [id, spec] : program->tensors) {
+        if (spec.kind != "weight") continue;
+        if (auto seen = out.weights.find(id); seen != out.weights.end()) {  // shared by two sizes: the same array
+          bool same_dtype = seen->second.dtype.code == spec.dtype.code && seen->second.dtype.bits == spec.dtype.bits;
+          if (seen->second.shape != spec.shape || !same_dtype)
+            throw std::invalid_argument("weight " + id + " does not match its shape or dtype");
+          continue;
+        }
+        auto found = arrays.find(id + ".npy");
+        if (found == arrays.end()) throw std::invalid_argument("weights.npz lacks " + id);
+        HostArray array = ParseNpy(found->second, id);
+        bool same_dtype = array.dtype.code == spec.dtype.code && array.dtype.bits == spec.dtype.bits;
+        if (array.shape != spec.shape || !same_dtype)
+          throw std::invalid_argument("weight " + id + " does not match its shape or dtype");
+        out.weights.emplace(id, std::move(array));
+      }
     }
   } catch (const std::invalid_argument& err) {
     TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights (" << Printable(err.what())
@@ -556,6 +589,32 @@ ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& truste
   out.manifest_json = std::move(members["manifest.json"]);
   out.kernels = std::move(members["kernels.so"]);
   return out;
+}
+
+std::vector<int64_t> BatchSizes(const Manifest& manifest) {
+  std::vector<int64_t> sizes;
+  if (manifest.batch_size == 0) return sizes;
+  for (const Manifest& v : manifest.variants) sizes.push_back(v.batch_size);
+  sizes.push_back(manifest.batch_size);
+  return sizes;
+}
+
+void SelectBatch(ArtifactContents* contents, int64_t batch, const std::string& path) {
+  Manifest& m = contents->manifest;
+  if (batch == m.batch_size) return;
+  auto found =
+      std::find_if(m.variants.begin(), m.variants.end(), [&](const Manifest& v) { return v.batch_size == batch; });
+  if (found == m.variants.end()) {
+    std::ostringstream sizes;
+    for (int64_t size : BatchSizes(m)) sizes << (sizes.tellp() ? ", " : "") << size;
+    TVM_FFI_THROW(TvmschedError) << path << " is not compiled at batch size " << batch
+                                 << " (its sizes: " << (m.batch_size ? sizes.str() : std::string("none")) << ")";
+  }
+  Manifest chosen = std::move(*found);
+  m = std::move(chosen);
+  for (auto it = contents->weights.begin(); it != contents->weights.end();) {
+    it = m.tensors.count(it->first) ? std::next(it) : contents->weights.erase(it);
+  }
 }
 
 }  // namespace tvmsched

@@ -279,12 +279,27 @@ void ModelObj::Init(const std::string& path, ArtifactContents contents, const Lo
   }
   if (options.tiers) return InitStreamed(*this, path, contents, *options.tiers);
   if (!options.resident) return;
+  const ModelObj* owner = options.shares_weights_of.as<ModelObj>();
+  if (owner && (registered_ || !owner->resident() || owner->registered_ || owner->tiered())) {
+    TVM_FFI_THROW(TvmschedError) << "internal: weights are shared only between resident models";
+  }
+  if (owner) weights_owner_ = options.shares_weights_of;
   PrepareEnvironment();
   try {
     for (int g = 0; g < num_groups(); ++g) {
       for (const auto& id : subtasks_.tensors(g)) {  // copy straight from the artifact's bytes
         if (!subtasks_.is_weight(id) || tensor_data_.count(id)) continue;
         const std::string& bytes = contents.weights.at(id).data;
+        if (owner) {  // another batch size of the artifact holds it: read there
+          auto held = owner->tensor_data_.find(id);
+          auto host = owner->subtasks_.host_weights.find(id);
+          if (held != owner->tensor_data_.end() && host != owner->subtasks_.host_weights.end() &&
+              host->second.nbytes == bytes.size()) {
+            tensor_data_[id] = held->second;
+            borrowed_.insert(id);
+            continue;
+          }
+        }
         void* data = AllocFor("weight " + id, bytes.size());
         tensor_data_[id] = data;
         device_->CopyToDevice(data, bytes.data(), bytes.size(), nullptr);
@@ -300,8 +315,11 @@ void ModelObj::Init(const std::string& path, ArtifactContents contents, const Lo
 
 void ModelObj::FreeDeviceMemory() {
   for (int g = 0; g < num_groups(); ++g) FreeGroupBlocks(g);
-  for (auto& [id, data] : tensor_data_) device_->Release(data);
+  for (auto& [id, data] : tensor_data_) {
+    if (!borrowed_.count(id)) device_->Release(data);
+  }
   tensor_data_.clear();
+  borrowed_.clear();
   CleanEnvironment();
 }
 
@@ -341,6 +359,7 @@ Model Model::Load(const std::string& path, const std::string& device, FlagMemory
 Model Model::Load(const std::string& path, const std::string& device, const LoadOptions& options,
                   const TrustedKeys& trusted) {
   ArtifactContents contents = ReadArtifact(path, trusted);
+  if (options.batch > 0) SelectBatch(&contents, options.batch, path);
   const std::string& compiled_for = contents.manifest.device;
   if (!device.empty() && device != compiled_for) {
     TVM_FFI_THROW(TvmschedError) << "the artifact was compiled for " << compiled_for << ", not " << device;

@@ -169,11 +169,12 @@ TVM_FFI_STATIC_INIT_BLOCK() {
            })
       .def("tvmsched.engine.load_model",
            [](const std::string& path, const std::string& device, const std::string& flag_memory,
-              ffi::Array<ffi::String> trusted_key_files, MemoryScopeRef scope) {
+              ffi::Array<ffi::String> trusted_key_files, MemoryScopeRef scope, int64_t batch) {
              std::vector<std::string> files(trusted_key_files.begin(), trusted_key_files.end());
              LoadOptions options;
              options.flag_memory = ParseFlagMemory(flag_memory);
              options.scope = ScopeOf(scope);
+             options.batch = batch;
              return Model::Load(path, device, options, TrustedKeys::FromFiles(files));
            })
       .def("tvmsched.engine.register_model",
@@ -420,6 +421,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("num_layers", [](Model m) { return m->num_layers(); })
       .def("reuse_distance", [](Model m) { return m->reuse_distance(); })
       .def("manifest_json", [](Model m) { return m->manifest_json(); })
+      .def("batch_size", [](Model m) { return m->batch_size(); })
       .def("resident", [](Model m) { return m->resident(); })
       .def("placement", [](Model m) { return std::string(m->placement()->kind()); })
       .def("env_bytes", [](Model m) { return static_cast<int64_t>(m->env_bytes()); })

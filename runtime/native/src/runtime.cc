@@ -139,6 +139,22 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
   for (int g = 0; g < first->num_groups(); ++g) footprint += first->group_bytes(g);
   const size_t budget = options_.devices[0].memory_budget;
   bool streamed = budget > 0 && footprint > budget;
+  const std::vector<int64_t> sizes = BatchSizes(first->manifest());
+  const bool several = sizes.size() > 1;  // compiled at several batch sizes: every size resident, the weights shared
+  for (int64_t preferred : options.preferred_batch_sizes) {
+    if (std::find(sizes.begin(), sizes.end(), preferred) == sizes.end()) {
+      std::ostringstream listed;
+      for (int64_t size : sizes) listed << (listed.tellp() ? ", " : "") << size;
+      TVM_FFI_THROW(TvmschedError) << "model " << name << ": preferred_batch_size " << preferred << " is not "
+                                   << (sizes.empty() ? std::string("possible: the model is not compiled for a batch")
+                                                     : "one of its compiled batch sizes (" + listed.str() + ")");
+    }
+  }
+  if (several && streamed) {
+    TVM_FFI_THROW(TvmschedError) << "model " << name << " is compiled at several batch sizes and needs " << footprint
+                                 << " bytes, more than the memory budget of " << budget << ": such a model is served "
+                                 << "resident (not streamed); compile it at fewer or smaller sizes";
+  }
   std::vector<size_t> took(options_.tiers.size(), 0);
   if (streamed) {
     first = Model();  // registered only to measure it: its pinned host copy goes now
@@ -203,8 +219,14 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
       for (size_t t = 0; t < took.size() && t < store.used().size(); ++t) took[t] = store.used()[t];
     }
   }
+  if (several) {  // resident from the start, outside the switcher: its other sizes read its weights
+    first = Model();
+    LoadOptions resident;
+    resident.scope = scope_;
+    first = LoadModel(path, resident);
+  }
   first->SetName(name);  // its events and error lines say the name it is served by
-  if (!streamed) {
+  if (!streamed && !several) {
     // its device streams get the priority now, before its switcher prepares them: set later (by its Stream), it
     // would destroy the ones a prefetch made while the switcher's memory thread may evict them (both destroyed
     // one stream: a join that never returned, stress test in the asynchronous mode)
@@ -221,6 +243,8 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
   entry->models.push_back(first);
   entry->takes_turns = TurnOf(*first.get()).takes_turns;
   entry->batch = first->batch_size();
+  entry->hold_rows = entry->batch;
+  for (int64_t preferred : options.preferred_batch_sizes) entry->hold_rows = std::min(entry->hold_rows, preferred);
   std::vector<Stream> streams;
   try {
     for (int i = 1; i < options.streams; ++i) {  // its other streams: resident copies of their own
@@ -229,38 +253,64 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
       entry->models.push_back(LoadModel(path, copy));
       entry->models.back()->SetName(name);
     }
+    for (size_t k = 0; several && k + 1 < sizes.size(); ++k) {  // each smaller size, on each slot's weights
+      for (int i = 0; i < options.streams; ++i) {
+        LoadOptions variant;
+        variant.scope = scope_;
+        variant.batch = sizes[k];
+        variant.shares_weights_of = entry->models[i];
+        entry->models.push_back(LoadModel(path, variant));
+        entry->models.back()->SetName(name);
+      }
+    }
+    const int count = several ? static_cast<int>(sizes.size()) : 1;
+    for (int k = 0; k < count; ++k) entry->sizes.push_back(std::make_unique<Size>());
+    entry->slot_busy.assign(options.streams, 0);
     StreamOptions stream_options = options_.stream;
     stream_options.priority = options.realtime ? StreamPriority::kHigh : StreamPriority::kLow;
-    for (int i = 0; i < options.streams; ++i) {
-      std::string stream_name = i == 0 ? name : name + "#" + std::to_string(i);
-      streams.push_back(Stream::Create(entry->models[i], stream_name, stream_options));
+    for (size_t j = 0; j < entry->models.size(); ++j) {
+      const int slot = static_cast<int>(j) % options.streams,
+                size = j < static_cast<size_t>(options.streams) ? count - 1 : static_cast<int>(j) / options.streams - 1;
+      std::string stream_name = slot == 0 ? name : name + "#" + std::to_string(slot);
+      if (size != count - 1) stream_name += "@b" + std::to_string(sizes[size]);
+      streams.push_back(Stream::Create(entry->models[j], stream_name, stream_options));
       if (options_.timeline) streams.back()->RecordTimeline(true);
+      entry->size_of.push_back(size);
+      entry->slot_of.push_back(slot);
     }
   } catch (...) {
     for (Stream& s : streams) s->Close();
-    if (!streamed) {
+    if (!streamed && !several) {
       for (int tries = 0; tries < 1000 && !switcher_->Remove(first); ++tries) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
-    } else {
+    } else if (streamed) {
       ReleaseTiers(*first.get());
     }
     throw;
   }
   entry->streams = streams;
-  // what its policy sees: every candidate's units (an explicit count), isolated latency and profile key (below)
-  std::vector<std::vector<CandidateInfo>> layers;
-  for (const LayerSpec& layer : manifest.layers) {
-    std::vector<CandidateInfo> cands;
-    for (const CandidateSpec& c : layer.candidates) {
-      CandidateInfo info;
-      info.units = std::min(c.units > 0 ? c.units : total_units_, total_units_);
-      info.latency_us = c.latency_us;
-      cands.push_back(info);
+  // what its policy sees, per size: every candidate's units (an explicit count), isolated latency and profile key
+  for (size_t j = 0; j < entry->models.size(); ++j) {
+    Size& size = *entry->sizes[entry->size_of[j]];
+    if (entry->slot_of[j] != 0) continue;
+    const Manifest& program = entry->models[j]->manifest();
+    std::vector<std::vector<CandidateInfo>> layers;
+    for (const LayerSpec& layer : program.layers) {
+      std::vector<CandidateInfo> cands;
+      for (const CandidateSpec& c : layer.candidates) {
+        CandidateInfo info;
+        info.units = std::min(c.units > 0 ? c.units : total_units_, total_units_);
+        info.latency_us = c.latency_us;
+        cands.push_back(info);
+      }
+      layers.push_back(std::move(cands));
     }
-    layers.push_back(std::move(cands));
+    size.batch = program.batch_size;
+    size.policy_model = MakePolicyModel(name, std::move(layers), entry->qos_ms);
+    size.run_us = program.batch_latency_us;
   }
-  entry->policy_model = MakePolicyModel(name, std::move(layers), entry->qos_ms);
+  entry->policy_model = entry->sizes.back()->policy_model;
   for (size_t i = 0; i < manifest.layers.size(); ++i) {
     entry->fastest_us += entry->policy_model.layers[i][entry->policy_model.fastest[i]].latency_us;
   }
@@ -271,12 +321,18 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
       TVM_FFI_THROW(TvmschedError) << (closed_ ? std::string("the runtime is shut down")
                                                : "a model named '" + name + "' is already loaded");
     }
-    for (size_t i = 0; i < manifest.layers.size(); ++i) {
-      for (size_t c = 0; c < manifest.layers[i].candidates.size(); ++c) {
-        entry->policy_model.layers[i][c].key = table_->Key(name + "/" + manifest.layers[i].candidates[c].kernel);
+    for (size_t j = 0; j < entry->models.size(); ++j) {
+      if (entry->slot_of[j] != 0) continue;
+      const Manifest& program = entry->models[j]->manifest();
+      PolicyModel& model = entry->sizes[entry->size_of[j]]->policy_model;
+      for (size_t i = 0; i < program.layers.size(); ++i) {
+        for (size_t c = 0; c < program.layers[i].candidates.size(); ++c) {
+          model.layers[i][c].key = table_->Key(name + "/" + program.layers[i].candidates[c].kernel);
+        }
       }
+      table_->AddCandidates(model);
     }
-    table_->AddCandidates(entry->policy_model);
+    entry->policy_model = entry->sizes.back()->policy_model;
     if (entry->takes_turns) {
       std::lock_guard<std::mutex> turns(turns_->mu);
       turns_->streamed.push_back(first);
@@ -286,7 +342,7 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
     order_.push_back(entry);
   }
   Entry* raw = entry.get();
-  for (int i = 0; i < options.streams; ++i) {
+  for (int i = 0; i < static_cast<int>(streams.size()); ++i) {
     streams[i]->SetSource([this, raw, i] {
       std::vector<Pending> expired;
       std::vector<Request> next;
@@ -300,23 +356,48 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
     });
   }
   if (options.warmup) WarmUp(entry);
+  if (several) MeasureSizes(entry);
   if (!options.realtime) {
     for (Stream& s : streams) group_->Add(s);
   }
   return name;
 }
 
+void RuntimeObj::MeasureSizes(const std::shared_ptr<Entry>& entry) {
+  // each size alone on its first slot's stream: one run to warm it, then the median of at least 20 runs and 50 ms
+  // (at most 200 runs)
+  double timeout_s = options_.stream.stall_timeout_s > 0 ? options_.stream.stall_timeout_s : 60;
+  for (size_t j = 0; j < entry->streams.size(); ++j) {
+    if (entry->slot_of[j] != 0) continue;
+    Size& size = *entry->sizes[entry->size_of[j]];
+    ffi::Map<ffi::String, ffi::Tensor> inputs = ZeroInputs(entry->models[j]->manifest());
+    std::vector<double> runs;
+    double spent_us = 0;
+    for (int run = 0; run <= 200 && (run <= 20 || spent_us < 50e3); ++run) {
+      Request r = entry->streams[j]->Submit(inputs, size.policy_model.fastest);
+      if (!r->Wait(timeout_s, 0)) {
+        TVM_FFI_THROW(TvmschedError) << "model " << entry->name << ": measuring its batch size " << size.batch
+                                     << " did not finish in " << timeout_s << " s";
+      }
+      if (!r->error().empty()) TVM_FFI_THROW(TvmschedError) << std::string(r->error());
+      if (run > 0) runs.push_back(r->finished_us - r->started_us), spent_us += runs.back();
+    }
+    size.run_us = Percentile(std::move(runs), 50);
+  }
+}
+
 void RuntimeObj::WarmUp(const std::shared_ptr<Entry>& entry) {
   // every candidate of every layer once (as many requests as a layer has candidates), on every stream
-  const Manifest& manifest = entry->models[0]->manifest();
-  ffi::Map<ffi::String, ffi::Tensor> inputs = ZeroInputs(manifest);
-  size_t most = 0;
-  for (const auto& cands : entry->policy_model.layers) most = std::max(most, cands.size());
   double timeout_s = options_.stream.stall_timeout_s > 0 ? options_.stream.stall_timeout_s : 60;
-  for (size_t c = 0; c < most; ++c) {
-    std::vector<int> ids;
-    for (const auto& cands : entry->policy_model.layers) ids.push_back(std::min<int>(c, cands.size() - 1));
-    for (Stream& stream : entry->streams) {
+  for (size_t j = 0; j < entry->streams.size(); ++j) {
+    Stream& stream = entry->streams[j];
+    ffi::Map<ffi::String, ffi::Tensor> inputs = ZeroInputs(entry->models[j]->manifest());
+    const PolicyModel& model = entry->sizes[entry->size_of[j]]->policy_model;
+    size_t most = 0;
+    for (const auto& cands : model.layers) most = std::max(most, cands.size());
+    for (size_t c = 0; c < most; ++c) {
+      std::vector<int> ids;
+      for (const auto& cands : model.layers) ids.push_back(std::min<int>(c, cands.size() - 1));
       Request r = stream->Submit(inputs, ids);
       if (!r->Wait(timeout_s, 0)) {
         TVM_FFI_THROW(TvmschedError) << "model " << entry->name << ": its warm-up did not finish in " << timeout_s
@@ -372,7 +453,7 @@ Request RuntimeObj::Submit(const std::string& model, ffi::Map<ffi::String, ffi::
     if (entry->qos_ms > 0) {  // admission: refuse what would finish past the latency target already
       int64_t busy = 0;
       for (const Stream& s : entry->streams) busy += s->pending() > 0;
-      int64_t ahead = queued + busy, streams = static_cast<int64_t>(entry->streams.size());
+      int64_t streams = entry->options.streams, ahead = queued + std::min(busy, streams);
       double predicted_us = static_cast<double>(ahead / streams + 1) * entry->fastest_us;
       if (ahead >= streams && predicted_us > entry->qos_ms * 1e3) {
         ++entry->refused;
@@ -512,15 +593,18 @@ void RuntimeObj::Expire(Entry& entry, double now, std::vector<Pending>* expired)
 }
 
 std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int stream, std::vector<Pending>* expired) {
+  const int slot = entry->slot_of[stream];
+  const bool several = entry->sizes.size() > 1;
+  if (several && entry->slot_busy[slot] > 0) return {};  // another size of its slot runs
   double now = Device::NowMicros();
   Expire(*entry, now, expired);
   std::deque<Pending>& lane = entry->queue.empty() ? entry->delayed : entry->queue;
   if (lane.empty()) return {};
-  if (entry->batch > 0 && entry->options.max_queue_delay_us > 0) {  // wait a little for a full batch
+  if (entry->batch > 0 && entry->options.max_queue_delay_us > 0) {  // wait a little for a fuller batch
     int64_t rows = 0;
-    for (size_t i = 0; i < lane.size() && rows < entry->batch; ++i) rows += lane[i].rows;
+    for (size_t i = 0; i < lane.size() && rows < entry->hold_rows; ++i) rows += lane[i].rows;
     double until = lane.front().request->submitted_us + entry->options.max_queue_delay_us;
-    if (rows < entry->batch && now < until) {
+    if (rows < entry->hold_rows && now < until) {
       if (entry->hold_until_us != until) entry->hold_until_us = until, sweep_cond_.notify_all();
       return {};
     }
@@ -541,24 +625,44 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
   for (size_t i = 0; i < lane.size() && i < kPolicyQueue; ++i) {
     const Pending& p = lane[i];
     QueuedRequest q;
+    q.rows = std::max<int64_t>(p.rows, 1);
     q.arrival_us = p.request->submitted_us;
     q.timeout_us = p.timeout_at_us > 0 ? p.timeout_at_us - q.arrival_us : 0;
     q.deadline_us = entry->qos_ms > 0 ? q.arrival_us + entry->qos_ms * 1e3 : 0;
     q.priority = p.realtime ? 1 : 0;
     queued.push_back(q);
   }
+  int size = entry->size_of[stream];
   PolicyInput input;
-  input.model = &entry->policy_model;
+  input.model = &entry->sizes[size]->policy_model;
   input.stream = entry->streams[stream]->name();
   input.queued = &queued;
   input.monitor = [this]() -> const std::vector<StreamView>& { return MonitorLocked(); };
   input.total_units = total_units_;
   input.loaded_models = static_cast<int>(entries_.size());
   PolicyDecision decision = policy_->Decide(input);
+  if (several && !decision.launch.empty()) {
+    // the batch size, chosen with the candidates: their co-located estimate against their isolated time scales the
+    // sizes' measured runs (1 where the policy estimates nothing)
+    double isolated = 0;
+    const PolicyModel& model = *input.model;
+    for (size_t i = 0; i < decision.candidate_ids.size() && i < model.layers.size(); ++i) {
+      isolated += model.layers[i][decision.candidate_ids[i]].latency_us;
+    }
+    double slowdown = decision.estimated && isolated > 0 ? std::max(1.0, decision.estimated_ms * 1e3 / isolated) : 1;
+    int chosen = ChooseSize(*entry, lane, now, slowdown);
+    if (chosen != size) {  // its slot's stream of that size launches it (it asks at once)
+      for (size_t j = 0; j < entry->streams.size(); ++j) {
+        if (entry->slot_of[j] == slot && entry->size_of[j] == chosen) entry->streams[j]->Poke();
+      }
+      return {};
+    }
+  }
   std::vector<int> take = decision.launch;
-  if (entry->batch > 0 && take == std::vector<int>{0}) {  // a batched model: the requests queued behind it that fit
+  const int64_t batch = entry->sizes[size]->batch;
+  if (batch > 0 && take == std::vector<int>{0}) {  // a batched model: the requests queued behind it that fit
     int64_t rows = lane[0].rows;
-    for (int i = 1; i < static_cast<int>(lane.size()) && rows + lane[i].rows <= entry->batch; ++i) {
+    for (int i = 1; i < static_cast<int>(lane.size()) && rows + lane[i].rows <= batch; ++i) {
       rows += lane[i].rows;
       take.push_back(i);
     }
@@ -568,17 +672,17 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
                             [&](int index) { return index < 0 || index >= static_cast<int>(lane.size()); }),
              take.end());
   std::vector<Request> out;
-  if (entry->batch > 0 && !take.empty() && !(take.size() == 1 && lane[take[0]].rows == entry->batch)) {
+  if (batch > 0 && !take.empty() && !(take.size() == 1 && lane[take[0]].rows == batch)) {
     std::vector<Pending> members;
     for (int index : take) members.push_back(lane[index]);
-    Request packed = Pack(entry, members);
+    Request packed = Pack(entry, members, size);
     packed->candidate_ids = decision.candidate_ids;
     out.push_back(packed);
   } else {
     for (int index : take) {
       Request request = lane[index].request;
       request->candidate_ids = decision.candidate_ids;
-      if (entry->batch > 0) {  // a whole batch alone: counted in the batch statistics when it is done
+      if (batch > 0) {  // a whole batch alone: counted in the batch statistics when it is done
         request->OnDone(ffi::Function::FromTyped(
             [entry, rows = lane[index].rows](Request done) { CountBatch(*entry, rows, *done.get()); }));
       }
@@ -586,6 +690,19 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
     }
   }
   for (auto it = take.rbegin(); it != take.rend(); ++it) lane.erase(lane.begin() + *it);  // (valid: checked above)
+  if (!out.empty()) entry->sizes[size]->launches += static_cast<int64_t>(out.size());
+  if (several && !out.empty()) {  // its slot is busy until the launch ends; then its streams ask again
+    ++entry->slot_busy[slot];
+    out.back()->OnFinishing([this, entry, slot] {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        --entry->slot_busy[slot];
+      }
+      for (size_t j = 0; j < entry->streams.size(); ++j) {
+        if (entry->slot_of[j] == slot) entry->streams[j]->Poke();
+      }
+    });
+  }
   if (policy_->serial() && !out.empty()) {
     serial_running_ += static_cast<int64_t>(out.size());
     for (Request& request : out) {
@@ -602,15 +719,45 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
   }
   if (!lane.empty()) {  // more queued: the model's other free streams take them
     for (size_t i = 0; i < entry->streams.size(); ++i) {
-      if (static_cast<int>(i) != stream) entry->streams[i]->Poke();
+      if (static_cast<int>(i) != stream && entry->slot_of[i] != slot) entry->streams[i]->Poke();
     }
   }
   return out;
 }
 
-Request RuntimeObj::Pack(const std::shared_ptr<Entry>& entry, const std::vector<Pending>& members) {
-  const Manifest& manifest = entry->models[0]->manifest();
-  const int64_t batch = entry->batch;
+int RuntimeObj::ChooseSize(const Entry& entry, const std::deque<Pending>& lane, double now, double slowdown) const {
+  const auto& sizes = entry.sizes;
+  const int n = static_cast<int>(sizes.size());
+  int64_t rows = 0;
+  for (size_t i = 0; i < lane.size() && rows < sizes.back()->batch; ++i) rows += std::max<int64_t>(lane[i].rows, 1);
+  auto run = [&](int k) { return sizes[k]->run_us * slowdown; };
+  auto covering = [&](int64_t want) {  // the smallest size that holds `want` rows
+    for (int k = 0; k < n; ++k) {
+      if (sizes[k]->batch >= want) return k;
+    }
+    return n - 1;
+  };
+  const double deadline = entry.qos_ms > 0 ? lane.front().request->submitted_us + entry.qos_ms * 1e3 : 0;
+  auto meets = [&](int k) { return deadline == 0 || now + run(k) <= deadline; };
+  const int low = covering(std::max<int64_t>(lane.front().rows, 1));  // the front request's rows fit
+  int best = -1;  // of the sizes the rows fill, the least time per row that meets the deadline (ties: the larger)
+  for (int k = low; k < n && sizes[k]->batch <= rows; ++k) {
+    if (!meets(k)) continue;
+    if (best < 0 || run(k) / sizes[k]->batch <= run(best) / sizes[best]->batch) best = k;
+  }
+  if (best < 0) return low;  // the rows fill none (padded), or none meets the deadline: the soonest to finish
+  if (rows > sizes[best]->batch && sizes.back()->batch >= rows) {  // the rest: padded into one larger launch?
+    int up = covering(rows);
+    if (meets(up) && run(up) < run(best) + run(covering(rows - sizes[best]->batch))) return up;
+  }
+  return best;
+}
+
+Request RuntimeObj::Pack(const std::shared_ptr<Entry>& entry, const std::vector<Pending>& members, int size) {
+  const int64_t batch = entry->sizes[size]->batch;
+  size_t first = 0;  // the first stream of that size
+  while (entry->size_of[first] != size) ++first;
+  const Manifest& manifest = entry->models[first]->manifest();
   auto packed = ffi::make_object<RequestObj>();
   packed->submitted_us = members[0].request->submitted_us;  // (its latency in the stream's stats: the oldest's)
   for (const Binding& binding : manifest.inputs) {
@@ -741,12 +888,13 @@ void RuntimeObj::SweepLoop() {
 const std::vector<StreamView>& RuntimeObj::MonitorLocked() {
   size_t k = 0;
   for (const auto& entry : order_) {
-    for (const Stream& stream : entry->streams) {
+    for (size_t j = 0; j < entry->streams.size(); ++j) {
+      const Stream& stream = entry->streams[j];
       if (k == monitor_views_.size()) monitor_views_.emplace_back(), monitor_reads_.emplace_back();
       StreamView& view = monitor_views_[k];
       if (view.name != stream->name()) view.name = stream->name();
       if (stream->ReadState(&monitor_reads_[k])) {
-        StreamWork(entry->policy_model, monitor_reads_[k], stream->blocks(), &view.remaining);
+        StreamWork(entry->sizes[entry->size_of[j]]->policy_model, monitor_reads_[k], stream->blocks(), &view.remaining);
       } else {
         view.remaining.clear();
       }
@@ -811,6 +959,9 @@ std::map<std::string, ModelStats> RuntimeObj::Stats() {
     s.p50_ms = Percentile(latencies_ms, 50);
     s.p99_ms = Percentile(std::move(latencies_ms), 99);
     s.placement = e->models[0]->placement()->kind();
+    if (e->sizes.size() > 1) {
+      for (const auto& size : e->sizes) s.sizes[size->batch] = {size->run_us, size->launches.load()};
+    }
     out[e->name] = s;
   }
   return out;
@@ -863,6 +1014,7 @@ bool RuntimeObj::Evict(const std::string& name, bool keep_environment) {
     TVM_FFI_THROW(TvmschedError) << "model " << name << " streams its weights from the host tiers: only a switched "
                                  << "model is evicted";
   }
+  if (std::strcmp(first->placement()->kind(), "resident") == 0) return false;  // (several batch sizes: never switched)
   return switcher_->Evict(first, keep_environment);
 }
 

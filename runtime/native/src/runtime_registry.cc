@@ -65,6 +65,11 @@ ffi::Map<ffi::String, ffi::Any> StatsMap(const ModelStats& s) {
   ffi::Array<ffi::Array<int64_t>> batches;  // [[rows, launches, compute ns], ...]
   for (const auto& [rows, counted] : s.batches) batches.push_back({rows, counted.first, counted.second});
   out.Set("batches", batches);
+  ffi::Array<ffi::Array<double>> sizes;  // [[batch size, measured run us, launches], ...]
+  for (const auto& [batch, measured] : s.sizes) {
+    sizes.push_back({static_cast<double>(batch), measured.first, static_cast<double>(measured.second)});
+  }
+  out.Set("sizes", sizes);
   out.Set("errors", s.errors);
   out.Set("refused", s.refused);
   out.Set("timed_out", s.timed_out);
@@ -178,7 +183,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       });
 
   // model options: name, qos_ms, realtime, resident, device_bytes, streams, warmup, timeout_action ("reject" or
-  // "delay"), default_timeout_us, allow_timeout_override, max_queue_size, max_queue_delay_us
+  // "delay"), default_timeout_us, allow_timeout_override, max_queue_size, max_queue_delay_us, preferred_batch_sizes
   refl::ObjectDef<RuntimeObj>()
       .def("load",
            [](Runtime rt, const std::string& path, ffi::Map<ffi::String, ffi::Any> map) {
@@ -201,6 +206,11 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              options.max_queue_delay_us = o.Number("max_queue_delay_us", 0);
              if (!(options.max_queue_delay_us >= 0 && options.max_queue_delay_us <= 60e6))
                TVM_FFI_THROW(TvmschedError) << "max_queue_delay_us is 0 to 60000000 microseconds";
+             for (const ffi::Any& size : o.Get<ffi::Array<ffi::Any>>("preferred_batch_sizes", {})) {
+               auto rows = size.try_cast<int64_t>();
+               if (!rows || *rows < 1) TVM_FFI_THROW(TvmschedError) << "preferred_batch_sizes are positive row counts";
+               options.preferred_batch_sizes.push_back(*rows);
+             }
              o.Done();
              return rt->Load(path, options);
            })

@@ -73,9 +73,18 @@ struct Manifest {
   /*! \brief Rows every input's and output's first dimension holds when compiled for a batch (0: not compiled for
    *  one): a request may then bring 1 to batch_size rows, and the engine Runtime packs requests into one launch. */
   int64_t batch_size = 0;
+  /*! \brief Compiled at several batch sizes: the smaller ones, smallest first, each a manifest of its own program
+   *  (bindings, tensors, layers, index checks; the rest as here) over the same kernels.so and weights.npz. This
+   *  manifest's program is the largest size. Empty for a variant. */
+  std::vector<Manifest> variants;
+  /*! \brief This program's run at candidate 0 measured at compile time (µs; 0: not measured). */
+  double batch_latency_us = 0;
   std::string cpu;                        ///< the CPU the kernels were compiled for (LLVM's name; "": not recorded)
   std::vector<std::string> cpu_features;  ///< CPU features the kernels need (LLVM's names; x86-64 only)
 };
+
+/*! \brief The batch sizes `manifest` was compiled at, smallest first (empty: not compiled for a batch). */
+std::vector<int64_t> BatchSizes(const Manifest& manifest);
 
 /*! \brief A host array read from weights.npz (C order). */
 struct HostArray {
@@ -125,6 +134,10 @@ class TrustedKeys {
  */
 ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& trusted = TrustedKeys(),
                               bool for_loading = true);
+
+/*! \brief Make `contents` the program compiled at `batch` rows (one of BatchSizes; its manifest becomes that size's and
+ *  its weights the ones that size reads); one TvmschedError line naming `path` when it is not compiled at that size. */
+void SelectBatch(ArtifactContents* contents, int64_t batch, const std::string& path);
 
 /*! \brief Whether the environment requires every artifact whose code is loaded to be signed by a trusted key
  *  (TVMSCHED_REQUIRE_SIGNATURE set to anything but "" or "0"). */

@@ -56,6 +56,11 @@ struct LoadOptions {
   std::shared_ptr<const TierOptions> tiers;
   /*! \brief The budget its memory counts against (its Runtime's); null: none but the device's. */
   std::shared_ptr<MemoryScope> scope;
+  /*! \brief An artifact compiled at several batch sizes: the size to load (0: its largest, the manifest's own). */
+  int64_t batch = 0;
+  /*! \brief A resident model of the same artifact whose device weights this one reads instead of copies of its own
+   *  (another batch size: the weights stored once in memory too); it is kept alive and must stay resident. */
+  ffi::ObjectRef shares_weights_of;
 };
 
 /*! \brief Lay out and load a model larger than its device memory (LoadOptions::tiers): its streamer (the streamed
@@ -278,6 +283,8 @@ class ModelObj : public ffi::Object {
   std::function<void()> waker_;
   std::map<std::string, void*> tensor_data_;  // allocated tensor id -> its data pointer (switcher thread only)
   std::set<std::string> placed_;              // tensors its placement provides and binds (SetPlacedTensors)
+  std::set<std::string> borrowed_;            // weights read from LoadOptions::shares_weights_of (never freed here)
+  ffi::ObjectRef weights_owner_;              // that model
   std::vector<std::vector<std::string>> layer_arg_ids_;  // per layer: the tensor of each of its first args
   std::vector<std::vector<DLTensor>> layer_args_;        // per layer: inputs, outputs, flags, counter
   std::vector<std::vector<ffi::AnyView>> layer_views_;   // per layer: views of layer_args_ (what CallPacked takes)

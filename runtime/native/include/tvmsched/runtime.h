@@ -88,6 +88,10 @@ struct ModelOptions {
    *  arrived for the queued rows to fill the batch (Triton's dynamic_batching.max_queue_delay_microseconds; 0: it
    *  launches what is queued at once). */
   double max_queue_delay_us = 0;
+  /*! \brief Triton's dynamic_batching.preferred_batch_size: each one of the model's compiled batch sizes (else one
+   *  error line at load). A free stream holds the queued rows (within max_queue_delay_us) only while they are fewer
+   *  than the smallest of these (none: the largest compiled size). */
+  std::vector<int64_t> preferred_batch_sizes;
 };
 
 struct SubmitOptions {
@@ -104,6 +108,9 @@ struct ModelStats {
   /*! \brief A model compiled for a batch: per count of rows its launches brought (1 to the batch size; the rest is
    *  padding), the launches and their compute time (ns, start to finish; Triton's batch_stats). */
   std::map<int64_t, std::pair<int64_t, int64_t>> batches;
+  /*! \brief A model compiled at several batch sizes: per size, its run at the fastest candidates as the runtime
+   *  measured it at load (µs; what its batcher predicts from) and the launches it ran at that size. */
+  std::map<int64_t, std::pair<double, int64_t>> sizes;
   double p50_ms = -1, p99_ms = -1;
   int64_t launches = 0, reruns = 0, faults = 0, fault_restarts = 0;
   std::string placement;
@@ -159,13 +166,26 @@ class RuntimeObj : public ffi::Object {
     double timeout_at_us = 0;  // 0: none
     int64_t rows = 0;          // a batched model's request: its rows (0: the model is not batched)
   };
+  /*! \brief A batch size a model was compiled at (a model compiled at one size, or none, has one). */
+  struct Size {
+    int64_t batch = 0;
+    PolicyModel policy_model;  // its layers' candidates
+    double run_us = 0;         // its run at the fastest candidates (measured at load when there are several sizes)
+    std::atomic<int64_t> launches{0};
+  };
   struct Entry {
     std::string name;
     ModelOptions options;
     double qos_ms = -1;
-    PolicyModel policy_model;
-    std::vector<Model> models;  // one per stream (the first may be registered or streamed; the others resident)
+    PolicyModel policy_model;  // the largest size's (sizes.back()'s)
+    // one per stream: first the largest size's streams (slot 0, 1, ...; the first may be registered or streamed, the
+    // others resident), then each smaller size's streams by slot (resident, reading the weights of their slot's)
+    std::vector<Model> models;
     std::vector<Stream> streams;
+    std::vector<std::unique_ptr<Size>> sizes;  // smallest first
+    std::vector<int> size_of, slot_of;         // per stream: its size (index into sizes) and its slot
+    std::vector<int> slot_busy;  // per slot (several sizes): launches given to one of its streams, not yet finished
+    int64_t hold_rows = 0;       // a free stream holds fewer queued rows than this (max_queue_delay_us)
     std::deque<Pending> queue, delayed;  // delayed: past their timeout under kDelay (they run after the others)
     double fastest_us = 0;               // its fastest candidates' isolated latency, summed
     bool closing = false;
@@ -199,7 +219,14 @@ class RuntimeObj : public ffi::Object {
   void WarmUp(const std::shared_ptr<Entry>& entry);
   /*! \brief One launch of a batched model for `members` (its queued requests, in order, `rows` each): their inputs
    *  packed into the compiled batch (the rows left zero), their outputs split back when it is done. */
-  Request Pack(const std::shared_ptr<Entry>& entry, const std::vector<Pending>& members);
+  Request Pack(const std::shared_ptr<Entry>& entry, const std::vector<Pending>& members, int size);
+  /*! \brief The size a launch of `entry`'s `lane` runs at (several sizes; under the lock): of the sizes the queued
+   *  rows fill, the one with the least time per row whose predicted finish (its measured run times `slowdown`, the
+   *  co-location estimate) meets the front request's latency target (none meets it: the smallest); padded up to the
+   *  next size when that finishes sooner than this size and a second launch for the rest. */
+  int ChooseSize(const Entry& entry, const std::deque<Pending>& lane, double now, double slowdown) const;
+  /*! \brief A model compiled at several sizes: each size's run at its fastest candidates, measured on its streams. */
+  void MeasureSizes(const std::shared_ptr<Entry>& entry);
   /*! \brief Count a finished launch of a batched model that brought `rows` rows (its batch statistics). */
   static void CountBatch(Entry& entry, int64_t rows, const RequestObj& done);
   Model LoadModel(const std::string& path, const LoadOptions& options) const;

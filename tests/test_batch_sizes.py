@@ -1,0 +1,143 @@
+"""One artifact compiled at several batch sizes (issue 39, steps 1 to 3; docs/batching.md): the weights stored once, a
+program per size, every size answering each row as onnxruntime does alone; the engine Runtime holding a stream per size
+on each slot and choosing the size of each launch; preferred batch sizes that must be compiled ones."""
+
+import dataclasses
+import zipfile
+
+import numpy as np
+import pytest
+
+from tests.helpers import assert_user_error
+from tvmsched import models
+from tvmsched.artifact.format import Artifact
+from tvmsched.errors import TvmschedError
+from tvmsched.runtime import Executor, Runtime
+
+ort = pytest.importorskip("onnxruntime")
+
+SIZES = [1, 2, 4, 8]
+ZOO = {"mlp": SIZES, "resnet18-small": [1, 2, 4], "bert-tiny": [1, 2, 4]}  # bert-tiny keeps Reshape [1, 128, 2, 64]
+
+
+@pytest.fixture(scope="module")
+def mlp_sizes(compiled):
+    return compiled("mlp", batch_size=SIZES)
+
+
+def _alone(name: str, inputs: dict, row: int) -> dict:
+    session = ort.InferenceSession(models.build(name).SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in session.get_outputs()],
+                    session.run(None, {k: v[row : row + 1] for k, v in inputs.items()})))
+
+
+def test_one_artifact_holds_every_size_with_the_weights_stored_once(compiled, mlp_sizes):
+    artifact = Artifact.load(mlp_sizes)
+    manifest = artifact.manifest
+    assert manifest.batch_sizes == tuple(SIZES) and manifest.batch_size == 8
+    single = Artifact.load(compiled("mlp", batch_size=8))
+    assert artifact.weights.keys() == single.weights.keys()  # every size reads the same arrays: stored once
+    with zipfile.ZipFile(mlp_sizes) as archive, zipfile.ZipFile(compiled("mlp", batch_size=8)) as one:
+        assert archive.getinfo("weights.npz").file_size == one.getinfo("weights.npz").file_size
+    for variant in manifest.variants:  # each smaller size: its own kernels in the one library, measured at compile
+        assert all(c.kernel.startswith(f"b{variant.batch_size}_") for layer in variant.layers for c in layer.candidates)
+        assert variant.latency_us is not None and variant.latency_us > 0
+        assert all(manifest.tensors[b.tensor].shape[1:] == variant.tensors[b.tensor].shape[1:] for b in variant.inputs)
+
+
+@pytest.mark.parametrize("name,size", [(name, size) for name, sizes in ZOO.items() for size in sizes])
+def test_every_size_answers_every_row_as_onnxruntime_does_alone_and_the_same_bits_at_any_position(compiled, name, size):
+    executor = Executor(str(compiled(name, batch_size=ZOO[name])), batch_size=size)
+    assert executor.manifest.batch_size == size
+    inputs = executor.random_inputs(size)
+    outputs = executor.run(inputs)
+    for row in range(size):
+        for output, want in _alone(name, inputs, row).items():
+            np.testing.assert_allclose(outputs[output][row : row + 1], want, rtol=1e-4, atol=1e-5, err_msg=f"row {row}")
+    row = {k: v[:1] for k, v in executor.random_inputs(99).items()}
+    seen = []
+    for position in range(size):
+        padded = {k: np.zeros_like(v) for k, v in inputs.items()}  # beside zero rows (padding), then beside others
+        for neighbours in (padded, executor.random_inputs(position)):
+            for k in neighbours:
+                neighbours[k][position] = row[k][0]
+            seen.append({k: v[position] for k, v in executor.run(neighbours).items()})
+    assert all(np.array_equal(got[k], seen[0][k]) for got in seen for k in got)
+
+
+def test_the_runtime_holds_a_stream_per_size_and_every_answer_agrees_with_the_batch_1_run(mlp_sizes):
+    alone = Executor(str(mlp_sizes), batch_size=1)
+    rng = np.random.default_rng(7)
+    name = alone.manifest.inputs[0].name
+    shape = alone.manifest.tensors[alone.manifest.inputs[0].tensor].shape[1:]
+    burst = [rng.standard_normal((rows, *shape)).astype(np.float32) for rows in [1] * 40 + [3, 2, 5, 1, 8] * 4]
+    rt = Runtime()
+    try:
+        rt.load(str(mlp_sizes), name="mlp")
+        streams = [str(s.name()) for s in rt._engine.streams("mlp")]
+        assert streams == ["mlp", "mlp@b1", "mlp@b2", "mlp@b4"]  # the largest first, then a stream per smaller size
+        # one request at a time: the size is the smallest that holds its rows (padded), nothing else being queued
+        for rows, size in ((1, 1), (3, 4), (8, 8), (2, 2), (5, 8)):
+            before = rt.stats()["mlp"]["sizes"][size]["launches"]
+            x = rng.standard_normal((rows, *shape)).astype(np.float32)
+            got = rt.submit("mlp", {name: x}).result(timeout=60)["output"]
+            assert got.shape == (rows, 10) and rt.stats()["mlp"]["sizes"][size]["launches"] == before + 1, (rows, size)
+        futures = [rt.submit("mlp", {name: x}) for x in burst]  # a burst: packed at whatever sizes the queue fills
+        answers = [f.result(timeout=60)["output"] for f in futures]
+        stats = rt.stats()["mlp"]
+    finally:
+        rt.shutdown()
+    for x, got in zip(burst, answers):
+        want = np.concatenate([alone.run({name: x[i : i + 1]})["output"] for i in range(len(x))])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)  # run --check's tolerance
+    assert set(stats["sizes"]) == set(SIZES) and all(s["run_us"] > 0 for s in stats["sizes"].values())
+    assert sum(rows * count for rows, count, _ in stats["batches"]) == sum(len(x) for x in burst) + 19
+
+
+def test_preferred_batch_sizes_must_be_compiled_sizes_and_a_preferred_size_launches_without_waiting(mlp_sizes, compiled):
+    rt = Runtime()
+    try:
+        with pytest.raises(TvmschedError, match=r"^model mlp: preferred_batch_size 3 is not one of its compiled batch "
+                                                r"sizes \(1, 2, 4, 8\)$"):
+            rt.load(str(mlp_sizes), name="mlp", preferred_batch_sizes=(3,))
+        with pytest.raises(TvmschedError, match="preferred_batch_size 2 is not possible: the model is not compiled"):
+            rt.load(str(compiled("mlp")), name="plain", preferred_batch_sizes=(2,))
+        assert rt._engine.models() == []
+        # a delay far past the test's deadline: two rows reach the preferred size, so they launch at once
+        rt.load(str(mlp_sizes), name="mlp", max_queue_delay_us=60e6, preferred_batch_sizes=(2,))
+        inputs = Executor(str(mlp_sizes), batch_size=1).random_inputs(0)
+        first, second = (rt.submit("mlp", inputs) for _ in range(2))
+        assert first.result(timeout=20)["output"].shape == second.result(timeout=20)["output"].shape == (1, 10)
+        assert [rows for rows, _, _ in rt.stats()["mlp"]["batches"]] == [2]
+    finally:
+        rt.shutdown()
+
+
+def test_a_variant_whose_batch_size_is_not_below_the_largest_is_a_corrupt_artifact(mlp_sizes, tmp_path):
+    artifact = Artifact.load(mlp_sizes)
+    variants = artifact.manifest.variants
+    bad = dataclasses.replace(variants[0], batch_size=8)  # as large as the manifest's own
+    tampered = dataclasses.replace(artifact, manifest=dataclasses.replace(artifact.manifest, variants=(bad, *variants[1:])))
+    tampered.save(tmp_path / "bad.tvms")
+    with pytest.raises(TvmschedError, match=r"is a corrupt artifact: bad manifest or weights \(manifest.variants' batch "
+                                            r"sizes are not distinct sizes below batch_size, in order\)$"):
+        Executor(str(tmp_path / "bad.tvms"))
+    with pytest.raises(TvmschedError, match=r"is not compiled at batch size 3 \(its sizes: 1, 2, 4, 8\)$"):
+        Executor(str(mlp_sizes), batch_size=3)
+
+
+def test_the_cli_compiles_several_sizes_into_one_artifact_and_inspect_lists_them(cli, tmp_path):
+    model = tmp_path / "mlp.onnx"
+    import onnx
+
+    onnx.save(models.build("mlp"), model)
+    out = tmp_path / "mlp.tvms"
+    done = cli("compile", model, "--batch-sizes", "4,1,2", "-o", out)
+    assert done.returncode == 0, done.stderr
+    shown = cli("inspect", out).stdout
+    assert "batch sizes 1, 2, 4 (every input's first dimension; one program each, the weights stored once)" in shown
+    for size in (1, 2, 4):
+        assert f"  batch {size:>4}: run " in shown
+    checked = cli("run", out, "--check", model)  # the largest size, against onnxruntime on the model rewritten for it
+    assert checked.returncode == 0 and "-> OK" in checked.stdout, checked.stderr
+    assert_user_error(cli("compile", model, "--batch-sizes", "0,2", "-o", tmp_path / "x.tvms"), "--batch-sizes")
