@@ -2,15 +2,29 @@
 Poisson arrival rate at which the p99 latency stays within the model's latency target (20x its batch-1 p50 alone)
 with at most 1% of the requests refused or failed.
 
-    python bench/batching.py [--models mlp:8,resnet18-small:4,bert-tiny:4] [--seconds 3] [--out bench/results/raw/batching.json]
+    python bench/batching.py [--models mlp:1/2/4/8,resnet18-small:1/2/4,bert-tiny:1/2/4] [--seconds 3]
+        [--out bench/results/raw/batching.json]
 
-Per model two artifacts compiled here: as the zoo builds it (one row per run: "none") and for B rows
-(`compile_model(batch_size=B)`: the engine Runtime packs the queued requests that fit into one launch, "batching").
+Per model two artifacts compiled here: as the zoo builds it (one row per run: "none") and at the batch sizes given
+(`compile_model(batch_size=[...])`, one artifact: the engine Runtime packs the queued requests into one launch at the
+size its batcher chooses from the sizes' runs measured at load, "batching"). Both ways are loaded with the latency
+target as their qos_ms (admission and the batcher's deadline use it).
 The load is the engine's C++ open-loop generator (`tvmsched.engine.open_loop`: Poisson arrivals of one-row requests
 submitted from a C++ thread, each latency from its scheduled arrival). The rate search starts at half the model's
 batch-1 capacity and grows by 1.25x while both ways meet the target, the two ways run in turn at every step
 (side by side), then each way's last good rate is refined by bisection. Padding waste: the share of the rows run
-that no request brought (1 - requests / (executions x B)).
+that no request brought (1 - rows brought / rows run, from the engine's batch statistics and launches per size).
+
+Also per model, the **capacity** of each way, where a p99 target on a shared 2-core VM is at the mercy of its stalls:
+one-row requests arriving at 3x the batch-1 rate the model sustains alone for 1 s, the rows answered per second
+(requests / (1 s + the last request's latency): the queue drains at the way's capacity); three runs each, the ways in
+turn, the median.
+
+**Through the server** (`--serve`, the issue's second path, reported): each way served by `tvmsched serve` from a
+Triton-layout repository (config.pbtxt with dynamic_batching for the batching way), 16 tritonclient gRPC clients in
+threads, closed loop, one row each, 3 s per run, the ways in turn twice: rows answered per second and the client's p99.
+The Python clients share the 2 cores with the server, so this is what a user sees on this machine, not the server's
+capacity.
 """
 
 from __future__ import annotations
@@ -32,14 +46,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 import _common  # noqa: E402
 
 
-def artifacts(work: Path, name: str, size: int) -> tuple[Path, Path]:
+def artifacts(work: Path, name: str, sizes: list[int]) -> tuple[Path, Path]:
     from tvmsched import models
     from tvmsched.pipeline import compile_model
 
     work.mkdir(parents=True, exist_ok=True)
     paths = []
-    for batch in (None, size):
-        path = work / f"{name}-b{batch or 1}.tvms"
+    for batch in (None, sizes):
+        path = work / f"{name}-b{'-'.join(map(str, batch)) if batch else 'none'}.tvms"
         if not path.exists():
             compile_model(models.build(name), name=name, batch_size=batch).save(path)
         paths.append(path)
@@ -64,14 +78,14 @@ def alone_p50_us(path: Path, runs: int = 200) -> float:
 DELAY_US = {"value": 0.0}  # --max-queue-delay-us: the batching way's queue delay (its streams wait for full batches)
 
 
-def trial(path: Path, name: str, rate: float, seconds: float, seed: int) -> dict:
+def trial(path: Path, name: str, rate: float, seconds: float, seed: int, target_us: float) -> dict:
     """One open-loop run at `rate` per second on a fresh Runtime: p99 latency and refusals."""
     from tvmsched.runtime import Executor, native
     from tvmsched.runtime.executor import to_engine
 
     rt = native.create_runtime({"policy": "fastest"})
     try:
-        rt.load(str(path), {"warmup": True, "max_queue_delay_us": DELAY_US["value"]})
+        rt.load(str(path), {"warmup": True, "max_queue_delay_us": DELAY_US["value"], "qos_ms": target_us / 1e3})
         one_row = {k: v[:1].copy() for k, v in Executor(str(path)).random_inputs(0).items()}
         result = native.func("open_loop")(rt, name, to_engine(one_row), float(rate), float(seconds), int(seed))
         stats = rt.stats()[name]
@@ -81,8 +95,83 @@ def trial(path: Path, name: str, rate: float, seconds: float, seed: int) -> dict
     sent = len(latencies) + int(result["failed"]) + int(result["refused"])
     return {"rate": rate, "requests": sent, "p50_us": float(np.percentile(latencies, 50)) if len(latencies) else None,
             "p99_us": float(np.percentile(latencies, 99)) if len(latencies) else None,
+            "max_us": float(latencies.max()) if len(latencies) else 0.0,
             "lost": (sent - len(latencies)) / max(sent, 1), "generator_late_p99_us": float(result["late_us"]),
-            "executions": int(stats["executions"]), "engine_requests": int(stats["requests"])}
+            "executions": int(stats["executions"]),
+            "rows_brought": sum(int(rows) * int(count) for rows, count, _ in stats["batches"]),
+            "rows_run": sum(int(size) * int(launches) for size, _, launches in stats["sizes"]),
+            "launches_per_size": {str(int(size)): int(launches) for size, _, launches in stats["sizes"]},
+            "size_run_us": {str(int(size)): round(float(us), 1) for size, us, _ in stats["sizes"]}}
+
+
+def capacity(ways: dict[str, Path], name: str, p50_us: float, target_us: float, seed: int) -> dict[str, float]:
+    """Rows answered per second by each way under overload (3x the batch-1 rate alone for 1 s), median of 3 in turn."""
+    rate, seconds, runs = 3e6 / p50_us, 1.0, {way: [] for way in ways}
+    for attempt in range(3):
+        for way, path in ways.items():
+            result = trial(path, name, rate, seconds, seed + attempt, target_us)
+            answered = result["requests"] * (1 - result["lost"])
+            runs[way].append(answered / (seconds + result["max_us"] / 1e6))
+    return {way: statistics.median(values) for way, values in runs.items()}
+
+
+def through_server(ways: dict[str, Path], name: str, work: Path, target_us: float) -> dict:
+    """Each way served by `tvmsched serve` from a Triton-layout repository; 16 closed-loop gRPC clients, 3 s, in turn x2."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import tritonclient.grpc as grpcclient
+
+    from tests.helpers import free_port, start_server, stop_server
+    from tvmsched.runtime import Executor
+
+    out = {way: {"rows_per_s": [], "p99_ms": []} for way in ways}
+    for _ in range(2):
+        for way, path in ways.items():
+            root = work / f"repo-{name}-{way}"
+            folder = root / name
+            (folder / "1").mkdir(parents=True, exist_ok=True)
+            (folder / "1" / "model.tvms").unlink(missing_ok=True)
+            (folder / "1" / "model.tvms").symlink_to(path.resolve())
+            manifest = Executor(str(path)).manifest
+            batching = "\ndynamic_batching { }" if manifest.batch_size else ""
+            (folder / "config.pbtxt").write_text(
+                f'name: "{name}"\nbackend: "tvmsched"\nmax_batch_size: {manifest.batch_size or 0}{batching}\n'
+                f'parameters {{ key: "qos_ms" value: {{ string_value: "{target_us / 1e3:.3f}" }} }}\n')
+            http, grpc = free_port(), free_port()
+            server = start_server([sys.executable, "-m", "tvmsched.cli", "serve", "--model-repository", str(root),
+                                   "--port", str(http), "--grpc-port", str(grpc), "--max-queue", "256"],
+                                  f"http://127.0.0.1:{http}", ready="/v2/health/ready")
+            row = {k: v[:1] for k, v in Executor(str(path)).random_inputs(0).items()}
+            deadline, latencies = time.monotonic() + 3.0, []
+
+            def client_loop() -> list[float]:
+                client, mine = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc}"), []
+                tensors = []
+                for key, value in row.items():
+                    tensor = grpcclient.InferInput(key, list(value.shape), _TRITON_TYPES[str(value.dtype)])
+                    tensor.set_data_from_numpy(value)
+                    tensors.append(tensor)
+                while time.monotonic() < deadline:
+                    start = time.perf_counter()
+                    client.infer(name, tensors)
+                    mine.append(time.perf_counter() - start)
+                client.close()
+                return mine
+
+            try:
+                start = time.monotonic()
+                with ThreadPoolExecutor(16) as pool:
+                    for mine in pool.map(lambda _: client_loop(), range(16)):
+                        latencies.extend(mine)
+                elapsed = time.monotonic() - start
+            finally:
+                stop_server(server)
+            out[way]["rows_per_s"].append(len(latencies) / elapsed)
+            out[way]["p99_ms"].append(float(np.percentile(latencies, 99)) * 1e3)
+    return {way: {k: statistics.median(v) for k, v in r.items()} for way, r in out.items()}
+
+
+_TRITON_TYPES = {"float32": "FP32", "int64": "INT64", "int32": "INT32", "float16": "FP16", "bool": "BOOL"}
 
 
 def meets(result: dict, target_us: float) -> bool:
@@ -99,7 +188,7 @@ def search(ways: dict[str, Path], name: str, target_us: float, start: float, sec
         for way, path in ways.items():
             if failed_at[way] is not None:
                 continue
-            result = trial(path, name, rate, seconds, seed)
+            result = trial(path, name, rate, seconds, seed, target_us)
             trials[way].append(result)
             print(json.dumps({"model": name, "way": way, **{k: (round(v, 1) if isinstance(v, float) else v)
                                                            for k, v in result.items()}}), flush=True)
@@ -112,7 +201,7 @@ def search(ways: dict[str, Path], name: str, target_us: float, start: float, sec
         low, high = best[way] or 0.0, failed_at[way] or rate
         for _ in range(3):
             middle = (low + high) / 2
-            result = trial(path, name, middle, seconds, seed)
+            result = trial(path, name, middle, seconds, seed, target_us)
             trials[way].append(result)
             low, high = (middle, high) if meets(result, target_us) else (low, middle)
         best[way] = low
@@ -121,37 +210,46 @@ def search(ways: dict[str, Path], name: str, target_us: float, start: float, sec
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="mlp:8,resnet18-small:4,bert-tiny:4", help="NAME:B,...")
+    parser.add_argument("--models", default="mlp:1/2/4/8,resnet18-small:1/2/4,bert-tiny:1/2/4",
+                        help="NAME:SIZE/SIZE/...,...")
     parser.add_argument("--seconds", type=float, default=3.0, help="per trial")
     parser.add_argument("--work", type=Path, default=Path("build/bench-batching"))
     parser.add_argument("--max-queue-delay-us", type=float, default=0.0,
                         help="the batching way's queue delay (0: it launches what is queued at once)")
+    parser.add_argument("--serve", action=argparse.BooleanOptionalAction, default=True,
+                        help="also measure through tvmsched serve with tritonclient (--no-serve: in process only)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     DELAY_US["value"] = args.max_queue_delay_us
     report = {"machine": _common.machine_info(), "load_average": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M"),
               "command": " ".join(sys.argv), "models": {}}
     for item in args.models.split(","):
-        name, size = item.split(":")
-        plain, batched = artifacts(args.work, name, int(size))
+        name, listed = item.split(":")
+        sizes = [int(size) for size in listed.split("/")]
+        plain, batched = artifacts(args.work, name, sizes)
         p50 = alone_p50_us(plain)
         target = 20 * p50
         found = search({"none": plain, "batching": batched}, name, target, 0.5e6 / p50, args.seconds, seed=1)
         last = [t for t in found["trials"]["batching"] if meets(t, target)]
-        waste = None
-        if last:
-            t = last[-1]
-            runs = t["executions"] * int(size)
-            waste = 1 - t["engine_requests"] / runs if runs else None
+        waste = 1 - last[-1]["rows_brought"] / last[-1]["rows_run"] if last and last[-1]["rows_run"] else None
         none, batching = found["best_rate"]["none"], found["best_rate"]["batching"]
-        report["models"][name] = {"batch_size": int(size), "alone_p50_us": p50, "target_us": target,
+        rows_per_s = capacity({"none": plain, "batching": batched}, name, p50, target, seed=11)
+        served = through_server({"none": plain, "batching": batched}, name, args.work, target) if args.serve else None
+        report["models"][name] = {"batch_sizes": sizes, "alone_p50_us": p50, "target_us": target,
                                   "best_rate_none": none, "best_rate_batching": batching,
                                   "ratio": batching / none if none else None, "padding_waste": waste,
+                                  "capacity_rows_per_s": rows_per_s,
+                                  "capacity_ratio": rows_per_s["batching"] / rows_per_s["none"],
+                                  "through_server": served,
                                   "trials": found["trials"]}
         print(json.dumps({"model": name, "alone_p50_us": round(p50, 1), "target_ms": round(target / 1e3, 2),
                           "rate_none": round(none or 0, 1), "rate_batching": round(batching or 0, 1),
                           "ratio": round(batching / none, 2) if none else None,
-                          "padding_waste": round(waste, 3) if waste is not None else None}), flush=True)
+                          "capacity": {k: round(v) for k, v in rows_per_s.items()},
+                          "capacity_ratio": round(rows_per_s["batching"] / rows_per_s["none"], 2),
+                          "through_server": served,
+                          "padding_waste": round(waste, 3) if waste is not None else None,
+                          "launches_per_size": last[-1]["launches_per_size"] if last else None}), flush=True)
     report["load_average_after"] = os.getloadavg()
     if args.out:
         _common.write_json_atomic(args.out, report)

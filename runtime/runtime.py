@@ -164,10 +164,13 @@ class Runtime:
 
     def load(self, artifact, *, qos_ms: float | None = None, priority: str = "best_effort", name: str | None = None,
              resident: bool = True, device_bytes: int | None = None, warmup: bool = False, streams: int = 1,
-             max_queue_delay_us: float = 0.0, preferred_batch_sizes: tuple[int, ...] = ()) -> Model:
+             max_queue_delay_us: float = 0.0, preferred_batch_sizes: tuple[int, ...] = (),
+             queue_policy: dict | None = None) -> Model:
         """Load an artifact (path or Artifact) as a new model; the engine decides its placement (docs/runtime.md).
         A model compiled for a batch (docs/batching.md): `max_queue_delay_us`, how long a free stream waits at most for
-        the queued rows to reach the smallest of `preferred_batch_sizes` (each a compiled size; none: the largest)."""
+        the queued rows to reach the smallest of `preferred_batch_sizes` (each a compiled size; none: the largest).
+        `queue_policy`: Triton's default_queue_policy as the engine takes it: timeout_action ("reject" or "delay"),
+        default_timeout_us, allow_timeout_override, max_queue_size (docs/runtime.md)."""
         if priority not in PRIORITIES:
             raise TvmschedError(f"priority must be one of {PRIORITIES}, not {priority!r}")
         if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= 64:
@@ -178,6 +181,11 @@ class Runtime:
                    "resident": bool(resident), "streams": streams, "warmup": bool(warmup),
                    "device_bytes": int(device_bytes or 0), "max_queue_delay_us": float(max_queue_delay_us),
                    "preferred_batch_sizes": [int(size) for size in preferred_batch_sizes]}
+        unknown = set(queue_policy or {}) - {"timeout_action", "default_timeout_us", "allow_timeout_override",
+                                              "max_queue_size"}
+        if unknown:
+            raise TvmschedError(f"queue_policy: unknown key(s) {sorted(unknown)}")
+        options.update(queue_policy or {})
         if name is not None:
             options["name"] = str(name)
         with tempfile.TemporaryDirectory(prefix="tvmsched-") as tmp:

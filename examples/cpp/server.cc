@@ -584,6 +584,11 @@ std::vector<Spec> ReadRepository(const std::string& root) {
   for (const fs::path& folder : folders) {
     Spec spec;
     spec.name = folder.filename().string();
+    if (fs::is_regular_file(folder / "config.pbtxt")) {  // (libprotobuf is not part of `make cpp` yet)
+      throw std::runtime_error("model folder " + folder.string() +
+                               " is in Triton's layout (config.pbtxt): this server "
+                               "reads tvmsched's layout (one .tvms and a config.json); tvmsched serve reads both");
+    }
     int artifacts = 0;
     for (const auto& entry : fs::directory_iterator(folder)) {
       if (entry.path().extension() == ".tvms") spec.path = entry.path().string(), ++artifacts;

@@ -18,7 +18,7 @@ from google.protobuf.message import DecodeError
 from tvmsched.errors import TvmschedError
 from tvmsched.serve.grpc_stubs import stubs
 from tvmsched.serve.errors import GRPC_CODES, ServeError
-from tvmsched.serve.service import VERSION, InferenceService
+from tvmsched.serve.service import InferenceService
 from tvmsched.serve.tensors import from_bytes, to_array
 
 CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
@@ -35,7 +35,7 @@ def add_service(server: grpc.aio.Server, service: InferenceService) -> None:
     """Serve `service` on `server`: each method of the proto's service, unary, as the generated
     add_GRPCInferenceServiceServicer_to_server registers them, except that requests arrive as bytes and are decoded by
     the handler (_decoded), so that a message protobuf cannot decode is INVALID_ARGUMENT with one line."""
-    pb2, _ = stubs()
+    pb2, _, _ = stubs()
     servicer, handlers = Servicer(service), {}
     for method in pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
         assert not method.client_streaming and not method.server_streaming, method.name
@@ -75,7 +75,7 @@ class Servicer:
 
     def __init__(self, service: InferenceService):
         self.service = service
-        self.pb2, _ = stubs()
+        self.pb2, _, self.config_pb2 = stubs()
 
     async def ServerLive(self, request, context):
         return self.pb2.ServerLiveResponse(live=True)
@@ -84,7 +84,8 @@ class Servicer:
         return self.pb2.ServerReadyResponse(ready=True)
 
     async def ModelReady(self, request, context):
-        return self.pb2.ModelReadyResponse(ready=request.name in self.service.models and request.version in ("", VERSION))
+        served = self.service.models.get(request.name)
+        return self.pb2.ModelReadyResponse(ready=served is not None and request.version in ("", served.spec.version))
 
     async def ServerMetadata(self, request, context):
         return self.pb2.ServerMetadataResponse(**self.service.server_metadata())
@@ -104,7 +105,7 @@ class Servicer:
             config = self.service.model_config(self.service.get(request.name, request.version))
         except ServeError as err:
             await _abort(context, err)
-        pb2 = self.pb2
+        pb2 = self.config_pb2
         number = lambda t: TYPE_NUMBERS.get(t["data_type"][len("TYPE_"):], 0)
         message = pb2.ModelConfig(
             name=config["name"], platform=config["platform"], backend=config["backend"],
@@ -118,7 +119,7 @@ class Servicer:
                 config["dynamic_batching"]["max_queue_delay_microseconds"]
             message.dynamic_batching.preferred_batch_size.extend(
                 config["dynamic_batching"].get("preferred_batch_size", []))
-        return pb2.ModelConfigResponse(config=message)
+        return self.pb2.ModelConfigResponse(config=message)
 
     async def ModelStatistics(self, request, context):
         try:
@@ -179,7 +180,7 @@ class Servicer:
         tensor = self.pb2.ModelInferResponse.InferOutputTensor
         arrays = [np.ascontiguousarray(outputs[n]) for n in names]
         return self.pb2.ModelInferResponse(
-            model_name=served.name, model_version=VERSION, id=request.id,
+            model_name=served.name, model_version=served.spec.version, id=request.id,
             outputs=[tensor(name=n, datatype=infos[n].datatype, shape=a.shape) for n, a in zip(names, arrays)],
             raw_output_contents=[a.tobytes() for a in arrays])
 

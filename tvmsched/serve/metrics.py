@@ -24,7 +24,7 @@ import logging
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from tvmsched.serve.service import VERSION, InferenceService
+from tvmsched.serve.service import InferenceService
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,7 @@ def _quote(value) -> str:
 
 def _triton_families(service: InferenceService):
     models = list(service.models.items())
-    key = lambda name: {"model": name, "version": VERSION}
-    per_model = lambda read: [(key(name), read(served)) for name, served in models]
+    per_model = lambda read: [({"model": name, "version": served.spec.version}, read(served)) for name, served in models]
     yield ("nv_inference_request_success", "counter", "Number of successful inference requests, all batch sizes",
            per_model(lambda s: s.counters.success))
     yield ("nv_inference_request_failure", "counter", "Number of failed inference requests (refusals included)",

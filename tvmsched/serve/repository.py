@@ -1,6 +1,8 @@
 """Where served models come from: `--model NAME=PATH[:QOS_MS[:PRIORITY]]` specs and model repositories.
 
-A model repository is a folder with one folder per model, named as the model is served:
+A model repository is a folder with one folder per model, named as the model is served. A model folder is either in
+Triton's layout (`NAME/config.pbtxt`, `NAME/1/model.tvms`, ...: serve/triton_config.py says what is read) or in
+tvmsched's own:
 
     models/
       resnet/
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tvmsched.errors import TvmschedError
@@ -47,6 +49,13 @@ class ModelSpec:
     streams: int = 1  # Runtime.load(streams=)
     max_queue_delay_us: float = 0.0  # Runtime.load(max_queue_delay_us=)
     preferred_batch_sizes: tuple[int, ...] = ()  # Runtime.load(preferred_batch_sizes=)
+    # a Triton-layout folder (serve/triton_config.py): the version served, the queue policy (Runtime.load(queue_policy=)),
+    # max_batch_size (None: the artifact's largest batch size), the instance groups' kinds, and the config's path
+    version: str = "1"
+    queue_policy: dict = field(default_factory=dict)
+    max_batch_size: int | None = None
+    instance_kinds: tuple[int, ...] = ()
+    config_path: str | None = None
 
 
 def parse_model(spec: str) -> ModelSpec:
@@ -85,6 +94,10 @@ class Repository:
         folder = self.root / name
         if "/" in name or name.startswith(".") or not folder.is_dir():
             raise LookupError(f"no model named {name!r} in the repository {self.root}")
+        from tvmsched.serve import triton_config
+
+        if triton_config.is_triton_folder(folder):
+            return triton_config.spec(name, folder)
         artifacts = sorted(folder.glob("*.tvms"))
         if len(artifacts) != 1:
             raise TvmschedError(f"model folder {folder} must hold exactly one .tvms artifact, not {len(artifacts)}")

@@ -36,7 +36,7 @@ from tvmsched.serve.tensors import TensorInfo, tensor_infos
 
 log = logging.getLogger(__name__)
 
-VERSION = "1"  # every model has one version
+VERSION = "1"  # a model's version unless its Triton-layout folder says otherwise (ModelSpec.version)
 PLATFORM = "tvmsched"
 SERVER_VERSION = "0.1.0"
 EXTENSIONS = ("binary_tensor_data", "model_repository", "statistics", "model_configuration", "schedule_policy")
@@ -99,17 +99,19 @@ class InferenceService:
         with self._load_lock:
             if spec.name in self.models:
                 raise ServeError(f"model {spec.name!r} is already loaded", 409)
+            _check_instance_kinds(spec, self.runtime.device)
             model = self.runtime.load(spec.path, qos_ms=spec.qos_ms, priority=spec.priority, name=spec.name,
                                       warmup=spec.warmup, streams=spec.streams,
                                       max_queue_delay_us=spec.max_queue_delay_us,
-                                      preferred_batch_sizes=spec.preferred_batch_sizes)
+                                      preferred_batch_sizes=spec.preferred_batch_sizes, queue_policy=spec.queue_policy)
             manifest = model.task.executor.manifest
+            batch = manifest.batch_size or 0  # a Triton config's max_batch_size may lower it
             served = Served(spec, model, tensor_infos(manifest, manifest.inputs), tensor_infos(manifest, manifest.outputs),
-                            spec.max_queue or self.max_queue, batch=manifest.batch_size or 0)
+                            spec.max_queue or self.max_queue, batch=spec.max_batch_size or batch)
             if served.batch:
                 served.warmup_executions = int(self.runtime.stats()[model.name]["executions"])
             served.codec = tuple(native.func("kserve_codec")(
-                spec.name, VERSION, *([[t.name, t.datatype, list(t.shape)] for t in ts] for ts in (served.inputs, served.outputs))))
+                spec.name, spec.version, *([[t.name, t.datatype, list(t.shape)] for t in ts] for ts in (served.inputs, served.outputs))))
             self.models[spec.name] = served
             self.failed.pop(spec.name, None)
         log.info("serving model %s from %s", spec.name, spec.path)
@@ -146,7 +148,7 @@ class InferenceService:
         for name in sorted(names):
             row = {"name": name}
             if name in self.models:
-                row.update(version=VERSION, state="READY")
+                row.update(version=self.models[name].spec.version, state="READY")
             else:
                 row.update(state="UNAVAILABLE", reason=self.failed.get(name, "unloaded"))
             rows.append(row)
@@ -157,15 +159,15 @@ class InferenceService:
         served = self.models.get(name)
         if served is None:
             raise ServeError(f"unknown model {name!r} (loaded: {', '.join(sorted(self.models)) or 'none'})", 404)
-        if version not in ("", VERSION):
-            raise ServeError(f"model {name!r} has no version {version!r} (only {VERSION})", 404)
+        if version not in ("", served.spec.version):
+            raise ServeError(f"model {name!r} has no version {version!r} (only {served.spec.version})", 404)
         return served
 
     def server_metadata(self) -> dict:
         return {"name": "tvmsched", "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
 
     def model_metadata(self, served: Served) -> dict:
-        return {"name": served.name, "versions": [VERSION], "platform": PLATFORM,
+        return {"name": served.name, "versions": [served.spec.version], "platform": PLATFORM,
                 "inputs": [t.metadata() for t in served.inputs], "outputs": [t.metadata() for t in served.outputs]}
 
     def model_config(self, served: Served) -> dict:
@@ -196,7 +198,7 @@ class InferenceService:
             c = served.counters
             duration = lambda count, ns: {"count": count, "ns": ns}
             stats.append({
-                "name": served.name, "version": VERSION, "last_inference": c.last_inference_ms,
+                "name": served.name, "version": served.spec.version, "last_inference": c.last_inference_ms,
                 "inference_count": c.inferences, "execution_count": self.executions(served, engine),
                 "inference_stats": {"success": duration(c.success, c.success_ns), "fail": duration(c.failure, c.failure_ns),
                                     "queue": duration(c.executions, c.queue_ns),
@@ -227,7 +229,7 @@ class InferenceService:
             raise ServeError(f"input {name!r}: shape must be a list of integers, not {quote(shape)}")
         shape = dims
         if served.batch and len(shape) == len(info.shape) and shape[1:] == info.shape[1:] and shape[0] >= 1:
-            return dataclasses.replace(info, shape=shape)  # its rows (the engine bounds them by the batch size)
+            return dataclasses.replace(info, shape=shape)  # its rows (bounded at submit)
         if shape != info.shape:
             raise ServeError(f"input {name!r} of model {served.name!r} has shape {list(info.shape)}, not {list(shape)}")
         return info
@@ -261,6 +263,11 @@ class InferenceService:
         """Admit and queue one request; returns the engine's future (answer it with `finish`, run or failed).
         `engine_tensors`: inputs and outputs are the engine's maps of tensors (Runtime.submit)."""
         priority, timeout_us = _scheduling(parameters or {})
+        rows = int(next(iter(inputs.values())).shape[0]) if served.batch and inputs else 1
+        if rows > served.batch > 0:  # (a Triton config's max_batch_size may be below the compiled size)
+            name = next(iter(inputs))
+            raise ServeError(f"input '{name}' has {rows} rows: the model takes 1 to {served.batch} rows per request "
+                             "(max_batch_size)")
         with served.lock:
             if served.pending >= served.max_queue:
                 raise ServeError(f"model {served.name!r} has {served.pending} requests queued or running, its limit "
@@ -273,7 +280,7 @@ class InferenceService:
         try:
             future = self.runtime.submit(served.model, inputs, priority=priority, start_within_us=timeout_us or None,
                                          engine_tensors=engine_tensors)
-            future.rows = int(next(iter(inputs.values())).shape[0]) if served.batch and inputs else 1
+            future.rows = rows
             return future
         except BaseException:
             with served.lock:
@@ -353,6 +360,17 @@ def _batch_stats(rows: int, count: int, ns: int) -> dict:
     inside the engine's compute time)."""
     return {"batch_size": rows, "compute_input": {"count": count, "ns": 0}, "compute_infer": {"count": count, "ns": ns},
             "compute_output": {"count": count, "ns": 0}}
+
+
+def _check_instance_kinds(spec, device: str) -> None:
+    """A Triton config's instance groups run on the server's device: KIND_AUTO (0), or KIND_GPU (1) on cuda and
+    KIND_CPU (2) on cpu; anything else is one line naming the config."""
+    names = {0: "KIND_AUTO", 1: "KIND_GPU", 2: "KIND_CPU", 3: "KIND_MODEL"}
+    wanted = 2 if device == "cpu" else 1
+    for kind in spec.instance_kinds:
+        if kind not in (0, wanted):
+            raise TvmschedError(f"{spec.config_path}: instance_group kind {names.get(kind, kind)} cannot run on this "
+                                f"server's device ({device}): use {names[wanted]} or KIND_AUTO")
 
 
 def _scheduling(parameters: dict) -> tuple[str | None, int]:

@@ -265,15 +265,19 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
     }
     const int count = several ? static_cast<int>(sizes.size()) : 1;
     for (int k = 0; k < count; ++k) entry->sizes.push_back(std::make_unique<Size>());
-    entry->slot_busy.assign(options.streams, 0);
+    entry->slot_busy = std::make_unique<std::atomic<int>[]>(options.streams);
     StreamOptions stream_options = options_.stream;
     stream_options.priority = options.realtime ? StreamPriority::kHigh : StreamPriority::kLow;
     for (size_t j = 0; j < entry->models.size(); ++j) {
       const int slot = static_cast<int>(j) % options.streams,
                 size = j < static_cast<size_t>(options.streams) ? count - 1 : static_cast<int>(j) / options.streams - 1;
       std::string stream_name = slot == 0 ? name : name + "#" + std::to_string(slot);
-      if (size != count - 1) stream_name += "@b" + std::to_string(sizes[size]);
-      streams.push_back(Stream::Create(entry->models[j], stream_name, stream_options));
+      StreamOptions own = stream_options;
+      if (size != count - 1) {  // a smaller size's stream sleeps when idle: woken when the batcher chooses its size
+        stream_name += "@b" + std::to_string(sizes[size]);
+        own.idle_spin_us = 0;
+      }
+      streams.push_back(Stream::Create(entry->models[j], stream_name, own));
       if (options_.timeline) streams.back()->RecordTimeline(true);
       entry->size_of.push_back(size);
       entry->slot_of.push_back(slot);
@@ -364,26 +368,36 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
 }
 
 void RuntimeObj::MeasureSizes(const std::shared_ptr<Entry>& entry) {
-  // each size alone on its first slot's stream: one run to warm it, then the median of at least 20 runs and 50 ms
-  // (at most 200 runs)
+  // each size on its first slot's stream, the sizes in turn (a passing disturbance slows them alike), several runs
+  // queued back to back as under load (the first of each turn only warms): the 25th percentile of 8 turns x 3 runs
+  // (a busy machine only ever slows a run: the lower quantile is the size's own cost, what the sizes compare by)
+  constexpr int kTurns = 8, kQueued = 4;
   double timeout_s = options_.stream.stall_timeout_s > 0 ? options_.stream.stall_timeout_s : 60;
+  std::vector<size_t> first;  // the first slot's stream of each size
   for (size_t j = 0; j < entry->streams.size(); ++j) {
-    if (entry->slot_of[j] != 0) continue;
-    Size& size = *entry->sizes[entry->size_of[j]];
-    ffi::Map<ffi::String, ffi::Tensor> inputs = ZeroInputs(entry->models[j]->manifest());
-    std::vector<double> runs;
-    double spent_us = 0;
-    for (int run = 0; run <= 200 && (run <= 20 || spent_us < 50e3); ++run) {
-      Request r = entry->streams[j]->Submit(inputs, size.policy_model.fastest);
-      if (!r->Wait(timeout_s, 0)) {
-        TVM_FFI_THROW(TvmschedError) << "model " << entry->name << ": measuring its batch size " << size.batch
-                                     << " did not finish in " << timeout_s << " s";
-      }
-      if (!r->error().empty()) TVM_FFI_THROW(TvmschedError) << std::string(r->error());
-      if (run > 0) runs.push_back(r->finished_us - r->started_us), spent_us += runs.back();
-    }
-    size.run_us = Percentile(std::move(runs), 50);
+    if (entry->slot_of[j] == 0) first.push_back(j);
   }
+  std::vector<std::vector<double>> runs(first.size());
+  std::vector<ffi::Map<ffi::String, ffi::Tensor>> inputs;
+  for (size_t j : first) inputs.push_back(ZeroInputs(entry->models[j]->manifest()));
+  for (int turn = 0; turn < kTurns; ++turn) {
+    for (size_t k = 0; k < first.size(); ++k) {
+      const Size& size = *entry->sizes[entry->size_of[first[k]]];
+      std::vector<Request> queued;
+      for (int q = 0; q < kQueued; ++q)
+        queued.push_back(entry->streams[first[k]]->Submit(inputs[k], size.policy_model.fastest));
+      for (int q = 0; q < kQueued; ++q) {
+        Request& r = queued[q];
+        if (!r->Wait(timeout_s, 0)) {
+          TVM_FFI_THROW(TvmschedError) << "model " << entry->name << ": measuring its batch size " << size.batch
+                                       << " did not finish in " << timeout_s << " s";
+        }
+        if (!r->error().empty()) TVM_FFI_THROW(TvmschedError) << std::string(r->error());
+        if (q > 0) runs[k].push_back(r->finished_us - r->started_us);
+      }
+    }
+  }
+  for (size_t k = 0; k < first.size(); ++k) entry->sizes[entry->size_of[first[k]]]->run_us = Percentile(runs[k], 25);
 }
 
 void RuntimeObj::WarmUp(const std::shared_ptr<Entry>& entry) {
@@ -478,7 +492,13 @@ Request RuntimeObj::Submit(const std::string& model, ffi::Map<ffi::String, ffi::
 }
 
 void RuntimeObj::PokeAll(const std::shared_ptr<Entry>& entry) {
-  for (const Stream& s : entry->streams) s->Poke();
+  if (entry->sizes.size() <= 1) {
+    for (const Stream& s : entry->streams) s->Poke();
+    return;
+  }
+  for (int slot = 0; slot < entry->options.streams; ++slot) {  // several sizes: each free slot's largest-size stream
+    if (entry->slot_busy[slot].load() == 0) entry->streams[slot]->Poke();
+  }
 }
 
 bool RuntimeObj::TurnBoard::Ask(ModelObj* model, size_t bytes, const std::function<bool()>* take) {
@@ -698,9 +718,7 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
         std::lock_guard<std::mutex> lock(mu_);
         --entry->slot_busy[slot];
       }
-      for (size_t j = 0; j < entry->streams.size(); ++j) {
-        if (entry->slot_of[j] == slot) entry->streams[j]->Poke();
-      }
+      entry->streams[slot]->Poke();  // its largest-size stream asks next
     });
   }
   if (policy_->serial() && !out.empty()) {
@@ -719,7 +737,10 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
   }
   if (!lane.empty()) {  // more queued: the model's other free streams take them
     for (size_t i = 0; i < entry->streams.size(); ++i) {
-      if (static_cast<int>(i) != stream && entry->slot_of[i] != slot) entry->streams[i]->Poke();
+      if (static_cast<int>(i) != stream && entry->slot_of[i] != slot && entry->size_of[i] == entry->size_of[0] &&
+          (!several || entry->slot_busy[entry->slot_of[i]].load() == 0)) {
+        entry->streams[i]->Poke();
+      }
     }
   }
   return out;

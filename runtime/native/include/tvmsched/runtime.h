@@ -184,8 +184,11 @@ class RuntimeObj : public ffi::Object {
     std::vector<Stream> streams;
     std::vector<std::unique_ptr<Size>> sizes;  // smallest first
     std::vector<int> size_of, slot_of;         // per stream: its size (index into sizes) and its slot
-    std::vector<int> slot_busy;  // per slot (several sizes): launches given to one of its streams, not yet finished
-    int64_t hold_rows = 0;       // a free stream holds fewer queued rows than this (max_queue_delay_us)
+    // per slot (several sizes): launches given to one of its streams, not yet finished (written under the lock; read
+    // without it by PokeAll, which wakes only the largest size's stream of each free slot: it asks, the batcher chooses
+    // the size, and the stream of that size is woken)
+    std::unique_ptr<std::atomic<int>[]> slot_busy;
+    int64_t hold_rows = 0;               // a free stream holds fewer queued rows than this (max_queue_delay_us)
     std::deque<Pending> queue, delayed;  // delayed: past their timeout under kDelay (they run after the others)
     double fastest_us = 0;               // its fastest candidates' isolated latency, summed
     bool closing = false;
