@@ -16,7 +16,8 @@ batch-1 capacity and grows by 1.25x while both ways meet the target, the two way
 that no request brought (1 - rows brought / rows run, from the engine's batch statistics and launches per size).
 
 Also per model, the **capacity** of each way, where a p99 target on a shared 2-core VM is at the mercy of its stalls:
-one-row requests arriving at 3x the batch-1 rate the model sustains alone for 1 s, the rows answered per second
+one-row requests arriving at 3x the batch-1 rate the model sustains alone for 1 s, loaded without a latency target
+(so admission refuses nothing and the batcher compares the sizes by time per row alone), the rows answered per second
 (requests / (1 s + the last request's latency): the queue drains at the way's capacity); three runs each, the ways in
 turn, the median.
 
@@ -78,14 +79,16 @@ def alone_p50_us(path: Path, runs: int = 200) -> float:
 DELAY_US = {"value": 0.0}  # --max-queue-delay-us: the batching way's queue delay (its streams wait for full batches)
 
 
-def trial(path: Path, name: str, rate: float, seconds: float, seed: int, target_us: float) -> dict:
-    """One open-loop run at `rate` per second on a fresh Runtime: p99 latency and refusals."""
+def trial(path: Path, name: str, rate: float, seconds: float, seed: int, target_us: float | None) -> dict:
+    """One open-loop run at `rate` per second on a fresh Runtime (`target_us` its qos_ms; None: no latency target, so
+    admission refuses nothing): p99 latency and refusals."""
     from tvmsched.runtime import Executor, native
     from tvmsched.runtime.executor import to_engine
 
     rt = native.create_runtime({"policy": "fastest"})
     try:
-        rt.load(str(path), {"warmup": True, "max_queue_delay_us": DELAY_US["value"], "qos_ms": target_us / 1e3})
+        rt.load(str(path), {"warmup": True, "max_queue_delay_us": DELAY_US["value"],
+                            **({"qos_ms": target_us / 1e3} if target_us else {})})
         one_row = {k: v[:1].copy() for k, v in Executor(str(path)).random_inputs(0).items()}
         result = native.func("open_loop")(rt, name, to_engine(one_row), float(rate), float(seconds), int(seed))
         stats = rt.stats()[name]
@@ -109,7 +112,7 @@ def capacity(ways: dict[str, Path], name: str, p50_us: float, target_us: float, 
     rate, seconds, runs = 3e6 / p50_us, 1.0, {way: [] for way in ways}
     for attempt in range(3):
         for way, path in ways.items():
-            result = trial(path, name, rate, seconds, seed + attempt, target_us)
+            result = trial(path, name, rate, seconds, seed + attempt, None)  # no target: nothing refused
             answered = result["requests"] * (1 - result["lost"])
             runs[way].append(answered / (seconds + result["max_us"] / 1e6))
     return {way: statistics.median(values) for way, values in runs.items()}

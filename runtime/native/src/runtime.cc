@@ -266,18 +266,16 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
     const int count = several ? static_cast<int>(sizes.size()) : 1;
     for (int k = 0; k < count; ++k) entry->sizes.push_back(std::make_unique<Size>());
     entry->slot_busy = std::make_unique<std::atomic<int>[]>(options.streams);
+    entry->slot_last = std::make_unique<std::atomic<int>[]>(options.streams);
+    for (int slot = 0; slot < options.streams; ++slot) entry->slot_last[slot] = slot;  // its largest size's stream
     StreamOptions stream_options = options_.stream;
     stream_options.priority = options.realtime ? StreamPriority::kHigh : StreamPriority::kLow;
     for (size_t j = 0; j < entry->models.size(); ++j) {
       const int slot = static_cast<int>(j) % options.streams,
                 size = j < static_cast<size_t>(options.streams) ? count - 1 : static_cast<int>(j) / options.streams - 1;
       std::string stream_name = slot == 0 ? name : name + "#" + std::to_string(slot);
-      StreamOptions own = stream_options;
-      if (size != count - 1) {  // a smaller size's stream sleeps when idle: woken when the batcher chooses its size
-        stream_name += "@b" + std::to_string(sizes[size]);
-        own.idle_spin_us = 0;
-      }
-      streams.push_back(Stream::Create(entry->models[j], stream_name, own));
+      if (size != count - 1) stream_name += "@b" + std::to_string(sizes[size]);
+      streams.push_back(Stream::Create(entry->models[j], stream_name, stream_options));
       if (options_.timeline) streams.back()->RecordTimeline(true);
       entry->size_of.push_back(size);
       entry->slot_of.push_back(slot);
@@ -482,7 +480,12 @@ Request RuntimeObj::Submit(const std::string& model, ffi::Map<ffi::String, ffi::
     } else {
       entry->queue.push_back(pending);
     }
-    if (pending.timeout_at_us > 0) sweep_cond_.notify_all();
+    if (pending.timeout_at_us > 0) {
+      if (entry->next_timeout_us == 0 || pending.timeout_at_us < entry->next_timeout_us) {
+        entry->next_timeout_us = pending.timeout_at_us;
+      }
+      sweep_cond_.notify_all();
+    }
   }
   // its own model's streams go on. Not under a serial policy: nothing runs beside it to preempt, and pausing the
   // older requests it waits behind would stop the queue for good
@@ -496,8 +499,8 @@ void RuntimeObj::PokeAll(const std::shared_ptr<Entry>& entry) {
     for (const Stream& s : entry->streams) s->Poke();
     return;
   }
-  for (int slot = 0; slot < entry->options.streams; ++slot) {  // several sizes: each free slot's largest-size stream
-    if (entry->slot_busy[slot].load() == 0) entry->streams[slot]->Poke();
+  for (int slot = 0; slot < entry->options.streams; ++slot) {  // several sizes: each free slot's latest stream
+    if (entry->slot_busy[slot].load() == 0) entry->streams[entry->slot_last[slot].load()]->Poke();
   }
 }
 
@@ -595,21 +598,26 @@ bool RuntimeObj::MakeRoom(ModelObj* model, size_t bytes, const std::function<boo
 }
 
 void RuntimeObj::Expire(Entry& entry, double now, std::vector<Pending>* expired) {
-  for (auto it = entry.queue.begin(); it != entry.queue.end();) {
-    if (it->timeout_at_us > 0 && now > it->timeout_at_us) {
+  // none can be past its timeout before the earliest one queued (a bound: the request that set it may have left)
+  if (entry.next_timeout_us == 0 || now <= entry.next_timeout_us) return;
+  std::deque<Pending> kept;
+  double next = 0;
+  for (Pending& p : entry.queue) {
+    if (p.timeout_at_us > 0 && now > p.timeout_at_us) {
       ++entry.timed_out;
-      Pending late = *it;
-      it = entry.queue.erase(it);
       if (entry.options.queue.timeout_action == TimeoutAction::kDelay) {
-        late.timeout_at_us = 0;  // it runs after the requests that still have time
-        entry.delayed.push_back(late);
+        p.timeout_at_us = 0;  // it runs after the requests that still have time
+        entry.delayed.push_back(std::move(p));
       } else {
-        expired->push_back(late);
+        expired->push_back(std::move(p));
       }
     } else {
-      ++it;
+      if (p.timeout_at_us > 0 && (next == 0 || p.timeout_at_us < next)) next = p.timeout_at_us;
+      kept.push_back(std::move(p));
     }
   }
+  entry.queue.swap(kept);
+  entry.next_timeout_us = next;
 }
 
 std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int stream, std::vector<Pending>* expired) {
@@ -713,12 +721,13 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
   if (!out.empty()) entry->sizes[size]->launches += static_cast<int64_t>(out.size());
   if (several && !out.empty()) {  // its slot is busy until the launch ends; then its streams ask again
     ++entry->slot_busy[slot];
-    out.back()->OnFinishing([this, entry, slot] {
+    entry->slot_last[slot] = stream;
+    out.back()->OnFinishing([this, entry, slot, stream] {
       {
         std::lock_guard<std::mutex> lock(mu_);
         --entry->slot_busy[slot];
       }
-      entry->streams[slot]->Poke();  // its largest-size stream asks next
+      entry->streams[stream]->Poke();  // the finishing stream asks next (it is awake: no hand-off)
     });
   }
   if (policy_->serial() && !out.empty()) {
@@ -737,8 +746,10 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
   }
   if (!lane.empty()) {  // more queued: the model's other free streams take them
     for (size_t i = 0; i < entry->streams.size(); ++i) {
-      if (static_cast<int>(i) != stream && entry->slot_of[i] != slot && entry->size_of[i] == entry->size_of[0] &&
-          (!several || entry->slot_busy[entry->slot_of[i]].load() == 0)) {
+      const int other = entry->slot_of[i];
+      if (static_cast<int>(i) != stream && other != slot &&
+          (!several ||
+           (entry->slot_busy[other].load() == 0 && entry->slot_last[other].load() == static_cast<int>(i)))) {
         entry->streams[i]->Poke();
       }
     }
@@ -878,9 +889,7 @@ void RuntimeObj::SweepLoop() {
   while (!closed_) {
     double earliest = 0;
     for (const auto& e : order_) {
-      for (const Pending& p : e->queue) {
-        if (p.timeout_at_us > 0 && (earliest == 0 || p.timeout_at_us < earliest)) earliest = p.timeout_at_us;
-      }
+      if (e->next_timeout_us > 0 && (earliest == 0 || e->next_timeout_us < earliest)) earliest = e->next_timeout_us;
       if (e->hold_until_us > 0 && (earliest == 0 || e->hold_until_us < earliest)) earliest = e->hold_until_us;
     }
     double wait_us = earliest > 0 ? std::max(0.0, earliest - Device::NowMicros()) + 50 : 100000;

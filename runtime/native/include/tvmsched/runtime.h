@@ -184,12 +184,13 @@ class RuntimeObj : public ffi::Object {
     std::vector<Stream> streams;
     std::vector<std::unique_ptr<Size>> sizes;  // smallest first
     std::vector<int> size_of, slot_of;         // per stream: its size (index into sizes) and its slot
-    // per slot (several sizes): launches given to one of its streams, not yet finished (written under the lock; read
-    // without it by PokeAll, which wakes only the largest size's stream of each free slot: it asks, the batcher chooses
-    // the size, and the stream of that size is woken)
-    std::unique_ptr<std::atomic<int>[]> slot_busy;
+    // per slot (several sizes): launches given to one of its streams, not yet finished, and the stream that launched
+    // last (written under the lock; read without it by PokeAll, which wakes only that stream of each free slot: it
+    // asks, the batcher chooses the size, and the stream of that size is woken if it is another)
+    std::unique_ptr<std::atomic<int>[]> slot_busy, slot_last;
     int64_t hold_rows = 0;               // a free stream holds fewer queued rows than this (max_queue_delay_us)
     std::deque<Pending> queue, delayed;  // delayed: past their timeout under kDelay (they run after the others)
+    double next_timeout_us = 0;          // no queued request's timeout comes before it (a bound; 0: none has a timeout)
     double fastest_us = 0;               // its fastest candidates' isolated latency, summed
     bool closing = false;
     bool takes_turns = false;  // a streamed model taking turns for its memory (TierOptions::make_room)
