@@ -12,7 +12,8 @@ target as their qos_ms (admission and the batcher's deadline use it).
 The load is the engine's C++ open-loop generator (`tvmsched.engine.open_loop`: Poisson arrivals of one-row requests
 submitted from a C++ thread, each latency from its scheduled arrival). The rate search starts at half the model's
 batch-1 capacity and grows by 1.25x while both ways meet the target, the two ways run in turn at every step
-(side by side), then each way's last good rate is refined by bisection. Padding waste: the share of the rows run
+(side by side), then each way's last good rate is refined by bisection. A rate fails a way only when a second run
+(another seed) fails too, the same rule for both ways: on a shared 2-core VM one stall decides a p99. Padding waste: the share of the rows run
 that no request brought (1 - rows brought / rows run, from the engine's batch statistics and launches per size).
 
 Also per model, the **capacity** of each way, where a p99 target on a shared 2-core VM is at the mercy of its stalls:
@@ -191,10 +192,13 @@ def search(ways: dict[str, Path], name: str, target_us: float, start: float, sec
         for way, path in ways.items():
             if failed_at[way] is not None:
                 continue
-            result = trial(path, name, rate, seconds, seed, target_us)
-            trials[way].append(result)
-            print(json.dumps({"model": name, "way": way, **{k: (round(v, 1) if isinstance(v, float) else v)
-                                                           for k, v in result.items()}}), flush=True)
+            for attempt in range(2):  # a failure is confirmed by a second run (one VM stall must not end a search)
+                result = trial(path, name, rate, seconds, seed + attempt, target_us)
+                trials[way].append(result)
+                print(json.dumps({"model": name, "way": way, **{k: (round(v, 1) if isinstance(v, float) else v)
+                                                               for k, v in result.items()}}), flush=True)
+                if meets(result, target_us):
+                    break
             if meets(result, target_us):
                 best[way] = rate
             else:
@@ -204,8 +208,11 @@ def search(ways: dict[str, Path], name: str, target_us: float, start: float, sec
         low, high = best[way] or 0.0, failed_at[way] or rate
         for _ in range(3):
             middle = (low + high) / 2
-            result = trial(path, name, middle, seconds, seed, target_us)
-            trials[way].append(result)
+            for attempt in range(2):
+                result = trial(path, name, middle, seconds, seed + attempt, target_us)
+                trials[way].append(result)
+                if meets(result, target_us):
+                    break
             low, high = (middle, high) if meets(result, target_us) else (low, middle)
         best[way] = low
     return {"best_rate": best, "trials": trials}

@@ -141,3 +141,41 @@ def test_the_cli_compiles_several_sizes_into_one_artifact_and_inspect_lists_them
     checked = cli("run", out, "--check", model)  # the largest size, against onnxruntime on the model rewritten for it
     assert checked.returncode == 0 and "-> OK" in checked.stdout, checked.stderr
     assert_user_error(cli("compile", model, "--batch-sizes", "0,2", "-o", tmp_path / "x.tvms"), "--batch-sizes")
+
+
+@pytest.mark.parametrize("name,size", [("mlp", 4), ("mlp", 8), ("bert-tiny", 2)])
+def test_cuda_kernels_give_a_row_the_same_bits_at_any_position_beside_any_rows(name, size):
+    """The CUDA default schedules at a batch size, checked without a GPU through their serial twins (TIR's meaning is
+    sequential: tests/test_gpu_schedule.py's method): for every layer whose input and output hold the batch first, a
+    row's output is the same bits at every position of the batch, beside random rows or zero (padding) rows."""
+    from tests.test_gpu_schedule import _run_on_cpu, _serial
+    from tvmsched.frontend import batching
+    from tvmsched.lower import kernels
+    from tvmsched.pipeline import lower_model
+
+    rebatched = batching.rebatch(models.build(name), size)
+    _, funcs, target = lower_model(rebatched.model, "cuda", rebatched.input_shapes)
+    scheduled = kernels.default_schedule(funcs, target)
+    rng = np.random.default_rng(3)
+    checked = 0
+    for f, func in scheduled.items():
+        params = [[int(d) for d in p.shape] for p in funcs[f].params]
+        if not (params[0] and params[0][0] == size and params[-1] and params[-1][0] == size) or "float" not in str(
+                funcs[f].params[0].dtype):
+            continue
+        twin = _serial(func)
+        dtypes = [str(p.dtype) for p in funcs[f].params[:-1]]
+        batched = [i for i, shape in enumerate(params[:-1]) if shape and shape[0] == size]  # the operands holding rows
+        fixed = [rng.standard_normal(shape).astype(dtype) for shape, dtype in zip(params[:-1], dtypes)]
+        rows = {i: rng.standard_normal(params[i][1:]).astype(dtypes[i]) for i in batched}  # the row, in each of them
+        seen = []
+        for position in range(size):
+            for padding in (False, True):
+                args = list(fixed)
+                for i in batched:
+                    args[i] = np.zeros(params[i], dtypes[i]) if padding else rng.standard_normal(params[i]).astype(dtypes[i])
+                    args[i][position] = rows[i]
+                seen.append(_run_on_cpu(twin, args)[position])
+        assert all(np.array_equal(s, seen[0]) for s in seen), f
+        checked += 1
+    assert checked >= 2

@@ -43,16 +43,13 @@ def _batch_lines(manifest: Manifest) -> list[str]:
     for size in manifest.batch_sizes:
         program = manifest.at_batch(size)
         own = sum(spec.nbytes for spec in program.tensors.values() if spec.kind != "weight")
-        run = f"{program.batch_latency_us:.1f} us" if program.batch_latency_us is not None else "not measured"
-        lines.append(f"  batch {size:>4}: run {run} ({_per_row(program)}), tensors {own / 1e6:.2f} MB besides the "
-                     f"weights, {len(program.layers)} layers")
+        if program.batch_latency_us is None:
+            run = "run not measured at compile time (the runtime measures it at load)"
+        else:
+            run = f"run {program.batch_latency_us:.1f} us ({program.batch_latency_us / size:.1f} us per row)"
+        lines.append(f"  batch {size:>4}: {run}, tensors {own / 1e6:.2f} MB besides the weights, "
+                     f"{len(program.layers)} layers")
     return lines
-
-
-def _per_row(program: Manifest) -> str:
-    if program.batch_latency_us is None:
-        return "per row: not measured"
-    return f"{program.batch_latency_us / program.batch_size:.1f} us per row"
 
 
 def _shape(spec) -> str:
