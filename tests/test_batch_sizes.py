@@ -73,9 +73,8 @@ def test_the_runtime_holds_a_stream_per_size_and_every_answer_agrees_with_the_ba
     burst = [rng.standard_normal((rows, *shape)).astype(np.float32) for rows in [1] * 40 + [3, 2, 5, 1, 8] * 4]
     rt = Runtime()
     try:
-        rt.load(str(mlp_sizes), name="mlp")
-        streams = [str(s.name()) for s in rt._engine.streams("mlp")]
-        assert streams == ["mlp", "mlp@b1", "mlp@b2", "mlp@b4"]  # the largest first, then a stream per smaller size
+        model = rt.load(str(mlp_sizes), name="mlp")
+        assert [task.name for task in model.tasks] == ["mlp", "mlp@b1", "mlp@b2", "mlp@b4"]  # the largest first, then a stream per smaller size
         # one request at a time: the size is the smallest that holds its rows (padded), nothing else being queued
         for rows, size in ((1, 1), (3, 4), (8, 8), (2, 2), (5, 8)):
             before = rt.stats()["mlp"]["sizes"][size]["launches"]
@@ -94,6 +93,26 @@ def test_the_runtime_holds_a_stream_per_size_and_every_answer_agrees_with_the_ba
     assert sum(rows * count for rows, count, _ in stats["batches"]) == sum(len(x) for x in burst) + 19
 
 
+def test_two_slots_each_hold_every_size_and_both_serve_a_burst(mlp_sizes):
+    alone = Executor(str(mlp_sizes), batch_size=1)
+    rng = np.random.default_rng(11)
+    burst = [rng.standard_normal((rows, 784)).astype(np.float32) for rows in [1, 2, 3, 1, 5, 8, 1, 4] * 12]
+    rt = Runtime()
+    try:
+        tasks = rt.load(str(mlp_sizes), name="mlp", streams=2).tasks
+        assert [task.name for task in tasks] == ["mlp", "mlp#1", "mlp@b1", "mlp#1@b1", "mlp@b2", "mlp#1@b2", "mlp@b4",
+                                                 "mlp#1@b4"]  # each slot: the largest size, then one per smaller size
+        futures = [rt.submit("mlp", {"input": x}) for x in burst]
+        answers = [f.result(timeout=60)["output"] for f in futures]
+        second_slot = sum(task.counts()["completed"] for task in tasks if "#1" in task.name)
+    finally:
+        rt.shutdown()
+    for x, got in zip(burst, answers):
+        want = np.concatenate([alone.run({"input": x[i : i + 1]})["output"] for i in range(len(x))])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert second_slot > 0  # (the first slot's streams also ran the load-time measurement)
+
+
 def test_preferred_batch_sizes_must_be_compiled_sizes_and_a_preferred_size_launches_without_waiting(mlp_sizes, compiled):
     rt = Runtime()
     try:
@@ -102,7 +121,7 @@ def test_preferred_batch_sizes_must_be_compiled_sizes_and_a_preferred_size_launc
             rt.load(str(mlp_sizes), name="mlp", preferred_batch_sizes=(3,))
         with pytest.raises(TvmschedError, match="preferred_batch_size 2 is not possible: the model is not compiled"):
             rt.load(str(compiled("mlp")), name="plain", preferred_batch_sizes=(2,))
-        assert rt._engine.models() == []
+        assert rt.models == {} and rt.stats().keys() == {"_device", "_scheduler"}  # nothing stayed loaded
         # a delay far past the test's deadline: two rows reach the preferred size, so they launch at once
         rt.load(str(mlp_sizes), name="mlp", max_queue_delay_us=60e6, preferred_batch_sizes=(2,))
         inputs = Executor(str(mlp_sizes), batch_size=1).random_inputs(0)
