@@ -127,6 +127,7 @@ def through_server(ways: dict[str, Path], name: str, work: Path, target_us: floa
 
     from tests.helpers import free_port, start_server, stop_server
     from tvmsched.runtime import Executor
+    from tvmsched.serve.tensors import V2_TYPES
 
     out = {way: {"rows_per_s": [], "p99_ms": []} for way in ways}
     for _ in range(2):
@@ -152,7 +153,7 @@ def through_server(ways: dict[str, Path], name: str, work: Path, target_us: floa
                 client, mine = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc}"), []
                 tensors = []
                 for key, value in row.items():
-                    tensor = grpcclient.InferInput(key, list(value.shape), _TRITON_TYPES[str(value.dtype)])
+                    tensor = grpcclient.InferInput(key, list(value.shape), V2_TYPES[value.dtype])
                     tensor.set_data_from_numpy(value)
                     tensors.append(tensor)
                 while time.monotonic() < deadline:
@@ -174,8 +175,6 @@ def through_server(ways: dict[str, Path], name: str, work: Path, target_us: floa
             out[way]["p99_ms"].append(float(np.percentile(latencies, 99)) * 1e3)
     return {way: {k: statistics.median(v) for k, v in r.items()} for way, r in out.items()}
 
-
-_TRITON_TYPES = {"float32": "FP32", "int64": "INT64", "int32": "INT32", "float16": "FP16", "bool": "BOOL"}
 
 
 def meets(result: dict, target_us: float) -> bool:

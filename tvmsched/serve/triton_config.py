@@ -30,7 +30,10 @@ import functools
 import re
 from pathlib import Path
 
+import numpy as np
+
 from tvmsched.errors import TvmschedError, printable
+from tvmsched.serve.tensors import V2_TYPES
 
 CONFIG = "config.pbtxt"
 DEFAULT_FILENAME = "model.tvms"
@@ -45,8 +48,7 @@ SUPPORTED = {
     "dynamic_batching.default_queue_policy": {"timeout_action", "default_timeout_microseconds",
                                               "allow_timeout_override", "max_queue_size"},
     "instance_group": {"name", "kind", "count", "gpus"},
-    "parameters": {"key", "value"},
-    "parameters.value": {"string_value"},
+    "parameters.value": {"string_value"},  # (a map: its entries' values are walked)
 }
 PARAMETERS = ("qos_ms", "priority", "warmup")
 
@@ -76,7 +78,7 @@ def _message_class():
 
 
 def parse(path: Path):
-    """The ModelConfig of a config.pbtxt (one line naming FILE:LINE when it does not parse)."""
+    """(ModelConfig, its text) of a config.pbtxt (one line naming FILE:LINE when it does not parse)."""
     from google.protobuf import text_format
 
     try:
@@ -91,7 +93,7 @@ def parse(path: Path):
         reason = re.sub(r"^\d+:\d+ : ", "", str(err))
         raise TvmschedError(f"{path}:{line}: {printable(' '.join(reason.split()))}") from None
     _refuse_unsupported(config, text, path)
-    return config
+    return config, text
 
 
 def _refuse_unsupported(config, text: str, path: Path) -> None:
@@ -148,8 +150,7 @@ def spec(name: str, folder: Path):
     from tvmsched.serve.repository import ModelSpec
 
     path = folder / CONFIG
-    config = parse(path)
-    text = path.read_text()
+    config, text = parse(path)
 
     def fail(field: str, message: str, key: str | None = None) -> TvmschedError:
         """One line at the line setting `field` (or the parameter whose key is `key`)."""
@@ -230,11 +231,6 @@ def spec(name: str, folder: Path):
                      instance_kinds=tuple(group.kind for group in config.instance_group), config_path=str(path))
 
 
-_DTYPES = {"bool": "TYPE_BOOL", "uint8": "TYPE_UINT8", "uint16": "TYPE_UINT16", "uint32": "TYPE_UINT32",
-           "uint64": "TYPE_UINT64", "int8": "TYPE_INT8", "int16": "TYPE_INT16", "int32": "TYPE_INT32",
-           "int64": "TYPE_INT64", "float16": "TYPE_FP16", "float32": "TYPE_FP32", "float64": "TYPE_FP64"}
-
-
 def _check_tensors(config, manifest, path: Path, text: str) -> None:
     """The inputs and outputs the config declares are the artifact's (names, types, dims without the batch)."""
     data_type = _message_class().DESCRIPTOR.fields_by_name["input"].message_type.fields_by_name["data_type"].enum_type
@@ -246,7 +242,7 @@ def _check_tensors(config, manifest, path: Path, text: str) -> None:
             if spec is None:
                 raise TvmschedError(f"{path}:{line}: {side} {tensor.name!r} is not one of the artifact's "
                                     f"({', '.join(known)})")
-            want_type = _DTYPES.get(spec.dtype, "TYPE_INVALID")
+            want_type = "TYPE_" + V2_TYPES.get(np.dtype(spec.dtype), "INVALID")
             got_type = data_type.values_by_number[tensor.data_type].name if tensor.data_type in \
                 data_type.values_by_number else str(tensor.data_type)
             if tensor.data_type and got_type != want_type:

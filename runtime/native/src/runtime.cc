@@ -242,8 +242,7 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
   entry->qos_ms = options.qos_ms > 0 ? options.qos_ms : options.qos_ms < 0 ? -1 : manifest.qos_ms.value_or(-1);
   entry->models.push_back(first);
   entry->takes_turns = TurnOf(*first.get()).takes_turns;
-  entry->batch = first->batch_size();
-  entry->hold_rows = entry->batch;
+  entry->hold_rows = first->batch_size();
   for (int64_t preferred : options.preferred_batch_sizes) entry->hold_rows = std::min(entry->hold_rows, preferred);
   std::vector<Stream> streams;
   try {
@@ -264,7 +263,10 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
       }
     }
     const int count = several ? static_cast<int>(sizes.size()) : 1;
-    for (int k = 0; k < count; ++k) entry->sizes.push_back(std::make_unique<Size>());
+    for (int k = 0; k < count; ++k) {
+      entry->sizes.push_back(std::make_unique<Size>());
+      entry->sizes.back()->first_stream = k == count - 1 ? 0 : (k + 1) * options.streams;  // (the order below)
+    }
     entry->slot_busy = std::make_unique<std::atomic<int>[]>(options.streams);
     entry->slot_last = std::make_unique<std::atomic<int>[]>(options.streams);
     for (int slot = 0; slot < options.streams; ++slot) entry->slot_last[slot] = slot;  // its largest size's stream
@@ -293,10 +295,8 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
   }
   entry->streams = streams;
   // what its policy sees, per size: every candidate's units (an explicit count), isolated latency and profile key
-  for (size_t j = 0; j < entry->models.size(); ++j) {
-    Size& size = *entry->sizes[entry->size_of[j]];
-    if (entry->slot_of[j] != 0) continue;
-    const Manifest& program = entry->models[j]->manifest();
+  for (const auto& size : entry->sizes) {
+    const Manifest& program = entry->models[size->first_stream]->manifest();
     std::vector<std::vector<CandidateInfo>> layers;
     for (const LayerSpec& layer : program.layers) {
       std::vector<CandidateInfo> cands;
@@ -308,14 +308,13 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
       }
       layers.push_back(std::move(cands));
     }
-    size.batch = program.batch_size;
-    size.policy_model = MakePolicyModel(name, std::move(layers), entry->qos_ms);
-    size.run_us = program.batch_latency_us;
+    size->batch = program.batch_size;
+    size->policy_model = MakePolicyModel(name, std::move(layers), entry->qos_ms);
+    size->run_us = program.batch_latency_us;
   }
-  entry->policy_model = entry->sizes.back()->policy_model;
-  for (size_t i = 0; i < manifest.layers.size(); ++i) {
-    entry->fastest_us += entry->policy_model.layers[i][entry->policy_model.fastest[i]].latency_us;
-  }
+  const PolicyModel& largest = entry->sizes.back()->policy_model;
+  for (size_t i = 0; i < largest.layers.size(); ++i)
+    entry->fastest_us += largest.layers[i][largest.fastest[i]].latency_us;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_ || entries_.count(name)) {
@@ -323,10 +322,9 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
       TVM_FFI_THROW(TvmschedError) << (closed_ ? std::string("the runtime is shut down")
                                                : "a model named '" + name + "' is already loaded");
     }
-    for (size_t j = 0; j < entry->models.size(); ++j) {
-      if (entry->slot_of[j] != 0) continue;
-      const Manifest& program = entry->models[j]->manifest();
-      PolicyModel& model = entry->sizes[entry->size_of[j]]->policy_model;
+    for (const auto& size : entry->sizes) {
+      const Manifest& program = entry->models[size->first_stream]->manifest();
+      PolicyModel& model = size->policy_model;
       for (size_t i = 0; i < program.layers.size(); ++i) {
         for (size_t c = 0; c < program.layers[i].candidates.size(); ++c) {
           model.layers[i][c].key = table_->Key(name + "/" + program.layers[i].candidates[c].kernel);
@@ -334,7 +332,6 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
       }
       table_->AddCandidates(model);
     }
-    entry->policy_model = entry->sizes.back()->policy_model;
     if (entry->takes_turns) {
       std::lock_guard<std::mutex> turns(turns_->mu);
       turns_->streamed.push_back(first);
@@ -371,19 +368,15 @@ void RuntimeObj::MeasureSizes(const std::shared_ptr<Entry>& entry) {
   // (a busy machine only ever slows a run: the lower quantile is the size's own cost, what the sizes compare by)
   constexpr int kTurns = 8, kQueued = 4;
   double timeout_s = options_.stream.stall_timeout_s > 0 ? options_.stream.stall_timeout_s : 60;
-  std::vector<size_t> first;  // the first slot's stream of each size
-  for (size_t j = 0; j < entry->streams.size(); ++j) {
-    if (entry->slot_of[j] == 0) first.push_back(j);
-  }
-  std::vector<std::vector<double>> runs(first.size());
+  std::vector<std::vector<double>> runs(entry->sizes.size());
   std::vector<ffi::Map<ffi::String, ffi::Tensor>> inputs;
-  for (size_t j : first) inputs.push_back(ZeroInputs(entry->models[j]->manifest()));
+  for (const auto& size : entry->sizes) inputs.push_back(ZeroInputs(entry->models[size->first_stream]->manifest()));
   for (int turn = 0; turn < kTurns; ++turn) {
-    for (size_t k = 0; k < first.size(); ++k) {
-      const Size& size = *entry->sizes[entry->size_of[first[k]]];
+    for (size_t k = 0; k < entry->sizes.size(); ++k) {
+      const Size& size = *entry->sizes[k];
       std::vector<Request> queued;
       for (int q = 0; q < kQueued; ++q)
-        queued.push_back(entry->streams[first[k]]->Submit(inputs[k], size.policy_model.fastest));
+        queued.push_back(entry->streams[size.first_stream]->Submit(inputs[k], size.policy_model.fastest));
       for (int q = 0; q < kQueued; ++q) {
         Request& r = queued[q];
         if (!r->Wait(timeout_s, 0)) {
@@ -395,7 +388,7 @@ void RuntimeObj::MeasureSizes(const std::shared_ptr<Entry>& entry) {
       }
     }
   }
-  for (size_t k = 0; k < first.size(); ++k) entry->sizes[entry->size_of[first[k]]]->run_us = Percentile(runs[k], 25);
+  for (size_t k = 0; k < entry->sizes.size(); ++k) entry->sizes[k]->run_us = Percentile(runs[k], 25);
 }
 
 void RuntimeObj::WarmUp(const std::shared_ptr<Entry>& entry) {
@@ -628,7 +621,7 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
   Expire(*entry, now, expired);
   std::deque<Pending>& lane = entry->queue.empty() ? entry->delayed : entry->queue;
   if (lane.empty()) return {};
-  if (entry->batch > 0 && entry->options.max_queue_delay_us > 0) {  // wait a little for a fuller batch
+  if (entry->hold_rows > 0 && entry->options.max_queue_delay_us > 0) {  // wait a little for a fuller batch
     int64_t rows = 0;
     for (size_t i = 0; i < lane.size() && rows < entry->hold_rows; ++i) rows += lane[i].rows;
     double until = lane.front().request->submitted_us + entry->options.max_queue_delay_us;
@@ -787,9 +780,7 @@ int RuntimeObj::ChooseSize(const Entry& entry, const std::deque<Pending>& lane, 
 
 Request RuntimeObj::Pack(const std::shared_ptr<Entry>& entry, const std::vector<Pending>& members, int size) {
   const int64_t batch = entry->sizes[size]->batch;
-  size_t first = 0;  // the first stream of that size
-  while (entry->size_of[first] != size) ++first;
-  const Manifest& manifest = entry->models[first]->manifest();
+  const Manifest& manifest = entry->models[entry->sizes[size]->first_stream]->manifest();
   auto packed = ffi::make_object<RequestObj>();
   packed->submitted_us = members[0].request->submitted_us;  // (its latency in the stream's stats: the oldest's)
   for (const Binding& binding : manifest.inputs) {

@@ -168,7 +168,8 @@ class RuntimeObj : public ffi::Object {
   };
   /*! \brief A batch size a model was compiled at (a model compiled at one size, or none, has one). */
   struct Size {
-    int64_t batch = 0;
+    int64_t batch = 0;         // its rows (0: a model not compiled for a batch)
+    int first_stream = 0;      // its stream on slot 0 (Entry::streams; its model's manifest is this size's program)
     PolicyModel policy_model;  // its layers' candidates
     double run_us = 0;         // its run at the fastest candidates (measured at load when there are several sizes)
     std::atomic<int64_t> launches{0};
@@ -177,12 +178,11 @@ class RuntimeObj : public ffi::Object {
     std::string name;
     ModelOptions options;
     double qos_ms = -1;
-    PolicyModel policy_model;  // the largest size's (sizes.back()'s)
     // one per stream: first the largest size's streams (slot 0, 1, ...; the first may be registered or streamed, the
     // others resident), then each smaller size's streams by slot (resident, reading the weights of their slot's)
     std::vector<Model> models;
     std::vector<Stream> streams;
-    std::vector<std::unique_ptr<Size>> sizes;  // smallest first
+    std::vector<std::unique_ptr<Size>> sizes;  // smallest first (the last: the largest, its first streams')
     std::vector<int> size_of, slot_of;         // per stream: its size (index into sizes) and its slot
     // per slot (several sizes): launches given to one of its streams, not yet finished, and the stream that launched
     // last (written under the lock; read without it by PokeAll, which wakes only that stream of each free slot: it
@@ -194,7 +194,6 @@ class RuntimeObj : public ffi::Object {
     double fastest_us = 0;               // its fastest candidates' isolated latency, summed
     bool closing = false;
     bool takes_turns = false;  // a streamed model taking turns for its memory (TierOptions::make_room)
-    int64_t batch = 0;         // its compiled batch size: requests packed into one launch (0: one request a launch)
     double hold_until_us = 0;  // its free streams wait for a fuller batch until then (the sweeper pokes them; 0: no)
     // its packed launches' requests beyond the one their stream counts, finished and failed (stats count requests)
     std::atomic<int64_t> packed_done{0}, packed_failed{0};
