@@ -55,7 +55,7 @@ $(WHEEL_DEPS): pyproject.toml $(STAMP)
 	touch $(WHEEL_DEPS)
 
 # the C++ examples (examples/cpp, README "Embedding in C++"): build/cpp/tvmsched_run, build/cpp/tvmsched_server
-CPP_PACKAGES := libcpp-httplib-dev nlohmann-json3-dev
+CPP_PACKAGES := libcpp-httplib-dev nlohmann-json3-dev libprotobuf-dev protobuf-compiler
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 cpp: setup

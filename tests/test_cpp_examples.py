@@ -21,7 +21,7 @@ from tests.helpers import ROOT, assert_user_error, free_port, start_server, stop
 from tvmsched import models
 
 BUILD = ROOT / "build" / "cpp"
-PACKAGES = ("libcpp-httplib-dev", "nlohmann-json3-dev", "prometheus-cpp-dev")
+PACKAGES = ("libcpp-httplib-dev", "nlohmann-json3-dev", "libprotobuf-dev", "protobuf-compiler")  # the Makefile's CPP_PACKAGES
 
 
 def _packages_installed() -> bool:

@@ -35,6 +35,8 @@
 #include <thread>
 #include <vector>
 
+#include "repository.h"
+
 #ifndef TVMSCHED_VERSION
 #define TVMSCHED_VERSION "unknown"
 #endif
@@ -45,6 +47,8 @@ namespace ffi = tvm::ffi;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 namespace kserve = tvmsched::kserve;
+using tvmsched_server::ReadRepository;
+using tvmsched_server::Spec;
 
 constexpr const char* kUsage =
     "usage: tvmsched_server [--model NAME=ARTIFACT[:QOS_MS[:PRIORITY]] ...] [--model-repository DIR] [--policy "
@@ -63,26 +67,15 @@ struct Duration {  // Triton's {"count", "ns"}
   json Json() const { return {{"count", count.load()}, {"ns", ns.load()}}; }
 };
 
-/*! \brief A model to serve: `tvmsched serve`'s ModelSpec (tvmsched/serve/repository.py). */
-struct Spec {
-  std::string name, path, priority = "best_effort";
-  double qos_ms = 0;  // 0: the artifact's
-  bool warmup = true;
-  int64_t max_queue = -1;  // -1: the server's --max-queue
-  int streams = 1;
-  double max_queue_delay_us = 0;  // a model compiled for a batch: how long a free stream waits for a full one
-  std::vector<int64_t> preferred_batch_sizes;  // Triton's preferred_batch_size (each a compiled batch size)
-};
-
 /*! \brief A loaded model: what the protocol shows of it and the server's counters (the HTTP side of a request). */
 struct Served {
   Spec spec;
   std::vector<kserve::TensorInfo> inputs, outputs;
   std::vector<tvmsched::Stream> streams;
   int64_t max_queue = 0, warmup_requests = 0;  // warm-up runs the Runtime's request counts include
-  int64_t batch = 0;                           // the batch size it was compiled for (0: one request a run)
-  std::atomic<int64_t> inferences{0};          // rows of its successful requests (Triton's inference count)
-  double qos_ms = -1;                          // its latency target (the spec's or the artifact's; < 0: none)
+  int64_t batch = 0;  // rows a request may bring: its max_batch_size (0: not compiled for a batch, one row a run)
+  std::atomic<int64_t> inferences{0};  // rows of its successful requests (Triton's inference count)
+  double qos_ms = -1;                  // its latency target (the spec's or the artifact's; < 0: none)
   Duration success, fail, queue, input, infer, output;
   std::atomic<int64_t> requests{0}, errors{0}, violations{0}, pending{0}, last_ms{0}, latency_ns{0};
   std::atomic<int64_t> recent_ns{0};  // its recent compute time (an average of the latest requests; 0: none yet)
@@ -128,6 +121,15 @@ class Server {
     options.warmup = spec.warmup;
     options.max_queue_delay_us = spec.max_queue_delay_us;
     options.preferred_batch_sizes = spec.preferred_batch_sizes;
+    if (spec.queue_policy) options.queue = spec.queue;
+    const std::string wanted = device_ == "cpu" ? "KIND_CPU" : "KIND_GPU";
+    for (const std::string& kind : spec.instance_kinds) {  // (a Triton config's instance groups)
+      if (kind != "KIND_AUTO" && kind != wanted)
+        throw std::runtime_error(spec.config_path + ": instance_group kind " + kind +
+                                 " cannot run on this server's "
+                                 "device (" +
+                                 device_ + "): use " + wanted + " or KIND_AUTO");
+    }
     auto s = std::make_unique<Served>();
     s->spec = spec;
     s->max_queue = options.queue.max_queue_size = spec.max_queue >= 0 ? spec.max_queue : max_queue_;
@@ -136,7 +138,7 @@ class Server {
     tvmsched::ModelStats stats = runtime_->Stats()[spec.name];
     s->warmup_requests = stats.requests, s->qos_ms = stats.qos_ms;
     const tvmsched::Manifest& manifest = s->streams[0]->model()->manifest();
-    s->batch = manifest.batch_size;
+    s->batch = spec.max_batch_size > 0 ? spec.max_batch_size : manifest.batch_size;
     for (auto [list, bindings] : {std::pair{&s->inputs, &manifest.inputs}, {&s->outputs, &manifest.outputs}}) {
       for (const auto& b : *bindings) {
         std::vector<int64_t> shape = manifest.tensors.at(b.tensor).shape;
@@ -162,7 +164,7 @@ class Server {
       tvmsched::Request request = Execute(s, parsed.inputs, options);
       s.inferences += s.batch > 0 ? (*parsed.inputs.begin()).second.shape()[0] : 1;
       int64_t encode = NowNs();
-      kserve::Response response = kserve::EncodeResponse(name, "1", parsed, request->outputs());
+      kserve::Response response = kserve::EncodeResponse(name, s.spec.version, parsed, request->outputs());
       *output_ns = NowNs() - encode;
       return std::make_pair(request, response);
     });
@@ -210,7 +212,11 @@ class Server {
     json inputs = json::array(), outputs = json::array();
     for (const auto& t : s.inputs) inputs.push_back(Metadata(t));
     for (const auto& t : s.outputs) outputs.push_back(Metadata(t));
-    return {{"name", name}, {"versions", {"1"}}, {"platform", "tvmsched"}, {"inputs", inputs}, {"outputs", outputs}};
+    return {{"name", name},
+            {"versions", {s.spec.version}},
+            {"platform", "tvmsched"},
+            {"inputs", inputs},
+            {"outputs", outputs}};
   }
 
   /*! \brief Triton's model configuration (max_batch_size: the batch size it was compiled for, else 0, and then the
@@ -289,7 +295,7 @@ class Server {
         batches.push_back(json{{"batch_size", 1}}), batches[0].update(compute);
       }
       list.push_back({{"name", each},
-                      {"version", "1"},
+                      {"version", s.spec.version},
                       {"last_inference", s.last_ms.load()},
                       {"inference_count", s.inferences.load()},
                       {"execution_count", Executions(s, stats)},
@@ -372,7 +378,8 @@ class Server {
     auto family = [&](const char* name, const char* type, const char* help, auto value, bool nv) {
       out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
       for (const std::string& m : order_) {
-        out << name << "{model=\"" << m << (nv ? "\",version=\"1\"} " : "\"} ") << value(*models_[m]) << "\n";
+        out << name << "{model=\"" << m << (nv ? "\",version=\"" + models_[m]->spec.version + "\"} " : "\"} ")
+            << value(*models_[m]) << "\n";
       }
     };
     auto preemptions = [](const Served& s) {
@@ -447,8 +454,9 @@ class Server {
   Served& Find(const std::string& name, const std::string& version) {
     auto found = models_.find(name);
     if (found == models_.end()) throw HttpError(404, "no model named '" + name + "'");
-    if (!version.empty() && version != "1")
-      throw HttpError(404, "model '" + name + "' has no version '" + version + "' (it has version 1)");
+    const std::string& has = found->second->spec.version;
+    if (!version.empty() && version != has)
+      throw HttpError(404, "model '" + name + "' has no version '" + version + "' (it has version " + has + ")");
     return *found->second;
   }
 
@@ -484,6 +492,13 @@ class Server {
   /*! \brief Submit to the Runtime and wait. Refused at submit (the queue full, the latency target out of reach, the
    *  runtime closing): 503; timed out in the queue: 504, as `tvmsched serve`; another engine error: 400. */
   tvmsched::Request Execute(Served& s, const ffi::Map<ffi::String, ffi::Tensor>& inputs, tvmsched::SubmitOptions o) {
+    if (s.batch > 0 && inputs.size() > 0) {  // (a Triton config's max_batch_size may be below the compiled size)
+      auto [name, first] = *inputs.begin();
+      if (first.ndim() > 0 && first.shape()[0] > s.batch)
+        throw HttpError(400, "input '" + std::string(name) + "' has " + std::to_string(first.shape()[0]) +
+                                 " rows: the model takes 1 to " + std::to_string(s.batch) +
+                                 " rows per request (max_batch_size)");
+    }
     s.pending += 1;
     struct Done {
       std::atomic<int64_t>& n;
@@ -545,112 +560,6 @@ Spec ParseModel(const std::string& text) {
   if (spec.priority != "realtime" && spec.priority != "best_effort")
     throw bad("priority must be realtime or best_effort, not '" + spec.priority + "'");
   return spec;
-}
-
-/*! \brief config.toml's `key = value` lines (numbers, true/false, "strings", # comments) as a JSON object. */
-json ReadToml(const std::string& text, const std::string& path) {
-  json out = json::object();
-  std::stringstream lines(text);
-  for (std::string line; std::getline(lines, line);) {
-    bool quoted = false;  // a comment starts at a '#' outside a string
-    for (size_t i = 0; i < line.size(); ++i) {
-      quoted = line[i] == '"' && (i == 0 || line[i - 1] != '\\') ? !quoted : quoted;
-      if (line[i] == '#' && !quoted) line.erase(i);
-    }
-    line.erase(0, line.find_first_not_of(" \t\r"));
-    line.erase(line.find_last_not_of(" \t\r") + 1);
-    if (line.empty()) continue;
-    size_t eq = line.find('=');
-    std::string key = line.substr(0, eq == std::string::npos ? 0 : line.find_last_not_of(" \t", eq - 1) + 1);
-    std::string value = eq == std::string::npos ? "" : line.substr(line.find_first_not_of(" \t", eq + 1));
-    json parsed =
-        json::parse(value == "true" || value == "false" || value[0] == '"' ? value : value + " ", nullptr, false);
-    if (key.empty() || parsed.is_discarded() || parsed.is_structured())
-      throw std::runtime_error("cannot read " + path + ": '" + line + "' is not a key = value line this server reads");
-    out[key] = parsed;
-  }
-  return out;
-}
-
-/*! \brief The models of a model repository (tvmsched/serve/repository.py: its layout, keys and checks). */
-std::vector<Spec> ReadRepository(const std::string& root) {
-  if (!fs::is_directory(root)) throw std::runtime_error("--model-repository " + root + ": not a folder");
-  std::vector<fs::path> folders;
-  for (const auto& entry : fs::directory_iterator(root)) {
-    if (entry.is_directory() && entry.path().filename().string()[0] != '.') folders.push_back(entry.path());
-  }
-  std::sort(folders.begin(), folders.end());
-  std::vector<Spec> specs;
-  for (const fs::path& folder : folders) {
-    Spec spec;
-    spec.name = folder.filename().string();
-    if (fs::is_regular_file(folder / "config.pbtxt")) {  // (libprotobuf is not part of `make cpp` yet)
-      throw std::runtime_error("model folder " + folder.string() +
-                               " is in Triton's layout (config.pbtxt): this server "
-                               "reads tvmsched's layout (one .tvms and a config.json); tvmsched serve reads both");
-    }
-    int artifacts = 0;
-    for (const auto& entry : fs::directory_iterator(folder)) {
-      if (entry.path().extension() == ".tvms") spec.path = entry.path().string(), ++artifacts;
-    }
-    if (artifacts != 1) {
-      throw std::runtime_error("model folder " + folder.string() + " must hold exactly one .tvms artifact, not " +
-                               std::to_string(artifacts));
-    }
-    fs::path path = folder / "config.json";
-    bool toml = !fs::is_regular_file(path) && fs::is_regular_file(folder / "config.toml");
-    if (toml) path = folder / "config.toml";
-    json config = json::object();
-    if (fs::is_regular_file(path)) {
-      std::ifstream file(path);
-      std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-      config = toml ? ReadToml(text, path.string()) : json::parse(text, nullptr, false);
-      if (config.is_discarded()) throw std::runtime_error("cannot read " + path.string() + ": not valid JSON");
-      if (!config.is_object()) throw std::runtime_error(path.string() + " must hold an object");
-    }
-    static const std::map<std::string, std::string> kKinds = {{"qos_ms", "number"},
-                                                              {"priority", "string"},
-                                                              {"warmup", "boolean"},
-                                                              {"max_queue", "integer"},
-                                                              {"streams", "integer"},
-                                                              {"max_queue_delay_us", "number"},
-                                                              {"preferred_batch_sizes", "array"}};
-    for (const auto& [key, value] : config.items()) {
-      auto kind = kKinds.find(key);
-      if (kind == kKinds.end())
-        throw std::runtime_error(path.string() + ": unknown key '" + key +
-                                 "' (known: qos_ms, priority, warmup, max_queue, streams, max_queue_delay_us, "
-                                 "preferred_batch_sizes)");
-      bool ok = kind->second == "number"    ? value.is_number()
-                : kind->second == "integer" ? value.is_number_integer()
-                : kind->second == "string"  ? value.is_string()
-                : kind->second == "array"   ? value.is_array()
-                                            : value.is_boolean();
-      if (!ok) throw std::runtime_error(path.string() + ": " + key + " has the wrong type (" + value.type_name() + ")");
-    }
-    spec.qos_ms = config.value("qos_ms", 0.0);
-    spec.priority = config.value("priority", std::string("best_effort"));
-    spec.warmup = config.value("warmup", true);
-    spec.max_queue = config.value("max_queue", int64_t{-1});
-    int64_t streams = config.value("streams", int64_t{1});
-    if (spec.priority != "realtime" && spec.priority != "best_effort")
-      throw std::runtime_error(path.string() + ": priority must be one of realtime, best_effort");
-    if ((config.contains("qos_ms") && !(spec.qos_ms > 0)) || (config.contains("max_queue") && spec.max_queue < 1))
-      throw std::runtime_error(path.string() + ": qos_ms and max_queue must be positive");
-    if (streams < 1 || streams > 64) throw std::runtime_error(path.string() + ": streams must be from 1 to 64");
-    spec.streams = static_cast<int>(streams);
-    spec.max_queue_delay_us = config.value("max_queue_delay_us", 0.0);
-    if (!(spec.max_queue_delay_us >= 0 && spec.max_queue_delay_us <= 60e6))
-      throw std::runtime_error(path.string() + ": max_queue_delay_us must be from 0 to 60000000");
-    for (const json& size : config.value("preferred_batch_sizes", json::array())) {
-      if (!size.is_number_integer() || size.get<int64_t>() < 1 || size.get<int64_t>() > (int64_t{1} << 20))
-        throw std::runtime_error(path.string() +
-                                 ": preferred_batch_sizes must be a list of row counts from 1 to 1048576");
-      spec.preferred_batch_sizes.push_back(size.get<int64_t>());
-    }
-    specs.push_back(spec);
-  }
-  return specs;
 }
 
 /*! \brief Bytes from "1048576", "512MiB", "2GiB" or "1.5GB" (runtime/tiering.py's parse_bytes); at least 1. */

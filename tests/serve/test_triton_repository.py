@@ -1,7 +1,8 @@
 """A model repository in Triton's layout (issue 39, part 5): `NAME/config.pbtxt` parsed with Triton's model_config.proto,
 version folders, dynamic batching over an artifact compiled at several batch sizes; tritonclient (HTTP and gRPC)
-sends concurrent requests of several rows and every answer is checked against onnxruntime. A Triton field tvmsched
-does not implement, or a config that does not parse, is refused with one line giving FILE:LINE."""
+sends concurrent requests of several rows and every answer is checked against onnxruntime, through tvmsched serve and
+through the C++ server (which parses the same proto with libprotobuf). A Triton field tvmsched does not implement, or a
+config that does not parse, is refused by both with the same line giving FILE:LINE."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from tests.helpers import ROOT, free_port, start_serve, stop_server
+from tests.helpers import ROOT, free_port, start_cpp_server, start_serve, stop_server
 from tests.test_cpp_examples import cpp_build  # noqa: F401 (the fixture: `make cpp` once)
 from tvmsched import models
 from tvmsched.errors import TvmschedError
@@ -50,13 +51,38 @@ def _folder(root, compiled, config: str = CONFIG, versions=(1, 3), name: str = "
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, compiled):
+def repository(tmp_path_factory, compiled):
     root = tmp_path_factory.mktemp("triton")
     _folder(root, compiled)
     _folder(root, compiled, 'backend: "tvmsched"\nmax_batch_size: 4\n', versions=(1,), name="mlp4")  # below 8
-    process, base, grpc = start_serve("--model-repository", str(root))
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(repository):
+    process, base, grpc = start_serve("--model-repository", str(repository))
     yield base.removeprefix("http://"), grpc
     assert stop_server(process) == 0
+
+
+@pytest.fixture(scope="module")
+def cpp_server(cpp_build, repository):  # noqa: F811
+    process, base = start_cpp_server(cpp_build / "tvmsched_server", "--model-repository", str(repository))
+    yield base.removeprefix("http://"), None
+    assert stop_server(process) == 0
+
+
+PROTOCOLS = ["http", "grpc", "cpp-http"]  # tvmsched serve's two; the C++ server's REST
+
+
+def _client(request, protocol: str):
+    """(tritonclient module, URL, as_json arguments) of the server `protocol` names."""
+    if protocol == "cpp-http":
+        return tritonclient_http, request.getfixturevalue("cpp_server")[0], {}
+    server = request.getfixturevalue("server")
+    if protocol == "grpc":
+        return tritonclient_grpc, server[1], {"as_json": True}
+    return tritonclient_http, server[0], {}
 
 
 def _alone(rows: np.ndarray) -> np.ndarray:
@@ -64,11 +90,9 @@ def _alone(rows: np.ndarray) -> np.ndarray:
     return np.concatenate([session.run(None, {"input": rows[i : i + 1]})[0] for i in range(len(rows))])
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_a_triton_layout_repository_batches_concurrent_requests_answered_as_each_row_alone(server, protocol):
-    module = tritonclient_grpc if protocol == "grpc" else tritonclient_http
-    url = server[1] if protocol == "grpc" else server[0]
-    as_json = {"as_json": True} if protocol == "grpc" else {}
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_triton_layout_repository_batches_concurrent_requests_answered_as_each_row_alone(request, protocol):
+    module, url, as_json = _client(request, protocol)
     client = module.InferenceServerClient(url)
     config = client.get_model_config("mlp", **as_json)
     config = config.get("config", config)
@@ -100,11 +124,11 @@ def test_a_triton_layout_repository_batches_concurrent_requests_answered_as_each
     client.close()
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_a_max_batch_size_below_the_compiled_size_bounds_the_rows_of_a_request(server, protocol):
-    module = tritonclient_grpc if protocol == "grpc" else tritonclient_http
-    client = module.InferenceServerClient(server[1] if protocol == "grpc" else server[0])
-    config = client.get_model_config("mlp4", **({"as_json": True} if protocol == "grpc" else {}))
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_max_batch_size_below_the_compiled_size_bounds_the_rows_of_a_request(request, protocol):
+    module, url, as_json = _client(request, protocol)
+    client = module.InferenceServerClient(url)
+    config = client.get_model_config("mlp4", **as_json)
     assert int(config.get("config", config)["max_batch_size"]) == 4
     for rows in (4, 5):
         tensor = module.InferInput("input", [rows, 784], "FP32")
@@ -172,6 +196,18 @@ def test_a_config_tvmsched_cannot_honour_is_refused_in_one_line_giving_file_and_
     assert re.search(pattern, message), message
 
 
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_the_cpp_server_refuses_the_same_configs_with_the_same_line(cpp_build, tmp_path, compiled, case):  # noqa: F811
+    config, pattern = REFUSED[case]
+    _folder(tmp_path, compiled, config)
+    done = subprocess.run([str(cpp_build / "tvmsched_server"), "--model-repository", str(tmp_path), "--port",
+                           str(free_port())], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    message = done.stderr.removeprefix("error: ").strip()
+    assert "\n" not in message and message.startswith(str(tmp_path / "mlp" / "config.pbtxt")), message
+    assert re.search(pattern, message), message
+
+
 def test_serve_refuses_a_bad_config_at_start_and_a_preferred_size_that_is_not_compiled(tmp_path, compiled):
     def serve(config: str) -> subprocess.CompletedProcess:
         root = tmp_path / f"repo{len(list(tmp_path.iterdir()))}"
@@ -186,11 +222,3 @@ def test_serve_refuses_a_bad_config_at_start_and_a_preferred_size_that_is_not_co
     done = serve(CONFIG + "model_warmup [ { name: \"w\" batch_size: 1 } ]\n")
     assert done.returncode == 2 and done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
     assert "config.pbtxt:12: model_warmup is not supported by the tvmsched backend" in done.stderr
-
-
-def test_the_cpp_server_refuses_a_triton_layout_folder_in_one_line(cpp_build, tmp_path, compiled):  # noqa: F811
-    _folder(tmp_path, compiled)
-    done = subprocess.run([str(cpp_build / "tvmsched_server"), "--model-repository", str(tmp_path), "--port",
-                           str(free_port())], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stderr.count("\n") <= 1, done.stderr
-    assert "is in Triton's layout (config.pbtxt): this server reads tvmsched's layout" in done.stderr
