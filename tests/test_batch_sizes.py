@@ -8,7 +8,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from tests.helpers import assert_user_error
+from tests.helpers import assert_user_error, wait_until
 from tvmsched import models
 from tvmsched.artifact.format import Artifact
 from tvmsched.errors import TvmschedError
@@ -102,15 +102,23 @@ def test_two_slots_each_hold_every_size_and_both_serve_a_burst(mlp_sizes):
         tasks = rt.load(str(mlp_sizes), name="mlp", streams=2).tasks
         assert [task.name for task in tasks] == ["mlp", "mlp#1", "mlp@b1", "mlp#1@b1", "mlp@b2", "mlp#1@b2", "mlp@b4",
                                                  "mlp#1@b4"]  # each slot: the largest size, then one per smaller size
+        first_slot = [task for task in tasks if "#1" not in task.name]
+        for task in first_slot:  # paused: the launch it takes waits, so the second slot serves meanwhile
+            task.preempt()
+        before = sum(task.counts()["completed"] for task in first_slot)  # (the load-time measurement ran there)
         futures = [rt.submit("mlp", {"input": x}) for x in burst]
+        wait_until(lambda: sum(f.done() for f in futures) >= len(burst) // 2, "the second slot serves the burst")
+        for task in first_slot:
+            task.resume()
         answers = [f.result(timeout=60)["output"] for f in futures]
-        second_slot = sum(task.counts()["completed"] for task in tasks if "#1" in task.name)
+        completed = [sum(task.counts()["completed"] for task in first_slot) - before,
+                     sum(task.counts()["completed"] for task in tasks if "#1" in task.name)]
     finally:
         rt.shutdown()
     for x, got in zip(burst, answers):
         want = np.concatenate([alone.run({"input": x[i : i + 1]})["output"] for i in range(len(x))])
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-    assert second_slot > 0  # (the first slot's streams also ran the load-time measurement)
+    assert all(n > 0 for n in completed), completed  # both slots ran launches of the burst
 
 
 def test_preferred_batch_sizes_must_be_compiled_sizes_and_a_preferred_size_launches_without_waiting(mlp_sizes, compiled):
@@ -130,6 +138,73 @@ def test_preferred_batch_sizes_must_be_compiled_sizes_and_a_preferred_size_launc
         assert [rows for rows, _, _ in rt.stats()["mlp"]["batches"]] == [2]
     finally:
         rt.shutdown()
+
+
+def _burst_answered_right(rt, name: str, burst: list, alone: Executor) -> None:
+    futures = [rt.submit(name, {"input": x}) for x in burst]
+    for x, future in zip(burst, futures):
+        want = np.concatenate([alone.run({"input": x[i : i + 1]})["output"] for i in range(len(x))])
+        np.testing.assert_allclose(future.result(timeout=60)["output"], want, rtol=1e-4, atol=1e-5)
+
+
+def test_real_time_requests_preempt_the_batched_launches_of_every_size_which_resume_and_answer_right(mlp_sizes, compiled):
+    alone = Executor(str(mlp_sizes), batch_size=1)
+    rng = np.random.default_rng(5)
+    burst = [rng.standard_normal((rows, 784)).astype(np.float32) for rows in [1, 2, 3, 8, 1, 5, 4, 1] * 25]
+    rt = Runtime()
+    try:
+        tasks = rt.load(str(mlp_sizes), name="be").tasks
+        rt.load(str(compiled("mlp")), name="rt", priority="realtime")
+        futures = [rt.submit("be", {"input": x}) for x in burst]
+        for x in burst[:40]:  # one at a time while the burst runs: each preempts the best-effort streams anew
+            np.testing.assert_allclose(rt.submit("rt", {"input": x[:1]}).result(timeout=60)["output"],
+                                       alone.run({"input": x[:1]})["output"], rtol=1e-4, atol=1e-5)
+        for x, future in zip(burst, futures):
+            want = np.concatenate([alone.run({"input": x[i : i + 1]})["output"] for i in range(len(x))])
+            np.testing.assert_allclose(future.result(timeout=60)["output"], want, rtol=1e-4, atol=1e-5)
+        preempted = {task.name: task.counts()["preemptions"] for task in tasks}
+    finally:
+        rt.shutdown()
+    # each real-time request pauses every size's stream (but one that comes before they resumed from the last one)
+    assert all(n > 0 for n in preempted.values()) and sum(preempted.values()) >= 40, preempted
+
+
+def test_switched_or_streamed_a_model_of_several_sizes_serves_its_largest_alone_padded(mlp_sizes, compiled):
+    """resident=False (switched) or larger than the budget (streamed): the smaller sizes would read device weights the
+    placement moves, so the model serves its largest size alone, each launch padded up to it, answered right."""
+    alone = Executor(str(mlp_sizes), batch_size=1)
+    rng = np.random.default_rng(9)
+    burst = [rng.standard_normal((rows, 784)).astype(np.float32) for rows in [1, 3, 8, 2, 5] * 4]
+    probe = Runtime()
+    try:
+        probe.load(str(mlp_sizes), name="mlp", resident=False)
+        probe.submit("mlp", {"input": burst[0]}).result(timeout=60)  # switched in by its request
+        footprint = probe.memory()["in_use"]
+    finally:
+        probe.shutdown()
+    rt = Runtime(memory_budget=footprint * 3 // 2)  # holds one of the two at a time: they are switched in turn
+    try:
+        model = rt.load(str(mlp_sizes), name="mlp", resident=False)
+        rt.load(str(compiled("mlp")), name="other", resident=False)
+        assert [task.name for task in model.tasks] == ["mlp"] and rt.stats()["mlp"]["placement"] == "staged"
+        other_x = rng.standard_normal((1, 784)).astype(np.float32)
+        for x in burst:
+            _burst_answered_right(rt, "mlp", [x], alone)
+            np.testing.assert_allclose(rt.submit("other", {"input": other_x}).result(timeout=60)["output"],
+                                       alone.run({"input": other_x})["output"], rtol=1e-4, atol=1e-5)
+        assert {rows for rows, _, _ in rt.stats()["mlp"]["batches"]} == {1, 2, 3, 5, 8}  # rows brought per launch
+        assert sum(event.stage == "evict" for event in rt.switch_events()) >= len(burst)
+        assert rt.memory()["peak"] <= footprint * 3 // 2
+    finally:
+        rt.shutdown()
+    streamed = Runtime(memory_budget=footprint * 9 // 10)
+    try:
+        model = streamed.load(str(mlp_sizes), name="mlp")
+        assert [task.name for task in model.tasks] == ["mlp"] and streamed.stats()["mlp"]["placement"] == "streamed"
+        _burst_answered_right(streamed, "mlp", burst, alone)
+        assert streamed.memory()["peak"] <= footprint * 9 // 10
+    finally:
+        streamed.shutdown()
 
 
 def test_a_variant_whose_batch_size_is_not_below_the_largest_is_a_corrupt_artifact(mlp_sizes, tmp_path):

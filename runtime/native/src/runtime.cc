@@ -140,7 +140,10 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
   const size_t budget = options_.devices[0].memory_budget;
   bool streamed = budget > 0 && footprint > budget;
   const std::vector<int64_t> sizes = BatchSizes(first->manifest());
-  const bool several = sizes.size() > 1;  // compiled at several batch sizes: every size resident, the weights shared
+  // compiled at several batch sizes: every size is served when the model is resident (the smaller sizes read the
+  // largest one's device weights, held for good); switched (resident=false) or streamed (larger than the budget), it
+  // serves its largest size alone, each launch padded up to it
+  const bool several = sizes.size() > 1 && !streamed && options.resident;
   for (int64_t preferred : options.preferred_batch_sizes) {
     if (std::find(sizes.begin(), sizes.end(), preferred) == sizes.end()) {
       std::ostringstream listed;
@@ -149,11 +152,6 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
                                    << (sizes.empty() ? std::string("possible: the model is not compiled for a batch")
                                                      : "one of its compiled batch sizes (" + listed.str() + ")");
     }
-  }
-  if (several && streamed) {
-    TVM_FFI_THROW(TvmschedError) << "model " << name << " is compiled at several batch sizes and needs " << footprint
-                                 << " bytes, more than the memory budget of " << budget << ": such a model is served "
-                                 << "resident (not streamed); compile it at fewer or smaller sizes";
   }
   std::vector<size_t> took(options_.tiers.size(), 0);
   if (streamed) {

@@ -76,10 +76,13 @@ struct QueuePolicy {
 };
 
 struct ModelOptions {
-  std::string name;         ///< "" = the artifact's model name
-  double qos_ms = 0;        ///< its latency target (0: the artifact's, if any; < 0: none)
-  bool realtime = false;    ///< real-time: its requests preempt the best-effort streams while they run
-  bool resident = true;     ///< made resident now if it fits (else switched in by its first request)
+  std::string name;       ///< "" = the artifact's model name
+  double qos_ms = 0;      ///< its latency target (0: the artifact's, if any; < 0: none)
+  bool realtime = false;  ///< real-time: its requests preempt the best-effort streams while they run
+  /*! \brief Made resident now if it fits (else switched in by its first request). A model compiled at several batch
+   *  sizes is served at every size only when resident (held for good, beside the switcher); with false, or when it
+   *  is larger than the budget (streamed), it serves its largest size alone, each launch padded up to it. */
+  bool resident = true;
   size_t device_bytes = 0;  ///< larger than the budget: the device memory it streams through (0: all that is left)
   int streams = 1;          ///< streams serving it (each a resident copy); each request goes to the first free one
   QueuePolicy queue;
