@@ -2,7 +2,7 @@
 Poisson arrival rate at which the p99 latency stays within the model's latency target (20x its batch-1 p50 alone)
 with at most 1% of the requests refused or failed.
 
-    python bench/batching.py [--models mlp:1/2/4/8,resnet18-small:1/2/4,bert-tiny:1/2/4] [--seconds 3]
+    python bench/batching.py [--models mlp:1/2/4/8/16,resnet18-small:1/2/4/8,bert-tiny:1/2/4] [--seconds 3]
         [--out bench/results/raw/batching.json]
 
 Per model two artifacts compiled here: as the zoo builds it (one row per run: "none") and at the batch sizes given
@@ -219,7 +219,7 @@ def search(ways: dict[str, Path], name: str, target_us: float, start: float, sec
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="mlp:1/2/4/8,resnet18-small:1/2/4,bert-tiny:1/2/4",
+    parser.add_argument("--models", default="mlp:1/2/4/8/16,resnet18-small:1/2/4/8,bert-tiny:1/2/4",
                         help="NAME:SIZE/SIZE/...,...")
     parser.add_argument("--seconds", type=float, default=3.0, help="per trial")
     parser.add_argument("--work", type=Path, default=Path("build/bench-batching"))
