@@ -90,7 +90,8 @@ ASYNC_TESTS = tests/runtime/test_engine.py tests/runtime/test_preemption.py test
 	tests/test_batch_sizes.py::test_preferred_batch_sizes_must_be_compiled_sizes_and_a_preferred_size_launches_without_waiting \
 	tests/test_batch_sizes.py::test_two_slots_each_hold_every_size_and_both_serve_a_burst \
 	tests/test_batch_sizes.py::test_real_time_requests_preempt_the_batched_launches_of_every_size_which_resume_and_answer_right \
-	tests/test_batch_sizes.py::test_switched_or_streamed_a_model_of_several_sizes_serves_its_largest_alone_padded
+	tests/test_batch_sizes.py::test_switched_or_streamed_a_model_of_several_sizes_serves_its_largest_alone_padded \
+	tests/test_batch_sizes.py::test_the_batch_size_is_chosen_with_the_candidates_the_policy_takes_at_each_size
 # --dist loadscope: a module's tests go to one worker, so its module fixtures (servers, tuned databases, kits) run
 # once per run, not once per worker; compiled artifacts are shared across workers by tests/artifact_cache.py
 test: setup lint

@@ -207,6 +207,62 @@ def test_switched_or_streamed_a_model_of_several_sizes_serves_its_largest_alone_
         streamed.shutdown()
 
 
+def _with_unit_candidates(path, out, slower: dict[int, float]):
+    """The artifact at `path` with a second candidate in every layer at every size: the same kernel on 1 unit, declared
+    `slower[size]` times the first's latency (the first declared at 10 µs on 2 units)."""
+    artifact = Artifact.load(path)
+
+    def program(manifest):
+        layers = []
+        for layer in manifest.layers:
+            first = dataclasses.replace(layer.candidates[0], units=2, latency_us=10.0)
+            second = dataclasses.replace(first, id=1, units=1, latency_us=10.0 * slower[manifest.batch_size])
+            layers.append(dataclasses.replace(layer, candidates=(first, second)))
+        return dataclasses.replace(manifest, layers=tuple(layers))
+
+    manifest = dataclasses.replace(program(artifact.manifest),
+                                   variants=tuple(program(v) for v in artifact.manifest.variants))
+    dataclasses.replace(artifact, manifest=manifest).save(out)
+    return out
+
+
+def test_the_batch_size_is_chosen_with_the_candidates_the_policy_takes_at_each_size(mlp_sizes, compiled, tmp_path):
+    """The partition policy on 2 units: a model loaded alone takes its 2-unit candidates, beside a second model its
+    1-unit ones. Where 1 unit makes the larger sizes slow (declared 20x at 2, 4 and 8 rows, 1x at 1 row), eight queued
+    rows run as eight launches of 1 row while the model has 1 unit, and packed (at 4 or 8 rows) while it has 2."""
+    path = _with_unit_candidates(mlp_sizes, tmp_path / "units.tvms", {1: 1.0, 2: 20.0, 4: 20.0, 8: 20.0})
+    alone = Executor(str(path), batch_size=1)
+    rows = np.random.default_rng(3).standard_normal((8, 784)).astype(np.float32)
+    rt = Runtime(policy="partition", total_units=2)
+
+    def launches() -> dict[int, int]:
+        return {size: s["launches"] for size, s in rt.stats()["mlp"]["sizes"].items()}
+
+    def eight_queued_rows() -> dict[int, int]:
+        """Launches per size of eight one-row requests queued together (held until the 8th: its preferred size)."""
+        before = launches()
+        futures = [rt.submit("mlp", {"input": rows[i : i + 1]}) for i in range(8)]
+        for i, future in enumerate(futures):
+            np.testing.assert_allclose(future.result(timeout=60)["output"], alone.run({"input": rows[i : i + 1]})["output"],
+                                       rtol=1e-4, atol=1e-5)
+        return {size: n - before[size] for size, n in launches().items() if n != before[size]}
+
+    def packed(launched: dict[int, int]) -> bool:  # (4 or 8 rows a launch, as the sizes measured at load compare)
+        return 1 not in launched and sum(size * n for size, n in launched.items()) == 8
+
+    try:
+        rt.load(str(path), name="mlp", max_queue_delay_us=200_000, preferred_batch_sizes=(8,))
+        launched = eight_queued_rows()
+        assert packed(launched), launched
+        rt.load(str(compiled("mlp")), name="other")  # two models: each one's share is 1 unit
+        assert eight_queued_rows() == {1: 8}
+        rt.unload("other")
+        launched = eight_queued_rows()
+        assert packed(launched), launched
+    finally:
+        rt.shutdown()
+
+
 def test_a_variant_whose_batch_size_is_not_below_the_largest_is_a_corrupt_artifact(mlp_sizes, tmp_path):
     artifact = Artifact.load(mlp_sizes)
     variants = artifact.manifest.variants

@@ -660,16 +660,8 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
   input.total_units = total_units_;
   input.loaded_models = static_cast<int>(entries_.size());
   PolicyDecision decision = policy_->Decide(input);
-  if (several && !decision.launch.empty()) {
-    // the batch size, chosen with the candidates: their co-located estimate against their isolated time scales the
-    // sizes' measured runs (1 where the policy estimates nothing)
-    double isolated = 0;
-    const PolicyModel& model = *input.model;
-    for (size_t i = 0; i < decision.candidate_ids.size() && i < model.layers.size(); ++i) {
-      isolated += model.layers[i][decision.candidate_ids[i]].latency_us;
-    }
-    double slowdown = decision.estimated && isolated > 0 ? std::max(1.0, decision.estimated_ms * 1e3 / isolated) : 1;
-    int chosen = ChooseSize(*entry, lane, now, slowdown);
+  if (several && !decision.launch.empty()) {  // the batch size, chosen with the candidates
+    int chosen = ChooseSize(*entry, lane, now, PredictRuns(*entry, size, decision, input));
     if (chosen != size) {  // its slot's stream of that size launches it (it asks at once)
       for (size_t j = 0; j < entry->streams.size(); ++j) {
         if (entry->slot_of[j] == slot && entry->size_of[j] == chosen) entry->streams[j]->Poke();
@@ -748,12 +740,48 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
   return out;
 }
 
-int RuntimeObj::ChooseSize(const Entry& entry, const std::deque<Pending>& lane, double now, double slowdown) const {
+std::vector<double> RuntimeObj::PredictRuns(const Entry& entry, int size, const PolicyDecision& decision,
+                                            PolicyInput input) {
+  auto factor = [](const PolicyModel& model, const PolicyDecision& d) {
+    double chosen = 0, fastest = 0;
+    for (size_t i = 0; i < model.layers.size() && i < model.fastest.size(); ++i) {
+      const int id = i < d.candidate_ids.size() && d.candidate_ids[i] >= 0 &&
+                             d.candidate_ids[i] < static_cast<int>(model.layers[i].size())
+                         ? d.candidate_ids[i]
+                         : model.fastest[i];
+      chosen += model.layers[i][id].latency_us;
+      fastest += model.layers[i][model.fastest[i]].latency_us;
+    }
+    const double colocated = d.estimated && chosen > 0 ? std::max(1.0, d.estimated_ms * 1e3 / chosen) : 1;
+    return colocated * (chosen > 0 && fastest > 0 ? chosen / fastest : 1);
+  };
+  const double own = factor(entry.sizes[size]->policy_model, decision);
+  const bool choice =
+      std::any_of(entry.sizes.begin(), entry.sizes.end(), [](const auto& s) { return s->policy_model.choice; });
+  const std::vector<StreamView>* seen = nullptr;  // the monitor, read once for the sizes' decisions
+  auto read = input.monitor;
+  if (read)
+    input.monitor = [&seen, &read]() -> const std::vector<StreamView>& { return *(seen ? seen : seen = &read()); };
+  std::vector<double> runs(entry.sizes.size());
+  for (size_t k = 0; k < runs.size(); ++k) {
+    const PolicyModel& model = entry.sizes[k]->policy_model;
+    double f = own;
+    if (choice && static_cast<int>(k) != size) {
+      input.model = &model;
+      f = factor(model, policy_->Decide(input));
+    }
+    runs[k] = entry.sizes[k]->run_us * f;
+  }
+  return runs;
+}
+
+int RuntimeObj::ChooseSize(const Entry& entry, const std::deque<Pending>& lane, double now,
+                           const std::vector<double>& runs) const {
   const auto& sizes = entry.sizes;
   const int n = static_cast<int>(sizes.size());
   int64_t rows = 0;
   for (size_t i = 0; i < lane.size() && rows < sizes.back()->batch; ++i) rows += std::max<int64_t>(lane[i].rows, 1);
-  auto run = [&](int k) { return sizes[k]->run_us * slowdown; };
+  auto run = [&](int k) { return runs[k]; };
   auto covering = [&](int64_t want) {  // the smallest size that holds `want` rows
     for (int k = 0; k < n; ++k) {
       if (sizes[k]->batch >= want) return k;
@@ -770,8 +798,14 @@ int RuntimeObj::ChooseSize(const Entry& entry, const std::deque<Pending>& lane, 
   }
   if (best < 0) return low;  // the rows fill none (padded), or none meets the deadline: the soonest to finish
   if (rows > sizes[best]->batch && sizes.back()->batch >= rows) {  // the rest: padded into one larger launch?
+    // the rest's time: its cheapest way, one launch of the size that holds it or several of a smaller size
+    const int64_t rest = rows - sizes[best]->batch;
+    double remainder = run(covering(rest));
+    for (int k = 0; k < n; ++k) {
+      remainder = std::min(remainder, run(k) * static_cast<double>((rest + sizes[k]->batch - 1) / sizes[k]->batch));
+    }
     int up = covering(rows);
-    if (meets(up) && run(up) < run(best) + run(covering(rows - sizes[best]->batch))) return up;
+    if (meets(up) && run(up) < run(best) + remainder) return up;
   }
   return best;
 }

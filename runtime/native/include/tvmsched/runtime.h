@@ -226,11 +226,18 @@ class RuntimeObj : public ffi::Object {
   /*! \brief One launch of a batched model for `members` (its queued requests, in order, `rows` each): their inputs
    *  packed into the compiled batch (the rows left zero), their outputs split back when it is done. */
   Request Pack(const std::shared_ptr<Entry>& entry, const std::vector<Pending>& members, int size);
+  /*! \brief Each size's predicted run (several sizes; under the lock), the batch size chosen with the candidates: its
+   *  run measured at load (at its fastest candidates) scaled by the candidates the policy chooses at that size (their
+   *  isolated time against the fastest's: fewer units may run slower) and by the policy's co-location estimate
+   *  against their isolated time. When some size has a choice of candidates every size gets a decision of its own
+   *  (`input` as for `decision`, the current size's); else the current size's co-location slowdown is every size's. */
+  std::vector<double> PredictRuns(const Entry& entry, int size, const PolicyDecision& decision, PolicyInput input);
   /*! \brief The size a launch of `entry`'s `lane` runs at (several sizes; under the lock): of the sizes the queued
-   *  rows fill, the one with the least time per row whose predicted finish (its measured run times `slowdown`, the
-   *  co-location estimate) meets the front request's latency target (none meets it: the smallest); padded up to the
-   *  next size when that finishes sooner than this size and a second launch for the rest. */
-  int ChooseSize(const Entry& entry, const std::deque<Pending>& lane, double now, double slowdown) const;
+   *  rows fill, the one with the least predicted time per row (`runs`, PredictRuns) whose predicted finish meets the
+   *  front request's latency target (none meets it: the smallest); padded up to the next size when that finishes
+   *  sooner than this size and the rest's cheapest way (one launch that holds it, or several of a smaller size). */
+  int ChooseSize(const Entry& entry, const std::deque<Pending>& lane, double now,
+                 const std::vector<double>& runs) const;
   /*! \brief A model compiled at several sizes: each size's run at its fastest candidates, measured on its streams. */
   void MeasureSizes(const std::shared_ptr<Entry>& entry);
   /*! \brief Count a finished launch of a batched model that brought `rows` rows (its batch statistics). */
