@@ -27,6 +27,16 @@ Triton-layout repository (config.pbtxt with dynamic_batching for the batching wa
 threads, closed loop, one row each, 3 s per run, the ways in turn twice: rows answered per second and the client's p99.
 The Python clients share the 2 cores with the server, so this is what a user sees on this machine, not the server's
 capacity.
+
+**The three-model mix** (`--mix`, the issue's last goal, reported on CPU): mlp, resnet18-small and bert-tiny, each
+compiled at its sizes (`--mix-models`) from one database of CPU kits measured here at 1 and 2 threads (a kit per
+size), two ways: "units" (every layer's 1- and 2-thread candidates: the colocation policy chooses the batch size and
+the units together) and "full" (the 2-thread, all-units candidates only: batching with full-unit kernels). Both on one
+engine Runtime with the colocation policy, each model's latency target 20x its batch-1 p50 alone. The load is one
+merged Poisson stream (`tvmsched.engine.open_loop_mix`), each model at `scale` x a third of its batch-1 rate alone;
+the same search as above on `scale` (both ways in turn, a failure confirmed by a second run, bisection), a scale
+meeting when every model's p99 is within its target with <= 1% refused or failed. The ratio: units' best scale over
+full's.
 """
 
 from __future__ import annotations
@@ -177,6 +187,102 @@ def through_server(ways: dict[str, Path], name: str, work: Path, target_us: floa
 
 
 
+def mix_artifacts(work: Path, sizes_of: dict[str, list[int]]) -> dict[str, dict[str, Path]]:
+    """{way: {model: artifact}}: "units" with 1- and 2-thread candidates per layer, "full" with the 2-thread ones only,
+    from one database per model of CPU kits measured here at 1 and 2 threads, a kit per batch size (cached in `work`)."""
+    from tvmsched import models
+    from tvmsched.frontend import batching
+    from tvmsched.pipeline import compile_model
+    from tvmsched.tune.kit_build import build_kit, import_results
+    from tvmsched.tune.kit_run import measure_kit
+
+    work.mkdir(parents=True, exist_ok=True)
+    out = {"units": {}, "full": {}}
+    for name, sizes in sizes_of.items():
+        tag = "-".join(map(str, sizes))
+        db = f"sqlite:///{work / f'{name}-mix-b{tag}.db'}"
+        for way, units in (("units", None), ("full", [2])):
+            path = work / f"{name}-mix-{way}-b{tag}.tvms"
+            if not path.exists():
+                for size in sizes:
+                    kit = work / f"{name}-kit-b{size}"
+                    if not (work / f"{name}-kit-b{size}.done").exists():
+                        build_kit(batching.rebatch(models.build(name), size).model, kit, target="llvm", samples=2,
+                                  progress=False)
+                        import_results(kit, measure_kit(kit, [1, 2], repeat=2, progress=False), db)
+                        (work / f"{name}-kit-b{size}.done").touch()
+                compile_model(models.build(name), name=name, qos_ms=1000.0, database=db, units=units,
+                              batch_size=sizes).save(path)
+            out[way][name] = path
+    return out
+
+
+def mix_trial(paths: dict[str, Path], targets_us: dict[str, float], rates: dict[str, float], seconds: float,
+              seed: int) -> dict:
+    """One open-loop run of the mix on a fresh Runtime (colocation policy): per model p99 and refusals."""
+    from tvmsched.runtime import Executor, native
+    from tvmsched.runtime.executor import to_engine
+
+    rt = native.create_runtime({"policy": "colocation"})
+    try:
+        inputs = []
+        for name, path in paths.items():
+            rt.load(str(path), {"name": name, "warmup": True, "qos_ms": targets_us[name] / 1e3})
+            inputs.append(to_engine({k: v[:1].copy() for k, v in Executor(str(path), batch_size=1).random_inputs(0).items()}))
+        result = native.func("open_loop_mix")(rt, list(paths), inputs, [float(rates[n]) for n in paths], float(seconds),
+                                              int(seed))
+        stats = rt.stats()
+    finally:
+        rt.shutdown()
+    out = {}
+    for name in paths:
+        mine = result[name]
+        latencies = np.asarray(list(mine["latencies_us"]), dtype=np.float64)
+        sent = len(latencies) + int(mine["failed"]) + int(mine["refused"])
+        out[name] = {"rate": rates[name], "requests": sent,
+                     "p99_us": float(np.percentile(latencies, 99)) if len(latencies) else None,
+                     "lost": (sent - len(latencies)) / max(sent, 1),
+                     "launches_per_size": {str(int(size)): int(n) for size, _, n in stats[name]["sizes"]}}
+    out[""] = {"generator_late_p99_us": float(result[""]["late_us"])}
+    return out
+
+
+def mix_search(ways: dict[str, dict[str, Path]], targets_us: dict[str, float], capacity_per_s: dict[str, float],
+               seconds: float, seed: int) -> dict:
+    """Each way's best scale (every model at scale x a third of its batch-1 rate alone) meeting every target."""
+    def run(way: str, scale: float) -> bool:
+        rates = {name: scale * capacity_per_s[name] / 3 for name in targets_us}
+        for attempt in range(2):  # a failure is confirmed by a second run
+            result = mix_trial(ways[way], targets_us, rates, seconds, seed + attempt)
+            good = all(r["p99_us"] is not None and r["p99_us"] <= targets_us[n] and r["lost"] <= 0.01
+                       for n, r in result.items() if n)
+            trials[way].append({"scale": scale, "meets": good, **result})
+            print(json.dumps({"mix": way, "scale": round(scale, 3), "meets": good,
+                              **{n: {k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()}
+                                 for n, r in result.items()}}), flush=True)
+            if good:
+                return True
+        return False
+
+    trials = {way: [] for way in ways}
+    best, failed_at, scale = {way: None for way in ways}, {way: None for way in ways}, 0.5
+    while any(failed_at[w] is None for w in ways) and scale < 100:
+        for way in ways:
+            if failed_at[way] is None:
+                if run(way, scale):
+                    best[way] = scale
+                else:
+                    failed_at[way] = scale
+        scale *= 1.25
+    for way in ways:
+        low, high = best[way] or 0.0, failed_at[way] or scale
+        for _ in range(3):
+            middle = (low + high) / 2
+            low, high = (middle, high) if run(way, middle) else (low, middle)
+        best[way] = low
+    return {"best_scale": best, "trials": trials}
+
+
 def meets(result: dict, target_us: float) -> bool:
     return result["p99_us"] is not None and result["p99_us"] <= target_us and result["lost"] <= 0.01
 
@@ -227,12 +333,17 @@ def main() -> None:
                         help="the batching way's queue delay (0: it launches what is queued at once)")
     parser.add_argument("--serve", action=argparse.BooleanOptionalAction, default=True,
                         help="also measure through tvmsched serve with tritonclient (--no-serve: in process only)")
+    parser.add_argument("--mix", action=argparse.BooleanOptionalAction, default=False,
+                        help="also the three-model mix: the colocation policy choosing batch and units against "
+                             "full-unit kernels only")
+    parser.add_argument("--mix-models", default="mlp:1/4/16,resnet18-small:1/4,bert-tiny:1/2",
+                        help="the mix's models and sizes, NAME:SIZE/SIZE/...,...")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     DELAY_US["value"] = args.max_queue_delay_us
     report = {"machine": _common.machine_info(), "load_average": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M"),
               "command": " ".join(sys.argv), "models": {}}
-    for item in args.models.split(","):
+    for item in filter(None, args.models.split(",")):  # ("": the mix only)
         name, listed = item.split(":")
         sizes = [int(size) for size in listed.split("/")]
         plain, batched = artifacts(args.work, name, sizes)
@@ -259,6 +370,29 @@ def main() -> None:
                           "through_server": served,
                           "padding_waste": round(waste, 3) if waste is not None else None,
                           "launches_per_size": last[-1]["launches_per_size"] if last else None}), flush=True)
+    if args.mix:
+        sizes_of = {item.split(":")[0]: [int(n) for n in item.split(":")[1].split("/")] for item in
+                    args.mix_models.split(",")}
+        ways = mix_artifacts(args.work, sizes_of)
+        from tvmsched.runtime import Executor
+
+        alone = {}
+        for name, path in ways["units"].items():  # its batch-1 p50 alone at its fastest candidates
+            executor, times = Executor(str(path), batch_size=1), []
+            inputs = executor.random_inputs(0)
+            for _ in range(220):
+                start = time.perf_counter()
+                executor.run(inputs)
+                times.append((time.perf_counter() - start) * 1e6)
+            alone[name] = statistics.median(times[20:])
+        targets = {name: 20 * p50 for name, p50 in alone.items()}
+        found = mix_search(ways, targets, {name: 1e6 / p50 for name, p50 in alone.items()}, args.seconds, seed=21)
+        units, full = found["best_scale"]["units"], found["best_scale"]["full"]
+        report["mix"] = {"sizes": sizes_of, "alone_p50_us": alone, "targets_us": targets, "best_scale": found["best_scale"],
+                         "ratio": units / full if full else None, "trials": found["trials"]}
+        print(json.dumps({"mix": "result", "alone_p50_us": {k: round(v, 1) for k, v in alone.items()},
+                          "best_scale": found["best_scale"], "ratio": round(units / full, 2) if full else None}),
+              flush=True)
     report["load_average_after"] = os.getloadavg()
     if args.out:
         _common.write_json_atomic(args.out, report)

@@ -297,6 +297,14 @@ def test_the_open_loop_generator_submits_poisson_arrivals_and_times_them_from_th
     assert min(latencies) > 0 and rt.stats()["mlp"]["requests"] == len(latencies)
     with pytest.raises(TvmschedError, match="an open loop needs a positive rate"):
         open_loop(rt, "mlp", to_engine(mlp_run[0]), 0.0, 1.0, 7)
+    # several models: one merged Poisson stream, each model's arrivals by its share of the rates (bench/batching.py's mix)
+    rt.load(mlp, {"name": "other"})
+    mix = native.func("open_loop_mix")(rt, ["mlp", "other"], [to_engine(mlp_run[0])] * 2, [300.0, 100.0], 0.5, 9)
+    counts = {name: len(mix[name]["latencies_us"]) for name in ("mlp", "other")}
+    assert 75 <= counts["mlp"] <= 300 and 15 <= counts["other"] <= 100 and counts["mlp"] > counts["other"], counts
+    assert rt.stats()["other"]["requests"] == counts["other"] and float(mix[""]["late_us"]) >= 0
+    with pytest.raises(TvmschedError, match="an open loop needs, per model, inputs and a positive rate"):
+        native.func("open_loop_mix")(rt, ["mlp", "other"], [to_engine(mlp_run[0])], [1.0, 1.0], 1.0, 9)
 
 
 def test_unload_lets_the_queued_requests_finish_then_frees_the_name(runtime, mlp, mlp_run):

@@ -85,54 +85,86 @@ ffi::Map<ffi::String, ffi::Any> StatsMap(const ModelStats& s) {
   return out;
 }
 
-/*! \brief An open-loop load (bench/batching.py): requests of `model` with `inputs` submitted at Poisson arrival times
- *  of `rate` per second for `seconds`, from this thread (no Python between requests). Each request's latency runs
- *  from its scheduled arrival, not from when it was submitted, so a generator that falls behind does not hide the
- *  queueing. Returns {latencies_us: finished requests' latencies, failed, refused, late_us: the generator's p99 lag}.
+/*! \brief An open-loop load (bench/batching.py): requests of several models submitted at Poisson arrival times, each
+ *  model `rates[i]` per second with `inputs[i]`, for `seconds`, from this thread (no Python between requests; the
+ *  models' arrivals merged: one Poisson process of the rates' sum, each arrival a model drawn by its share). Each
+ *  request's latency runs from its scheduled arrival, not from when it was submitted, so a generator that falls
+ *  behind does not hide the queueing. Returns, per model, {latencies_us: its finished requests' latencies, failed,
+ *  refused}, and under "" {late_us: the generator's p99 lag}.
  */
+ffi::Map<ffi::String, ffi::Any> OpenLoopMix(Runtime rt, const ffi::Array<ffi::String>& models,
+                                            const ffi::Array<ffi::Map<ffi::String, ffi::Tensor>>& inputs,
+                                            const ffi::Array<double>& rates, double seconds, int64_t seed) {
+  double total = 0;
+  for (double rate : rates) total += rate > 0 ? rate : 0;
+  if (models.empty() || models.size() != inputs.size() || models.size() != rates.size() ||
+      std::any_of(rates.begin(), rates.end(), [](double rate) { return !(rate > 0); }) || !(seconds > 0) ||
+      seconds > 3600) {
+    TVM_FFI_THROW(TvmschedError) << "an open loop needs, per model, inputs and a positive rate, and 0 to 3600 seconds";
+  }
+  std::mt19937_64 rng(static_cast<uint64_t>(seed));
+  std::exponential_distribution<double> gap(total / 1e6);  // µs between arrivals
+  std::discrete_distribution<size_t> which(rates.begin(), rates.end());
+  struct Sent {
+    size_t model;
+    double at;
+    Request request;
+  };
+  std::vector<Sent> sent;
+  std::vector<double> lags;
+  std::vector<int64_t> refused(models.size(), 0), failed(models.size(), 0);
+  const double start = Device::NowMicros() + 1000, end = start + seconds * 1e6;
+  for (double at = start + gap(rng); at < end; at += gap(rng)) {
+    const size_t m = which(rng);
+    while (Device::NowMicros() < at - 200) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    while (Device::NowMicros() < at) std::this_thread::yield();
+    lags.push_back(Device::NowMicros() - at);
+    try {
+      sent.push_back({m, at, rt->Submit(models[m], inputs[m], {})});
+    } catch (const ffi::Error&) {
+      ++refused[m];
+    }
+  }
+  std::vector<ffi::Array<double>> latencies(models.size());
+  for (Sent& s : sent) {
+    if (!s.request->Wait(seconds * 10 + 60, 0)) TVM_FFI_THROW(TvmschedError) << "an open loop's request never finished";
+    if (!s.request->error().empty()) {
+      ++failed[s.model];
+    } else {
+      latencies[s.model].push_back(s.request->finished_us - s.at);
+    }
+  }
+  std::sort(lags.begin(), lags.end());
+  ffi::Map<ffi::String, ffi::Any> out;
+  for (size_t m = 0; m < models.size(); ++m) {
+    ffi::Map<ffi::String, ffi::Any> one;
+    one.Set("latencies_us", latencies[m]);
+    one.Set("failed", failed[m]);
+    one.Set("refused", refused[m]);
+    out.Set(models[m], one);
+  }
+  ffi::Map<ffi::String, ffi::Any> generator;
+  generator.Set("late_us", lags.empty() ? 0.0 : lags[lags.size() * 99 / 100]);
+  out.Set("", generator);
+  return out;
+}
+
+/*! \brief OpenLoopMix of one model: {latencies_us, failed, refused, late_us}. */
 ffi::Map<ffi::String, ffi::Any> OpenLoop(Runtime rt, const std::string& model,
                                          ffi::Map<ffi::String, ffi::Tensor> inputs, double rate, double seconds,
                                          int64_t seed) {
   if (!(rate > 0) || !(seconds > 0) || seconds > 3600)
     TVM_FFI_THROW(TvmschedError) << "an open loop needs a positive rate and 0 to 3600 seconds";
-  std::mt19937_64 rng(static_cast<uint64_t>(seed));
-  std::exponential_distribution<double> gap(rate / 1e6);  // µs between arrivals
-  std::vector<std::pair<double, Request>> sent;
-  std::vector<double> lags;
-  int64_t refused = 0;
-  const double start = Device::NowMicros() + 1000, end = start + seconds * 1e6;
-  for (double at = start + gap(rng); at < end; at += gap(rng)) {
-    while (Device::NowMicros() < at - 200) std::this_thread::sleep_for(std::chrono::microseconds(100));
-    while (Device::NowMicros() < at) std::this_thread::yield();
-    lags.push_back(Device::NowMicros() - at);
-    try {
-      sent.emplace_back(at, rt->Submit(model, inputs, {}));
-    } catch (const ffi::Error&) {
-      ++refused;
-    }
-  }
-  ffi::Array<double> latencies;
-  int64_t failed = 0;
-  for (auto& [at, request] : sent) {
-    if (!request->Wait(seconds * 10 + 60, 0)) TVM_FFI_THROW(TvmschedError) << "an open loop's request never finished";
-    if (!request->error().empty()) {
-      ++failed;
-    } else {
-      latencies.push_back(request->finished_us - at);
-    }
-  }
-  std::sort(lags.begin(), lags.end());
-  ffi::Map<ffi::String, ffi::Any> out;
-  out.Set("latencies_us", latencies);
-  out.Set("failed", failed);
-  out.Set("refused", refused);
-  out.Set("late_us", lags.empty() ? 0.0 : lags[lags.size() * 99 / 100]);
+  ffi::Map<ffi::String, ffi::Any> all = OpenLoopMix(rt, {ffi::String(model)}, {inputs}, {rate}, seconds, seed);
+  ffi::Map<ffi::String, ffi::Any> out = all[ffi::String(model)].cast<ffi::Map<ffi::String, ffi::Any>>();
+  out.Set("late_us", all[ffi::String("")].cast<ffi::Map<ffi::String, ffi::Any>>()["late_us"]);
   return out;
 }
 
 TVM_FFI_STATIC_INIT_BLOCK() {
   refl::GlobalDef()
       .def("tvmsched.engine.open_loop", OpenLoop)
+      .def("tvmsched.engine.open_loop_mix", OpenLoopMix)
       // options: device, memory_budget, policy, total_units, colocation ([first, second, value] rows), max_in_flight,
       // idle_spin_us, progress_interval_ms, stall_timeout_s, trusted_keys, max_groups, threshold1, threshold2,
       // preset_count, retain, tiers ([{kind, capacity_bytes, numa_node, path}]), tier_buffer_bytes
