@@ -266,12 +266,14 @@ class Runtime:
     def stats(self) -> dict[str, dict]:
         """Per model: its placement (resident, staged: switched, or streamed), requests, errors, QoS violations, latency
         p50/p99 (ms), launches and re-runs, queue counters, executions (runs of the model: a model compiled for a batch
-        runs several requests in one, docs/batching.md); `_device`: the device's fault state; `_scheduler`: the policy's decisions."""
+        runs several requests in one, docs/batching.md); `_device`: the device's fault state; `_scheduler`: the
+        policy's decisions."""
         out = {}
         for name, s in self._engine.stats().items():
             name = str(name)
             model = self.models.get(name)
-            out[name] = {"priority": str(s["priority"]), "placement": str(s["placement"]), "qos_ms": _or_none(s["qos_ms"]), "requests": int(s["requests"]),
+            out[name] = {"priority": str(s["priority"]), "placement": str(s["placement"]),
+                         "qos_ms": _or_none(s["qos_ms"]), "requests": int(s["requests"]),
                          "errors": int(s["errors"]) + (model.rejected if model else 0) - int(s["refused"]),
                          "qos_violations": int(s["qos_violations"]), "p50_ms": _or_none(s["p50_ms"]),
                          "p99_ms": _or_none(s["p99_ms"]), "launches": int(s["launches"]), "reruns": int(s["reruns"]),

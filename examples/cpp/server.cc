@@ -125,10 +125,8 @@ class Server {
     const std::string wanted = device_ == "cpu" ? "KIND_CPU" : "KIND_GPU";
     for (const std::string& kind : spec.instance_kinds) {  // (a Triton config's instance groups)
       if (kind != "KIND_AUTO" && kind != wanted)
-        throw std::runtime_error(spec.config_path + ": instance_group kind " + kind +
-                                 " cannot run on this server's "
-                                 "device (" +
-                                 device_ + "): use " + wanted + " or KIND_AUTO");
+        throw std::runtime_error(spec.config_path + ": instance_group kind " + kind + " cannot run on this " +
+                                 "server's device (" + device_ + "): use " + wanted + " or KIND_AUTO");
     }
     auto s = std::make_unique<Served>();
     s->spec = spec;

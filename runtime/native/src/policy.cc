@@ -200,11 +200,9 @@ class PartitionPolicy : public Policy {
  public:
   const char* kind() const override { return "partition"; }
   PolicyDecision Decide(const PolicyInput& input) override {
+    // (not cached by the model's name: a model's batch sizes share it, and each size has candidates of its own)
     int share = std::max(1, input.total_units / std::max(1, input.loaded_models));
-    auto key = std::make_pair(input.model->name, share);
-    auto found = chosen_.find(key);
-    if (found == chosen_.end()) found = chosen_.emplace(key, Within(input.model->layers, share)).first;
-    return OldestAlone(input, found->second);
+    return OldestAlone(input, Within(input.model->layers, share));
   }
 
  private:
@@ -220,7 +218,6 @@ class PartitionPolicy : public Policy {
     }
     return ids;
   }
-  std::map<std::pair<std::string, int>, std::vector<int>> chosen_;
 };
 
 class ColocationPolicy : public Policy {
