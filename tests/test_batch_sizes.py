@@ -239,7 +239,7 @@ def test_the_batch_size_is_chosen_with_the_candidates_the_policy_takes_at_each_s
         return {size: s["launches"] for size, s in rt.stats()["mlp"]["sizes"].items()}
 
     def eight_queued_rows() -> dict[int, int]:
-        """Launches per size of eight one-row requests queued together (held until the 8th: its preferred size)."""
+        """Launches per size of eight one-row requests queued together (held until the 8th: its largest size)."""
         before = launches()
         futures = [rt.submit("mlp", {"input": rows[i : i + 1]}) for i in range(8)]
         for i, future in enumerate(futures):
@@ -251,7 +251,7 @@ def test_the_batch_size_is_chosen_with_the_candidates_the_policy_takes_at_each_s
         return 1 not in launched and sum(size * n for size, n in launched.items()) == 8
 
     try:
-        rt.load(str(path), name="mlp", max_queue_delay_us=200_000, preferred_batch_sizes=(8,))
+        rt.load(str(path), name="mlp", max_queue_delay_us=200_000)
         launched = eight_queued_rows()
         assert packed(launched), launched
         rt.load(str(compiled("mlp")), name="other")  # two models: each one's share is 1 unit

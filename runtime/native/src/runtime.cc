@@ -614,7 +614,10 @@ void RuntimeObj::Expire(Entry& entry, double now, std::vector<Pending>* expired)
 std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int stream, std::vector<Pending>* expired) {
   const int slot = entry->slot_of[stream];
   const bool several = entry->sizes.size() > 1;
-  if (several && entry->slot_busy[slot] > 0) return {};  // another size of its slot runs
+  if (several && entry->slot_busy[slot] > 0) {  // another size of its slot runs: this one is poked when it ends
+    entry->streams[stream]->Rest();
+    return {};
+  }
   double now = Device::NowMicros();
   Expire(*entry, now, expired);
   std::deque<Pending>& lane = entry->queue.empty() ? entry->delayed : entry->queue;
@@ -666,6 +669,7 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
       for (size_t j = 0; j < entry->streams.size(); ++j) {
         if (entry->slot_of[j] == slot && entry->size_of[j] == chosen) entry->streams[j]->Poke();
       }
+      entry->streams[stream]->Rest();  // (it is poked again when its slot is free)
       return {};
     }
   }
@@ -790,7 +794,11 @@ int RuntimeObj::ChooseSize(const Entry& entry, const std::deque<Pending>& lane, 
   };
   const double deadline = entry.qos_ms > 0 ? lane.front().request->submitted_us + entry.qos_ms * 1e3 : 0;
   auto meets = [&](int k) { return deadline == 0 || now + run(k) <= deadline; };
-  const int low = covering(std::max<int64_t>(lane.front().rows, 1));  // the front request's rows fit
+  int64_t least = std::max<int64_t>(lane.front().rows, 1);  // the front request's rows fit
+  if (!entry.options.preferred_batch_sizes.empty() && entry.options.max_queue_delay_us > 0 && rows >= entry.hold_rows) {
+    least = std::max(least, entry.hold_rows);  // a preferred batch the queue reached launches whole (as Triton's)
+  }
+  const int low = covering(least);
   int best = -1;  // of the sizes the rows fill, the least time per row that meets the deadline (ties: the larger)
   for (int k = low; k < n && sizes[k]->batch <= rows; ++k) {
     if (!meets(k)) continue;

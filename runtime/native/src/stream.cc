@@ -556,7 +556,8 @@ void StreamObj::SubmitLoop() {
     }
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      if (!closed_ && !paused_locked() && !HasWork()) {  // poll briefly: a request arriving soon starts at once
+      if (!closed_ && !paused_locked() && !HasWork() &&
+          !rest_.exchange(false, std::memory_order_relaxed)) {  // poll briefly: a request arriving soon starts at once
         lock.unlock();
         SpinUntil(
             [this] {

@@ -233,7 +233,8 @@ class RuntimeObj : public ffi::Object {
    *  (`input` as for `decision`, the current size's); else the current size's co-location slowdown is every size's. */
   std::vector<double> PredictRuns(const Entry& entry, int size, const PolicyDecision& decision, PolicyInput input);
   /*! \brief The size a launch of `entry`'s `lane` runs at (several sizes; under the lock): of the sizes the queued
-   *  rows fill, the one with the least predicted time per row (`runs`, PredictRuns) whose predicted finish meets the
+   *  rows fill (at least the front request's, and a preferred batch the queue reached, held for with a queue delay),
+   *  the one with the least predicted time per row (`runs`, PredictRuns) whose predicted finish meets the
    *  front request's latency target (none meets it: the smallest); padded up to the next size when that finishes
    *  sooner than this size and the rest's cheapest way (one launch that holds it, or several of a smaller size). */
   int ChooseSize(const Entry& entry, const std::deque<Pending>& lane, double now,

@@ -196,6 +196,9 @@ class StreamObj : public ffi::Object {
   void SetSource(Source source);
   /*! \brief Its source has work: the stream asks it as soon as nothing is queued on it. */
   void Poke();
+  /*! \brief Its source has nothing for it until it is poked again (another stream took the work): once idle, it
+   *  sleeps at once instead of polling for idle_spin_us (a core another stream needs on a small machine). */
+  void Rest() { rest_.store(true, std::memory_order_relaxed); }
   /*! \brief Requests queued or running (a lock-free read; for choosing among a model's streams). */
   int64_t pending() const { return queued_.load(std::memory_order_relaxed); }
   /*! \brief The running request's progress; nullopt when idle. */
@@ -333,6 +336,7 @@ class StreamObj : public ffi::Object {
   std::atomic<int64_t> queued_{0};  // requests_.size(), polled by the idle submitter
   Source source_;
   std::atomic<bool> pull_{false};  // ask the source: it was poked, or a request just ended
+  std::atomic<bool> rest_{false};  // Rest(): skip the next idle poll
   /*! \brief Under mutex_: copy the progress of `layer` (-1: every layer; -2: none) and, if `queue`, the requests'
    *  candidate ids to what ReadState reads, between two steps of the sequence number (odd while writing). */
   void Publish(int layer, bool queue);
