@@ -373,6 +373,8 @@ void RuntimeObj::MeasureSizes(const std::shared_ptr<Entry>& entry) {
     for (size_t k = 0; k < entry->sizes.size(); ++k) {
       const Size& size = *entry->sizes[k];
       std::vector<Request> queued;
+      // its stream sleeps once its turn is done: polling for new work, it would slow the next size's first runs
+      entry->streams[size.first_stream]->Rest();
       for (int q = 0; q < kQueued; ++q)
         queued.push_back(entry->streams[size.first_stream]->Submit(inputs[k], size.policy_model.fastest));
       for (int q = 0; q < kQueued; ++q) {
