@@ -31,6 +31,11 @@ def _alone(name: str, inputs: dict, row: int) -> dict:
                     session.run(None, {k: v[row : row + 1] for k, v in inputs.items()})))
 
 
+def _row_by_row(alone: Executor, x: np.ndarray) -> np.ndarray:
+    """mlp's output for the rows of `x`, each run alone at batch size 1."""
+    return np.concatenate([alone.run({"input": x[i : i + 1]})["output"] for i in range(len(x))])
+
+
 def test_one_artifact_holds_every_size_with_the_weights_stored_once(compiled, mlp_sizes):
     artifact = Artifact.load(mlp_sizes)
     manifest = artifact.manifest
@@ -125,8 +130,7 @@ def test_two_slots_each_hold_every_size_and_both_serve_a_burst(mlp_sizes):
         rt.shutdown()
     for answers, _ in runs:
         for x, got in zip(burst, answers):
-            want = np.concatenate([alone.run({"input": x[i : i + 1]})["output"] for i in range(len(x))])
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(got, _row_by_row(alone, x), rtol=1e-4, atol=1e-5)
     assert all(served > 0 for _, served in runs), [served for _, served in runs]  # each slot serves with its own sizes
 
 
@@ -152,8 +156,7 @@ def test_preferred_batch_sizes_must_be_compiled_sizes_and_a_preferred_size_launc
 def _burst_answered_right(rt, name: str, burst: list, alone: Executor) -> None:
     futures = [rt.submit(name, {"input": x}) for x in burst]
     for x, future in zip(burst, futures):
-        want = np.concatenate([alone.run({"input": x[i : i + 1]})["output"] for i in range(len(x))])
-        np.testing.assert_allclose(future.result(timeout=60)["output"], want, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(future.result(timeout=60)["output"], _row_by_row(alone, x), rtol=1e-4, atol=1e-5)
 
 
 def test_real_time_requests_preempt_the_batched_launches_of_every_size_which_resume_and_answer_right(mlp_sizes, compiled):
@@ -169,8 +172,7 @@ def test_real_time_requests_preempt_the_batched_launches_of_every_size_which_res
             np.testing.assert_allclose(rt.submit("rt", {"input": x[:1]}).result(timeout=60)["output"],
                                        alone.run({"input": x[:1]})["output"], rtol=1e-4, atol=1e-5)
         for x, future in zip(burst, futures):
-            want = np.concatenate([alone.run({"input": x[i : i + 1]})["output"] for i in range(len(x))])
-            np.testing.assert_allclose(future.result(timeout=60)["output"], want, rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(future.result(timeout=60)["output"], _row_by_row(alone, x), rtol=1e-4, atol=1e-5)
         preempted = {task.name: task.counts()["preemptions"] for task in tasks}
     finally:
         rt.shutdown()

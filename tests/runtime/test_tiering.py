@@ -164,9 +164,12 @@ def test_two_streamed_copies_in_one_budget_take_turns(resnet, tmp_path, budget_r
         info = {m.name: rt.tiering(m) for m in (a, b)}
         assert all(i["takes_turns"] for i in info.values()) and [i["in_memory"] for i in info.values()] == [False, True]
         assert info["a"]["device_bytes"] == info["b"]["device_bytes"] > budget // 2  # each plans for all of it
-        # a's requests first: a (parked) must take b's place, then b its own back, however the threads are timed
-        # (interleaved submissions let a loaded machine finish all of b's before a's turn: no unpark of b to see)
-        futures = [(rt.submit(m, x), want) for m in (a, b) for x, want in zip(inputs, outputs)]
+        # a's requests first: a (parked) must take b's place, then b its own back, however the threads are timed: b's
+        # are submitted once a's turn has begun (submitted before it, they could run while b still held the memory,
+        # and b would park only after them: no unpark of b to see, 1 run in ~10 on a fast machine)
+        futures = [(rt.submit(a, x), want) for x, want in zip(inputs, outputs)]
+        futures[0][0].result(timeout=120)
+        futures += [(rt.submit(b, x), want) for x, want in zip(inputs, outputs)]
         for future, want in futures:
             got = future.result(timeout=120)
             assert all(np.array_equal(got[key], want[key]) for key in want)
