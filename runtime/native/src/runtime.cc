@@ -819,7 +819,7 @@ int RuntimeObj::ChooseSize(const Entry& entry, const std::deque<Pending>& lane, 
       remainder = std::min(remainder, run(k) * static_cast<double>((rest + sizes[k]->batch - 1) / sizes[k]->batch));
     }
     int up = covering(rows);
-    if (meets(up) && run(up) < run(best) + remainder) return up;
+    if (meets(up) && run(up) < (1 - kMinGain) * (run(best) + remainder)) return up;  // (the same margin)
   }
   return best;
 }
