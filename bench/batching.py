@@ -90,6 +90,15 @@ def alone_p50_us(path: Path, runs: int = 200) -> float:
 DELAY_US = {"value": 0.0}  # --max-queue-delay-us: the batching way's queue delay (its streams wait for full batches)
 
 
+def latency_summary(result) -> dict:
+    """An open loop's answer for one model: requests sent, latency p50 / p99 / max (µs), the share refused or failed."""
+    latencies = np.asarray(list(result["latencies_us"]), dtype=np.float64)
+    sent = len(latencies) + int(result["failed"]) + int(result["refused"])
+    return {"requests": sent, "p50_us": float(np.percentile(latencies, 50)) if len(latencies) else None,
+            "p99_us": float(np.percentile(latencies, 99)) if len(latencies) else None,
+            "max_us": float(latencies.max()) if len(latencies) else 0.0, "lost": (sent - len(latencies)) / max(sent, 1)}
+
+
 def trial(path: Path, name: str, rate: float, seconds: float, seed: int, target_us: float | None) -> dict:
     """One open-loop run at `rate` per second on a fresh Runtime (`target_us` its qos_ms; None: no latency target, so
     admission refuses nothing): p99 latency and refusals."""
@@ -105,12 +114,7 @@ def trial(path: Path, name: str, rate: float, seconds: float, seed: int, target_
         stats = rt.stats()[name]
     finally:
         rt.shutdown()
-    latencies = np.asarray(list(result["latencies_us"]), dtype=np.float64)
-    sent = len(latencies) + int(result["failed"]) + int(result["refused"])
-    return {"rate": rate, "requests": sent, "p50_us": float(np.percentile(latencies, 50)) if len(latencies) else None,
-            "p99_us": float(np.percentile(latencies, 99)) if len(latencies) else None,
-            "max_us": float(latencies.max()) if len(latencies) else 0.0,
-            "lost": (sent - len(latencies)) / max(sent, 1), "generator_late_p99_us": float(result["late_us"]),
+    return {"rate": rate, **latency_summary(result), "generator_late_p99_us": float(result["late_us"]),
             "executions": int(stats["executions"]),
             "rows_brought": sum(int(rows) * int(count) for rows, count, _ in stats["batches"]),
             "rows_run": sum(int(size) * int(launches) for size, _, launches in stats["sizes"]),
@@ -236,51 +240,54 @@ def mix_trial(paths: dict[str, Path], targets_us: dict[str, float], rates: dict[
         rt.shutdown()
     out = {}
     for name in paths:
-        mine = result[name]
-        latencies = np.asarray(list(mine["latencies_us"]), dtype=np.float64)
-        sent = len(latencies) + int(mine["failed"]) + int(mine["refused"])
-        out[name] = {"rate": rates[name], "requests": sent,
-                     "p99_us": float(np.percentile(latencies, 99)) if len(latencies) else None,
-                     "lost": (sent - len(latencies)) / max(sent, 1),
+        out[name] = {"rate": rates[name], **latency_summary(result[name]),
                      "launches_per_size": {str(int(size)): int(n) for size, _, n in stats[name]["sizes"]}}
     out[""] = {"generator_late_p99_us": float(result[""]["late_us"])}
     return out
 
 
+def search_ways(ways, start: float, attempt) -> dict:
+    """Each way's highest value (a rate, or the mix's scale) meeting its targets: from `start`, x1.25 while any way
+    still meets, the ways in turn at every step (side by side), then 3 bisection steps per way between its last good
+    value and its first bad one. `attempt(way, value, seed_offset) -> bool` runs one trial; a value fails a way only
+    when a second run (another seed) fails too: on a shared 2-core VM one stall decides a p99."""
+    def holds(way, value) -> bool:
+        return any(attempt(way, value, offset) for offset in range(2))  # (the second only after a failure)
+
+    best, failed_at, value = {way: None for way in ways}, {way: None for way in ways}, start
+    while any(failed_at[w] is None for w in ways) and value < start * 200:
+        for way in ways:
+            if failed_at[way] is None:
+                if holds(way, value):
+                    best[way] = value
+                else:
+                    failed_at[way] = value
+        value *= 1.25
+    for way in ways:
+        low, high = best[way] or 0.0, failed_at[way] or value
+        for _ in range(3):
+            middle = (low + high) / 2
+            low, high = (middle, high) if holds(way, middle) else (low, middle)
+        best[way] = low
+    return best
+
+
 def mix_search(ways: dict[str, dict[str, Path]], targets_us: dict[str, float], capacity_per_s: dict[str, float],
                seconds: float, seed: int) -> dict:
     """Each way's best scale (every model at scale x a third of its batch-1 rate alone) meeting every target."""
-    def run(way: str, scale: float) -> bool:
-        rates = {name: scale * capacity_per_s[name] / 3 for name in targets_us}
-        for attempt in range(2):  # a failure is confirmed by a second run
-            result = mix_trial(ways[way], targets_us, rates, seconds, seed + attempt)
-            good = all(r["p99_us"] is not None and r["p99_us"] <= targets_us[n] and r["lost"] <= 0.01
-                       for n, r in result.items() if n)
-            trials[way].append({"scale": scale, "meets": good, **result})
-            print(json.dumps({"mix": way, "scale": round(scale, 3), "meets": good,
-                              **{n: {k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()}
-                                 for n, r in result.items()}}), flush=True)
-            if good:
-                return True
-        return False
-
     trials = {way: [] for way in ways}
-    best, failed_at, scale = {way: None for way in ways}, {way: None for way in ways}, 0.5
-    while any(failed_at[w] is None for w in ways) and scale < 100:
-        for way in ways:
-            if failed_at[way] is None:
-                if run(way, scale):
-                    best[way] = scale
-                else:
-                    failed_at[way] = scale
-        scale *= 1.25
-    for way in ways:
-        low, high = best[way] or 0.0, failed_at[way] or scale
-        for _ in range(3):
-            middle = (low + high) / 2
-            low, high = (middle, high) if run(way, middle) else (low, middle)
-        best[way] = low
-    return {"best_scale": best, "trials": trials}
+
+    def attempt(way: str, scale: float, offset: int) -> bool:
+        rates = {name: scale * capacity_per_s[name] / 3 for name in targets_us}
+        result = mix_trial(ways[way], targets_us, rates, seconds, seed + offset)
+        good = all(meets(r, targets_us[n]) for n, r in result.items() if n)
+        trials[way].append({"scale": scale, "meets": good, **result})
+        print(json.dumps({"mix": way, "scale": round(scale, 3), "meets": good,
+                          **{n: {k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()}
+                             for n, r in result.items()}}), flush=True)
+        return good
+
+    return {"best_scale": search_ways(ways, 0.5, attempt), "trials": trials}
 
 
 def meets(result: dict, target_us: float) -> bool:
@@ -290,37 +297,15 @@ def meets(result: dict, target_us: float) -> bool:
 def search(ways: dict[str, Path], name: str, target_us: float, start: float, seconds: float, seed: int) -> dict:
     """Both ways in turn at each rate while either meets the target, then each refined by bisection."""
     trials = {way: [] for way in ways}
-    best = {way: None for way in ways}
-    failed_at = {way: None for way in ways}
-    rate = start
-    while any(failed_at[w] is None for w in ways) and rate < start * 200:
-        for way, path in ways.items():
-            if failed_at[way] is not None:
-                continue
-            for attempt in range(2):  # a failure is confirmed by a second run (one VM stall must not end a search)
-                result = trial(path, name, rate, seconds, seed + attempt, target_us)
-                trials[way].append(result)
-                print(json.dumps({"model": name, "way": way, **{k: (round(v, 1) if isinstance(v, float) else v)
-                                                               for k, v in result.items()}}), flush=True)
-                if meets(result, target_us):
-                    break
-            if meets(result, target_us):
-                best[way] = rate
-            else:
-                failed_at[way] = rate
-        rate *= 1.25
-    for way, path in ways.items():  # bisection between the last good rate and the first bad one
-        low, high = best[way] or 0.0, failed_at[way] or rate
-        for _ in range(3):
-            middle = (low + high) / 2
-            for attempt in range(2):
-                result = trial(path, name, middle, seconds, seed + attempt, target_us)
-                trials[way].append(result)
-                if meets(result, target_us):
-                    break
-            low, high = (middle, high) if meets(result, target_us) else (low, middle)
-        best[way] = low
-    return {"best_rate": best, "trials": trials}
+
+    def attempt(way: str, rate: float, offset: int) -> bool:
+        result = trial(ways[way], name, rate, seconds, seed + offset, target_us)
+        trials[way].append(result)
+        print(json.dumps({"model": name, "way": way, **{k: (round(v, 1) if isinstance(v, float) else v)
+                                                       for k, v in result.items()}}), flush=True)
+        return meets(result, target_us)
+
+    return {"best_rate": search_ways(ways, start, attempt), "trials": trials}
 
 
 def main() -> None:

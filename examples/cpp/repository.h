@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,8 +25,7 @@ struct Spec {
   std::vector<int64_t> preferred_batch_sizes;  // Triton's preferred_batch_size (each a compiled batch size)
   std::string version = "1";                   // the version folder served (Triton's layout), else 1
   int64_t max_batch_size = -1;                 // rows a request may bring (-1: the artifact's largest batch size)
-  bool queue_policy = false;                   // Triton's default_queue_policy was given: `queue` holds it
-  tvmsched::QueuePolicy queue;                 // (its max_queue_size is `max_queue`)
+  std::optional<tvmsched::QueuePolicy> queue;  // Triton's default_queue_policy (its max_queue_size is `max_queue`)
   std::vector<std::string> instance_kinds;     // instance_group kinds (KIND_AUTO, KIND_CPU, KIND_GPU, ...)
   std::string config_path;                     // the file it was read from (for errors)
 };

@@ -121,7 +121,7 @@ class Server {
     options.warmup = spec.warmup;
     options.max_queue_delay_us = spec.max_queue_delay_us;
     options.preferred_batch_sizes = spec.preferred_batch_sizes;
-    if (spec.queue_policy) options.queue = spec.queue;
+    if (spec.queue) options.queue = *spec.queue;
     const std::string wanted = device_ == "cpu" ? "KIND_CPU" : "KIND_GPU";
     for (const std::string& kind : spec.instance_kinds) {  // (a Triton config's instance groups)
       if (kind != "KIND_AUTO" && kind != wanted)

@@ -321,12 +321,12 @@ Spec ReadTritonFolder(const std::string& name, const fs::path& folder) {
   if (dynamic) {
     if (dynamic->has_default_queue_policy()) {
       const inference::ModelQueuePolicy& policy = dynamic->default_queue_policy();
-      spec.queue_policy = true;
-      spec.queue.timeout_action = policy.timeout_action() == inference::ModelQueuePolicy::DELAY
-                                      ? tvmsched::TimeoutAction::kDelay
-                                      : tvmsched::TimeoutAction::kReject;
-      spec.queue.default_timeout_us = static_cast<double>(policy.default_timeout_microseconds());
-      spec.queue.allow_timeout_override = policy.allow_timeout_override();
+      spec.queue.emplace();
+      spec.queue->timeout_action = policy.timeout_action() == inference::ModelQueuePolicy::DELAY
+                                       ? tvmsched::TimeoutAction::kDelay
+                                       : tvmsched::TimeoutAction::kReject;
+      spec.queue->default_timeout_us = static_cast<double>(policy.default_timeout_microseconds());
+      spec.queue->allow_timeout_override = policy.allow_timeout_override();
       if (policy.max_queue_size() > 0) spec.max_queue = policy.max_queue_size();
     }
     if (dynamic->max_queue_delay_microseconds() > 60'000'000)

@@ -121,14 +121,13 @@ PolicyDecision LayerScheduler::Choose(const PolicyModel& model, const std::vecto
   if (others.empty()) {  // nobody else runs: the fastest candidate of every layer
     const bool kept = !model.fastest.empty();
     decision.candidate_ids = kept ? model.fastest : FastestIds(model.layers);
-    auto cached = kept ? fastest_us_.find(model.name) : fastest_us_.end();
-    if (cached != fastest_us_.end()) {
-      estimate_us = start_us + cached->second;
+    if (kept && model.kept_fastest_us >= 0) {
+      estimate_us = start_us + model.kept_fastest_us;
     } else {
       double sum = 0;
       for (size_t i = 0; i < model.layers.size(); ++i) sum += model.layers[i][decision.candidate_ids[i]].latency_us;
       estimate_us = start_us + sum;
-      if (kept) fastest_us_[model.name] = estimate_us - start_us;  // (as the Python scheduler kept it: bit for bit)
+      if (kept) model.kept_fastest_us = estimate_us - start_us;  // (as the Python scheduler kept it: bit for bit)
     }
   } else {
     // each other stream's remaining layers laid out in time: the end of each

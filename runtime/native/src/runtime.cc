@@ -310,6 +310,8 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
     size->policy_model = MakePolicyModel(name, std::move(layers), entry->qos_ms);
     size->run_us = program.batch_latency_us;
   }
+  entry->sizes_choose =
+      std::any_of(entry->sizes.begin(), entry->sizes.end(), [](const auto& s) { return s->policy_model.choice; });
   const PolicyModel& largest = entry->sizes.back()->policy_model;
   for (size_t i = 0; i < largest.layers.size(); ++i)
     entry->fastest_us += largest.layers[i][largest.fastest[i]].latency_us;
@@ -746,8 +748,8 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
   return out;
 }
 
-std::vector<double> RuntimeObj::PredictRuns(const Entry& entry, int size, const PolicyDecision& decision,
-                                            PolicyInput input) {
+const std::vector<double>& RuntimeObj::PredictRuns(Entry& entry, int size, const PolicyDecision& decision,
+                                                   PolicyInput input) {
   auto factor = [](const PolicyModel& model, const PolicyDecision& d) {
     double chosen = 0, fastest = 0;
     for (size_t i = 0; i < model.layers.size() && i < model.fastest.size(); ++i) {
@@ -762,17 +764,20 @@ std::vector<double> RuntimeObj::PredictRuns(const Entry& entry, int size, const 
     return colocated * (chosen > 0 && fastest > 0 ? chosen / fastest : 1);
   };
   const double own = factor(entry.sizes[size]->policy_model, decision);
-  const bool choice =
-      std::any_of(entry.sizes.begin(), entry.sizes.end(), [](const auto& s) { return s->policy_model.choice; });
+  std::vector<double>& runs = entry.predicted;  // (its buffer is kept between launches)
+  runs.resize(entry.sizes.size());
+  if (!entry.sizes_choose) {  // no size has a choice of candidates: the current size's slowdown is every size's
+    for (size_t k = 0; k < runs.size(); ++k) runs[k] = entry.sizes[k]->run_us * own;
+    return runs;
+  }
   const std::vector<StreamView>* seen = nullptr;  // the monitor, read once for the sizes' decisions
   auto read = input.monitor;
   if (read)
     input.monitor = [&seen, &read]() -> const std::vector<StreamView>& { return *(seen ? seen : seen = &read()); };
-  std::vector<double> runs(entry.sizes.size());
   for (size_t k = 0; k < runs.size(); ++k) {
     const PolicyModel& model = entry.sizes[k]->policy_model;
     double f = own;
-    if (choice && static_cast<int>(k) != size) {
+    if (static_cast<int>(k) != size) {
       input.model = &model;
       f = factor(model, policy_->Decide(input));
     }

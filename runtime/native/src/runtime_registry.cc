@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <numeric>
 #include <random>
 #include <set>
 #include <sstream>
@@ -96,15 +97,13 @@ ffi::Map<ffi::String, ffi::Any> StatsMap(const ModelStats& s) {
 ffi::Map<ffi::String, ffi::Any> OpenLoopMix(Runtime rt, const ffi::Array<ffi::String>& models,
                                             const ffi::Array<ffi::Map<ffi::String, ffi::Tensor>>& inputs,
                                             const ffi::Array<double>& rates, double seconds, int64_t seed) {
-  double total = 0;
-  for (double rate : rates) total += rate > 0 ? rate : 0;
   if (models.empty() || models.size() != inputs.size() || models.size() != rates.size() ||
       std::any_of(rates.begin(), rates.end(), [](double rate) { return !(rate > 0); }) || !(seconds > 0) ||
       seconds > 3600) {
     TVM_FFI_THROW(TvmschedError) << "an open loop needs, per model, inputs and a positive rate, and 0 to 3600 seconds";
   }
   std::mt19937_64 rng(static_cast<uint64_t>(seed));
-  std::exponential_distribution<double> gap(total / 1e6);  // µs between arrivals
+  std::exponential_distribution<double> gap(std::accumulate(rates.begin(), rates.end(), 0.0) / 1e6);  // µs apart
   std::discrete_distribution<size_t> which(rates.begin(), rates.end());
   struct Sent {
     size_t model;

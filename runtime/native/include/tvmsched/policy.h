@@ -80,6 +80,10 @@ struct PolicyModel {
   double qos_ms = -1;                              ///< its latency target (< 0: none)
   std::vector<int> fastest;                        ///< the fastest candidate of every layer
   bool choice = false;                             ///< some layer has more than one candidate
+  /*! \brief The layer scheduler's time for the fastest candidates, kept from the first decision that computed it
+   *  (< 0: none yet; as the Python scheduler kept it, bit for bit). Kept here, per model and per batch size, not by
+   *  the model's name: a model's sizes share the name, and a model loaded again under it has candidates of its own. */
+  mutable double kept_fastest_us = -1;
 };
 
 /*! \brief A model's view from its layers (`fastest` and `choice` derived from them). */
@@ -147,7 +151,6 @@ class LayerScheduler {
 
  private:
   std::shared_ptr<ColocationTable> table_;
-  std::unordered_map<std::string, double> fastest_us_;  // model -> latency of its fastest candidates
   int64_t decided_ = 0;
   std::deque<double> decision_us_, monitor_us_;
   // Choose's scratch, kept between decisions: the busy streams, when each of their remaining layers ends, what runs

@@ -195,6 +195,8 @@ class RuntimeObj : public ffi::Object {
     std::deque<Pending> queue, delayed;  // delayed: past their timeout under kDelay (they run after the others)
     double next_timeout_us = 0;          // no queued request's timeout comes before it (a bound; 0: none has a timeout)
     double fastest_us = 0;               // its fastest candidates' isolated latency, summed
+    bool sizes_choose = false;           // some size has a choice of candidates (PredictRuns decides per size)
+    std::vector<double> predicted;       // PredictRuns' answer (under the lock; its buffer kept between launches)
     bool closing = false;
     bool takes_turns = false;  // a streamed model taking turns for its memory (TierOptions::make_room)
     double hold_until_us = 0;  // its free streams wait for a fuller batch until then (the sweeper pokes them; 0: no)
@@ -231,7 +233,7 @@ class RuntimeObj : public ffi::Object {
    *  isolated time against the fastest's: fewer units may run slower) and by the policy's co-location estimate
    *  against their isolated time. When some size has a choice of candidates every size gets a decision of its own
    *  (`input` as for `decision`, the current size's); else the current size's co-location slowdown is every size's. */
-  std::vector<double> PredictRuns(const Entry& entry, int size, const PolicyDecision& decision, PolicyInput input);
+  const std::vector<double>& PredictRuns(Entry& entry, int size, const PolicyDecision& decision, PolicyInput input);
   /*! \brief The size a launch of `entry`'s `lane` runs at (several sizes; under the lock): of the sizes the queued
    *  rows fill (at least the front request's, and a preferred batch the queue reached, held for with a queue delay),
    *  the one with the least predicted time per row (`runs`, PredictRuns) whose predicted finish meets the
