@@ -70,6 +70,14 @@ def test_every_size_answers_every_row_as_onnxruntime_does_alone_and_the_same_bit
     assert all(np.array_equal(got[k], seen[0][k]) for got in seen for k in got)
 
 
+def _alone_at(runs: dict[int, float], rows: int) -> int:
+    """The size a request of `rows` rows launches at with nothing else queued (docs/batching.md), from each size's
+    run: the smallest size that holds it, or the fastest larger one when that runs at least 5% faster."""
+    low = min(size for size in runs if size >= rows)
+    faster = [size for size in runs if size > low and runs[size] < 0.95 * runs[low]]
+    return min(faster, key=runs.get) if faster else low
+
+
 def test_the_runtime_holds_a_stream_per_size_and_every_answer_agrees_with_the_batch_1_run(mlp_sizes):
     alone = Executor(str(mlp_sizes), batch_size=1)
     rng = np.random.default_rng(7)
@@ -80,12 +88,15 @@ def test_the_runtime_holds_a_stream_per_size_and_every_answer_agrees_with_the_ba
     try:
         model = rt.load(str(mlp_sizes), name="mlp")
         assert [task.name for task in model.tasks] == ["mlp", "mlp@b1", "mlp@b2", "mlp@b4"]  # the largest first, then a stream per smaller size
-        # one request at a time: the size is the smallest that holds its rows (padded), nothing else being queued
-        for rows, size in ((1, 1), (3, 4), (8, 8), (2, 2), (5, 8)):
+        # one request at a time, nothing else queued: the smallest size that holds its rows (padded), or a larger one
+        # that ran at least 5% faster outright at load
+        runs = {size: s["run_us"] for size, s in rt.stats()["mlp"]["sizes"].items()}
+        for rows in (1, 3, 8, 2, 5):
+            size = _alone_at(runs, rows)
             before = rt.stats()["mlp"]["sizes"][size]["launches"]
             x = rng.standard_normal((rows, *shape)).astype(np.float32)
             got = rt.submit("mlp", {name: x}).result(timeout=60)["output"]
-            assert got.shape == (rows, 10) and rt.stats()["mlp"]["sizes"][size]["launches"] == before + 1, (rows, size)
+            assert got.shape == (rows, 10) and rt.stats()["mlp"]["sizes"][size]["launches"] == before + 1, (rows, runs)
         futures = [rt.submit("mlp", {name: x}) for x in burst]  # a burst: packed at whatever sizes the queue fills
         answers = [f.result(timeout=60)["output"] for f in futures]
         stats = rt.stats()["mlp"]
@@ -270,6 +281,60 @@ def test_the_batch_size_is_chosen_with_the_candidates_the_policy_takes_at_each_s
         rt.unload("other")
         launched = eight_queued_rows()
         assert packed(launched), launched
+    finally:
+        rt.shutdown()
+
+
+def test_one_row_is_padded_into_a_larger_size_where_that_runs_faster_outright(mlp_sizes, compiled, tmp_path):
+    """Declared 20x slower at 1 row on 1 unit (1x at 2, 4 and 8 rows): with a second model loaded (the partition
+    policy's share is 1 unit) a lone one-row request runs padded, at the larger size predicted fastest."""
+    path = _with_unit_candidates(mlp_sizes, tmp_path / "units.tvms", {1: 20.0, 2: 1.0, 4: 1.0, 8: 1.0})
+    alone = Executor(str(path), batch_size=1)
+    x = np.random.default_rng(5).standard_normal((1, 784)).astype(np.float32)
+    rt = Runtime(policy="partition", total_units=2)
+    try:
+        rt.load(str(path), name="mlp")
+        rt.load(str(compiled("mlp")), name="other")
+        sizes = rt.stats()["mlp"]["sizes"]
+        before = {size: s["launches"] for size, s in sizes.items()}
+        np.testing.assert_allclose(rt.submit("mlp", {"input": x}).result(timeout=60)["output"],
+                                   alone.run({"input": x})["output"], rtol=1e-4, atol=1e-5)
+        launched = {size: s["launches"] - before[size] for size, s in rt.stats()["mlp"]["sizes"].items()}
+        fastest = min((2, 4, 8), key=lambda size: sizes[size]["run_us"])
+        assert launched == {1: 0, 2: 0, 4: 0, 8: 0} | {fastest: 1}, (launched, sizes)
+        assert rt.stats()["mlp"]["batches"][0][:2] == (1, 1)  # it brought 1 row (the rest padding)
+    finally:
+        rt.shutdown()
+
+
+def test_admission_of_a_model_of_several_sizes_counts_the_rows_its_batches_run(mlp_sizes):
+    """A latency target of 3.5 runs of 8 rows; one-row requests queued while the model's streams are paused. Admission
+    predicts as the batcher runs them, the queued rows and its own at the size that drains them soonest (a count of
+    requests times a run, as for a model of one size, would refuse the fifth): the first refused is the first whose
+    prediction from the sizes' runs (measured again at load) passes the target, past a launch of 8, and every admitted
+    one is answered."""
+    rt = Runtime()
+    try:
+        rt.load(str(mlp_sizes), name="mlp")
+        target_ms = 3.5 * rt.stats()["mlp"]["sizes"][8]["run_us"] / 1e3
+        rt.unload("mlp")
+        rt.load(str(mlp_sizes), name="mlp", qos_ms=target_ms)
+        runs = {size: s["run_us"] for size, s in rt.stats()["mlp"]["sizes"].items()}  # (measured again at this load)
+        predicted = lambda rows: min(-(-rows // size) * run for size, run in runs.items())
+        first_refused = next(rows for rows in range(2, 100) if predicted(rows) > target_ms * 1e3)
+        rt.preempt("mlp")
+        x = np.random.default_rng(9).standard_normal((first_refused, 784)).astype(np.float32)
+        admitted = [rt.submit("mlp", {"input": x[i : i + 1]}) for i in range(first_refused - 1)]
+        refused = rt.submit("mlp", {"input": x[-1:]})  # (the future holds the refusal)
+        with pytest.raises(TvmschedError, match=rf"^model mlp: the request would finish in about .* ms "
+                                                rf"\({first_refused - 1} rows ahead of it\), past its latency target"):
+            refused.result(timeout=0)
+        rt.resume("mlp")
+        alone = Executor(str(mlp_sizes), batch_size=1)
+        for i, future in enumerate(admitted):
+            np.testing.assert_allclose(future.result(timeout=60)["output"], alone.run({"input": x[i : i + 1]})["output"],
+                                       rtol=1e-4, atol=1e-5)
+        assert first_refused > 8 and rt.stats()["mlp"]["refused"] == 1, (first_refused, runs)
     finally:
         rt.shutdown()
 

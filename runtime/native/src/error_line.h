@@ -16,6 +16,13 @@ inline std::string ErrorLine(const std::exception& err) {
   return text.substr(0, text.find('\n'));
 }
 
+/*! \brief Throw a refusal that the load brings (a full queue, admission, a runtime shutting down): an expected answer
+ *  under overload, thrown without the backtrace TVM_FFI_THROW walks and symbolises. That walk took tens of µs, more
+ *  than serving a small model's request, so an overloaded Runtime spent its time refusing and fell further behind. */
+[[noreturn]] inline void ThrowRefusal(std::string message) {
+  throw tvm::ffi::Error("TvmschedError", std::move(message), std::string());
+}
+
 }  // namespace tvmsched
 
 #endif  // TVMSCHED_SRC_ERROR_LINE_H_

@@ -7,7 +7,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <sstream>
+
+#include "error_line.h"
 
 namespace tvmsched {
 
@@ -445,48 +448,77 @@ Request RuntimeObj::Submit(const std::string& model, ffi::Map<ffi::String, ffi::
   request->submitted_us = Device::NowMicros();
   Pending pending{Request(request), options.priority == 1 || (options.priority < 0 && entry->options.realtime),
                   timeout_us > 0 ? request->submitted_us + timeout_us : 0, rows};
+  std::string refusal;  // thrown once the lock is let go (ThrowRefusal: no backtrace)
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_ || entry->closing) {
-      TVM_FFI_THROW(TvmschedError) << (closed_ ? "the runtime is shut down"
-                                               : "model " + entry->name + " is being unloaded");
-    }
-    int64_t queued = static_cast<int64_t>(entry->queue.size() + entry->delayed.size());
-    if (queue.max_queue_size > 0 && queued >= queue.max_queue_size) {
-      ++entry->refused;
-      TVM_FFI_THROW(TvmschedError) << "model " << entry->name << ": its queue is full (" << queued
-                                   << " requests queued, max_queue_size " << queue.max_queue_size << ")";
-    }
-    if (entry->qos_ms > 0) {  // admission: refuse what would finish past the latency target already
-      int64_t busy = 0;
-      for (const Stream& s : entry->streams) busy += s->pending() > 0;
-      int64_t streams = entry->options.streams, ahead = queued + std::min(busy, streams);
-      double predicted_us = static_cast<double>(ahead / streams + 1) * entry->fastest_us;
-      if (ahead >= streams && predicted_us > entry->qos_ms * 1e3) {
-        ++entry->refused;
-        TVM_FFI_THROW(TvmschedError) << "model " << entry->name << ": the request would finish in about "
-                                     << Ms(predicted_us) << " ms (" << ahead << " requests ahead of it), past its "
-                                     << "latency target of " << entry->qos_ms << " ms: refused";
+    refusal = AdmitLocked(*entry, rows);
+    if (refusal.empty()) {
+      if (pending.realtime) {  // real-time requests go before the best-effort ones queued on the model
+        auto at = std::find_if(entry->queue.begin(), entry->queue.end(), [](const Pending& p) { return !p.realtime; });
+        entry->queue.insert(at, pending);
+      } else {
+        entry->queue.push_back(pending);
       }
-    }
-    if (pending.realtime) {  // real-time requests go before the best-effort ones queued on the model
-      auto at = std::find_if(entry->queue.begin(), entry->queue.end(), [](const Pending& p) { return !p.realtime; });
-      entry->queue.insert(at, pending);
-    } else {
-      entry->queue.push_back(pending);
-    }
-    if (pending.timeout_at_us > 0) {
-      if (entry->next_timeout_us == 0 || pending.timeout_at_us < entry->next_timeout_us) {
-        entry->next_timeout_us = pending.timeout_at_us;
+      if (pending.timeout_at_us > 0) {
+        if (entry->next_timeout_us == 0 || pending.timeout_at_us < entry->next_timeout_us) {
+          entry->next_timeout_us = pending.timeout_at_us;
+        }
+        sweep_cond_.notify_all();
       }
-      sweep_cond_.notify_all();
     }
   }
+  if (!refusal.empty()) ThrowRefusal(std::move(refusal));
   // its own model's streams go on. Not under a serial policy: nothing runs beside it to preempt, and pausing the
   // older requests it waits behind would stop the queue for good
   if (pending.realtime && !policy_->serial()) group_->Hold(pending.request, entry->streams);
   PokeAll(entry);
   return pending.request;
+}
+
+std::string RuntimeObj::AdmitLocked(Entry& entry, int64_t rows) {
+  if (closed_) return "the runtime is shut down";
+  if (entry.closing) return "model " + entry.name + " is being unloaded";
+  const QueuePolicy& queue = entry.options.queue;
+  const int64_t queued = static_cast<int64_t>(entry.queue.size() + entry.delayed.size());
+  std::ostringstream why;
+  if (queue.max_queue_size > 0 && queued >= queue.max_queue_size) {
+    ++entry.refused;
+    why << "model " << entry.name << ": its queue is full (" << queued << " requests queued, max_queue_size "
+        << queue.max_queue_size << ")";
+    return why.str();
+  }
+  if (entry.qos_ms <= 0) return {};
+  // admission: refuse what would finish past the latency target already. The prediction never overshoots (every
+  // launch at the fastest candidates, nothing beside it), so what it refuses could not have met the target
+  const int64_t streams = entry.options.streams;
+  int64_t busy = 0, ahead = queued;
+  double predicted_us = 0;
+  if (entry.sizes.size() <= 1) {  // one request a launch: the queued ones and the running ones go first
+    for (const Stream& s : entry.streams) busy += s->pending() > 0;
+    ahead += std::min(busy, streams);
+    if (ahead < streams) return {};
+    predicted_us = static_cast<double>(ahead / streams + 1) * entry.fastest_us;
+  } else {  // several sizes: the queued rows and its own run in batches, after a launch of each busy slot
+    for (int slot = 0; slot < streams; ++slot) busy += entry.slot_busy[slot].load() > 0;
+    if (queued == 0 && busy < streams) return {};
+    int64_t all_rows = std::max<int64_t>(rows, 1);
+    for (const auto* lane : {&entry.queue, &entry.delayed}) {
+      for (const Pending& p : *lane) all_rows += std::max<int64_t>(p.rows, 1);
+    }
+    predicted_us = std::numeric_limits<double>::infinity();
+    for (const auto& size : entry.sizes) {  // all at one size, the slots side by side: its rounds of launches
+      const int64_t per_round = size->batch * streams;
+      predicted_us = std::min(predicted_us, static_cast<double>((all_rows + per_round - 1) / per_round) * size->run_us);
+    }
+    if (busy >= streams) predicted_us += entry.sizes.front()->run_us;  // (at least the shortest launch's run)
+    ahead = all_rows - std::max<int64_t>(rows, 1);
+  }
+  if (predicted_us <= entry.qos_ms * 1e3) return {};
+  ++entry.refused;
+  why << "model " << entry.name << ": the request would finish in about " << Ms(predicted_us) << " ms (" << ahead
+      << (entry.sizes.size() <= 1 ? " requests" : " rows") << " ahead of it), past its latency target of "
+      << entry.qos_ms << " ms: refused";
+  return why.str();
 }
 
 void RuntimeObj::PokeAll(const std::shared_ptr<Entry>& entry) {
@@ -815,16 +847,25 @@ int RuntimeObj::ChooseSize(const Entry& entry, const std::deque<Pending>& lane, 
     if (!meets(k)) continue;
     if (best < 0 || run(k) / sizes[k]->batch < (1 - kMinGain) * run(best) / sizes[best]->batch) best = k;
   }
-  if (best < 0) return low;  // the rows fill none (padded), or none meets the deadline: the soonest to finish
-  if (rows > sizes[best]->batch && sizes.back()->batch >= rows) {  // the rest: padded into one larger launch?
-    // the rest's time: its cheapest way, one launch of the size that holds it or several of a smaller size
-    const int64_t rest = rows - sizes[best]->batch;
-    double remainder = run(covering(rest));
-    for (int k = 0; k < n; ++k) {
-      remainder = std::min(remainder, run(k) * static_cast<double>((rest + sizes[k]->batch - 1) / sizes[k]->batch));
+  if (best < 0) best = low;  // the rows fill none (padded), or none meets the deadline: the soonest to finish
+  // padded up: one launch of a larger size that holds every queued row, when it finishes sooner than this size and
+  // the rest's cheapest way (one launch that holds the rest, or several of a smaller size). With no rest, a larger
+  // size that runs faster outright: mlp's size 2 beside its size 1 on a CPU, whose batch-1 program runs its first
+  // layer without a parallel loop
+  if (sizes.back()->batch >= rows) {
+    const int64_t rest = std::max<int64_t>(rows - sizes[best]->batch, 0);
+    double remainder = 0;
+    if (rest > 0) {
+      remainder = run(covering(rest));
+      for (int k = 0; k < n; ++k) {
+        remainder = std::min(remainder, run(k) * static_cast<double>((rest + sizes[k]->batch - 1) / sizes[k]->batch));
+      }
     }
-    int up = covering(rows);
-    if (meets(up) && run(up) < (1 - kMinGain) * (run(best) + remainder)) return up;  // (the same margin)
+    int up = -1;
+    for (int k = std::max(covering(rows), best + 1); k < n; ++k) {
+      if (meets(k) && (up < 0 || run(k) < run(up))) up = k;
+    }
+    if (up >= 0 && run(up) < (1 - kMinGain) * (run(best) + remainder)) return up;  // (the same margin)
   }
   return best;
 }

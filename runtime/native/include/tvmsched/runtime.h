@@ -209,6 +209,9 @@ class RuntimeObj : public ffi::Object {
   /*! \brief A stream's source: what it runs next (under the runtime's lock; expired requests collected to fail). */
   std::vector<Request> Next(const std::shared_ptr<Entry>& entry, int stream, std::vector<Pending>* expired);
   void Expire(Entry& entry, double now, std::vector<Pending>* expired);
+  /*! \brief Why a request of `rows` rows is refused now (shutting down, a full queue, or admission: it would finish
+   *  past the model's latency target), counted; empty: it is admitted (under the lock). */
+  std::string AdmitLocked(Entry& entry, int64_t rows);
   /*! \brief The model whose first queued request came first (serial policies), or null (under the lock). */
   std::shared_ptr<Entry> OldestLocked() const;
   /*! \brief Nothing of the model queued or running (takes the lock). */
@@ -237,8 +240,9 @@ class RuntimeObj : public ffi::Object {
   /*! \brief The size a launch of `entry`'s `lane` runs at (several sizes; under the lock): of the sizes the queued
    *  rows fill (at least the front request's, and a preferred batch the queue reached, held for with a queue delay),
    *  the one with the least predicted time per row (`runs`, PredictRuns) whose predicted finish meets the
-   *  front request's latency target (none meets it: the smallest); padded up to the next size when that finishes
-   *  sooner than this size and the rest's cheapest way (one launch that holds it, or several of a smaller size). */
+   *  front request's latency target (none meets it: the smallest); padded up to a larger size holding every queued
+   *  row when that finishes sooner than this size and the rest's cheapest way (one launch that holds it, or several
+   *  of a smaller size; with no rest: a larger size faster outright). */
   int ChooseSize(const Entry& entry, const std::deque<Pending>& lane, double now,
                  const std::vector<double>& runs) const;
   /*! \brief A model compiled at several sizes: each size's run at its fastest candidates, measured on its streams. */
