@@ -120,7 +120,10 @@ class Runtime:
                  max_in_flight: int = 8, timeline: bool = False, policy: str = "colocation",
                  progress_interval_ms: float = 1.0, trusted_keys=(), memory_budget: int | None = None,
                  switching: SwitchSettings = SwitchSettings(), tiering: TierSettings = TierSettings(),
-                 stall_timeout_s: float | None = None, freeze_gc: bool = True):
+                 stall_timeout_s: float | None = None, freeze_gc: bool = True, devices: tuple[str, ...] = ()):
+        devices = tuple(str(d) for d in devices)
+        if devices:  # ("cuda:1",): that one; several: each model whole on one, or a replica on each of load(devices=)
+            device = devices[0].split(":")[0]
         if device not in ("cpu", "cuda"):
             raise TvmschedError(f"unknown device {device!r}: use cpu or cuda")
         if policy not in POLICIES:
@@ -129,6 +132,8 @@ class Runtime:
             raise TvmschedError(f"a memory budget must be a positive number of bytes, not {memory_budget}")
         self.device = device
         self.total_units = total_units or int(native.device_info(device)["total_units"])
+        if len(devices) > 1 and not total_units:  # each device's own units (a CPU device: its share of the cores)
+            self.total_units = max(1, self.total_units // len(devices)) if device == "cpu" else self.total_units
         self._trusted_keys = tuple(str(k) for k in trusted_keys)
         table = colocation_table(colocation, device, self.total_units) if policy == "colocation" else None
         options = {"device": device, "policy": policy, "total_units": self.total_units, "max_in_flight": max_in_flight,
@@ -138,6 +143,8 @@ class Runtime:
                    "threshold1": switching.threshold1, "threshold2": switching.threshold2,
                    "preset_count": switching.preset_count, "retain": switching.retain, "timeline": bool(timeline),
                    "colocation": [[a, b, float(r)] for (a, b), r in (table.measured.items() if table else ())]}
+        if devices:
+            options["devices"] = list(devices)
         if memory_budget is not None:  # a model larger than it streams from the host tiers: their shares, found now
             options.update(memory_budget=int(memory_budget), tiers=TierShares(tiering).engine_tiers(),
                            tier_buffer_bytes=int(tiering.buffer_bytes))
@@ -165,12 +172,14 @@ class Runtime:
     def load(self, artifact, *, qos_ms: float | None = None, priority: str = "best_effort", name: str | None = None,
              resident: bool = True, device_bytes: int | None = None, warmup: bool = False, streams: int = 1,
              max_queue_delay_us: float = 0.0, preferred_batch_sizes: tuple[int, ...] = (),
-             queue_policy: dict | None = None) -> Model:
+             queue_policy: dict | None = None, devices: tuple[int, ...] = ()) -> Model:
         """Load an artifact (path or Artifact) as a new model; the engine decides its placement (docs/runtime.md).
         A model compiled for a batch (docs/batching.md): `max_queue_delay_us`, how long a free stream waits at most for
         the queued rows to reach the smallest of `preferred_batch_sizes` (each a compiled size; none: the largest).
         `queue_policy`: Triton's default_queue_policy as the engine takes it: timeout_action ("reject" or "delay"),
-        default_timeout_us, allow_timeout_override, max_queue_size (docs/runtime.md)."""
+        default_timeout_us, allow_timeout_override, max_queue_size (docs/runtime.md). A runtime over several
+        devices: `devices`, the device numbers to place a replica on (none: one, where the most memory is left;
+        docs/multi-device.md)."""
         if priority not in PRIORITIES:
             raise TvmschedError(f"priority must be one of {PRIORITIES}, not {priority!r}")
         if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= 64:
@@ -182,6 +191,8 @@ class Runtime:
                    "device_bytes": int(device_bytes or 0), "max_queue_delay_us": float(max_queue_delay_us),
                    "preferred_batch_sizes": [int(size) for size in preferred_batch_sizes]}
         options.update(queue_policy or {})  # (the engine refuses an option it does not know, in one line)
+        if devices:
+            options["devices"] = [int(d) for d in devices]
         if name is not None:
             options["name"] = str(name)
         with tempfile.TemporaryDirectory(prefix="tvmsched-") as tmp:
@@ -281,7 +292,8 @@ class Runtime:
                          "refused": int(s["refused"]), "timed_out": int(s["timed_out"]), "queued": int(s["queued"]),
                          "executions": int(s["executions"]),
                          "batches": [tuple(int(x) for x in b) for b in s["batches"]],
-                         "sizes": {int(b): {"run_us": float(us), "launches": int(n)} for b, us, n in s["sizes"]}}
+                         "sizes": {int(b): {"run_us": float(us), "launches": int(n)} for b, us, n in s["sizes"]},
+                         "devices": [str(d) for d in s.get("devices", ())]}  # (several devices: its replicas')
         decided, p50, p99 = self._engine.decision_stats()
         out["_device"] = native.device_faults(self.device)
         out["_scheduler"] = {"decisions": int(decided), "p50_us": _or_none(p50), "p99_us": _or_none(p99),
@@ -306,6 +318,13 @@ class Runtime:
     def memory(self) -> dict[str, int]:
         """The engine's accounting of this Runtime's model memory: in_use, peak and budget (0: none) in bytes."""
         return {str(k): int(v) for k, v in self._engine.memory().items()}
+
+    def devices(self) -> list[dict]:
+        """Per device the runtime serves: its name ("cpu", "cpu:1", "cuda:0"), units, whether it is lost (out of
+        service), its memory (in_use, peak, budget), the models it holds and their requests queued there."""
+        return [{"name": str(d["name"]), "units": int(d["units"]), "lost": bool(d["lost"]), "in_use": int(d["in_use"]),
+                 "peak": int(d["peak"]), "budget": int(d["budget"]), "models": [str(m) for m in d["models"]],
+                 "queued": int(d["queued"])} for d in self._engine.devices()]
 
     @property
     def memory_scope(self):

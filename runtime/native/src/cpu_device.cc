@@ -3,6 +3,7 @@
 // stream has a launch queue run in order by its own thread, with events and cross-stream waits, so the engine's
 // GPU path (launches in flight, events, re-plans, drains) runs and is tested on any machine.
 #include <pthread.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <tvm/ffi/function.h>
@@ -18,6 +19,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "cpu_pool.h"
 #include "tvm_runtime.h"
@@ -46,6 +48,19 @@ int CpuUnits() {
 }
 
 constexpr size_t kMaxCached = size_t(1) << 30;
+
+/*! \brief The cores the process may run on (sched_getaffinity of the thread that opens the first share). */
+const cpu_set_t& ProcessCores() {
+  static const cpu_set_t cores = [] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) != 0) {
+      for (int c = 0; c < static_cast<int>(std::thread::hardware_concurrency()); ++c) CPU_SET(c, &set);
+    }
+    return set;
+  }();
+  return cores;
+}
 
 /*! \brief A stream of the asynchronous mode: a launch queue its own thread runs in order, on `units` threads.
  *  A launch that throws records its error (the first one), which the next synchronization raises, as a CUDA
@@ -142,7 +157,13 @@ struct CpuEvent {
 
 class CpuDevice final : public Device {
  public:
-  explicit CpuDevice(bool async) : units_(CpuUnits()), async_(async) {}
+  /*! \brief The whole machine (`cores` empty: TVM_NUM_THREADS, else every core), or a share of its cores: the
+   *  threads that run its kernels (the streams' and their pools' workers) are pinned to them. */
+  CpuDevice(bool async, std::vector<int> cores = {})
+      : units_(cores.empty() ? CpuUnits() : static_cast<int>(cores.size())), async_(async), cores_(std::move(cores)) {
+    CPU_ZERO(&share_);
+    for (int c : cores_) CPU_SET(c, &share_);
+  }
   const char* kind() const override { return "cpu"; }
   DLDevice dl_device() const override { return DLDevice{kDLCPU, 0}; }
   int total_units() const override { return units_; }
@@ -227,6 +248,7 @@ class CpuDevice final : public Device {
     if (granted) *granted = units;
     if (!async_) return nullptr;  // synchronous: the calling thread runs its kernels
     return new CpuStream(units, [this, priority](int n) {
+      PinThread();
       SetThreadUnits(n);
       // a best-effort queue yields the cores to the others (raising a priority needs privileges: high stays 0)
       if (priority == StreamPriority::kLow) setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
@@ -302,8 +324,14 @@ class CpuDevice final : public Device {
     std::memcpy(dst, src, n);
   }
 
+  void PinThread() override {
+    if (!cores_.empty()) sched_setaffinity(0, sizeof(cpu_set_t), &share_);
+  }
+
   int units_;
   const bool async_;
+  const std::vector<int> cores_;
+  cpu_set_t share_;
   std::mutex cache_mu_;
   std::map<void*, size_t> sizes_;       // live blocks and their sizes
   std::multimap<size_t, void*> cache_;  // freed blocks kept for reuse
@@ -320,6 +348,25 @@ bool CpuLaunchesAsync() {
 }
 
 std::shared_ptr<Device> OpenCudaDevice(int index);  // cuda_device.cc
+
+std::shared_ptr<Device> OpenCpuShare(int index, int of) {
+  if (of < 1 || index < 0 || index >= of) {
+    TVM_FFI_THROW(TvmschedError) << "cpu:" << index << " is not one of " << of << " CPU devices";
+  }
+  EnsureTvmRuntime(false);
+  std::vector<int> all;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &ProcessCores())) all.push_back(c);
+  }
+  const int n = static_cast<int>(all.size());
+  std::vector<int> cores;
+  if (n >= of) {  // cores [index * n / of, (index + 1) * n / of): each device its own
+    for (int j = index * n / of; j < (index + 1) * n / of; ++j) cores.push_back(all[j]);
+  } else {  // more devices than cores: one core each, shared
+    cores.push_back(all[index % n]);
+  }
+  return std::make_shared<CpuDevice>(CpuLaunchesAsync(), std::move(cores));
+}
 
 std::shared_ptr<Device> OpenDevice(const std::string& kind, int index) {
   if (kind == "cpu") {

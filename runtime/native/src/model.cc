@@ -365,7 +365,11 @@ Model Model::Load(const std::string& path, const std::string& device, const Load
     TVM_FFI_THROW(TvmschedError) << "the artifact was compiled for " << compiled_for << ", not " << device;
   }
   CheckCpuFeatures(contents.manifest, path);  // before its kernels.so (host code included) is loaded
-  auto obj = ffi::make_object<ModelObj>(OpenDevice(compiled_for));
+  if (options.device && compiled_for != options.device->kind()) {
+    TVM_FFI_THROW(TvmschedError) << "the artifact was compiled for " << compiled_for << ", not "
+                                 << options.device->kind();
+  }
+  auto obj = ffi::make_object<ModelObj>(options.device ? options.device : OpenDevice(compiled_for));
   obj->Init(path, std::move(contents), options);
   return Model(obj);
 }

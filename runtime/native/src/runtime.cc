@@ -79,14 +79,18 @@ ffi::Map<ffi::String, ffi::Tensor> ZeroInputs(const Manifest& manifest) {
 Runtime Runtime::Create(RuntimeOptions options) { return Runtime(ffi::make_object<RuntimeObj>(std::move(options))); }
 
 RuntimeObj::RuntimeObj(RuntimeOptions options) : options_(std::move(options)) {
-  if (options_.devices.size() != 1) {
-    TVM_FFI_THROW(TvmschedError) << "a runtime serves one device in this release, not " << options_.devices.size();
+  if (options_.devices.empty()) TVM_FFI_THROW(TvmschedError) << "a runtime needs at least one device";
+  for (const DeviceSpec& spec : options_.devices) {
+    if (spec.kind != "cpu" && spec.kind != "cuda") {
+      TVM_FFI_THROW(TvmschedError) << "unknown device '" << spec.kind << "': use cpu or cuda";
+    }
+  }
+  if (options_.devices.size() > 1) {  // one Runtime per device, this one routes (devices.cc)
+    OpenParts();
+    return;
   }
   const DeviceSpec& spec = options_.devices[0];
-  if (spec.kind != "cpu" && spec.kind != "cuda") {
-    TVM_FFI_THROW(TvmschedError) << "unknown device '" << spec.kind << "': use cpu or cuda";
-  }
-  device_ = OpenDevice(spec.kind);
+  device_ = spec.opened ? spec.opened : OpenDevice(spec.kind, spec.index);
   total_units_ = options_.total_units > 0 ? options_.total_units : device_->total_units();
   scope_ = std::make_shared<MemoryScope>(spec.memory_budget);
   trusted_ = TrustedKeys::FromFiles(options_.trusted_keys);
@@ -113,10 +117,17 @@ RuntimeObj::RuntimeObj(RuntimeOptions options) : options_(std::move(options)) {
 RuntimeObj::~RuntimeObj() { Shutdown(); }
 
 Model RuntimeObj::LoadModel(const std::string& path, const LoadOptions& options) const {
-  return Model::Load(path, options_.devices[0].kind, options, trusted_);
+  LoadOptions on = options;
+  on.device = device_;  // (one of several devices: its own, not the process's device of that kind)
+  return Model::Load(path, options_.devices[0].kind, on, trusted_);
 }
 
 std::string RuntimeObj::Load(const std::string& path, const ModelOptions& options) {
+  if (!parts_.empty()) return LoadReplicas(path, options);
+  if (!options.devices.empty() && options.devices != std::vector<int>{0}) {
+    TVM_FFI_THROW(TvmschedError) << "the runtime serves one device (" << device_name() << "): a model cannot be "
+                                 << "placed on devices other than 0";
+  }
   if (options.streams < 1 || options.streams > 64) {
     TVM_FFI_THROW(TvmschedError) << "streams must be a whole number from 1 to 64, not " << options.streams;
   }
@@ -420,6 +431,7 @@ void RuntimeObj::WarmUp(const std::shared_ptr<Entry>& entry) {
 
 Request RuntimeObj::Submit(const std::string& model, ffi::Map<ffi::String, ffi::Tensor> inputs,
                            const SubmitOptions& options) {
+  if (!parts_.empty()) return SubmitRouted(model, std::move(inputs), options);
   std::shared_ptr<Entry> entry;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -490,35 +502,51 @@ std::string RuntimeObj::AdmitLocked(Entry& entry, int64_t rows) {
   if (entry.qos_ms <= 0) return {};
   // admission: refuse what would finish past the latency target already. The prediction never overshoots (every
   // launch at the fastest candidates, nothing beside it), so what it refuses could not have met the target
-  const int64_t streams = entry.options.streams;
-  int64_t busy = 0, ahead = queued;
-  double predicted_us = 0;
-  if (entry.sizes.size() <= 1) {  // one request a launch: the queued ones and the running ones go first
-    for (const Stream& s : entry.streams) busy += s->pending() > 0;
-    ahead += std::min(busy, streams);
-    if (ahead < streams) return {};
-    predicted_us = static_cast<double>(ahead / streams + 1) * entry.fastest_us;
-  } else {  // several sizes: the queued rows and its own run in batches, after a launch of each busy slot
-    for (int slot = 0; slot < streams; ++slot) busy += entry.slot_busy[slot].load() > 0;
-    if (queued == 0 && busy < streams) return {};
-    int64_t all_rows = std::max<int64_t>(rows, 1);
-    for (const auto* lane : {&entry.queue, &entry.delayed}) {
-      for (const Pending& p : *lane) all_rows += std::max<int64_t>(p.rows, 1);
-    }
-    predicted_us = std::numeric_limits<double>::infinity();
-    for (const auto& size : entry.sizes) {  // all at one size, the slots side by side: its rounds of launches
-      const int64_t per_round = size->batch * streams;
-      predicted_us = std::min(predicted_us, static_cast<double>((all_rows + per_round - 1) / per_round) * size->run_us);
-    }
-    if (busy >= streams) predicted_us += entry.sizes.front()->run_us;  // (at least the shortest launch's run)
-    ahead = all_rows - std::max<int64_t>(rows, 1);
-  }
-  if (predicted_us <= entry.qos_ms * 1e3) return {};
+  bool starts_now = false;
+  int64_t ahead = 0;
+  const double predicted_us = PredictLocked(entry, rows, &starts_now, &ahead);
+  if (starts_now || predicted_us <= entry.qos_ms * 1e3) return {};
   ++entry.refused;
   why << "model " << entry.name << ": the request would finish in about " << Ms(predicted_us) << " ms (" << ahead
       << (entry.sizes.size() <= 1 ? " requests" : " rows") << " ahead of it), past its latency target of "
       << entry.qos_ms << " ms: refused";
   return why.str();
+}
+
+double RuntimeObj::PredictLocked(const Entry& entry, int64_t rows, bool* starts_now, int64_t* ahead) const {
+  const int64_t streams = entry.options.streams;
+  const int64_t queued = static_cast<int64_t>(entry.queue.size() + entry.delayed.size());
+  int64_t busy = 0;
+  if (entry.sizes.size() <= 1) {  // one request a launch: the queued ones and the running ones go first
+    for (const Stream& s : entry.streams) busy += s->pending() > 0;
+    *ahead = queued + std::min(busy, streams);
+    *starts_now = *ahead < streams;
+    return static_cast<double>(*ahead / streams + 1) * entry.fastest_us;
+  }
+  // several sizes: the queued rows and its own run in batches, after a launch of each busy slot
+  for (int slot = 0; slot < streams; ++slot) busy += entry.slot_busy[slot].load() > 0;
+  *starts_now = queued == 0 && busy < streams;
+  int64_t all_rows = std::max<int64_t>(rows, 1);
+  for (const auto* lane : {&entry.queue, &entry.delayed}) {
+    for (const Pending& p : *lane) all_rows += std::max<int64_t>(p.rows, 1);
+  }
+  *ahead = all_rows - std::max<int64_t>(rows, 1);
+  double predicted_us = std::numeric_limits<double>::infinity();
+  for (const auto& size : entry.sizes) {  // all at one size, the slots side by side: its rounds of launches
+    const int64_t per_round = size->batch * streams;
+    predicted_us = std::min(predicted_us, static_cast<double>((all_rows + per_round - 1) / per_round) * size->run_us);
+  }
+  if (busy >= streams) predicted_us += entry.sizes.front()->run_us;  // (at least the shortest launch's run)
+  return predicted_us;
+}
+
+double RuntimeObj::PredictFinishUs(const std::string& model, int64_t rows) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto found = entries_.find(model);
+  if (closed_ || found == entries_.end() || found->second->closing) return -1;
+  bool starts_now = false;
+  int64_t ahead = 0;
+  return PredictLocked(*found->second, rows, &starts_now, &ahead);
 }
 
 void RuntimeObj::PokeAll(const std::shared_ptr<Entry>& entry) {
@@ -1020,6 +1048,13 @@ const std::vector<StreamView>& RuntimeObj::MonitorLocked() {
 }
 
 std::vector<StreamView> RuntimeObj::Monitor() {
+  if (!parts_.empty()) {
+    std::vector<StreamView> all;
+    for (const Runtime& part : parts_) {
+      for (StreamView& view : part->Monitor()) all.push_back(std::move(view));
+    }
+    return all;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<StreamView> busy;
   for (const StreamView& view : MonitorLocked()) {
@@ -1029,6 +1064,7 @@ std::vector<StreamView> RuntimeObj::Monitor() {
 }
 
 std::map<std::string, ModelStats> RuntimeObj::Stats() {
+  if (!parts_.empty()) return MergedStats();
   std::vector<std::shared_ptr<Entry>> entries;
   std::map<std::string, std::pair<int64_t, int64_t>> counts;  // refused, timed out; queued below
   std::map<std::string, int64_t> queued;
@@ -1081,6 +1117,16 @@ std::map<std::string, ModelStats> RuntimeObj::Stats() {
 }
 
 std::tuple<int64_t, double, double> RuntimeObj::DecisionStats() {
+  if (!parts_.empty()) {  // the decisions of every device's policy: their count, the largest p50 and p99
+    std::tuple<int64_t, double, double> all{0, -1, -1};
+    for (const Runtime& part : parts_) {
+      auto [decided, p50, p99] = part->DecisionStats();
+      std::get<0>(all) += decided;
+      std::get<1>(all) = std::max(std::get<1>(all), p50);
+      std::get<2>(all) = std::max(std::get<2>(all), p99);
+    }
+    return all;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   LayerScheduler* scheduler = SchedulerOf(*policy_);
   if (!scheduler) return {0, -1, -1};
@@ -1089,6 +1135,14 @@ std::tuple<int64_t, double, double> RuntimeObj::DecisionStats() {
 }
 
 std::pair<double, double> RuntimeObj::MonitorStats() {
+  if (!parts_.empty()) {
+    std::pair<double, double> all{-1, -1};
+    for (const Runtime& part : parts_) {
+      auto [p50, p99] = part->MonitorStats();
+      all = {std::max(all.first, p50), std::max(all.second, p99)};
+    }
+    return all;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   LayerScheduler* scheduler = SchedulerOf(*policy_);
   return scheduler ? Percentiles(scheduler->monitor_us()) : std::pair<double, double>{-1, -1};
@@ -1098,10 +1152,33 @@ std::vector<std::string> RuntimeObj::models() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> names;
   for (const auto& e : order_) names.push_back(e->name);
+  for (const auto& [name, devices] : replicas_) names.push_back(name);
   return names;
 }
 
+int64_t RuntimeObj::finished_for_memory() const {
+  int64_t all = finished_for_memory_->load();
+  for (const Runtime& part : parts_) all += part->finished_for_memory();
+  return all;
+}
+
+std::vector<StageEvent> RuntimeObj::SwitchEvents() const {
+  if (parts_.empty()) return switcher_->Events();
+  std::vector<StageEvent> all;
+  for (const Runtime& part : parts_) {
+    for (StageEvent& event : part->SwitchEvents()) all.push_back(std::move(event));
+  }
+  return all;
+}
+
 std::vector<Stream> RuntimeObj::streams(const std::string& model) const {
+  if (!parts_.empty()) {  // its replicas' streams, by device
+    std::vector<Stream> all;
+    for (int d : ReplicasOf(model)) {
+      for (Stream& s : parts_[d]->streams(model)) all.push_back(std::move(s));
+    }
+    return all;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   auto found = entries_.find(model);
   if (found == entries_.end()) TVM_FFI_THROW(TvmschedError) << "no model named '" << model << "' is loaded";
@@ -1109,6 +1186,13 @@ std::vector<Stream> RuntimeObj::streams(const std::string& model) const {
 }
 
 std::vector<Model> RuntimeObj::engine_models(const std::string& model) const {
+  if (!parts_.empty()) {
+    std::vector<Model> all;
+    for (int d : ReplicasOf(model)) {
+      for (Model& m : parts_[d]->engine_models(model)) all.push_back(std::move(m));
+    }
+    return all;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   auto found = entries_.find(model);
   if (found == entries_.end()) TVM_FFI_THROW(TvmschedError) << "no model named '" << model << "' is loaded";
@@ -1116,6 +1200,11 @@ std::vector<Model> RuntimeObj::engine_models(const std::string& model) const {
 }
 
 bool RuntimeObj::Evict(const std::string& name, bool keep_environment) {
+  if (!parts_.empty()) {  // every replica that is idle and switched
+    bool any = false;
+    for (int d : ReplicasOf(name)) any |= parts_[d]->Evict(name, keep_environment);
+    return any;
+  }
   Model first;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -1132,6 +1221,7 @@ bool RuntimeObj::Evict(const std::string& name, bool keep_environment) {
 }
 
 void RuntimeObj::Unload(const std::string& name, double timeout_s) {
+  if (!parts_.empty()) return UnloadReplicas(name, timeout_s);
   std::shared_ptr<Entry> entry;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -1187,6 +1277,14 @@ void RuntimeObj::Unload(const std::string& name, double timeout_s) {
 }
 
 void RuntimeObj::Shutdown() {
+  if (!parts_.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_ = true;
+    }
+    for (const Runtime& part : parts_) part->Shutdown();
+    return;
+  }
   {
     std::unique_lock<std::mutex> lock(turns_->mu);  // its streamed models' turns are not asked of it any more
     turns_->runtime = nullptr;

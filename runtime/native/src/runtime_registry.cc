@@ -84,6 +84,11 @@ ffi::Map<ffi::String, ffi::Any> StatsMap(const ModelStats& s) {
   out.Set("faults", s.faults);
   out.Set("fault_restarts", s.fault_restarts);
   out.Set("placement", s.placement);
+  if (!s.devices.empty()) {
+    ffi::Array<ffi::String> devices;
+    for (const std::string& d : s.devices) devices.push_back(d);
+    out.Set("devices", devices);
+  }
   return out;
 }
 
@@ -174,9 +179,10 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   refl::GlobalDef()
       .def("tvmsched.engine.open_loop", OpenLoop)
       .def("tvmsched.engine.open_loop_mix", OpenLoopMix)
-      // options: device, memory_budget, policy, total_units, colocation ([first, second, value] rows), max_in_flight,
-      // idle_spin_us, progress_interval_ms, stall_timeout_s, trusted_keys, max_groups, threshold1, threshold2,
-      // preset_count, retain, tiers ([{kind, capacity_bytes, numa_node, path}]), tier_buffer_bytes
+      // options: device, devices (["cpu:0", "cpu:1"]: several), memory_budget (each device's), policy, total_units,
+      // colocation ([first, second, value] rows), max_in_flight, idle_spin_us, progress_interval_ms, stall_timeout_s,
+      // trusted_keys, max_groups, threshold1, threshold2, preset_count, retain, tiers ([{kind, capacity_bytes,
+      // numa_node, path}]), tier_buffer_bytes
       .def("tvmsched.engine.create_runtime", [](ffi::Map<ffi::String, ffi::Any> map) {
         OptionMap o(std::move(map), "a runtime");
         RuntimeOptions options;
@@ -186,6 +192,12 @@ TVM_FFI_STATIC_INIT_BLOCK() {
         if (budget < 0) TVM_FFI_THROW(TvmschedError) << "a memory budget cannot be negative";
         device.memory_budget = static_cast<size_t>(budget);
         options.devices = {device};
+        auto listed = o.Get<ffi::Array<ffi::String>>("devices", {});  // several: each with the memory budget
+        if (!listed.empty()) options.devices.clear();
+        for (const ffi::String& text : listed) {
+          options.devices.push_back(ParseDeviceSpec(text));
+          options.devices.back().memory_budget = device.memory_budget;
+        }
         options.policy = o.Get<ffi::String>("policy", "colocation");
         options.total_units = static_cast<int>(o.Get<int64_t>("total_units", 0));
         auto rows = o.Get<ffi::Array<ffi::Array<ffi::Any>>>("colocation", {});
@@ -212,6 +224,11 @@ TVM_FFI_STATIC_INIT_BLOCK() {
         o.Done();
         if (!rows.empty()) {  // the table needs the device's unit count: resolved as the runtime will
           int units = options.total_units > 0 ? options.total_units : OpenDevice(device.kind)->total_units();
+          if (options.devices.size() > 1 && options.total_units <= 0) {  // (each device's share of the cores)
+            units = options.devices[0].kind == "cpu"
+                        ? OpenCpuShare(0, static_cast<int>(options.devices.size()))->total_units()
+                        : OpenDevice("cuda", options.devices[0].index)->total_units();
+          }
           options.colocation = std::make_shared<ColocationTable>(units);
           for (const auto& row : rows) {
             if (row.size() != 3) TVM_FFI_THROW(TvmschedError) << "a colocation row is [first, second, value]";
@@ -224,7 +241,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       });
 
   // model options: name, qos_ms, realtime, resident, device_bytes, streams, warmup, timeout_action ("reject" or
-  // "delay"), default_timeout_us, allow_timeout_override, max_queue_size, max_queue_delay_us, preferred_batch_sizes
+  // "delay"), default_timeout_us, allow_timeout_override, max_queue_size, max_queue_delay_us, preferred_batch_sizes,
+  // devices (several devices: a replica on each of these device numbers)
   refl::ObjectDef<RuntimeObj>()
       .def("load",
            [](Runtime rt, const std::string& path, ffi::Map<ffi::String, ffi::Any> map) {
@@ -251,6 +269,11 @@ TVM_FFI_STATIC_INIT_BLOCK() {
                auto rows = size.try_cast<int64_t>();
                if (!rows || *rows < 1) TVM_FFI_THROW(TvmschedError) << "preferred_batch_sizes are positive row counts";
                options.preferred_batch_sizes.push_back(*rows);
+             }
+             for (const ffi::Any& d : o.Get<ffi::Array<ffi::Any>>("devices", {})) {
+               auto index = d.try_cast<int64_t>();
+               if (!index) TVM_FFI_THROW(TvmschedError) << "a model's devices are device numbers";
+               options.devices.push_back(static_cast<int>(*index));
              }
              o.Done();
              return rt->Load(path, options);
@@ -311,11 +334,40 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("policy", [](Runtime rt) { return rt->policy_kind(); })
       .def("total_units", [](Runtime rt) { return static_cast<int64_t>(rt->total_units()); })
       .def("memory",
-           [](Runtime rt) {
+           [](Runtime rt) {  // several devices: their sums (the peak: of each device's peak)
+             std::vector<Runtime> each = rt->parts().empty() ? std::vector<Runtime>{rt} : rt->parts();
+             int64_t in_use = 0, peak = 0, budget = 0;
+             for (const Runtime& one : each) {
+               in_use += static_cast<int64_t>(one->scope()->in_use());
+               peak += static_cast<int64_t>(one->scope()->peak());
+               budget += static_cast<int64_t>(one->scope()->budget());
+             }
              ffi::Map<ffi::String, int64_t> out;
-             out.Set("in_use", static_cast<int64_t>(rt->scope()->in_use()));
-             out.Set("peak", static_cast<int64_t>(rt->scope()->peak()));
-             out.Set("budget", static_cast<int64_t>(rt->scope()->budget()));
+             out.Set("in_use", in_use);
+             out.Set("peak", peak);
+             out.Set("budget", budget);
+             return out;
+           })
+      .def("devices",
+           [](Runtime rt) {  // per device: {name, units, lost, in_use, peak, budget, models, queued}
+             std::vector<Runtime> each = rt->parts().empty() ? std::vector<Runtime>{rt} : rt->parts();
+             ffi::Array<ffi::Map<ffi::String, ffi::Any>> out;
+             for (const Runtime& one : each) {
+               ffi::Map<ffi::String, ffi::Any> d;
+               d.Set("name", one->device_name());
+               d.Set("units", static_cast<int64_t>(one->total_units()));
+               d.Set("lost", one->device_lost());
+               d.Set("in_use", static_cast<int64_t>(one->scope()->in_use()));
+               d.Set("peak", static_cast<int64_t>(one->scope()->peak()));
+               d.Set("budget", static_cast<int64_t>(one->scope()->budget()));
+               ffi::Array<ffi::String> models;
+               for (const std::string& m : one->models()) models.push_back(m);
+               d.Set("models", models);
+               int64_t queued = 0;  // its models' requests waiting for a stream
+               for (const auto& [name, stats] : one->Stats()) queued += stats.queued;
+               d.Set("queued", queued);
+               out.push_back(d);
+             }
              return out;
            })
       .def("memory_scope",

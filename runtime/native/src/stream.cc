@@ -545,6 +545,7 @@ void StreamObj::Close() {
 bool StreamObj::HasWork() const { return !requests_.empty() || !in_flight_.empty(); }
 
 void StreamObj::SubmitLoop() {
+  m_->device().PinThread();
   m_->device().SetThreadUnits(0);
   std::optional<Launch> next;  // synchronous: the launch StepSync already took (and marked running)
   while (true) {

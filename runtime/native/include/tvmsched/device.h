@@ -124,6 +124,9 @@ class Device {
   virtual void UseStream(StreamHandle stream) = 0;
   /*! \brief CPU: this thread's kernels use `units` worker threads. CUDA: makes the context current. */
   virtual void SetThreadUnits(int units) = 0;
+  /*! \brief Run the calling thread on the device's cores: a CPU device that is a share of them (OpenCpuShare; the
+   *  pool workers the thread starts inherit them); others: nothing. A stream's threads call it as they start. */
+  virtual void PinThread() {}
 
   virtual EventHandle RecordEvent(StreamHandle stream) = 0;
   virtual bool EventDone(EventHandle event) = 0;
@@ -218,6 +221,11 @@ bool CpuLaunchesAsync();
  *  fails with a one-line error where there is no driver or GPU.
  */
 std::shared_ptr<Device> OpenDevice(const std::string& kind, int index = 0);
+
+/*! \brief A new CPU device standing for one of `of` GPUs (a Runtime over several devices, tested without GPUs): the
+ *  `index`-th share of the process's cores (more devices than cores: one core each, shared), its kernels' threads
+ *  pinned to them, its own memory accounting and fault state. Each call opens another device. */
+std::shared_ptr<Device> OpenCpuShare(int index, int of);
 
 /*! \brief Size in bytes of a DLPack dtype element (bool counts 1). */
 size_t DTypeBytes(DLDataType dtype);

@@ -61,6 +61,8 @@ struct LoadOptions {
   /*! \brief A resident model of the same artifact whose device weights this one reads instead of copies of its own
    *  (another batch size: the weights stored once in memory too); it is kept alive and must stay resident. */
   ffi::ObjectRef shares_weights_of;
+  /*! \brief The device to load it on (one of a Runtime's several; null: OpenDevice of the artifact's kind). */
+  std::shared_ptr<Device> device;
 };
 
 /*! \brief Lay out and load a model larger than its device memory (LoadOptions::tiers): its streamer (the streamed

@@ -47,11 +47,18 @@ namespace tvmsched {
 /*! \brief A device the runtime serves on, and the device memory its models may take (0: no budget of its own). */
 struct DeviceSpec {
   std::string kind = "cpu";
+  int index = 0;  ///< its ordinal (cuda:1); of several cpu devices, its share of the cores (OpenCpuShare)
   size_t memory_budget = 0;
+  std::shared_ptr<Device> opened;  ///< the device itself, when already open (null: opened by kind and index)
 };
 
+/*! \brief "cpu", "cpu:N", "cuda" or "cuda:N" as a DeviceSpec (one TvmschedError line otherwise). */
+DeviceSpec ParseDeviceSpec(const std::string& text);
+
 struct RuntimeOptions {
-  /*! \brief The devices (one in this release; more come with multi-device placement). */
+  /*! \brief The devices. Several: the Runtime places each model whole on one of them, or a replica on each of those
+   *  its ModelOptions::devices name, and routes each request to the replica predicted to finish it first; each
+   *  device keeps its own policy, switcher, memory budget and fault state (docs/multi-device.md). */
   std::vector<DeviceSpec> devices{DeviceSpec{}};
   std::string policy = "colocation";
   std::shared_ptr<ColocationTable> colocation;  ///< the colocation profile (null: the fallback rule for every pair)
@@ -95,6 +102,10 @@ struct ModelOptions {
    *  error line at load). A free stream holds the queued rows (within max_queue_delay_us) only while they are fewer
    *  than the smallest of these (none: the largest compiled size). */
   std::vector<int64_t> preferred_batch_sizes;
+  /*! \brief A Runtime over several devices: a replica on each of these (indices into RuntimeOptions::devices, each at
+   *  most once; Triton's instance_group gpus). Empty: one, on the device with the most memory left (the fewest models
+   *  where no budget is set). */
+  std::vector<int> devices;
 };
 
 struct SubmitOptions {
@@ -117,7 +128,12 @@ struct ModelStats {
   double p50_ms = -1, p99_ms = -1;
   int64_t launches = 0, reruns = 0, faults = 0, fault_restarts = 0;
   std::string placement;
+  /*! \brief A Runtime over several devices: the devices holding its replicas ("cpu:0", ...; the counters above are
+   *  their sums, p50 and p99 the largest replica's). */
+  std::vector<std::string> devices;
 };
+
+class Runtime;
 
 class RuntimeObj : public ffi::Object {
  public:
@@ -145,19 +161,27 @@ class RuntimeObj : public ffi::Object {
   std::pair<double, double> MonitorStats();
   /*! \brief How often a switch-in waited for memory that paused best-effort requests held, and the preemption group
    *  let them finish (and pause again) to free it. */
-  int64_t finished_for_memory() const { return finished_for_memory_->load(); }
+  int64_t finished_for_memory() const;
   std::vector<std::string> models() const;
   /*! \brief The streams of a model (its first one first; the others are NAME#1 ...). */
   std::vector<Stream> streams(const std::string& model) const;
   /*! \brief The engine models its streams serve, in the same order (the first is the switched or streamed one). */
   std::vector<Model> engine_models(const std::string& model) const;
   /*! \brief The switcher's recorded stages (stage1, stage2, exec, clean, evict). */
-  std::vector<StageEvent> SwitchEvents() const { return switcher_->Events(); }
+  std::vector<StageEvent> SwitchEvents() const;
   const std::string& policy_kind() const { return policy_kind_; }
   int total_units() const { return total_units_; }
   const std::shared_ptr<MemoryScope>& scope() const { return scope_; }
   /*! \brief Finish what is queued, then stop every stream. */
   void Shutdown();
+  /*! \brief A Runtime over several devices: one Runtime per device (empty: this one serves its only device). */
+  const std::vector<Runtime>& parts() const { return parts_; }
+  /*! \brief The device it serves ("cpu", "cpu:1", "cuda:0") and whether that device is lost (out of service). */
+  std::string device_name() const;
+  bool device_lost() const { return device_->health() == Device::kLost; }
+  /*! \brief A request of `rows` rows of `model`, submitted now: its predicted finish from now (µs; each launch at the
+   *  fastest candidates, nothing beside it), as admission predicts it (-1: no such model, or it is being unloaded). */
+  double PredictFinishUs(const std::string& model, int64_t rows) const;
 
   static constexpr bool _type_mutable = true;
   TVM_FFI_DECLARE_OBJECT_INFO_FINAL("tvmsched.Runtime", RuntimeObj, ffi::Object);
@@ -212,6 +236,22 @@ class RuntimeObj : public ffi::Object {
   /*! \brief Why a request of `rows` rows is refused now (shutting down, a full queue, or admission: it would finish
    *  past the model's latency target), counted; empty: it is admitted (under the lock). */
   std::string AdmitLocked(Entry& entry, int64_t rows);
+  /*! \brief The predicted finish of a request of `rows` rows submitted now (AdmitLocked's rule): `starts_now` when a
+   *  stream is free for it with nothing queued, `ahead` the requests (one size) or rows (several) before it. */
+  double PredictLocked(const Entry& entry, int64_t rows, bool* starts_now, int64_t* ahead) const;
+  // ---- several devices (devices.cc): this Runtime routes to its parts ----
+  void OpenParts();
+  std::string LoadReplicas(const std::string& path, const ModelOptions& options);
+  Request SubmitRouted(const std::string& model, ffi::Map<ffi::String, ffi::Tensor> inputs,
+                       const SubmitOptions& options);
+  /*! \brief `outer` (what the caller holds) finishes as `inner` (its run on the last of the `tried` devices) does, or
+   *  runs again on another replica when `inner` failed because its device was lost. */
+  void FollowRouted(Request outer, Request inner, const std::string& model, const SubmitOptions& options,
+                    std::vector<int> tried);
+  void UnloadReplicas(const std::string& name, double timeout_s);
+  std::map<std::string, ModelStats> MergedStats();
+  /*! \brief The parts holding a model's replicas (one TvmschedError line when none is loaded under that name). */
+  std::vector<int> ReplicasOf(const std::string& model) const;
   /*! \brief The model whose first queued request came first (serial policies), or null (under the lock). */
   std::shared_ptr<Entry> OldestLocked() const;
   /*! \brief Nothing of the model queued or running (takes the lock). */
@@ -261,6 +301,8 @@ class RuntimeObj : public ffi::Object {
   PreemptionGroup group_;
   std::shared_ptr<ColocationTable> table_;
 
+  std::vector<Runtime> parts_;                        // several devices: one Runtime each (its index)
+  std::map<std::string, std::vector<int>> replicas_;  // several devices: each model's parts (under mu_)
   mutable std::mutex mu_;
   std::condition_variable sweep_cond_;
   std::unique_ptr<Policy> policy_;

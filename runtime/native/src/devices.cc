@@ -1,0 +1,302 @@
+// A Runtime over several devices (tvmsched/runtime.h, docs/multi-device.md): one Runtime per device, each with its own
+// policy, switcher, memory budget and fault state; this one places each model (whole on one device, or a replica on
+// each device its options name) and routes each request to the replica predicted to finish it first. The placement
+// and the routing are decisions (a policy's part); the devices' Runtimes are the mechanisms that run them.
+#include <tvm/ffi/error.h>
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include "tvmsched/runtime.h"
+
+namespace tvmsched {
+
+namespace {
+
+/*! \brief A request's rows as its first input's leading dimension says (1 for a scalar input): what the prediction
+ *  counts. The device's Runtime checks the inputs. */
+int64_t RowsOf(const ffi::Map<ffi::String, ffi::Tensor>& inputs) {
+  for (const auto& [name, tensor] : inputs) return tensor.ndim() > 0 ? std::max<int64_t>(tensor.size(0), 1) : 1;
+  return 1;
+}
+
+}  // namespace
+
+DeviceSpec ParseDeviceSpec(const std::string& text) {
+  DeviceSpec spec;
+  const size_t colon = text.find(':');
+  spec.kind = text.substr(0, colon);
+  bool ok = spec.kind == "cpu" || spec.kind == "cuda";
+  if (ok && colon != std::string::npos) {
+    const std::string number = text.substr(colon + 1);
+    ok = !number.empty() && number.size() <= 4 &&
+         std::all_of(number.begin(), number.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (ok) spec.index = std::stoi(number);
+  }
+  if (!ok) TVM_FFI_THROW(TvmschedError) << "a device is cpu, cpu:N, cuda or cuda:N, not '" << text << "'";
+  return spec;
+}
+
+std::string RuntimeObj::device_name() const {
+  if (!parts_.empty()) {
+    std::string all;
+    for (const Runtime& part : parts_) all += (all.empty() ? "" : ",") + part->device_name();
+    return all;
+  }
+  const DeviceSpec& spec = options_.devices[0];
+  return spec.kind == "cuda" || spec.opened ? spec.kind + ":" + std::to_string(spec.index) : spec.kind;
+}
+
+void RuntimeObj::OpenParts() {
+  const std::string& kind = options_.devices[0].kind;
+  const int n = static_cast<int>(options_.devices.size());
+  std::set<int> seen;
+  for (const DeviceSpec& spec : options_.devices) {
+    if (spec.kind != kind) {
+      TVM_FFI_THROW(TvmschedError) << "a runtime's devices are all of one kind, not " << kind << " and " << spec.kind;
+    }
+    if (spec.index < 0 || !seen.insert(spec.index).second) {
+      TVM_FFI_THROW(TvmschedError) << "device " << spec.kind << ":" << spec.index << " is listed twice or is not a "
+                                   << "device number";
+    }
+  }
+  for (const DeviceSpec& listed : options_.devices) {
+    RuntimeOptions one = options_;
+    DeviceSpec spec = listed;
+    // CPU devices stand for GPUs: each its share of the cores (`of` n), pinned, with its own memory and faults
+    if (!spec.opened) spec.opened = kind == "cpu" ? OpenCpuShare(spec.index, n) : OpenDevice(kind, spec.index);
+    one.devices = {spec};
+    // each device's policy adds its models' candidates to its table (not thread-safe, so not shared)
+    if (options_.colocation) one.colocation = std::make_shared<ColocationTable>(*options_.colocation);
+    parts_.push_back(Runtime::Create(std::move(one)));
+  }
+  device_ = parts_[0]->device_;
+  total_units_ = parts_[0]->total_units();
+  policy_kind_ = options_.policy;
+  scope_ = parts_[0]->scope();
+}
+
+std::vector<int> RuntimeObj::ReplicasOf(const std::string& model) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto found = replicas_.find(model);
+  if (found == replicas_.end()) {
+    std::ostringstream loaded;
+    for (const auto& [name, devices] : replicas_) loaded << (loaded.tellp() ? ", " : "") << name;
+    TVM_FFI_THROW(TvmschedError) << "no model named '" << model
+                                 << "' is loaded (loaded: " << (replicas_.empty() ? "none" : loaded.str()) << ")";
+  }
+  return found->second;
+}
+
+std::string RuntimeObj::LoadReplicas(const std::string& path, const ModelOptions& options) {
+  const int n = static_cast<int>(parts_.size());
+  std::vector<int> devices = options.devices;
+  std::set<int> seen;
+  for (int d : devices) {
+    if (d < 0 || d >= n) {
+      TVM_FFI_THROW(TvmschedError) << "device " << d << " is not one of the runtime's devices (0 to " << n - 1 << ": "
+                                   << device_name() << ")";
+    }
+    if (!seen.insert(d).second) TVM_FFI_THROW(TvmschedError) << "device " << d << " is named twice for one model";
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) TVM_FFI_THROW(TvmschedError) << "the runtime is shut down";
+    if (devices.empty()) {  // whole on one device: the most memory left (no budget: the fewest models), in service
+      std::vector<int> models(n, 0);
+      for (const auto& [name, on] : replicas_) {
+        for (int d : on) ++models[d];
+      }
+      int best = -1;
+      size_t best_left = 0;
+      for (int d = 0; d < n; ++d) {
+        if (parts_[d]->device_lost()) continue;
+        const size_t left =
+            parts_[d]->scope()->budget() > 0 ? parts_[d]->scope()->left() : std::numeric_limits<size_t>::max();
+        if (best < 0 || left > best_left || (left == best_left && models[d] < models[best])) best = d, best_left = left;
+      }
+      if (best < 0) TVM_FFI_THROW(TvmschedError) << "every device is out of service (" << device_name() << ")";
+      devices = {best};
+    }
+  }
+  for (int d : devices) {
+    if (parts_[d]->device_lost()) {
+      TVM_FFI_THROW(TvmschedError) << "device " << parts_[d]->device_name()
+                                   << " is out of service: " << parts_[d]->device_->faults().lost;
+    }
+  }
+  ModelOptions one = options;
+  one.devices.clear();
+  std::string name;
+  std::vector<int> loaded;
+  try {
+    for (int d : devices) {
+      name = parts_[d]->Load(path, one);
+      loaded.push_back(d);
+      one.name = name;  // every replica under the first one's name
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) TVM_FFI_THROW(TvmschedError) << "the runtime is shut down";
+    if (replicas_.count(name)) TVM_FFI_THROW(TvmschedError) << "a model named '" << name << "' is already loaded";
+    replicas_[name] = devices;
+  } catch (...) {  // nothing stays loaded
+    for (int d : loaded) {
+      try {
+        parts_[d]->Unload(name, 60);
+      } catch (const ffi::Error&) {  // (it answers its requests, if any came, then goes; the load's error is the news)
+      }
+    }
+    throw;
+  }
+  return name;
+}
+
+Request RuntimeObj::SubmitRouted(const std::string& model, ffi::Map<ffi::String, ffi::Tensor> inputs,
+                                 const SubmitOptions& options) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) TVM_FFI_THROW(TvmschedError) << "the runtime is shut down";
+  }
+  const std::vector<int> replicas = ReplicasOf(model);
+  const int64_t rows = RowsOf(inputs);
+  std::vector<std::pair<double, int>> order;  // (predicted finish, device), the soonest first
+  std::string out_of_service;
+  for (int d : replicas) {
+    if (parts_[d]->device_lost()) {
+      out_of_service += (out_of_service.empty() ? "" : ", ") + parts_[d]->device_name();
+      continue;
+    }
+    double us = parts_[d]->PredictFinishUs(model, rows);
+    if (us >= 0) order.emplace_back(us, d);
+  }
+  if (order.empty()) {
+    TVM_FFI_THROW(TvmschedError) << "model " << model << ": every device holding it is out of service ("
+                                 << out_of_service << ")";
+  }
+  std::stable_sort(order.begin(), order.end());
+  // the soonest replica; when it refuses (its queue full, its latency target, its device lost meanwhile), the next.
+  // A request every replica refuses gets the soonest one's line
+  std::optional<ffi::Error> first;
+  for (const auto& [us, d] : order) {
+    Request inner;
+    try {
+      inner = parts_[d]->Submit(model, inputs, options);
+    } catch (const ffi::Error& err) {
+      if (!first) first = err;
+      continue;
+    }
+    if (replicas.size() == 1) return inner;       // nowhere else to go if its device is lost
+    auto outer = ffi::make_object<RequestObj>();  // what the caller holds: it may be run again on another device
+    outer->inputs = inputs;
+    outer->submitted_us = inner->submitted_us;
+    Request request(outer);
+    FollowRouted(request, inner, model, options, {d});
+    return request;
+  }
+  throw *first;
+}
+
+void RuntimeObj::FollowRouted(Request outer, Request inner, const std::string& model, const SubmitOptions& options,
+                              std::vector<int> tried) {
+  // on the finishing stream's thread (short: at most one Submit, which queues). A request that fails because its
+  // device is lost (it never ran there: EnterLaunch refused its launch) runs again on another replica in service; the
+  // request whose launch faulted keeps its own failure (it may be the cause, and would fault there too)
+  inner->OnDone(ffi::Function::FromTyped([this, outer, model, options, tried](Request done) {
+    const std::string error = done->error();
+    const int d = tried.back();
+    if (!error.empty() && parts_[d]->device_lost() &&
+        error.rfind(std::string("the ") + parts_[d]->device_->kind() + " device is lost", 0) == 0) {
+      std::vector<int> replicas;
+      try {
+        replicas = ReplicasOf(model);
+      } catch (const ffi::Error&) {  // (unloaded meanwhile: its own failure)
+      }
+      for (int e : replicas) {
+        if (std::find(tried.begin(), tried.end(), e) != tried.end() || parts_[e]->device_lost()) continue;
+        try {
+          std::vector<int> next = tried;
+          next.push_back(e);
+          FollowRouted(outer, parts_[e]->Submit(model, outer->inputs, options), model, options, next);
+          return;
+        } catch (const ffi::Error&) {  // (refused there too: the next, else its own failure)
+        }
+      }
+    }
+    outer->id = done->id;
+    outer->restarts = done->restarts;
+    outer->candidate_ids = done->candidate_ids;
+    outer->started_us = done->started_us;
+    outer->Finish(done->outputs(), done->error(), done->finished_us);
+  }));
+}
+
+void RuntimeObj::UnloadReplicas(const std::string& name, double timeout_s) {
+  const std::vector<int> replicas = ReplicasOf(name);
+  std::optional<ffi::Error> failed;
+  std::vector<int> left;
+  for (int d : replicas) {  // each drains its queued and running requests first
+    try {
+      parts_[d]->Unload(name, timeout_s);
+    } catch (const ffi::Error& err) {
+      if (!failed) failed = err;
+      left.push_back(d);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (left.empty()) {
+      replicas_.erase(name);
+    } else {
+      replicas_[name] = left;
+    }
+  }
+  if (failed) throw *failed;
+}
+
+std::map<std::string, ModelStats> RuntimeObj::MergedStats() {
+  std::map<std::string, std::vector<int>> replicas;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    replicas = replicas_;
+  }
+  std::vector<std::map<std::string, ModelStats>> per_device;
+  for (const Runtime& part : parts_) per_device.push_back(part->Stats());
+  std::map<std::string, ModelStats> out;
+  for (const auto& [name, devices] : replicas) {
+    ModelStats all;
+    bool first = true;
+    for (int d : devices) {
+      auto found = per_device[d].find(name);
+      if (found == per_device[d].end()) continue;  // (being unloaded)
+      const ModelStats& s = found->second;
+      if (first) {
+        all = s;  // its priority, target, placement and sizes' runs: the first replica's
+        all.devices.clear();
+        for (auto& [size, run] : all.sizes) run.second = 0;
+        all.batches.clear();
+        all.requests = all.errors = all.refused = all.timed_out = all.qos_violations = all.queued = 0;
+        all.executions = all.launches = all.reruns = all.faults = all.fault_restarts = 0;
+        first = false;
+      }
+      all.devices.push_back(parts_[d]->device_name());
+      all.requests += s.requests, all.errors += s.errors, all.refused += s.refused, all.timed_out += s.timed_out;
+      all.qos_violations += s.qos_violations, all.queued += s.queued, all.executions += s.executions;
+      all.launches += s.launches, all.reruns += s.reruns, all.faults += s.faults;
+      all.fault_restarts += s.fault_restarts;
+      all.p50_ms = std::max(all.p50_ms, s.p50_ms);
+      all.p99_ms = std::max(all.p99_ms, s.p99_ms);
+      for (const auto& [rows, counts] : s.batches) {
+        all.batches[rows].first += counts.first;
+        all.batches[rows].second += counts.second;
+      }
+      for (const auto& [size, run] : s.sizes) all.sizes[size].second += run.second;
+    }
+    if (!first) out[name] = all;
+  }
+  return out;
+}
+
+}  // namespace tvmsched
