@@ -40,7 +40,7 @@ static json ReadToml(const std::string& text, const std::string& path) {
 }
 
 /*! \brief The models of a model repository (tvmsched/serve/repository.py: its layout, keys and checks). */
-std::vector<Spec> ReadRepository(const std::string& root) {
+std::vector<Spec> ReadRepository(const std::string& root, const std::vector<std::string>& devices) {
   if (!fs::is_directory(root)) throw std::runtime_error("--model-repository " + root + ": not a folder");
   std::vector<fs::path> folders;
   for (const auto& entry : fs::directory_iterator(root)) {
@@ -52,7 +52,7 @@ std::vector<Spec> ReadRepository(const std::string& root) {
     Spec spec;
     spec.name = folder.filename().string();
     if (IsTritonFolder(folder)) {
-      specs.push_back(ReadTritonFolder(spec.name, folder));
+      specs.push_back(ReadTritonFolder(spec.name, folder, devices));
       continue;
     }
     int artifacts = 0;

@@ -28,18 +28,20 @@ struct Spec {
   std::optional<tvmsched::QueuePolicy> queue;  // Triton's default_queue_policy (its max_queue_size is `max_queue`)
   std::vector<std::string> instance_kinds;     // instance_group kinds (KIND_AUTO, KIND_CPU, KIND_GPU, ...)
   std::string config_path;                     // the file it was read from (for errors)
+  std::vector<int> devices;  // a server on several devices: a replica on each (ModelOptions::devices; none: placed)
 };
 
 /*! \brief The models of a model repository, each folder in either layout; every problem one std::runtime_error line
  *  (a Triton config's with FILE:LINE). */
-std::vector<Spec> ReadRepository(const std::string& root);
+std::vector<Spec> ReadRepository(const std::string& root, const std::vector<std::string>& devices);
 
 /*! \brief Whether `folder` is in Triton's layout (it holds a config.pbtxt). */
 bool IsTritonFolder(const std::filesystem::path& folder);
 
 /*! \brief The Spec of a Triton-layout model folder, checked against its artifact's manifest (read and verified, its
- *  code not loaded); a field tvmsched does not implement, or a file that does not parse, is one line naming FILE:LINE.
- */
-Spec ReadTritonFolder(const std::string& name, const std::filesystem::path& folder);
+ *  code not loaded) and against the server's `devices` (their names, in order); a field tvmsched does not implement, or
+ *  a file that does not parse, is one line naming FILE:LINE. */
+Spec ReadTritonFolder(const std::string& name, const std::filesystem::path& folder,
+                      const std::vector<std::string>& devices);
 
 }  // namespace tvmsched_server

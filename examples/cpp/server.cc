@@ -53,7 +53,8 @@ using tvmsched_server::Spec;
 constexpr const char* kUsage =
     "usage: tvmsched_server [--model NAME=ARTIFACT[:QOS_MS[:PRIORITY]] ...] [--model-repository DIR] [--policy "
     "colocation|fastest|partition|fcfs] [--colocation PROFILE.json] [--memory-budget BYTES] [--max-queue N] "
-    "[--device cpu|cuda] [--trust KEY.pub ...] [--host 127.0.0.1] [--port N] [--max-body-bytes N] [--no-warmup]";
+    "[--device cpu|cuda] [--devices cuda:0,cuda:1] [--trust KEY.pub ...] [--host 127.0.0.1] [--port N] "
+    "[--max-body-bytes N] [--no-warmup]";
 constexpr double kBuckets[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
 
 struct HttpError : std::runtime_error {
@@ -118,6 +119,7 @@ class Server {
     options.qos_ms = spec.qos_ms;
     options.realtime = spec.priority == "realtime";
     options.streams = spec.streams;
+    options.devices = spec.devices;
     options.warmup = spec.warmup;
     options.max_queue_delay_us = spec.max_queue_delay_us;
     options.preferred_batch_sizes = spec.preferred_batch_sizes;
@@ -249,6 +251,15 @@ class Server {
         {"instance_group",
          {{{"name", name}, {"kind", device_ == "cpu" ? "KIND_CPU" : "KIND_GPU"}, {"count", s.spec.streams}}}},
         {"parameters", parameters}};
+    if (!runtime_->parts().empty()) {  // several devices: the ones holding its replicas (Triton's gpus)
+      json gpus = json::array();
+      const std::vector<std::string> held = runtime_->Stats()[name].devices;
+      for (size_t d = 0; d < runtime_->parts().size(); ++d) {
+        const std::string device = runtime_->parts()[d]->device_name();
+        if (std::find(held.begin(), held.end(), device) != held.end()) gpus.push_back(d);
+      }
+      config["instance_group"][0]["gpus"] = gpus;
+    }
     if (s.batch > 0) {
       config["dynamic_batching"] = {{"max_queue_delay_microseconds", static_cast<int64_t>(s.spec.max_queue_delay_us)}};
       if (!s.spec.preferred_batch_sizes.empty())
@@ -630,7 +641,7 @@ httplib::Server::Handler Handle(const char* key, F handler) {
 
 int Main(int argc, char** argv) {
   std::vector<Spec> specs;
-  std::string host = "127.0.0.1", repository, colocation;
+  std::string host = "127.0.0.1", repository, colocation, devices;
   tvmsched::RuntimeOptions options;
   options.max_groups = 8;  // sub-tasks per switched model, as runtime/switching.py's SwitchSettings
   int64_t max_queue = 64;
@@ -672,13 +683,28 @@ int Main(int argc, char** argv) {
       host = value();
     } else if (is("--device")) {
       options.devices[0].kind = value();
+    } else if (is("--devices")) {  // several (docs/multi-device.md): "cuda:0,cuda:1", or CPU shares "cpu:0,cpu:1"
+      devices = value();
     } else {
       throw std::runtime_error("unknown argument " + arg + " (" + kUsage + ")");
     }
   }
   for (Spec& spec : specs) spec.warmup = warmup;
+  std::vector<std::string> device_names{options.devices[0].kind};
+  if (!devices.empty()) {
+    const size_t budget = options.devices[0].memory_budget;  // (each device's)
+    options.devices.clear();
+    device_names.clear();
+    for (size_t at = 0; at <= devices.size();) {
+      size_t comma = std::min(devices.find(',', at), devices.size());
+      device_names.push_back(devices.substr(at, comma - at));
+      options.devices.push_back(tvmsched::ParseDeviceSpec(device_names.back()));
+      options.devices.back().memory_budget = budget;
+      at = comma + 1;
+    }
+  }
   if (!repository.empty()) {
-    for (const Spec& spec : ReadRepository(repository)) specs.push_back(spec);
+    for (const Spec& spec : ReadRepository(repository, device_names)) specs.push_back(spec);
   }
   if (specs.empty())
     throw std::runtime_error(std::string("nothing to serve: give --model and/or --model-repository (") + kUsage + ")");
@@ -686,8 +712,11 @@ int Main(int argc, char** argv) {
     std::ifstream file(colocation);
     json rows = file ? json::parse(file, nullptr, false) : json();
     if (!rows.is_array()) throw std::runtime_error("--colocation " + colocation + ": not a JSON list of profile rows");
-    options.colocation =
-        std::make_shared<tvmsched::ColocationTable>(tvmsched::OpenDevice(options.devices[0].kind)->total_units());
+    const tvmsched::DeviceSpec& first = options.devices[0];  // (several: each device's units, a CPU share's)
+    const int units = options.devices.size() > 1 && first.kind == "cpu"
+                          ? tvmsched::OpenCpuShare(0, static_cast<int>(options.devices.size()))->total_units()
+                          : tvmsched::OpenDevice(first.kind, first.index)->total_units();
+    options.colocation = std::make_shared<tvmsched::ColocationTable>(units);
     for (const json& row : rows) {
       options.colocation->AddMeasured(row.at("first"), row.at("second"), row.at("overhead_per_unit_time"));
     }

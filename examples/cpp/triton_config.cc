@@ -209,7 +209,7 @@ void CheckTensors(const Parsed& parsed, const tvmsched::Manifest& manifest) {
 
 bool IsTritonFolder(const fs::path& folder) { return fs::is_regular_file(folder / kConfig); }
 
-Spec ReadTritonFolder(const std::string& name, const fs::path& folder) {
+Spec ReadTritonFolder(const std::string& name, const fs::path& folder, const std::vector<std::string>& devices) {
   Parsed parsed;
   Parse(folder / kConfig, parsed);
   const inference::ModelConfig& config = parsed.config;
@@ -306,17 +306,39 @@ Spec ReadTritonFolder(const std::string& name, const fs::path& folder) {
   spec.warmup = warmup == "true";
 
   if (config.instance_group_size() > 0) {
-    int64_t streams = 0;
+    const int n = static_cast<int>(devices.size());
+    std::map<int, int64_t> per_device;  // device number -> streams (Triton: count instances on each device of gpus)
     for (const inference::ModelInstanceGroup& group : config.instance_group()) {
-      if (std::any_of(group.gpus().begin(), group.gpus().end(), [](int32_t gpu) { return gpu != 0; }))
-        throw fail("gpus", "instance_group gpus " + ListText(group.gpus()) + ": this release serves one device (0)");
-      streams += std::max(group.count(), 1);
+      if (std::any_of(group.gpus().begin(), group.gpus().end(), [n](int32_t gpu) { return gpu < 0 || gpu >= n; })) {
+        std::string names;
+        for (const std::string& d : devices) names += (names.empty() ? "" : ", ") + d;
+        throw fail("gpus", "instance_group gpus " + ListText(group.gpus()) + ": the server has " + std::to_string(n) +
+                               " device" + (n > 1 ? "s" : "") + " (" + names + ")");
+      }
+      std::set<int> on(group.gpus().begin(), group.gpus().end());
+      if (on.empty()) {  // none named: every device
+        for (int d = 0; d < n; ++d) on.insert(d);
+      }
+      for (int d : on) per_device[d] += std::max(group.count(), 1);
       spec.instance_kinds.push_back(inference::ModelInstanceGroup::Kind_Name(group.kind()));
     }
+    std::set<int64_t> counts;
+    std::string listed;
+    for (const auto& [d, count] : per_device) {
+      counts.insert(count);
+      listed += (listed.empty() ? "" : ", ") + devices[d] + ": " + std::to_string(count);
+    }
+    if (counts.size() > 1)
+      throw fail("count", "instance_group counts differ between devices (" + listed +
+                              "): a model runs the same streams on each of its devices");
+    const int64_t streams = *counts.begin();
     if (streams < 1 || streams > 64)
       throw fail("count",
                  "instance_group counts add up to " + std::to_string(streams) + " streams; 1 to 64 are served");
     spec.streams = static_cast<int>(streams);
+    if (n > 1) {
+      for (const auto& [d, count] : per_device) spec.devices.push_back(d);
+    }
   }
   if (dynamic) {
     if (dynamic->has_default_queue_policy()) {

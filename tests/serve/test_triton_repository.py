@@ -180,7 +180,7 @@ REFUSED = {
     "a wrong type": (CONFIG + 'output [ { name: "output" data_type: TYPE_INT64 dims: [ 10 ] } ]\n',
                      r":12: output 'output' is TYPE_FP32 in the artifact, not TYPE_INT64"),
     "another device": (CONFIG.replace("kind: KIND_CPU", "kind: KIND_GPU gpus: [ 1 ]"),
-                       r":10: instance_group gpus \[1\]: this release serves one device \(0\)"),
+                       r":10: instance_group gpus \[1\]: the server has 1 device \(cpu\)$"),
     "an unknown parameter": (CONFIG + 'parameters { key: "threads" value: { string_value: "4" } }\n',
                              r":12: parameters 'threads' is not one the tvmsched backend reads"),
 }

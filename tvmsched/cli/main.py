@@ -461,8 +461,11 @@ def bench_switch(artifacts: tuple[str, ...], device: str, repeat: int, qos_ms: f
 @click.option("--model-repository", type=click.Path(), help="A folder of model folders (each: one .tvms, an optional "
               "config.json), all loaded at start; the repository API loads and unloads them (docs in README, Serving).")
 @click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]))
-@click.option("--memory-budget", metavar="BYTES", help="Device memory the models may use (e.g. 8GiB): more are switched "
-              "in on demand, larger ones stream their weights.")
+@click.option("--devices", metavar="LIST", help="Serve on several devices, e.g. cuda:0,cuda:1 (cpu:0,cpu:1: shares of "
+              "the cores standing for GPUs): each model whole on one, or a replica on each device its config's "
+              "instance_group gpus name (docs/multi-device.md).")
+@click.option("--memory-budget", metavar="BYTES", help="Device memory the models may use (e.g. 8GiB; each device's): "
+              "more are switched in on demand, larger ones stream their weights.")
 @click.option("--colocation", metavar="URL", help="Tuning database holding this device's colocation profile.")
 @click.option("--policy", default="colocation", show_default=True,
               type=click.Choice(["colocation", "fastest", "partition", "fcfs"]),
@@ -476,7 +479,8 @@ def bench_switch(artifacts: tuple[str, ...], device: str, repeat: int, qos_ms: f
               help="Requests queued or running per model before more are answered 503.")
 @click.option("--max-body-bytes", default=16 << 20, show_default=True, type=click.IntRange(1), help="Larger requests get 413.")
 @click.option("--warmup/--no-warmup", default=True, show_default=True, help="Run every candidate kernel once at load.")
-def serve_cmd(models_: tuple[str, ...], model_repository: str | None, device: str, memory_budget: str | None,
+def serve_cmd(models_: tuple[str, ...], model_repository: str | None, device: str, devices: str | None,
+              memory_budget: str | None,
               colocation: str | None, policy: str, trusted: tuple[str, ...], host: str, port: int, grpc_port: int,
               max_queue: int, max_body_bytes: int, warmup: bool) -> None:
     """Serve models over the Open Inference Protocol (KServe v2): HTTP/REST and gRPC, Triton's clients work."""
@@ -495,8 +499,9 @@ def serve_cmd(models_: tuple[str, ...], model_repository: str | None, device: st
     if port == grpc_port:
         raise TvmschedError(f"--port and --grpc-port are both {port}")
     check_ports(settings)
+    listed = tuple(d.strip() for d in devices.split(",")) if devices else ()
     service = build_service(specs, model_repository, device=device, memory_budget=budget, colocation=colocation,
-                            trusted_keys=trusted, max_queue=max_queue, policy=policy)
+                            trusted_keys=trusted, max_queue=max_queue, policy=policy, devices=listed)
     click.echo(f"serving {', '.join(service.models) or 'no model'} on http://{host}:{port}"
                + (f" and grpc {host}:{grpc_port}" if grpc_port else ""), err=True)
     serve(service, settings)

@@ -114,6 +114,9 @@ class Servicer:
             output=[pb2.ModelOutput(name=t["name"], data_type=number(t), dims=t["dims"]) for t in config["output"]])
         for key, value in config["parameters"].items():
             message.parameters[key].string_value = value["string_value"]
+        for group in config["instance_group"]:
+            message.instance_group.add(name=group["name"], count=group["count"], gpus=group.get("gpus", []),
+                                       kind=pb2.ModelInstanceGroup.Kind.Value(group["kind"]))
         if "dynamic_batching" in config:
             message.dynamic_batching.max_queue_delay_microseconds = \
                 config["dynamic_batching"]["max_queue_delay_microseconds"]

@@ -56,6 +56,7 @@ class ModelSpec:
     max_batch_size: int | None = None
     instance_kinds: tuple[int, ...] = ()
     config_path: str | None = None
+    devices: tuple[int, ...] = ()  # a server on several devices: a replica on each (Runtime.load(devices=); none: placed)
 
 
 def parse_model(spec: str) -> ModelSpec:
@@ -82,8 +83,9 @@ def check_artifact(path: str) -> None:
 class Repository:
     """A model repository folder (layout in the module docstring)."""
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, devices: tuple[str, ...] = ("cpu",)):
         self.root = Path(root)
+        self.devices = devices  # the server's, by name (a Triton config's instance_group gpus are checked against them)
         if not self.root.is_dir():
             raise TvmschedError(f"--model-repository {root}: not a folder")
 
@@ -97,7 +99,7 @@ class Repository:
         from tvmsched.serve import triton_config
 
         if triton_config.is_triton_folder(folder):
-            return triton_config.spec(name, folder)
+            return triton_config.spec(name, folder, self.devices)
         artifacts = sorted(folder.glob("*.tvms"))
         if len(artifacts) != 1:
             raise TvmschedError(f"model folder {folder} must hold exactly one .tvms artifact, not {len(artifacts)}")

@@ -26,14 +26,16 @@ class ServerSettings:
 
 def build_service(specs: list[ModelSpec], repository: str | None, *, device: str = "cpu", memory_budget: int | None = None,
                   colocation: str | None = None, trusted_keys=(), max_queue: int = 64,
-                  policy: str = "colocation") -> InferenceService:
+                  policy: str = "colocation", devices: tuple[str, ...] = ()) -> InferenceService:
     """A Runtime with the models of `specs` and of the repository loaded (and warmed up); what can be checked
     without loading (flags, the repository, the artifacts' paths) is checked first, before TVM is imported."""
     if not specs and repository is None:
         raise TvmschedError("nothing to serve: give --model NAME=PATH and/or --model-repository DIR")
     if max_queue < 1:
         raise TvmschedError("--max-queue must be at least 1")
-    repo = Repository(repository) if repository is not None else None
+    if devices:  # several devices (docs/multi-device.md): each model placed whole, or replicas per its config
+        device = devices[0].split(":")[0]
+    repo = Repository(repository, devices or (device,)) if repository is not None else None
     repo_specs = [repo.spec(name) for name in repo.names()] if repo else []
     names = [s.name for s in specs + repo_specs]
     duplicate = next((n for n in names if names.count(n) > 1), None)
@@ -44,7 +46,7 @@ def build_service(specs: list[ModelSpec], repository: str | None, *, device: str
     from tvmsched.runtime import Runtime
 
     runtime = Runtime(device, policy=policy, colocation=colocation, trusted_keys=trusted_keys,
-                      memory_budget=memory_budget)
+                      memory_budget=memory_budget, devices=devices)
     service = InferenceService(runtime, max_queue=max_queue, repository=repo)
     try:
         for spec in specs + repo_specs:

@@ -103,7 +103,8 @@ class InferenceService:
             model = self.runtime.load(spec.path, qos_ms=spec.qos_ms, priority=spec.priority, name=spec.name,
                                       warmup=spec.warmup, streams=spec.streams,
                                       max_queue_delay_us=spec.max_queue_delay_us,
-                                      preferred_batch_sizes=spec.preferred_batch_sizes, queue_policy=spec.queue_policy)
+                                      preferred_batch_sizes=spec.preferred_batch_sizes, queue_policy=spec.queue_policy,
+                                      devices=spec.devices)
             manifest = model.task.executor.manifest
             batch = manifest.batch_size or 0  # a Triton config's max_batch_size may lower it
             served = Served(spec, model, tensor_infos(manifest, manifest.inputs), tensor_infos(manifest, manifest.outputs),
@@ -183,6 +184,9 @@ class InferenceService:
                   "input": [tensor(t) for t in served.inputs], "output": [tensor(t) for t in served.outputs],
                   "instance_group": [{"name": served.name, "kind": kind, "count": streams}],
                   "parameters": {k: {"string_value": str(v)} for k, v in params.items() if v is not None}}
+        devices = self.runtime.devices()
+        if len(devices) > 1:  # several devices: the ones holding its replicas (Triton's gpus)
+            config["instance_group"][0]["gpus"] = [i for i, d in enumerate(devices) if served.name in d["models"]]
         if served.batch:
             config["dynamic_batching"] = {"max_queue_delay_microseconds": int(served.spec.max_queue_delay_us)}
             if served.spec.preferred_batch_sizes:

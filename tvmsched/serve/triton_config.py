@@ -15,8 +15,10 @@ folder is served (Triton's default version policy). What tvmsched implements:
                               priority_levels and default_priority_level (level 1 is real-time, every other level
                               best-effort), default_queue_policy { timeout_action, default_timeout_microseconds,
                               allow_timeout_override, max_queue_size }
-    instance_group            count (streams on the device), kind (KIND_AUTO, or the server's device kind), gpus (each
-                              must be device 0: this release serves one device)
+    instance_group            count (streams on each device), kind (KIND_AUTO, or the server's device kind), gpus (the
+                              server's device numbers to run a replica on: `count` streams on each; a group naming
+                              none runs on every device; no instance_group: the server places the model on one
+                              device, docs/multi-device.md)
     default_model_filename    the artifact's file name in a version folder (default model.tvms)
     parameters                qos_ms (the latency target), priority (realtime or best_effort), warmup (true/false)
 
@@ -143,9 +145,9 @@ def latest_version(folder: Path) -> tuple[str, Path]:
     return str(number), where
 
 
-def spec(name: str, folder: Path):
+def spec(name: str, folder: Path, devices: tuple[str, ...] = ("cpu",)):
     """The ModelSpec of a Triton-layout model folder, checked against its artifact's manifest (read and verified by the
-    engine, its code not loaded)."""
+    engine, its code not loaded) and against the server's `devices` (their names, in order)."""
     from tvmsched.artifact.format import Manifest
     from tvmsched.serve.repository import ModelSpec
 
@@ -206,15 +208,23 @@ def spec(name: str, folder: Path):
     warmup = params.get("warmup", "true")
     if warmup not in ("true", "false"):
         raise fail("parameters", f"parameters warmup is true or false, not {warmup!r}", "warmup")
-    streams = 1
+    streams, replicas = 1, ()
     if config.instance_group:
-        streams = 0
+        per_device: dict[int, int] = {}  # device number -> streams (Triton: count instances on each device of gpus)
         for group in config.instance_group:
-            if any(gpu != 0 for gpu in group.gpus):
-                raise fail("gpus", f"instance_group gpus {list(group.gpus)}: this release serves one device (0)")
-            streams += max(group.count, 1)
+            if any(not 0 <= gpu < len(devices) for gpu in group.gpus):
+                raise fail("gpus", f"instance_group gpus {list(group.gpus)}: the server has {len(devices)} "
+                           f"device{'s' if len(devices) > 1 else ''} ({', '.join(devices)})")
+            for gpu in set(group.gpus) or range(len(devices)):  # (none named: every device)
+                per_device[gpu] = per_device.get(gpu, 0) + max(group.count, 1)
+        if len(set(per_device.values())) > 1:
+            counts = ", ".join(f"{devices[d]}: {n}" for d, n in sorted(per_device.items()))
+            raise fail("count", f"instance_group counts differ between devices ({counts}): a model runs the same "
+                       "streams on each of its devices")
+        streams = next(iter(per_device.values()))
         if not 1 <= streams <= 64:
             raise fail("count", f"instance_group counts add up to {streams} streams; 1 to 64 are served")
+        replicas = tuple(sorted(per_device)) if len(devices) > 1 else ()
     queue, max_queue = {}, None
     if dynamic is not None and dynamic.HasField("default_queue_policy"):
         policy = dynamic.default_queue_policy
@@ -228,7 +238,8 @@ def spec(name: str, folder: Path):
                      float(dynamic.max_queue_delay_microseconds) if dynamic is not None else 0.0,
                      tuple(int(n) for n in dynamic.preferred_batch_size) if dynamic is not None else (),
                      version=version, queue_policy=queue, max_batch_size=config.max_batch_size,
-                     instance_kinds=tuple(group.kind for group in config.instance_group), config_path=str(path))
+                     instance_kinds=tuple(group.kind for group in config.instance_group), config_path=str(path),
+                     devices=replicas)
 
 
 def _check_tensors(config, manifest, path: Path, text: str) -> None:
