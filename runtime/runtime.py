@@ -356,12 +356,19 @@ class Runtime:
         device memory (and tier shares) are freed and its name can be loaded again."""
         model = self._model(model)
         with self._lock:
+            if self._closed:
+                raise TvmschedError("the runtime is shut down")
             if self.models.get(model.name) is not model:
                 raise TvmschedError(f"model {model.name!r} is not loaded")
             del self.models[model.name]
         self._engine.unload(model.name, float(timeout_s))
         model.replicas = ()
         log.info("model %s unloaded", model.name)
+
+    @property
+    def closed(self) -> bool:
+        """Whether it was shut down."""
+        return self._closed
 
     def shutdown(self, wait: bool = True) -> None:
         """Finish queued requests, then stop every stream."""

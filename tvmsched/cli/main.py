@@ -507,6 +507,39 @@ def serve_cmd(models_: tuple[str, ...], model_repository: str | None, device: st
     serve(service, settings)
 
 
+@cli.command("serve-ray")
+@click.option("--model-repository", required=True, type=click.Path(), help="The repository every replica serves "
+              "from (Triton's layout or tvmsched's; each replica loads the models Ray gives it).")
+@click.option("--replicas", default=2, show_default=True, type=click.IntRange(1, 1024))
+@click.option("--max-models-per-replica", default=2, show_default=True, type=click.IntRange(1, 1024),
+              help="Ray Serve's max_num_models_per_replica: the models a replica holds at once (least recently used "
+              "evicted).")
+@click.option("--devices", metavar="LIST", help="Each replica's devices (e.g. cuda:0; default: the node's CPU).")
+@click.option("--num-gpus", default=0.0, show_default=True, type=click.FloatRange(0), help="Ray GPUs per replica.")
+@click.option("--num-cpus", default=1.0, show_default=True, type=click.FloatRange(0), help="Ray CPUs per replica.")
+@click.option("--max-queue", default=64, show_default=True, type=click.IntRange(1, 1 << 20),
+              help="Each replica's queue cap (Ray's max_ongoing_requests).")
+@click.option("--policy", default="colocation", show_default=True,
+              type=click.Choice(["colocation", "fastest", "partition", "fcfs"]))
+@click.option("--address", help="A Ray cluster to join (default: a local Ray instance).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535), help="Ray Serve's HTTP port.")
+def serve_ray_cmd(model_repository: str, replicas: int, max_models_per_replica: int, devices: str | None,
+                  num_gpus: float, num_cpus: float, max_queue: int, policy: str, address: str | None, host: str,
+                  port: int) -> None:
+    """Serve a model repository on Ray Serve: replicas of one tvmsched Runtime each, Ray choosing the models each
+    holds, the Open Inference Protocol's REST routes for tritonclient (docs/scale-out.md)."""
+    from tvmsched.serve.ray_app import RaySettings, run
+    from tvmsched.serve.repository import Repository
+
+    Repository(model_repository)  # (a missing folder: one line before Ray starts)
+    settings = RaySettings(model_repository, replicas=replicas, max_models_per_replica=max_models_per_replica,
+                           devices=tuple(d.strip() for d in devices.split(",")) if devices else (),
+                           num_gpus=num_gpus, num_cpus=num_cpus, max_queue=max_queue, policy=policy)
+    click.echo(f"serving {model_repository} on Ray Serve at http://{host}:{port}", err=True)
+    run(settings, address=address, host=host, port=port)
+
+
 @cli.command("inspect")
 @click.argument("artifact", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")

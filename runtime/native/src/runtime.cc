@@ -1225,6 +1225,7 @@ void RuntimeObj::Unload(const std::string& name, double timeout_s) {
   std::shared_ptr<Entry> entry;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) TVM_FFI_THROW(TvmschedError) << "the runtime is shut down";
     auto found = entries_.find(name);
     if (found == entries_.end() || found->second->closing) {
       TVM_FFI_THROW(TvmschedError) << "model '" << name << "' is not loaded";

@@ -1,0 +1,174 @@
+"""Scale-out on Ray Serve (issue 40, step 5; docs/scale-out.md), on a local Ray instance on 127.0.0.1 that declares 2
+GPUs the machine lacks (each replica takes one and runs its Runtime on the CPU): two replicas, three models, each
+replica holding at most two. Unmodified tritonclient (HTTP) sends requests whose model is in the URL path; the
+ingress routes each to a replica holding its model; a replica killed under load and scaling 1 -> 2 -> 1 lose no
+request (each answered right, or failed with one line)."""
+
+import dataclasses
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from tests.helpers import ROOT, free_port
+from tvmsched import models
+
+ray = pytest.importorskip("ray")
+serve = pytest.importorskip("ray.serve")
+tritonclient_http = pytest.importorskip("tritonclient.http")
+InferenceServerException = pytest.importorskip("tritonclient.utils").InferenceServerException
+ort = pytest.importorskip("onnxruntime")
+
+MODELS = ("a", "b", "c")
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory, compiled):
+    root = tmp_path_factory.mktemp("ray-repo")
+    for name in MODELS:
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text('backend: "tvmsched"\nmax_batch_size: 0\n'
+                                                  'parameters { key: "warmup" value: { string_value: "false" } }\n')
+        (root / name / "1" / "model.tvms").symlink_to(compiled("mlp"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def cluster(repository):
+    from tvmsched.serve.ray_app import RaySettings, run
+
+    ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    port = free_port()
+    settings = RaySettings(str(repository), replicas=2, max_models_per_replica=2, num_cpus=1, num_gpus=1,
+                           graceful_shutdown_timeout_s=30)
+    run(settings, port=port, blocking=False)
+    yield settings, f"127.0.0.1:{port}"
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def onnx():
+    return ort.InferenceSession(models.build("mlp").SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _send(url: str, name: str, x: np.ndarray):
+    """One request through tritonclient: the output, or the error's text."""
+    client = tritonclient_http.InferenceServerClient(url)
+    try:
+        tensor = tritonclient_http.InferInput("input", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        return client.infer(name, [tensor]).as_numpy("output")
+    except InferenceServerException as err:
+        return str(err)
+    finally:
+        client.close()
+
+
+def _replica_counts() -> list[dict]:
+    """Each live replica's counts (loads, requests), asked through the deployment handle until both answered."""
+    handle = serve.get_deployment_handle("TvmschedReplica", app_name="tvmsched")
+    seen = {}
+    for _ in range(60):
+        counts = handle.counts.remote().result(timeout_s=30)
+        seen[counts["replica"]] = counts
+        if len(seen) == 2:
+            break
+    return list(seen.values())
+
+
+def _check(sent, answers, onnx) -> list[str]:
+    """Every answer right, or an error of one line: the errors."""
+    errors = []
+    for (_, x), got in zip(sent, answers):
+        if isinstance(got, str):
+            assert "\n" not in got.strip(), got
+            errors.append(got)
+        else:
+            np.testing.assert_allclose(got, onnx.run(None, {"input": x})[0], rtol=1e-4, atol=1e-5)
+    return errors
+
+
+def test_requests_reach_a_replica_holding_their_model_and_are_answered_right(cluster, onnx):
+    _, url = cluster
+    client = tritonclient_http.InferenceServerClient(url)
+    assert client.is_server_live() and client.is_model_ready("a")
+    assert client.get_model_metadata("b")["inputs"][0]["shape"] == [1, 784]
+    client.close()
+    rng = np.random.default_rng(2)
+    sent = [(MODELS[i % 3], rng.standard_normal((1, 784)).astype(np.float32)) for i in range(150)]
+    before = sum(c["requests"] for c in _replica_counts())
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda item: _send(url, *item), sent))
+    assert _check(sent, answers, onnx) == []
+    counts = _replica_counts()
+    assert len(counts) == 2 and all(len(c["models"]) <= 2 for c in counts), counts
+    requests = sum(c["requests"] for c in counts) - before
+    loads = sum(c["loads"] for c in counts)  # each load: a request whose replica did not hold its model
+    assert requests >= len(sent) and 1 - loads / requests >= 0.95, counts
+
+
+def test_a_replica_killed_under_load_loses_no_request(cluster, onnx):
+    _, url = cluster
+    rng = np.random.default_rng(3)
+    sent = [(MODELS[i % 3], rng.standard_normal((1, 784)).astype(np.float32)) for i in range(120)]
+    names = [n for n in ray.util.list_named_actors(all_namespaces=True) if "TvmschedReplica" in n["name"]]
+    assert len(names) == 2, names
+    victim = ray.get_actor(names[0]["name"], namespace=names[0]["namespace"])
+
+    def kill():
+        time.sleep(0.3)
+        ray.kill(victim, no_restart=True)
+
+    killer = threading.Thread(target=kill)
+    killer.start()
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda item: _send(url, *item), sent))
+    killer.join()
+    errors = _check(sent, answers, onnx)  # answered right (retried on the other replica if need be), or one line
+    assert len(errors) <= len(sent) // 10, errors
+    deadline = time.monotonic() + 120  # Serve starts a replica in its place
+    while len([n for n in ray.util.list_named_actors(all_namespaces=True) if "TvmschedReplica" in n["name"]]) < 2:
+        assert time.monotonic() < deadline, "no replica replaced the killed one"
+        time.sleep(0.5)
+
+
+def test_scaling_one_to_two_to_one_replicas_under_load_loses_no_request(cluster, onnx):
+    from tvmsched.serve.ray_app import build_app
+
+    settings, url = cluster
+    rng = np.random.default_rng(4)
+    stop = threading.Event()
+    sent, answers = [], []
+
+    def load():
+        while not stop.is_set():
+            item = (MODELS[len(sent) % 3], rng.standard_normal((1, 784)).astype(np.float32))
+            sent.append(item)
+            answers.append(_send(url, *item))
+
+    workers = [threading.Thread(target=load) for _ in range(1)]
+    for w in workers:
+        w.start()
+    try:
+        for replicas in (1, 2, 1):
+            serve.run(build_app(dataclasses.replace(settings, replicas=replicas)), name="tvmsched", route_prefix="/",
+                      blocking=False)
+            time.sleep(1.0)
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
+    assert len(sent) >= 10 and _check(sent, answers, onnx) == []
+
+
+def test_a_missing_ray_is_one_line():
+    done = subprocess.run([sys.executable, "-c", "import sys; sys.modules['ray'] = None\n"
+                           "from tvmsched.serve.ray_app import build_app, RaySettings\nbuild_app(RaySettings('.'))"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and done.stderr.strip().splitlines()[-1] == (
+        "tvmsched.errors.TvmschedError: Ray Serve is not installed: pip install 'tvmsched[ray]' (the ray extra)")

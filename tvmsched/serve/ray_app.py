@@ -1,0 +1,239 @@
+"""Scale-out on Ray Serve (issue 40, step 5; docs/scale-out.md): a model repository served by replicas on a Ray cluster,
+each replica one tvmsched Runtime on its node's devices, tritonclient unchanged.
+
+    tvmsched serve-ray --model-repository models/ [--replicas 2] [--max-models-per-replica 2] [--devices cuda:0]
+        [--num-gpus 1] [--port 8000] [--address auto]
+
+Two deployments:
+- the **ingress** (FastAPI behind Ray Serve's HTTP proxy) answers the Open Inference Protocol's REST routes. An infer
+  request's model comes from its URL path (/v2/models/NAME/infer); the ingress passes the raw body to a replica
+  through the replicas' handle with `multiplexed_model_id=NAME`. tritonclient never sends the header that Ray's own
+  multiplexing keys on, so the ingress sets the id. Ray's router then prefers a replica that already holds the model.
+  A request whose replica died is sent once more.
+- the **replicas**: Ray decides which models each holds, at most `max_num_models_per_replica`
+  (`@serve.multiplexed`).
+  - Ray loads a model through the replica's Runtime (InferenceService.load, from the repository) and unloads it
+    when Ray evicts it (the held model's `__del__`). The Runtime's switcher only stages models within that set.
+  - Each body is parsed and each answer encoded by the engine's codec, as `tvmsched serve` does (serve/http.py's
+    InferRoute).
+  - `check_health` fails when no device of the replica's Runtime is in service.
+  - `max_ongoing_requests` is the replica's queue cap (--max-queue).
+  - On scale-down Ray calls `__del__`, which drains the Runtime (Runtime.shutdown) within
+    `graceful_shutdown_timeout_s`.
+
+Ray is an extra (`pip install tvmsched[ray]`); without it every entry here is one error line naming it.
+"""
+
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request, Response  # (no postponed annotations: Ray pickles the routes, FastAPI reads them)
+from fastapi.responses import JSONResponse
+
+from tvmsched.errors import TvmschedError
+
+log = logging.getLogger("tvmsched.serve.ray")
+
+_FORWARDED = (b"content-encoding", b"inference-header-content-length", b"x-request-id")
+
+
+def _ray():
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        raise TvmschedError("Ray Serve is not installed: pip install 'tvmsched[ray]' (the ray extra)") from None
+    return ray, serve
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    repository: str
+    replicas: int = 2
+    max_models_per_replica: int = 2
+    devices: tuple[str, ...] = ()  # each replica's Runtime (none: the node's CPU)
+    num_gpus: float = 0.0  # Ray's GPUs per replica
+    num_cpus: float = 1.0
+    max_queue: int = 64  # each replica's queue cap: max_ongoing_requests
+    policy: str = "colocation"
+    warmup: bool = True
+    graceful_shutdown_timeout_s: float = 60.0
+    route_prefix: str = "/"
+
+
+class _Held:
+    """A model Ray's multiplexing holds on a replica: evicted (its `__del__`, called by Ray), it is unloaded from the
+    replica's Runtime, its queued and running requests finished first."""
+
+    def __init__(self, service, name: str):
+        self.service, self.name = service, name
+
+    def __del__(self):
+        service, self.service = self.service, None
+        if service is not None and not service.runtime.closed and self.name in service.models:
+            service.unload(self.name)  # (a replica shutting down drained its Runtime first: nothing to unload)
+
+
+def build_app(settings: RaySettings):
+    """The Ray Serve application (ingress bound to the replicas), for `serve.run`."""
+    _, serve = _ray()
+    if settings.replicas < 1 or settings.max_models_per_replica < 1 or settings.max_queue < 1:
+        raise TvmschedError("replicas, max models per replica and the queue cap must each be at least 1")
+
+    @serve.deployment(num_replicas=settings.replicas, max_ongoing_requests=settings.max_queue,
+                      graceful_shutdown_timeout_s=settings.graceful_shutdown_timeout_s,
+                      ray_actor_options={"num_cpus": settings.num_cpus, "num_gpus": settings.num_gpus})
+    class TvmschedReplica:
+        def __init__(self):
+            from tvmsched.runtime import Runtime
+            from tvmsched.serve.asgi import MAX_BODY_BYTES
+            from tvmsched.serve.http import InferRoute
+            from tvmsched.serve.repository import Repository
+            from tvmsched.serve.service import InferenceService
+
+            device = settings.devices[0].split(":")[0] if settings.devices else "cpu"
+            self.runtime = Runtime(device, devices=settings.devices, policy=settings.policy)
+            repository = Repository(settings.repository, settings.devices or (device,))
+            self.service = InferenceService(self.runtime, max_queue=settings.max_queue, repository=repository)
+            self.route = InferRoute(None, self.service, MAX_BODY_BYTES)
+            self.loads = 0  # models loaded by Ray's multiplexing (each a request that found its model absent)
+            self.requests = 0
+
+        @serve.multiplexed(max_num_models_per_replica=settings.max_models_per_replica)
+        async def model(self, name: str) -> _Held:
+            await asyncio.to_thread(self.service.load, name)
+            self.loads += 1
+            return _Held(self.service, name)
+
+        async def infer(self, name: str, version: str, headers: dict, body: bytes):
+            self.requests += 1
+            await self.model(serve.get_multiplexed_model_id())
+            return await self.route.infer(name, version, headers, body, time.perf_counter_ns())
+
+        async def describe(self, name: str, version: str, what: str):
+            """(status, JSON) of a model's metadata, config or readiness."""
+            from tvmsched.serve.errors import ServeError
+
+            try:
+                await self.model(serve.get_multiplexed_model_id())
+                served = self.service.get(name, version)
+            except (ServeError, TvmschedError) as err:
+                return getattr(err, "status", 400), {"error": " ".join(str(err).split())}
+            if what == "config":
+                return 200, self.service.model_config(served)
+            return 200, self.service.model_metadata(served)
+
+        def counts(self) -> dict:
+            import ray
+
+            return {"replica": ray.get_runtime_context().get_actor_id(), "loads": self.loads,
+                    "requests": self.requests, "models": sorted(self.service.models)}
+
+        def check_health(self):
+            devices = self.runtime.devices()
+            if all(d["lost"] for d in devices):
+                raise RuntimeError(f"no device of this replica is in service ({', '.join(d['name'] for d in devices)})")
+
+        def __del__(self):
+            runtime = getattr(self, "runtime", None)
+            if runtime is not None:
+                self.runtime = None
+                runtime.shutdown()  # what is queued finishes first
+
+    app = FastAPI(title="tvmsched on Ray Serve (Open Inference Protocol v2)")
+
+    @serve.deployment(max_ongoing_requests=max(settings.max_queue * settings.replicas, 100))
+    @serve.ingress(app)
+    class TvmschedIngress:
+        def __init__(self, replicas):
+            self.replicas = replicas
+
+        async def _call(self, method: str, name: str, *args):
+            """A replica's answer for model `name`; a replica that died under the request: once more, elsewhere."""
+            from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+            for attempt in (1, 2):
+                try:
+                    handle = self.replicas.options(multiplexed_model_id=name)
+                    return await getattr(handle, method).remote(name, *args)
+                except (ActorDiedError, ActorUnavailableError):
+                    if attempt == 2:
+                        raise
+                    log.warning("a replica died under a request of model %s: sent once more", name)
+
+        @app.get("/v2/health/live")
+        def live(self) -> dict:
+            return {"live": True}
+
+        @app.get("/v2/health/ready")
+        def ready(self) -> dict:
+            return {"ready": True}
+
+        @app.get("/v2")
+        def server(self) -> dict:
+            from tvmsched.serve.service import EXTENSIONS, SERVER_VERSION
+
+            return {"name": "tvmsched", "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
+
+        async def _describe(self, name: str, version: str, what: str) -> Response:
+            status, body = await self._call("describe", name, version, what)
+            if what == "ready":
+                return Response(status_code=200 if status == 200 else 400 if status == 400 else 404)
+            return JSONResponse(body, status_code=status)
+
+        @app.get("/v2/models/{name}")
+        async def metadata(self, name: str) -> Response:
+            return await self._describe(name, "", "metadata")
+
+        @app.get("/v2/models/{name}/versions/{version}")
+        async def metadata_version(self, name: str, version: str) -> Response:
+            return await self._describe(name, version, "metadata")
+
+        @app.get("/v2/models/{name}/ready")
+        async def model_ready(self, name: str) -> Response:
+            return await self._describe(name, "", "ready")
+
+        @app.get("/v2/models/{name}/versions/{version}/ready")
+        async def model_ready_version(self, name: str, version: str) -> Response:
+            return await self._describe(name, version, "ready")
+
+        @app.get("/v2/models/{name}/config")
+        async def config(self, name: str) -> Response:
+            return await self._describe(name, "", "config")
+
+        @app.post("/v2/models/{name}/infer")
+        async def infer(self, name: str, request: Request) -> Response:
+            return await self._infer(name, "", request)
+
+        @app.post("/v2/models/{name}/versions/{version}/infer")
+        async def infer_version(self, name: str, version: str, request: Request) -> Response:
+            return await self._infer(name, version, request)
+
+        async def _infer(self, name: str, version: str, request: Request) -> Response:
+            headers = {key: value for key, value in request.headers.raw if key in _FORWARDED}
+            status, body, extra = await self._call("infer", name, version, headers, await request.body())
+            return Response(body, status_code=status, headers={k.decode(): v.decode() for k, v in extra},
+                            media_type="application/octet-stream" if extra else "application/json")
+
+    return TvmschedIngress.bind(TvmschedReplica.bind())
+
+
+def run(settings: RaySettings, *, address: str | None = None, port: int = 8000, host: str = "127.0.0.1",
+        blocking: bool = True):
+    """Start (or join, `address`) a Ray instance and serve the repository through Ray Serve's HTTP proxy on
+    host:port; blocking: until interrupted."""
+    ray, serve = _ray()
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": host, "port": port})
+    handle = serve.run(build_app(settings), name="tvmsched", route_prefix=settings.route_prefix, blocking=False)
+    if blocking:
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            serve.shutdown()
+    return handle
