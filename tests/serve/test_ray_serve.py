@@ -166,6 +166,32 @@ def test_scaling_one_to_two_to_one_replicas_under_load_loses_no_request(cluster,
     assert len(sent) >= 10 and _check(sent, answers, onnx) == []
 
 
+def test_a_replica_with_no_device_in_service_fails_its_health_check(tmp_path, compiled):
+    """The replica's class itself (no Ray actor): its Runtime on two CPU devices, a model on both; once both devices
+    are lost (a fault that cannot be recovered on each), check_health raises, naming them."""
+    from tvmsched.runtime import native
+    from tvmsched.serve.ray_app import RaySettings, replica_deployment
+
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "config.pbtxt").write_text('backend: "tvmsched"\nmax_batch_size: 0\n'
+                                                 "instance_group [ { count: 1 gpus: [ 0, 1 ] } ]\n")
+    (tmp_path / "m" / "1" / "model.tvms").symlink_to(compiled("mlp"))
+    replica = replica_deployment(RaySettings(str(tmp_path), devices=("cpu:0", "cpu:1"))).func_or_class()
+    try:
+        replica.service.load("m")
+        replica.check_health()  # healthy
+        model = replica.service.get("m").model
+        x = {"input": np.ones((1, 784), np.float32)}
+        for task in model.tasks:  # device 0 first (both idle), then the one left
+            native.func("inject_fault")(task.executor.native, 0, True)
+            with pytest.raises(Exception, match="an injected fault"):
+                replica.runtime.submit("m", x).result(timeout=60)
+        with pytest.raises(RuntimeError, match=r"^no device of this replica is in service \(cpu:0, cpu:1\)$"):
+            replica.check_health()
+    finally:
+        replica.__del__()
+
+
 def test_a_missing_ray_is_one_line():
     done = subprocess.run([sys.executable, "-c", "import sys; sys.modules['ray'] = None\n"
                            "from tvmsched.serve.ray_app import build_app, RaySettings\nbuild_app(RaySettings('.'))"],

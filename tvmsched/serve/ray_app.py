@@ -77,11 +77,9 @@ class _Held:
             service.unload(self.name)  # (a replica shutting down drained its Runtime first: nothing to unload)
 
 
-def build_app(settings: RaySettings):
-    """The Ray Serve application (ingress bound to the replicas), for `serve.run`."""
+def replica_deployment(settings: RaySettings):
+    """The replicas' deployment (its class: `.func_or_class`)."""
     _, serve = _ray()
-    if settings.replicas < 1 or settings.max_models_per_replica < 1 or settings.max_queue < 1:
-        raise TvmschedError("replicas, max models per replica and the queue cap must each be at least 1")
 
     @serve.deployment(num_replicas=settings.replicas, max_ongoing_requests=settings.max_queue,
                       graceful_shutdown_timeout_s=settings.graceful_shutdown_timeout_s,
@@ -143,6 +141,14 @@ def build_app(settings: RaySettings):
                 self.runtime = None
                 runtime.shutdown()  # what is queued finishes first
 
+    return TvmschedReplica
+
+
+def build_app(settings: RaySettings):
+    """The Ray Serve application (ingress bound to the replicas), for `serve.run`."""
+    _, serve = _ray()
+    if settings.replicas < 1 or settings.max_models_per_replica < 1 or settings.max_queue < 1:
+        raise TvmschedError("replicas, max models per replica and the queue cap must each be at least 1")
     app = FastAPI(title="tvmsched on Ray Serve (Open Inference Protocol v2)")
 
     @serve.deployment(max_ongoing_requests=max(settings.max_queue * settings.replicas, 100))
@@ -218,7 +224,7 @@ def build_app(settings: RaySettings):
             return Response(body, status_code=status, headers={k.decode(): v.decode() for k, v in extra},
                             media_type="application/octet-stream" if extra else "application/json")
 
-    return TvmschedIngress.bind(TvmschedReplica.bind())
+    return TvmschedIngress.bind(replica_deployment(settings).bind())
 
 
 def run(settings: RaySettings, *, address: str | None = None, port: int = 8000, host: str = "127.0.0.1",
