@@ -53,7 +53,7 @@ using tvmsched_server::Spec;
 constexpr const char* kUsage =
     "usage: tvmsched_server [--model NAME=ARTIFACT[:QOS_MS[:PRIORITY]] ...] [--model-repository DIR] [--policy "
     "colocation|fastest|partition|fcfs] [--colocation PROFILE.json] [--memory-budget BYTES] [--max-queue N] "
-    "[--device cpu|cuda] [--devices cuda:0,cuda:1] [--trust KEY.pub ...] [--host 127.0.0.1] [--port N] "
+    "[--device cpu|cuda] [--devices cuda:0,cuda:1|all] [--trust KEY.pub ...] [--host 127.0.0.1] [--port N] "
     "[--max-body-bytes N] [--no-warmup]";
 constexpr double kBuckets[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
 
@@ -691,6 +691,17 @@ int Main(int argc, char** argv) {
   }
   for (Spec& spec : specs) spec.warmup = warmup;
   std::vector<std::string> device_names{options.devices[0].kind};
+  if (devices == "all") {  // every GPU this process sees
+    int count = 0;
+    try {
+      count = tvmsched::CudaDeviceCount();
+    } catch (const std::exception& err) {
+      throw std::runtime_error("--devices all: " + OneLine(err.what()));
+    }
+    if (count == 0) throw std::runtime_error("--devices all: the CUDA driver sees no GPU");
+    devices.clear();
+    for (int i = 0; i < count; ++i) devices += (i ? ",cuda:" : "cuda:") + std::to_string(i);
+  }
   if (!devices.empty()) {
     const size_t budget = options.devices[0].memory_budget;  // (each device's)
     options.devices.clear();

@@ -133,3 +133,17 @@ def test_both_servers_refuse_a_bad_device_list_in_one_line(cpp_build, tmp_path, 
                                str(free_port())], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
         assert done.stderr.strip() == "error: a device is cpu, cpu:N, cuda or cuda:N, not 'gpu:1'", done.stderr
+
+
+def test_devices_all_without_a_gpu_is_one_line(cpp_build, tmp_path, compiled):  # noqa: F811
+    import sys
+
+    from tests.helpers import ROOT
+
+    root = _repository(tmp_path, compiled, {"m": BASE})
+    for command in ([sys.executable, "-m", "tvmsched.cli", "serve", "--grpc-port", "0"],
+                    [str(cpp_build / "tvmsched_server")]):
+        done = subprocess.run([*command, "--devices", "all", "--model-repository", str(root), "--port",
+                               str(free_port())], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith("error: --devices all: no CUDA driver on this machine"), done.stderr

@@ -461,9 +461,9 @@ def bench_switch(artifacts: tuple[str, ...], device: str, repeat: int, qos_ms: f
 @click.option("--model-repository", type=click.Path(), help="A folder of model folders (each: one .tvms, an optional "
               "config.json), all loaded at start; the repository API loads and unloads them (docs in README, Serving).")
 @click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]))
-@click.option("--devices", metavar="LIST", help="Serve on several devices, e.g. cuda:0,cuda:1 (cpu:0,cpu:1: shares of "
-              "the cores standing for GPUs): each model whole on one, or a replica on each device its config's "
-              "instance_group gpus name (docs/multi-device.md).")
+@click.option("--devices", metavar="LIST", help="Serve on several devices, e.g. cuda:0,cuda:1, or all (every GPU; "
+              "cpu:0,cpu:1: shares of the cores standing for GPUs): each model whole on one, or a replica on each "
+              "device its config's instance_group gpus name (docs/multi-device.md).")
 @click.option("--memory-budget", metavar="BYTES", help="Device memory the models may use (e.g. 8GiB; each device's): "
               "more are switched in on demand, larger ones stream their weights.")
 @click.option("--colocation", metavar="URL", help="Tuning database holding this device's colocation profile.")
@@ -500,6 +500,15 @@ def serve_cmd(models_: tuple[str, ...], model_repository: str | None, device: st
         raise TvmschedError(f"--port and --grpc-port are both {port}")
     check_ports(settings)
     listed = tuple(d.strip() for d in devices.split(",")) if devices else ()
+    if listed == ("all",):  # every GPU this process sees
+        from tvmsched.runtime import native
+
+        try:
+            listed = tuple(f"cuda:{i}" for i in range(int(native.func("device_count")("cuda"))))
+        except TvmschedError as err:
+            raise TvmschedError(f"--devices all: {err}") from None
+        if not listed:
+            raise TvmschedError("--devices all: the CUDA driver sees no GPU")
     service = build_service(specs, model_repository, device=device, memory_budget=budget, colocation=colocation,
                             trusted_keys=trusted, max_queue=max_queue, policy=policy, devices=listed)
     click.echo(f"serving {', '.join(service.models) or 'no model'} on http://{host}:{port}"

@@ -384,6 +384,13 @@ class CudaDevice final : public Device {
 
 }  // namespace
 
+int CudaDeviceCount() {
+  const Driver& drv = Driver::Get();
+  int count = 0;
+  drv.Check(drv.cuDeviceGetCount(&count), "cuDeviceGetCount");
+  return count;
+}
+
 std::shared_ptr<Device> OpenCudaDevice(int index) {
   static std::mutex mutex;  // guards devices
   static std::map<int, std::shared_ptr<Device>> devices;

@@ -72,6 +72,7 @@ static_assert(offsetof(CUdevResource, sm) == 96, "CUdevResource must keep the dr
   X(cuInit, "cuInit", (unsigned int flags))                                                                           \
   X(cuGetErrorString, "cuGetErrorString", (CUresult error, const char** text))                                       \
   X(cuDeviceGet, "cuDeviceGet", (CUdevice* device, int ordinal))                                                     \
+  X(cuDeviceGetCount, "cuDeviceGetCount", (int* count))                                                              \
   X(cuDeviceGetName, "cuDeviceGetName", (char* name, int length, CUdevice device))                                   \
   X(cuDeviceGetAttribute, "cuDeviceGetAttribute", (int* value, CUdevice_attribute attribute, CUdevice device))       \
   X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", (CUcontext* context, CUdevice device))                     \

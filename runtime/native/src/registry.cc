@@ -132,6 +132,12 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              OpenDevice(kind)->SetBudget(static_cast<size_t>(bytes));
            })
       .def("tvmsched.engine.reset_memory_peak", [](const std::string& kind) { OpenDevice(kind)->ResetPeak(); })
+      .def("tvmsched.engine.device_count",
+           [](const std::string& kind) -> int64_t {  // the GPUs this process sees (cpu: one device)
+             if (kind == "cuda") return CudaDeviceCount();
+             if (kind != "cpu") TVM_FFI_THROW(TvmschedError) << "unknown device " << kind << ": use cpu or cuda";
+             return 1;
+           })
       .def("tvmsched.engine.device_info",
            [](const std::string& kind) {
              auto device = OpenDevice(kind);

@@ -222,6 +222,9 @@ bool CpuLaunchesAsync();
  */
 std::shared_ptr<Device> OpenDevice(const std::string& kind, int index = 0);
 
+/*! \brief The GPUs this process sees (`--devices all`); one TvmschedError line where there is no CUDA driver. */
+int CudaDeviceCount();
+
 /*! \brief A new CPU device standing for one of `of` GPUs (a Runtime over several devices, tested without GPUs): the
  *  `index`-th share of the process's cores (more devices than cores: one core each, shared), its kernels' threads
  *  pinned to them, its own memory accounting and fault state. Each call opens another device. */
