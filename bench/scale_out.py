@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import _common  # noqa: E402
+from tests.helpers import ray_replica_counts, triton_infer  # noqa: E402
 
 MODELS = ("a", "b", "c")
 
@@ -42,21 +43,6 @@ def repository(root: Path, artifact: Path) -> Path:
         (root / name / "config.pbtxt").write_text('backend: "tvmsched"\nmax_batch_size: 0\n')
         (root / name / "1" / "model.tvms").symlink_to(artifact)
     return root
-
-
-def send(url: str, name: str, x: np.ndarray):
-    import tritonclient.http as http
-    from tritonclient.utils import InferenceServerException
-
-    client = http.InferenceServerClient(url)
-    try:
-        tensor = http.InferInput("input", list(x.shape), "FP32")
-        tensor.set_data_from_numpy(x)
-        return client.infer(name, [tensor]).as_numpy("output")
-    except InferenceServerException as err:
-        return str(err)
-    finally:
-        client.close()
 
 
 def latencies_ms(url: str, count: int) -> list[float]:
@@ -78,19 +64,6 @@ def percentile(values, q):
     return float(np.percentile(values, q))
 
 
-def replica_counts() -> list[dict]:
-    from ray import serve
-
-    handle = serve.get_deployment_handle("TvmschedReplica", app_name="tvmsched")
-    seen = {}
-    for _ in range(60):
-        counts = handle.counts.remote().result(timeout_s=30)
-        seen[counts["replica"]] = counts
-        if len(seen) == 2:
-            break
-    return list(seen.values())
-
-
 def under_load(url: str, during, threads: int = 4) -> dict:
     """Requests sent by `threads` clients while `during()` runs: answered and failed (failures' lines)."""
     stop = threading.Event()
@@ -100,7 +73,7 @@ def under_load(url: str, during, threads: int = 4) -> dict:
         rng = np.random.default_rng(threading.get_ident() % 1000)
         i = 0
         while not stop.is_set():
-            got = send(url, MODELS[i % 3], rng.standard_normal((1, 784)).astype(np.float32))
+            got = triton_infer(url, MODELS[i % 3], rng.standard_normal((1, 784)).astype(np.float32))
             i += 1
             if isinstance(got, str):
                 failed.append(got.strip())
@@ -157,12 +130,12 @@ def main() -> None:
                                 for w, v in ways.items()}
         report["added_ms"] = {q: report["latency_ms"]["ray"][q] - report["latency_ms"]["direct"][q]
                               for q in ("p50", "p99")}
-        before = replica_counts()
+        before = ray_replica_counts()
         rng = np.random.default_rng(1)
         sent = [(MODELS[int(i)], rng.standard_normal((1, 784)).astype(np.float32)) for i in rng.integers(0, 3, 600)]
         with ThreadPoolExecutor(6) as pool:
-            answers = list(pool.map(lambda item: send(ray_url, *item), sent))
-        after = replica_counts()
+            answers = list(pool.map(lambda item: triton_infer(ray_url, *item), sent))
+        after = ray_replica_counts()
         requests = sum(c["requests"] for c in after) - sum(c["requests"] for c in before)
         loads = sum(c["loads"] for c in after) - sum(c["loads"] for c in before)
         report["routing"] = {"requests": requests, "loads": loads, "held_share": 1 - loads / max(requests, 1),

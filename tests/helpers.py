@@ -223,3 +223,35 @@ def held_mid_request(rt, model, inputs, deadline_s: float = 60):
         for future in futures:
             future.result(timeout=deadline_s)
     pytest.fail(f"could not preempt the model mid-request: {seen}")
+
+
+def triton_infer(url: str, name: str, x: np.ndarray):
+    """One request of model `name` with input "input" through tritonclient HTTP (a client of its own): the output
+    "output", or the error's text."""
+    import tritonclient.http as http
+    from tritonclient.utils import InferenceServerException
+
+    client = http.InferenceServerClient(url)
+    try:
+        tensor = http.InferInput("input", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        return client.infer(name, [tensor]).as_numpy("output")
+    except InferenceServerException as err:
+        return str(err)
+    finally:
+        client.close()
+
+
+def ray_replica_counts(replicas: int = 2) -> list[dict]:
+    """`tvmsched serve-ray`'s replicas' counts (loads, requests, models), asked through the deployment handle until
+    `replicas` of them answered."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle("TvmschedReplica", app_name="tvmsched")
+    seen = {}
+    for _ in range(60):
+        counts = handle.counts.remote().result(timeout_s=30)
+        seen[counts["replica"]] = counts
+        if len(seen) == replicas:
+            break
+    return list(seen.values())

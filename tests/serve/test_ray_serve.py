@@ -14,13 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from tests.helpers import ROOT, free_port
+from tests.helpers import ROOT, free_port, ray_replica_counts, triton_infer
 from tvmsched import models
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 tritonclient_http = pytest.importorskip("tritonclient.http")
-InferenceServerException = pytest.importorskip("tritonclient.utils").InferenceServerException
 ort = pytest.importorskip("onnxruntime")
 
 MODELS = ("a", "b", "c")
@@ -56,31 +55,6 @@ def onnx():
     return ort.InferenceSession(models.build("mlp").SerializeToString(), providers=["CPUExecutionProvider"])
 
 
-def _send(url: str, name: str, x: np.ndarray):
-    """One request through tritonclient: the output, or the error's text."""
-    client = tritonclient_http.InferenceServerClient(url)
-    try:
-        tensor = tritonclient_http.InferInput("input", list(x.shape), "FP32")
-        tensor.set_data_from_numpy(x)
-        return client.infer(name, [tensor]).as_numpy("output")
-    except InferenceServerException as err:
-        return str(err)
-    finally:
-        client.close()
-
-
-def _replica_counts() -> list[dict]:
-    """Each live replica's counts (loads, requests), asked through the deployment handle until both answered."""
-    handle = serve.get_deployment_handle("TvmschedReplica", app_name="tvmsched")
-    seen = {}
-    for _ in range(60):
-        counts = handle.counts.remote().result(timeout_s=30)
-        seen[counts["replica"]] = counts
-        if len(seen) == 2:
-            break
-    return list(seen.values())
-
-
 def _check(sent, answers, onnx) -> list[str]:
     """Every answer right, or an error of one line: the errors."""
     errors = []
@@ -101,11 +75,11 @@ def test_requests_reach_a_replica_holding_their_model_and_are_answered_right(clu
     client.close()
     rng = np.random.default_rng(2)
     sent = [(MODELS[i % 3], rng.standard_normal((1, 784)).astype(np.float32)) for i in range(150)]
-    before = sum(c["requests"] for c in _replica_counts())
+    before = sum(c["requests"] for c in ray_replica_counts())
     with ThreadPoolExecutor(6) as pool:
-        answers = list(pool.map(lambda item: _send(url, *item), sent))
+        answers = list(pool.map(lambda item: triton_infer(url, *item), sent))
     assert _check(sent, answers, onnx) == []
-    counts = _replica_counts()
+    counts = ray_replica_counts()
     assert len(counts) == 2 and all(len(c["models"]) <= 2 for c in counts), counts
     requests = sum(c["requests"] for c in counts) - before
     loads = sum(c["loads"] for c in counts)  # each load: a request whose replica did not hold its model
@@ -127,7 +101,7 @@ def test_a_replica_killed_under_load_loses_no_request(cluster, onnx):
     killer = threading.Thread(target=kill)
     killer.start()
     with ThreadPoolExecutor(6) as pool:
-        answers = list(pool.map(lambda item: _send(url, *item), sent))
+        answers = list(pool.map(lambda item: triton_infer(url, *item), sent))
     killer.join()
     errors = _check(sent, answers, onnx)  # answered right (retried on the other replica if need be), or one line
     assert len(errors) <= len(sent) // 10, errors
@@ -149,7 +123,7 @@ def test_scaling_one_to_two_to_one_replicas_under_load_loses_no_request(cluster,
         while not stop.is_set():
             item = (MODELS[len(sent) % 3], rng.standard_normal((1, 784)).astype(np.float32))
             sent.append(item)
-            answers.append(_send(url, *item))
+            answers.append(triton_infer(url, *item))
 
     workers = [threading.Thread(target=load) for _ in range(1)]
     for w in workers:
