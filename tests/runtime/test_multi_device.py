@@ -109,6 +109,32 @@ def test_a_model_goes_whole_where_most_memory_is_left_and_replicas_where_named(m
         rt.shutdown()
 
 
+def test_a_model_goes_to_the_less_busy_device_when_memory_does_not_decide(mlp, compiled):
+    """No budget, one model on each device: memory and model counts tie, so the measured load decides. After a burst
+    of resnet18-small on device 0 (its runs most of the time since the last placement), a new model goes to device 1
+    (by memory and counts alone: device 0, the lowest number)."""
+    path, _, _ = mlp
+    heavy = compiled("resnet18-small")
+    executor = Executor(str(heavy))
+    x = executor.random_inputs(0)
+    want = executor.run(x)
+    rt = Runtime(devices=DEVICES)
+    try:
+        rt.load(str(heavy), name="busy", devices=(0,))
+        rt.load(str(heavy), name="idle", devices=(1,))
+        rt.load(str(path), name="first")  # a placement samples each device's work: a tie, so the lowest number
+        assert rt.stats()["first"]["devices"] == ["cpu:0"]
+        rt.unload("first")
+        burst = [rt.submit("busy", x) for _ in range(200)]
+        for future in burst:
+            for name, value in future.result(timeout=120).items():
+                np.testing.assert_array_equal(value, want[name])
+        rt.load(str(path), name="placed")
+        assert rt.stats()["placed"]["devices"] == ["cpu:1"]
+    finally:
+        rt.shutdown()
+
+
 def test_a_lost_device_is_out_of_service_and_the_other_keeps_serving(mlp):
     """A fault on device 0 that cannot be recovered: its request fails with one line, the device is lost; the model's
     replica on device 1 serves every later request, a model held only by device 0 is refused in one line, and new

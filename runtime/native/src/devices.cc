@@ -91,6 +91,49 @@ std::vector<int> RuntimeObj::ReplicasOf(const std::string& model) const {
   return found->second;
 }
 
+int RuntimeObj::PlaceLocked() {
+  // by measured load and footprint, among the devices in service: the least busy since the last placement (its
+  // streams' requests' start-to-end times over the time passed), when the busy shares differ by more than 10
+  // points; else the most memory left (no budget: as good as any); else the fewest models
+  const int n = static_cast<int>(parts_.size());
+  const double now = Device::NowMicros();
+  std::vector<int> models(n, 0);
+  for (const auto& [name, on] : replicas_) {
+    for (int d : on) ++models[d];
+  }
+  load_samples_.resize(n, {0, 0});
+  std::vector<double> busy(n, 0);
+  for (int d = 0; d < n; ++d) {
+    const double work = parts_[d]->WorkUs();
+    const auto [at, before] = load_samples_[d];
+    busy[d] = at > 0 && now > at ? (work - before) / (now - at) : 0;
+    load_samples_[d] = {now, work};
+  }
+  auto left = [&](int d) {
+    return parts_[d]->scope()->budget() > 0 ? parts_[d]->scope()->left() : std::numeric_limits<size_t>::max();
+  };
+  double least = std::numeric_limits<double>::infinity();
+  for (int d = 0; d < n; ++d) {
+    if (!parts_[d]->device_lost()) least = std::min(least, busy[d]);
+  }
+  int best = -1;
+  for (int d = 0; d < n; ++d) {  // of the least busy (within 10 points): the most memory left, then the fewest models
+    if (parts_[d]->device_lost() || busy[d] > least + 0.10) continue;
+    if (best < 0 || left(d) > left(best) || (left(d) == left(best) && models[d] < models[best])) best = d;
+  }
+  if (best < 0) TVM_FFI_THROW(TvmschedError) << "every device is out of service (" << device_name() << ")";
+  return best;
+}
+
+double RuntimeObj::WorkUs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  double work = 0;
+  for (const auto& e : order_) {
+    for (const Stream& s : e->streams) work += static_cast<double>(s->busy_us.load(std::memory_order_relaxed));
+  }
+  return work;
+}
+
 std::string RuntimeObj::LoadReplicas(const std::string& path, const ModelOptions& options) {
   const int n = static_cast<int>(parts_.size());
   std::vector<int> devices = options.devices;
@@ -105,22 +148,7 @@ std::string RuntimeObj::LoadReplicas(const std::string& path, const ModelOptions
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) TVM_FFI_THROW(TvmschedError) << "the runtime is shut down";
-    if (devices.empty()) {  // whole on one device: the most memory left (no budget: the fewest models), in service
-      std::vector<int> models(n, 0);
-      for (const auto& [name, on] : replicas_) {
-        for (int d : on) ++models[d];
-      }
-      int best = -1;
-      size_t best_left = 0;
-      for (int d = 0; d < n; ++d) {
-        if (parts_[d]->device_lost()) continue;
-        const size_t left =
-            parts_[d]->scope()->budget() > 0 ? parts_[d]->scope()->left() : std::numeric_limits<size_t>::max();
-        if (best < 0 || left > best_left || (left == best_left && models[d] < models[best])) best = d, best_left = left;
-      }
-      if (best < 0) TVM_FFI_THROW(TvmschedError) << "every device is out of service (" << device_name() << ")";
-      devices = {best};
-    }
+    if (devices.empty()) devices = {PlaceLocked()};  // whole, on one device
   }
   for (int d : devices) {
     if (parts_[d]->device_lost()) {

@@ -904,6 +904,7 @@ void StreamObj::Retire(const Launch& launch, double end_us) {
   try {
     done_.push_back({request, {m_->GetOutputs(), ""}});
     ++completed;
+    busy_us.fetch_add(static_cast<int64_t>(Device::NowMicros() - request->started_us), std::memory_order_relaxed);
   } catch (const ffi::Error& err) {
     done_.push_back({request, {{}, OneLine(err.message())}});
     ++failed;

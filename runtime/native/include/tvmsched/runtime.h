@@ -250,6 +250,10 @@ class RuntimeObj : public ffi::Object {
                     std::vector<int> tried);
   void UnloadReplicas(const std::string& name, double timeout_s);
   std::map<std::string, ModelStats> MergedStats();
+  /*! \brief Where a model goes whole (several devices; under the lock): by measured load, then memory left. */
+  int PlaceLocked();
+  /*! \brief The work its models did so far (µs: their streams' requests' start-to-end times): a device's load. */
+  double WorkUs() const;
   /*! \brief The parts holding a model's replicas (one TvmschedError line when none is loaded under that name). */
   std::vector<int> ReplicasOf(const std::string& model) const;
   /*! \brief The model whose first queued request came first (serial policies), or null (under the lock). */
@@ -303,6 +307,8 @@ class RuntimeObj : public ffi::Object {
 
   std::vector<Runtime> parts_;                        // several devices: one Runtime each (its index)
   std::map<std::string, std::vector<int>> replicas_;  // several devices: each model's parts (under mu_)
+  std::vector<std::pair<double, double>>
+      load_samples_;  // several devices: per part, (when, WorkUs) at the last placement
   mutable std::mutex mu_;
   std::condition_variable sweep_cond_;
   std::unique_ptr<Policy> policy_;

@@ -224,6 +224,8 @@ class StreamObj : public ffi::Object {
   std::atomic<int64_t> launches{0}, reruns{0}, completed{0}, failed{0}, preemptions{0};
   // device faults: launches of this stream that faulted; requests started again after another tenant's fault
   std::atomic<int64_t> faults{0}, fault_restarts{0};
+  /*! \brief Its completed requests' times from start to end, summed (µs): the work it did (a device's load). */
+  std::atomic<int64_t> busy_us{0};
 
   static constexpr bool _type_mutable = true;
   TVM_FFI_DECLARE_OBJECT_INFO_FINAL("tvmsched.Stream", StreamObj, ffi::Object);
