@@ -12,6 +12,9 @@ def __getattr__(name: str):
     if name == "Runtime":
         from tvmsched.runtime.runtime import Runtime
         return Runtime
+    if name == "SplitExecutor":
+        from tvmsched.runtime.executor import SplitExecutor
+        return SplitExecutor
     raise AttributeError(f"module 'tvmsched.runtime' has no attribute {name!r}")
 
 
@@ -22,4 +25,4 @@ def load(path, device: str | None = None, trusted_keys=()):
     return Executor(path, device, trusted_keys=trusted_keys)
 
 
-__all__ = ["Executor", "Runtime", "load"]
+__all__ = ["Executor", "Runtime", "SplitExecutor", "load"]

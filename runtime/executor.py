@@ -196,3 +196,33 @@ class Executor:
             else:
                 inputs[binding.name] = rng.integers(0, ranges.get(binding.name, 2), spec.shape).astype(spec.dtype)
         return inputs
+
+
+class SplitExecutor:
+    """A model split across devices (mechanism D over several GPUs; docs/multi-device.md, tvmsched/split.h): its layers
+    in consecutive groups (by weight), each group prepared on one device, which holds that group's weights and no
+    others'; a request runs the groups in order, the activations crossing devices copied through the host behind an
+    event. `devices`: at least two of one kind ("cuda:0", "cuda:1"; "cpu:0", "cpu:1": shares of the cores standing
+    for GPUs). The outputs are the bits one device's run gives."""
+
+    def __init__(self, path, devices, trusted_keys=()):
+        self.devices = tuple(str(d) for d in devices)
+        self.native = native.func("split_load")(str(path), list(self.devices), [str(k) for k in trusted_keys])
+
+    def run(self, inputs: dict[str, np.ndarray], ids=()) -> dict[str, np.ndarray]:
+        """One request (`ids`: a candidate per layer; empty: candidate 0): its outputs."""
+        return from_engine(self.native.run(to_engine(inputs), [int(i) for i in ids]))
+
+    @property
+    def layers(self) -> list[tuple[int, int]]:
+        """Per device: its first and last layer."""
+        return [(int(a), int(b)) for a, b in self.native.layers()]
+
+    @property
+    def crossing_bytes(self) -> int:
+        """Bytes copied between devices per request."""
+        return int(self.native.crossing_bytes())
+
+    def memory(self) -> list[dict[str, int]]:
+        """Per device: its device memory in use and its group's weight bytes."""
+        return [{"in_use": int(a), "weight_bytes": int(b)} for a, b in self.native.memory()]

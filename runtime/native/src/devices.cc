@@ -50,11 +50,11 @@ std::string RuntimeObj::device_name() const {
   return spec.kind == "cuda" || spec.opened ? spec.kind + ":" + std::to_string(spec.index) : spec.kind;
 }
 
-void RuntimeObj::OpenParts() {
-  const std::string& kind = options_.devices[0].kind;
-  const int n = static_cast<int>(options_.devices.size());
+std::vector<std::shared_ptr<Device>> OpenDevices(const std::vector<DeviceSpec>& specs) {
+  const std::string& kind = specs.at(0).kind;
+  const int n = static_cast<int>(specs.size());
   std::set<int> seen;
-  for (const DeviceSpec& spec : options_.devices) {
+  for (const DeviceSpec& spec : specs) {
     if (spec.kind != kind) {
       TVM_FFI_THROW(TvmschedError) << "a runtime's devices are all of one kind, not " << kind << " and " << spec.kind;
     }
@@ -63,11 +63,21 @@ void RuntimeObj::OpenParts() {
                                    << "device number";
     }
   }
-  for (const DeviceSpec& listed : options_.devices) {
+  std::vector<std::shared_ptr<Device>> devices;
+  for (const DeviceSpec& spec : specs) {  // CPU devices stand for GPUs: each its share of the cores, its own memory
+    devices.push_back(spec.opened          ? spec.opened
+                      : spec.kind == "cpu" ? OpenCpuShare(spec.index, n)
+                                           : OpenDevice(spec.kind, spec.index));
+  }
+  return devices;
+}
+
+void RuntimeObj::OpenParts() {
+  std::vector<std::shared_ptr<Device>> devices = OpenDevices(options_.devices);
+  for (size_t d = 0; d < devices.size(); ++d) {
     RuntimeOptions one = options_;
-    DeviceSpec spec = listed;
-    // CPU devices stand for GPUs: each its share of the cores (`of` n), pinned, with its own memory and faults
-    if (!spec.opened) spec.opened = kind == "cpu" ? OpenCpuShare(spec.index, n) : OpenDevice(kind, spec.index);
+    DeviceSpec spec = options_.devices[d];
+    spec.opened = devices[d];
     one.devices = {spec};
     // each device's policy adds its models' candidates to its table (not thread-safe, so not shared)
     if (options_.colocation) one.colocation = std::make_shared<ColocationTable>(*options_.colocation);

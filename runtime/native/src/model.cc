@@ -526,6 +526,12 @@ void ModelObj::PrepareGroup(int g, StreamHandle copy_stream) {
   BindGroup(g);
 }
 
+void* ModelObj::TensorData(const std::string& id) const {
+  if (auto found = env_data_.find(id); found != env_data_.end()) return found->second;
+  auto found = tensor_data_.find(id);
+  return found == tensor_data_.end() ? nullptr : found->second;
+}
+
 void ModelObj::BindGroup(int g) {
   // shared activations: group 0's blocks hold every layer's
   bool all = subtasks_.shared_activations() && g == 0;

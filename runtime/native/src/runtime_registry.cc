@@ -13,6 +13,7 @@
 
 #include "memory_scope_ref.h"
 #include "tvmsched/runtime.h"
+#include "tvmsched/split.h"
 
 namespace tvmsched {
 
@@ -179,6 +180,15 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   refl::GlobalDef()
       .def("tvmsched.engine.open_loop", OpenLoop)
       .def("tvmsched.engine.open_loop_mix", OpenLoopMix)
+      .def("tvmsched.engine.split_load",  // a model split across devices (tvmsched/split.h): path, ["cpu:0", ...]
+           [](const std::string& path, const ffi::Array<ffi::String>& devices, const ffi::Array<ffi::String>& keys) {
+             std::vector<DeviceSpec> specs;
+             for (const ffi::String& text : devices) specs.push_back(ParseDeviceSpec(text));
+             if (specs.size() < 2) TVM_FFI_THROW(TvmschedError) << "a split model needs at least two devices";
+             std::vector<std::string> trusted(keys.begin(), keys.end());
+             return SplitModel(
+                 ffi::make_object<SplitModelObj>(path, OpenDevices(specs), TrustedKeys::FromFiles(trusted)));
+           })
       // options: device, devices (["cpu:0", "cpu:1"]: several), memory_budget (each device's), policy, total_units,
       // colocation ([first, second, value] rows), max_in_flight, idle_spin_us, progress_interval_ms, stall_timeout_s,
       // trusted_keys, max_groups, threshold1, threshold2, preset_count, retain, tiers ([{kind, capacity_bytes,
@@ -239,6 +249,33 @@ TVM_FFI_STATIC_INIT_BLOCK() {
         }
         return Runtime::Create(std::move(options));
       });
+
+  refl::ObjectDef<SplitModelObj>()
+      .def("run",
+           [](SplitModel m, const ffi::Map<ffi::String, ffi::Tensor>& inputs, const ffi::Array<int64_t>& ids) {
+             return m->Run(inputs, std::vector<int>(ids.begin(), ids.end()));
+           })
+      .def("parts", [](SplitModel m) { return ffi::Array<Model>(m->parts()); })
+      .def("layers",
+           [](SplitModel m) {  // per device: [first layer, last layer]
+             ffi::Array<ffi::Array<int64_t>> out;
+             for (size_t k = 0; k < m->parts().size(); ++k) {
+               auto [first, last] = m->layers_of(static_cast<int>(k));
+               out.push_back({first, last});
+             }
+             return out;
+           })
+      .def("crossing_bytes", [](SplitModel m) { return static_cast<int64_t>(m->crossing_bytes()); })
+      .def("memory",
+           [](SplitModel m) {  // per device: [device memory in use, its group's weight bytes]
+             ffi::Array<ffi::Array<int64_t>> out;
+             for (size_t k = 0; k < m->parts().size(); ++k) {
+               const Model& part = m->parts()[k];
+               out.push_back({static_cast<int64_t>(part->device().memory().in_use),
+                              static_cast<int64_t>(part->group_weight_bytes(static_cast<int>(k)))});
+             }
+             return out;
+           });
 
   // model options: name, qos_ms, realtime, resident, device_bytes, streams, warmup, timeout_action ("reject" or
   // "delay"), default_timeout_us, allow_timeout_override, max_queue_size, max_queue_delay_us, preferred_batch_sizes,

@@ -190,6 +190,9 @@ class ModelObj : public ffi::Object {
   /*! \brief Free what group `g` alone holds: weights no other prepared group uses; activations no
    *  prepared group uses and no group in `pending` still reads (a running request's later groups). */
   void CleanGroup(int g, const std::vector<bool>& pending);
+  /*! \brief The device memory of tensor `id` (an environment tensor, or a weight or crossing activation of a prepared
+   *  group); null when it has none here (an activation inside a group's storage blocks is not looked up). */
+  void* TensorData(const std::string& id) const;
   /*! \brief Where its memory is (never null): resident from Init, a switcher's (staged) or a streamer's. */
   Placement* placement() const { return placement_.get(); }
   void SetPlacement(std::shared_ptr<Placement> placement) { placement_ = std::move(placement); }

@@ -55,6 +55,10 @@ struct DeviceSpec {
 /*! \brief "cpu", "cpu:N", "cuda" or "cuda:N" as a DeviceSpec (one TvmschedError line otherwise). */
 DeviceSpec ParseDeviceSpec(const std::string& text);
 
+/*! \brief Several devices of one kind, each listed once, opened (CPU devices: shares of the cores, OpenCpuShare; a
+ *  spec already `opened`: that one); one TvmschedError line otherwise. */
+std::vector<std::shared_ptr<Device>> OpenDevices(const std::vector<DeviceSpec>& specs);
+
 struct RuntimeOptions {
   /*! \brief The devices. Several: the Runtime places each model whole on one of them, or a replica on each of those
    *  its ModelOptions::devices name, and routes each request to the replica predicted to finish it first; each
