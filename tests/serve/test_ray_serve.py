@@ -84,6 +84,8 @@ def test_requests_reach_a_replica_holding_their_model_and_are_answered_right(clu
     requests = sum(c["requests"] for c in counts) - before
     loads = sum(c["loads"] for c in counts)  # each load: a request whose replica did not hold its model
     assert requests >= len(sent) and 1 - loads / requests >= 0.95, counts
+    unknown = triton_infer(url, "nope", sent[0][1])  # a model the repository lacks: 404 in one line
+    assert isinstance(unknown, str) and "[404]" in unknown and "no model named 'nope'" in unknown, unknown
 
 
 def test_a_replica_killed_under_load_loses_no_request(cluster, onnx):

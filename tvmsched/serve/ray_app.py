@@ -59,7 +59,6 @@ class RaySettings:
     num_cpus: float = 1.0
     max_queue: int = 64  # each replica's queue cap: max_ongoing_requests
     policy: str = "colocation"
-    warmup: bool = True
     graceful_shutdown_timeout_s: float = 60.0
     route_prefix: str = "/"
 
@@ -107,8 +106,14 @@ def replica_deployment(settings: RaySettings):
             return _Held(self.service, name)
 
         async def infer(self, name: str, version: str, headers: dict, body: bytes):
+            from tvmsched.serve import jsonio
+            from tvmsched.serve.errors import ServeError
+
             self.requests += 1
-            await self.model(serve.get_multiplexed_model_id())
+            try:
+                await self.model(serve.get_multiplexed_model_id())
+            except (ServeError, TvmschedError) as err:  # (no such model in the repository: 404, one line)
+                return getattr(err, "status", 400), jsonio.dumps({"error": " ".join(str(err).split())}), []
             return await self.route.infer(name, version, headers, body, time.perf_counter_ns())
 
         async def describe(self, name: str, version: str, what: str):
