@@ -723,10 +723,7 @@ int Main(int argc, char** argv) {
     std::ifstream file(colocation);
     json rows = file ? json::parse(file, nullptr, false) : json();
     if (!rows.is_array()) throw std::runtime_error("--colocation " + colocation + ": not a JSON list of profile rows");
-    const tvmsched::DeviceSpec& first = options.devices[0];  // (several: each device's units, a CPU share's)
-    const int units = options.devices.size() > 1 && first.kind == "cpu"
-                          ? tvmsched::OpenCpuShare(0, static_cast<int>(options.devices.size()))->total_units()
-                          : tvmsched::OpenDevice(first.kind, first.index)->total_units();
+    const int units = tvmsched::DeviceUnits(options.devices);  // (several CPU devices: a share's)
     options.colocation = std::make_shared<tvmsched::ColocationTable>(units);
     for (const json& row : rows) {
       options.colocation->AddMeasured(row.at("first"), row.at("second"), row.at("overhead_per_unit_time"));

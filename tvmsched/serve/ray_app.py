@@ -196,19 +196,13 @@ def build_app(settings: RaySettings):
             return JSONResponse(body, status_code=status)
 
         @app.get("/v2/models/{name}")
-        async def metadata(self, name: str) -> Response:
-            return await self._describe(name, "", "metadata")
-
         @app.get("/v2/models/{name}/versions/{version}")
-        async def metadata_version(self, name: str, version: str) -> Response:
+        async def metadata(self, name: str, version: str = "") -> Response:
             return await self._describe(name, version, "metadata")
 
         @app.get("/v2/models/{name}/ready")
-        async def model_ready(self, name: str) -> Response:
-            return await self._describe(name, "", "ready")
-
         @app.get("/v2/models/{name}/versions/{version}/ready")
-        async def model_ready_version(self, name: str, version: str) -> Response:
+        async def model_ready(self, name: str, version: str = "") -> Response:
             return await self._describe(name, version, "ready")
 
         @app.get("/v2/models/{name}/config")
@@ -216,14 +210,8 @@ def build_app(settings: RaySettings):
             return await self._describe(name, "", "config")
 
         @app.post("/v2/models/{name}/infer")
-        async def infer(self, name: str, request: Request) -> Response:
-            return await self._infer(name, "", request)
-
         @app.post("/v2/models/{name}/versions/{version}/infer")
-        async def infer_version(self, name: str, version: str, request: Request) -> Response:
-            return await self._infer(name, version, request)
-
-        async def _infer(self, name: str, version: str, request: Request) -> Response:
+        async def infer(self, name: str, request: Request, version: str = "") -> Response:
             headers = {key: value for key, value in request.headers.raw if key in _FORWARDED}
             status, body, extra = await self._call("infer", name, version, headers, await request.body())
             return Response(body, status_code=status, headers={k.decode(): v.decode() for k, v in extra},

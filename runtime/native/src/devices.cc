@@ -40,6 +40,14 @@ DeviceSpec ParseDeviceSpec(const std::string& text) {
   return spec;
 }
 
+int DeviceUnits(const std::vector<DeviceSpec>& specs) {
+  const DeviceSpec& first = specs.at(0);
+  if (specs.size() > 1 && first.kind == "cpu") {  // a share of the cores
+    return OpenCpuShare(0, static_cast<int>(specs.size()))->total_units();
+  }
+  return OpenDevice(first.kind, first.index)->total_units();
+}
+
 std::string RuntimeObj::device_name() const {
   if (!parts_.empty()) {
     std::string all;
@@ -243,10 +251,8 @@ void RuntimeObj::FollowRouted(Request outer, Request inner, const std::string& m
   // device is lost (it never ran there: EnterLaunch refused its launch) runs again on another replica in service; the
   // request whose launch faulted keeps its own failure (it may be the cause, and would fault there too)
   inner->OnDone(ffi::Function::FromTyped([this, outer, model, options, tried](Request done) {
-    const std::string error = done->error();
     const int d = tried.back();
-    if (!error.empty() && parts_[d]->device_lost() &&
-        error.rfind(std::string("the ") + parts_[d]->device_->kind() + " device is lost", 0) == 0) {
+    if (!done->error().empty() && std::string(done->error()) == parts_[d]->device_->LostLine()) {
       std::vector<int> replicas;
       try {
         replicas = ReplicasOf(model);

@@ -13,6 +13,15 @@
 
 namespace tvmsched {
 
+std::string Device::LostLineLocked() const {
+  return std::string("the ") + kind() + " device is lost: " + fault_stats_.lost;
+}
+
+std::string Device::LostLine() const {
+  std::lock_guard<std::mutex> lock(fault_mu_);
+  return health_.load(std::memory_order_acquire) == kLost ? LostLineLocked() : std::string();
+}
+
 uint64_t Device::EnterLaunch(double timeout_s) {
   active_launches_.fetch_add(1, std::memory_order_acq_rel);
   if (health_.load(std::memory_order_acquire) == kHealthy) return generation_.load(std::memory_order_acquire);
@@ -21,9 +30,7 @@ uint64_t Device::EnterLaunch(double timeout_s) {
   auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s > 0 ? timeout_s : 1e9);
   while (true) {
     int health = health_.load(std::memory_order_acquire);
-    if (health == kLost) {
-      TVM_FFI_THROW(TvmschedError) << "the " << kind() << " device is lost: " << fault_stats_.lost;
-    }
+    if (health == kLost) TVM_FFI_THROW(TvmschedError) << LostLineLocked();
     if (health == kHealthy) {
       active_launches_.fetch_add(1, std::memory_order_acq_rel);
       if (health_.load(std::memory_order_acquire) == kHealthy) return generation_.load(std::memory_order_acquire);

@@ -540,6 +540,18 @@ double RuntimeObj::PredictLocked(const Entry& entry, int64_t rows, bool* starts_
   return predicted_us;
 }
 
+int64_t RuntimeObj::QueuedRequests() const {
+  if (!parts_.empty()) {
+    int64_t all = 0;
+    for (const Runtime& part : parts_) all += part->QueuedRequests();
+    return all;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t queued = 0;
+  for (const auto& e : order_) queued += static_cast<int64_t>(e->queue.size() + e->delayed.size());
+  return queued;
+}
+
 double RuntimeObj::PredictFinishUs(const std::string& model, int64_t rows) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto found = entries_.find(model);
@@ -882,12 +894,9 @@ int RuntimeObj::ChooseSize(const Entry& entry, const std::deque<Pending>& lane, 
   // layer without a parallel loop
   if (sizes.back()->batch >= rows) {
     const int64_t rest = std::max<int64_t>(rows - sizes[best]->batch, 0);
-    double remainder = 0;
-    if (rest > 0) {
-      remainder = run(covering(rest));
-      for (int k = 0; k < n; ++k) {
-        remainder = std::min(remainder, run(k) * static_cast<double>((rest + sizes[k]->batch - 1) / sizes[k]->batch));
-      }
+    double remainder = rest > 0 ? std::numeric_limits<double>::infinity() : 0;
+    for (int k = 0; rest > 0 && k < n; ++k) {
+      remainder = std::min(remainder, run(k) * static_cast<double>((rest + sizes[k]->batch - 1) / sizes[k]->batch));
     }
     int up = -1;
     for (int k = std::max(covering(rows), best + 1); k < n; ++k) {
@@ -1048,13 +1057,7 @@ const std::vector<StreamView>& RuntimeObj::MonitorLocked() {
 }
 
 std::vector<StreamView> RuntimeObj::Monitor() {
-  if (!parts_.empty()) {
-    std::vector<StreamView> all;
-    for (const Runtime& part : parts_) {
-      for (StreamView& view : part->Monitor()) all.push_back(std::move(view));
-    }
-    return all;
-  }
+  if (!parts_.empty()) return Gather<StreamView>([](const Runtime& part) { return part->Monitor(); });
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<StreamView> busy;
   for (const StreamView& view : MonitorLocked()) {
@@ -1164,20 +1167,12 @@ int64_t RuntimeObj::finished_for_memory() const {
 
 std::vector<StageEvent> RuntimeObj::SwitchEvents() const {
   if (parts_.empty()) return switcher_->Events();
-  std::vector<StageEvent> all;
-  for (const Runtime& part : parts_) {
-    for (StageEvent& event : part->SwitchEvents()) all.push_back(std::move(event));
-  }
-  return all;
+  return Gather<StageEvent>([](const Runtime& part) { return part->SwitchEvents(); });
 }
 
 std::vector<Stream> RuntimeObj::streams(const std::string& model) const {
   if (!parts_.empty()) {  // its replicas' streams, by device
-    std::vector<Stream> all;
-    for (int d : ReplicasOf(model)) {
-      for (Stream& s : parts_[d]->streams(model)) all.push_back(std::move(s));
-    }
-    return all;
+    return Gather<Stream>([&](const Runtime& part) { return part->streams(model); }, ReplicasOf(model));
   }
   std::lock_guard<std::mutex> lock(mu_);
   auto found = entries_.find(model);
@@ -1187,11 +1182,7 @@ std::vector<Stream> RuntimeObj::streams(const std::string& model) const {
 
 std::vector<Model> RuntimeObj::engine_models(const std::string& model) const {
   if (!parts_.empty()) {
-    std::vector<Model> all;
-    for (int d : ReplicasOf(model)) {
-      for (Model& m : parts_[d]->engine_models(model)) all.push_back(std::move(m));
-    }
-    return all;
+    return Gather<Model>([&](const Runtime& part) { return part->engine_models(model); }, ReplicasOf(model));
   }
   std::lock_guard<std::mutex> lock(mu_);
   auto found = entries_.find(model);

@@ -93,6 +93,11 @@ ffi::Map<ffi::String, ffi::Any> StatsMap(const ModelStats& s) {
   return out;
 }
 
+/*! \brief The Runtime of each device it serves (itself when it serves one). */
+std::vector<Runtime> PerDevice(const Runtime& rt) {
+  return rt->parts().empty() ? std::vector<Runtime>{rt} : rt->parts();
+}
+
 /*! \brief An open-loop load (bench/batching.py): requests of several models submitted at Poisson arrival times, each
  *  model `rates[i]` per second with `inputs[i]`, for `seconds`, from this thread (no Python between requests; the
  *  models' arrivals merged: one Poisson process of the rates' sum, each arrival a model drawn by its share). Each
@@ -233,12 +238,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
         options.timeline = o.Get<bool>("timeline", false);
         o.Done();
         if (!rows.empty()) {  // the table needs the device's unit count: resolved as the runtime will
-          int units = options.total_units > 0 ? options.total_units : OpenDevice(device.kind)->total_units();
-          if (options.devices.size() > 1 && options.total_units <= 0) {  // (each device's share of the cores)
-            units = options.devices[0].kind == "cpu"
-                        ? OpenCpuShare(0, static_cast<int>(options.devices.size()))->total_units()
-                        : OpenDevice("cuda", options.devices[0].index)->total_units();
-          }
+          int units = options.total_units > 0 ? options.total_units : DeviceUnits(options.devices);
           options.colocation = std::make_shared<ColocationTable>(units);
           for (const auto& row : rows) {
             if (row.size() != 3) TVM_FFI_THROW(TvmschedError) << "a colocation row is [first, second, value]";
@@ -372,9 +372,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("total_units", [](Runtime rt) { return static_cast<int64_t>(rt->total_units()); })
       .def("memory",
            [](Runtime rt) {  // several devices: their sums (the peak: of each device's peak)
-             std::vector<Runtime> each = rt->parts().empty() ? std::vector<Runtime>{rt} : rt->parts();
              int64_t in_use = 0, peak = 0, budget = 0;
-             for (const Runtime& one : each) {
+             for (const Runtime& one : PerDevice(rt)) {
                in_use += static_cast<int64_t>(one->scope()->in_use());
                peak += static_cast<int64_t>(one->scope()->peak());
                budget += static_cast<int64_t>(one->scope()->budget());
@@ -387,9 +386,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
            })
       .def("devices",
            [](Runtime rt) {  // per device: {name, units, lost, in_use, peak, budget, models, queued}
-             std::vector<Runtime> each = rt->parts().empty() ? std::vector<Runtime>{rt} : rt->parts();
              ffi::Array<ffi::Map<ffi::String, ffi::Any>> out;
-             for (const Runtime& one : each) {
+             for (const Runtime& one : PerDevice(rt)) {
                ffi::Map<ffi::String, ffi::Any> d;
                d.Set("name", one->device_name());
                d.Set("units", static_cast<int64_t>(one->total_units()));
@@ -400,9 +398,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
                ffi::Array<ffi::String> models;
                for (const std::string& m : one->models()) models.push_back(m);
                d.Set("models", models);
-               int64_t queued = 0;  // its models' requests waiting for a stream
-               for (const auto& [name, stats] : one->Stats()) queued += stats.queued;
-               d.Set("queued", queued);
+               d.Set("queued", one->QueuedRequests());
                out.push_back(d);
              }
              return out;

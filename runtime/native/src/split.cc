@@ -81,6 +81,7 @@ ffi::Map<ffi::String, ffi::Tensor> SplitModelObj::Run(const ffi::Map<ffi::String
                                                       const std::vector<int>& ids) {
   parts_[0]->CheckInputs(inputs);
   if (!ids.empty()) parts_[0]->CheckCandidates(ids);
+  std::lock_guard<std::mutex> lock(run_mu_);
   for (size_t k = 0; k < parts_.size(); ++k) {
     ModelObj& m = *parts_[k].get();
     m.CopyInputs(inputs);                  // (a later group may read an input too)

@@ -184,6 +184,8 @@ class Device {
    *  (`timeout_s`), Recreate(), generation + 1, HEALTHY. Returns empty, or why the device is now LOST. */
   std::string Recover(double timeout_s);
   FaultStats faults() const;
+  /*! \brief The line a launch on a lost device fails with ("the cuda device is lost: WHY"; empty: not lost). */
+  std::string LostLine() const;
   /*! \brief Test hook (CPU): the next Recreate() fails, so the device is lost. */
   void FailNextRecreate() { fail_recreate_.store(true); }
 
@@ -191,6 +193,7 @@ class Device {
   /*! \brief Make the device usable again after a fault: true, or false with `why` (the device is then lost).
    *  CPU: nothing to redo. CUDA: not implemented (docs/faults.md: context reset, memory re-prepared). */
   virtual bool Recreate(std::string* why) = 0;
+  std::string LostLineLocked() const;  // (under fault_mu_)
 
  private:
   mutable std::mutex fault_mu_;

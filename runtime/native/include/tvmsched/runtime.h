@@ -59,6 +59,9 @@ DeviceSpec ParseDeviceSpec(const std::string& text);
  *  spec already `opened`: that one); one TvmschedError line otherwise. */
 std::vector<std::shared_ptr<Device>> OpenDevices(const std::vector<DeviceSpec>& specs);
 
+/*! \brief The compute units of each of these devices as a Runtime over them opens them (a colocation table's). */
+int DeviceUnits(const std::vector<DeviceSpec>& specs);
+
 struct RuntimeOptions {
   /*! \brief The devices. Several: the Runtime places each model whole on one of them, or a replica on each of those
    *  its ModelOptions::devices name, and routes each request to the replica predicted to finish it first; each
@@ -186,6 +189,8 @@ class RuntimeObj : public ffi::Object {
   /*! \brief A request of `rows` rows of `model`, submitted now: its predicted finish from now (µs; each launch at the
    *  fastest candidates, nothing beside it), as admission predicts it (-1: no such model, or it is being unloaded). */
   double PredictFinishUs(const std::string& model, int64_t rows) const;
+  /*! \brief Requests of its models waiting for a stream. */
+  int64_t QueuedRequests() const;
 
   static constexpr bool _type_mutable = true;
   TVM_FFI_DECLARE_OBJECT_INFO_FINAL("tvmsched.Runtime", RuntimeObj, ffi::Object);
@@ -254,6 +259,15 @@ class RuntimeObj : public ffi::Object {
                     std::vector<int> tried);
   void UnloadReplicas(const std::string& name, double timeout_s);
   std::map<std::string, ModelStats> MergedStats();
+  /*! \brief Several devices: `each(part)`'s answers of the parts `which` (every part when empty), in order. */
+  template <class T, class F>
+  std::vector<T> Gather(F each, const std::vector<int>& which = {}) const {
+    std::vector<T> all;
+    for (size_t k = 0; k < (which.empty() ? parts_.size() : which.size()); ++k) {
+      for (T& item : each(parts_[which.empty() ? k : static_cast<size_t>(which[k])])) all.push_back(std::move(item));
+    }
+    return all;
+  }
   /*! \brief Where a model goes whole (several devices; under the lock): by measured load, then memory left. */
   int PlaceLocked();
   /*! \brief The work its models did so far (µs: their streams' requests' start-to-end times): a device's load. */

@@ -13,6 +13,7 @@
 #define TVMSCHED_SPLIT_H_
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,7 @@ class SplitModelObj : public ffi::Object {
    *  GroupLayers lays them out (by weight; a model with fewer groups than devices leaves the last devices idle). */
   SplitModelObj(const std::string& path, std::vector<std::shared_ptr<Device>> devices, const TrustedKeys& trusted);
   /*! \brief Run a request: `ids` one candidate per layer (empty: candidate 0); the outputs on the host. One-line
-   *  TvmschedError when a device fails (a lost device's line). */
+   *  TvmschedError when a device fails (a lost device's line). Thread-safe: requests run one at a time. */
   ffi::Map<ffi::String, ffi::Tensor> Run(const ffi::Map<ffi::String, ffi::Tensor>& inputs, const std::vector<int>& ids);
   /*! \brief Per device: its model (the artifact, registered, with only its groups prepared) and its layers. */
   const std::vector<Model>& parts() const { return parts_; }
@@ -48,6 +49,7 @@ class SplitModelObj : public ffi::Object {
   std::vector<std::vector<Crossing>> needs_;  // per part: what it reads from earlier parts
   std::vector<int> output_from_;              // per model output: the part whose layer writes it
   std::vector<char> host_;                    // the copies' staging buffer (the largest crossing)
+  std::mutex run_mu_;                         // one request at a time (the parts' buffers, host_)
 };
 
 class SplitModel : public ffi::ObjectRef {
