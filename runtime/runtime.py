@@ -54,11 +54,14 @@ class Model:
     warm: bool = False  # every candidate kernel ran once at load (Runtime.load(warmup=True))
     # more streams of the same model (Runtime.load(streams=)): a request runs on the first of them that is free
     replicas: tuple[Task, ...] = ()
+    # split across devices (Runtime.load(split=True or plan=...)): their names, in the order its groups run; `task`
+    # then describes it (its first part) and has no stream
+    split: tuple[str, ...] = ()
 
     @property
     def tasks(self) -> tuple[Task, ...]:
-        """Its streams: `task` first, then its replicas."""
-        return (self.task, *self.replicas)
+        """Its streams: `task` first, then its replicas (none for a split model: its requests run in turn)."""
+        return () if self.split else (self.task, *self.replicas)
 
     @property
     def resident(self) -> bool:
@@ -72,8 +75,9 @@ class Model:
 
     @property
     def placement(self) -> str:
-        """Where its memory is: "resident", "staged" (switched in by the switcher) or "streamed" (tiered)."""
-        return self.task.executor.placement
+        """Where its memory is: "resident", "staged" (switched in by the switcher), "streamed" (tiered) or "split"
+        (across several devices)."""
+        return "split" if self.split else self.task.executor.placement
 
 
 @dataclass
@@ -172,14 +176,18 @@ class Runtime:
     def load(self, artifact, *, qos_ms: float | None = None, priority: str = "best_effort", name: str | None = None,
              resident: bool = True, device_bytes: int | None = None, warmup: bool = False, streams: int = 1,
              max_queue_delay_us: float = 0.0, preferred_batch_sizes: tuple[int, ...] = (),
-             queue_policy: dict | None = None, devices: tuple[int, ...] = ()) -> Model:
+             queue_policy: dict | None = None, devices: tuple[int, ...] = (), split: bool = False,
+             plan=None) -> Model:
         """Load an artifact (path or Artifact) as a new model; the engine decides its placement (docs/runtime.md).
         A model compiled for a batch (docs/batching.md): `max_queue_delay_us`, how long a free stream waits at most for
         the queued rows to reach the smallest of `preferred_batch_sizes` (each a compiled size; none: the largest).
         `queue_policy`: Triton's default_queue_policy as the engine takes it: timeout_action ("reject" or "delay"),
         default_timeout_us, allow_timeout_override, max_queue_size (docs/runtime.md). A runtime over several
         devices: `devices`, the device numbers to place a replica on (none: one, where the most memory is left;
-        docs/multi-device.md)."""
+        docs/multi-device.md). `split`: run it split across `devices` (none: every device in service), a group of
+        layers each; `plan`: split as the memory planner's plan places it (a runtime.tiering.Plan with a task named
+        as the artifact's file, or `name`): its sub-tasks' layers on their GPUs, GPU id N being the device cpu:N or
+        cuda:N. A model larger than every device's memory budget is split too, when its parts fit."""
         if priority not in PRIORITIES:
             raise TvmschedError(f"priority must be one of {PRIORITIES}, not {priority!r}")
         if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= 64:
@@ -195,19 +203,27 @@ class Runtime:
             options["devices"] = [int(d) for d in devices]
         if name is not None:
             options["name"] = str(name)
+        if split or plan is not None:
+            options["split"] = True
         with tempfile.TemporaryDirectory(prefix="tvmsched-") as tmp:
             path = self._artifact_path(artifact, Path(tmp))
+            if plan is not None:
+                task = str(name) if name is not None else Path(str(artifact)).stem
+                options["devices"], options["split_layers"] = plan_split(plan, task, path, self.devices())
             loaded = str(self._engine.load(path, options))
             natives, engine_streams = self._engine.engine_models(loaded), self._engine.streams(loaded)
             tasks = [Task.over(Executor.over(m, path), s, str(s.name()), quiet_gc=self._freeze_gc)
                      for m, s in zip(natives, engine_streams)]
+            if not engine_streams:  # split across devices: its first part describes it (no stream of its own)
+                tasks = [Task.over(Executor.over(natives[0], path), None, loaded, quiet_gc=self._freeze_gc)]
         layers = [[candidate_info(loaded, c, self.total_units) for c in layer.candidates]
                   for layer in tasks[0].executor.manifest.layers]
         if self._table_view is not None:
             self._table_view.add_candidates(c for layer in layers for c in layer)
         stats = self._engine.stats()[loaded]
         model = Model(loaded, _or_none(stats["qos_ms"]), priority, tasks[0], layers,
-                      tuple(policies.fastest_ids(layers)), warm=bool(warmup), replicas=tuple(tasks[1:]))
+                      tuple(policies.fastest_ids(layers)), warm=bool(warmup), replicas=tuple(tasks[1:]),
+                      split=tuple(str(d) for d in stats.get("devices", ())) if stats["placement"] == "split" else ())
         with self._lock:
             self.models[loaded] = model
         if model.placement == "streamed":
@@ -340,7 +356,10 @@ class Runtime:
     def preempt(self, model: Model | str, abort: bool = True) -> list:
         """Pause every stream of a model (what it runs stops at a layer boundary; `abort`: a started request re-runs
         its unfinished layers); what is queued waits until `resume`. Returns each stream's PreemptReport."""
-        return [task.preempt(abort=abort) for task in self._model(model).tasks]
+        model = self._model(model)
+        if model.split:
+            raise TvmschedError(f"model {model.name} is split across devices: its requests are not preempted")
+        return [task.preempt(abort=abort) for task in model.tasks]
 
     def resume(self, model: Model | str) -> None:
         """Let a paused model's streams run again."""
@@ -498,3 +517,27 @@ def plot_timeline(events: list[dict], path: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plan_split(plan, task: str, path: str, devices: list[dict]) -> tuple[list[int], list[list[int]]]:
+    """Where the memory planner's `plan` (runtime.tiering.Plan) puts `task`'s sub-tasks, as a split load takes it:
+    the runtime's device numbers in sub-task order (GPU id N: the device named cpu:N or cuda:N) and each sub-task's
+    first and last layer (the planner's split_layers over the artifact at `path`)."""
+    from tvmsched.runtime.tiering import TierTask
+
+    placements = sorted((p for p in plan.placements if p.task == task), key=lambda p: p.subtask)
+    if not placements:
+        tasks = sorted({p.task for p in plan.placements})
+        raise TvmschedError(f"the plan has no task named {task!r} (its tasks: {', '.join(tasks) or 'none'}): pass the "
+                            "plan's name for the model as name=")
+    index = {int(d["name"].rpartition(":")[2]): k for k, d in enumerate(devices) if ":" in d["name"]}
+    where = []
+    for p in placements:
+        if p.gpu not in index:
+            raise TvmschedError(f"the plan puts {task} sub-task {p.subtask} on GPU {p.gpu}, which the runtime does not "
+                                f"serve (its devices: {', '.join(d['name'] for d in devices)})")
+        where.append(index[p.gpu])
+    ranges = TierTask.from_artifact(path, len(placements)).layer_ranges
+    if any(stop <= start for start, stop in ranges):
+        raise TvmschedError(f"model {task} has fewer layers than the plan's {len(placements)} sub-tasks")
+    return where, [[start, stop - 1] for start, stop in ranges]

@@ -72,7 +72,8 @@ struct Duration {  // Triton's {"count", "ns"}
 struct Served {
   Spec spec;
   std::vector<kserve::TensorInfo> inputs, outputs;
-  std::vector<tvmsched::Stream> streams;
+  std::vector<tvmsched::Stream> streams;       // (none for a model split across devices: its requests run in turn)
+  tvmsched::Model model;                       // its first engine model (a split model's first part): its manifest
   int64_t max_queue = 0, warmup_requests = 0;  // warm-up runs the Runtime's request counts include
   int64_t batch = 0;  // rows a request may bring: its max_batch_size (0: not compiled for a batch, one row a run)
   std::atomic<int64_t> inferences{0};  // rows of its successful requests (Triton's inference count)
@@ -135,9 +136,10 @@ class Server {
     s->max_queue = options.queue.max_queue_size = spec.max_queue >= 0 ? spec.max_queue : max_queue_;
     runtime_->Load(spec.path, options);
     s->streams = runtime_->streams(spec.name);
+    s->model = runtime_->engine_models(spec.name).at(0);
     tvmsched::ModelStats stats = runtime_->Stats()[spec.name];
     s->warmup_requests = stats.requests, s->qos_ms = stats.qos_ms;
-    const tvmsched::Manifest& manifest = s->streams[0]->model()->manifest();
+    const tvmsched::Manifest& manifest = s->model->manifest();
     s->batch = spec.max_batch_size > 0 ? spec.max_batch_size : manifest.batch_size;
     for (auto [list, bindings] : {std::pair{&s->inputs, &manifest.inputs}, {&s->outputs, &manifest.outputs}}) {
       for (const auto& b : *bindings) {
@@ -198,10 +200,10 @@ class Server {
   std::string NotReady(const std::string& name = "", const std::string& version = "", bool in_flight = false) {
     if (stopping_ && !in_flight) return "the server is shutting down";
     if (name.empty()) {
-      std::string lost = order_.empty() ? "" : models_[order_[0]]->streams[0]->model()->device().faults().lost;
+      std::string lost = order_.empty() ? "" : models_[order_[0]]->model->device().faults().lost;
       return lost.empty() ? "" : "the device is lost (docs/faults.md): " + lost;
     }
-    const tvmsched::Model& model = Find(name, version).streams[0]->model();
+    const tvmsched::Model& model = Find(name, version).model;
     if (std::string q = model->quarantined(); !q.empty()) return "model '" + name + "' is quarantined: " + q;
     if (std::string p = model->placement_error(); !p.empty()) return "model '" + name + "' cannot be placed: " + p;
     return NotReady("", "", in_flight);
@@ -330,7 +332,7 @@ class Server {
   json StatsV1() {
     json out = json::object(), footprints = json::object(), resident = json::array();
     for (auto& [name, st] : runtime_->Stats()) {
-      const tvmsched::Model& model = models_[name]->streams[0]->model();
+      const tvmsched::Model& model = models_[name]->model;
       out[name] = {{"priority", st.priority},
                    {"qos_ms", st.qos_ms > 0 ? json(st.qos_ms) : json()},
                    {"requests", st.requests - models_[name]->warmup_requests},
@@ -369,7 +371,7 @@ class Server {
                         {"resident", resident}};
     }
     if (!order_.empty()) {  // the device's fault state machine (docs/faults.md)
-      auto f = models_[order_[0]]->streams[0]->model()->device().faults();
+      auto f = models_[order_[0]]->model->device().faults();
       out["_device"] = {{"health", std::vector<std::string>{"healthy", "faulted", "lost"}.at(f.health)},
                         {"generation", f.generation},
                         {"faults", f.faults},

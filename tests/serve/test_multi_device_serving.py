@@ -134,3 +134,37 @@ def test_both_servers_refuse_devices_they_cannot_serve_in_one_line(cpp_build, tm
                                str(free_port())], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
         assert done.stderr.strip() == line, done.stderr
+
+
+@pytest.mark.parametrize("which", ["python", "cpp"])
+def test_a_model_larger_than_each_devices_budget_is_served_split_across_them(request, tmp_path, compiled, which):
+    """The engine's rule (docs/multi-device.md): under a budget that holds each part of resnet18-small but not the
+    whole model, both servers run it split across cpu:0 and cpu:1, and its answers are one device's bits."""
+    from tvmsched.runtime import Executor, SplitExecutor
+
+    artifact = compiled("resnet18-small")
+    budget = max(m["in_use"] for m in SplitExecutor(artifact, DEVICES.split(",")).memory()) + 256 * 1024
+    (tmp_path / "big" / "1").mkdir(parents=True)
+    (tmp_path / "big" / "config.pbtxt").write_text(BASE)
+    (tmp_path / "big" / "1" / "model.tvms").symlink_to(artifact)
+    args = ("--devices", DEVICES, "--memory-budget", str(budget), "--model-repository", str(tmp_path))
+    if which == "cpp":
+        process, base = start_cpp_server(request.getfixturevalue("cpp_build") / "tvmsched_server", *args)
+    else:
+        process, base, _ = start_serve(*args)
+    try:
+        client = tritonclient_http.InferenceServerClient(base.removeprefix("http://"))
+        assert client.get_model_config("big")["instance_group"][0]["gpus"] == [0, 1]
+        alone = Executor(str(artifact))
+        for seed in (0, 1):
+            inputs = alone.random_inputs(seed)
+            sent = []
+            for name, x in inputs.items():
+                sent.append(tritonclient_http.InferInput(name, list(x.shape), "FP32"))
+                sent[-1].set_data_from_numpy(x)
+            got = client.infer("big", sent)
+            for name, want in alone.run(inputs).items():
+                np.testing.assert_array_equal(got.as_numpy(name), want)
+        client.close()
+    finally:
+        assert stop_server(process) == 0

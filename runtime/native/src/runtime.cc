@@ -11,26 +11,13 @@
 #include <sstream>
 
 #include "error_line.h"
+#include "percentile.h"
 
 namespace tvmsched {
 
 namespace {
 
 constexpr size_t kPolicyQueue = 64;  // queued requests a policy is shown
-
-double Percentile(std::vector<double> values, double q) {  // numpy's default (linear between the closest ranks)
-  if (values.empty()) return -1;
-  std::sort(values.begin(), values.end());
-  double pos = q / 100.0 * static_cast<double>(values.size() - 1);
-  size_t lo = static_cast<size_t>(std::floor(pos)), hi = static_cast<size_t>(std::ceil(pos));
-  return values[lo] + (values[hi] - values[lo]) * (pos - static_cast<double>(lo));
-}
-
-/*! \brief The p50 and p99 of recorded times (-1: none). */
-std::pair<double, double> Percentiles(const std::deque<double>& recorded) {
-  std::vector<double> times(recorded.begin(), recorded.end());
-  return {Percentile(times, 50), Percentile(std::move(times), 99)};
-}
 
 std::string Ms(double us) {
   std::ostringstream text;
@@ -542,7 +529,7 @@ double RuntimeObj::PredictLocked(const Entry& entry, int64_t rows, bool* starts_
 
 int64_t RuntimeObj::QueuedRequests() const {
   if (!parts_.empty()) {
-    int64_t all = 0;
+    int64_t all = SplitQueued();
     for (const Runtime& part : parts_) all += part->QueuedRequests();
     return all;
   }
@@ -1171,7 +1158,8 @@ std::vector<StageEvent> RuntimeObj::SwitchEvents() const {
 }
 
 std::vector<Stream> RuntimeObj::streams(const std::string& model) const {
-  if (!parts_.empty()) {  // its replicas' streams, by device
+  if (!parts_.empty()) {  // its replicas' streams, by device (a split model has none: its requests run in turn)
+    if (SplitOf(model)) return {};
     return Gather<Stream>([&](const Runtime& part) { return part->streams(model); }, ReplicasOf(model));
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -1182,6 +1170,7 @@ std::vector<Stream> RuntimeObj::streams(const std::string& model) const {
 
 std::vector<Model> RuntimeObj::engine_models(const std::string& model) const {
   if (!parts_.empty()) {
+    if (std::shared_ptr<SplitServing> split = SplitOf(model)) return SplitParts(*split);  // its parts, in order
     return Gather<Model>([&](const Runtime& part) { return part->engine_models(model); }, ReplicasOf(model));
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -1191,7 +1180,8 @@ std::vector<Model> RuntimeObj::engine_models(const std::string& model) const {
 }
 
 bool RuntimeObj::Evict(const std::string& name, bool keep_environment) {
-  if (!parts_.empty()) {  // every replica that is idle and switched
+  if (!parts_.empty()) {  // every replica that is idle and switched (a split model's parts stay prepared)
+    if (SplitOf(name)) return false;
     bool any = false;
     for (int d : ReplicasOf(name)) any |= parts_[d]->Evict(name, keep_environment);
     return any;
@@ -1274,6 +1264,7 @@ void RuntimeObj::Shutdown() {
       std::lock_guard<std::mutex> lock(mu_);
       closed_ = true;
     }
+    CloseSplit();
     for (const Runtime& part : parts_) part->Shutdown();
     return;
   }

@@ -312,6 +312,14 @@ TVM_FFI_STATIC_INIT_BLOCK() {
                if (!index) TVM_FFI_THROW(TvmschedError) << "a model's devices are device numbers";
                options.devices.push_back(static_cast<int>(*index));
              }
+             options.split = o.Get<bool>("split", false);
+             for (const ffi::Any& group : o.Get<ffi::Array<ffi::Any>>("split_layers", {})) {
+               auto pair = group.try_cast<ffi::Array<int64_t>>();  // [first layer, last layer] per device
+               if (!pair || pair->size() != 2) {
+                 TVM_FFI_THROW(TvmschedError) << "split_layers are [first layer, last layer] pairs, one per device";
+               }
+               options.split_layers.emplace_back(static_cast<int>((*pair)[0]), static_cast<int>((*pair)[1]));
+             }
              o.Done();
              return rt->Load(path, options);
            })
@@ -387,7 +395,9 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("devices",
            [](Runtime rt) {  // per device: {name, units, lost, in_use, peak, budget, models, queued}
              ffi::Array<ffi::Map<ffi::String, ffi::Any>> out;
-             for (const Runtime& one : PerDevice(rt)) {
+             const std::vector<Runtime> each = PerDevice(rt);
+             for (size_t k = 0; k < each.size(); ++k) {
+               const Runtime& one = each[k];
                ffi::Map<ffi::String, ffi::Any> d;
                d.Set("name", one->device_name());
                d.Set("units", static_cast<int64_t>(one->total_units()));
@@ -396,7 +406,9 @@ TVM_FFI_STATIC_INIT_BLOCK() {
                d.Set("peak", static_cast<int64_t>(one->scope()->peak()));
                d.Set("budget", static_cast<int64_t>(one->scope()->budget()));
                ffi::Array<ffi::String> models;
-               for (const std::string& m : one->models()) models.push_back(m);
+               for (const std::string& m : rt->parts().empty() ? one->models() : rt->ModelsOn(static_cast<int>(k))) {
+                 models.push_back(m);
+               }
                d.Set("models", models);
                d.Set("queued", one->QueuedRequests());
                out.push_back(d);

@@ -5,8 +5,10 @@
 #include <tvm/ffi/error.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
+#include <set>
 
 namespace tvmsched {
 
@@ -14,21 +16,68 @@ namespace {
 constexpr double kFaultWaitS = 30;  // a faulted device's recovery, waited for at most
 }  // namespace
 
+std::vector<std::pair<int, int>> BalancedLayers(const Manifest& manifest, int parts) {
+  const int count = static_cast<int>(manifest.layers.size());
+  std::vector<std::pair<int, int>> groups;
+  if (count <= parts) {
+    for (int i = 0; i < count; ++i) groups.emplace_back(i, i);
+    return groups;
+  }
+  std::vector<int64_t> prefix{0};  // the layers' bytes, summed
+  std::set<std::string> seen;
+  for (const LayerSpec& layer : manifest.layers) {
+    int64_t bytes = 0;
+    for (const std::string& in : layer.inputs) {
+      const TensorSpec& spec = manifest.tensors.at(in);
+      if (spec.kind == "weight" && seen.insert(in).second) bytes += static_cast<int64_t>(spec.nbytes());
+    }
+    for (const std::string& out : layer.outputs) bytes += static_cast<int64_t>(manifest.tensors.at(out).nbytes());
+    prefix.push_back(prefix.back() + bytes);
+  }
+  int start = 0;
+  for (int i = 0; i < parts - 1; ++i) {
+    const double target = static_cast<double>(prefix.back() * (i + 1)) / parts;
+    int stop = start + 1;  // the first end closest to the target, leaving a layer for each group after it
+    for (int end = start + 1; end < count - (parts - 2 - i); ++end) {
+      if (std::abs(static_cast<double>(prefix[end]) - target) < std::abs(static_cast<double>(prefix[stop]) - target)) {
+        stop = end;
+      }
+    }
+    groups.emplace_back(start, stop - 1);
+    start = stop;
+  }
+  groups.emplace_back(start, count - 1);
+  return groups;
+}
+
 SplitModelObj::SplitModelObj(const std::string& path, std::vector<std::shared_ptr<Device>> devices,
-                             const TrustedKeys& trusted) {
+                             const TrustedKeys& trusted, const SplitOptions& split) {
   if (devices.size() < 2) TVM_FFI_THROW(TvmschedError) << "a split model needs at least two devices";
+  if (!split.scopes.empty() && split.scopes.size() != devices.size()) {
+    TVM_FFI_THROW(TvmschedError) << "internal: a split model's memory scopes are one per device";
+  }
   const int n = static_cast<int>(devices.size());
+  std::vector<std::pair<int, int>> groups = split.groups;
+  if (!groups.empty() && static_cast<int>(groups.size()) != n) {
+    TVM_FFI_THROW(TvmschedError) << path << ": a split model has a group of layers per device: " << groups.size()
+                                 << " groups for " << n << " devices";
+  }
   for (int d = 0; d < n; ++d) {
     LoadOptions options;
     options.resident = false;  // registered: its groups are prepared below, this device's only
-    options.max_groups = n;
     options.device = devices[d];
+    options.scope = split.scopes.empty() ? nullptr : split.scopes[d];
+    options.groups = groups;  // (none given: the first device's load lays them out from its manifest)
     Model m = Model::Load(path, devices[d]->kind(), options, trusted);
-    if (d >= m->num_groups()) break;  // fewer groups than devices: the last ones idle
+    if (groups.empty()) {
+      groups = BalancedLayers(m->manifest(), n);
+      m->SetGroups(groups);
+    }
+    if (d >= static_cast<int>(groups.size())) break;  // fewer layers than devices: the last ones idle
     parts_.push_back(m);
   }
   if (parts_.size() < 2) {
-    TVM_FFI_THROW(TvmschedError) << "model " << parts_[0]->name() << " has one group of layers: it cannot be split";
+    TVM_FFI_THROW(TvmschedError) << "model " << parts_[0]->name() << " has one layer: it cannot be split";
   }
   const Manifest& manifest = parts_[0]->manifest();
   std::vector<int> part_of(manifest.layers.size(), 0);

@@ -113,6 +113,13 @@ struct ModelOptions {
    *  most once; Triton's instance_group gpus). Empty: one, on the device with the most memory left (the fewest models
    *  where no budget is set). */
   std::vector<int> devices;
+  /*! \brief A Runtime over several devices: split the model across them (mechanism D; tvmsched/split.h), one group of
+   *  layers per device in the order `devices` lists them (none: every device in service). A model is split only when
+   *  asked to, or when it is larger than every device's memory budget and its parts fit (docs/multi-device.md). */
+  bool split = false;
+  /*! \brief Split so: each device's layers, first and last (the memory planner's sub-tasks, one per device named in
+   *  `devices`; none: BalancedLayers, the planner's own rule). */
+  std::vector<std::pair<int, int>> split_layers;
 };
 
 struct SubmitOptions {
@@ -134,13 +141,14 @@ struct ModelStats {
   std::map<int64_t, std::pair<double, int64_t>> sizes;
   double p50_ms = -1, p99_ms = -1;
   int64_t launches = 0, reruns = 0, faults = 0, fault_restarts = 0;
-  std::string placement;
+  std::string placement;  ///< resident, staged, streamed; split (across several devices)
   /*! \brief A Runtime over several devices: the devices holding its replicas ("cpu:0", ...; the counters above are
    *  their sums, p50 and p99 the largest replica's). */
   std::vector<std::string> devices;
 };
 
 class Runtime;
+class SplitServing;  // a split model's queue and thread (devices.cc)
 
 class RuntimeObj : public ffi::Object {
  public:
@@ -189,6 +197,8 @@ class RuntimeObj : public ffi::Object {
   /*! \brief A request of `rows` rows of `model`, submitted now: its predicted finish from now (µs; each launch at the
    *  fastest candidates, nothing beside it), as admission predicts it (-1: no such model, or it is being unloaded). */
   double PredictFinishUs(const std::string& model, int64_t rows) const;
+  /*! \brief Several devices: the models device `part` holds (whole, a replica, or a split model's part). */
+  std::vector<std::string> ModelsOn(int part) const;
   /*! \brief Requests of its models waiting for a stream. */
   int64_t QueuedRequests() const;
 
@@ -251,6 +261,22 @@ class RuntimeObj : public ffi::Object {
   // ---- several devices (devices.cc): this Runtime routes to its parts ----
   void OpenParts();
   std::string LoadReplicas(const std::string& path, const ModelOptions& options);
+  /*! \brief Load `path` split across `devices` (its groups in that order), each part counted against its device's
+   *  budget; one TvmschedError line when it cannot be (nothing stays loaded). */
+  std::string LoadSplit(const std::string& path, const ModelOptions& options, const std::vector<int>& devices);
+  /*! \brief Whether a model is larger than every device's memory budget (each in service has one): measured as a
+   *  device's Runtime measures it, registered, by its environment and groups. */
+  bool LargerThanEveryBudget(const std::string& path) const;
+  /*! \brief These parts' devices' names ("cpu:0,cpu:1"). */
+  std::string DeviceNames(const std::vector<int>& devices) const;
+  /*! \brief The split model of that name, or null. */
+  std::shared_ptr<SplitServing> SplitOf(const std::string& model) const;
+  /*! \brief A split model's engine models, one per device, in the order its groups run. */
+  static std::vector<Model> SplitParts(const SplitServing& split);
+  /*! \brief Requests the split models hold queued. */
+  int64_t SplitQueued() const;
+  /*! \brief Shutting down: each split model answers what it holds queued (within the stall timeout), then stops. */
+  void CloseSplit();
   Request SubmitRouted(const std::string& model, ffi::Map<ffi::String, ffi::Tensor> inputs,
                        const SubmitOptions& options);
   /*! \brief `outer` (what the caller holds) finishes as `inner` (its run on the last of the `tried` devices) does, or
@@ -323,8 +349,9 @@ class RuntimeObj : public ffi::Object {
   PreemptionGroup group_;
   std::shared_ptr<ColocationTable> table_;
 
-  std::vector<Runtime> parts_;                        // several devices: one Runtime each (its index)
-  std::map<std::string, std::vector<int>> replicas_;  // several devices: each model's parts (under mu_)
+  std::vector<Runtime> parts_;                                  // several devices: one Runtime each (its index)
+  std::map<std::string, std::vector<int>> replicas_;            // several devices: each model's parts (under mu_)
+  std::map<std::string, std::shared_ptr<SplitServing>> split_;  // several devices: the split models (under mu_)
   std::vector<std::pair<double, double>>
       load_samples_;  // several devices: per part, (when, WorkUs) at the last placement
   mutable std::mutex mu_;

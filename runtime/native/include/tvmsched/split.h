@@ -21,11 +21,25 @@
 
 namespace tvmsched {
 
+/*! \brief `parts` groups of consecutive layers balancing their bytes (each layer's: the weights it is the first to
+ *  read plus its outputs), as the memory planner splits a task into sub-tasks (runtime/tiering.py's split_layers over
+ *  layer_bytes, the same groups): group i ends where the running sum comes closest to total·(i+1)/parts. With fewer
+ *  layers than parts, one layer each (fewer groups). */
+std::vector<std::pair<int, int>> BalancedLayers(const Manifest& manifest, int parts);
+
+struct SplitOptions {
+  /*! \brief Each device's layers, first and last (a plan's sub-tasks; one group per device, consecutive from the first
+   *  layer to the last). Empty: BalancedLayers (a model with fewer layers than devices leaves the last ones idle). */
+  std::vector<std::pair<int, int>> groups;
+  /*! \brief Per device, the budget its part's memory counts against (a Runtime's; empty: none). */
+  std::vector<std::shared_ptr<MemoryScope>> scopes;
+};
+
 class SplitModelObj : public ffi::Object {
  public:
-  /*! \brief `path` split over `devices` (in order: the first runs the first layers), one group of layers each as
-   *  GroupLayers lays them out (by weight; a model with fewer groups than devices leaves the last devices idle). */
-  SplitModelObj(const std::string& path, std::vector<std::shared_ptr<Device>> devices, const TrustedKeys& trusted);
+  /*! \brief `path` split over `devices` (in order: the first runs the first layers), one group of layers each. */
+  SplitModelObj(const std::string& path, std::vector<std::shared_ptr<Device>> devices, const TrustedKeys& trusted,
+                const SplitOptions& options = {});
   /*! \brief Run a request: `ids` one candidate per layer (empty: candidate 0); the outputs on the host. One-line
    *  TvmschedError when a device fails (a lost device's line). Thread-safe: requests run one at a time. */
   ffi::Map<ffi::String, ffi::Tensor> Run(const ffi::Map<ffi::String, ffi::Tensor>& inputs, const std::vector<int>& ids);
@@ -34,6 +48,8 @@ class SplitModelObj : public ffi::Object {
   std::pair<int, int> layers_of(int part) const { return layers_[part]; }
   /*! \brief The bytes copied between devices per request (the crossing activations). */
   size_t crossing_bytes() const;
+  /*! \brief Each part's device memory (its environment and its group), as it was prepared. */
+  size_t part_bytes(int part) const { return parts_[part]->env_bytes() + parts_[part]->group_bytes(part); }
 
   static constexpr bool _type_mutable = true;
   TVM_FFI_DECLARE_OBJECT_INFO_FINAL("tvmsched.SplitModel", SplitModelObj, ffi::Object);
