@@ -200,9 +200,9 @@ class Executor:
 
 class SplitExecutor:
     """A model split across devices (mechanism D over several GPUs; docs/multi-device.md, tvmsched/split.h): its layers
-    in consecutive groups (by weight), each group prepared on one device, which holds that group's weights and no
-    others'; a request runs the groups in order, the activations crossing devices copied through the host behind an
-    event. `devices`: at least two of one kind ("cuda:0", "cuda:1"; "cpu:0", "cpu:1": shares of the cores standing
+    in consecutive groups (the memory planner's), each group a model of its own on one device, which holds that
+    group's weights and no others'; a request runs the groups in order, the activations crossing devices copied out
+    of one device as a part's outputs and into the next as its inputs. `devices`: at least two of one kind ("cuda:0", "cuda:1"; "cpu:0", "cpu:1": shares of the cores standing
     for GPUs). The outputs are the bits one device's run gives."""
 
     def __init__(self, path, devices, trusted_keys=()):

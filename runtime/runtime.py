@@ -21,7 +21,7 @@ import logging
 import tempfile
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -152,6 +152,9 @@ class Runtime:
         if memory_budget is not None:  # a model larger than it streams from the host tiers: their shares, found now
             options.update(memory_budget=int(memory_budget), tiers=TierShares(tiering).engine_tiers(),
                            tier_buffer_bytes=int(tiering.buffer_bytes))
+            if devices and tiering.plan is not None:  # each device its plan's shares: GPU id N is cpu:N / cuda:N
+                options["device_tiers"] = [TierShares(replace(tiering, gpu=_device_number(d))).engine_tiers()
+                                           for d in devices]
         self._engine = native.create_runtime(options)
         self.policy_kind = policy
         self._table_view = table
@@ -211,16 +214,16 @@ class Runtime:
                 task = str(name) if name is not None else Path(str(artifact)).stem
                 options["devices"], options["split_layers"] = plan_split(plan, task, path, self.devices())
             loaded = str(self._engine.load(path, options))
+            stats = self._engine.stats()[loaded]
             natives, engine_streams = self._engine.engine_models(loaded), self._engine.streams(loaded)
             tasks = [Task.over(Executor.over(m, path), s, str(s.name()), quiet_gc=self._freeze_gc)
                      for m, s in zip(natives, engine_streams)]
-            if not engine_streams:  # split across devices: its first part describes it (no stream of its own)
+            if stats["placement"] == "split":  # its parts run on their devices: the whole model described
                 tasks = [Task.over(Executor.over(natives[0], path), None, loaded, quiet_gc=self._freeze_gc)]
         layers = [[candidate_info(loaded, c, self.total_units) for c in layer.candidates]
                   for layer in tasks[0].executor.manifest.layers]
         if self._table_view is not None:
             self._table_view.add_candidates(c for layer in layers for c in layer)
-        stats = self._engine.stats()[loaded]
         model = Model(loaded, _or_none(stats["qos_ms"]), priority, tasks[0], layers,
                       tuple(policies.fastest_ids(layers)), warm=bool(warmup), replicas=tuple(tasks[1:]),
                       split=tuple(str(d) for d in stats.get("devices", ())) if stats["placement"] == "split" else ())
@@ -519,6 +522,11 @@ def plot_timeline(events: list[dict], path: str | Path) -> None:
     plt.close(fig)
 
 
+def _device_number(device: str) -> int:
+    """N of "cpu:N" / "cuda:N" (a lone "cpu" or "cuda": 0)."""
+    return int(str(device).rpartition(":")[2] or 0) if ":" in str(device) else 0
+
+
 def plan_split(plan, task: str, path: str, devices: list[dict]) -> tuple[list[int], list[list[int]]]:
     """Where the memory planner's `plan` (runtime.tiering.Plan) puts `task`'s sub-tasks, as a split load takes it:
     the runtime's device numbers in sub-task order (GPU id N: the device named cpu:N or cuda:N) and each sub-task's
@@ -530,7 +538,7 @@ def plan_split(plan, task: str, path: str, devices: list[dict]) -> tuple[list[in
         tasks = sorted({p.task for p in plan.placements})
         raise TvmschedError(f"the plan has no task named {task!r} (its tasks: {', '.join(tasks) or 'none'}): pass the "
                             "plan's name for the model as name=")
-    index = {int(d["name"].rpartition(":")[2]): k for k, d in enumerate(devices) if ":" in d["name"]}
+    index = {_device_number(d["name"]): k for k, d in enumerate(devices)}
     where = []
     for p in placements:
         if p.gpu not in index:

@@ -139,7 +139,7 @@ class Server {
     s->model = runtime_->engine_models(spec.name).at(0);
     tvmsched::ModelStats stats = runtime_->Stats()[spec.name];
     s->warmup_requests = stats.requests, s->qos_ms = stats.qos_ms;
-    const tvmsched::Manifest& manifest = s->model->manifest();
+    const tvmsched::Manifest manifest = runtime_->ModelManifest(spec.name);  // (a split model's: the whole one's)
     s->batch = spec.max_batch_size > 0 ? spec.max_batch_size : manifest.batch_size;
     for (auto [list, bindings] : {std::pair{&s->inputs, &manifest.inputs}, {&s->outputs, &manifest.outputs}}) {
       for (const auto& b : *bindings) {

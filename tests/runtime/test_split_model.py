@@ -99,8 +99,8 @@ def test_a_model_larger_than_every_devices_budget_runs_split_in_the_runtime_and_
         assert all(big.name in d["models"] for d in rt.devices())
         assert all(0 < d["in_use"] <= budget for d in rt.devices()), rt.devices()
         # its groups are the memory planner's (runtime/tiering.py split_layers): a plan for it agrees with its load
-        groups = [(int(g[0]), int(g[1])) for g in rt._engine.engine_models(big.name)[0].groups()]
-        assert groups == [(a, b - 1) for a, b in TierTask.from_artifact(path, 2).layer_ranges]
+        parts = [int(m.num_layers()) for m in rt._engine.engine_models(big.name)]  # (each part a model of its own)
+        assert parts == [b - a for a, b in TierTask.from_artifact(path, 2).layer_ranges]
         _answers_bits(rt, big, path)
         _answers_bits(rt, small, compiled("tiny"), seeds=(0,))
         assert rt.stats()[big.name]["requests"] == rt.stats()[big.name]["executions"] == 8
@@ -124,10 +124,11 @@ def test_a_model_loaded_with_the_planners_plan_runs_its_sub_tasks_on_the_plans_g
     plan = plan_memory(Topology((Gpu(0, 1 << 30), Gpu(1, 1 << 30)), (Tier("dram", 1 << 30),)), tasks)
     assert [(p.subtask, p.gpu) for p in plan.placements if p.task == "mlp"] == [(0, 1), (1, 0)]
     with Runtime(devices=DEVICES) as rt:
-        model = rt.load(str(small), plan=plan, name="mlp")
+        model = rt.load(str(small), plan=plan, name="mlp", streams=2)  # (each part on two streams of its device)
         assert model.split == ("cpu:1", "cpu:0")
-        groups = [(int(g[0]), int(g[1])) for g in rt._engine.engine_models(model.name)[0].groups()]
-        assert groups == [(a, b - 1) for a, b in tasks[1].layer_ranges]
+        parts = [int(m.num_layers()) for m in rt._engine.engine_models(model.name)]  # (a model per part and stream)
+        assert parts == [b - a for a, b in tasks[1].layer_ranges for _ in range(2)]
+        assert len(rt._engine.streams(model.name)) == 4
         _answers_bits(rt, model, small, seeds=(0, 1))
         with pytest.raises(TvmschedError, match=r"^the plan has no task named 'other' \(its tasks: mlp, "):
             rt.load(str(small), plan=plan, name="other")
@@ -138,8 +139,7 @@ def test_a_model_loaded_with_the_planners_plan_runs_its_sub_tasks_on_the_plans_g
 
 
 @pytest.mark.parametrize("options,line", [
-    ({"split": True, "streams": 2}, r"^a split model runs its requests one at a time, best-effort, at one batch size"),
-    ({"split": True, "realtime": True}, r"^a split model runs its requests one at a time"),
+    ({"split": True, "preferred_batch_sizes": [1]}, r"^a split model runs at one batch size: it takes no preferred_"),
     ({"split_layers": [[0, 0]]}, r"^a split model has one group of layers per device: 1 groups for 2 devices$"),
     ({"split_layers": [[0, 1], [3, 99]]}, r"groups of layers run consecutively from layer 0 to layer \d+, none empty: "
                                          r"group \[3, 99\] should start at layer 2"),
@@ -163,7 +163,7 @@ def test_a_split_model_on_a_lost_device_fails_in_one_line_and_whole_models_keep_
         split = rt.load(str(path), split=True)
         whole = rt.load(str(path), name="whole", devices=(0,))
         second = rt._engine.engine_models(split.name)[1]
-        native.func("inject_fault")(second, int(second.groups()[1][0]), True)  # device 1 faults, cannot recover: lost
+        native.func("inject_fault")(second, 0, True)  # device 1's part faults, the device cannot recover: lost
         inputs = Executor(str(path)).random_inputs(0)
         with pytest.raises(TvmschedError, match="an injected fault") as first:
             rt.submit(split, inputs).result(timeout=60)
@@ -174,3 +174,37 @@ def test_a_split_model_on_a_lost_device_fails_in_one_line_and_whole_models_keep_
         _answers_bits(rt, whole, path, seeds=(0,))
         # the failed run and the refused request
         assert rt.stats()[split.name]["errors"] == 2 and rt.stats()[split.name]["requests"] == 0
+
+
+def test_a_part_larger_than_its_devices_budget_streams_from_that_devices_tier_shares(compiled):
+    """Mechanism D across devices: under a budget between resnet18-small's two parts, the first part is resident on
+    cpu:0 and the second streams its weights from cpu:1's DRAM share, with one device's bits. With a memory plan, each
+    device's shares are the plan's for its GPU: here GPU 1's DRAM use covers the planner's extra (its sub-task's bytes
+    beyond the GPU's memory), not the engine's two stream buffers, and the load says so in one line."""
+    from tvmsched.runtime import Runtime
+    from tvmsched.runtime.tiering import Gpu, Tier, TierSettings, TierTask, Topology, plan_memory
+
+    path = compiled("resnet18-small")
+    first, second = (m["in_use"] for m in SplitExecutor(path, DEVICES).memory())
+    budget = (first + second) // 2
+    assert first < budget < second
+    dram = (Tier("dram", 64 << 20),)
+    shares = TierSettings(topology=Topology((Gpu(0, budget),), dram))  # (no plan: each device all of them)
+    with Runtime(devices=DEVICES, memory_budget=budget, tiering=shares) as rt:
+        model = rt.load(str(path), split=True)
+        parts = rt._engine.engine_models(model.name)
+        placements = [Executor.over(p, str(path)).placement for p in parts]
+        assert placements[0] in ("resident", "staged") and placements[1] == "streamed", placements
+        placed = native.tiering_info(parts[1])["tiers"]
+        assert placed[0]["kind"] == "dram" and int(placed[0]["used_bytes"]) > 0
+        _answers_bits(rt, model, path, seeds=(0, 1))
+    task = replace(TierTask.from_artifact(path, 2), name="resnet18-small")
+    plan = plan_memory(Topology((Gpu(0, budget), Gpu(1, budget)), dram), [task])
+    share = plan.gpu(1).uses["dram"]
+    assert plan.gpu(0).uses["dram"] == 0 < share
+    with Runtime(devices=DEVICES, memory_budget=budget, tiering=TierSettings(topology=plan.topology, plan=plan)) as rt:
+        with pytest.raises(TvmschedError, match=rf"but this device's tier shares hold {share} bytes \(dram {share} bytes\)"
+                                                r": short by at least .* \(model resnet18-small/1 is larger than") as err:
+            rt.load(str(path), plan=plan, name="resnet18-small")
+        assert "\n" not in str(err.value).strip() and list(rt._engine.models()) == []
+        assert all(d["in_use"] == 0 for d in rt.devices())

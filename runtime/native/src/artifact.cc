@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iomanip>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -612,6 +613,74 @@ void SelectBatch(ArtifactContents* contents, int64_t batch, const std::string& p
   }
   Manifest chosen = std::move(*found);
   m = std::move(chosen);
+  for (auto it = contents->weights.begin(); it != contents->weights.end();) {
+    it = m.tensors.count(it->first) ? std::next(it) : contents->weights.erase(it);
+  }
+}
+
+void CutLayers(ArtifactContents* contents, int first, int last, const std::string& path) {
+  Manifest& m = contents->manifest;
+  const int n = static_cast<int>(m.layers.size());
+  if (first < 0 || last < first || last >= n) {
+    TVM_FFI_THROW(TvmschedError) << path << ": layers " << first << " to " << last << " are not a part of its " << n
+                                 << " layers (0 to " << n - 1 << ")";
+  }
+  std::map<std::string, int> writer;  // activation -> the layer that writes it
+  for (int i = 0; i < n; ++i) {
+    for (const std::string& out : m.layers[i].outputs) writer[out] = i;
+  }
+  std::set<std::string> used;                 // every tensor its layers touch
+  std::vector<std::string> crossing_in, out;  // earlier layers' activations it reads; what later layers read of its
+  std::set<std::string> read_later;
+  for (int i = last + 1; i < n; ++i) read_later.insert(m.layers[i].inputs.begin(), m.layers[i].inputs.end());
+  for (int i = first; i <= last; ++i) {
+    for (const std::string& in : m.layers[i].inputs) {
+      used.insert(in);
+      auto w = writer.find(in);
+      if (w != writer.end() && w->second < first &&
+          std::find(crossing_in.begin(), crossing_in.end(), in) == crossing_in.end()) {
+        crossing_in.push_back(in);
+      }
+    }
+    for (const std::string& o : m.layers[i].outputs) {
+      used.insert(o);
+      if (read_later.count(o)) out.push_back(o);
+    }
+  }
+  std::set<std::string> names;  // binding names, each once
+  std::vector<Binding> inputs, outputs;
+  for (const Binding& b : m.inputs) {
+    if (used.count(b.tensor)) inputs.push_back(b), names.insert(b.name);
+  }
+  for (const Binding& b : m.outputs) {
+    auto w = writer.find(b.tensor);
+    if (w != writer.end() && w->second >= first && w->second <= last) outputs.push_back(b), names.insert(b.name);
+  }
+  auto bind = [&](std::vector<Binding>* list, const std::string& tensor) {
+    if (!names.insert(tensor).second) {
+      TVM_FFI_THROW(TvmschedError) << path << ": cannot be split at layers " << first << " to " << last
+                                   << ": the activation " << tensor << " has a model input's or output's name";
+    }
+    list->push_back({tensor, tensor});
+  };
+  for (const std::string& t : crossing_in) bind(&inputs, t);
+  for (const std::string& t : out) bind(&outputs, t);
+  std::vector<IndexCheckSpec> checks;  // the index checks its layers write
+  for (const IndexCheckSpec& c : m.index_checks) {
+    if (used.count(c.tensor)) checks.push_back(c);
+  }
+  std::map<std::string, TensorSpec> tensors;
+  for (const std::string& t : used) tensors[t] = m.tensors.at(t);
+  for (const std::string& t : crossing_in) tensors[t].kind = "input";  // copied in like a model input
+  std::vector<LayerSpec> layers(m.layers.begin() + first, m.layers.begin() + last + 1);
+  for (int i = 0; i < static_cast<int>(layers.size()); ++i) layers[i].index = i;
+  m.inputs = std::move(inputs);
+  m.outputs = std::move(outputs);
+  m.tensors = std::move(tensors);
+  m.layers = std::move(layers);
+  m.index_checks = std::move(checks);
+  m.variants.clear();
+  m.batch_latency_us = 0;
   for (auto it = contents->weights.begin(); it != contents->weights.end();) {
     it = m.tensors.count(it->first) ? std::next(it) : contents->weights.erase(it);
   }

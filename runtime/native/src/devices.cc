@@ -17,148 +17,22 @@
 
 namespace tvmsched {
 
-/*! \brief A split model serving requests (tvmsched/split.h): in arrival order, one at a time (a request's groups run
- *  one after the other on their devices), on a thread of its own; each layer at candidate 0 (its all-unit kernel).
- *  Time limits as a stream's model's: a request still queued past its timeout fails under kReject and runs under
- *  kDelay; `max_queue_size` caps the queue. Its requests are best-effort: nothing preempts them. */
-class SplitServing {
- public:
-  SplitServing(std::string name, SplitModel model, std::vector<int> devices, const ModelOptions& options)
-      : name_(std::move(name)), model_(std::move(model)), devices_(std::move(devices)), options_(options) {
-    worker_ = std::thread([this] { Loop(); });
-  }
-  ~SplitServing() { Close(0, "the runtime shut down"); }
-  const SplitModel& model() const { return model_; }
-  const std::vector<int>& devices() const { return devices_; }
-
-  /*! \brief Queue a request (its inputs checked now: a bad one raises and queues nothing; so does a refused one). */
-  Request Submit(ffi::Map<ffi::String, ffi::Tensor> inputs, const SubmitOptions& options) {
-    model_->parts()[0]->CheckInputs(inputs);
-    const QueuePolicy& queue = options_.queue;
-    const double timeout_us =
-        options.timeout_us >= 0 && queue.allow_timeout_override ? options.timeout_us : queue.default_timeout_us;
-    auto request = ffi::make_object<RequestObj>();
-    request->inputs = std::move(inputs);
-    request->submitted_us = Device::NowMicros();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (closing_) ThrowRefusal("model '" + name_ + "' is being unloaded");
-      if (queue.max_queue_size > 0 && static_cast<int64_t>(queue_.size()) >= queue.max_queue_size) {
-        ++refused_;
-        ThrowRefusal("model " + name_ + ": the queue is full (" + std::to_string(queue.max_queue_size) + " requests)");
-      }
-      queue_.push_back({Request(request), timeout_us > 0 ? request->submitted_us + timeout_us : 0});
-    }
-    cond_.notify_one();
-    return Request(request);
-  }
-
-  /*! \brief Refuse new requests and answer the queued ones within `timeout_s`; past it, what is still queued fails
-   *  with "model NAME: `why`". Whether it drained in time. */
-  bool Close(double timeout_s, const std::string& why) {
-    std::deque<Queued> left;
-    bool drained;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      closing_ = true;
-      cond_.notify_all();
-      drained =
-          idle_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return queue_.empty() && !running_; });
-      left.swap(queue_);
-      stop_ = true;
-    }
-    cond_.notify_all();
-    if (worker_.joinable()) worker_.join();
-    const double now = Device::NowMicros();
-    for (Queued& q : left) q.request->Finish({}, ffi::String("model " + name_ + ": " + why), now);
-    return drained;
-  }
-
-  ModelStats Stats() const {
-    ModelStats s;
-    std::lock_guard<std::mutex> lock(mu_);
-    s.priority = "best_effort";
-    s.qos_ms = options_.qos_ms > 0 ? options_.qos_ms : -1;
-    // (as a stream's model counts: requests answered, errors failed or refused or timed out under kReject)
-    s.requests = requests_, s.refused = refused_, s.timed_out = timed_out_;
-    s.errors = errors_ + refused_ + (options_.queue.timeout_action == TimeoutAction::kReject ? timed_out_ : 0);
-    s.qos_violations = qos_violations_, s.queued = static_cast<int64_t>(queue_.size());
-    s.executions = s.launches = requests_ + errors_;
-    std::tie(s.p50_ms, s.p99_ms) = Percentiles(latencies_ms_);
-    s.placement = "split";
-    return s;
-  }
-
-  int64_t queued() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return static_cast<int64_t>(queue_.size());
-  }
-
- private:
-  struct Queued {
-    Request request;
-    double timeout_at_us = 0;  // 0: none
-  };
-  static constexpr size_t kLatencies = 8192;
-
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (true) {
-      if (queue_.empty()) idle_.notify_all();
-      cond_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // (stopping)
-      Queued next = std::move(queue_.front());
-      queue_.pop_front();
-      RequestObj& r = *next.request.get();
-      double now = Device::NowMicros();
-      if (next.timeout_at_us > 0 && now > next.timeout_at_us &&
-          options_.queue.timeout_action == TimeoutAction::kReject) {
-        ++timed_out_;
-        std::ostringstream text;  // (the runtime's words for it: servers answer 504)
-        text << "model " << name_ << ": the request did not start within its deadline (queued "
-             << static_cast<int64_t>(now - r.submitted_us) << " us, " << static_cast<int64_t>(now - next.timeout_at_us)
-             << " us past it)";
-        r.Finish({}, ffi::String(text.str()), now);
-        continue;
-      }
-      running_ = true;
-      lock.unlock();
-      r.started_us = now;
-      ffi::Map<ffi::String, ffi::Tensor> outputs;
-      std::string error;
-      try {
-        outputs = model_->Run(r.inputs, {});
-      } catch (const std::exception& err) {
-        error = ErrorLine(err);
-      }
-      const double finished = Device::NowMicros();
-      lock.lock();
-      running_ = false;
-      if (!error.empty()) {
-        ++errors_;
-      } else {
-        ++requests_;
-        if (latencies_ms_.size() >= kLatencies) latencies_ms_.pop_front();
-        latencies_ms_.push_back((finished - r.submitted_us) / 1e3);
-        if (options_.qos_ms > 0 && finished - r.submitted_us > options_.qos_ms * 1e3) ++qos_violations_;
-      }
-      lock.unlock();
-      r.Finish(outputs, ffi::String(error), finished);
-      lock.lock();
-    }
-  }
-
-  const std::string name_;
-  const SplitModel model_;
-  const std::vector<int> devices_;  // its parts' devices (the router's indices), in the order its groups run
-  const ModelOptions options_;
-  mutable std::mutex mu_;
-  std::condition_variable cond_, idle_;
-  std::deque<Queued> queue_;
-  bool closing_ = false, stop_ = false, running_ = false;
-  int64_t requests_ = 0, errors_ = 0, refused_ = 0, timed_out_ = 0, qos_violations_ = 0;  // errors_: failed runs
-  std::deque<double> latencies_ms_;
-  std::thread worker_;
+/*! \brief A split model in the Runtime (tvmsched/split.h): each part a model of its own, NAME/k, on its device's
+ *  Runtime, which places, schedules and preempts it like any model; a request runs part 0, then each next part on its
+ *  outputs. */
+struct SplitChain {
+  std::string name;
+  Manifest whole;                               // the model's manifest (a request's inputs and outputs)
+  std::vector<int> devices;                     // each part's device (an index into parts_), in order
+  std::vector<std::string> parts;               // each part's name on that device's Runtime
+  std::vector<std::vector<std::string>> reads;  // each part's input names (the model's inputs, then crossing ones)
+  double qos_ms = -1;
+  bool realtime = false;
+  std::mutex mu;
+  std::condition_variable idle;
+  bool closing = false;
+  int64_t requests = 0, errors = 0, qos_violations = 0, inflight = 0;
+  std::deque<double> latencies_ms;  // the latest 8192
 };
 
 namespace {
@@ -240,6 +114,7 @@ void RuntimeObj::OpenParts() {
     DeviceSpec spec = options_.devices[d];
     spec.opened = devices[d];
     one.devices = {spec};
+    if (spec.tiers) one.tiers = *spec.tiers;  // (the plan's shares for this GPU; else the host tiers, as given)
     // each device's policy adds its models' candidates to its table (not thread-safe, so not shared)
     if (options_.colocation) one.colocation = std::make_shared<ColocationTable>(*options_.colocation);
     parts_.push_back(Runtime::Create(std::move(one)));
@@ -395,89 +270,183 @@ std::string RuntimeObj::LoadSplit(const std::string& path, const ModelOptions& o
     TVM_FFI_THROW(TvmschedError) << "a split model has one group of layers per device: " << options.split_layers.size()
                                  << " groups for " << devices.size() << " devices";
   }
-  if (options.streams != 1 || options.realtime || !options.preferred_batch_sizes.empty()) {
-    TVM_FFI_THROW(TvmschedError) << "a split model runs its requests one at a time, best-effort, at one batch size: "
-                                 << "it takes no streams, realtime priority or preferred_batch_sizes";
+  if (!options.preferred_batch_sizes.empty() || options.max_queue_delay_us > 0) {
+    TVM_FFI_THROW(TvmschedError) << "a split model runs at one batch size: it takes no preferred_batch_sizes or "
+                                 << "max_queue_delay_us";
   }
-  std::vector<std::shared_ptr<Device>> on;
-  SplitOptions split;
-  split.groups = options.split_layers;
   for (int d : devices) {
     if (parts_[d]->device_lost()) {
       TVM_FFI_THROW(TvmschedError) << "device " << parts_[d]->device_name()
                                    << " is out of service: " << parts_[d]->device_->faults().lost;
     }
-    on.push_back(parts_[d]->device_);
-    split.scopes.push_back(parts_[d]->scope());
   }
-  auto model = ffi::make_object<SplitModelObj>(path, on, parts_[0]->trusted_, split);
-  const Manifest& manifest = model->parts()[0]->manifest();
-  if (BatchSizes(manifest).size() > 1) {
-    TVM_FFI_THROW(TvmschedError) << "model " << manifest.model_name << " is compiled at several batch sizes: a split "
-                                 << "model serves one";
+  auto chain = std::make_shared<SplitChain>();
+  chain->whole = ReadArtifact(path, parts_[0]->trusted_, /*for_loading=*/false).manifest;
+  if (BatchSizes(chain->whole).size() > 1) {
+    TVM_FFI_THROW(TvmschedError) << "model " << chain->whole.model_name << " is compiled at several batch sizes: a "
+                                 << "split model serves one";
   }
-  const std::string name = options.name.empty() ? model->parts()[0]->name() : options.name;
-  std::vector<int> used(devices.begin(), devices.begin() + static_cast<long>(model->parts().size()));
-  std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) TVM_FFI_THROW(TvmschedError) << "the runtime is shut down";
-  if (replicas_.count(name)) TVM_FFI_THROW(TvmschedError) << "a model named '" << name << "' is already loaded";
-  replicas_[name] = used;
-  split_[name] = std::make_shared<SplitServing>(name, SplitModel(model), used, options);
-  return name;
+  std::vector<std::pair<int, int>> groups = options.split_layers.empty()
+                                                ? BalancedLayers(chain->whole, static_cast<int>(devices.size()))
+                                                : options.split_layers;
+  CheckSplitLayers(groups, static_cast<int>(chain->whole.layers.size()), path);
+  if (groups.size() < 2) {
+    TVM_FFI_THROW(TvmschedError) << "model " << chain->whole.model_name << " has one layer: it cannot be split";
+  }
+  chain->name = options.name.empty() ? chain->whole.model_name : options.name;
+  chain->qos_ms =
+      options.qos_ms > 0 ? options.qos_ms : (options.qos_ms == 0 && chain->whole.qos_ms ? *chain->whole.qos_ms : -1);
+  chain->realtime = options.realtime;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) TVM_FFI_THROW(TvmschedError) << "the runtime is shut down";
+    if (replicas_.count(chain->name)) {
+      TVM_FFI_THROW(TvmschedError) << "a model named '" << chain->name << "' is already loaded";
+    }
+  }
+  // each part a model of its own on its device's Runtime (placed there as any model: resident, switched or streamed
+  // from that device's tiers); the first keeps the model's queue policy, the later ones take every request handed on
+  try {
+    for (size_t k = 0; k < groups.size(); ++k) {
+      ModelOptions part = options;
+      part.name = chain->name + "/" + std::to_string(k);
+      part.devices.clear();
+      part.split = false;
+      part.split_layers.clear();
+      part.layers = groups[k];
+      part.qos_ms = -1;  // (the model's target bounds the whole request: its stats count it)
+      if (k > 0) part.queue = QueuePolicy{};
+      const int d = devices[k];
+      chain->parts.push_back(parts_[d]->Load(path, part));
+      chain->devices.push_back(d);
+      std::vector<std::string> names;
+      for (const Binding& b : parts_[d]->engine_models(chain->parts.back()).at(0)->manifest().inputs) {
+        names.push_back(b.name);
+      }
+      chain->reads.push_back(std::move(names));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) TVM_FFI_THROW(TvmschedError) << "the runtime is shut down";
+    if (replicas_.count(chain->name)) {
+      TVM_FFI_THROW(TvmschedError) << "a model named '" << chain->name << "' is already loaded";
+    }
+    replicas_[chain->name] = chain->devices;
+    split_[chain->name] = chain;
+  } catch (...) {  // nothing stays loaded
+    for (size_t k = 0; k < chain->parts.size(); ++k) {
+      try {
+        parts_[chain->devices[k]]->Unload(chain->parts[k], 60);
+      } catch (const ffi::Error&) {  // (the load's error is the news)
+      }
+    }
+    throw;
+  }
+  return chain->name;
 }
 
-std::shared_ptr<SplitServing> RuntimeObj::SplitOf(const std::string& model) const {
+std::shared_ptr<SplitChain> RuntimeObj::SplitOf(const std::string& model) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto found = split_.find(model);
   return found == split_.end() ? nullptr : found->second;
 }
 
-std::vector<Model> RuntimeObj::SplitParts(const SplitServing& split) { return split.model()->parts(); }
+Manifest RuntimeObj::ModelManifest(const std::string& model) const {
+  if (std::shared_ptr<SplitChain> chain = SplitOf(model)) return chain->whole;
+  return engine_models(model).at(0)->manifest();
+}
 
-int64_t RuntimeObj::SplitQueued() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  int64_t queued = 0;
-  for (const auto& [name, serving] : split_) queued += serving->queued();
-  return queued;
+std::vector<Model> RuntimeObj::SplitModels(const SplitChain& chain) const {
+  std::vector<Model> models;
+  for (size_t k = 0; k < chain.parts.size(); ++k) {
+    for (Model& m : parts_[chain.devices[k]]->engine_models(chain.parts[k])) models.push_back(m);
+  }
+  return models;
+}
+
+std::vector<Stream> RuntimeObj::SplitStreams(const SplitChain& chain) const {
+  std::vector<Stream> streams;
+  for (size_t k = 0; k < chain.parts.size(); ++k) {
+    for (Stream& s : parts_[chain.devices[k]]->streams(chain.parts[k])) streams.push_back(s);
+  }
+  return streams;
+}
+
+bool RuntimeObj::WaitSplit(const std::shared_ptr<SplitChain>& chain, double timeout_s) {
+  std::vector<std::shared_ptr<SplitChain>> chains;
+  if (chain) {
+    chains.push_back(chain);
+  } else {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [name, each] : split_) chains.push_back(each);
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  bool all = true;
+  for (const auto& c : chains) {
+    std::unique_lock<std::mutex> lock(c->mu);
+    c->closing = true;
+    all &= c->idle.wait_until(lock, deadline, [&] { return c->inflight == 0; });
+  }
+  return all;
 }
 
 std::vector<std::string> RuntimeObj::ModelsOn(int part) const {
   std::vector<std::string> names = parts_.at(part)->models();
   std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& [name, serving] : split_) {
-    const std::vector<int>& on = serving->devices();
-    if (std::find(on.begin(), on.end(), part) != on.end()) names.push_back(name);
+  for (const auto& [name, chain] : split_) {  // a split model's part goes by the model's name
+    for (size_t k = 0; k < chain->parts.size(); ++k) {
+      auto at = std::find(names.begin(), names.end(), chain->parts[k]);
+      if (chain->devices[k] == part && at != names.end()) *at = name;
+    }
   }
   return names;
 }
 
-void RuntimeObj::CloseSplit() {
-  std::map<std::string, std::shared_ptr<SplitServing>> split;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    split.swap(split_);
-  }
-  const double timeout_s = options_.stream.stall_timeout_s > 0 ? options_.stream.stall_timeout_s : 60;
-  for (auto& [name, serving] : split) serving->Close(timeout_s, "the runtime shut down");
-}
-
 Request RuntimeObj::SubmitRouted(const std::string& model, ffi::Map<ffi::String, ffi::Tensor> inputs,
                                  const SubmitOptions& options) {
-  std::shared_ptr<SplitServing> split;
+  std::shared_ptr<SplitChain> chain;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) TVM_FFI_THROW(TvmschedError) << "the runtime is shut down";
     auto found = split_.find(model);
-    if (found != split_.end()) split = found->second;
+    if (found != split_.end()) chain = found->second;
   }
-  if (split) {  // a split model: every device holding a part must be in service
-    for (int d : split->devices()) {
+  if (chain) {  // a split model: part 0 first, on its device; every device holding a part must be in service
+    for (int d : chain->devices) {
       if (parts_[d]->device_lost()) {
-        ThrowRefusal("model " + model + " is split across " + DeviceNames(split->devices()) + ", and " +
+        ThrowRefusal("model " + model + " is split across " + DeviceNames(chain->devices) + ", and " +
                      parts_[d]->device_name() + " is out of service: " + parts_[d]->device_->faults().lost);
       }
     }
-    return split->Submit(std::move(inputs), options);
+    for (const auto& [name, tensor] : inputs) {
+      const auto& bound = chain->whole.inputs;
+      if (std::none_of(bound.begin(), bound.end(), [&](const Binding& b) { return b.name == name; })) {
+        TVM_FFI_THROW(TvmschedError) << "model " << model << " has no input named '" << name << "'";
+      }
+    }
+    ffi::Map<ffi::String, ffi::Tensor> first;
+    for (const std::string& name : chain->reads[0]) {
+      auto found = inputs.find(ffi::String(name));  // (one missing: the part's check names it)
+      if (found != inputs.end()) first.Set((*found).first, (*found).second);
+    }
+    {
+      std::lock_guard<std::mutex> lock(chain->mu);
+      if (chain->closing) ThrowRefusal("model '" + model + "' is being unloaded");
+      ++chain->inflight;
+    }
+    Request inner;
+    try {
+      inner = parts_[chain->devices[0]]->Submit(chain->parts[0], first, options);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(chain->mu);
+      if (--chain->inflight == 0) chain->idle.notify_all();
+      throw;
+    }
+    auto outer = ffi::make_object<RequestObj>();  // what the caller holds: done when the last part is
+    outer->inputs = inputs;
+    outer->submitted_us = inner->submitted_us;
+    Request request(outer);
+    FollowSplit(chain, request, inner, 0, inputs, options.priority);
+    return request;
   }
   const std::vector<int> replicas = ReplicasOf(model);
   const int64_t rows = RowsOf(inputs);
@@ -550,16 +519,74 @@ void RuntimeObj::FollowRouted(Request outer, Request inner, const std::string& m
   }));
 }
 
+void RuntimeObj::FollowSplit(std::shared_ptr<SplitChain> chain, Request outer, Request inner, size_t k,
+                             ffi::Map<ffi::String, ffi::Tensor> have, int priority) {
+  // on the finishing stream's thread (short: at most one Submit, which queues)
+  inner->OnDone(ffi::Function::FromTyped([this, chain, outer, k, have, priority](Request done) {
+    if (k == 0) outer->id = done->id, outer->started_us = done->started_us;
+    outer->restarts += done->restarts;
+    outer->candidate_ids.insert(outer->candidate_ids.end(), done->candidate_ids.begin(), done->candidate_ids.end());
+    std::string error = done->error();
+    ffi::Map<ffi::String, ffi::Tensor> next = have;
+    if (error.empty()) {
+      for (const auto& [name, tensor] : done->outputs()) next.Set(name, tensor);
+      if (k + 1 < chain->parts.size()) {  // the next part, on its device: every request handed on is taken
+        ffi::Map<ffi::String, ffi::Tensor> inputs;
+        for (const std::string& name : chain->reads[k + 1]) inputs.Set(name, next[ffi::String(name)]);
+        SubmitOptions later;
+        later.priority = priority;
+        later.timeout_us = 0;
+        try {
+          FollowSplit(chain, outer, parts_[chain->devices[k + 1]]->Submit(chain->parts[k + 1], inputs, later), k + 1,
+                      next, priority);
+          return;
+        } catch (const std::exception& err) {
+          error = ErrorLine(err);
+        }
+      }
+    }
+    ffi::Map<ffi::String, ffi::Tensor> outputs;
+    if (error.empty()) {
+      for (const Binding& b : chain->whole.outputs) outputs.Set(b.name, next[ffi::String(b.name)]);
+    }
+    const double finished = done->finished_us;
+    {
+      std::lock_guard<std::mutex> lock(chain->mu);
+      if (error.empty()) {
+        ++chain->requests;
+        const double ms = (finished - outer->submitted_us) / 1e3;
+        if (chain->latencies_ms.size() >= 8192) chain->latencies_ms.pop_front();
+        chain->latencies_ms.push_back(ms);
+        if (chain->qos_ms > 0 && ms > chain->qos_ms) ++chain->qos_violations;
+      } else {
+        ++chain->errors;
+      }
+      if (--chain->inflight == 0) chain->idle.notify_all();
+    }
+    outer->Finish(outputs, ffi::String(error), finished);
+  }));
+}
+
 void RuntimeObj::UnloadReplicas(const std::string& name, double timeout_s) {
   const std::vector<int> replicas = ReplicasOf(name);
-  if (std::shared_ptr<SplitServing> split = SplitOf(name)) {  // its queued requests are answered first
-    const bool drained = split->Close(timeout_s, "unloaded before the request started");
-    std::lock_guard<std::mutex> lock(mu_);
-    split_.erase(name);
-    replicas_.erase(name);
+  if (std::shared_ptr<SplitChain> chain = SplitOf(name)) {  // its requests under way finish first, then its parts go
+    const bool drained = WaitSplit(chain, timeout_s);
+    std::optional<ffi::Error> failed;
+    for (size_t k = 0; k < chain->parts.size(); ++k) {
+      try {
+        parts_[chain->devices[k]]->Unload(chain->parts[k], timeout_s);
+      } catch (const ffi::Error& err) {
+        if (!failed) failed = err;
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      split_.erase(name);
+      replicas_.erase(name);
+    }
+    if (failed) throw *failed;
     if (!drained) {
-      TVM_FFI_THROW(TvmschedError) << "model " << name << " did not drain within " << timeout_s << " s: its queued "
-                                   << "requests failed";
+      TVM_FFI_THROW(TvmschedError) << "model " << name << ": requests were still under way after " << timeout_s << " s";
     }
     return;
   }
@@ -586,7 +613,7 @@ void RuntimeObj::UnloadReplicas(const std::string& name, double timeout_s) {
 
 std::map<std::string, ModelStats> RuntimeObj::MergedStats() {
   std::map<std::string, std::vector<int>> replicas;
-  std::map<std::string, std::shared_ptr<SplitServing>> split;
+  std::map<std::string, std::shared_ptr<SplitChain>> split;
   {
     std::lock_guard<std::mutex> lock(mu_);
     replicas = replicas_;
@@ -595,9 +622,26 @@ std::map<std::string, ModelStats> RuntimeObj::MergedStats() {
   std::vector<std::map<std::string, ModelStats>> per_device;
   for (const Runtime& part : parts_) per_device.push_back(part->Stats());
   std::map<std::string, ModelStats> out;
-  for (const auto& [name, serving] : split) {
-    out[name] = serving->Stats();
-    for (int d : serving->devices()) out[name].devices.push_back(parts_[d]->device_name());
+  for (const auto& [name, chain] : split) {  // its requests as a whole; refusals, queues and launches: its parts'
+    ModelStats s;
+    s.priority = chain->realtime ? "realtime" : "best_effort";
+    s.qos_ms = chain->qos_ms;
+    s.placement = "split";
+    for (size_t k = 0; k < chain->parts.size(); ++k) {
+      s.devices.push_back(parts_[chain->devices[k]]->device_name());
+      auto found = per_device[chain->devices[k]].find(chain->parts[k]);
+      if (found == per_device[chain->devices[k]].end()) continue;  // (being unloaded)
+      const ModelStats& part = found->second;
+      if (k == 0) s.refused = part.refused, s.timed_out = part.timed_out;
+      s.queued += part.queued, s.launches += part.launches, s.reruns += part.reruns, s.faults += part.faults;
+      s.fault_restarts += part.fault_restarts;
+    }
+    std::lock_guard<std::mutex> lock(chain->mu);
+    s.requests = chain->requests, s.qos_violations = chain->qos_violations;
+    s.errors = chain->errors + s.refused;  // (a part's timeout fails its request: counted among the chain's errors)
+    s.executions = chain->requests + chain->errors;
+    std::tie(s.p50_ms, s.p99_ms) = Percentiles(chain->latencies_ms);
+    out[name] = s;
   }
   for (const auto& [name, devices] : replicas) {
     if (split.count(name)) continue;

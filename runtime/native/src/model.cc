@@ -198,23 +198,6 @@ std::vector<std::pair<int, int>> GroupLayers(const std::vector<size_t>& layer_we
   return groups;
 }
 
-/*! \brief Groups given (LoadOptions::groups) must be consecutive from layer 0 to the last, none empty. */
-void CheckGroups(const std::vector<std::pair<int, int>>& groups, int layers, const std::string& path) {
-  int next = 0;
-  for (const auto& [first, last] : groups) {
-    if (first != next || last < first || last >= layers) {
-      TVM_FFI_THROW(TvmschedError) << path << ": groups of layers run consecutively from layer 0 to layer "
-                                   << layers - 1 << ", none empty: group [" << first << ", " << last
-                                   << "] should start at layer " << next << " and end by layer " << layers - 1;
-    }
-    next = last + 1;
-  }
-  if (next != layers) {
-    TVM_FFI_THROW(TvmschedError) << path << ": groups of layers run consecutively from layer 0 to layer " << layers - 1
-                                 << ": the last given ends at layer " << next - 1;
-  }
-}
-
 }  // namespace
 
 void ModelObj::Init(const std::string& path, ArtifactContents contents, const LoadOptions& options) {
@@ -270,12 +253,7 @@ void ModelObj::Init(const std::string& path, ArtifactContents contents, const Lo
       array.data.shrink_to_fit();
     }
   }
-  if (!options.groups.empty() && !options.resident && !options.tiers) {
-    CheckGroups(options.groups, n, path);
-    SetGroups(options.groups);
-  } else if (!options.tiers) {
-    SetGroups(GroupLayers(layer_weights, options.resident ? 1 : options.max_groups));
-  }
+  if (!options.tiers) SetGroups(GroupLayers(layer_weights, options.resident ? 1 : options.max_groups));
   // the layers' packed arguments (data pointers bound as tensors are allocated), built once
   DLDevice dev = device_->dl_device();
   layer_args_.clear();
@@ -382,6 +360,7 @@ Model Model::Load(const std::string& path, const std::string& device, const Load
                   const TrustedKeys& trusted) {
   ArtifactContents contents = ReadArtifact(path, trusted);
   if (options.batch > 0) SelectBatch(&contents, options.batch, path);
+  if (options.layers.first >= 0) CutLayers(&contents, options.layers.first, options.layers.second, path);
   const std::string& compiled_for = contents.manifest.device;
   if (!device.empty() && device != compiled_for) {
     TVM_FFI_THROW(TvmschedError) << "the artifact was compiled for " << compiled_for << ", not " << device;

@@ -125,12 +125,17 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) TVM_FFI_THROW(TvmschedError) << "the runtime is shut down";
   }
-  // the placement, decided here once: registered first (to measure it), then switched or streamed
+  // the placement, decided here once: registered first (to measure it), then switched or streamed. Every load of it
+  // takes only its layers, when it is a split model's part
+  auto load_model = [&](LoadOptions o) {
+    o.layers = options.layers;
+    return LoadModel(path, o);
+  };
   LoadOptions registered;
   registered.resident = false;
   registered.max_groups = std::max(1, options_.max_groups);
   registered.scope = scope_;
-  Model first = LoadModel(path, registered);
+  Model first = load_model(registered);
   std::string name = options.name.empty() ? first->name() : options.name;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -208,7 +213,7 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
     load.tiers = tiers;
     load.scope = scope_;
     try {
-      first = LoadModel(path, load);
+      first = load_model(load);
     } catch (const ffi::Error& err) {  // the engine's line says what streaming needs; the user set the budget
       TVM_FFI_THROW(TvmschedError) << err.message() << " (model " << name << " is larger than the runtime's memory "
                                    << "budget of " << budget << " bytes, " << room << " of them left to stream it)";
@@ -222,7 +227,7 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
     first = Model();
     LoadOptions resident;
     resident.scope = scope_;
-    first = LoadModel(path, resident);
+    first = load_model(resident);
   }
   first->SetName(name);  // its events and error lines say the name it is served by
   if (!streamed && !several) {
@@ -248,7 +253,7 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
     for (int i = 1; i < options.streams; ++i) {  // its other streams: resident copies of their own
       LoadOptions copy;
       copy.scope = scope_;
-      entry->models.push_back(LoadModel(path, copy));
+      entry->models.push_back(load_model(copy));
       entry->models.back()->SetName(name);
     }
     for (size_t k = 0; several && k + 1 < sizes.size(); ++k) {  // each smaller size, on each slot's weights
@@ -257,7 +262,7 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
         variant.scope = scope_;
         variant.batch = sizes[k];
         variant.shares_weights_of = entry->models[i];
-        entry->models.push_back(LoadModel(path, variant));
+        entry->models.push_back(load_model(variant));
         entry->models.back()->SetName(name);
       }
     }
@@ -529,7 +534,7 @@ double RuntimeObj::PredictLocked(const Entry& entry, int64_t rows, bool* starts_
 
 int64_t RuntimeObj::QueuedRequests() const {
   if (!parts_.empty()) {
-    int64_t all = SplitQueued();
+    int64_t all = 0;  // (a split model's parts are models of their devices' Runtimes)
     for (const Runtime& part : parts_) all += part->QueuedRequests();
     return all;
   }
@@ -1159,7 +1164,7 @@ std::vector<StageEvent> RuntimeObj::SwitchEvents() const {
 
 std::vector<Stream> RuntimeObj::streams(const std::string& model) const {
   if (!parts_.empty()) {  // its replicas' streams, by device (a split model has none: its requests run in turn)
-    if (SplitOf(model)) return {};
+    if (std::shared_ptr<SplitChain> split = SplitOf(model)) return SplitStreams(*split);  // its parts', in order
     return Gather<Stream>([&](const Runtime& part) { return part->streams(model); }, ReplicasOf(model));
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -1170,7 +1175,7 @@ std::vector<Stream> RuntimeObj::streams(const std::string& model) const {
 
 std::vector<Model> RuntimeObj::engine_models(const std::string& model) const {
   if (!parts_.empty()) {
-    if (std::shared_ptr<SplitServing> split = SplitOf(model)) return SplitParts(*split);  // its parts, in order
+    if (std::shared_ptr<SplitChain> split = SplitOf(model)) return SplitModels(*split);  // its parts, in order
     return Gather<Model>([&](const Runtime& part) { return part->engine_models(model); }, ReplicasOf(model));
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -1264,7 +1269,7 @@ void RuntimeObj::Shutdown() {
       std::lock_guard<std::mutex> lock(mu_);
       closed_ = true;
     }
-    CloseSplit();
+    WaitSplit(nullptr, options_.stream.stall_timeout_s > 0 ? options_.stream.stall_timeout_s : 60);
     for (const Runtime& part : parts_) part->Shutdown();
     return;
   }

@@ -226,14 +226,26 @@ TVM_FFI_STATIC_INIT_BLOCK() {
         options.switching.threshold2 = static_cast<size_t>(o.Get<int64_t>("threshold2", 0));
         options.switching.preset_count = static_cast<int>(o.Get<int64_t>("preset_count", 2));
         options.switching.retain = o.Get<bool>("retain", true);
-        for (const auto& tier : o.Get<ffi::Array<ffi::Map<ffi::String, ffi::Any>>>("tiers", {})) {
-          TierShare share;
-          share.kind = tier.at("kind").cast<ffi::String>();
-          share.capacity = static_cast<size_t>(tier.at("capacity_bytes").cast<int64_t>());
-          share.numa_node = static_cast<int>(tier.at("numa_node").cast<int64_t>());
-          share.path = tier.at("path").cast<ffi::String>();
-          options.tiers.push_back(share);
+        auto shares = [](const ffi::Array<ffi::Map<ffi::String, ffi::Any>>& listed) {
+          std::vector<TierShare> out;
+          for (const auto& tier : listed) {
+            TierShare share;
+            share.kind = tier.at("kind").cast<ffi::String>();
+            share.capacity = static_cast<size_t>(tier.at("capacity_bytes").cast<int64_t>());
+            share.numa_node = static_cast<int>(tier.at("numa_node").cast<int64_t>());
+            share.path = tier.at("path").cast<ffi::String>();
+            out.push_back(share);
+          }
+          return out;
+        };
+        options.tiers = shares(o.Get<ffi::Array<ffi::Map<ffi::String, ffi::Any>>>("tiers", {}));
+        // several devices: each one's own shares (a memory plan's per GPU), in the devices' order
+        auto per_device = o.Get<ffi::Array<ffi::Array<ffi::Map<ffi::String, ffi::Any>>>>("device_tiers", {});
+        if (!per_device.empty() && per_device.size() != options.devices.size()) {
+          TVM_FFI_THROW(TvmschedError) << "device_tiers lists each device's shares: " << per_device.size()
+                                       << " lists for " << options.devices.size() << " devices";
         }
+        for (size_t d = 0; d < per_device.size(); ++d) options.devices[d].tiers = shares(per_device[d]);
         options.tier_buffer_bytes = static_cast<size_t>(o.Get<int64_t>("tier_buffer_bytes", 0));
         options.timeline = o.Get<bool>("timeline", false);
         o.Done();
@@ -272,7 +284,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              for (size_t k = 0; k < m->parts().size(); ++k) {
                const Model& part = m->parts()[k];
                out.push_back({static_cast<int64_t>(part->device().memory().in_use),
-                              static_cast<int64_t>(part->group_weight_bytes(static_cast<int>(k)))});
+                              static_cast<int64_t>(part->group_weight_bytes(0))});  // (resident: one group)
              }
              return out;
            });

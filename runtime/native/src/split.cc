@@ -1,5 +1,5 @@
-// A model split across devices (tvmsched/split.h, docs/multi-device.md): each device prepares only its own group of
-// layers; the activations crossing devices go through the devices' copies, behind an event.
+// A model split across devices (tvmsched/split.h, docs/multi-device.md): each device holds its own group of layers as
+// a model of its own; the activations crossing devices go through the devices' copies as its outputs and inputs.
 #include "tvmsched/split.h"
 
 #include <tvm/ffi/error.h>
@@ -50,6 +50,44 @@ std::vector<std::pair<int, int>> BalancedLayers(const Manifest& manifest, int pa
   return groups;
 }
 
+void CheckSplitLayers(const std::vector<std::pair<int, int>>& groups, int layers, const std::string& path) {
+  int next = 0;
+  for (const auto& [first, last] : groups) {
+    if (first != next || last < first || last >= layers) {
+      TVM_FFI_THROW(TvmschedError) << path << ": groups of layers run consecutively from layer 0 to layer "
+                                   << layers - 1 << ", none empty: group [" << first << ", " << last
+                                   << "] should start at layer " << next << " and end by layer " << layers - 1;
+    }
+    next = last + 1;
+  }
+  if (next != layers) {
+    TVM_FFI_THROW(TvmschedError) << path << ": groups of layers run consecutively from layer 0 to layer " << layers - 1
+                                 << ": the last given ends at layer " << next - 1;
+  }
+}
+
+size_t CrossingBytes(const Manifest& whole, const std::vector<Model>& parts) {
+  std::set<std::string> model_inputs;
+  for (const Binding& b : whole.inputs) model_inputs.insert(b.name);
+  size_t all = 0;
+  for (const Model& part : parts) {
+    const Manifest& m = part->manifest();
+    for (const Binding& b : m.inputs) {
+      if (!model_inputs.count(b.name)) all += m.tensors.at(b.tensor).nbytes();
+    }
+  }
+  return all;
+}
+
+ffi::Map<ffi::String, ffi::Tensor> PartInputs(const Model& part, const ffi::Map<ffi::String, ffi::Tensor>& have) {
+  ffi::Map<ffi::String, ffi::Tensor> inputs;
+  for (const Binding& b : part->manifest().inputs) {
+    auto found = have.find(ffi::String(b.name));  // (one missing: the part's CheckInputs names it)
+    if (found != have.end()) inputs.Set((*found).first, (*found).second);
+  }
+  return inputs;
+}
+
 SplitModelObj::SplitModelObj(const std::string& path, std::vector<std::shared_ptr<Device>> devices,
                              const TrustedKeys& trusted, const SplitOptions& split) {
   if (devices.size() < 2) TVM_FFI_THROW(TvmschedError) << "a split model needs at least two devices";
@@ -57,97 +95,53 @@ SplitModelObj::SplitModelObj(const std::string& path, std::vector<std::shared_pt
     TVM_FFI_THROW(TvmschedError) << "internal: a split model's memory scopes are one per device";
   }
   const int n = static_cast<int>(devices.size());
-  std::vector<std::pair<int, int>> groups = split.groups;
-  if (!groups.empty() && static_cast<int>(groups.size()) != n) {
+  whole_ = ReadArtifact(path, trusted, /*for_loading=*/false).manifest;  // (its code is loaded by the parts below)
+  std::vector<std::pair<int, int>> groups = split.groups.empty() ? BalancedLayers(whole_, n) : split.groups;
+  if (!split.groups.empty() && static_cast<int>(groups.size()) != n) {
     TVM_FFI_THROW(TvmschedError) << path << ": a split model has a group of layers per device: " << groups.size()
                                  << " groups for " << n << " devices";
   }
-  for (int d = 0; d < n; ++d) {
+  CheckSplitLayers(groups, static_cast<int>(whole_.layers.size()), path);
+  if (groups.size() < 2) {
+    TVM_FFI_THROW(TvmschedError) << "model " << whole_.model_name << " has one layer: it cannot be split";
+  }
+  for (size_t d = 0; d < groups.size(); ++d) {  // (fewer layers than devices: the last devices idle)
     LoadOptions options;
-    options.resident = false;  // registered: its groups are prepared below, this device's only
     options.device = devices[d];
     options.scope = split.scopes.empty() ? nullptr : split.scopes[d];
-    options.groups = groups;  // (none given: the first device's load lays them out from its manifest)
-    Model m = Model::Load(path, devices[d]->kind(), options, trusted);
-    if (groups.empty()) {
-      groups = BalancedLayers(m->manifest(), n);
-      m->SetGroups(groups);
-    }
-    if (d >= static_cast<int>(groups.size())) break;  // fewer layers than devices: the last ones idle
-    parts_.push_back(m);
+    options.layers = groups[d];
+    parts_.push_back(Model::Load(path, devices[d]->kind(), options, trusted));
+    layers_.push_back(groups[d]);
   }
-  if (parts_.size() < 2) {
-    TVM_FFI_THROW(TvmschedError) << "model " << parts_[0]->name() << " has one layer: it cannot be split";
-  }
-  const Manifest& manifest = parts_[0]->manifest();
-  std::vector<int> part_of(manifest.layers.size(), 0);
-  std::map<std::string, int> written_by;  // tensor -> the part whose layer writes it
-  for (int k = 0; k < static_cast<int>(parts_.size()); ++k) {
-    Model& m = parts_[k];
-    auto [first, last] = m->group_layers(k);
-    layers_.emplace_back(first, last);
-    m->PrepareEnvironment();
-    m->PrepareGroup(k, nullptr);
-    m->SetGroupState(k, kReady);
-    for (int i = first; i <= last; ++i) {
-      part_of[i] = k;
-      for (const std::string& out : manifest.layers[i].outputs) written_by[out] = k;
-    }
-  }
-  needs_.resize(parts_.size());
-  size_t largest = 0;
-  for (int k = 1; k < static_cast<int>(parts_.size()); ++k) {
-    for (int i = layers_[k].first; i <= layers_[k].second; ++i) {
-      for (const std::string& in : manifest.layers[i].inputs) {
-        auto writer = written_by.find(in);
-        if (writer == written_by.end() || writer->second == k) continue;  // a weight, an input, or its own
-        auto& needs = needs_[k];
-        if (std::any_of(needs.begin(), needs.end(), [&](const Crossing& c) { return c.tensor == in; })) continue;
-        if (!parts_[writer->second]->TensorData(in) || !parts_[k]->TensorData(in)) {
-          TVM_FFI_THROW(TvmschedError) << "internal: the activation " << in << " crossing devices has no memory";
-        }
-        needs.push_back({in, writer->second, manifest.tensors.at(in).nbytes()});
-        largest = std::max(largest, needs.back().nbytes);
-      }
-    }
-  }
-  host_.resize(largest);
-  for (const Binding& b : manifest.outputs) {
-    auto writer = written_by.find(b.tensor);
-    output_from_.push_back(writer == written_by.end() ? 0 : writer->second);
-  }
-}
-
-size_t SplitModelObj::crossing_bytes() const {
-  size_t all = 0;
-  for (const auto& needs : needs_) {
-    for (const Crossing& c : needs) all += c.nbytes;
-  }
-  return all;
 }
 
 ffi::Map<ffi::String, ffi::Tensor> SplitModelObj::Run(const ffi::Map<ffi::String, ffi::Tensor>& inputs,
                                                       const std::vector<int>& ids) {
-  parts_[0]->CheckInputs(inputs);
-  if (!ids.empty()) parts_[0]->CheckCandidates(ids);
+  if (!ids.empty() && ids.size() != whole_.layers.size()) {
+    TVM_FFI_THROW(TvmschedError) << "a candidate-ID list has one ID per layer: " << ids.size() << " IDs for "
+                                 << whole_.layers.size() << " layers";
+  }
+  for (const auto& [name, tensor] : inputs) {
+    if (std::none_of(whole_.inputs.begin(), whole_.inputs.end(), [&](const Binding& b) { return b.name == name; })) {
+      TVM_FFI_THROW(TvmschedError) << "model " << whole_.model_name << " has no input named '" << name << "'";
+    }
+  }
   std::lock_guard<std::mutex> lock(run_mu_);
+  ffi::Map<ffi::String, ffi::Tensor> have = inputs;  // the model's inputs, then each part's outputs
   for (size_t k = 0; k < parts_.size(); ++k) {
     ModelObj& m = *parts_[k].get();
-    m.CopyInputs(inputs);                  // (a later group may read an input too)
-    for (const Crossing& c : needs_[k]) {  // the earlier devices' activations, through the host
-      parts_[c.from]->device().CopyToHost(host_.data(), parts_[c.from]->TensorData(c.tensor), c.nbytes, nullptr);
-      m.device().CopyToDevice(m.TensorData(c.tensor), host_.data(), c.nbytes, nullptr);
-    }
+    ffi::Map<ffi::String, ffi::Tensor> in = PartInputs(parts_[k], have);
+    m.CheckInputs(in);
+    std::vector<int> part_ids;
+    if (!ids.empty()) part_ids.assign(ids.begin() + layers_[k].first, ids.begin() + layers_[k].second + 1);
+    if (!part_ids.empty()) m.CheckCandidates(part_ids);
     // the device's fault state machine, as a stream's launch goes through it (docs/faults.md): a lost device refuses
     // in one line; a fault here is recovered from, or the device is lost, and the request fails with its line
     Device& device = m.device();
     device.EnterLaunch(kFaultWaitS);
     try {
-      for (int i = layers_[k].first; i <= layers_[k].second; ++i) m.RunLayer(i, ids.empty() ? 0 : ids[i]);
-      if (EventHandle done = m.RecordEvent()) {  // the next device copies once this one's launches are done
-        device.WaitEvent(done);
-        device.FreeEvent(done);
-      }
+      m.CopyInputs(in);
+      for (int i = 0; i < m.num_layers(); ++i) m.RunLayer(i, part_ids.empty() ? 0 : part_ids[i]);
       m.Synchronize();
     } catch (const ffi::Error& err) {
       device.ExitLaunch();
@@ -156,15 +150,10 @@ ffi::Map<ffi::String, ffi::Tensor> SplitModelObj::Run(const ffi::Map<ffi::String
       TVM_FFI_THROW(TvmschedError) << err.message() << "; the device is lost: " << lost;
     }
     device.ExitLaunch();
+    for (const auto& [name, tensor] : m.GetOutputs()) have.Set(name, tensor);  // (its index checks read too)
   }
-  std::vector<ffi::Map<ffi::String, ffi::Tensor>> outputs;
-  for (Model& m : parts_) outputs.push_back(m->GetOutputs());  // (each device's index checks too)
   ffi::Map<ffi::String, ffi::Tensor> out;
-  const Manifest& manifest = parts_[0]->manifest();
-  for (size_t o = 0; o < manifest.outputs.size(); ++o) {
-    const std::string& name = manifest.outputs[o].name;
-    out.Set(name, outputs[output_from_[o]][ffi::String(name)]);
-  }
+  for (const Binding& b : whole_.outputs) out.Set(b.name, have[ffi::String(b.name)]);
   return out;
 }
 

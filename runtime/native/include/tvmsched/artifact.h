@@ -139,6 +139,14 @@ ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& truste
  *  its weights the ones that size reads); one TvmschedError line naming `path` when it is not compiled at that size. */
 void SelectBatch(ArtifactContents* contents, int64_t batch, const std::string& path);
 
+/*! \brief Make `contents` layers `first` to `last` of its program as a model of their own: a split model's part
+ *  (tvmsched/split.h). Its inputs are the model's inputs those layers read, then the activations they read that
+ *  earlier layers write (each bound under its tensor id); its outputs are the model's outputs they write, then the
+ *  activations they write that later layers read (under their ids); its weights only the ones they read. The kernels,
+ *  flags and counters are the model's; `manifest_json` stays the whole model's. One TvmschedError line naming `path`
+ *  for a range outside the program or a model that cannot be cut there. */
+void CutLayers(ArtifactContents* contents, int first, int last, const std::string& path);
+
 /*! \brief Whether the environment requires every artifact whose code is loaded to be signed by a trusted key
  *  (TVMSCHED_REQUIRE_SIGNATURE set to anything but "" or "0"). */
 bool SignatureRequired();

@@ -63,9 +63,9 @@ struct LoadOptions {
   ffi::ObjectRef shares_weights_of;
   /*! \brief The device to load it on (one of a Runtime's several; null: OpenDevice of the artifact's kind). */
   std::shared_ptr<Device> device;
-  /*! \brief Registered: its sub-tasks as these groups (each one's first and last layer, consecutive from the first
-   *  layer to the last; a split model's, tvmsched/split.h) instead of GroupLayers'; `max_groups` is ignored. */
-  std::vector<std::pair<int, int>> groups;
+  /*! \brief Only these layers (first, last) of its program, as a model of their own: a split model's part
+   *  (CutLayers, tvmsched/split.h; first < 0: every layer). */
+  std::pair<int, int> layers{-1, -1};
 };
 
 /*! \brief Lay out and load a model larger than its device memory (LoadOptions::tiers): its streamer (the streamed

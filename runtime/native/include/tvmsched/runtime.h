@@ -30,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,6 +51,9 @@ struct DeviceSpec {
   int index = 0;  ///< its ordinal (cuda:1); of several cpu devices, its share of the cores (OpenCpuShare)
   size_t memory_budget = 0;
   std::shared_ptr<Device> opened;  ///< the device itself, when already open (null: opened by kind and index)
+  /*! \brief Its shares of the host tiers, where its models larger than its budget (a split model's parts too) keep
+   *  their streamed weights: the memory plan's for this GPU (none: RuntimeOptions::tiers). */
+  std::optional<std::vector<TierShare>> tiers;
 };
 
 /*! \brief "cpu", "cpu:N", "cuda" or "cuda:N" as a DeviceSpec (one TvmschedError line otherwise). */
@@ -113,6 +117,9 @@ struct ModelOptions {
    *  most once; Triton's instance_group gpus). Empty: one, on the device with the most memory left (the fewest models
    *  where no budget is set). */
   std::vector<int> devices;
+  /*! \brief Only these layers of the artifact (first, last), as a model of their own: a split model's part, which
+   *  its Runtime over several devices loads on one device's Runtime (LoadOptions::layers; first < 0: every layer). */
+  std::pair<int, int> layers{-1, -1};
   /*! \brief A Runtime over several devices: split the model across them (mechanism D; tvmsched/split.h), one group of
    *  layers per device in the order `devices` lists them (none: every device in service). A model is split only when
    *  asked to, or when it is larger than every device's memory budget and its parts fit (docs/multi-device.md). */
@@ -148,7 +155,7 @@ struct ModelStats {
 };
 
 class Runtime;
-class SplitServing;  // a split model's queue and thread (devices.cc)
+struct SplitChain;  // a split model: its parts on their devices' Runtimes (devices.cc)
 
 class RuntimeObj : public ffi::Object {
  public:
@@ -182,6 +189,8 @@ class RuntimeObj : public ffi::Object {
   std::vector<Stream> streams(const std::string& model) const;
   /*! \brief The engine models its streams serve, in the same order (the first is the switched or streamed one). */
   std::vector<Model> engine_models(const std::string& model) const;
+  /*! \brief A model's manifest as its requests see it (a split model's whole manifest, not a part's). */
+  Manifest ModelManifest(const std::string& model) const;
   /*! \brief The switcher's recorded stages (stage1, stage2, exec, clean, evict). */
   std::vector<StageEvent> SwitchEvents() const;
   const std::string& policy_kind() const { return policy_kind_; }
@@ -270,13 +279,17 @@ class RuntimeObj : public ffi::Object {
   /*! \brief These parts' devices' names ("cpu:0,cpu:1"). */
   std::string DeviceNames(const std::vector<int>& devices) const;
   /*! \brief The split model of that name, or null. */
-  std::shared_ptr<SplitServing> SplitOf(const std::string& model) const;
-  /*! \brief A split model's engine models, one per device, in the order its groups run. */
-  static std::vector<Model> SplitParts(const SplitServing& split);
-  /*! \brief Requests the split models hold queued. */
-  int64_t SplitQueued() const;
-  /*! \brief Shutting down: each split model answers what it holds queued (within the stall timeout), then stops. */
-  void CloseSplit();
+  std::shared_ptr<SplitChain> SplitOf(const std::string& model) const;
+  /*! \brief A split model's request: its part `k` (`inner`, on its device's Runtime) is done; the next part takes it,
+   *  `have` holding the model's inputs and the earlier parts' outputs, or `outer` (what the caller holds) finishes. */
+  void FollowSplit(std::shared_ptr<SplitChain> chain, Request outer, Request inner, size_t k,
+                   ffi::Map<ffi::String, ffi::Tensor> have, int priority);
+  /*! \brief A split model's engine models (each part's, in order) or streams. */
+  std::vector<Model> SplitModels(const SplitChain& chain) const;
+  std::vector<Stream> SplitStreams(const SplitChain& chain) const;
+  /*! \brief Wait (at most `timeout_s`) for a split model's requests under way (every split model's: null); whether
+   *  none is left. */
+  bool WaitSplit(const std::shared_ptr<SplitChain>& chain, double timeout_s);
   Request SubmitRouted(const std::string& model, ffi::Map<ffi::String, ffi::Tensor> inputs,
                        const SubmitOptions& options);
   /*! \brief `outer` (what the caller holds) finishes as `inner` (its run on the last of the `tried` devices) does, or
@@ -349,9 +362,9 @@ class RuntimeObj : public ffi::Object {
   PreemptionGroup group_;
   std::shared_ptr<ColocationTable> table_;
 
-  std::vector<Runtime> parts_;                                  // several devices: one Runtime each (its index)
-  std::map<std::string, std::vector<int>> replicas_;            // several devices: each model's parts (under mu_)
-  std::map<std::string, std::shared_ptr<SplitServing>> split_;  // several devices: the split models (under mu_)
+  std::vector<Runtime> parts_;                                // several devices: one Runtime each (its index)
+  std::map<std::string, std::vector<int>> replicas_;          // several devices: each model's parts (under mu_)
+  std::map<std::string, std::shared_ptr<SplitChain>> split_;  // several devices: the split models (under mu_)
   std::vector<std::pair<double, double>>
       load_samples_;  // several devices: per part, (when, WorkUs) at the last placement
   mutable std::mutex mu_;

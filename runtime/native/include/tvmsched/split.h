@@ -1,13 +1,16 @@
 /*!
  * \file tvmsched/split.h
  * \brief A model split across devices (mechanism D executed over several GPUs, docs/multi-device.md): its layers in
- *        consecutive groups, each group prepared on one device, a request running the groups in order.
+ *        consecutive groups, each group a model of its own on one device (CutLayers), a request running the groups in
+ *        order.
  *
- * Each device loads the artifact registered (its weights pinned on the host) and prepares only its environment and
- * its own groups, so it holds its groups' weights and activations and no others'. The activations a group reads from
- * an earlier device's groups are copied out with that device's copy after an event recorded behind its launches, then
- * in with the reading device's copy: no memory is shared between devices. The outputs are the bits a single device's
- * run gives (the same kernels, in the same order, on the same inputs).
+ * A part's model holds only its group's weights, its activations, and its environment: the model's inputs its layers
+ * read and the activations they read from earlier groups (its inputs), the model's outputs its layers write and the
+ * activations later groups read (its outputs). Those activations cross devices as a part's outputs copied out with its
+ * device's copy, once its launches are done, and a later part's inputs copied in with that device's copy: no memory is
+ * shared between devices. The outputs are the bits a single device's run gives (the same kernels, in the same order,
+ * on the same inputs). The engine Runtime serves such parts as models of their own on each device's Runtime
+ * (runtime.h: RuntimeObj::LoadSplit), so each part is placed, streamed, scheduled and preempted there like any model.
  */
 #ifndef TVMSCHED_SPLIT_H_
 #define TVMSCHED_SPLIT_H_
@@ -15,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tvmsched/model.h"
@@ -27,45 +31,52 @@ namespace tvmsched {
  *  layers than parts, one layer each (fewer groups). */
 std::vector<std::pair<int, int>> BalancedLayers(const Manifest& manifest, int parts);
 
+/*! \brief One TvmschedError line naming `path` unless `groups` (first and last layer each) run consecutively from
+ *  layer 0 to layer `layers` - 1, none empty. */
+void CheckSplitLayers(const std::vector<std::pair<int, int>>& groups, int layers, const std::string& path);
+
+/*! \brief The bytes a request copies between devices: the inputs of the parts' models that are not `whole`'s inputs
+ *  (the activations crossing from earlier parts). */
+size_t CrossingBytes(const Manifest& whole, const std::vector<Model>& parts);
+
+/*! \brief A request of a split model: run from part `k` on, `have` the model's inputs and the outputs of the parts
+ *  before `k`; the inputs of part `k`'s model out of `have`. */
+ffi::Map<ffi::String, ffi::Tensor> PartInputs(const Model& part, const ffi::Map<ffi::String, ffi::Tensor>& have);
+
 struct SplitOptions {
   /*! \brief Each device's layers, first and last (a plan's sub-tasks; one group per device, consecutive from the first
    *  layer to the last). Empty: BalancedLayers (a model with fewer layers than devices leaves the last ones idle). */
   std::vector<std::pair<int, int>> groups;
-  /*! \brief Per device, the budget its part's memory counts against (a Runtime's; empty: none). */
+  /*! \brief Per device, the budget its part's memory counts against (empty: none). */
   std::vector<std::shared_ptr<MemoryScope>> scopes;
 };
 
+/*! \brief A split model run directly, one request at a time (SplitExecutor in Python; bench/split.py): each part a
+ *  resident model on its device. */
 class SplitModelObj : public ffi::Object {
  public:
   /*! \brief `path` split over `devices` (in order: the first runs the first layers), one group of layers each. */
   SplitModelObj(const std::string& path, std::vector<std::shared_ptr<Device>> devices, const TrustedKeys& trusted,
                 const SplitOptions& options = {});
-  /*! \brief Run a request: `ids` one candidate per layer (empty: candidate 0); the outputs on the host. One-line
-   *  TvmschedError when a device fails (a lost device's line). Thread-safe: requests run one at a time. */
+  /*! \brief Run a request: `ids` one candidate per layer of the model (empty: candidate 0); the model's outputs on the
+   *  host. One-line TvmschedError when a device fails (a lost device's line). Thread-safe: one request at a time. */
   ffi::Map<ffi::String, ffi::Tensor> Run(const ffi::Map<ffi::String, ffi::Tensor>& inputs, const std::vector<int>& ids);
-  /*! \brief Per device: its model (the artifact, registered, with only its groups prepared) and its layers. */
+  /*! \brief Per device: its part's model and the model's layers it runs. */
   const std::vector<Model>& parts() const { return parts_; }
   std::pair<int, int> layers_of(int part) const { return layers_[part]; }
   /*! \brief The bytes copied between devices per request (the crossing activations). */
-  size_t crossing_bytes() const;
-  /*! \brief Each part's device memory (its environment and its group), as it was prepared. */
-  size_t part_bytes(int part) const { return parts_[part]->env_bytes() + parts_[part]->group_bytes(part); }
+  size_t crossing_bytes() const { return CrossingBytes(whole_, parts_); }
+  /*! \brief The whole model's manifest (its inputs and outputs: a request's). */
+  const Manifest& manifest() const { return whole_; }
 
   static constexpr bool _type_mutable = true;
   TVM_FFI_DECLARE_OBJECT_INFO_FINAL("tvmsched.SplitModel", SplitModelObj, ffi::Object);
 
  private:
-  struct Crossing {
-    std::string tensor;
-    int from = 0;  // the part whose layer writes it
-    size_t nbytes = 0;
-  };
+  Manifest whole_;
   std::vector<Model> parts_;
-  std::vector<std::pair<int, int>> layers_;   // per part: first and last layer (first > last: none)
-  std::vector<std::vector<Crossing>> needs_;  // per part: what it reads from earlier parts
-  std::vector<int> output_from_;              // per model output: the part whose layer writes it
-  std::vector<char> host_;                    // the copies' staging buffer (the largest crossing)
-  std::mutex run_mu_;                         // one request at a time (the parts' buffers, host_)
+  std::vector<std::pair<int, int>> layers_;  // per part: its first and last layer in the model
+  std::mutex run_mu_;                        // one request at a time (the parts' buffers)
 };
 
 class SplitModel : public ffi::ObjectRef {
