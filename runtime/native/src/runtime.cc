@@ -928,6 +928,12 @@ Request RuntimeObj::Pack(const std::shared_ptr<Entry>& entry, const std::vector<
   packed->OnDone(ffi::Function::FromTyped([entry, split, outputs](Request done) {
     std::string error = done->error();
     ffi::Map<ffi::String, ffi::Tensor> all = done->outputs();
+    // counted before any member is seen done: a caller that waited for its requests reads stats that include them.
+    // The stream counted one request; these are the others it ran
+    (error.empty() ? entry->packed_done : entry->packed_failed) += static_cast<int64_t>(split.size()) - 1;
+    int64_t rows_run = 0;
+    for (const auto& [member, rows] : split) rows_run += rows;
+    CountBatch(*entry, rows_run, *done.get());
     int64_t at = 0;
     for (const auto& [member, rows] : split) {
       ffi::Map<ffi::String, ffi::Tensor> mine;
@@ -945,9 +951,6 @@ Request RuntimeObj::Pack(const std::shared_ptr<Entry>& entry, const std::vector<
       member->started_us = done->started_us;
       member->Finish(mine, ffi::String(error), done->finished_us);
     }
-    // the stream counted one request: the others it ran
-    (error.empty() ? entry->packed_done : entry->packed_failed) += static_cast<int64_t>(split.size()) - 1;
-    CountBatch(*entry, at, *done.get());
   }));
   return Request(packed);
 }
