@@ -54,13 +54,14 @@ class Model:
     warm: bool = False  # every candidate kernel ran once at load (Runtime.load(warmup=True))
     # more streams of the same model (Runtime.load(streams=)): a request runs on the first of them that is free
     replicas: tuple[Task, ...] = ()
-    # split across devices (Runtime.load(split=True or plan=...)): their names, in the order its groups run; `task`
-    # then describes it (its first part) and has no stream
+    # split across devices (Runtime.load(split=True or plan=...)): their names, in the order its parts run; `task`
+    # then describes the whole model (over its first part, whose manifest_json is the model's) and has no stream
     split: tuple[str, ...] = ()
 
     @property
     def tasks(self) -> tuple[Task, ...]:
-        """Its streams: `task` first, then its replicas (none for a split model: its requests run in turn)."""
+        """Its streams: `task` first, then its replicas (none for a split model: its parts run on their devices'
+        streams)."""
         return () if self.split else (self.task, *self.replicas)
 
     @property

@@ -644,7 +644,7 @@ void CutLayers(ArtifactContents* contents, int first, int last, const std::strin
     }
     for (const std::string& o : m.layers[i].outputs) {
       used.insert(o);
-      if (read_later.count(o)) out.push_back(o);
+      if (read_later.count(o) && std::find(out.begin(), out.end(), o) == out.end()) out.push_back(o);
     }
   }
   std::set<std::string> names;  // binding names, each once
@@ -657,6 +657,9 @@ void CutLayers(ArtifactContents* contents, int first, int last, const std::strin
     if (w != writer.end() && w->second >= first && w->second <= last) outputs.push_back(b), names.insert(b.name);
   }
   auto bind = [&](std::vector<Binding>* list, const std::string& tensor) {
+    if (std::any_of(list->begin(), list->end(),
+                    [&](const Binding& b) { return b.name == tensor && b.tensor == tensor; }))
+      return;  // (a model output of that name: later parts read it under it)
     if (!names.insert(tensor).second) {
       TVM_FFI_THROW(TvmschedError) << path << ": cannot be split at layers " << first << " to " << last
                                    << ": the activation " << tensor << " has a model input's or output's name";
