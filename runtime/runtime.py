@@ -21,7 +21,7 @@ import logging
 import tempfile
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +33,7 @@ from tvmsched.runtime.executor import Executor, to_engine
 from tvmsched.runtime.preemption import EngineFuture, Task, default_stall_timeout_s, failed_future, hold_gc
 from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, StreamView
 from tvmsched.runtime.switching import StageEvent, SwitchSettings, stage_events
-from tvmsched.runtime.tiering import TierSettings, TierShares
+from tvmsched.runtime.tiering import TierSettings, TierShares, device_shares
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class Runtime:
             options.update(memory_budget=int(memory_budget), tiers=TierShares(tiering).engine_tiers(),
                            tier_buffer_bytes=int(tiering.buffer_bytes))
             if devices and tiering.plan is not None:  # each device its plan's shares: GPU id N is cpu:N / cuda:N
-                options["device_tiers"] = [TierShares(replace(tiering, gpu=_device_number(d))).engine_tiers()
+                options["device_tiers"] = [TierShares(tiering, device_shares(tiering, _device_number(d))).engine_tiers()
                                            for d in devices]
         self._engine = native.create_runtime(options)
         self.policy_kind = policy

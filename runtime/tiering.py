@@ -460,6 +460,30 @@ class TierSettings:
         return sorted(shares, key=lambda item: _PRIORITY[item[0].kind])
 
 
+def device_shares(settings: TierSettings, gpu: int) -> list[tuple[Tier, int]]:
+    """GPU `gpu`'s shares of the tiers when one Runtime serves every GPU of `settings`' plan (docs/multi-device.md):
+    on each tier, its planned use plus an even part of what no GPU's planned use takes. The shares add up to each
+    tier's capacity, none is below its GPU's use, and so no GPU's streaming can starve another's. The slack is for the
+    engine, which streams more than the planner's extra (a part's bytes beyond the GPU's memory): it keeps two stream
+    buffers on the device and page-rounds each streamed weight."""
+    topology = settings.resolve_topology()
+    if settings.plan is None:
+        return settings.shares()
+    used = [0] * len(topology.tiers)
+    mine = [0] * len(topology.tiers)
+    for each in topology.gpus:
+        for tier, nbytes in _plan_shares(settings.plan, each.id, topology):
+            index = next(i for i, t in enumerate(topology.tiers) if t is tier)
+            used[index] += nbytes
+            if each.id == gpu:
+                mine[index] += nbytes
+    if all(each.id != gpu for each in topology.gpus):
+        raise TvmschedError(f"the plan has no GPU {gpu}")
+    n = len(topology.gpus)
+    shares = [(tier, mine[i] + (tier.capacity_bytes - used[i]) // n) for i, tier in enumerate(topology.tiers)]
+    return sorted(shares, key=lambda item: _PRIORITY[item[0].kind])
+
+
 def _plan_shares(plan, gpu: int, topology: Topology) -> list[tuple[Tier, int]]:
     if isinstance(plan, Plan):
         entry = plan.gpu(gpu)
@@ -491,9 +515,9 @@ def _plan_shares(plan, gpu: int, topology: Topology) -> list[tuple[Tier, int]]:
 class TierShares:
     """What this runtime has left of its tier shares; every tiered model takes what it places."""
 
-    def __init__(self, settings: TierSettings):
+    def __init__(self, settings: TierSettings, shares: list[tuple[Tier, int]] | None = None):
         self.settings = settings
-        self.left = [[tier, share] for tier, share in settings.shares()]
+        self.left = [[tier, share] for tier, share in (settings.shares() if shares is None else shares)]
 
     def engine_tiers(self) -> list[dict]:
         """The shares left, as the engine's load_tiered takes them."""

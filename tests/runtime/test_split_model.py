@@ -177,34 +177,39 @@ def test_a_split_model_on_a_lost_device_fails_in_one_line_and_whole_models_keep_
 
 
 def test_a_part_larger_than_its_devices_budget_streams_from_that_devices_tier_shares(compiled):
-    """Mechanism D across devices: under a budget between resnet18-small's two parts, the first part is resident on
-    cpu:0 and the second streams its weights from cpu:1's DRAM share, with one device's bits. With a memory plan, each
-    device's shares are the plan's for its GPU: here GPU 1's DRAM use covers the planner's extra (its sub-task's bytes
-    beyond the GPU's memory), not the engine's two stream buffers, and the load says so in one line."""
+    """Mechanism D across devices, from the memory planner's plan: under a budget between resnet18-small's two parts,
+    the first part runs on cpu:0 within its budget and the second streams its weights from cpu:1's share of DRAM, with
+    one device's bits. Each device's share is its GPU's planned use plus an even part of what no GPU's use takes (the
+    engine streams more than the planner's extra: two stream buffers, page rounding); with a tier too small for
+    that, the load is one line and leaves nothing loaded."""
     from tvmsched.runtime import Runtime
-    from tvmsched.runtime.tiering import Gpu, Tier, TierSettings, TierTask, Topology, plan_memory
+    from tvmsched.runtime.tiering import Gpu, Tier, TierSettings, TierTask, Topology, device_shares, plan_memory
 
     path = compiled("resnet18-small")
     first, second = (m["in_use"] for m in SplitExecutor(path, DEVICES).memory())
     budget = (first + second) // 2
     assert first < budget < second
-    dram = (Tier("dram", 64 << 20),)
-    shares = TierSettings(topology=Topology((Gpu(0, budget),), dram))  # (no plan: each device all of them)
-    with Runtime(devices=DEVICES, memory_budget=budget, tiering=shares) as rt:
-        model = rt.load(str(path), split=True)
+    task = replace(TierTask.from_artifact(path, 2), name="resnet18-small")
+    plan = plan_memory(Topology((Gpu(0, budget), Gpu(1, budget)), (Tier("dram", 64 << 20),)), [task])
+    use = plan.gpu(1).uses["dram"]
+    assert plan.gpu(0).uses["dram"] == 0 < use
+    tiering = TierSettings(topology=plan.topology, plan=plan)
+    share = device_shares(tiering, 1)[0][1]
+    assert share == use + ((64 << 20) - use) // 2  # its use, and half of what no GPU uses
+    with Runtime(devices=DEVICES, memory_budget=budget, tiering=tiering) as rt:
+        model = rt.load(str(path), plan=plan, name="resnet18-small")
         parts = rt._engine.engine_models(model.name)
         placements = [Executor.over(p, str(path)).placement for p in parts]
         assert placements[0] in ("resident", "staged") and placements[1] == "streamed", placements
         placed = native.tiering_info(parts[1])["tiers"]
-        assert placed[0]["kind"] == "dram" and int(placed[0]["used_bytes"]) > 0
+        assert placed[0]["kind"] == "dram" and use < int(placed[0]["used_bytes"]) <= share, (placed, use, share)
         _answers_bits(rt, model, path, seeds=(0, 1))
-    task = replace(TierTask.from_artifact(path, 2), name="resnet18-small")
-    plan = plan_memory(Topology((Gpu(0, budget), Gpu(1, budget)), dram), [task])
-    share = plan.gpu(1).uses["dram"]
-    assert plan.gpu(0).uses["dram"] == 0 < share
-    with Runtime(devices=DEVICES, memory_budget=budget, tiering=TierSettings(topology=plan.topology, plan=plan)) as rt:
-        with pytest.raises(TvmschedError, match=rf"but this device's tier shares hold {share} bytes \(dram {share} bytes\)"
+    tight = plan_memory(Topology((Gpu(0, budget), Gpu(1, budget)), (Tier("dram", use + 4096),)), [task])
+    tiering = TierSettings(topology=tight.topology, plan=tight)
+    cap = device_shares(tiering, 1)[0][1]
+    with Runtime(devices=DEVICES, memory_budget=budget, tiering=tiering) as rt:
+        with pytest.raises(TvmschedError, match=rf"but this device's tier shares hold {cap} bytes \(dram {cap} bytes\)"
                                                 r": short by at least .* \(model resnet18-small/1 is larger than") as err:
-            rt.load(str(path), plan=plan, name="resnet18-small")
+            rt.load(str(path), plan=tight, name="resnet18-small")
         assert "\n" not in str(err.value).strip() and list(rt._engine.models()) == []
         assert all(d["in_use"] == 0 for d in rt.devices())
