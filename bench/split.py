@@ -8,6 +8,16 @@ Per model, side by side in one run, the ways in turn in rounds of 20 requests:
   device 0's group and then device 1's, the crossing activations copied through the host between them.
 Reported: p50 and p99 per way, their ratio, the bytes crossing per request, each device's memory against the
 model's weights, and whether every output was the same bits.
+
+Then, per model, throughput with 4 requests outstanding (closed loop, `--runs` requests per way, in turn):
+- **one device**: a `Runtime` on the whole machine's CPU device;
+- **split, in turn**: `SplitExecutor`, one request at a time (its parts one after the other);
+- **split in the Runtime**: `Runtime(devices=("cpu:0", "cpu:1")).load(split=True)`: each part a model on its
+  device's Runtime, so the devices work on different requests at once.
+
+Last, mechanism D from a memory plan (resnet18-small, budget between its two parts): the part that streams, its
+milliseconds per request and its copy floor (its streamed weights copied from its device's tier share into a
+stream buffer, the fastest of 5: `native.tier_copy_floor`, as bench/tiering.py measures one device's).
 """
 
 import argparse
@@ -64,11 +74,89 @@ def main() -> None:
         row.update(ratio_p50=row["split"]["p50_ms"] / row["one device"]["p50_ms"], same_bits=same,
                    layers=split.layers, crossing_bytes=split.crossing_bytes, devices_memory=memory,
                    weight_bytes=sum(m["weight_bytes"] for m in memory))
+        row["throughput"] = throughput(path, inputs, want, args.runs)
         report["models"][name] = row
         print(name, json.dumps(row), flush=True)
+    report["plan"] = streamed_part(args.work / "resnet18-small.tvms", args.runs)
+    print("plan", json.dumps(report["plan"]), flush=True)
     report["load_average_end"] = os.getloadavg()
     if args.out:
         _common.write_json_atomic(args.out, report)
+
+
+def closed_loop(submit, inputs, want, count: int, outstanding: int = 4) -> float:
+    """Requests per second with `outstanding` in flight (each answer checked against `want`)."""
+    from collections import deque
+
+    start, pending, sent = time.perf_counter(), deque(), 0
+    while sent < count or pending:
+        while sent < count and len(pending) < outstanding:
+            pending.append(submit(inputs))
+            sent += 1
+        got = pending.popleft().result(timeout=120)
+        assert all(np.array_equal(v, want[k]) for k, v in got.items())
+    return count / (time.perf_counter() - start)
+
+
+def throughput(path: Path, inputs: dict, want: dict, count: int) -> dict:
+    from concurrent.futures import Future
+
+    from tvmsched.runtime import Runtime, SplitExecutor
+
+    def in_turn(split):
+        def submit(x):
+            done = Future()
+            done.set_result(split.run(x))
+            return done
+        return submit
+
+    with Runtime("cpu") as one, Runtime(devices=("cpu:0", "cpu:1")) as two:
+        whole, split = one.load(str(path)), two.load(str(path), split=True)
+        ways = {"one device": lambda x: one.submit(whole, x), "split, in turn": in_turn(SplitExecutor(path, ("cpu:0", "cpu:1"))),
+                "split in the Runtime": lambda x: two.submit(split, x)}
+        rates = {way: [] for way in ways}
+        for _ in range(3):  # rounds, the ways in turn
+            for way, submit in ways.items():
+                rates[way].append(closed_loop(submit, inputs, want, max(20, count // 3)))
+    return {way: float(np.median(r)) for way, r in rates.items()}
+
+
+def streamed_part(path: Path, count: int) -> dict:
+    """resnet18-small from a memory plan on cpu:0,cpu:1 under a budget between its parts: the streamed part's time per
+    request and its copy floor."""
+    from dataclasses import replace
+
+    from tvmsched.runtime import Executor, Runtime, SplitExecutor, native
+    from tvmsched.runtime.tiering import Gpu, Tier, TierSettings, TierTask, Topology, plan_memory
+
+    first, second = (m["in_use"] for m in SplitExecutor(path, ("cpu:0", "cpu:1")).memory())
+    budget = (first + second) // 2
+    task = replace(TierTask.from_artifact(path, 2), name="resnet18-small")
+    plan = plan_memory(Topology((Gpu(0, budget), Gpu(1, budget)), (Tier("dram", 64 << 20),)), [task])
+    alone = Executor(str(path))
+    inputs = alone.random_inputs(0)
+    want = alone.run(inputs)
+    with Runtime(devices=("cpu:0", "cpu:1"), memory_budget=budget,
+                 tiering=TierSettings(topology=plan.topology, plan=plan)) as rt:
+        model = rt.load(str(path), plan=plan, name="resnet18-small")
+        parts = rt._engine.engine_models(model.name)
+        for _ in range(5):
+            rt.submit(model, inputs).result(timeout=60)
+        times = []
+        for _ in range(count):
+            start = time.perf_counter()
+            got = rt.submit(model, inputs).result(timeout=60)
+            times.append((time.perf_counter() - start) * 1e3)
+            assert all(np.array_equal(v, want[k]) for k, v in got.items())
+        placements = [Executor.over(p, str(path)).placement for p in parts]
+        streamed = placements.index("streamed")
+        floor = {str(k): {"seconds": float(v[0]), "bytes": int(v[1])}
+                 for k, v in native.tier_copy_floor(parts[streamed], 5).items()}
+        info = native.tiering_info(parts[streamed])
+    return {"budget_bytes": budget, "placements": placements, "plan_use_bytes": plan.gpu(streamed).uses["dram"],
+            "p50_ms": float(np.percentile(times, 50)), "p99_ms": float(np.percentile(times, 99)),
+            "copy_floor": floor, "tiers": [{k: (int(v) if k == "used_bytes" else str(v)) for k, v in t.items()}
+                                           for t in info["tiers"]]}
 
 
 if __name__ == "__main__":
