@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <map>
 
 namespace tvmsched {
@@ -14,6 +15,13 @@ constexpr double kMaxOverhead = 0.99;  // interference per unit time is capped b
 
 double NowUs() {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+/*! \brief The calling thread's CPU time (µs). */
+double ThreadCpuUs() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) * 1e6 + static_cast<double>(t.tv_nsec) / 1e3;
 }
 
 }  // namespace
@@ -103,10 +111,11 @@ PolicyModel MakePolicyModel(std::string name, std::vector<std::vector<CandidateI
   return model;
 }
 
-void LayerScheduler::RecordTime(double us, double monitor_us) {
-  if (decision_us_.size() >= kHistory) decision_us_.pop_front(), monitor_us_.pop_front();
+void LayerScheduler::RecordTime(double us, double monitor_us, double cpu_us) {
+  if (decision_us_.size() >= kHistory) decision_us_.pop_front(), monitor_us_.pop_front(), cpu_us_.pop_front();
   decision_us_.push_back(us);
   monitor_us_.push_back(monitor_us);
+  cpu_us_.push_back(cpu_us);
 }
 
 PolicyDecision LayerScheduler::Choose(const PolicyModel& model, const std::vector<const StreamView*>& all_others,
@@ -230,6 +239,7 @@ class ColocationPolicy : public Policy {
     if (!m.choice) {  // one candidate per layer: nothing to decide, so no monitor to read
       return OldestAlone(input, m.fastest.empty() ? FastestIds(m.layers) : m.fastest);
     }
+    const double cpu_start = ThreadCpuUs();  // (read outside the wall-clock window: its own cost is not counted)
     double start = NowUs();
     static const std::vector<StreamView> kNoViews;
     const std::vector<StreamView>& views = input.monitor ? input.monitor() : kNoViews;
@@ -250,7 +260,7 @@ class ColocationPolicy : public Policy {
     PolicyDecision decision = scheduler_.Choose(m, others, start_us);
     if (input.queued == nullptr || !input.queued->empty()) decision.launch = {0};
     decision.seconds = (NowUs() - start) / 1e6;
-    scheduler_.RecordTime(decision.seconds * 1e6, monitor_us);
+    scheduler_.RecordTime(decision.seconds * 1e6, monitor_us, ThreadCpuUs() - cpu_start);
     return decision;
   }
 

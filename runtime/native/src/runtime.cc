@@ -1146,6 +1146,22 @@ std::pair<double, double> RuntimeObj::MonitorStats() {
   return scheduler ? Percentiles(scheduler->monitor_us()) : std::pair<double, double>{-1, -1};
 }
 
+std::tuple<double, double, double, double> RuntimeObj::DecisionCpuStats() {
+  if (!parts_.empty()) return parts_[0]->DecisionCpuStats();  // (the first device's; each decides apart)
+  std::lock_guard<std::mutex> lock(mu_);
+  LayerScheduler* scheduler = SchedulerOf(*policy_);
+  if (!scheduler || scheduler->cpu_us().empty()) return {-1, -1, -1, -1};
+  auto [cpu_p50, cpu_p99] = Percentiles(scheduler->cpu_us());
+  std::vector<double> undisturbed;
+  const auto& wall = scheduler->decision_us();
+  const auto& cpu = scheduler->cpu_us();
+  for (size_t i = 0; i < wall.size(); ++i) {
+    if (wall[i] - cpu[i] <= 1.0) undisturbed.push_back(wall[i]);
+  }
+  const double off = 1.0 - static_cast<double>(undisturbed.size()) / static_cast<double>(wall.size());
+  return {cpu_p50, cpu_p99, Percentile(std::move(undisturbed), 99), off};
+}
+
 std::vector<std::string> RuntimeObj::models() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> names;

@@ -372,6 +372,11 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              auto [p50, p99] = rt->MonitorStats();
              return ffi::Array<double>{p50, p99};
            })
+      .def("decision_cpu_stats",  // [cpu p50, cpu p99, undisturbed p99, share disturbed]
+           [](Runtime rt) {
+             auto [p50, p99, undisturbed, off] = rt->DecisionCpuStats();
+             return ffi::Array<double>{p50, p99, undisturbed, off};
+           })
       .def("models",
            [](Runtime rt) {
              ffi::Array<ffi::String> out;

@@ -146,13 +146,16 @@ class LayerScheduler {
   const std::deque<double>& decision_us() const { return decision_us_; }
   /*! \brief Of each of those, the time spent reading the monitor (every stream's state). */
   const std::deque<double>& monitor_us() const { return monitor_us_; }
-  void RecordTime(double us, double monitor_us);
+  /*! \brief Of each of those, the CPU time its thread ran (µs, CLOCK_THREAD_CPUTIME_ID): a decision's time less this
+   *  is the time its thread was off its core (descheduled, or waiting), not tvmsched's code. */
+  const std::deque<double>& cpu_us() const { return cpu_us_; }
+  void RecordTime(double us, double monitor_us, double cpu_us);
   static constexpr size_t kHistory = 10000;
 
  private:
   std::shared_ptr<ColocationTable> table_;
   int64_t decided_ = 0;
-  std::deque<double> decision_us_, monitor_us_;
+  std::deque<double> decision_us_, monitor_us_, cpu_us_;
   // Choose's scratch, kept between decisions: the busy streams, when each of their remaining layers ends, what runs
   // beside the layer being chosen, and where each stream is at that time
   std::vector<const StreamView*> busy_;

@@ -181,6 +181,10 @@ class RuntimeObj : public ffi::Object {
   std::tuple<int64_t, double, double> DecisionStats();
   /*! \brief Of the same decisions, the p50 / p99 of the time spent reading the monitor (µs; -1: none). */
   std::pair<double, double> MonitorStats();
+  /*! \brief Of the same decisions: the p50 / p99 of their threads' CPU time, the p99 of the decisions whose thread
+   *  stayed on its core throughout (time within 1 µs of its CPU time), and the share of those that did not (µs; -1:
+   *  none). Where the whole p99 is above the undisturbed one, the tail is the machine's scheduling, not the code. */
+  std::tuple<double, double, double, double> DecisionCpuStats();
   /*! \brief How often a switch-in waited for memory that paused best-effort requests held, and the preemption group
    *  let them finish (and pause again) to free it. */
   int64_t finished_for_memory() const;
