@@ -122,7 +122,8 @@ struct ModelOptions {
   std::pair<int, int> layers{-1, -1};
   /*! \brief A Runtime over several devices: split the model across them (mechanism D; tvmsched/split.h), one group of
    *  layers per device in the order `devices` lists them (none: every device in service). A model is split only when
-   *  asked to, or when it is larger than every device's memory budget and its parts fit (docs/multi-device.md). */
+   *  asked to, or when it is larger than every device's memory budget and each part can be placed on its device
+   *  (resident, switched or streamed there; else it goes whole to one device) (docs/multi-device.md). */
   bool split = false;
   /*! \brief Split so: each device's layers, first and last (the memory planner's sub-tasks, one per device named in
    *  `devices`; none: BalancedLayers, the planner's own rule). */
@@ -274,8 +275,8 @@ class RuntimeObj : public ffi::Object {
   // ---- several devices (devices.cc): this Runtime routes to its parts ----
   void OpenParts();
   std::string LoadReplicas(const std::string& path, const ModelOptions& options);
-  /*! \brief Load `path` split across `devices` (its groups in that order), each part counted against its device's
-   *  budget; one TvmschedError line when it cannot be (nothing stays loaded). */
+  /*! \brief Load `path` split across `devices` (its groups in that order), each part a model of its own on its
+   *  device's Runtime; one TvmschedError line when it cannot be (nothing stays loaded). */
   std::string LoadSplit(const std::string& path, const ModelOptions& options, const std::vector<int>& devices);
   /*! \brief Whether a model is larger than every device's memory budget (each in service has one): measured as a
    *  device's Runtime measures it, registered, by its environment and groups. */
