@@ -487,9 +487,9 @@ int StreamObj::CopyPublished(StreamSnapshot* out) const {
   if (before & 1) return -1;
   const int layers = m_->num_layers();
   const int rows = pub_rows_.load(std::memory_order_relaxed);
-  out->done.resize(layers);
+  out->done.resize(rows > 0 ? layers : 0);  // (an idle stream: nothing else to read, no other core's lines to fetch)
   out->ids.resize(static_cast<size_t>(rows) * layers);
-  for (int i = 0; i < layers; ++i) out->done[i] = pub_done_[i].load(std::memory_order_relaxed);
+  for (size_t i = 0; i < out->done.size(); ++i) out->done[i] = pub_done_[i].load(std::memory_order_relaxed);
   for (size_t i = 0; i < out->ids.size(); ++i) out->ids[i] = pub_ids_[i].load(std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_acquire);
   if (seq_.load(std::memory_order_relaxed) != before) return -1;
