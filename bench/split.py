@@ -9,7 +9,8 @@ Per model, side by side in one run, the ways in turn in rounds of 20 requests:
 Reported: p50 and p99 per way, their ratio, the bytes crossing per request, each device's memory against the
 model's weights, and whether every output was the same bits.
 
-Then, per model, throughput with 4 requests outstanding (closed loop, `--runs` requests per way, in turn):
+Then, per model, throughput with 4 requests outstanding (bench/serving.py's closed loop: 4 client threads, 2 s per way,
+the ways in turn, 3 rounds; every answer checked against one device's bits):
 - **one device**: a `Runtime` on the whole machine's CPU device;
 - **split, in turn**: `SplitExecutor`, one request at a time (its parts one after the other);
 - **split in the Runtime**: `Runtime(devices=("cpu:0", "cpu:1")).load(split=True)`: each part a model on its
@@ -74,7 +75,7 @@ def main() -> None:
         row.update(ratio_p50=row["split"]["p50_ms"] / row["one device"]["p50_ms"], same_bits=same,
                    layers=split.layers, crossing_bytes=split.crossing_bytes, devices_memory=memory,
                    weight_bytes=sum(m["weight_bytes"] for m in memory))
-        row["throughput"] = throughput(path, inputs, want, args.runs)
+        row["throughput"] = throughput(path, inputs, want)
         report["models"][name] = row
         print(name, json.dumps(row), flush=True)
     report["plan"] = streamed_part(args.work / "resnet18-small.tvms", args.runs)
@@ -84,40 +85,32 @@ def main() -> None:
         _common.write_json_atomic(args.out, report)
 
 
-def closed_loop(submit, inputs, want, count: int, outstanding: int = 4) -> float:
-    """Requests per second with `outstanding` in flight (each answer checked against `want`)."""
-    from collections import deque
-
-    start, pending, sent = time.perf_counter(), deque(), 0
-    while sent < count or pending:
-        while sent < count and len(pending) < outstanding:
-            pending.append(submit(inputs))
-            sent += 1
-        got = pending.popleft().result(timeout=120)
-        assert all(np.array_equal(v, want[k]) for k, v in got.items())
-    return count / (time.perf_counter() - start)
-
-
-def throughput(path: Path, inputs: dict, want: dict, count: int) -> dict:
-    from concurrent.futures import Future
+def throughput(path: Path, inputs: dict, want: dict, seconds: float = 2.0) -> dict:
+    """Requests per second of each way with 4 client threads (the median of 3 rounds, the ways in turn)."""
+    from serving import closed_loop  # bench/serving.py
 
     from tvmsched.runtime import Runtime, SplitExecutor
 
-    def in_turn(split):
-        def submit(x):
-            done = Future()
-            done.set_result(split.run(x))
-            return done
-        return submit
+    wrong = []
+
+    def checked(run):
+        def call():
+            got = run(inputs)
+            if not all(np.array_equal(v, want[k]) for k, v in got.items()):
+                wrong.append(got)
+        return call
 
     with Runtime("cpu") as one, Runtime(devices=("cpu:0", "cpu:1")) as two:
         whole, split = one.load(str(path)), two.load(str(path), split=True)
-        ways = {"one device": lambda x: one.submit(whole, x), "split, in turn": in_turn(SplitExecutor(path, ("cpu:0", "cpu:1"))),
-                "split in the Runtime": lambda x: two.submit(split, x)}
+        in_turn = SplitExecutor(path, ("cpu:0", "cpu:1"))  # (one request at a time: a lock around its parts)
+        ways = {"one device": checked(lambda x: one.submit(whole, x).result(timeout=120)),
+                "split, in turn": checked(in_turn.run),
+                "split in the Runtime": checked(lambda x: two.submit(split, x).result(timeout=120))}
         rates = {way: [] for way in ways}
-        for _ in range(3):  # rounds, the ways in turn
-            for way, submit in ways.items():
-                rates[way].append(closed_loop(submit, inputs, want, max(20, count // 3)))
+        for _ in range(3):
+            for way, call in ways.items():
+                rates[way].append(len(closed_loop(lambda c=call: c, 4, seconds)) / seconds)
+    assert not wrong, f"{len(wrong)} answers differ from one device's"
     return {way: float(np.median(r)) for way, r in rates.items()}
 
 

@@ -151,11 +151,12 @@ class Runtime:
         if devices:
             options["devices"] = list(devices)
         if memory_budget is not None:  # a model larger than it streams from the host tiers: their shares, found now
-            options.update(memory_budget=int(memory_budget), tiers=TierShares(tiering).engine_tiers(),
-                           tier_buffer_bytes=int(tiering.buffer_bytes))
+            options.update(memory_budget=int(memory_budget), tier_buffer_bytes=int(tiering.buffer_bytes))
             if devices and tiering.plan is not None:  # each device its plan's shares: GPU id N is cpu:N / cuda:N
                 options["device_tiers"] = [TierShares(tiering, device_shares(tiering, _device_number(d))).engine_tiers()
                                            for d in devices]
+            else:
+                options["tiers"] = TierShares(tiering).engine_tiers()
         self._engine = native.create_runtime(options)
         self.policy_kind = policy
         self._table_view = table
@@ -211,16 +212,17 @@ class Runtime:
             options["split"] = True
         with tempfile.TemporaryDirectory(prefix="tvmsched-") as tmp:
             path = self._artifact_path(artifact, Path(tmp))
-            if plan is not None:
+            if plan is not None:  # (its groups: the engine lays them out as the planner does, BalancedLayers)
                 task = str(name) if name is not None else Path(str(artifact)).stem
-                options["devices"], options["split_layers"] = plan_split(plan, task, path, self.devices())
+                options["devices"] = plan_devices(plan, task, self.devices())
             loaded = str(self._engine.load(path, options))
             stats = self._engine.stats()[loaded]
-            natives, engine_streams = self._engine.engine_models(loaded), self._engine.streams(loaded)
-            tasks = [Task.over(Executor.over(m, path), s, str(s.name()), quiet_gc=self._freeze_gc)
-                     for m, s in zip(natives, engine_streams)]
+            natives = self._engine.engine_models(loaded)
             if stats["placement"] == "split":  # its parts run on their devices: the whole model described
                 tasks = [Task.over(Executor.over(natives[0], path), None, loaded, quiet_gc=self._freeze_gc)]
+            else:
+                tasks = [Task.over(Executor.over(m, path), s, str(s.name()), quiet_gc=self._freeze_gc)
+                         for m, s in zip(natives, self._engine.streams(loaded))]
         layers = [[candidate_info(loaded, c, self.total_units) for c in layer.candidates]
                   for layer in tasks[0].executor.manifest.layers]
         if self._table_view is not None:
@@ -528,25 +530,18 @@ def _device_number(device: str) -> int:
     return int(str(device).rpartition(":")[2] or 0) if ":" in str(device) else 0
 
 
-def plan_split(plan, task: str, path: str, devices: list[dict]) -> tuple[list[int], list[list[int]]]:
-    """Where the memory planner's `plan` (runtime.tiering.Plan) puts `task`'s sub-tasks, as a split load takes it:
-    the runtime's device numbers in sub-task order (GPU id N: the device named cpu:N or cuda:N) and each sub-task's
-    first and last layer (the planner's split_layers over the artifact at `path`)."""
-    from tvmsched.runtime.tiering import TierTask
-
+def plan_devices(plan, task: str, devices: list[dict]) -> list[int]:
+    """Where the memory planner's `plan` (runtime.tiering.Plan) puts `task`'s sub-tasks: the runtime's device numbers
+    in sub-task order (GPU id N: the device named cpu:N or cuda:N). Their layers are the planner's split_layers, which
+    the engine lays out itself (BalancedLayers)."""
     placements = sorted((p for p in plan.placements if p.task == task), key=lambda p: p.subtask)
     if not placements:
         tasks = sorted({p.task for p in plan.placements})
         raise TvmschedError(f"the plan has no task named {task!r} (its tasks: {', '.join(tasks) or 'none'}): pass the "
                             "plan's name for the model as name=")
     index = {_device_number(d["name"]): k for k, d in enumerate(devices)}
-    where = []
     for p in placements:
         if p.gpu not in index:
             raise TvmschedError(f"the plan puts {task} sub-task {p.subtask} on GPU {p.gpu}, which the runtime does not "
                                 f"serve (its devices: {', '.join(d['name'] for d in devices)})")
-        where.append(index[p.gpu])
-    ranges = TierTask.from_artifact(path, len(placements)).layer_ranges
-    if any(stop <= start for start, stop in ranges):
-        raise TvmschedError(f"model {task} has fewer layers than the plan's {len(placements)} sub-tasks")
-    return where, [[start, stop - 1] for start, stop in ranges]
+    return [index[p.gpu] for p in placements]

@@ -255,3 +255,12 @@ def ray_replica_counts(replicas: int = 2) -> list[dict]:
         if len(seen) == replicas:
             break
     return list(seen.values())
+
+
+def switch_footprint(path) -> int:
+    """What a Runtime's switcher needs to hold the model (its sub-tasks as a Runtime registers it): the footprint a
+    Runtime compares with its memory budget."""
+    from tvmsched.runtime import Executor
+    from tvmsched.runtime.switching import SwitchSettings, footprint
+
+    return footprint(Executor(str(path), register_groups=SwitchSettings().max_groups))

@@ -16,7 +16,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from tests.helpers import held_mid_request
+from tests.helpers import held_mid_request, switch_footprint
 from tvmsched.errors import TvmschedError
 from tvmsched.runtime.native import func
 from tvmsched.runtime import Executor, Runtime, load
@@ -30,11 +30,6 @@ def zoo(compiled):
 
 def _direct(path, inputs):
     return load(path).run(inputs)
-
-
-def _footprint(path) -> int:
-    """What a Runtime's switcher needs to hold the model (its sub-tasks as a Runtime registers it)."""
-    return footprint(Executor(path, register_groups=SwitchSettings().max_groups))
 
 
 def test_the_switching_hang_repro_completes(zoo):
@@ -70,7 +65,7 @@ def test_the_switching_hang_repro_completes(zoo):
 def test_every_request_switches_under_a_budget_and_outputs_match(zoo):
     """A budget that holds one model at a time: every request after the first switches, outputs bit-identical."""
     paths = [zoo["resnet18-small"], zoo["mobilenetv2"], zoo["bert-tiny"]]
-    budget = max(_footprint(p) for p in paths) + 4096
+    budget = max(switch_footprint(p) for p in paths) + 4096
     gc.collect()
     inputs = [load(p).random_inputs(seed=i) for i, p in enumerate(paths)]
     want = [_direct(p, x) for p, x in zip(paths, inputs)]
@@ -89,7 +84,7 @@ def test_a_budget_covers_its_runtime_only(zoo):
     """Issue 28 item 2: a plain load beside a budgeted Runtime is not charged to it; a Runtime's budget may
     be below what the rest of the process holds."""
     path = zoo["bert-tiny"]
-    need = _footprint(path)
+    need = switch_footprint(path)
     others = [Executor(zoo["mobilenetv2"]), Executor(zoo["resnet18-small"])]  # held by other code of the process
     held = int(func("device_memory")("cpu")["in_use"])
     assert held > need + 4096
@@ -125,7 +120,7 @@ def test_a_switch_that_cannot_find_room_fails_instead_of_waiting(zoo):
     resident copy it does not. Its request fails with one line naming the switch-in (it used to wait for
     ever: nothing running would free memory)."""
     path = zoo["resnet18-small"]
-    budget = _footprint(path)
+    budget = switch_footprint(path)
     with Runtime("cpu", memory_budget=budget) as rt:
         blocker = Executor(path, memory_scope=rt.memory_scope)  # counts against the budget, not the switcher's
         assert 0 < rt.memory()["in_use"] <= budget

@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from tests.helpers import switch_footprint
 from tvmsched.errors import TvmschedError
 from tvmsched.runtime import Executor, SplitExecutor, native
 
@@ -63,12 +64,6 @@ def test_a_bad_device_list_is_one_line(compiled, devices, line):
 
 # ---- a split model in the Runtime: one rule decides split or whole (docs/multi-device.md) ----
 
-def _footprint(path) -> int:
-    from tvmsched.runtime.switching import SwitchSettings, footprint
-
-    return footprint(Executor(str(path), register_groups=SwitchSettings().max_groups))
-
-
 def _answers_bits(rt, model, path, seeds=(0, 1, 2, 3)):
     """Concurrent requests, each answered with the bits of one device's run."""
     alone = Executor(str(path))
@@ -85,7 +80,7 @@ def test_a_model_larger_than_every_devices_budget_runs_split_in_the_runtime_and_
     from tvmsched.runtime.tiering import TierTask
 
     path = compiled("resnet18-small")
-    whole = _footprint(path)
+    whole = switch_footprint(path)
     parts = [m["in_use"] for m in SplitExecutor(path, DEVICES).memory()]
     budget = max(parts) + 256 * 1024  # each part fits, the whole model fits no device
     assert budget < whole, (parts, whole)

@@ -25,7 +25,7 @@ struct SplitChain {
   Manifest whole;                               // the model's manifest (a request's inputs and outputs)
   std::vector<int> devices;                     // each part's device (an index into parts_), in order
   std::vector<std::string> parts;               // each part's name on that device's Runtime
-  std::vector<std::vector<std::string>> reads;  // each part's input names (the model's inputs, then crossing ones)
+  std::vector<std::vector<std::string>> reads;  // each part's InputNames (the model's inputs, then crossing ones)
   double qos_ms = -1;
   bool realtime = false;
   std::mutex mu;
@@ -59,6 +59,15 @@ DeviceSpec ParseDeviceSpec(const std::string& text) {
   }
   if (!ok) TVM_FFI_THROW(TvmschedError) << "a device is cpu, cpu:N, cuda or cuda:N, not '" << text << "'";
   return spec;
+}
+
+void RuntimeObj::CheckInService(const std::vector<int>& devices) const {
+  for (int d : devices) {
+    if (parts_[d]->device_lost()) {
+      TVM_FFI_THROW(TvmschedError) << "device " << parts_[d]->device_name()
+                                   << " is out of service: " << parts_[d]->device_->faults().lost;
+    }
+  }
 }
 
 std::string RuntimeObj::DeviceNames(const std::vector<int>& devices) const {
@@ -210,12 +219,7 @@ std::string RuntimeObj::LoadReplicas(const std::string& path, const ModelOptions
     if (closed_) TVM_FFI_THROW(TvmschedError) << "the runtime is shut down";
     if (devices.empty()) devices = {PlaceLocked()};  // whole, on one device
   }
-  for (int d : devices) {
-    if (parts_[d]->device_lost()) {
-      TVM_FFI_THROW(TvmschedError) << "device " << parts_[d]->device_name()
-                                   << " is out of service: " << parts_[d]->device_->faults().lost;
-    }
-  }
+  CheckInService(devices);
   ModelOptions one = options;
   one.devices.clear();
   std::string name;
@@ -266,36 +270,20 @@ std::string RuntimeObj::LoadSplit(const std::string& path, const ModelOptions& o
   if (devices.size() < 2) {
     TVM_FFI_THROW(TvmschedError) << "a split model needs at least two devices in service, not " << devices.size();
   }
-  if (!options.split_layers.empty() && options.split_layers.size() != devices.size()) {
-    TVM_FFI_THROW(TvmschedError) << "a split model has one group of layers per device: " << options.split_layers.size()
-                                 << " groups for " << devices.size() << " devices";
-  }
   if (!options.preferred_batch_sizes.empty() || options.max_queue_delay_us > 0) {
     TVM_FFI_THROW(TvmschedError) << "a split model runs at one batch size: it takes no preferred_batch_sizes or "
                                  << "max_queue_delay_us";
   }
-  for (int d : devices) {
-    if (parts_[d]->device_lost()) {
-      TVM_FFI_THROW(TvmschedError) << "device " << parts_[d]->device_name()
-                                   << " is out of service: " << parts_[d]->device_->faults().lost;
-    }
-  }
+  CheckInService(devices);
   auto chain = std::make_shared<SplitChain>();
   chain->whole = ReadArtifact(path, parts_[0]->trusted_, /*for_loading=*/false).manifest;
   if (BatchSizes(chain->whole).size() > 1) {
     TVM_FFI_THROW(TvmschedError) << "model " << chain->whole.model_name << " is compiled at several batch sizes: a "
                                  << "split model serves one";
   }
-  std::vector<std::pair<int, int>> groups = options.split_layers.empty()
-                                                ? BalancedLayers(chain->whole, static_cast<int>(devices.size()))
-                                                : options.split_layers;
-  CheckSplitLayers(groups, static_cast<int>(chain->whole.layers.size()), path);
-  if (groups.size() < 2) {
-    TVM_FFI_THROW(TvmschedError) << "model " << chain->whole.model_name << " has one layer: it cannot be split";
-  }
+  const std::vector<std::pair<int, int>> groups = SplitGroups(chain->whole, options.split_layers, devices.size(), path);
   chain->name = options.name.empty() ? chain->whole.model_name : options.name;
-  chain->qos_ms =
-      options.qos_ms > 0 ? options.qos_ms : (options.qos_ms == 0 && chain->whole.qos_ms ? *chain->whole.qos_ms : -1);
+  chain->qos_ms = QosOf(options, chain->whole);
   chain->realtime = options.realtime;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -319,11 +307,7 @@ std::string RuntimeObj::LoadSplit(const std::string& path, const ModelOptions& o
       const int d = devices[k];
       chain->parts.push_back(parts_[d]->Load(path, part));
       chain->devices.push_back(d);
-      std::vector<std::string> names;
-      for (const Binding& b : parts_[d]->engine_models(chain->parts.back()).at(0)->manifest().inputs) {
-        names.push_back(b.name);
-      }
-      chain->reads.push_back(std::move(names));
+      chain->reads.push_back(InputNames(parts_[d]->engine_models(chain->parts.back()).at(0)->manifest()));
     }
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) TVM_FFI_THROW(TvmschedError) << "the runtime is shut down";
@@ -417,17 +401,7 @@ Request RuntimeObj::SubmitRouted(const std::string& model, ffi::Map<ffi::String,
                      parts_[d]->device_name() + " is out of service: " + parts_[d]->device_->faults().lost);
       }
     }
-    for (const auto& [name, tensor] : inputs) {
-      const auto& bound = chain->whole.inputs;
-      if (std::none_of(bound.begin(), bound.end(), [&](const Binding& b) { return b.name == name; })) {
-        TVM_FFI_THROW(TvmschedError) << "model " << model << " has no input named '" << name << "'";
-      }
-    }
-    ffi::Map<ffi::String, ffi::Tensor> first;
-    for (const std::string& name : chain->reads[0]) {
-      auto found = inputs.find(ffi::String(name));  // (one missing: the part's check names it)
-      if (found != inputs.end()) first.Set((*found).first, (*found).second);
-    }
+    CheckInputNames(chain->whole, inputs);
     {
       std::lock_guard<std::mutex> lock(chain->mu);
       if (chain->closing) ThrowRefusal("model '" + model + "' is being unloaded");
@@ -435,7 +409,7 @@ Request RuntimeObj::SubmitRouted(const std::string& model, ffi::Map<ffi::String,
     }
     Request inner;
     try {
-      inner = parts_[chain->devices[0]]->Submit(chain->parts[0], first, options);
+      inner = parts_[chain->devices[0]]->Submit(chain->parts[0], PartInputs(chain->reads[0], inputs), options);
     } catch (...) {
       std::lock_guard<std::mutex> lock(chain->mu);
       if (--chain->inflight == 0) chain->idle.notify_all();
@@ -531,14 +505,14 @@ void RuntimeObj::FollowSplit(std::shared_ptr<SplitChain> chain, Request outer, R
     if (error.empty()) {
       for (const auto& [name, tensor] : done->outputs()) next.Set(name, tensor);
       if (k + 1 < chain->parts.size()) {  // the next part, on its device: every request handed on is taken
-        ffi::Map<ffi::String, ffi::Tensor> inputs;
-        for (const std::string& name : chain->reads[k + 1]) inputs.Set(name, next[ffi::String(name)]);
         SubmitOptions later;
         later.priority = priority;
         later.timeout_us = 0;
         try {
-          FollowSplit(chain, outer, parts_[chain->devices[k + 1]]->Submit(chain->parts[k + 1], inputs, later), k + 1,
-                      next, priority);
+          const int d = chain->devices[k + 1];
+          FollowSplit(chain, outer,
+                      parts_[d]->Submit(chain->parts[k + 1], PartInputs(chain->reads[k + 1], next), later), k + 1, next,
+                      priority);
           return;
         } catch (const std::exception& err) {
           error = ErrorLine(err);
@@ -546,9 +520,7 @@ void RuntimeObj::FollowSplit(std::shared_ptr<SplitChain> chain, Request outer, R
       }
     }
     ffi::Map<ffi::String, ffi::Tensor> outputs;
-    if (error.empty()) {
-      for (const Binding& b : chain->whole.outputs) outputs.Set(b.name, next[ffi::String(b.name)]);
-    }
+    if (error.empty()) outputs = ModelOutputs(chain->whole, next);
     const double finished = done->finished_us;
     {
       std::lock_guard<std::mutex> lock(chain->mu);

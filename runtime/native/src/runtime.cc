@@ -103,6 +103,10 @@ RuntimeObj::RuntimeObj(RuntimeOptions options) : options_(std::move(options)) {
 
 RuntimeObj::~RuntimeObj() { Shutdown(); }
 
+double RuntimeObj::QosOf(const ModelOptions& options, const Manifest& manifest) {
+  return options.qos_ms > 0 ? options.qos_ms : options.qos_ms < 0 ? -1 : manifest.qos_ms.value_or(-1);
+}
+
 Model RuntimeObj::LoadModel(const std::string& path, const LoadOptions& options) const {
   LoadOptions on = options;
   on.device = device_;  // (one of several devices: its own, not the process's device of that kind)
@@ -243,7 +247,7 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
   entry->name = name;
   entry->options = options;
   const Manifest& manifest = first->manifest();
-  entry->qos_ms = options.qos_ms > 0 ? options.qos_ms : options.qos_ms < 0 ? -1 : manifest.qos_ms.value_or(-1);
+  entry->qos_ms = QosOf(options, manifest);
   entry->models.push_back(first);
   entry->takes_turns = TurnOf(*first.get()).takes_turns;
   entry->hold_rows = first->batch_size();

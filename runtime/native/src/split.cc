@@ -13,7 +13,26 @@
 namespace tvmsched {
 
 namespace {
+
 constexpr double kFaultWaitS = 30;  // a faulted device's recovery, waited for at most
+
+/*! \brief One line unless `groups` run consecutively from layer 0 to layer `layers` - 1, none empty. */
+void CheckGroups(const std::vector<std::pair<int, int>>& groups, int layers, const std::string& path) {
+  int next = 0;
+  for (const auto& [first, last] : groups) {
+    if (first != next || last < first || last >= layers) {
+      TVM_FFI_THROW(TvmschedError) << path << ": groups of layers run consecutively from layer 0 to layer "
+                                   << layers - 1 << ", none empty: group [" << first << ", " << last
+                                   << "] should start at layer " << next << " and end by layer " << layers - 1;
+    }
+    next = last + 1;
+  }
+  if (next != layers) {
+    TVM_FFI_THROW(TvmschedError) << path << ": groups of layers run consecutively from layer 0 to layer " << layers - 1
+                                 << ": the last given ends at layer " << next - 1;
+  }
+}
+
 }  // namespace
 
 std::vector<std::pair<int, int>> BalancedLayers(const Manifest& manifest, int parts) {
@@ -50,22 +69,6 @@ std::vector<std::pair<int, int>> BalancedLayers(const Manifest& manifest, int pa
   return groups;
 }
 
-void CheckSplitLayers(const std::vector<std::pair<int, int>>& groups, int layers, const std::string& path) {
-  int next = 0;
-  for (const auto& [first, last] : groups) {
-    if (first != next || last < first || last >= layers) {
-      TVM_FFI_THROW(TvmschedError) << path << ": groups of layers run consecutively from layer 0 to layer "
-                                   << layers - 1 << ", none empty: group [" << first << ", " << last
-                                   << "] should start at layer " << next << " and end by layer " << layers - 1;
-    }
-    next = last + 1;
-  }
-  if (next != layers) {
-    TVM_FFI_THROW(TvmschedError) << path << ": groups of layers run consecutively from layer 0 to layer " << layers - 1
-                                 << ": the last given ends at layer " << next - 1;
-  }
-}
-
 size_t CrossingBytes(const Manifest& whole, const std::vector<Model>& parts) {
   std::set<std::string> model_inputs;
   for (const Binding& b : whole.inputs) model_inputs.insert(b.name);
@@ -79,39 +82,61 @@ size_t CrossingBytes(const Manifest& whole, const std::vector<Model>& parts) {
   return all;
 }
 
-ffi::Map<ffi::String, ffi::Tensor> PartInputs(const Model& part, const ffi::Map<ffi::String, ffi::Tensor>& have) {
+std::vector<std::pair<int, int>> SplitGroups(const Manifest& whole, const std::vector<std::pair<int, int>>& given,
+                                             size_t devices, const std::string& path) {
+  if (!given.empty() && given.size() != devices) {
+    TVM_FFI_THROW(TvmschedError) << "a split model has one group of layers per device: " << given.size()
+                                 << " groups for " << devices << " devices";
+  }
+  std::vector<std::pair<int, int>> groups = given.empty() ? BalancedLayers(whole, static_cast<int>(devices)) : given;
+  CheckGroups(groups, static_cast<int>(whole.layers.size()), path);
+  if (groups.size() < 2)
+    TVM_FFI_THROW(TvmschedError) << "model " << whole.model_name << " has one layer: it cannot be split";
+  return groups;
+}
+
+void CheckInputNames(const Manifest& whole, const ffi::Map<ffi::String, ffi::Tensor>& inputs) {
+  for (const auto& [name, tensor] : inputs) {
+    if (std::none_of(whole.inputs.begin(), whole.inputs.end(), [&](const Binding& b) { return b.name == name; })) {
+      TVM_FFI_THROW(TvmschedError) << "model " << whole.model_name << " has no input named '" << name << "'";
+    }
+  }
+}
+
+std::vector<std::string> InputNames(const Manifest& manifest) {
+  std::vector<std::string> names;
+  for (const Binding& b : manifest.inputs) names.push_back(b.name);
+  return names;
+}
+
+ffi::Map<ffi::String, ffi::Tensor> PartInputs(const std::vector<std::string>& names,
+                                              const ffi::Map<ffi::String, ffi::Tensor>& have) {
   ffi::Map<ffi::String, ffi::Tensor> inputs;
-  for (const Binding& b : part->manifest().inputs) {
-    auto found = have.find(ffi::String(b.name));  // (one missing: the part's CheckInputs names it)
+  for (const std::string& name : names) {
+    auto found = have.find(ffi::String(name));
     if (found != have.end()) inputs.Set((*found).first, (*found).second);
   }
   return inputs;
 }
 
+ffi::Map<ffi::String, ffi::Tensor> ModelOutputs(const Manifest& whole, const ffi::Map<ffi::String, ffi::Tensor>& have) {
+  ffi::Map<ffi::String, ffi::Tensor> out;
+  for (const Binding& b : whole.outputs) out.Set(b.name, have[ffi::String(b.name)]);
+  return out;
+}
+
 SplitModelObj::SplitModelObj(const std::string& path, std::vector<std::shared_ptr<Device>> devices,
-                             const TrustedKeys& trusted, const SplitOptions& split) {
+                             const TrustedKeys& trusted) {
   if (devices.size() < 2) TVM_FFI_THROW(TvmschedError) << "a split model needs at least two devices";
-  if (!split.scopes.empty() && split.scopes.size() != devices.size()) {
-    TVM_FFI_THROW(TvmschedError) << "internal: a split model's memory scopes are one per device";
-  }
-  const int n = static_cast<int>(devices.size());
   whole_ = ReadArtifact(path, trusted, /*for_loading=*/false).manifest;  // (its code is loaded by the parts below)
-  std::vector<std::pair<int, int>> groups = split.groups.empty() ? BalancedLayers(whole_, n) : split.groups;
-  if (!split.groups.empty() && static_cast<int>(groups.size()) != n) {
-    TVM_FFI_THROW(TvmschedError) << path << ": a split model has a group of layers per device: " << groups.size()
-                                 << " groups for " << n << " devices";
-  }
-  CheckSplitLayers(groups, static_cast<int>(whole_.layers.size()), path);
-  if (groups.size() < 2) {
-    TVM_FFI_THROW(TvmschedError) << "model " << whole_.model_name << " has one layer: it cannot be split";
-  }
+  const std::vector<std::pair<int, int>> groups = SplitGroups(whole_, {}, devices.size(), path);
   for (size_t d = 0; d < groups.size(); ++d) {  // (fewer layers than devices: the last devices idle)
     LoadOptions options;
     options.device = devices[d];
-    options.scope = split.scopes.empty() ? nullptr : split.scopes[d];
     options.layers = groups[d];
     parts_.push_back(Model::Load(path, devices[d]->kind(), options, trusted));
     layers_.push_back(groups[d]);
+    reads_.push_back(InputNames(parts_.back()->manifest()));
   }
 }
 
@@ -121,16 +146,12 @@ ffi::Map<ffi::String, ffi::Tensor> SplitModelObj::Run(const ffi::Map<ffi::String
     TVM_FFI_THROW(TvmschedError) << "a candidate-ID list has one ID per layer: " << ids.size() << " IDs for "
                                  << whole_.layers.size() << " layers";
   }
-  for (const auto& [name, tensor] : inputs) {
-    if (std::none_of(whole_.inputs.begin(), whole_.inputs.end(), [&](const Binding& b) { return b.name == name; })) {
-      TVM_FFI_THROW(TvmschedError) << "model " << whole_.model_name << " has no input named '" << name << "'";
-    }
-  }
+  CheckInputNames(whole_, inputs);
   std::lock_guard<std::mutex> lock(run_mu_);
   ffi::Map<ffi::String, ffi::Tensor> have = inputs;  // the model's inputs, then each part's outputs
   for (size_t k = 0; k < parts_.size(); ++k) {
     ModelObj& m = *parts_[k].get();
-    ffi::Map<ffi::String, ffi::Tensor> in = PartInputs(parts_[k], have);
+    ffi::Map<ffi::String, ffi::Tensor> in = PartInputs(reads_[k], have);
     m.CheckInputs(in);
     std::vector<int> part_ids;
     if (!ids.empty()) part_ids.assign(ids.begin() + layers_[k].first, ids.begin() + layers_[k].second + 1);
@@ -152,9 +173,7 @@ ffi::Map<ffi::String, ffi::Tensor> SplitModelObj::Run(const ffi::Map<ffi::String
     device.ExitLaunch();
     for (const auto& [name, tensor] : m.GetOutputs()) have.Set(name, tensor);  // (its index checks read too)
   }
-  ffi::Map<ffi::String, ffi::Tensor> out;
-  for (const Binding& b : whole_.outputs) out.Set(b.name, have[ffi::String(b.name)]);
-  return out;
+  return ModelOutputs(whole_, have);
 }
 
 }  // namespace tvmsched

@@ -281,6 +281,8 @@ class RuntimeObj : public ffi::Object {
   /*! \brief Whether a model is larger than every device's memory budget (each in service has one): measured as a
    *  device's Runtime measures it, registered, by its environment and groups. */
   bool LargerThanEveryBudget(const std::string& path) const;
+  /*! \brief One TvmschedError line naming the first of these parts whose device is lost. */
+  void CheckInService(const std::vector<int>& devices) const;
   /*! \brief These parts' devices' names ("cpu:0,cpu:1"). */
   std::string DeviceNames(const std::vector<int>& devices) const;
   /*! \brief The split model of that name, or null. */
@@ -356,6 +358,8 @@ class RuntimeObj : public ffi::Object {
   /*! \brief Count a finished launch of a batched model that brought `rows` rows (its batch statistics). */
   static void CountBatch(Entry& entry, int64_t rows, const RequestObj& done);
   Model LoadModel(const std::string& path, const LoadOptions& options) const;
+  /*! \brief A model's latency target (ms; -1: none): its options' (0: its artifact's). */
+  static double QosOf(const ModelOptions& options, const Manifest& manifest);
 
   RuntimeOptions options_;
   std::string policy_kind_;

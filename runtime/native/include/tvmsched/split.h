@@ -31,33 +31,37 @@ namespace tvmsched {
  *  layers than parts, one layer each (fewer groups). */
 std::vector<std::pair<int, int>> BalancedLayers(const Manifest& manifest, int parts);
 
-/*! \brief One TvmschedError line naming `path` unless `groups` (first and last layer each) run consecutively from
- *  layer 0 to layer `layers` - 1, none empty. */
-void CheckSplitLayers(const std::vector<std::pair<int, int>>& groups, int layers, const std::string& path);
+/*! \brief The groups of layers (first and last each) a model split across `devices` devices runs, one per device:
+ *  `given` (a plan's sub-tasks: one per device, consecutive from the first layer to the last, none empty), or else
+ *  BalancedLayers. One TvmschedError line naming `path` when `given` is not so, or the model has one layer. */
+std::vector<std::pair<int, int>> SplitGroups(const Manifest& whole, const std::vector<std::pair<int, int>>& given,
+                                             size_t devices, const std::string& path);
+
+/*! \brief One TvmschedError line for an input that `whole` (the model a request is for) does not have. */
+void CheckInputNames(const Manifest& whole, const ffi::Map<ffi::String, ffi::Tensor>& inputs);
+
+/*! \brief A manifest's input names, in order (a part's: what PartInputs takes from a request). */
+std::vector<std::string> InputNames(const Manifest& manifest);
 
 /*! \brief The bytes a request copies between devices: the inputs of the parts' models that are not `whole`'s inputs
  *  (the activations crossing from earlier parts). */
 size_t CrossingBytes(const Manifest& whole, const std::vector<Model>& parts);
 
-/*! \brief A request of a split model: run from part `k` on, `have` the model's inputs and the outputs of the parts
- *  before `k`; the inputs of part `k`'s model out of `have`. */
-ffi::Map<ffi::String, ffi::Tensor> PartInputs(const Model& part, const ffi::Map<ffi::String, ffi::Tensor>& have);
+/*! \brief A part's inputs (`names`, its InputNames) out of `have`: the request's inputs and the outputs of the parts
+ *  before it. One missing is left out, for the part's own input check to name. */
+ffi::Map<ffi::String, ffi::Tensor> PartInputs(const std::vector<std::string>& names,
+                                              const ffi::Map<ffi::String, ffi::Tensor>& have);
 
-struct SplitOptions {
-  /*! \brief Each device's layers, first and last (a plan's sub-tasks; one group per device, consecutive from the first
-   *  layer to the last). Empty: BalancedLayers (a model with fewer layers than devices leaves the last ones idle). */
-  std::vector<std::pair<int, int>> groups;
-  /*! \brief Per device, the budget its part's memory counts against (empty: none). */
-  std::vector<std::shared_ptr<MemoryScope>> scopes;
-};
+/*! \brief The model's outputs out of `have`, once every part has run. */
+ffi::Map<ffi::String, ffi::Tensor> ModelOutputs(const Manifest& whole, const ffi::Map<ffi::String, ffi::Tensor>& have);
 
 /*! \brief A split model run directly, one request at a time (SplitExecutor in Python; bench/split.py): each part a
  *  resident model on its device. */
 class SplitModelObj : public ffi::Object {
  public:
-  /*! \brief `path` split over `devices` (in order: the first runs the first layers), one group of layers each. */
-  SplitModelObj(const std::string& path, std::vector<std::shared_ptr<Device>> devices, const TrustedKeys& trusted,
-                const SplitOptions& options = {});
+  /*! \brief `path` split over `devices` (in order: the first runs the first layers), one group of layers each
+   *  (BalancedLayers; a model with fewer layers than devices leaves the last ones idle). */
+  SplitModelObj(const std::string& path, std::vector<std::shared_ptr<Device>> devices, const TrustedKeys& trusted);
   /*! \brief Run a request: `ids` one candidate per layer of the model (empty: candidate 0); the model's outputs on the
    *  host. One-line TvmschedError when a device fails (a lost device's line). Thread-safe: one request at a time. */
   ffi::Map<ffi::String, ffi::Tensor> Run(const ffi::Map<ffi::String, ffi::Tensor>& inputs, const std::vector<int>& ids);
@@ -75,8 +79,9 @@ class SplitModelObj : public ffi::Object {
  private:
   Manifest whole_;
   std::vector<Model> parts_;
-  std::vector<std::pair<int, int>> layers_;  // per part: its first and last layer in the model
-  std::mutex run_mu_;                        // one request at a time (the parts' buffers)
+  std::vector<std::pair<int, int>> layers_;      // per part: its first and last layer in the model
+  std::vector<std::vector<std::string>> reads_;  // per part: its input names
+  std::mutex run_mu_;                            // one request at a time (the parts' buffers)
 };
 
 class SplitModel : public ffi::ObjectRef {
