@@ -19,12 +19,16 @@ import golden_decisions as golden  # noqa: E402
 UNITS = 8
 
 
-def random_mix(rng: random.Random):
-    """Three models whose layers have 1-3 candidates on 1-8 units, and a profile of some of their pairs."""
+def random_mix(rng: random.Random, big: bool = False):
+    """Three models whose layers have 1-3 candidates on 1-8 units, and a profile of some of their pairs; `big`: the
+    third has 360 layers of 3, more profile keys than the engine resolves into its dense table (1024), so every pair
+    is looked up as the profile gives it."""
     models = {}
     for name in "abc":
+        layers = 360 if big and name == "c" else rng.randint(2, 14)
         models[name] = [[CandidateInfo(units, rng.uniform(5, 800), f"{name}/k{i}u{units}")
-                         for units in rng.sample([1, 2, 4, UNITS], rng.randint(1, 3))] for i in range(rng.randint(2, 14))]
+                         for units in rng.sample([1, 2, 4, UNITS], 3 if layers == 360 else rng.randint(1, 3))]
+                        for i in range(layers)]
     keys = [c.key for layers in models.values() for cands in layers for c in cands] + ["gone/k0u2"]  # one never loaded
     profile = [(rng.choice(keys), rng.choice(keys), rng.random() * 0.6) for _ in range(rng.randint(0, 40))]
     profile += profile[:2]  # a pair given twice keeps its first place and takes the later value
@@ -48,12 +52,12 @@ def random_monitor(rng: random.Random, models) -> list[StreamView]:
     return views
 
 
-@pytest.mark.parametrize("kind", policies.KINDS)
-def test_the_engine_policy_decides_as_the_python_one_on_random_mixes(kind):
+@pytest.mark.parametrize("kind,big", [(kind, False) for kind in policies.KINDS] + [("colocation", True)])
+def test_the_engine_policy_decides_as_the_python_one_on_random_mixes(kind, big):
     rng = random.Random(kind)
     decided = 0
     for _ in range(20):
-        models, profile = random_mix(rng)
+        models, profile = random_mix(rng, big)
         table = ColocationTable(UNITS, {(first, second): value for first, second, value in profile})
         python = policies.create(kind, table=table, total_units=UNITS)
         engine = native.create_policy(kind, UNITS, profile)

@@ -41,6 +41,7 @@ void ColocationTable::AddMeasured(const std::string& first, const std::string& s
     measured_[pair] = overhead;
   }
   RebuildByUnits();
+  resolved_keys_ = 0;  // (resolved again when candidates are added: a table is measured before models load)
 }
 
 void ColocationTable::AddCandidates(const PolicyModel& model) {
@@ -48,6 +49,27 @@ void ColocationTable::AddCandidates(const PolicyModel& model) {
     for (const CandidateInfo& c : cands) units_of_[c.key] = c.units;
   }
   RebuildByUnits();
+  Resolve();
+}
+
+void ColocationTable::Resolve() {
+  resolved_keys_ = 0;
+  const int n = static_cast<int>(keys_.size());
+  if (n > kMaxResolvedKeys) return;
+  resolved_units_.assign(n, -1);
+  for (const auto& [key, units] : units_of_) {
+    if (key >= 0 && key < n) resolved_units_[key] = units;
+  }
+  resolved_.assign(static_cast<size_t>(n) * n, 0.0);
+  CandidateInfo a, b;
+  for (a.key = 0; a.key < n; ++a.key) {
+    if ((a.units = resolved_units_[a.key]) < 0) continue;
+    for (b.key = 0; b.key < n; ++b.key) {
+      if ((b.units = resolved_units_[b.key]) < 0) continue;
+      resolved_[static_cast<size_t>(a.key) * n + b.key] = LookUp(a, b);
+    }
+  }
+  resolved_keys_ = n;
 }
 
 void ColocationTable::RebuildByUnits() {
@@ -71,6 +93,15 @@ double ColocationTable::Fallback(const CandidateInfo& a, const CandidateInfo& b)
 }
 
 double ColocationTable::Overhead(const CandidateInfo& a, const CandidateInfo& b) const {
+  const int n = resolved_keys_;
+  if (a.key >= 0 && b.key >= 0 && a.key < n && b.key < n && resolved_units_[a.key] == a.units &&
+      resolved_units_[b.key] == b.units) {
+    return resolved_[static_cast<size_t>(a.key) * n + b.key];
+  }
+  return LookUp(a, b);
+}
+
+double ColocationTable::LookUp(const CandidateInfo& a, const CandidateInfo& b) const {
   if (!measured_.empty()) {
     auto found = measured_.find(Pair(a.key, b.key));
     if (found != measured_.end()) return found->second;
@@ -88,16 +119,30 @@ double ColocationTable::ColocatedUs(const CandidateInfo& cand, const std::vector
 
 // ---- the layer scheduler ---------------------------------------------------------------------
 
-std::vector<int> FastestIds(const std::vector<std::vector<CandidateInfo>>& layers) {
+LayerCandidates::LayerCandidates(const std::vector<std::vector<CandidateInfo>>& layers) {
+  for (const auto& cands : layers) {
+    all_.insert(all_.end(), cands.begin(), cands.end());
+    starts_.push_back(all_.size());
+  }
+}
+
+namespace {
+
+template <typename Cands>
+int Fastest(const Cands& cands) {
+  int best = 0;
+  for (int c = 1; c < static_cast<int>(cands.size()); ++c) {
+    if (cands[c].latency_us < cands[best].latency_us) best = c;
+  }
+  return best;
+}
+
+}  // namespace
+
+std::vector<int> FastestIds(const LayerCandidates& layers) {
   std::vector<int> ids;
   ids.reserve(layers.size());
-  for (const auto& cands : layers) {
-    int best = 0;
-    for (int c = 1; c < static_cast<int>(cands.size()); ++c) {
-      if (cands[c].latency_us < cands[best].latency_us) best = c;
-    }
-    ids.push_back(best);
-  }
+  for (const auto& cands : layers) ids.push_back(Fastest(cands));
   return ids;
 }
 
@@ -105,9 +150,9 @@ PolicyModel MakePolicyModel(std::string name, std::vector<std::vector<CandidateI
   PolicyModel model;
   model.name = std::move(name);
   model.qos_ms = qos_ms;
-  model.fastest = FastestIds(layers);
   model.choice = std::any_of(layers.begin(), layers.end(), [](const auto& cands) { return cands.size() > 1; });
-  model.layers = std::move(layers);
+  model.layers = LayerCandidates(layers);
+  model.fastest = FastestIds(model.layers);
   return model;
 }
 
@@ -214,14 +259,14 @@ class PartitionPolicy : public Policy {
   }
 
  private:
-  static std::vector<int> Within(const std::vector<std::vector<CandidateInfo>>& layers, int share) {
+  static std::vector<int> Within(const LayerCandidates& layers, int share) {
     std::vector<int> ids;
     for (const auto& cands : layers) {
       int best = -1;
       for (int c = 0; c < static_cast<int>(cands.size()); ++c) {  // the fastest that fits (any, when none fits)
         if (cands[c].units <= share && (best < 0 || cands[c].latency_us < cands[best].latency_us)) best = c;
       }
-      if (best < 0) best = FastestIds({cands})[0];
+      if (best < 0) best = Fastest(cands);
       ids.push_back(best);
     }
     return ids;

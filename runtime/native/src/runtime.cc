@@ -29,7 +29,7 @@ std::string Ms(double us) {
 /*! \brief A busy stream's work still to run, into `work` (cleared; its buffer reused): its running request's layers
  *  not yet done, from its progress bitmap (a partly done layer keeps the share of its latency its remaining blocks
  *  stand for), then the layers of each request queued behind it that the snapshot holds. */
-void StreamWork(const PolicyModel& model, const StreamSnapshot& state, const std::vector<std::vector<int64_t>>& blocks,
+void StreamWork(const PolicyModel& model, const StreamSnapshot& state, const std::vector<int64_t>& blocks,
                 std::vector<CandidateInfo>* work) {
   work->clear();
   const auto& layers = model.layers;
@@ -37,7 +37,7 @@ void StreamWork(const PolicyModel& model, const StreamSnapshot& state, const std
   for (size_t i = 0; i < n; ++i) {
     int id = state.ids[i];
     CandidateInfo cand = layers[i][id];
-    int64_t total = blocks[i][id];
+    int64_t total = blocks[layers.index(i, id)];
     double left =
         1.0 - static_cast<double>(std::min(std::max<int64_t>(state.done[i], 0), total)) / static_cast<double>(total);
     if (left > 0) {
@@ -313,6 +313,7 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
         info.units = std::min(c.units > 0 ? c.units : total_units_, total_units_);
         info.latency_us = c.latency_us;
         cands.push_back(info);
+        size->blocks.push_back(c.blocks);
       }
       layers.push_back(std::move(cands));
     }
@@ -1043,7 +1044,8 @@ const std::vector<StreamView>& RuntimeObj::MonitorLocked() {
       StreamView& view = monitor_views_[k];
       if (view.name != stream->name()) view.name = stream->name();
       if (stream->ReadState(&monitor_reads_[k])) {
-        StreamWork(entry->sizes[entry->size_of[j]]->policy_model, monitor_reads_[k], stream->blocks(), &view.remaining);
+        const auto& size = *entry->sizes[entry->size_of[j]];
+        StreamWork(size.policy_model, monitor_reads_[k], size.blocks, &view.remaining);
       } else {
         view.remaining.clear();
       }

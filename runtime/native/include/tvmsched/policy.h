@@ -29,9 +29,54 @@ namespace tvmsched {
 
 /*! \brief What a policy knows of one candidate kernel of one layer. */
 struct CandidateInfo {
-  int units = 0;          ///< compute units it runs on (the device's all-unit count for full-unit candidates)
   double latency_us = 0;  ///< isolated latency
+  int units = 0;          ///< compute units it runs on (the device's all-unit count for full-unit candidates)
   int key = -1;           ///< its profile key ("<model>/<kernel symbol>") interned by ColocationTable::Key
+};
+
+/*! \brief Every layer's candidates in one array, layer after layer: `layers[i][c]` is candidate c of layer i, and
+ *  `index(i, c)` its place in the array (for tables kept beside it). A decision walks the layers in order, so their
+ *  candidates come from memory in order, not from an allocation per layer (a decision's tail is its cache misses). */
+class LayerCandidates {
+ public:
+  template <typename T>
+  struct Range {  ///< one layer's candidates
+    T* first = nullptr;
+    T* last = nullptr;
+    T* begin() const { return first; }
+    T* end() const { return last; }
+    size_t size() const { return static_cast<size_t>(last - first); }
+    bool empty() const { return first == last; }
+    T& operator[](size_t c) const { return first[c]; }
+  };
+  class Iterator {
+   public:
+    Iterator(const LayerCandidates* of, size_t i) : of_(of), i_(i) {}
+    Range<const CandidateInfo> operator*() const { return (*of_)[i_]; }
+    Iterator& operator++() { return ++i_, *this; }
+    bool operator!=(const Iterator& other) const { return i_ != other.i_; }
+
+   private:
+    const LayerCandidates* of_;
+    size_t i_;
+  };
+
+  LayerCandidates() = default;
+  explicit LayerCandidates(const std::vector<std::vector<CandidateInfo>>& layers);
+  size_t size() const { return starts_.size() - 1; }
+  bool empty() const { return size() == 0; }
+  size_t index(size_t i, int c) const { return starts_[i] + c; }
+  size_t total() const { return all_.size(); }  ///< candidates of every layer
+  Range<CandidateInfo> operator[](size_t i) { return {all_.data() + starts_[i], all_.data() + starts_[i + 1]}; }
+  Range<const CandidateInfo> operator[](size_t i) const {
+    return {all_.data() + starts_[i], all_.data() + starts_[i + 1]};
+  }
+  Iterator begin() const { return {this, 0}; }
+  Iterator end() const { return {this, size()}; }
+
+ private:
+  std::vector<CandidateInfo> all_;
+  std::vector<size_t> starts_{0};  // layer i: all_[starts_[i], starts_[i + 1])
 };
 
 /*! \brief What the monitor knows of a busy stream: its remaining layers' chosen candidates, in order (a partly done
@@ -65,21 +110,29 @@ class ColocationTable {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
   void RebuildByUnits();
+  double LookUp(const CandidateInfo& a, const CandidateInfo& b) const;  // Overhead from the maps
+  /*! \brief Every pair of keys with known units resolved as Overhead resolves it, into one dense matrix: a decision
+   *  reads one entry per pair, not two or three hash lookups (a decision's tail is its cache misses). */
+  void Resolve();
+  static constexpr int kMaxResolvedKeys = 1024;  // (8 MiB; more keys: Overhead looks pairs up as before)
   int total_units_;
   std::unordered_map<std::string, int> keys_;
   std::vector<uint64_t> order_;                    // profiled pairs, in the order first given
   std::unordered_map<uint64_t, double> measured_;  // pair of keys -> interference
   std::unordered_map<int, int> units_of_;          // key -> units
   std::unordered_map<uint64_t, double> by_units_;  // pair of unit counts -> mean interference
+  int resolved_keys_ = 0;                          // keys [0, resolved_keys_) are in resolved_ (0: none)
+  std::vector<int> resolved_units_;                // per key, the units it was resolved at (-1: unknown)
+  std::vector<double> resolved_;  // resolved_keys_ x resolved_keys_: Overhead of (first, second) at [first][second]
 };
 
 /*! \brief A model as its policy sees it (built once at load). */
 struct PolicyModel {
   std::string name;
-  std::vector<std::vector<CandidateInfo>> layers;  ///< layers[i][c]: candidate c of layer i
-  double qos_ms = -1;                              ///< its latency target (< 0: none)
-  std::vector<int> fastest;                        ///< the fastest candidate of every layer
-  bool choice = false;                             ///< some layer has more than one candidate
+  LayerCandidates layers;    ///< layers[i][c]: candidate c of layer i
+  double qos_ms = -1;        ///< its latency target (< 0: none)
+  std::vector<int> fastest;  ///< the fastest candidate of every layer
+  bool choice = false;       ///< some layer has more than one candidate
   /*! \brief The layer scheduler's time for the fastest candidates, kept from the first decision that computed it
    *  (< 0: none yet; as the Python scheduler kept it, bit for bit). Kept here, per model and per batch size, not by
    *  the model's name: a model's sizes share the name, and a model loaded again under it has candidates of its own. */
@@ -169,7 +222,7 @@ class LayerScheduler {
 std::unique_ptr<Policy> CreatePolicy(const std::string& kind, std::shared_ptr<ColocationTable> table, int total_units);
 
 /*! \brief The fastest candidate of every layer (the first of equals). */
-std::vector<int> FastestIds(const std::vector<std::vector<CandidateInfo>>& layers);
+std::vector<int> FastestIds(const LayerCandidates& layers);
 
 /*! \brief The colocation policy's layer scheduler (null for the other kinds). */
 LayerScheduler* SchedulerOf(Policy& policy);

@@ -228,10 +228,11 @@ class RuntimeObj : public ffi::Object {
   };
   /*! \brief A batch size a model was compiled at (a model compiled at one size, or none, has one). */
   struct Size {
-    int64_t batch = 0;         // its rows (0: a model not compiled for a batch)
-    int first_stream = 0;      // its stream on slot 0 (Entry::streams; its model's manifest is this size's program)
-    PolicyModel policy_model;  // its layers' candidates
-    double run_us = 0;         // its run at the fastest candidates (measured at load when there are several sizes)
+    int64_t batch = 0;            // its rows (0: a model not compiled for a batch)
+    int first_stream = 0;         // its stream on slot 0 (Entry::streams; its model's manifest is this size's program)
+    PolicyModel policy_model;     // its layers' candidates
+    std::vector<int64_t> blocks;  // each candidate's blocks, at policy_model.layers.index(layer, candidate)
+    double run_us = 0;            // its run at the fastest candidates (measured at load when there are several sizes)
     std::atomic<int64_t> launches{0};
   };
   struct Entry {

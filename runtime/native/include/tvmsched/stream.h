@@ -210,7 +210,6 @@ class StreamObj : public ffi::Object {
    *  False when idle. */
   bool ReadState(StreamSnapshot* out) const;
   /*! \brief Per layer, per candidate: the blocks a launch runs (fixed at creation). */
-  const std::vector<std::vector<int64_t>>& blocks() const { return blocks_; }
   /*! \brief Fold the kernels' progress counters into the bitmap. */
   void SyncProgress();
   void RecordTimeline(bool on);
