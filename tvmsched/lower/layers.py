@@ -12,12 +12,6 @@ import numpy as np
 
 from tvmsched.errors import TvmschedError
 
-try:  # constants are tvm.ir.GenericConst in TVM 0.27 (relax.Constant before)
-    from tvm.ir import GenericConst
-except ImportError:  # pragma: no cover
-    from tvm.relax import Constant as GenericConst
-
-
 @dataclass(frozen=True)
 class TensorSpec:
     shape: tuple[int, ...]
@@ -82,6 +76,16 @@ def _bind(graph: Graph, env: dict, value, relax):
     return _resolve(graph, env, value, relax)
 
 
+def _generic_const() -> type:
+    """Relax's constant type: tvm.ir.GenericConst in TVM 0.27 (relax.Constant before). Imported here, not at the top: an
+    artifact's reader (run, inspect, serve) takes TensorSpec from this module and never needs the compiler."""
+    try:
+        from tvm.ir import GenericConst
+    except ImportError:  # pragma: no cover
+        from tvm.relax import Constant as GenericConst
+    return GenericConst
+
+
 def _resolve(graph: Graph, env: dict, expr, relax):
     if isinstance(expr, relax.Var):
         return env[expr]
@@ -89,7 +93,7 @@ def _resolve(graph: Graph, env: dict, expr, relax):
         return tuple(_resolve(graph, env, item, relax) for item in expr.fields)
     if isinstance(expr, relax.TupleGetItem):
         return _resolve(graph, env, expr.tuple_value, relax)[expr.index]
-    if isinstance(expr, GenericConst):
+    if isinstance(expr, _generic_const()):
         array = expr.value.numpy()
         tensor_id = _next_id(graph, "w")
         graph.tensors[tensor_id] = TensorSpec(tuple(array.shape), str(array.dtype), "weight")
