@@ -203,8 +203,9 @@ def static_shape(value: onnx.ValueInfoProto) -> tuple[int, ...]:
 
 
 def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    """Makes feeds for every non-initializer graph input: standard-normal float32, or int64
-    indices uniform over their recorded range (``index_range:<input>`` metadata).
+    """Makes feeds for every non-initializer graph input: standard-normal float32 (float16 for an input the model
+    declares so, the same values rounded), or int64 indices uniform over their recorded range (``index_range:<input>``
+    metadata).
 
     Args:
         model: Model whose inputs have static shapes.
@@ -225,4 +226,6 @@ def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray
             feeds[v.name] = rng.integers(0, ranges[v.name], shape, dtype=np.int64)
         else:
             feeds[v.name] = rng.standard_normal(shape, dtype=np.float32)
+            if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16:
+                feeds[v.name] = feeds[v.name].astype(np.float16)
     return feeds

@@ -16,6 +16,7 @@ from tvmsched.lower import relax as lowering
 from tvmsched.artifact.format import Artifact, Binding, Candidate, IndexCheck, Layer, Manifest
 from tvmsched.errors import TvmschedError
 from tvmsched.lower.layers import Graph, extract_graph
+from tvmsched.lower.precision import check_precision, recorded_precision, to_precision
 from tvmsched.lower.targets import TargetInfo, describe, make_target, target_json
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ def compile_model(
     progress_counters: bool = False,
     index_checks: bool = True,
     batch_size: int | list[int] | None = None,
+    precision: str = "fp32",
     progress: bool = False,
 ) -> Artifact:
     """ONNX → Relax → fused layers → (tuned or default) kernels → artifact (in memory).
@@ -75,9 +77,12 @@ def compile_model(
             model whose rows are not independent is refused naming the node). Several sizes make one artifact: the
             largest is its own program, each smaller one a variant with its kernels in the same library and the weights
             stored once. None: the shapes as the model (and `input_shapes`) give them.
+        precision: "fp32", or "fp16": fp16 compute with fp32 accumulation, the inputs and outputs as the model declares
+            them (tvmsched.lower.precision; "bf16" is refused).
         progress: show a progress bar while tuning (or deciding between records and default schedules).
     """
     info = _check_options(target, qos_ms, tune_trials, tune_minutes, rpc)
+    check_precision(precision)
     loop_checks = int(loop_checks)
     if loop_checks < 0 or (loop_checks and not preempt_checks):
         raise TvmschedError(f"--loop-checks {loop_checks}: give K >= 1 (checks per loop) with preempt checks on, or 0")
@@ -95,7 +100,7 @@ def compile_model(
             batched = batching.rebatch(model, size, input_shapes)
             source, shapes = batched.model, batched.input_shapes
             log.info("batch size %d: %d Reshape targets rewritten", size, len(batched.rewritten))
-        graph, funcs, tvm_target = lower_model(source, target, shapes, index_checks)
+        graph, funcs, tvm_target = lower_model(source, target, shapes, index_checks, precision)
         plan = _choose_kernels(
             graph, funcs, tvm_target, tune_trials=tune_trials, database=database, qos_ms=qos_ms, units=units, rpc=rpc,
             progress=progress, tune_minutes=tune_minutes,
@@ -106,7 +111,8 @@ def compile_model(
             plan = _progress_counted(plan, gpu=info.gpu)
         if prefix:
             plan = _prefixed(plan, prefix)
-        manifest = _manifest(source, graph, funcs, name, target, tvm_target, plan, qos_ms)
+        manifest = dataclasses.replace(_manifest(source, graph, funcs, name, target, tvm_target, plan, qos_ms),
+                                       precision=recorded_precision(source, precision))
         if size is not None:
             manifest = dataclasses.replace(manifest, batch_size=size)
         return graph, tvm_target, plan, manifest
@@ -196,8 +202,11 @@ def _timed_sizes(artifact: Artifact) -> Artifact:
     return dataclasses.replace(artifact, manifest=manifest)
 
 
-def lower_model(model: onnx.ModelProto, target="llvm", input_shapes: dict | None = None, index_checks: bool = True):
-    """ONNX → Relax → fused layers: (Graph, {PrimFunc name: unscheduled PrimFunc}, tvm Target).
+def lower_model(
+    model: onnx.ModelProto, target="llvm", input_shapes: dict | None = None, index_checks: bool = True,
+    precision: str = "fp32",
+):
+    """ONNX → Relax (→ mixed precision) → fused layers: (Graph, {PrimFunc name: unscheduled PrimFunc}, tvm Target).
 
     With `index_checks` (the default), indices read from run-time data are bounds-checked: the
     graph's `index_checks` pair each check's int32 flag tensor with the node it guards.
@@ -210,7 +219,7 @@ def lower_model(model: onnx.ModelProto, target="llvm", input_shapes: dict | None
     tvm_target = make_target(target)
     validate.check_tensor_sizes(model, signature, tvm_target)  # before TVM folds constants or the engine allocates
     mod, checks = frontend.import_model(model, signature, check_indices=index_checks)
-    mod = lowering.legalize_and_fuse(mod, tvm_target, clamp_take=index_checks)
+    mod = lowering.legalize_and_fuse(to_precision(mod, check_precision(precision)), tvm_target, clamp_take=index_checks)
     graph = extract_graph(mod)
     if checks:
         from tvmsched.frontend.index_checks import WORD_BITS

@@ -130,6 +130,9 @@ class Manifest:
     # candidate 0 measured at compile time (None: not measured, a GPU artifact compiled without its device).
     variants: tuple[BatchVariant, ...] = ()
     batch_latency_us: float | None = None
+    # The compute precision (tvmsched.lower.precision): "fp32", or "fp16" (fp16 compute, fp32 accumulation; the inputs
+    # and outputs as the model declares them). An artifact older than the field is fp32.
+    precision: str = "fp32"
     schema_version: int = SCHEMA_VERSION
 
     @property

@@ -16,6 +16,7 @@ def describe(manifest: Manifest) -> str:
         "inputs  " + ", ".join(f"{b.name} {_shape(tensors[b.tensor])}" for b in manifest.inputs),
         "outputs " + ", ".join(f"{b.name} {_shape(tensors[b.tensor])}" for b in manifest.outputs),
         *([f"QoS target {manifest.qos_ms} ms"] if manifest.qos_ms else []),
+        *_precision_lines(manifest),
         *_batch_lines(manifest),
         f"{len(manifest.layers)} layers, weights {weights / 1e6:.2f} MB, "
         f"total {sum(layer.flops for layer in manifest.layers) / 1e9:.3f} GFLOP",
@@ -30,6 +31,17 @@ def describe(manifest: Manifest) -> str:
             f"{k}: {t:.3g}" for k, t in (layer.unit_latency_us or {}).items()) + " us]"
         lines.append(f"{layer.index:>3}  {layer.func[:40]:40s} {out:22s} {layer.flops / 1e6:9.3f} {layer.bytes / 1e3:9.1f}  {cands}{bound}")
     return "\n".join(map(printable, lines))  # names from the manifest cannot add lines or drive the terminal
+
+
+def _precision_lines(manifest: Manifest) -> list[str]:
+    """fp16: the precision and how many layers compute in each dtype (each layer's line shows its output's)."""
+    if manifest.precision == "fp32":
+        return []
+    from collections import Counter
+
+    dtypes = Counter(manifest.tensors[layer.outputs[0]].dtype for layer in manifest.layers if layer.outputs)
+    return [f"precision {manifest.precision} (inputs and outputs as the model declares them), layers: "
+            + ", ".join(f"{n} {dtype}" for dtype, n in dtypes.most_common())]
 
 
 def _batch_lines(manifest: Manifest) -> list[str]:

@@ -1,0 +1,63 @@
+"""The compute precision of a compile (`tvmsched compile --precision`): fp32, or fp16 with fp32 accumulation.
+
+fp16 is TVM's automatic mixed precision (`relax.transform.ToMixedPrecision`) on the imported Relax module, before
+fusion: convolutions, matmuls and attention compute in fp16 and accumulate in fp32, ops that need the range (softmax,
+the normalizations' statistics) stay in fp32, and the weights those ops read become fp16 constants (stored so in the
+artifact: half the bytes). The model's inputs and outputs keep the dtypes the ONNX model declares. An ONNX model
+already in fp16 compiles as it is, at either precision.
+
+bf16 is refused: TVM 0.27 has no bf16 tensor-core intrinsics, so a bf16 artifact would be slower than fp32 on a GPU
+with nothing to show for it (docs/precision.md).
+"""
+
+from __future__ import annotations
+
+from tvmsched.errors import TvmschedError
+
+PRECISIONS = ("fp32", "fp16")
+
+# A layer computes in fp16 beside fp32 inputs (max|Δ| against onnxruntime in fp32, relative to the output's scale):
+# the tolerance `run --check` and the tests hold an fp16 artifact to (issue 41: 2e-2 · max(1, max|ref|)).
+FP16_TOLERANCE = 2e-2
+
+
+def check_precision(precision: str) -> str:
+    """`precision` if tvmsched compiles at it, else one line naming what it does."""
+    if precision == "bf16":
+        raise TvmschedError("--precision bf16: TVM 0.27 has no bf16 tensor-core path, so bf16 is not compiled; "
+                            "use fp16 (tensor cores, fp32 accumulation) or fp32")
+    if precision not in PRECISIONS:
+        raise TvmschedError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    return precision
+
+
+def recorded_precision(model, precision: str) -> str:
+    """The precision an artifact records: fp16 when compiled at it, or when the ONNX model is itself in fp16 (a float16
+    input, output or weight: it computes in fp16 at either --precision), else fp32."""
+    from onnx import TensorProto
+
+    values = [*model.graph.input, *model.graph.output]
+    declared = any(v.type.tensor_type.elem_type == TensorProto.FLOAT16 for v in values) or any(
+        init.data_type == TensorProto.FLOAT16 for init in model.graph.initializer)
+    return "fp16" if precision == "fp16" or declared else precision
+
+
+def to_precision(mod, precision: str):
+    """The imported Relax module computing at `precision` (fp32: unchanged), its signature unchanged."""
+    if precision == "fp32":
+        return mod
+    from tvm import relax
+
+    before = _signature(mod)
+    mod = relax.transform.ToMixedPrecision(out_dtype="float32")(mod)
+    mod = relax.transform.FoldConstant()(mod)  # the weights' casts: fp16 constants, which the CPU layouts then pack
+    after = _signature(mod)
+    if after != before:  # not expected of the pass: a model whose boundary it changed is refused, never reinterpreted
+        raise TvmschedError(f"--precision {precision}: the mixed-precision pass changed the model's inputs or outputs "
+                            f"({before} -> {after}); compile it at fp32")
+    return mod
+
+
+def _signature(mod) -> str:
+    main = mod["main"]
+    return str([p.ty for p in main.params]) + " -> " + str(main.body.body.ty)  # (TVM 0.27: `ty`, was struct_info)
