@@ -176,3 +176,55 @@ def test_an_onnx_model_in_fp16_compiles_and_keeps_its_fp16_boundary(precision, c
         assert got["output"].dtype == np.float16
         reference = onnxruntime_outputs(widened(model), {k: v.astype(np.float32) for k, v in inputs.items()})
         assert_within(got, reference, f"fp16 mlp at --precision {precision}")
+
+
+def clip_model(opset: int, runtime_bound: bool = False) -> onnx.ModelProto:
+    """y = MatMul(Clip(MatMul(x, v), 0, 6), w) on a 1x64 input, so that Clip reads and feeds fp16 work: its bounds as
+    initializers (opset 13), as attributes (opset 10), or the lower one a second input (`runtime_bound`)."""
+    from onnx import helper
+
+    rng = np.random.default_rng(0)
+    v = numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "v")
+    w = numpy_helper.from_array(rng.standard_normal((64, 8)).astype(np.float32), "w")
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])]
+    if opset < 11:
+        clip, inits = helper.make_node("Clip", ["h"], ["c"], min=0.0, max=6.0), [v, w]
+    elif runtime_bound:
+        inputs.append(helper.make_tensor_value_info("lo", TensorProto.FLOAT, []))
+        clip = helper.make_node("Clip", ["h", "lo", "hi"], ["c"])
+        inits = [v, w, numpy_helper.from_array(np.array(6, np.float32), "hi")]
+    else:
+        clip = helper.make_node("Clip", ["h", "lo", "hi"], ["c"])
+        inits = [v, w, numpy_helper.from_array(np.array(0, np.float32), "lo"),
+                 numpy_helper.from_array(np.array(6, np.float32), "hi")]
+    nodes = [helper.make_node("MatMul", ["x", "v"], ["h"]), clip, helper.make_node("MatMul", ["c", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "clip", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("opset", [10, 13])
+def test_clip_with_constant_bounds_computes_in_fp16_with_onnx_values_and_nan(opset, compiled):
+    """TVM's importer makes TIR kernels of Clip, which the mixed-precision pass cannot read: at fp16 a Clip with
+    constant bounds imports as Max and Min instead, giving Clip's values, NaN included."""
+    model = clip_model(opset)
+    executor = Executor(compiled(model, precision="fp16"))
+    x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64)  # (x @ v spans beyond [0, 6] both ways)
+    x[0, 5] = np.nan
+    got, want = executor.run({"x": x})["y"], onnxruntime_outputs(model, {"x": x})["y"]
+    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(want).all()  # NaN reaches every output
+    x[0, 5] = 0.5
+    got, want = executor.run({"x": x})["y"], onnxruntime_outputs(model, {"x": x})["y"]
+    assert float(np.abs(got - want).max()) <= bound(want)
+
+
+def test_a_model_the_mixed_precision_pass_cannot_read_is_one_line(cli, tmp_path):
+    path = tmp_path / "clip.onnx"
+    onnx.save(clip_model(13, runtime_bound=True), path)
+    refused = cli("compile", path, "--precision", "fp16", "-o", tmp_path / "m.tvms")
+    assert (refused.returncode, refused.stderr) == (
+        2, "error: --precision fp16: TVM's mixed-precision pass cannot read this model: the ONNX importer made TIR "
+           "kernels of some of its ops (maximum, minimum); compile it at fp32\n")
+    assert cli("compile", path, "-o", tmp_path / "m.tvms").returncode == 0  # fp32 takes it

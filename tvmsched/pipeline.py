@@ -218,8 +218,9 @@ def lower_model(
     frontend.check_supported_ops(model)
     tvm_target = make_target(target)
     validate.check_tensor_sizes(model, signature, tvm_target)  # before TVM folds constants or the engine allocates
-    mod, checks = frontend.import_model(model, signature, check_indices=index_checks)
-    mod = lowering.legalize_and_fuse(to_precision(mod, check_precision(precision)), tvm_target, clamp_take=index_checks)
+    mixed = check_precision(precision) != "fp32"
+    mod, checks = frontend.import_model(model, signature, check_indices=index_checks, mixed_precision=mixed)
+    mod = lowering.legalize_and_fuse(to_precision(mod, precision), tvm_target, clamp_take=index_checks)
     graph = extract_graph(mod)
     if checks:
         from tvmsched.frontend.index_checks import WORD_BITS

@@ -34,6 +34,62 @@ def expand_layernorm_statistics(model: onnx.ModelProto) -> onnx.ModelProto:
     return with_graph(model, nodes, initializers)
 
 
+def clip_as_max_min(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Clip with constant, non-NaN bounds as Max(x, lo) then Min(., hi), the same values (for --precision fp16).
+
+    TVM's importer emits Clip as TIR kernels (call_tir of TE max/min), which TVM's mixed-precision pass cannot read;
+    Max and Min import as Relax ops it casts. A Clip whose bounds are computed at run time is left as it is (the fp16
+    compile then refuses the model naming the kernels). Runs before `propagate_nan`, which wraps Max and Min alike.
+    """
+    clips = [n for n in model.graph.node if n.op_type == "Clip"]
+    if not clips:
+        return model
+    weights = {init.name: init for init in model.graph.initializer}
+    types = {name: elem for name, (elem, _) in Facts.of(model, strip_outputs=False).types.items()}
+    nodes, initializers = [], list(model.graph.initializer)
+    for index, node in enumerate(model.graph.node):
+        bounds = _clip_bounds(node, weights, types) if node.op_type == "Clip" else None
+        if bounds is None:
+            nodes.append(node)
+            continue
+        value, (lo, hi) = node.input[0], bounds
+        for k, (op, bound) in enumerate((("Max", lo), ("Min", hi))):
+            if bound is None:
+                continue
+            if not isinstance(bound, str):  # a Clip-6 attribute: an initializer of the data's dtype
+                name = f"_tvmsched_clip{index}_{op.lower()}"
+                dtype = onnx.helper.tensor_dtype_to_np_dtype(types[node.input[0]])
+                initializers.append(numpy_helper.from_array(np.asarray(bound, dtype=dtype), name))
+                bound = name
+            last = k == 1 or hi is None
+            out = node.output[0] if last else f"_tvmsched_clip{index}_lo"
+            nodes.append(helper.make_node(op, [value, bound], [out], name=f"{node.name or 'clip'}_{op.lower()}"))
+            value = out
+        if lo is None and hi is None:
+            nodes.append(helper.make_node("Identity", [value], [node.output[0]], name=node.name))
+    return with_graph(model, nodes, initializers)
+
+
+def _clip_bounds(node, weights: dict, types: dict):
+    """(lo, hi) of a Clip: an initializer's name, a float (Clip-6 attributes), or None for no bound; None when a bound
+    is computed at run time, is NaN, or the data is not a float."""
+    if types.get(node.input[0]) not in _FLOATS:
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if len(node.input) == 1 and attrs:  # Clip-6: bounds as attributes
+        lo, hi = attrs.get("min"), attrs.get("max")
+        return None if any(b is not None and np.isnan(b) for b in (lo, hi)) else (lo, hi)
+    bounds = []
+    for name in list(node.input[1:3]) + [""] * (3 - len(node.input)):
+        if not name:
+            bounds.append(None)
+        elif name in weights and not np.isnan(numpy_helper.to_array(weights[name])).any():
+            bounds.append(name)
+        else:
+            return None
+    return tuple(bounds)
+
+
 _NAN_DROPPING = {"Clip": 1, "Max": None, "Min": None}  # op -> how many leading inputs are data (None: all)
 _FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
 

@@ -49,7 +49,13 @@ def to_precision(mod, precision: str):
     from tvm import relax
 
     before = _signature(mod)
-    mod = relax.transform.ToMixedPrecision(out_dtype="float32")(mod)
+    try:
+        mod = relax.transform.ToMixedPrecision(out_dtype="float32")(mod)
+    except Exception:  # noqa: BLE001 (TVM's InternalError: the pass reads Relax ops, not the importer's TIR kernels)
+        kernels = sorted({gv.name_hint.rstrip("0123456789") for gv in mod.functions if gv.name_hint != "main"})
+        raise TvmschedError(f"--precision {precision}: TVM's mixed-precision pass cannot read this model: the ONNX "
+                            f"importer made TIR kernels of some of its ops ({', '.join(kernels) or 'none'}); compile it "
+                            "at fp32") from None
     mod = relax.transform.FoldConstant()(mod)  # the weights' casts: fp16 constants, which the CPU layouts then pack
     after = _signature(mod)
     if after != before:  # not expected of the pass: a model whose boundary it changed is refused, never reinterpreted
