@@ -135,31 +135,29 @@ def test_a_precision_tvmsched_does_not_compile_is_one_line(given, message, cli, 
     assert not (tmp_path / "m.tvms").exists()
 
 
-def half(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` in fp16: its float weights, inputs, outputs and intermediate types."""
+def retyped(model: onnx.ModelProto, source: int, dest: int) -> onnx.ModelProto:
+    """`model` with its `source`-typed float weights, inputs, outputs and intermediate types in `dest`."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(dest)
     for init in out.graph.initializer:
-        if init.data_type == TensorProto.FLOAT:
-            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16), init.name))
+        if init.data_type == source:
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(dtype), init.name))
     for value in [*out.graph.input, *out.graph.output, *out.graph.value_info]:
-        if value.type.tensor_type.elem_type == TensorProto.FLOAT:
-            value.type.tensor_type.elem_type = TensorProto.FLOAT16
+        if value.type.tensor_type.elem_type == source:
+            value.type.tensor_type.elem_type = dest
     onnx.checker.check_model(out, full_check=True)
     return out
 
 
+def half(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` in fp16."""
+    return retyped(model, TensorProto.FLOAT, TensorProto.FLOAT16)
+
+
 def widened(model: onnx.ModelProto) -> onnx.ModelProto:
     """An fp16 `model`'s graph cast to fp32 (initializers and inputs), as onnxruntime's reference for it."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    for init in out.graph.initializer:
-        if init.data_type == TensorProto.FLOAT16:
-            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float32), init.name))
-    for value in [*out.graph.input, *out.graph.output, *out.graph.value_info]:
-        if value.type.tensor_type.elem_type == TensorProto.FLOAT16:
-            value.type.tensor_type.elem_type = TensorProto.FLOAT
-    return out
+    return retyped(model, TensorProto.FLOAT16, TensorProto.FLOAT)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
