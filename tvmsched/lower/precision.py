@@ -6,8 +6,8 @@ the normalizations' statistics) stay in fp32, and the weights those ops read bec
 artifact: half the bytes). The model's inputs and outputs keep the dtypes the ONNX model declares. An ONNX model
 already in fp16 compiles as it is, at either precision.
 
-bf16 is refused: TVM 0.27 has no bf16 tensor-core intrinsics, so a bf16 artifact would be slower than fp32 on a GPU
-with nothing to show for it (docs/precision.md).
+bf16 is refused: TVM 0.27 has no bf16 tensor-core intrinsics, so a bf16 artifact would run without tensor cores,
+slower than fp16 on a GPU (docs/precision.md).
 """
 
 from __future__ import annotations
