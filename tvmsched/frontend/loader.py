@@ -132,13 +132,13 @@ def import_model(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, .
     With `check_indices`, run-time indices are bounds-checked (tvmsched.frontend.index_checks): `main` then
     returns one int32 flag per check after the model's own outputs, in the order of the checks.
 
-    With `mixed_precision` (--precision fp16), Clip with constant bounds imports as Max and Min, Relax ops the
-    mixed-precision pass reads (rewrites.clip_as_max_min).
+    With `mixed_precision` (--precision fp16), Clip with constant bounds imports as Less, Greater and Where, Relax
+    ops the mixed-precision pass reads (rewrites.clip_as_where).
     """
     from tvmsched.frontend.index_checks import guard_indices
     from tvmsched.frontend.fold import fold_constants
     from tvmsched.frontend.rewrites import (
-        clip_as_max_min,
+        clip_as_where,
         expand_layernorm_statistics,
         fold_batchnorm_into_conv,
         propagate_nan,
@@ -147,9 +147,9 @@ def import_model(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, .
 
     model = fold_constants(model, signature)  # the shape arithmetic of dynamic-axes exports, with the shapes fixed
     model = upgrade_legacy_forms(model)  # Slice-1 attributes, per-channel PRelu slopes
-    if mixed_precision:
-        model = clip_as_max_min(model)
     model = propagate_nan(fold_batchnorm_into_conv(expand_layernorm_statistics(model)))
+    if mixed_precision:
+        model = clip_as_where(model)
     checks = []
     if check_indices:
         model, checks = guard_indices(model, signature)

@@ -34,12 +34,15 @@ def expand_layernorm_statistics(model: onnx.ModelProto) -> onnx.ModelProto:
     return with_graph(model, nodes, initializers)
 
 
-def clip_as_max_min(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Clip with constant, non-NaN bounds as Max(x, lo) then Min(., hi), the same values (for --precision fp16).
+def clip_as_where(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Clip with constant, non-NaN bounds as Where(Less(x, lo), lo, x), then Where(Greater(., hi), hi, .): the same
+    values, NaN staying NaN (for --precision fp16).
 
-    TVM's importer emits Clip as TIR kernels (call_tir of TE max/min), which TVM's mixed-precision pass cannot read;
-    Max and Min import as Relax ops it casts. A Clip whose bounds are computed at run time is left as it is (the fp16
-    compile then refuses the model naming the kernels). Runs before `propagate_nan`, which wraps Max and Min alike.
+    TVM's importer makes TIR kernels of Clip (call_tir of TE max/min), which TVM's mixed-precision pass cannot read;
+    Less, Greater and Where import as elementwise Relax ops it casts, the bounds staying scalars (ONNX Max and Min
+    would not do: TVM imports them as a concatenation of operands broadcast to the data's shape, which constant
+    folding stores as activation-sized weights). A Clip whose bounds are computed at run time is left as it is (the
+    fp16 compile then refuses the model naming the kernels).
     """
     clips = [n for n in model.graph.node if n.op_type == "Clip"]
     if not clips:
@@ -52,20 +55,18 @@ def clip_as_max_min(model: onnx.ModelProto) -> onnx.ModelProto:
         if bounds is None:
             nodes.append(node)
             continue
-        value, (lo, hi) = node.input[0], bounds
-        for k, (op, bound) in enumerate((("Max", lo), ("Min", hi))):
-            if bound is None:
-                continue
+        value, present = node.input[0], [(op, b) for op, b in zip(("Less", "Greater"), bounds) if b is not None]
+        for k, (compare, bound) in enumerate(present):
+            prefix = f"_tvmsched_clip{index}_{compare.lower()}"
             if not isinstance(bound, str):  # a Clip-6 attribute: an initializer of the data's dtype
-                name = f"_tvmsched_clip{index}_{op.lower()}"
                 dtype = onnx.helper.tensor_dtype_to_np_dtype(types[node.input[0]])
-                initializers.append(numpy_helper.from_array(np.asarray(bound, dtype=dtype), name))
-                bound = name
-            last = k == 1 or hi is None
-            out = node.output[0] if last else f"_tvmsched_clip{index}_lo"
-            nodes.append(helper.make_node(op, [value, bound], [out], name=f"{node.name or 'clip'}_{op.lower()}"))
+                initializers.append(numpy_helper.from_array(np.asarray(bound, dtype=dtype), f"{prefix}_bound"))
+                bound = f"{prefix}_bound"
+            out = node.output[0] if k == len(present) - 1 else f"{prefix}_out"
+            nodes += [helper.make_node(compare, [value, bound], [f"{prefix}_mask"]),
+                      helper.make_node("Where", [f"{prefix}_mask", bound, value], [out])]
             value = out
-        if lo is None and hi is None:
+        if not present:
             nodes.append(helper.make_node("Identity", [value], [node.output[0]], name=node.name))
     return with_graph(model, nodes, initializers)
 
