@@ -231,3 +231,43 @@ def test_a_model_the_mixed_precision_pass_cannot_read_is_one_line(cli, tmp_path)
         2, "error: --precision fp16: TVM's mixed-precision pass cannot read this model: the ONNX importer made TIR "
            "kernels of some of its ops (maximum, minimum); compile it at fp32\n")
     assert cli("compile", path, "-o", tmp_path / "m.tvms").returncode == 0  # fp32 takes it
+
+
+def pad_model(mode: str) -> onnx.ModelProto:
+    """Conv, Pad (opset 13, constant pads, `mode`, 0.5 where constant), Conv: the Pad between fp16 work."""
+    from onnx import helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.standard_normal((2, 4, 3, 3)).astype(np.float32), "w2"),
+             numpy_helper.from_array(np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64), "pads"),
+             numpy_helper.from_array(np.array(0.5, np.float32), "value")]
+    pad_inputs = ["h", "pads", "value"] if mode == "constant" else ["h", "pads"]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["h"], pads=[1, 1, 1, 1]),
+             helper.make_node("Pad", pad_inputs, ["p"], mode=mode),
+             helper.make_node("Conv", ["p", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "pad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 9, 9])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_a_constant_pad_computes_in_fp16(compiled):
+    """TVM's converter makes a TIR kernel of Pad; at fp16 a constant-mode Pad with constant pads is Relax's nn.pad."""
+    model = pad_model("constant")
+    artifact = compiled.artifact(model, precision="fp16")
+    assert {artifact.manifest.tensors[layer.outputs[0]].dtype for layer in artifact.manifest.layers} == {"float16",
+                                                                                                          "float32"}
+    executor = Executor(artifact)
+    for seed in range(3):
+        inputs = models.random_inputs(model, seed=seed)
+        assert_within(executor.run(inputs), onnxruntime_outputs(model, inputs), "constant pad")
+
+
+def test_a_reflect_pad_is_refused_at_fp16_naming_the_kernel(cli, tmp_path):
+    path = tmp_path / "pad.onnx"
+    onnx.save(pad_model("reflect"), path)
+    refused = cli("compile", path, "--precision", "fp16", "-o", tmp_path / "m.tvms")
+    assert refused.returncode == 2 and refused.stderr.endswith("TIR kernels of some of its ops (mirror_pad); "
+                                                               "compile it at fp32\n"), refused.stderr

@@ -132,8 +132,8 @@ def import_model(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, .
     With `check_indices`, run-time indices are bounds-checked (tvmsched.frontend.index_checks): `main` then
     returns one int32 flag per check after the model's own outputs, in the order of the checks.
 
-    With `mixed_precision` (--precision fp16), Clip with constant bounds imports as Less, Greater and Where, Relax
-    ops the mixed-precision pass reads (rewrites.clip_as_where).
+    With `mixed_precision` (--precision fp16), Clip with constant bounds imports as Less, Greater and Where, and a
+    constant-mode Pad as nn.pad: Relax ops the mixed-precision pass reads (rewrites.clip_as_where, _importer).
     """
     from tvmsched.frontend.index_checks import guard_indices
     from tvmsched.frontend.fold import fold_constants
@@ -157,7 +157,7 @@ def import_model(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, .
     dtypes = {name: dtype for name, (_, dtype) in signature.items()}
     failure = None
     with native_stderr() as native, contextlib.redirect_stdout(io.StringIO()):  # it prints a failing node's inputs
-        importer = _importer(shape_dict=shapes, dtype_dict=dtypes)
+        importer = _importer(mixed_precision, shape_dict=shapes, dtype_dict=dtypes)
         try:
             mod = importer.from_onnx(model.graph, default_opset(model) or 1)
         except Exception as err:  # noqa: BLE001 - the importer raises many types; all are the model's problem
@@ -174,16 +174,35 @@ def import_model(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, .
     return mod, checks
 
 
-def _importer(**options):
+def _importer(mixed_precision: bool = False, **options):
     """TVM's ONNX graph importer, remembering the node it converts (for the one-line error naming it).
 
     `from_onnx` without its wrapper: the wrapper only re-runs onnx's checker (validate does it)
-    and reads the opset.
+    and reads the opset. With `mixed_precision`, a constant-mode Pad (opset 11 and newer, constant pads, none
+    negative) becomes Relax's nn.pad, which TVM's mixed-precision pass reads, not the TIR kernel TVM's converter makes.
     """
-    from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
+    from tvm import relax
+    from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, Pad
+
+    def relax_pad(inputs, params):
+        try:
+            before, after, value = Pad._parse_pads_and_axes(inputs, params)
+        except ValueError:  # run-time pads or axes: TVM's converter says so
+            return None
+        if min(before + after, default=0) < 0:  # a negative pad crops: left to TVM's converter
+            return None
+        return relax.op.nn.pad(inputs[0], [w for pair in zip(before, after) for w in pair], "constant", value)
 
     class Importer(ONNXGraphImporter):
         tvmsched_node: onnx.NodeProto | None = None
+
+        def _convert_operator(self, op_name, inputs, attrs, opset):
+            mode = attrs.get("mode", "constant")
+            if mixed_precision and op_name == "Pad" and opset >= 11 and mode in ("constant", b"constant"):
+                padded = relax_pad(inputs, [self._nodes, self._params])
+                if padded is not None:
+                    return self.bb.normalize(padded)
+            return super()._convert_operator(op_name, inputs, attrs, opset)
 
         def _parse_value_proto(self, value_proto):  # called once per node, before its conversion
             if isinstance(value_proto, onnx.NodeProto):
