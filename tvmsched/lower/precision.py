@@ -57,6 +57,7 @@ def to_precision(mod, precision: str):
                             f"importer made TIR kernels of some of its ops ({', '.join(kernels) or 'none'}); compile it "
                             "at fp32") from None
     mod = relax.transform.FoldConstant()(mod)  # the weights' casts: fp16 constants, which the CPU layouts then pack
+    mod = relax.transform.EliminateCommonSubexpr()(mod)  # a tensor read by several fp16 ops: cast once, not per reader
     after = _signature(mod)
     if after != before:  # not expected of the pass: a model whose boundary it changed is refused, never reinterpreted
         raise TvmschedError(f"--precision {precision}: the mixed-precision pass changed the model's inputs or outputs "
