@@ -339,7 +339,8 @@ def _choose_kernels(
     if qos_ms is None:
         return KernelPlan(
             {kernels.kernel_symbol(f, 0): scheduled[f] for f in funcs},
-            {f: [_single_candidate(f, scheduled[f], "tuned" if f in tuned else default)] for f in funcs},
+            {f: [_single_candidate(f, scheduled[f], "tuned" if f in tuned else kernels.schedule_name(scheduled[f], default))]
+             for f in funcs},
             tuning=summary,
         )
     from tvmsched.tune.candidates import plan_candidates, plan_from_records

@@ -36,16 +36,33 @@ def default_schedule(funcs: dict[str, object], target) -> dict[str, object]:
         return cpu_schedule.default_schedule(funcs, target)
     if not info.gpu:
         return funcs
-    import tvm
-    from tvm.s_tir import dlight as dl
+    from tvm import s_tir
 
     from tvmsched.lower.gpu_schedule import default_rules
     from tvmsched.lower.targets import gpu_sms
 
-    rules = dl.ApplyDefaultSchedule(*default_rules(gpu_sms(target)))
+    rules = default_rules(gpu_sms(target))
+    scheduled = {}
     with target:
-        scheduled = rules(tvm.IRModule({tvm.ir.GlobalVar(name): f for name, f in funcs.items()}))
-    return {gv.name_hint: f for gv, f in scheduled.functions.items()}
+        for name, func in funcs.items():  # as dlight's ApplyDefaultSchedule: the first rule that takes it
+            scheduled[name] = func
+            for rule in rules:
+                space = rule.apply(func, target, False)
+                if space is not None:
+                    sch = space if isinstance(space, s_tir.Schedule) else space[0]
+                    scheduled[name] = sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr(
+                        RULE_ATTR, type(rule).__name__.lstrip("_"))
+                    break
+    return scheduled
+
+
+RULE_ATTR = "tvmsched.rule"  # a GPU default schedule's dlight rule (WaveMatmul, GEMV, Reduction, GeneralReduction, ...)
+
+
+def schedule_name(func, default: str) -> str:
+    """What scheduled `func`: `default` ("dlight", "default"), with the dlight rule that took it ("dlight:Reduction")."""
+    rule = func.attrs.get(RULE_ATTR) if func.attrs is not None else None
+    return f"{default}:{rule}" if rule else default
 
 
 def build_library(kernels: dict[str, object], target, extra_sources: dict[str, str] | None = None) -> bytes:
