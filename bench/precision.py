@@ -25,7 +25,7 @@ import _common  # noqa: E402
 
 from tvmsched import models  # noqa: E402
 from tvmsched.errors import TvmschedError  # noqa: E402
-from tvmsched.lower.precision import FP16_TOLERANCE  # noqa: E402
+from tvmsched.lower.precision import fp16_bound  # noqa: E402
 
 
 def one(name: str, seeds: int, top1_inputs: int) -> dict:
@@ -62,8 +62,7 @@ def one(name: str, seeds: int, top1_inputs: int) -> dict:
         inputs = feeds(seed)
         got, want = executor.run(inputs), dict(zip(names, session.run(names, inputs)))
         for key, ref in want.items():
-            bound = FP16_TOLERANCE * max(1.0, float(np.abs(ref).max()))
-            share = max(share, float(np.abs(np.asarray(got[key], np.float64) - ref).max()) / bound)
+            share = max(share, float(np.abs(np.asarray(got[key], np.float64) - ref).max()) / fp16_bound(ref))
     row["max_error_over_bound"] = round(share, 4)
     first = want[names[0]]
     if top1_inputs and first.ndim == 2 and first.shape[0] == 1 and first.shape[1] > 1:  # one row of class scores
@@ -72,7 +71,7 @@ def one(name: str, seeds: int, top1_inputs: int) -> dict:
             inputs = feeds(seed)
             ref = session.run(names[:1], inputs)[0].ravel()
             top2 = np.sort(ref)[-2:]
-            if top2[1] - top2[0] <= FP16_TOLERANCE * max(1.0, float(np.abs(ref).max())):
+            if top2[1] - top2[0] <= fp16_bound(ref):
                 continue
             clear += 1
             agree += int(np.argmax(np.asarray(executor.run(inputs)[names[0]]).ravel()) == np.argmax(ref))

@@ -111,8 +111,7 @@ def compile_model(
             plan = _progress_counted(plan, gpu=info.gpu)
         if prefix:
             plan = _prefixed(plan, prefix)
-        manifest = dataclasses.replace(_manifest(source, graph, funcs, name, target, tvm_target, plan, qos_ms),
-                                       precision=recorded_precision(source, precision))
+        manifest = _manifest(source, graph, funcs, name, target, tvm_target, plan, qos_ms, precision)
         if size is not None:
             manifest = dataclasses.replace(manifest, batch_size=size)
         return graph, tvm_target, plan, manifest
@@ -501,7 +500,8 @@ class _LayerTimer:
 
 
 def _manifest(
-    model, graph: Graph, funcs: dict, name: str, target: str, tvm_target, plan: KernelPlan, qos_ms: float | None
+    model, graph: Graph, funcs: dict, name: str, target: str, tvm_target, plan: KernelPlan, qos_ms: float | None,
+    precision: str = "fp32",
 ) -> Manifest:
     import tvm
 
@@ -545,6 +545,7 @@ def _manifest(
         tvm_version=tvm.__version__,
         tuning=plan.tuning,
         qos_ms=qos_ms,
+        precision=recorded_precision(model, precision),
         preempt_flags=plan.preempt_flags,
         progress_counters=plan.progress_counters,
         index_checks=tuple(

@@ -822,7 +822,7 @@ def _check_against_onnxruntime(model_path: str, inputs: dict, outputs: dict, tol
     elementwise (numpy's isclose), NaN where onnxruntime has NaN; an fp16 artifact's output instead within
     max|out - ref| <= 2e-2 * max(1, max|ref|) (tvmsched.lower.precision.FP16_TOLERANCE). A model onnxruntime cannot run,
     or one with other outputs, is a user error."""
-    from tvmsched.lower.precision import FP16_TOLERANCE
+    from tvmsched.lower.precision import FP16_TOLERANCE, fp16_bound
 
     from tvmsched.cli.compare import onnxruntime_session, runtime_threads
 
@@ -846,8 +846,7 @@ def _check_against_onnxruntime(model_path: str, inputs: dict, outputs: dict, tol
         finite = np.isfinite(out) & np.isfinite(ref)
         errors[name] = float(np.max(np.abs(out - ref)[finite], initial=0.0))
         if precision == "fp16":
-            bound = FP16_TOLERANCE * max(1.0, float(np.max(np.abs(ref)[np.isfinite(ref)], initial=0.0)))
-            close = (np.abs(out - ref) <= bound) | (np.isnan(out) & np.isnan(ref))
+            close = (np.abs(out - ref) <= fp16_bound(ref)) | (np.isnan(out) & np.isnan(ref))
         else:
             close = np.isclose(out, ref, rtol=tol, atol=tol, equal_nan=True)
         if not close.all():

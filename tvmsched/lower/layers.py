@@ -6,6 +6,7 @@ Every layer is one `call_tir` of a fused PrimFunc; tensors get stable string ids
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -76,6 +77,7 @@ def _bind(graph: Graph, env: dict, value, relax):
     return _resolve(graph, env, value, relax)
 
 
+@functools.cache
 def _generic_const() -> type:
     """Relax's constant type: tvm.ir.GenericConst in TVM 0.27 (relax.Constant before). Imported here, not at the top: an
     artifact's reader (run, inspect, serve) takes TensorSpec from this module and never needs the compiler."""

@@ -21,6 +21,15 @@ PRECISIONS = ("fp32", "fp16")
 FP16_TOLERANCE = 2e-2
 
 
+def fp16_bound(reference) -> float:
+    """The largest |out - ref| an fp16 output may have against onnxruntime's fp32 `reference`: FP16_TOLERANCE *
+    max(1, max|ref|) over its finite values."""
+    import numpy as np
+
+    reference = np.asarray(reference)
+    return FP16_TOLERANCE * max(1.0, float(np.max(np.abs(reference)[np.isfinite(reference)], initial=0.0)))
+
+
 def check_precision(precision: str) -> str:
     """`precision` if tvmsched compiles at it, else one line naming what it does."""
     if precision == "bf16":
