@@ -29,11 +29,11 @@ def test_cuda_artifact_manifest(cuda_artifact, cli):
     # each layer names the dlight rule that scheduled it (the first of tvmsched.lower.gpu_schedule.default_rules that
     # takes it): the matmuls our wave-filling one, the rest dlight's own
     rules = {layer["func"]: layer["candidates"][0]["schedule"] for layer in manifest["layers"]}
-    assert set(rules.values()) <= {"dlight:WaveMatmul", "dlight:GEMV", "dlight:Reduction", "dlight:GeneralReduction",
+    assert set(rules.values()) <= {"dlight:WaveMatmul", "dlight:GEMV", "dlight:Reduction", "dlight:RowReduction",
                                    "dlight:Fallback"}, rules
     assert all(rule == "dlight:WaveMatmul" for func, rule in rules.items() if "conv2d" in func), rules
     assert rules["fused_matmul_add9"] == "dlight:Reduction"  # the classifier, one row: the matmul rules decline it
-    assert rules["mean"] in ("dlight:Reduction", "dlight:GeneralReduction"), rules
+    assert rules["mean"] in ("dlight:Reduction", "dlight:RowReduction"), rules
     # with nvcc on PATH the compile embeds a fatbin (through the libcuda stub on driverless machines)
     expected = "fatbin" if shutil.which("nvcc") else "source"
     assert manifest["device_code"] == expected

@@ -71,7 +71,8 @@ def test_choose_tiling_splits_k_only_where_no_tile_fills_the_gpu():
 
 
 def _serial(func):
-    """The scheduled PrimFunc with every thread binding a serial loop and shared / local buffers plain."""
+    """The scheduled PrimFunc with every thread binding a serial loop, shared / local / WMMA fragment buffers plain,
+    and the annotations that only GPU lowering reads (software pipelines, shared-memory stages) dropped."""
     import tvm
 
     text = func.script()
@@ -79,7 +80,9 @@ def _serial(func):
         r'T\.thread_binding\(([^,()]+(?:\([^()]*\))?), thread="[^"]+"(?:, annotations=\{[^{}]*\})?\)', r"T.serial(\1)", text
     )
     assert bound, "not a GPU schedule"
-    text = re.sub(r', scope="(?:shared|local)"', "", text)
+    text = re.sub(r', scope="(?:shared|shared\.dyn|local|wmma\.\w+)"', "", text)
+    text = re.sub(r"^\s*T\.sblock_attr\(.*\)\n", "", text, flags=re.M)
+    text = re.sub(r"(T\.serial\([^()]*(?:\([^()]*\))?[^()]*?), annotations=\{.*?\}\)(:)", r"\1)\2", text)
     return tvm.script.from_source(text)
 
 
@@ -163,3 +166,100 @@ def test_inspect_shows_sms_and_waves(compiled, cli):
     waves = [float(w) for w in re.findall(r" \d+b (\d+\.\d+)w ", text)]
     assert waves and max(waves) >= 1.0
     assert Tiling(8, 8, 1, 1).tile == (8, 8)
+
+
+# fp16 on tensor cores: dlight's WMMA schedule, checked on the CPU through its intrinsic twin. Importing TVM's CUDA
+# tensor intrinsics costs 20-30 s once per process (docs/tvm-pitfalls.md), so every test that tensorizes is here, in
+# one pytest-xdist worker (--dist loadscope), compiling in this process.
+@pytest.fixture(scope="module")
+def fp16_scheduled():
+    """{model: (unscheduled funcs, scheduled funcs, target)} at --precision fp16 for the CUDA target."""
+    out = {}
+    for name in ("bert-tiny", "mobilenetv2"):
+        _, funcs, target = lower_model(models.build(name), "cuda", precision="fp16")
+        out[name] = (funcs, kernels.default_schedule(funcs, target), target)
+    return out
+
+
+@pytest.mark.parametrize("name", ["bert-tiny", "mobilenetv2"])
+def test_fp16_tensor_core_layers_and_row_reductions_compute_the_layer(fp16_scheduled, name):
+    """Every fp16 tensor-core layer, through its twin (each WMMA fill / load / multiply / store replaced by the plain
+    TIR its intrinsic describes, thread bindings made serial), computes what the unscheduled layer computes; so does
+    every row reduction (a warp or a block per row) through the plain serial twin. SIMT and split-K layers are
+    checked at fp32 above."""
+    plain, funcs, target = fp16_scheduled[name]
+    rng = np.random.default_rng(11)
+    paths, unchecked = {}, []
+    for f, func in funcs.items():
+        path, reason = kernels.gpu_path(plain[f], func)
+        if path is None:
+            continue
+        paths[f] = path
+        if path in (gpu_schedule.SIMT, gpu_schedule.SPLIT_K):
+            continue
+        if path == gpu_schedule.TENSOR_CORES:
+            twin = gpu_schedule.intrinsic_twin(plain[f], target)
+            if twin is None:
+                unchecked.append(f)
+                continue
+            assert "tvm_mma_sync" in func.script() or "wmma" in func.script(), f  # the kernel itself is tensorized
+        else:
+            twin = func
+        inputs = [rng.standard_normal([int(d) for d in p.shape]).astype(str(p.dtype)) for p in plain[f].params[:-1]]
+        want = _run_on_cpu(plain[f], inputs).astype("float32")
+        got = _run_on_cpu(_serial(twin), inputs).astype("float32")
+        scale = max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-3 * scale, err_msg=f"{f} ({path}: {reason})")
+    assert not unchecked, f"tensor-core layers without a CPU twin: {unchecked}"
+    assert gpu_schedule.TENSOR_CORES in paths.values(), paths
+    if name == "bert-tiny":  # every projection and attention product (head dim 64 included) on tensor cores
+        assert all(p == gpu_schedule.TENSOR_CORES for f, p in paths.items() if "matmul" in f), paths
+        assert paths["layer_norm"] == gpu_schedule.WARP_PER_ROW and paths["fused_softmax_cast1"] == gpu_schedule.WARP_PER_ROW
+
+
+def test_each_matmul_like_layer_states_its_path_and_why():
+    from tvmsched.lower.gpu_schedule import sm_version, tensor_core_refusal
+    from tvmsched.lower.targets import make_target
+
+    assert sm_version(make_target("cuda")) == 90  # sm_90a: dlight's own rule reads it as no tensor cores at all
+    assert tensor_core_refusal((1, 128, 128, 128), "float16", 90) is None
+    assert tensor_core_refusal((1, 64, 64, 64), "float16", 70) is None  # head dim 64: 4x the work padded, still taken
+    assert "float32 operands" in tensor_core_refusal((1, 128, 128, 128), "float32", 90)
+    assert "sm_61" in tensor_core_refusal((1, 128, 128, 128), "float16", 61)
+    assert "K = 8" in tensor_core_refusal((1, 128, 128, 8), "float16", 90)
+    assert "32x the work" in tensor_core_refusal((1, 4, 128, 1152), "float16", 90)  # a 2x2 convolution's 4 rows
+    # fp32: no layer on tensor cores, each with the reason
+    _, funcs, target = lower_model(models.build("bert-tiny"), "cuda")
+    for f, func in kernels.default_schedule(funcs, target).items():
+        path, reason = kernels.gpu_path(funcs[f], func)
+        if "matmul" in f:
+            assert path in (gpu_schedule.SIMT, gpu_schedule.SPLIT_K) and "float32 operands" in reason, (f, path, reason)
+
+
+def test_row_reductions_take_a_warp_per_short_row():
+    from tvmsched.lower.gpu_schedule import DLIGHT_ROW_THREADS, WARP, row_threads
+
+    assert row_threads(128) == WARP and row_threads(256) == WARP  # BERT-tiny's rows; up to 8 elements a thread
+    assert row_threads(768) == 128  # BERT-base's hidden size: 6 each
+    assert row_threads(1 << 16) == DLIGHT_ROW_THREADS
+
+
+def test_fp16_cuda_compile_shows_paths_with_their_flop_share_and_instruments_every_kernel(compiled, cli):
+    """A CUDA fp16 artifact (nvcc where on PATH) as `tvmsched compile` ships it: `inspect` gives each layer's path,
+    reason and share of the FLOPs, the shares per path adding up; every tensor-core kernel is idempotent and carries
+    preempt-flag checks and progress counters."""
+    import json
+
+    path = compiled("bert-tiny", target="cuda", precision="fp16", progress_counters=True)
+    text = cli("inspect", path).stdout
+    summary = re.search(r"GPU paths of matmul-like layers and row reductions \(share of the model's FLOPs\): (.*)", text)
+    assert summary, text
+    shares = {p: float(v) for p, v in re.findall(r"([a-zA-Z -]+?) (\d+\.\d)% \(\d+ layers\)(?:, |$)", summary.group(1) + ", ")}
+    assert shares.get("tensor cores", 0) >= 95.0 and "warp per row" in shares, summary.group(0)
+    assert sum(shares.values()) <= 100.05
+    manifest = json.loads(cli("inspect", path, "--json").stdout)
+    tensor = [c for layer in manifest["layers"] for c in layer["candidates"] if c["path"] == "tensor cores"]
+    assert len(tensor) >= 8
+    for c in tensor:
+        assert c["idempotent"] and c["preempt_check"] and c["progress_blocks"] >= 1 and c["threads"] >= 32, c
+        assert c["path_reason"].startswith("fp16 WMMA 16x16x16"), c

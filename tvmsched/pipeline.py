@@ -324,7 +324,7 @@ def _choose_kernels(
 ) -> KernelPlan:
     """Default schedules; tuned ones when tuning (where they measure faster); restricted-unit candidates
     when a QoS target is set."""
-    default = describe(tvm_target).default_schedule
+    default, gpu = describe(tvm_target).default_schedule, describe(tvm_target).gpu
     scheduled = kernels.default_schedule(funcs, tvm_target)
     tuned, summary = {}, None
     searching = tune_trials > 0 or tune_minutes is not None
@@ -338,7 +338,8 @@ def _choose_kernels(
     if qos_ms is None:
         return KernelPlan(
             {kernels.kernel_symbol(f, 0): scheduled[f] for f in funcs},
-            {f: [_single_candidate(f, scheduled[f], "tuned" if f in tuned else kernels.schedule_name(scheduled[f], default))]
+            {f: [_single_candidate(f, scheduled[f], "tuned" if f in tuned else kernels.schedule_name(scheduled[f], default),
+                                   kernels.gpu_path(funcs[f], scheduled[f]) if gpu else (None, None))]
              for f in funcs},
             tuning=summary,
         )
@@ -355,25 +356,28 @@ def _choose_kernels(
                    "layers": {f: {"status": "cached", "trials": 0, "seconds": 0.0, "message": message} for f in funcs}}
     return KernelPlan(
         {kernels.kernel_symbol(f, c.id): c.func for f, p in plans.items() for c in p.candidates},
-        {f: [_manifest_candidate(f, c) for c in p.candidates] for f, p in plans.items()},
+        {f: [_manifest_candidate(f, c, kernels.gpu_path(funcs[f], c.func) if gpu else (None, None))
+             for c in p.candidates] for f, p in plans.items()},
         {f: p.bound_us for f, p in plans.items()},
         summary,
         {f: p.curve_us for f, p in plans.items()},
     )
 
 
-def _single_candidate(func: str, scheduled, schedule: str) -> Candidate:
-    """Candidate 0 of a layer built for all units, with its thread-block count."""
+def _single_candidate(func: str, scheduled, schedule: str, path: tuple[str | None, str | None]) -> Candidate:
+    """Candidate 0 of a layer built for all units, with its thread-block count and its GPU matmul path and why."""
     import tvm
 
     from tvmsched.passes.launch_geometry import thread_blocks
 
-    return Candidate(0, kernels.kernel_symbol(func, 0), schedule, blocks=thread_blocks(tvm.IRModule({"main": scheduled})))
+    return Candidate(0, kernels.kernel_symbol(func, 0), schedule, blocks=thread_blocks(tvm.IRModule({"main": scheduled})),
+                     path=path[0], path_reason=path[1])
 
 
-def _manifest_candidate(func: str, c) -> Candidate:
+def _manifest_candidate(func: str, c, path: tuple[str | None, str | None]) -> Candidate:
     return Candidate(
-        c.id, kernels.kernel_symbol(func, c.id), c.schedule, c.units, c.blocks, c.latency_us, c.memory_bytes, c.mechanism
+        c.id, kernels.kernel_symbol(func, c.id), c.schedule, c.units, c.blocks, c.latency_us, c.memory_bytes, c.mechanism,
+        path=path[0], path_reason=path[1],
     )
 
 

@@ -43,6 +43,8 @@ class Candidate:
     preempt_check: str | None = None  # where it checks the preempt flag (passes.preempt_flag); None: no flag
     threads: int | None = None  # counter increments per block (GPU threads per block; 1 on CPU) when it counts progress
     progress_blocks: int | None = None  # blocks its kernels count in all when the layer is done (every launch)
+    path: str | None = None  # GPU: "tensor cores", "split-K", "SIMT", "warp per row", "block per row" (lower.gpu_schedule)
+    path_reason: str | None = None  # why it takes that path
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,25 @@ def describe(manifest: Manifest) -> str:
         bound = "" if layer.qos_bound_us is None else f"  [bound {layer.qos_bound_us:.3g} us; at units " + ", ".join(
             f"{k}: {t:.3g}" for k, t in (layer.unit_latency_us or {}).items()) + " us]"
         lines.append(f"{layer.index:>3}  {layer.func[:40]:40s} {out:22s} {layer.flops / 1e6:9.3f} {layer.bytes / 1e3:9.1f}  {cands}{bound}")
+    lines += _path_lines(manifest)
     return "\n".join(map(printable, lines))  # names from the manifest cannot add lines or drive the terminal
+
+
+def _path_lines(manifest: Manifest) -> list[str]:
+    """GPU artifacts: each path's share of the FLOPs (matmul-like layers: tensor cores / split-K / SIMT; row reductions:
+    a warp or a block per row), then each such layer's path (its default candidate's), share and reason."""
+    total = sum(layer.flops for layer in manifest.layers) or 1.0
+    layers = [(layer, layer.candidates[0]) for layer in manifest.layers if layer.candidates and layer.candidates[0].path]
+    if not layers:
+        return []
+    shares: dict[str, list[float]] = {}
+    for layer, c in layers:
+        shares.setdefault(c.path, []).append(layer.flops / total)
+    lines = ["", "GPU paths of matmul-like layers and row reductions (share of the model's FLOPs): " + ", ".join(
+        f"{path} {100 * sum(s):.1f}% ({len(s)} layers)" for path, s in sorted(shares.items(), key=lambda kv: -sum(kv[1])))]
+    for layer, c in layers:
+        lines.append(f"{layer.index:>3}  {layer.func[:40]:40s} {c.path:12s} {100 * layer.flops / total:5.1f}%  {c.path_reason}")
+    return lines
 
 
 def _precision_lines(manifest: Manifest) -> list[str]:

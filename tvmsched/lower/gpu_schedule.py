@@ -13,6 +13,15 @@ other SMs idle. Here each matmul-like layer gets its tile from its own shape (`c
 The SM count comes from the target's architecture (`tvmsched.lower.targets.gpu_sms`; TVMSCHED_GPU_SMS overrides
 it). Every other layer keeps dlight's rules (GEMV, reductions, element-wise fallback), which already launch
 one block per 256-1024 outputs.
+
+Tensor cores come first: a matmul-like layer with fp16 operands on sm_70 or later takes dlight's WMMA schedule
+(`MatmulTensorization`: 16x16x16 fragments, 128 x 128 outputs per block, fp32 accumulation) before any tile or
+split-K is considered, wherever padding its outputs to those tiles costs at most `MAX_TENSOR_CORE_PADDING` times
+the work. dlight's own matmul rule would not: it tensorizes only when every non-batch extent exceeds 64 (leaving
+head-dim-64 attention and 64-channel convolutions on SIMT cores), and it reads the architecture as a bare number,
+so `sm_90a` (the H100 / H200 target) never tensorizes there. Each matmul-like layer's path (`GpuPath`: tensor
+cores, split-K or SIMT) and the reason for it are recorded on the scheduled PrimFunc; `tvmsched inspect` shows
+them with each path's share of the model's FLOPs.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 from dataclasses import dataclass
 
 from tvmsched.lower.targets import describe
@@ -96,6 +106,12 @@ def slices_of(k: int, split: int) -> int:
 def matmul_extents(func) -> tuple[int, int, int, int] | None:
     """(S, I, J, K) of a matmul-like PrimFunc as dlight normalizes it (every axis of one kind fused), or
     None: not matmul-like, or a symbolic extent."""
+    shape = matmul_shape(func)
+    return None if shape is None else shape[0]
+
+
+def matmul_shape(func) -> tuple[tuple[int, int, int, int], str] | None:
+    """(S, I, J, K) of a matmul-like PrimFunc (`matmul_extents`) and the dtype of the operands it multiplies, or None."""
     from tvm import s_tir, tirx
     from tvm.s_tir.dlight.analysis import get_root_block
     from tvm.s_tir.dlight.gpu.matmul import IterKind, detect_iter_traits, get_reduction_blocks
@@ -104,8 +120,9 @@ def matmul_extents(func) -> tuple[int, int, int, int] | None:
     reductions = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
     if not reductions:
         return None
-    traits = detect_iter_traits(sch.get(reductions[0]))
-    if traits is None:
+    block = sch.get(reductions[0])
+    traits = detect_iter_traits(block)
+    if traits is None or not block.reads:
         return None
     extents = {kind: 1 for kind in (IterKind.kIter_S, IterKind.kIter_I, IterKind.kIter_J, IterKind.kIter_K)}
     for trait in traits[3]:
@@ -113,14 +130,130 @@ def matmul_extents(func) -> tuple[int, int, int, int] | None:
             return None
         if trait.kind in extents:
             extents[trait.kind] *= int(trait.extent.value)
-    return tuple(extents.values())
+    return tuple(extents.values()), str(block.reads[0].source.dtype)
+
+
+TENSOR_CORES, SPLIT_K, SIMT = "tensor cores", "split-K", "SIMT"  # the paths a matmul-like layer takes
+WARP_PER_ROW, BLOCK_PER_ROW = "warp per row", "block per row"  # the paths of a row reduction (RowReduction)
+TENSOR_CORE_TILE = 128  # outputs per block along I and along J in dlight's WMMA schedule (MatmulTensorization)
+WMMA_K = 16  # the K of one WMMA fragment product (16x16x16)
+MAX_TENSOR_CORE_PADDING = 4.0  # tensor cores (~15x the fp16 rate of SIMT cores) still win with up to 4x padded work
+
+
+@dataclass(frozen=True)
+class GpuPath:
+    """How a matmul-like layer (TENSOR_CORES, SPLIT_K or SIMT) or a row reduction (WARP_PER_ROW, BLOCK_PER_ROW) runs on
+    the GPU, and why."""
+
+    path: str
+    reason: str
+
+
+def sm_version(target) -> int:
+    """The compute capability of a CUDA target as a number (sm_90a: 90); 0 where the target names none."""
+    found = re.match(r"sm_(\d+)", str(target.attrs.get("arch", "")))
+    return int(found.group(1)) if found else 0
+
+
+def tensor_core_refusal(extents: tuple[int, int, int, int], dtype: str, sm: int) -> str | None:
+    """Why a C[S, I, J] += A[S, I, K] * B[S, J, K] layer of `dtype` operands cannot take the tensor-core schedule on
+    an sm_`sm` GPU, or None where it can."""
+    if sm < 70:
+        return f"sm_{sm} has no fp16 tensor cores (they need sm_70 or later)"
+    if dtype != "float16":
+        return f"{dtype} operands (tensor cores take fp16: tvmsched compile --precision fp16)"
+    _, i, j, k = extents
+    if k < WMMA_K:
+        return f"K = {k} is shorter than one {WMMA_K}x{WMMA_K}x{WMMA_K} WMMA step"
+    padded = math.ceil(i / TENSOR_CORE_TILE) * math.ceil(j / TENSOR_CORE_TILE) * TENSOR_CORE_TILE**2 / (i * j)
+    if padded > MAX_TENSOR_CORE_PADDING:
+        return (f"{i}x{j} outputs padded to {TENSOR_CORE_TILE}x{TENSOR_CORE_TILE} tiles would be {padded:.0f}x the "
+                f"work (at most {MAX_TENSOR_CORE_PADDING:g}x)")
+    return None
 
 
 def default_rules(sms: int) -> list:
-    """dlight's GPU rules in their usual order, the matmul rule tiled for `sms` SMs."""
+    """dlight's GPU rules in their usual order, the matmul rule tiled for `sms` SMs, rows reduced by a warp where short."""
     from tvm.s_tir import dlight as dl
 
-    return [WaveMatmul(sms), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    return [WaveMatmul(sms), dl.gpu.GEMV(), dl.gpu.Reduction(), RowReduction(), dl.gpu.Fallback()]
+
+
+WARP = 32
+DLIGHT_ROW_THREADS = 256  # dlight's GeneralReduction: 256 threads per row on CUDA, whatever the row's length
+MIN_PER_THREAD = 8  # elements each thread of a row reduction sums at least, where the row is long enough
+
+
+def row_threads(n: int) -> int:
+    """Threads that reduce a row of `n` elements: a warp (shuffles only, no shared memory or block barrier) up to
+    WARP * MIN_PER_THREAD elements, else the power of two giving each thread at least MIN_PER_THREAD, at most dlight's 256."""
+    threads = WARP
+    while threads < DLIGHT_ROW_THREADS and n > threads * MIN_PER_THREAD:
+        threads *= 2
+    return threads
+
+
+def reduced_row(func) -> int | None:
+    """The elements of one row of a row-reduction PrimFunc (layer norm, softmax: its first block's reduction extents
+    multiplied), or None where an extent is symbolic or there is no reduction."""
+    from tvm import s_tir, tirx
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+    infos = normalize_prim_func(s_tir.Schedule(func))
+    if not infos:
+        return None
+    n = 1
+    for it in infos[0].iters:
+        if it.kind == "R":
+            extent = it.dom.value if isinstance(it.dom, tirx.IntImm) else it.dom
+            if not isinstance(extent, int):
+                return None
+            n *= extent
+    return n if n > 1 else None
+
+
+@functools.cache
+def _row_reduction_class():
+    from tvm import s_tir, tirx
+    from tvm.s_tir import dlight as dl
+    from tvm.s_tir.schedule import Instruction, Trace
+
+    class _RowReduction(dl.gpu.GeneralReduction):
+        """dlight's GeneralReduction (a block per row, its reductions and epilogue in that block) with the row's thread
+        count chosen from its length (`row_threads`) instead of 256 for every row: BERT's rows of 128 elements left half
+        of each block's threads idle and paid two block barriers per reduction; a warp reduces them with shuffles alone."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.decision: GpuPath | None = None
+
+        def apply(self, func, target, tunable):
+            self.decision = None
+            sch = super().apply(func, target, tunable)
+            n = reduced_row(func) if isinstance(sch, s_tir.Schedule) and describe(target).gpu else None
+            if n is None:
+                return sch
+            threads = row_threads(n)
+            splits = [i for i in sch.trace.insts if i.kind.name == "Split"]
+            if threads != DLIGHT_ROW_THREADS and splits and all(
+                    isinstance(i.inputs[-1], tirx.IntImm) and int(i.inputs[-1].value) == DLIGHT_ROW_THREADS for i in splits):
+                insts = [Instruction(i.kind, [*i.inputs[:-1], tirx.IntImm(i.inputs[-1].ty, threads)], i.attrs, i.outputs)
+                         if i.kind.name == "Split" else i for i in sch.trace.insts]
+                sch = s_tir.Schedule(func)
+                Trace(insts, {}).apply_to_schedule(sch, remove_postproc=False)
+            else:
+                threads = DLIGHT_ROW_THREADS
+            per = math.ceil(n / threads)
+            kind = WARP_PER_ROW if threads == WARP else BLOCK_PER_ROW
+            self.decision = GpuPath(kind, f"rows of {n} elements: {threads} threads, {_count(per, 'element')} each")
+            return sch
+
+    return _RowReduction
+
+
+def RowReduction():  # noqa: N802 - a rule object, named like dlight's rules
+    """dlight's `gpu.GeneralReduction` with a warp per row where rows are short."""
+    return _row_reduction_class()()
 
 
 @functools.cache
@@ -134,6 +267,7 @@ def _wave_matmul_class():
             super().__init__()
             self.sms = sms
             self._tiling: Tiling | None = None
+            self.decision: GpuPath | None = None  # the path of the layer `apply` last scheduled
 
         def get_configs(self, target):
             config = super().get_configs(target)
@@ -148,21 +282,93 @@ def _wave_matmul_class():
             )
 
         def apply(self, func, target, tunable):
-            extents = matmul_extents(func) if describe(target).gpu else None
-            if extents is None:
+            self.decision = None
+            shape = matmul_shape(func) if describe(target).gpu else None
+            if shape is None:
                 return super().apply(func, target, tunable)
+            extents, dtype = shape
+            refusal = tensor_core_refusal(extents, dtype, sm_version(target))
+            if refusal is None:
+                load_tensor_intrinsics()
+                sch = dl.gpu.matmul.MatmulTensorization().apply(func, target, tunable)
+                if sch is not None:
+                    blocks = extents[0] * math.ceil(extents[1] / TENSOR_CORE_TILE) * math.ceil(extents[2] / TENSOR_CORE_TILE)
+                    self.decision = GpuPath(TENSOR_CORES, f"fp16 WMMA {WMMA_K}x{WMMA_K}x{WMMA_K}, fp32 accumulation, "
+                                               f"{TENSOR_CORE_TILE}x{TENSOR_CORE_TILE} outputs per block, {_count(blocks, 'block')}")
+                    return sch
+                refusal = "dlight's tensor-core schedule does not take this layer's layout"
+            func = func.with_attr("dlight.do_not_tensorize", True)  # the path is decided here, not in dlight's rule
             self._tiling = choose_tiling(*extents, self.sms)
             try:
                 if self._tiling.split_k > 1:
                     sch = schedule_split_k(func, self._tiling, self.sms, unroll=self.get_configs(target).unroll)
                     if sch is not None:
+                        ti, tj = self._tiling.tile
+                        self.decision = GpuPath(SPLIT_K, f"no tile fills {self.sms} SMs: {ti}x{tj} tiles, K split "
+                                                   f"in {self._tiling.split_k}; {refusal}")
                         return sch
                     self._tiling = choose_tiling(*extents[:3], 0, self.sms)  # the most blocks without a split
-                return super().apply(func, target, tunable)
+                sch = super().apply(func, target, tunable)
+                if sch is not None:
+                    ti, tj = self._tiling.tile
+                    blocks = self._tiling.blocks(*extents[:3])
+                    self.decision = GpuPath(SIMT, f"{ti}x{tj} tiles, {_count(blocks, 'block')}; {refusal}")
+                return sch
             finally:
                 self._tiling = None
 
     return _WaveMatmul
+
+
+@functools.cache
+def load_tensor_intrinsics() -> None:
+    """Import TVM's CUDA tensor intrinsics (tvm.s_tir.tensor_intrin.cuda: WMMA, MMA, ldmatrix; dlight's tensor-core rule
+    imports them on first use). Its TVMScript parser calls inspect.stack() for each of the ~400 intrinsics it
+    registers, and inspect cannot map the import machinery's frames ("<frozen importlib._bootstrap>") to a file, so it
+    scans every loaded module for each such frame: 20-30 s per process. Those names map to their modules, which is
+    what inspect would find if it could; told so first, the import takes about 6 s (docs/tvm-pitfalls.md)."""
+    import inspect
+
+    for name in ("importlib._bootstrap", "importlib._bootstrap_external"):
+        inspect.modulesbyfile.setdefault(f"<frozen {name}>", name)
+    import tvm.s_tir.tensor_intrin.cuda  # noqa: F401 - registers the intrinsics
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
+
+
+TWIN_SUFFIX = "__twin"  # a twin intrinsic: a registered tensor intrinsic whose implementation is its description
+
+
+def intrinsic_twin(func, target):
+    """The tensor-core schedule of a matmul-like PrimFunc with every tensorized block (WMMA fill, load, multiply, store)
+    replaced by its intrinsic's description: the same loops, tiles and buffers as the GPU kernel, each fragment
+    operation spelt out as the plain TIR it stands for, so that the schedule can be checked on a CPU (with its thread
+    bindings made serial). None where the layer does not take the tensor-core schedule."""
+    from tvm import s_tir
+    from tvm.s_tir import TensorIntrin
+    from tvm.s_tir.dlight.gpu.matmul import MatmulTensorization
+    from tvm.s_tir.schedule import Instruction, Trace
+
+    load_tensor_intrinsics()
+    with target:
+        sch = MatmulTensorization().apply(func, target, False)
+    if sch is None:
+        return None
+    insts = []
+    for inst in sch.trace.insts:
+        if inst.kind.name == "Tensorize":
+            name = str(inst.attrs[0])
+            twin = name + TWIN_SUFFIX
+            if TensorIntrin.get(twin, allow_missing=True) is None:
+                desc = TensorIntrin.get(name).desc
+                TensorIntrin.register(twin, desc, desc)
+            inst = Instruction(inst.kind, inst.inputs, [twin, *inst.attrs[1:]], inst.outputs)
+        insts.append(inst)
+    twin_sch = s_tir.Schedule(func)
+    Trace(insts, {}).apply_to_schedule(twin_sch, remove_postproc=False)
+    return twin_sch.mod["main"]
 
 
 def WaveMatmul(sms: int):  # noqa: N802 - a rule object, named like dlight's rules

@@ -50,13 +50,35 @@ def default_schedule(funcs: dict[str, object], target) -> dict[str, object]:
                 space = rule.apply(func, target, False)
                 if space is not None:
                     sch = space if isinstance(space, s_tir.Schedule) else space[0]
-                    scheduled[name] = sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr(
+                    done = sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr(
                         RULE_ATTR, type(rule).__name__.lstrip("_"))
+                    decision = getattr(rule, "decision", None)  # the layer's path (gpu_schedule.GpuPath)
+                    if decision is not None:
+                        done = done.with_attr(PATH_ATTR, decision.path).with_attr(PATH_REASON_ATTR, decision.reason)
+                    scheduled[name] = done
                     break
     return scheduled
 
 
-RULE_ATTR = "tvmsched.rule"  # a GPU default schedule's dlight rule (WaveMatmul, GEMV, Reduction, GeneralReduction, ...)
+RULE_ATTR = "tvmsched.rule"  # a GPU default schedule's dlight rule (WaveMatmul, GEMV, Reduction, RowReduction, ...)
+PATH_ATTR, PATH_REASON_ATTR = "tvmsched.path", "tvmsched.path_reason"  # a layer's GPU path and why (gpu_path)
+
+
+def gpu_path(plain, scheduled) -> tuple[str | None, str | None]:
+    """The GPU path of a layer's kernel and why (gpu_schedule.GpuPath: tensor cores, split-K or SIMT for a matmul-like
+    layer, a warp or a block per row for a row reduction); (None, None) for the others. A default schedule records
+    both; a tuned matmul-like kernel's path is read from its TIR."""
+    from tvmsched.lower import gpu_schedule
+
+    attrs = scheduled.attrs if scheduled.attrs is not None else {}
+    if PATH_ATTR in attrs:
+        return str(attrs[PATH_ATTR]), str(attrs[PATH_REASON_ATTR])
+    if gpu_schedule.matmul_extents(plain) is None:
+        return None, None
+    text = scheduled.script()
+    if any(call in text for call in ("tvm_mma_sync", "ptx_mma", "tvm_load_matrix_sync")):
+        return gpu_schedule.TENSOR_CORES, "tuned (MetaSchedule's tensor-core rule)"
+    return gpu_schedule.SIMT, "tuned (MetaSchedule)"
 
 
 def schedule_name(func, default: str) -> str:
