@@ -175,6 +175,52 @@ def test_suite_cpu_mode_end_to_end_without_the_compiler(prepared, kit_site):
     assert "skipped: no CUDA graphs on the CPU" in row and row.count("×") == 2  # ÷ eager and ÷ torch.compile
 
 
+def test_fp16_and_batched_rows_run_as_cpu_twins_with_their_own_pytorch_columns(tmp_path, kit_site):
+    """prepare.py --rows: an fp16 row at batch 4 carried slim (its fp16 weights regenerated from the float32
+    initializers), run beside the default row under the runtime-only TVM: tvmsched and the half-precision PyTorch
+    twin at 4 rows each checked against onnxruntime in float32 within the fp16 bound."""
+    carried = tmp_path / ".gpu"
+    done = subprocess.run([sys.executable, str(GPU_DIR / "prepare.py"), "--target", "llvm", "--models", "mlp",
+                           "--rows", "mlp:fp16@4", "--out", str(carried), "--build-dir", str(tmp_path / "build"),
+                           "--kit", str(tmp_path / "no-kit")], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    entries = {e["variant"]: e for e in json.loads((carried / "suite.json").read_text())["artifacts"]}
+    assert set(entries) == {"default", "fp16-b4"}
+    assert (entries["fp16-b4"]["precision"], entries["fp16-b4"]["batch"]) == ("fp16", 4)
+    assert entries["fp16-b4"]["regenerated_bytes"] > 0.8 * entries["fp16-b4"]["artifact_bytes"] / 2  # fp16 weights travel slim
+    _, report, raw = _run_suite(tmp_path, carried, kit_site, "rows", "--repeat", "5", "--warmup", "1", "--compile-backend", "none")
+    rows = {r["variant"]: r for r in raw["results"]}
+    fp16 = rows["fp16-b4"]
+    assert fp16["pytorch_here"] and rows["default"]["pytorch_here"]  # each row its own PyTorch twin run
+    assert fp16["build"]["inputs"]["input"][0] == 4 and rows["default"]["build"]["inputs"]["input"][0] == 1
+    for step in ("tvmsched", "twin"):
+        assert fp16[step]["ok"] and fp16[step]["tol"] == pytest.approx(2e-2 * max(1.0, fp16[step]["ref_max_abs"]))
+        assert fp16[step]["max_abs_err"] > 0  # computed in half, not a float32 run under a loose bound
+    assert rows["default"]["tvmsched"]["tol"] == pytest.approx(1e-4 * max(1.0, rows["default"]["tvmsched"]["ref_max_abs"]))
+    assert re.search(r"^\| mlp \| fp16-b4 \| 5 \| \d+\.\d{3} / \d+\.\d{3} \| \d+\.\d{3} / ", report, re.M), report
+    bad = subprocess.run([sys.executable, str(GPU_DIR / "prepare.py"), "--rows", "mlp:fp8@2"], capture_output=True, text=True,
+                         cwd=ROOT)
+    assert bad.returncode == 2 and "--rows takes [MODEL:]fp32|fp16[@BATCH]" in bad.stderr.splitlines()[-1]
+
+
+def test_fp16_goals_read_the_batch_8_rows():
+    import suite
+
+    def row(precision, busy, eager=None):
+        r = {"model": "bert-base", "variant": "fp16-b8" if precision == "fp16" else "b8", "precision": precision, "batch": 8,
+             "profile_tvmsched": {"busy_us_per_run": busy}, "pytorch_here": eager is not None}
+        if eager is not None:
+            r["profile_eager"] = {"busy_us_per_run": eager}
+        return r
+
+    results = [row("fp32", 900.0), row("fp16", 300.0, eager=250.0)]
+    lines = suite.fp16_goal_lines(results, {suite.row_key(r): r for r in results if r["pytorch_here"]})
+    assert lines == ["| fp16 GPU busy ÷ PyTorch fp16 eager's kernels | bert-base | fp16-b8 | 1.20× | ≤ 1.5× | yes |",
+                     "| tvmsched fp32 GPU busy ÷ its fp16 (batch 8) | bert-base | fp16-b8 | 3.00× | ≥ 2.0× | yes |"]
+    results[1]["profile_tvmsched"] = {"skipped": "CUPTI needs a GPU"}
+    assert all("not measured" in line for line in suite.fp16_goal_lines(results, {}))
+
+
 def test_suite_degrades_to_failed_cells(prepared, kit_site):
     folder, carried = prepared
     # a torch.compile that fails: its cells say so, every other number is there

@@ -8,8 +8,11 @@ through the libcuda stub) -> the slim form of the artifact (bench/gpu/slim.py: w
 regenerated from the seed on the GPU machine) in `.gpu/NAME.tvms.slim`. `--db URL` also compiles each
 model with that tuning database's records (variant "tuned"); `--tuned MODEL=ARTIFACT` carries an
 artifact compiled elsewhere (for instance with --qos-ms from records measured on the device) as variant
-"tuned". `.gpu/suite.json` lists what was carried, with the sizes of everything that travels (the kit
-included); the total must stay under the 64 MiB one device call may carry.
+"tuned". `--rows [MODEL:]PRECISION[@BATCH] ...` adds rows at another precision or batch size (variant
+"fp16", "fp16-b8", "b8"; `tvmsched compile --precision fp16 --batch-sizes 8`), for every model or the one named:
+the suite runs its PyTorch twin at the same precision and batch. fp16 weights are the float32 initializers
+cast, so they travel as slim as fp32 ones. `.gpu/suite.json` lists what was carried, with the sizes of
+everything that travels (the kit included); the total must stay under the 64 MiB one device call may carry.
 """
 
 from __future__ import annotations
@@ -54,12 +57,34 @@ def input_shapes(name: str) -> dict | None:
     return dict(models.REAL_MODELS[name].input_shapes) if name in models.REAL_MODELS else None
 
 
-def compile_artifact(onnx_path: Path, out: Path, target: str, shapes: dict | None, db: str | None) -> float:
+def parse_row(text: str, models: list[str]) -> list[tuple[str, str, int]]:
+    """`[MODEL:]PRECISION[@BATCH]` -> [(model, precision, batch)] for the model named or every model."""
+    model, _, rest = text.rpartition(":")
+    precision, _, batch = rest.partition("@")
+    if precision not in ("fp32", "fp16") or (batch and not batch.isdigit()) or (batch and int(batch) < 1):
+        raise ValueError(f"--rows takes [MODEL:]fp32|fp16[@BATCH], not {text!r}")
+    size = int(batch or 1)
+    if (precision, size) == ("fp32", 1):
+        raise ValueError(f"--rows {text}: fp32 at batch 1 is every model's default row")
+    return [(name, precision, size) for name in ([model] if model else models)]
+
+
+def row_variant(precision: str, batch: int) -> str:
+    """A row's variant name: "fp16", "fp16-b8", "b8"."""
+    return "-".join(([precision] if precision != "fp32" else []) + ([f"b{batch}"] if batch > 1 else []))
+
+
+def compile_artifact(onnx_path: Path, out: Path, target: str, shapes: dict | None, db: str | None,
+                     precision: str = "fp32", batch: int = 1) -> float:
     cmd = [sys.executable, "-m", "tvmsched.cli", "compile", str(onnx_path), "--target", target, "-o", str(out)]
     for name, shape in (shapes or {}).items():
         cmd += ["--input-shape", f"{name}={','.join(map(str, shape))}"]
     if db:
         cmd += ["--db", db]
+    if precision != "fp32":
+        cmd += ["--precision", precision]
+    if batch > 1:
+        cmd += ["--batch-sizes", str(batch)]
     started = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
@@ -78,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", action="append", default=[], metavar="MODEL.VARIANT=ARTIFACT",
                         help="carry an artifact compiled elsewhere as MODEL's VARIANT (repeatable; e.g. "
                         "resnet18-small.loops=r.tvms for one compiled with --loop-checks)")
+    parser.add_argument("--rows", nargs="+", default=[], metavar="[MODEL:]PRECISION[@BATCH]",
+                        help="also carry each model (or MODEL) compiled at this precision and batch size, e.g. fp16, "
+                        "fp16@8, resnet50:fp32@8")
     parser.add_argument("--out", type=Path, default=ROOT / ".gpu", help="the carried folder (default .gpu)")
     parser.add_argument("--build-dir", type=Path, default=ROOT / "build" / "gpu-suite", help="full artifacts and ONNX files")
     parser.add_argument("--kit", type=Path, default=ROOT / ".devkit", help="the runtime kit whose size is recorded")
@@ -95,6 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(name, "default", None) for name in args.models]
     if args.db:
         jobs += [(name, "tuned", None) for name in args.models]
+    rows = {}  # variant -> (precision, batch)
+    for text in args.rows:
+        try:
+            parsed = parse_row(text, args.models)
+        except ValueError as err:
+            parser.error(str(err))
+        for name, precision, batch in parsed:
+            rows[row_variant(precision, batch)] = (precision, batch)
+            jobs.append((name, row_variant(precision, batch), None))
     for item in args.tuned:
         name, _, path = item.partition("=")
         if not path:
@@ -118,8 +155,10 @@ def main(argv: list[str] | None = None) -> int:
                 models.save(name, onnx_path, args.seed)
             artifact = given or args.build_dir / f"{stem}-{device}.tvms"
             compile_s = 0.0
+            precision, batch = rows.get(variant, ("fp32", 1))
             if given is None and not (args.reuse and artifact.exists()):
-                compile_s = compile_artifact(onnx_path, artifact, args.target, shapes, args.db if variant == "tuned" else None)
+                compile_s = compile_artifact(onnx_path, artifact, args.target, shapes, args.db if variant == "tuned" else None,
+                                             precision, batch)
             slim_file = args.out / f"{stem}.tvms.slim"
             record = pack(artifact, slim_file, model, name=name, seed=args.seed, input_shapes=shapes)
         except Exception as err:  # noqa: BLE001 - one model's failure is reported, the others go on
@@ -127,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{stem:24s} FAILED: {failures[-1]}", flush=True)
             continue
         entries.append({
-            "model": name, "variant": variant, "file": slim_file.name, "seed": args.seed,
+            "model": name, "variant": variant, "file": slim_file.name, "seed": args.seed, "precision": precision, "batch": batch,
             "input_shapes": {k: list(v) for k, v in (shapes or {}).items()},
             "artifact_bytes": record["artifact_bytes"], "carried_bytes": record["carried_bytes"],
             "regenerated_bytes": record["regenerated_bytes"], "sha256": record["sha256"],

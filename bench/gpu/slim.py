@@ -84,7 +84,9 @@ class Sources:
     """The arrays an artifact's weights can come from: the model's initializers ("raw:NAME") and those
     after tvmsched's ONNX-level rewrites ("pre:NAME"), computed on first use."""
 
-    TRANSFORMS = ("flat", "T")  # the C-order bytes, or those of the 2-D transpose
+    # the C-order bytes, or those of the 2-D transpose; "f16", "f16T": the same of a float32 array cast to float16
+    # (`tvmsched compile --precision fp16` casts the weights: IEEE round-to-nearest-even, as numpy's astype)
+    TRANSFORMS = ("flat", "T", "f16", "f16T")
 
     def __init__(self, model: onnx.ModelProto, input_shapes: dict | None = None):
         self.model = model
@@ -131,23 +133,30 @@ class Sources:
 
     def bytes_of(self, source: str, transform: str) -> bytes:
         array = self.get(source)
-        if transform == "T":
+        if transform not in self.TRANSFORMS:
+            raise SlimError(f"unknown transform {transform!r}")
+        if transform.startswith("f16"):
+            if array.dtype != np.float32:
+                raise SlimError(f"{source} is {array.dtype}, not float32: cannot cast it to float16")
+            array = array.astype(np.float16)
+        if transform.endswith("T"):
             if array.ndim != 2:
                 raise SlimError(f"{source} is not 2-D: cannot transpose it")
             array = array.T
-        elif transform != "flat":
-            raise SlimError(f"unknown transform {transform!r}")
         return np.ascontiguousarray(array).tobytes()
 
     def find(self, nbytes: int, digest: str) -> tuple[str, str] | None:
         """(source, transform) whose bytes have this SHA-256, or None."""
         for kind in ("raw", "pre"):
             for name, array in self.arrays(kind).items():
-                if array.nbytes != nbytes or array.dtype.hasobject:
+                if array.nbytes not in (nbytes, 2 * nbytes) or array.dtype.hasobject:
                     continue
                 source = f"{kind}:{name}"
                 for transform in self.TRANSFORMS:
-                    if transform == "T" and array.ndim != 2:
+                    cast = transform.startswith("f16")
+                    if (transform.endswith("T") and array.ndim != 2) or (cast and array.dtype != np.float32):
+                        continue
+                    if array.nbytes // (2 if cast else 1) != nbytes:
                         continue
                     key = (source, transform)
                     if key not in self._digests:

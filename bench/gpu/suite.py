@@ -13,6 +13,10 @@ of each twin, while the time budget lasts. Each worker records after every step,
 at the budget loses only what was not done yet; its cells read "failed: <why>" or "skipped: <why>".
 The report (markdown, every number side by side) goes to `--out`, the raw results to `--json`.
 
+Rows at fp16 or at another batch size (prepare.py --rows) run the model rebatched (tvmsched.frontend.batching)
+and its twin at that precision (`.half()`), each compared with onnxruntime in float32: fp16 within the bound of
+`tvmsched run --check` (2e-2 · max(1, max |ref|)). Each such row has its own PyTorch columns.
+
 `--device cpu` runs the same flow on CPU artifacts (prepare.py --target llvm): no CUDA graph, no CUPTI.
 """
 
@@ -45,6 +49,9 @@ TUNED_GRAPH_GOAL = 1.2  # tuned end-to-end <= 1.2x eager + CUDA graph
 STEPS = ("build", "restore", "reference", "tvmsched", "twin", "eager", "cuda_graph", "profile_tvmsched",
          "profile_eager", "compile")
 TOLERANCE = 1e-4  # max |out - onnxruntime| <= TOLERANCE * max(1, max |onnxruntime|)
+FP16_TOLERANCE = 2e-2  # the same for fp16 rows (tvmsched.lower.precision.FP16_TOLERANCE: run --check's bound)
+FP16_GOAL_MODELS = ("resnet50", "bert-base")  # fp16 at batch 8: <= 1.5x PyTorch fp16 eager's kernels, >= 2x own fp32
+FP16_EAGER_GOAL, FP16_OWN_GOAL = 1.5, 2.0
 
 
 def one_line(err: BaseException) -> str:
@@ -57,6 +64,11 @@ def one_line(err: BaseException) -> str:
 
 def stem_of(entry: dict) -> str:
     return entry["model"] if entry.get("variant", "default") == "default" else f"{entry['model']}.{entry['variant']}"
+
+
+def row_key(entry: dict) -> tuple[str, str, int]:
+    """What a row's PyTorch columns depend on: its model, precision and batch size (variants sharing them share them)."""
+    return entry["model"], entry.get("precision", "fp32"), int(entry.get("batch", 1))
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -110,9 +122,15 @@ def max_error(outputs: dict, reference: dict) -> tuple[float, float]:
     return err, scale
 
 
-def error_record(outputs: dict, reference: dict) -> dict:
+def numpy_of(tensor):
+    """A torch output as a float32 (or integer) numpy array."""
+    tensor = tensor.detach().cpu()
+    return (tensor.float() if tensor.is_floating_point() else tensor).numpy()
+
+
+def error_record(outputs: dict, reference: dict, precision: str = "fp32") -> dict:
     err, scale = max_error(outputs, reference)
-    tol = TOLERANCE * max(1.0, scale)
+    tol = (FP16_TOLERANCE if precision == "fp16" else TOLERANCE) * max(1.0, scale)
     return {"max_abs_err": err, "ref_max_abs": scale, "tol": tol, "ok": bool(err <= tol)}
 
 
@@ -208,8 +226,9 @@ class Worker:
         self.entry, self.args = entry, args
         self.device = args.device
         self.result = Path(args.result)
+        self.precision, self.batch = entry.get("precision", "fp32"), int(entry.get("batch", 1))
         self.r = {"model": entry["model"], "variant": entry.get("variant", "default"), "file": entry["file"],
-                  "device": self.device, "stage": args.worker}
+                  "precision": self.precision, "batch": self.batch, "device": self.device, "stage": args.worker}
         self.save()
 
     def save(self) -> None:
@@ -250,14 +269,23 @@ class Worker:
         self.sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
 
     def build(self):
+        import numpy as np
+
         from tvmsched import models
 
         name, seed = self.entry["model"], int(self.entry.get("seed", 0))
         self.shapes = {k: tuple(v) for k, v in self.entry.get("input_shapes", {}).items()} or None
         with self.step("build") as rec:
-            self.model = models.build(name, seed)
-            if name in models.REAL_MODELS:
-                self.feeds = models.real_inputs(name, seed=1)
+            self.built = self.model = models.build(name, seed)  # `built`: as compiled, the weights the slim file takes
+            if self.batch > 1:  # the model for `batch` rows, as `tvmsched compile --batch-sizes` rewrites it
+                from tvmsched.frontend.batching import rebatch
+
+                batched = rebatch(self.model, self.batch, self.shapes)
+                self.model = batched.model
+                self.shapes = batched.input_shapes if self.shapes else None
+            if name in models.REAL_MODELS:  # each row its own seed
+                rows = [models.real_inputs(name, seed=1 + i) for i in range(self.batch)]
+                self.feeds = {k: np.concatenate([row[k] for row in rows]) for k in rows[0]}
             else:
                 self.feeds = models.random_inputs(self.model, seed=1)
             rec.update(nodes=len(self.model.graph.node), inputs={k: list(v.shape) for k, v in self.feeds.items()})
@@ -283,12 +311,15 @@ class Worker:
             torch = self.torch
             twin = build_twin(self.model, self.shapes).eval().to(self.device)
             self.inputs = [torch.from_numpy(self.feeds[n]).to(self.device) for n in twin.input_names]
+            if self.precision == "fp16":  # weights and float inputs in half, as a PyTorch user serves fp16
+                twin = twin.half()
+                self.inputs = [x.half() if x.is_floating_point() else x for x in self.inputs]
             started = time.perf_counter()
             outputs = twin(*self.inputs)
             self.sync()
             rec["first_run_s"] = time.perf_counter() - started
-            self.twin_outputs = dict(zip(twin.output_names, [o.detach().cpu().numpy() for o in outputs]))
-            rec.update(error_record(self.twin_outputs, self.ref), steps=len(twin._steps))
+            self.twin_outputs = dict(zip(twin.output_names, [numpy_of(o) for o in outputs]))
+            rec.update(error_record(self.twin_outputs, self.ref, self.precision), steps=len(twin._steps))
             self.twin_module = twin
         return None if "failed" in self.r["twin"] else self.twin_module
 
@@ -309,7 +340,7 @@ class Worker:
         with self.step("restore") as rec:
             from slim import unpack
 
-            rec.update(unpack(Path(a.artifacts) / self.entry["file"], path, self.model))
+            rec.update(unpack(Path(a.artifacts) / self.entry["file"], path, self.built))
         restored = "failed" not in self.r["restore"]
         if self.reference() is None:
             return
@@ -320,7 +351,7 @@ class Worker:
 
                 executor = Executor(path, self.device)
                 rec.update(layers=executor.num_layers, device_code=executor.manifest.device_code)
-                rec.update(error_record(executor.run(self.feeds), self.ref))
+                rec.update(error_record(executor.run(self.feeds), self.ref, self.precision))
                 rec.update(percentiles(executor.time_runs(self.feeds, a.repeat, a.warmup)))
                 if self.device == "cuda":
                     executor.set_inputs(self.feeds)
@@ -379,7 +410,7 @@ class Worker:
                 captured = twin(*static)
             graph.replay()
             self.sync()
-            rec.update(error_record(dict(zip(twin.output_names, [o.cpu().numpy() for o in captured])), self.ref))
+            rec.update(error_record(dict(zip(twin.output_names, [numpy_of(o) for o in captured])), self.ref, self.precision))
             rec.update(percentiles(time_calls(graph.replay, self.sync, a.repeat, a.warmup)))
 
     # stage "compile": torch.compile of the twin
@@ -401,7 +432,7 @@ class Worker:
             outputs = compiled(*self.inputs)
             self.sync()
             rec["compile_s"] = time.perf_counter() - started
-            rec.update(error_record(dict(zip(twin.output_names, [o.cpu().numpy() for o in outputs])), self.ref))
+            rec.update(error_record(dict(zip(twin.output_names, [numpy_of(o) for o in outputs])), self.ref, self.precision))
             self.save()
             rec.update(percentiles(time_calls(lambda: compiled(*self.inputs), self.sync, a.repeat, a.warmup)))
 
@@ -451,7 +482,8 @@ def run_worker(stage: str, entry: dict, args, timeout: float, pytorch: bool = Tr
     try:
         data = json.loads(result.read_text())
     except (OSError, json.JSONDecodeError):
-        data = {"model": entry["model"], "variant": entry.get("variant", "default")}
+        data = {"model": entry["model"], "variant": entry.get("variant", "default"),
+                "precision": entry.get("precision", "fp32"), "batch": int(entry.get("batch", 1))}
     tail = log.read_text(errors="replace").strip().splitlines()[-12:] if log.exists() else []
     for key, rec in data.items():  # a step the worker did not finish (killed, or the process died in it)
         if key in STEPS and isinstance(rec, dict) and not {"seconds", "failed", "skipped"} & set(rec):
@@ -490,10 +522,11 @@ def drive(args) -> int:
         left = deadline - time.time()
         later = len(entries) - i - 1
         timeout = min(args.model_cap_s, left - args.reserve_s * later - 5)
-        pytorch = entry["model"] not in seen_models
-        seen_models.add(entry["model"])
+        pytorch = row_key(entry) not in seen_models
+        seen_models.add(row_key(entry))
         if timeout < min(10.0, args.model_cap_s):
             results.append({"model": entry["model"], "variant": entry.get("variant", "default"), "file": entry["file"],
+                            "precision": entry.get("precision", "fp32"), "batch": int(entry.get("batch", 1)),
                             "worker": {"skipped": "time budget spent"}})
             print(f"  {stem_of(entry)}: skipped (time budget)", flush=True)
             continue
@@ -619,11 +652,36 @@ def _mb(n: int | None) -> str:
     return "—" if n is None else f"{n / 1e6:.2f}"
 
 
+def busy_us(rec: dict | None) -> float | None:
+    return rec["busy_us_per_run"] if _state(rec) is None and rec.get("busy_us_per_run") else None
+
+
+def fp16_goal_lines(results: list[dict], pytorch_of: dict) -> list[str]:
+    """Goal rows of the fp16 rows at batch 8 (resnet50, bert-base): GPU busy ≤ 1.5× PyTorch fp16 eager's kernels and
+    ≤ 1/2 of tvmsched's own fp32 row at that batch size."""
+    lines = []
+    for r in results:
+        if r["model"] not in FP16_GOAL_MODELS or row_key(r)[1:] != ("fp16", 8):
+            continue
+        busy = busy_us(r.get("profile_tvmsched"))
+        eager = busy_us(pytorch_of.get(row_key(r), {}).get("profile_eager"))
+        own = next((busy_us(o.get("profile_tvmsched")) for o in results if row_key(o) == (r["model"], "fp32", 8)), None)
+        for label, value, goal, met in (
+                ("fp16 GPU busy ÷ PyTorch fp16 eager's kernels", busy / eager if busy and eager else None, f"≤ {FP16_EAGER_GOAL}×",
+                 lambda v: v <= FP16_EAGER_GOAL),
+                ("tvmsched fp32 GPU busy ÷ its fp16 (batch 8)", own / busy if busy and own else None, f"≥ {FP16_OWN_GOAL}×",
+                 lambda v: v >= FP16_OWN_GOAL)):
+            measured = "not measured" if value is None else f"{value:.2f}×"
+            lines.append(f"| {label} | {r['model']} | {r.get('variant')} | {measured} | {goal} | "
+                         f"{'—' if value is None else ('yes' if met(value) else 'no')} |")
+    return lines
+
+
 def render(results: list[dict], meta: dict) -> str:
     """The markdown report: every number of every engine side by side."""
     env = next((r["env"] for r in results if "env" in r), {})
     suite = meta.get("suite", {})
-    pytorch_of = {r["model"]: r for r in results if r.get("pytorch_here")}
+    pytorch_of = {row_key(r): r for r in results if r.get("pytorch_here")}
     gpu = meta["device"] == "cuda"
     lines = [f"# GPU suite: tvmsched against PyTorch ({meta['date']})", ""]
     if gpu:
@@ -643,7 +701,8 @@ def render(results: list[dict], meta: dict) -> str:
     lines.append(f"- Artifacts compiled {suite.get('created', '?')} from commit {commit[:12] if commit else '?'}"
                  f"{' (with uncommitted changes)' if suite.get('dirty') else ''}, target {suite.get('target', '?')}; "
                  f"suite ran {meta['elapsed_s']:.0f} s of its {meta['budget_s']:.0f} s budget")
-    lines.append(f"- Timing: p50 / p99 of {meta['repeat']} runs after {meta['warmup']} warm-ups, batch as compiled, float32; "
+    lines.append(f"- Timing: p50 / p99 of {meta['repeat']} runs after {meta['warmup']} warm-ups, at each row's batch size and "
+                 f"precision (variant fp16 / b8: fp16 / 8 rows, PyTorch's twin likewise; otherwise batch as built, float32); "
                  f"tvmsched: the engine's `time_runs` (all layers launched, device synchronised); PyTorch: the twin's "
                  + (f"forward (or the CUDA graph's replay) then `torch.cuda.synchronize()`, host clock. CUPTI over "
                     f"{meta['profile_runs']} runs per engine." if gpu else "forward, host clock."))
@@ -661,11 +720,12 @@ def render(results: list[dict], meta: dict) -> str:
                   f"{_mb(meta.get('carried_bytes'))} MB; together {_mb((kit.get('bytes') or 0) + (meta.get('carried_bytes') or 0))} MB "
                   f"of the 67.11 MB (64 MiB) one call may carry."]
 
-    lines += ["", "## Correctness (max |output − onnxruntime|; ok when ≤ 1e-4 · max(1, max |onnxruntime|))", "",
+    lines += ["", "## Correctness (max |output − onnxruntime| in float32; ok when ≤ 1e-4 · max(1, max |onnxruntime|), "
+                  "fp16 rows ≤ 2e-2 · max(1, max |onnxruntime|))", "",
               "| model | variant | tvmsched | PyTorch twin | eager + CUDA graph | torch.compile | tvmsched ok |",
               "|---|---|---|---|---|---|---|"]
     for r in results:
-        p = pytorch_of.get(r["model"], {})
+        p = pytorch_of.get(row_key(r), {})
         ok = r.get("tvmsched", {}).get("ok")
         lines.append(f"| {r['model']} | {r.get('variant', 'default')} | {cell_error(r.get('tvmsched'))} | {cell_error(p.get('twin'))} | "
                      f"{cell_error(p.get('cuda_graph'))} | {cell_error(p.get('compile'))} | "
@@ -676,7 +736,7 @@ def render(results: list[dict], meta: dict) -> str:
               "| tvmsched ÷ eager | tvmsched ÷ CUDA graph | tvmsched ÷ torch.compile |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        p = pytorch_of.get(r["model"], {})
+        p = pytorch_of.get(row_key(r), {})
         t = r.get("tvmsched")
         comp = p.get("compile")
         lines.append(f"| {r['model']} | {r.get('variant', 'default')} | {(t or {}).get('layers', '—')} | {cell_latency(t)} | "
@@ -689,7 +749,7 @@ def render(results: list[dict], meta: dict) -> str:
               "| busy ratio | tvmsched host µs / run (p50 − busy) | host µs / launch | issue µs / launch: tvmsched | PyTorch eager |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        p = pytorch_of.get(r["model"], {})
+        p = pytorch_of.get(row_key(r), {})
         pt, pe = r.get("profile_tvmsched"), p.get("profile_eager")
         t, e = r.get("tvmsched") or {}, p.get("eager") or {}
         cells = []
@@ -713,7 +773,7 @@ def render(results: list[dict], meta: dict) -> str:
     for r in results:
         if r.get("variant", "default") != "default" or r["model"] not in GOAL_MODELS:
             continue
-        p = pytorch_of.get(r["model"], {})
+        p = pytorch_of.get(row_key(r), {})
         pt, pe = r.get("profile_tvmsched"), p.get("profile_eager")
         if _state(pt) is None and _state(pe) is None and pe["busy_us_per_run"] > 0:
             value = pt["busy_us_per_run"] / pe["busy_us_per_run"]
@@ -721,9 +781,10 @@ def render(results: list[dict], meta: dict) -> str:
                          f"{'yes' if value <= UNTUNED_BUSY_GOAL else 'no'} |")
         else:
             lines.append(f"| untuned GPU busy ÷ PyTorch eager's kernels | {r['model']} | default | not measured | ≤ {UNTUNED_BUSY_GOAL}× | — |")
+    lines += fp16_goal_lines(results, pytorch_of)
     tuned = [r for r in results if r.get("variant", "default") == "tuned"]
     for r in tuned:
-        p = pytorch_of.get(r["model"], {})
+        p = pytorch_of.get(row_key(r), {})
         t = p50(r.get("tvmsched"))
         for label, base, goal in (("tuned end-to-end ÷ PyTorch eager", p50(p.get("eager")), TUNED_EAGER_GOAL),
                                   ("tuned end-to-end ÷ eager + CUDA graph", p50(p.get("cuda_graph")), TUNED_GRAPH_GOAL)):
@@ -738,7 +799,7 @@ def render(results: list[dict], meta: dict) -> str:
     if gpu:
         lines += ["", "## Per-kernel GPU time (CUPTI; the busiest kernels of each engine, µs per run)", ""]
         for r in results:
-            p = pytorch_of.get(r["model"], {})
+            p = pytorch_of.get(row_key(r), {})
             pt, pe = r.get("profile_tvmsched"), p.get("profile_eager") if r.get("pytorch_here") else None
             if _state(pt) is not None and _state(pe) is not None:
                 continue
@@ -769,7 +830,9 @@ def render(results: list[dict], meta: dict) -> str:
               "that divided by its kernels per run; issue µs / launch: the host time one run takes to return from issuing "
               "all its launches (p50, GPU idle at the start), divided by kernels per run, for both engines.",
               "- Goals: untuned GPU busy ≤ 1.5× PyTorch eager's kernels (resnet18, bert-tiny, mobilenetv2); tuned ≤ 1.0× "
-              "PyTorch eager's end-to-end p50 and ≤ 1.2× eager + CUDA graph's."]
+              "PyTorch eager's end-to-end p50 and ≤ 1.2× eager + CUDA graph's; fp16 at batch 8 (resnet50, bert-base) ≤ 1.5× "
+              "PyTorch fp16 eager's kernels and ≥ 2× faster on the GPU than tvmsched's own fp32 row at batch 8.",
+              "- PyTorch columns are per model, precision and batch size: an fp16 or batch-8 row has its own twin run."]
     if notes:
         lines += ["", "## Failures", "", *notes]
     return "\n".join(lines) + "\n"
