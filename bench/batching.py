@@ -58,16 +58,22 @@ sys.path.insert(0, str(ROOT / "bench"))
 import _common  # noqa: E402
 
 
+DELAY_US = {"value": 0.0}  # --max-queue-delay-us: the batching way's queue delay (its streams wait for full batches)
+DEVICE = {"value": "cpu"}  # --device: cpu, or cuda (docs/gpu.md's plan, step 5: artifacts carried into --work)
+
+
 def artifacts(work: Path, name: str, sizes: list[int]) -> tuple[Path, Path]:
     from tvmsched import models
-    from tvmsched.pipeline import compile_model
 
     work.mkdir(parents=True, exist_ok=True)
     paths = []
     for batch in (None, sizes):
         path = work / f"{name}-b{'-'.join(map(str, batch)) if batch else 'none'}.tvms"
-        if not path.exists():
-            compile_model(models.build(name), name=name, batch_size=batch).save(path)
+        if not path.exists():  # compiled here; on the GPU machine (no compiler) carried into --work under these names
+            from tvmsched.pipeline import compile_model
+
+            compile_model(models.build(name), name=name, batch_size=batch,
+                          target="cuda" if DEVICE["value"] == "cuda" else "llvm").save(path)
         paths.append(path)
     return paths[0], paths[1]
 
@@ -75,7 +81,7 @@ def artifacts(work: Path, name: str, sizes: list[int]) -> tuple[Path, Path]:
 def alone_p50_us(path: Path, runs: int = 200) -> float:
     from tvmsched.runtime import Executor
 
-    executor = Executor(str(path))
+    executor = Executor(str(path), DEVICE["value"])
     inputs = executor.random_inputs(0)
     for _ in range(20):
         executor.run(inputs)
@@ -85,9 +91,6 @@ def alone_p50_us(path: Path, runs: int = 200) -> float:
         executor.run(inputs)
         times.append((time.perf_counter() - start) * 1e6)
     return statistics.median(times)
-
-
-DELAY_US = {"value": 0.0}  # --max-queue-delay-us: the batching way's queue delay (its streams wait for full batches)
 
 
 def latency_summary(result) -> dict:
@@ -105,11 +108,11 @@ def trial(path: Path, name: str, rate: float, seconds: float, seed: int, target_
     from tvmsched.runtime import Executor, native
     from tvmsched.runtime.executor import to_engine
 
-    rt = native.create_runtime({"policy": "fastest"})
+    rt = native.create_runtime({"policy": "fastest", "device": DEVICE["value"]})
     try:
         rt.load(str(path), {"warmup": True, "max_queue_delay_us": DELAY_US["value"],
                             **({"qos_ms": target_us / 1e3} if target_us else {})})
-        one_row = {k: v[:1].copy() for k, v in Executor(str(path)).random_inputs(0).items()}
+        one_row = {k: v[:1].copy() for k, v in Executor(str(path), DEVICE["value"]).random_inputs(0).items()}
         result = native.func("open_loop")(rt, name, to_engine(one_row), float(rate), float(seconds), int(seed))
         stats = rt.stats()[name]
     finally:
@@ -151,7 +154,7 @@ def through_server(ways: dict[str, Path], name: str, work: Path, target_us: floa
             (folder / "1").mkdir(parents=True, exist_ok=True)
             (folder / "1" / "model.tvms").unlink(missing_ok=True)
             (folder / "1" / "model.tvms").symlink_to(path.resolve())
-            manifest = Executor(str(path)).manifest
+            manifest = Executor(str(path), DEVICE["value"]).manifest
             batching = "\ndynamic_batching { }" if manifest.batch_size else ""
             (folder / "config.pbtxt").write_text(
                 f'name: "{name}"\nbackend: "tvmsched"\nmax_batch_size: {manifest.batch_size or 0}{batching}\n'
@@ -160,7 +163,7 @@ def through_server(ways: dict[str, Path], name: str, work: Path, target_us: floa
             server = start_server([sys.executable, "-m", "tvmsched.cli", "serve", "--model-repository", str(root),
                                    "--port", str(http), "--grpc-port", str(grpc), "--max-queue", "256"],
                                   f"http://127.0.0.1:{http}", ready="/v2/health/ready")
-            row = {k: v[:1] for k, v in Executor(str(path)).random_inputs(0).items()}
+            row = {k: v[:1] for k, v in Executor(str(path), DEVICE["value"]).random_inputs(0).items()}
             deadline, latencies = time.monotonic() + 3.0, []
 
             def client_loop() -> list[float]:
@@ -227,12 +230,13 @@ def mix_trial(paths: dict[str, Path], targets_us: dict[str, float], rates: dict[
     from tvmsched.runtime import Executor, native
     from tvmsched.runtime.executor import to_engine
 
-    rt = native.create_runtime({"policy": "colocation"})
+    rt = native.create_runtime({"policy": "colocation", "device": DEVICE["value"]})
     try:
         inputs = []
         for name, path in paths.items():
             rt.load(str(path), {"name": name, "warmup": True, "qos_ms": targets_us[name] / 1e3})
-            inputs.append(to_engine({k: v[:1].copy() for k, v in Executor(str(path), batch_size=1).random_inputs(0).items()}))
+            one = Executor(str(path), DEVICE["value"], batch_size=1).random_inputs(0)
+            inputs.append(to_engine({k: v[:1].copy() for k, v in one.items()}))
         result = native.func("open_loop_mix")(rt, list(paths), inputs, [float(rates[n]) for n in paths], float(seconds),
                                               int(seed))
         stats = rt.stats()
@@ -323,9 +327,12 @@ def main() -> None:
                              "full-unit kernels only")
     parser.add_argument("--mix-models", default="mlp:1/4/16,resnet18-small:1/4,bert-tiny:1/2",
                         help="the mix's models and sizes, NAME:SIZE/SIZE/...,...")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where the in-process ways run (cuda: the artifacts carried into --work, no compiler needed)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     DELAY_US["value"] = args.max_queue_delay_us
+    DEVICE["value"] = args.device
     report = {"machine": _common.machine_info(), "load_average": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M"),
               "command": " ".join(sys.argv), "models": {}}
     for item in filter(None, args.models.split(",")):  # ("": the mix only)
@@ -363,7 +370,7 @@ def main() -> None:
 
         alone = {}
         for name, path in ways["units"].items():  # its batch-1 p50 alone at its fastest candidates
-            executor, times = Executor(str(path), batch_size=1), []
+            executor, times = Executor(str(path), DEVICE["value"], batch_size=1), []
             inputs = executor.random_inputs(0)
             for _ in range(220):
                 start = time.perf_counter()

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -201,6 +202,27 @@ def test_fp16_and_batched_rows_run_as_cpu_twins_with_their_own_pytorch_columns(t
     bad = subprocess.run([sys.executable, str(GPU_DIR / "prepare.py"), "--rows", "mlp:fp8@2"], capture_output=True, text=True,
                          cwd=ROOT)
     assert bad.returncode == 2 and "--rows takes [MODEL:]fp32|fp16[@BATCH]" in bad.stderr.splitlines()[-1]
+
+    # docs/gpu.md's plan, its step 3 (these rows) as a CPU twin through bench/gpu/session.sh: the steps that fit run
+    # in order; the first that does not is where the next call resumes
+    def plan(name: str, **env) -> tuple[str, dict]:
+        out = tmp_path / name
+        out.mkdir()
+        done = subprocess.run(["bash", str(GPU_DIR / "session.sh"), "plan"], capture_output=True, text=True, cwd=ROOT,
+                              timeout=300, env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+                                                "OUT": str(out), "SESSION_DEVICE": "cpu", "SESSION_DIR": str(carried), **env})
+        assert done.returncode == 0, done.stdout + done.stderr
+        with tarfile.open(out / "results.tgz") as archive:
+            files = {m.name.removeprefix("./"): archive.extractfile(m).read().decode() for m in archive if m.isfile()}
+        return done.stdout, files
+
+    log, files = plan("dry", SESSION_BUDGET_S="400", PLAN_DRY="1")
+    assert "plan: step 2 (preemption) within 110 s" in log and "plan: step 3 (fp16 rows) needs 230 s, 120 s left" in log
+    assert files["plan-next.txt"].strip() == "PLAN_FROM=3"
+    log, files = plan("step3", SESSION_BUDGET_S="100", PLAN_FROM="3", PLAN_BUDGETS="170 110 80 150 200 150",
+                      PLAN_SUITE_MODELS="mlp")
+    assert "fp16 rows: exit 0" in log and files["plan-next.txt"].strip() == "PLAN_FROM=4", log
+    assert re.search(r"^\| mlp \| fp16-b4 \| \d\.\de-\d\d \| \d\.\de-\d\d \| .* \| yes \|$", files["gpu-fp16.md"], re.M), files["gpu-fp16.md"]
 
 
 def test_fp16_goals_read_the_batch_8_rows():

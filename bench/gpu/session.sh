@@ -14,6 +14,16 @@
 #   sharing     bench/gpu/sharing.sh on the artifacts of $dir/work/ (carried slim) alone, SHARING_SECTIONS of them
 #   bandwidth   pinned host <-> device copy bandwidth, both directions (bench/gpu/bandwidth.py)
 #   profile     tvmsched profile-coloc of each mix's artifacts into .gpu/coloc-MIX.json, used by a later colocation
+#   plan        docs/gpu.md's ordered GPU plan: its steps from PLAN_FROM (default 1) in order, each only when its time
+#               budget (PLAN_BUDGETS) still fits in what is left; the first that does not fit is where the next call
+#               resumes ($res/plan-next.txt says "PLAN_FROM=N"). PLAN_DRY=1 prints the schedule and runs nothing.
+#                 1 switching table + loop checks (flag in device memory)     sharing sections switching, loops
+#                 2 preemption: RT mix at loads 0.2/0.5/0.8, two RT streams   sharing sections preemption, rtstreams
+#                 3 fp16 rows: resnet50, bert-base at batch 8 (and fp32 b8)   suite --models resnet50 bert-base
+#                 4 resnet50 kit at KIT_UNITS SM counts, resnet50 tiering     kits, sharing section tiering
+#                 5 colocation on the mixes (candidates compiled here from    profile, colocation
+#                   step 4's measurements: a call of its own)
+#                 6 batching against none (bench/batching.py --device cuda)   artifacts carried in $dir/batching/
 set -uo pipefail
 start=$SECONDS
 cd "$(dirname "$0")/../.."
@@ -123,10 +133,63 @@ step_profile() {
   done < "$dir/mixes.txt"
 }
 
+# the plan's steps (docs/gpu.md, "The GPU plan"); plan_N SECONDS runs step N within SECONDS
+PLAN_NAMES=("" "switching and loop checks" "preemption" "fp16 rows" "resnet50 kit and tiering" "colocation" "batching")
+read -r -a PLAN_BUDGETS <<< "0 ${PLAN_BUDGETS:-170 110 230 150 200 150}"
+within() {  # within SECONDS COMMAND...: COMMAND's steps see only SECONDS left
+  local saved=$budget
+  budget=$(( SECONDS - start + $1 ))
+  shift
+  "$@"
+  budget=$saved
+}
+plan_1() { SHARING_SECTIONS="switching loops" SHARING_S=$1 step_sharing; }
+plan_2() { SHARING_SECTIONS="preemption rtstreams" SHARING_S=$1 step_sharing; }
+plan_3() {  # the rows prepare.py --rows resnet50:fp16@8 bert-base:fp16@8 resnet50:fp32@8 bert-base:fp32@8 carried
+  # shellcheck disable=SC2086
+  timeout -k 5 "$1" python3 -P bench/gpu/suite.py --artifacts "$dir" --device "$device" --work "$res/suite-work" \
+    --models ${PLAN_SUITE_MODELS:-resnet50 bert-base} --compile-backend none --budget-s $(( $1 - 10 )) \
+    --out "$res/gpu-fp16.md" > "$res/suite-fp16.log" 2>&1
+  log "fp16 rows: exit $? ($(tail -1 "$res/suite-fp16.log"))"
+  rm -rf "$res/suite-work"
+}
+plan_4() {
+  KIT_UNITS=${KIT_UNITS:-24,48,72,96,132} within $(( $1 * 2 / 3 )) step_kits
+  SHARING_SECTIONS=tiering SHARING_S=$(( $1 / 3 )) step_sharing
+}
+plan_5() { within $(( $1 / 4 )) step_profile; within $(( $1 * 3 / 4 )) step_colocation; }
+plan_6() {
+  [ -d "$dir/batching" ] || { log "batching: no $dir/batching/ (artifacts MODEL-bnone.tvms, MODEL-b1-2-4-8.tvms)"; return; }
+  timeout -k 5 "$1" python3 -P bench/batching.py --device "$device" --work "$dir/batching" --no-serve \
+    --models "${BATCHING_MODELS:-resnet18-small:1/2/4/8,bert-tiny:1/2/4}" --seconds 1 --out "$res/batching.json" \
+    > "$res/batching.log" 2>&1
+  log "batching: exit $? ($(tail -1 "$res/batching.log"))"
+}
+
+step_plan() {
+  local n=${PLAN_FROM:-1} need
+  while (( n < ${#PLAN_BUDGETS[@]} )); do
+    need=${PLAN_BUDGETS[$n]}
+    if (( n == 5 )) && [ ! -f "$dir/mixes.txt" ]; then
+      log "plan: step 5 needs $dir/mixes.txt, the mixes of candidates compiled here from step 4's kit measurements"
+      break
+    fi
+    if (( need > $(left) )); then
+      log "plan: step $n (${PLAN_NAMES[$n]}) needs $need s, $(left) s left"
+      break
+    fi
+    log "plan: step $n (${PLAN_NAMES[$n]}) within $need s"
+    if [ -n "${PLAN_DRY:-}" ]; then budget=$(( budget - need )); else "plan_$n" "$need"; fi
+    n=$(( n + 1 ))
+  done
+  echo "PLAN_FROM=$n" > "$res/plan-next.txt"
+  if (( n >= ${#PLAN_BUDGETS[@]} )); then log "plan: every step done"; else log "plan: the next call resumes with PLAN_FROM=$n"; fi
+}
+
 for step in "$@"; do
   case $step in
-    kits | suite | colocation | profile | bandwidth | sharing) log "$step: start, $(left) s left"; "step_$step" ;;
-    *) echo "error: unknown step '$step' (kits, suite, sharing, bandwidth, colocation, profile)" >&2; exit 2 ;;
+    kits | suite | colocation | profile | bandwidth | sharing | plan) log "$step: start, $(left) s left"; "step_$step" ;;
+    *) echo "error: unknown step '$step' (kits, suite, sharing, bandwidth, colocation, profile, plan)" >&2; exit 2 ;;
   esac
 done
 cp "$dir"/coloc-*.json "$res/" 2>/dev/null
