@@ -272,3 +272,27 @@ def test_a_reflect_pad_is_refused_at_fp16_naming_the_kernel(cli, tmp_path):
     refused = cli("compile", path, "--precision", "fp16", "-o", tmp_path / "m.tvms")
     assert refused.returncode == 2 and refused.stderr.endswith("TIR kernels of some of its ops (mirror_pad); "
                                                                "compile it at fp32\n"), refused.stderr
+
+
+def test_a_tuning_round_at_fp16_builds_measures_and_compiles_from_its_own_records(cli, tmp_path):
+    """`tune kit --precision fp16` samples the layers as `compile --precision fp16` lowers them; their measured records
+    are keyed by those (fp16) workloads: the fp16 compile runs them, an fp32 compile of the same model finds records
+    only for the layers that compute in fp32 in both (the softmax)."""
+    import json
+
+    model, kit, db = tmp_path / "mlp.onnx", tmp_path / "kit", f"sqlite:///{tmp_path / 'tuning.db'}"
+    onnx.save(models.build("mlp"), model)
+    built = cli("tune", "kit", model, "--target", "llvm", "--precision", "fp16", "--samples", "2", "-o", kit, "--db", db)
+    assert built.stdout.strip().endswith("at fp16"), built.stdout
+    index = json.loads((kit / "kit.json").read_text())
+    assert index["precision"] == "fp16"
+    assert {dtype for entry in index["funcs"] for _, dtype in entry["args"]} >= {"float16"}
+    cli("tune", "measure", kit, "-o", tmp_path / "m.json")
+    cli("tune", "import", kit, tmp_path / "m.json", "--db", db)
+    cli("compile", model, "--precision", "fp16", "--db", db, "-o", tmp_path / "m16.tvms")
+    layers = json.loads(cli("inspect", tmp_path / "m16.tvms", "--json").stdout)["tuning"]["layers"]
+    assert all(v["status"] == "cached" for v in layers.values()), layers
+    cli("compile", model, "--db", db, "-o", tmp_path / "m32.tvms")
+    layers = json.loads(cli("inspect", tmp_path / "m32.tvms", "--json").stdout)["tuning"]["layers"]
+    assert {f for f, v in layers.items() if v["status"] == "cached"} == {"softmax"}, layers
+    assert Executor(tmp_path / "m16.tvms").manifest.precision == "fp16"

@@ -212,8 +212,10 @@ def tune() -> None:
 @click.option("--db", "db_url", help="Database whose measured records seed later rounds (default: the local SQLite file).")
 @click.option("--db-token-file", type=click.Path(dir_okay=False), help="Bearer token for a database service.")
 @click.option("--fresh", is_flag=True, help="Random samples for every layer, ignoring the database's records (a new round 1).")
+@click.option("--precision", default="fp32", show_default=True, metavar="P",
+              help="fp32 or fp16: the layers as `tvmsched compile --precision P` builds them (records keyed by their dtypes).")
 def tune_kit(model: str, out_dir: str, target: str, samples: int, input_shapes: tuple[str, ...], grid_csv: str | None,
-             db_url: str | None, db_token_file: str | None, fresh: bool) -> None:
+             db_url: str | None, db_token_file: str | None, fresh: bool, precision: str) -> None:
     """Sample and build schedules of every layer of MODEL into a measurement kit.
 
     Layers whose workload has measured records in the database (imported from earlier rounds) are sampled by
@@ -231,12 +233,14 @@ def tune_kit(model: str, out_dir: str, target: str, samples: int, input_shapes: 
     from tvmsched.tune.kit_build import build_kit
 
     kit = build_kit(load_onnx(model), out_dir, target=target, samples=samples, input_shapes=shapes, name=Path(model).stem,
-                    grid_limit_units=_parse_units(grid_csv), database=db_url, token=token, seeded=not fresh)
+                    grid_limit_units=_parse_units(grid_csv), database=db_url, token=token, seeded=not fresh,
+                    precision=precision)
     count = sum(len(entry["samples"]) for entry in kit["funcs"])
     seeded = [entry["seeded"] for entry in kit["funcs"] if entry.get("seeded")]
     how = (f"{len(seeded)} of {len(kit['funcs'])} layers searched from {sum(s['records'] for s in seeded)} measured records"
            if seeded else "random samples")
-    click.echo(f"wrote {out_dir}: round {kit['round']} ({how}), {len(kit['funcs'])} layers, {count} kernels for {kit['device']}")
+    click.echo(f"wrote {out_dir}: round {kit['round']} ({how}), {len(kit['funcs'])} layers, {count} kernels for {kit['device']}"
+               + (f" at {kit['precision']}" if kit["precision"] != "fp32" else ""))
 
 
 @tune.command("measure")

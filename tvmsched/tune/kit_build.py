@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 
 def build_kit(model, out_dir: str | Path, *, target: str = "cuda", samples: int = 32, input_shapes=None,
               name: str = "model", grid_limit_units: list[int] | None = None, progress: bool = True,
-              database=None, token: str | None = None, seeded: bool = False, measured_ratio: float = 0.2) -> dict:
+              database=None, token: str | None = None, seeded: bool = False, measured_ratio: float = 0.2,
+              precision: str = "fp32") -> dict:
     """Sample and build `samples` schedules of every layer of `model` into `out_dir`; returns kit.json.
 
     grid_limit_units: CUDA without green contexts: also build each sample grid-limited to each of
@@ -44,7 +45,8 @@ def build_kit(model, out_dir: str | Path, *, target: str = "cuda", samples: int 
     seeded: draw the samples of layers with measured records (this target, all units) in `database` (a URL or
     TuningDatabase; None: the default one) by the seeded evolutionary search (see the module docstring); the
     other layers, and all of them without `seeded`, get random samples (round 1). measured_ratio: the share of
-    the search's first population taken from the database (tuning.SeededSearch).
+    the search's first population taken from the database (tuning.SeededSearch). precision: the layers as
+    `compile_model(precision=...)` lowers them (fp16: their own workloads, so their own records).
     """
     from tqdm import tqdm
 
@@ -56,7 +58,7 @@ def build_kit(model, out_dir: str | Path, *, target: str = "cuda", samples: int 
     from tvmsched.extras import require
 
     require("tune", "tvmsched tune kit (MetaSchedule's sampling)")
-    graph, funcs, tvm_target = lower_model(model, target, input_shapes)
+    graph, funcs, tvm_target = lower_model(model, target, input_shapes, precision=precision)
     info = describe(tvm_target)
     if grid_limit_units and not info.gpu:
         raise TvmschedError("grid limiting restricts GPU kernels: it needs --target cuda")
@@ -90,7 +92,7 @@ def build_kit(model, out_dir: str | Path, *, target: str = "cuda", samples: int 
         "mechanism": "grid_limit" if grid_limit_units else info.mechanism,
         "grid_limit_units": sorted(set(grid_limit_units or [])), "target": target_dict(tvm_target), "funcs": entries,
         "round": kit_round(entries, samples), "samples_per_layer": samples,
-        "device_code": kernels.cuda_device_code() if info.gpu else "native",
+        "device_code": kernels.cuda_device_code() if info.gpu else "native", "precision": precision,
     }
     (out / KIT_FILE).write_text(json.dumps(kit))
     return kit
