@@ -15,7 +15,7 @@ from tests.artifact_cache import Cache, Compiled, References
 def pytest_collection(session):
     """Every pytest worker collects every test module; those that define TVMScript functions at import (@T.prim_func)
     load 5-10x faster with inspect's module lookup memoized, as tvmsched loads TVM's tensor intrinsics."""
-    from tvmsched.tune.search import inspect_getmodule_memoized
+    from tvmsched.lower.intrinsics import inspect_getmodule_memoized
 
     with inspect_getmodule_memoized():
         return (yield)

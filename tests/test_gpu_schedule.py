@@ -263,3 +263,57 @@ def test_fp16_cuda_compile_shows_paths_with_their_flop_share_and_instruments_eve
     for c in tensor:
         assert c["idempotent"] and c["preempt_check"] and c["progress_blocks"] >= 1 and c["threads"] >= 32, c
         assert c["path_reason"].startswith("fp16 WMMA 16x16x16"), c
+
+
+def test_fp16_kit_records_on_tensor_cores_are_taken_and_a_simt_record_does_not_replace_a_tensor_core_default(tmp_path):
+    """An fp16 CUDA kit: MetaSchedule samples tensor-core schedules of the matmul (their traces name WMMA intrinsics and
+    hold IndexMaps, both of which the import must read). Measured there (times as `tune measure` reports them; no
+    GPU here) and compiled here: the matmul runs its record on tensor cores. A faster record from SIMT code
+    (dlight's own matmul rule, which never tensorizes on sm_90a) does not replace the tensor-core default here,
+    where the two cannot be timed against each other; the softmax takes its record."""
+    from onnx import TensorProto, helper, numpy_helper
+    from tvm.s_tir import dlight as dl
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+    from tvm.s_tir.meta_schedule.database import TuningRecord
+
+    from tvmsched.pipeline import compile_model, open_tuning_database
+    from tvmsched.tune.kit_build import build_kit, import_results
+    from tvmsched.tune.search import task_module
+
+    rng = np.random.default_rng(5)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Softmax", ["y"], ["out"], axis=-1)],
+        "mm_softmax", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128, 256])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 128, 128])],
+        [numpy_helper.from_array(rng.standard_normal([256, 128]).astype("float32"), "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    kit = build_kit(model, tmp_path / "kit", target="cuda", samples=4, progress=False, precision="fp16")
+    times = {e["func"]: {s["symbol"]: {"132": 10.0 + i} for i, s in enumerate(e["samples"])} for e in kit["funcs"]}
+    results = {"kit": kit["id"], "device": "cuda", "unit_kind": "gpu_sm", "full_units": 132, "units": [132],
+               "mechanism": "green_context", "times_us": times}
+    db = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    assert import_results(tmp_path / "kit", results, db) == sum(len(e["samples"]) for e in kit["funcs"])
+
+    def compiled_layers():
+        artifact = compile_model(model, target="cuda", precision="fp16", database=db)
+        return artifact.manifest.tuning["layers"], {layer.func: layer.candidates[0] for layer in artifact.manifest.layers}
+
+    tuning, candidates = compiled_layers()
+    (matmul,) = [f for f in tuning if "matmul" in f]
+    assert tuning[matmul]["kernel"] == "tuned", tuning[matmul]
+    assert (candidates[matmul].path, candidates[matmul].path_reason) == (gpu_schedule.TENSOR_CORES,
+                                                                       "tuned (MetaSchedule's tensor-core rule)")
+    assert all(tuning[f]["kernel"] == "tuned" for f in tuning if "softmax" in f), tuning
+
+    _, funcs, target = lower_model(model, "cuda", precision="fp16")
+    with target:
+        simt = dl.gpu.Matmul().apply(funcs[matmul], target, False)
+    assert "wmma" not in simt.mod["main"].script()
+    database = open_tuning_database(db, target)
+    mod = task_module(funcs[matmul])
+    database.commit_tuning_record(TuningRecord(simt.trace, database.commit_workload(mod), [1e-6], target,
+                                               ArgInfo.from_prim_func(mod["main"])))  # faster than every TC record
+    tuning, candidates = compiled_layers()
+    assert tuning[matmul]["kernel"] == "default" and "tensor cores" in tuning[matmul]["message"], tuning[matmul]
+    assert candidates[matmul].path == gpu_schedule.TENSOR_CORES and candidates[matmul].schedule == "dlight:WaveMatmul"

@@ -299,8 +299,10 @@ def test_the_getmodule_memo_answers_as_inspect_does_and_is_put_back():
     original = inspect.getmodule
     here, scope = sys._getframe(), {}
     exec(compile("import sys\nframe = sys._getframe()", "<ast>", "exec"), scope)  # a frame as TVMScript's evaluator makes
-    with tuning.inspect_getmodule_memoized():
-        with tuning.inspect_getmodule_memoized():
+    from tvmsched.lower.intrinsics import inspect_getmodule_memoized
+
+    with inspect_getmodule_memoized():
+        with inspect_getmodule_memoized():
             memoized = inspect.getmodule
             assert memoized is not original
             for _ in range(2):

@@ -102,6 +102,42 @@ def default_units(tdict: dict | None) -> tuple[int, str]:
     return int((tdict or {}).get("num-cores") or 0), "cpu_thread"
 
 
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, (list, tuple)):
+        return [_plain(item) for item in obj]
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    return _json_de_tvm(obj)
+
+
+def record_json(record: TuningRecord) -> tuple[Any, list[float] | None, dict | None, Any]:
+    """(trace, run seconds, target dict, args info) of a record as plain JSON. `TuningRecord.as_json()` leaves a
+    TransformLayout's IndexMap as an object (MetaSchedule's tensor-core schedules have them), which its own
+    conversion then rejects; the trace's `as_json()` writes it as text."""
+    try:
+        return record.as_json()
+    except TypeError:
+        trace = _plain(record.trace.as_json())
+        run_secs = None if record.run_secs is None else [float(s) for s in record.run_secs]
+        tdict = None if record.target is None else _json_de_tvm(record.target.export())
+        args = None if record.args_info is None else [_plain(a.as_json()) for a in record.args_info]
+        return trace, run_secs, tdict, args
+
+
+def record_from_json(obj: list, workload: Workload) -> TuningRecord:
+    """`TuningRecord.from_json`, TVM's tensor intrinsics loaded first where the trace tensorizes (a record of
+    MetaSchedule's tensor-core rule names WMMA intrinsics, which must be registered to parse it)."""
+    try:
+        return TuningRecord.from_json(obj, workload)
+    except Exception as err:  # noqa: BLE001 - "TensorIntrin '...' is not registered" (a ValueError from the FFI)
+        if "is not registered" not in str(err):
+            raise
+    from tvmsched.lower.intrinsics import load_tensor_intrinsics
+
+    load_tensor_intrinsics()
+    return TuningRecord.from_json(obj, workload)
+
+
 def compute_blocks(mod: IRModule, trace: Trace) -> int | None:
     """Thread blocks / parallel extent of `trace` applied to `mod`; None if unknown or on error."""
     try:
@@ -220,7 +256,7 @@ class TuningDatabase(PyDatabase):
         workload_id = self._workload_id(record.workload)
         if workload_id is None:
             workload_id = self._resolve(record.workload.mod, commit=True)[0]
-        trace_json, run_secs, tdict, args_info = record.as_json()
+        trace_json, run_secs, tdict, args_info = record_json(record)
         if tdict is None and self.target is not None:
             tdict = target_dict(self.target)
         units, unit_kind = default_units(tdict)
@@ -246,7 +282,7 @@ class TuningDatabase(PyDatabase):
         workload = workload or self._workload_by_id(row.workload_id)
         obj = [json.loads(row.trace_json), row.run_secs, json.loads(row.target_json),
                json.loads(row.args_info_json)]
-        record = TuningRecord.from_json(obj, workload)
+        record = record_from_json(obj, workload)
         with self._lock:
             return self._records.setdefault(row.id, record)
 

@@ -14,11 +14,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
+from tvm.s_tir.meta_schedule.database import Workload
 
 from ..errors import TvmschedError, one_line
 from .json_limits import loads as _bounded_loads
-from .ms_adapter import TuningDatabase, mod_from_json
+from .ms_adapter import TuningDatabase, mod_from_json, record_from_json
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +77,12 @@ def import_ms_json(store: Any, work_dir: str | Path, *, units: int, unit_kind: s
     records = _lines(record_path)
     for number, entry in records:  # [workload line index, [trace, run_secs, target, args_info]]
         _parse(record_path, number, "tuning record entry ([workload index, record])",
-               lambda entry=entry: TuningRecord.from_json(entry[1], parsed[_index(entry, len(parsed))]))
+               lambda entry=entry: record_from_json(entry[1], parsed[_index(entry, len(parsed))]))
     db = TuningDatabase(store, units=units, unit_kind=unit_kind)
     before = store.stats()["records"]
     workloads = [db.commit_workload(workload.mod) for workload in parsed]
     for _, (index, record_json) in records:
-        db.commit_tuning_record(TuningRecord.from_json(record_json, workloads[index]))
+        db.commit_tuning_record(record_from_json(record_json, workloads[index]))
     added = store.stats()["records"] - before
     log.info("imported %d workloads, %d records (%d new) from %s",
              len(workloads), len(records), added, work_dir)

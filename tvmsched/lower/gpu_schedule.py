@@ -289,6 +289,8 @@ def _wave_matmul_class():
             extents, dtype = shape
             refusal = tensor_core_refusal(extents, dtype, sm_version(target))
             if refusal is None:
+                from tvmsched.lower.intrinsics import load_tensor_intrinsics
+
                 load_tensor_intrinsics()
                 sch = dl.gpu.matmul.MatmulTensorization().apply(func, target, tunable)
                 if sch is not None:
@@ -320,20 +322,6 @@ def _wave_matmul_class():
     return _WaveMatmul
 
 
-@functools.cache
-def load_tensor_intrinsics() -> None:
-    """Import TVM's CUDA tensor intrinsics (tvm.s_tir.tensor_intrin.cuda: WMMA, MMA, ldmatrix; dlight's tensor-core rule
-    imports them on first use). Its TVMScript parser calls inspect.stack() for each of the ~400 intrinsics it
-    registers, and inspect cannot map the import machinery's frames ("<frozen importlib._bootstrap>") to a file, so it
-    scans every loaded module for each such frame: 20-30 s per process. Those names map to their modules, which is
-    what inspect would find if it could; told so first, the import takes about 6 s (docs/tvm-pitfalls.md)."""
-    import inspect
-
-    for name in ("importlib._bootstrap", "importlib._bootstrap_external"):
-        inspect.modulesbyfile.setdefault(f"<frozen {name}>", name)
-    import tvm.s_tir.tensor_intrin.cuda  # noqa: F401 - registers the intrinsics
-
-
 def _count(n: int, what: str) -> str:
     return f"{n} {what}" + ("" if n == 1 else "s")
 
@@ -350,6 +338,8 @@ def intrinsic_twin(func, target):
     from tvm.s_tir import TensorIntrin
     from tvm.s_tir.dlight.gpu.matmul import MatmulTensorization
     from tvm.s_tir.schedule import Instruction, Trace
+
+    from tvmsched.lower.intrinsics import load_tensor_intrinsics
 
     load_tensor_intrinsics()
     with target:

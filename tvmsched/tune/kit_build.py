@@ -167,9 +167,10 @@ def _builds(kernels_: dict, target) -> bool:
 
 def import_results(kit_dir: str | Path, results: dict, database=None, token: str | None = None) -> int:
     """Store every measured (sample, unit count) of a kit as a tuning record; returns how many."""
-    from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
+    from tvm.s_tir.meta_schedule.database import Workload
 
     from tvmsched.tuning_db import TuningDatabase, open_database
+    from tvmsched.tuning_db.ms_adapter import record_from_json
 
     kit = read_kit(kit_dir)
     if not isinstance(results, dict) or results.get("kit") != kit["id"]:
@@ -192,7 +193,7 @@ def import_results(kit_dir: str | Path, results: dict, database=None, token: str
                 kind = "gpu_sm" if scope == 0 else unit_kind
                 if scope not in scopes:
                     scopes[scope] = TuningDatabase(base.store, units=scope, unit_kind=kind, target=kit["target"])
-                record = TuningRecord.from_json([sample["trace"], [us * 1e-6], kit["target"], entry["args_info"]], workload)
+                record = record_from_json([sample["trace"], [us * 1e-6], kit["target"], entry["args_info"]], workload)
                 scopes[scope].commit_tuning_record(record)
                 stored += 1
     return stored

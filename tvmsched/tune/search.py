@@ -22,6 +22,7 @@ import types
 from dataclasses import dataclass
 
 from tvmsched.lower import kernels
+from tvmsched.lower.intrinsics import load_tensor_intrinsics
 from tvmsched.errors import TvmschedError, one_line
 from tvmsched.lower.targets import describe
 
@@ -775,6 +776,9 @@ def _decide(w: Workload, outcome: LayerTuning, database, target, default_us, mea
         log.warning("the best record of %s cannot be used: %s", w.name, one_line(err))
         return dataclasses.replace(outcome, status="fallback", message=f"the best record cannot be used: {one_line(err)[:150]}",
                                    default_us=default_us(w), kernel="default"), None
+    if measure is None and w.name in defaults and _loses_tensor_cores(w.func, defaults[w.name], tuned):
+        message = "the default schedule runs on tensor cores, the record's kernel does not (not measured against it here)"
+        return dataclasses.replace(outcome, status=kept, message=message, kernel="default"), None
     base_us = tuned_us = None
     if hasattr(measure, "pair"):  # the two timed together, not minutes apart
         try:
@@ -792,6 +796,17 @@ def _decide(w: Workload, outcome: LayerTuning, database, target, default_us, mea
         return dataclasses.replace(outcome, status=kept, default_us=base_us, tuned_us=tuned_us, kernel="default",
                                    message=message), None
     return dataclasses.replace(outcome, default_us=base_us, tuned_us=tuned_us, kernel="tuned"), record.trace
+
+
+def _loses_tensor_cores(func, default, tuned) -> bool:
+    """A record's kernel that would replace a default schedule on tensor cores with SIMT code. Where the two cannot be
+    timed against each other (a GPU this machine lacks), the default is kept: a record's time was measured against
+    the other samples of its round, never against the tensor-core default."""
+    from tvmsched.lower import gpu_schedule
+    from tvmsched.lower.kernels import gpu_path
+
+    return (gpu_path(func, default)[0] == gpu_schedule.TENSOR_CORES
+            and gpu_path(func, tuned)[0] != gpu_schedule.TENSOR_CORES)
 
 
 def _signature(func) -> list[tuple[str, str]]:
@@ -979,8 +994,7 @@ def tensor_intrinsics(target):
         yield
         return
     if not describe(target).cpu:
-        with inspect_getmodule_memoized():
-            import tvm.s_tir.tensor_intrin  # noqa: F401 - registers the intrinsics
+        load_tensor_intrinsics()
         yield
         return
     sys.modules[key] = types.ModuleType(key)
@@ -988,42 +1002,6 @@ def tensor_intrinsics(target):
         yield
     finally:
         sys.modules.pop(key, None)
-
-
-_GETMODULE_LOCK = threading.Lock()
-_getmodule_memo = {"depth": 0, "original": None}  # callers inside inspect_getmodule_memoized, inspect's own function
-
-
-@contextlib.contextmanager
-def inspect_getmodule_memoized():
-    """Memoize `inspect.getmodule` for pseudo-files ("<frozen importlib._bootstrap>", "<ast>") while importing
-    TVMScript-defined modules: each `@T.prim_func` calls `inspect.stack()`, whose frames inside an import and inside
-    TVMScript's evaluator have no source file, and inspect then scans every module in `sys.modules` for each such
-    frame, twice: hundreds of prim_funcs x ~30 frames x ~1000-3000 modules. A frame's module depends only on its file
-    name there (frames have no `__module__`), so the answer is the same each time. Nested and concurrent uses share one
-    memo; the last to leave puts inspect's own function back. (docs/tvm-pitfalls.md)"""
-    import inspect
-
-    with _GETMODULE_LOCK:
-        if _getmodule_memo["depth"] == 0:
-            original, found = inspect.getmodule, {}
-
-            def getmodule(obj, _filename=None):
-                if _filename is None or not _filename.startswith("<") or hasattr(obj, "__module__") or inspect.ismodule(obj):
-                    return original(obj, _filename)
-                if _filename not in found:
-                    found[_filename] = original(obj, _filename)
-                return found[_filename]
-
-            _getmodule_memo["original"], inspect.getmodule = original, getmodule
-        _getmodule_memo["depth"] += 1
-    try:
-        yield
-    finally:
-        with _GETMODULE_LOCK:
-            _getmodule_memo["depth"] -= 1
-            if _getmodule_memo["depth"] == 0:
-                inspect.getmodule = _getmodule_memo["original"]
 
 
 def sample_schedules(func, target, count: int, *, seed: int = 0, attempts_per_sample: int = 64) -> list:
