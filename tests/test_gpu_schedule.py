@@ -171,17 +171,36 @@ def test_inspect_shows_sms_and_waves(compiled, cli):
 # fp16 on tensor cores: dlight's WMMA schedule, checked on the CPU through its intrinsic twin. Importing TVM's CUDA
 # tensor intrinsics costs 20-30 s once per process (docs/tvm-pitfalls.md), so every test that tensorizes is here, in
 # one pytest-xdist worker (--dist loadscope), compiling in this process.
+def _convolutions():
+    """Two convolutions as a CNN's middle stages have them: 3x3 from 32 to 64 channels, then 1x1 to 128, at 16x16."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(9)
+    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype("float32") * 0.1, name)
+               for name, shape in (("w3", [64, 32, 3, 3]), ("b3", [64]), ("w1", [128, 64, 1, 1]))]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w3", "b3"], ["c3"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c3"], ["r"]),
+         helper.make_node("Conv", ["r", "w1"], ["out"])],
+        "convolutions", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 16, 16])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 128, 16, 16])], weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model
+
+
 @pytest.fixture(scope="module")
 def fp16_scheduled():
     """{model: (unscheduled funcs, scheduled funcs, target)} at --precision fp16 for the CUDA target."""
     out = {}
-    for name in ("bert-tiny", "mobilenetv2"):
-        _, funcs, target = lower_model(models.build(name), "cuda", precision="fp16")
+    for name, model in (("bert-tiny", models.build("bert-tiny")), ("convolutions", _convolutions())):
+        _, funcs, target = lower_model(model, "cuda", precision="fp16")
         out[name] = (funcs, kernels.default_schedule(funcs, target), target)
     return out
 
 
-@pytest.mark.parametrize("name", ["bert-tiny", "mobilenetv2"])
+@pytest.mark.parametrize("name", ["bert-tiny", "convolutions"])
 def test_fp16_tensor_core_layers_and_row_reductions_compute_the_layer(fp16_scheduled, name):
     """Every fp16 tensor-core layer, through its twin (each WMMA fill / load / multiply / store replaced by the plain
     TIR its intrinsic describes, thread bindings made serial), computes what the unscheduled layer computes; so does
@@ -212,8 +231,9 @@ def test_fp16_tensor_core_layers_and_row_reductions_compute_the_layer(fp16_sched
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-3 * scale, err_msg=f"{f} ({path}: {reason})")
     assert not unchecked, f"tensor-core layers without a CPU twin: {unchecked}"
     assert gpu_schedule.TENSOR_CORES in paths.values(), paths
-    if name == "bert-tiny":  # every projection and attention product (head dim 64 included) on tensor cores
-        assert all(p == gpu_schedule.TENSOR_CORES for f, p in paths.items() if "matmul" in f), paths
+    # every projection and attention product (head dim 64 included), every convolution (64 channels included)
+    assert all(p == gpu_schedule.TENSOR_CORES for f, p in paths.items() if "matmul" in f or "conv" in f), paths
+    if name == "bert-tiny":
         assert paths["layer_norm"] == gpu_schedule.WARP_PER_ROW and paths["fused_softmax_cast1"] == gpu_schedule.WARP_PER_ROW
 
 

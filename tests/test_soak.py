@@ -53,13 +53,13 @@ def _soak(kind: str, artifacts, work, load_s: float) -> dict:
 
 
 def test_soak_python_server(artifacts, tmp_path):
-    _soak("python", artifacts, tmp_path, load_s=30)
+    _soak("python", artifacts, tmp_path, load_s=20)
 
 
 def test_soak_cpp_server(artifacts, tmp_path):
     if not soak.CPP_SERVER.exists():
         pytest.skip("build/cpp/tvmsched_server is not built (make cpp; tests/test_cpp_examples.py builds it)")
-    _soak("cpp", artifacts, tmp_path, load_s=20)
+    _soak("cpp", artifacts, tmp_path, load_s=15)
 
 
 def test_latency_history_is_bounded(tmp_path, compiled):
