@@ -217,7 +217,7 @@ def test_fp16_tensor_core_layers_and_row_reductions_compute_the_layer(fp16_sched
         if path in (gpu_schedule.SIMT, gpu_schedule.SPLIT_K):
             continue
         if path == gpu_schedule.TENSOR_CORES:
-            twin = gpu_schedule.intrinsic_twin(plain[f], target)
+            twin = gpu_schedule.intrinsic_twin(plain[f], target, H100_SMS)
             if twin is None:
                 unchecked.append(f)
                 continue
@@ -247,7 +247,11 @@ def test_each_matmul_like_layer_states_its_path_and_why():
     assert "float32 operands" in tensor_core_refusal((1, 128, 128, 128), "float32", 90)
     assert "sm_61" in tensor_core_refusal((1, 128, 128, 128), "float16", 61)
     assert "K = 8" in tensor_core_refusal((1, 128, 128, 8), "float16", 90)
-    assert "32x the work" in tensor_core_refusal((1, 4, 128, 1152), "float16", 90)  # a 2x2 convolution's 4 rows
+    assert "8x the work" in tensor_core_refusal((1, 4, 128, 1152), "float16", 90)  # a 2x2 convolution's 4 rows
+    # tiles from 32x32 (one warp) to dlight's 128x128 (16 warps): the largest that fills the SMs, else the most blocks
+    assert gpu_schedule.tensor_core_tiles(1, 128, 128, H100_SMS)[0] == (32, 32)  # BERT-tiny: 16 blocks, not 1
+    assert gpu_schedule.tensor_core_tiles(8, 3136, 64, H100_SMS)[0] == (64, 64)  # ResNet-50's first stage at batch 8
+    assert gpu_schedule.tensor_core_tiles(1, 128, 768, H100_SMS)[-1] == (128, 128)  # dlight's own, the last resort
     # fp32: no layer on tensor cores, each with the reason
     _, funcs, target = lower_model(models.build("bert-tiny"), "cuda")
     for f, func in kernels.default_schedule(funcs, target).items():

@@ -15,13 +15,17 @@ it). Every other layer keeps dlight's rules (GEMV, reductions, element-wise fall
 one block per 256-1024 outputs.
 
 Tensor cores come first: a matmul-like layer with fp16 operands on sm_70 or later takes dlight's WMMA schedule
-(`MatmulTensorization`: 16x16x16 fragments, 128 x 128 outputs per block, fp32 accumulation) before any tile or
-split-K is considered, wherever padding its outputs to those tiles costs at most `MAX_TENSOR_CORE_PADDING` times
-the work. dlight's own matmul rule would not: it tensorizes only when every non-batch extent exceeds 64 (leaving
-head-dim-64 attention and 64-channel convolutions on SIMT cores), and it reads the architecture as a bare number,
-so `sm_90a` (the H100 / H200 target) never tensorizes there. Each matmul-like layer's path (`GpuPath`: tensor
-cores, split-K or SIMT) and the reason for it are recorded on the scheduled PrimFunc; `tvmsched inspect` shows
-them with each path's share of the model's FLOPs.
+(`MatmulTensorization`: 16x16x16 fragments, fp32 accumulation) before any SIMT tile or split-K is considered,
+wherever padding its outputs to 32 x 32 tiles costs at most `MAX_TENSOR_CORE_PADDING` times the work. dlight fixes
+its tile at 128 x 128 outputs (16 warps), so a batch-1 layer launches a handful of blocks (BERT-tiny's
+projections: one); here the tile is chosen per layer from 32 x 32 (one warp) up, as for SIMT tiles
+(`tensor_core_tiles`), by replaying dlight's schedule with that tile's factors (`tensor_core_schedule`). dlight's
+own matmul rule would not tensorize these layers at all: it does so only when every non-batch extent exceeds 64
+(leaving head-dim-64 attention and 64-channel convolutions on SIMT cores), and it reads the architecture as a bare
+number, so `sm_90a` (the H100 / H200 target) never tensorizes there. Row reductions (layer norm, softmax) take a
+warp per row where rows are short (`RowReduction`). Each layer's path (`GpuPath`: tensor cores, split-K, SIMT, a
+warp or a block per row) and the reason are recorded on the scheduled PrimFunc; `tvmsched inspect` shows them with
+each path's share of the model's FLOPs.
 """
 
 from __future__ import annotations
@@ -136,8 +140,35 @@ def matmul_shape(func) -> tuple[tuple[int, int, int, int], str] | None:
 TENSOR_CORES, SPLIT_K, SIMT = "tensor cores", "split-K", "SIMT"  # the paths a matmul-like layer takes
 WARP_PER_ROW, BLOCK_PER_ROW = "warp per row", "block per row"  # the paths of a row reduction (RowReduction)
 TENSOR_CORE_TILE = 128  # outputs per block along I and along J in dlight's WMMA schedule (MatmulTensorization)
+# tile edge -> (warps, 16x16 fragments per warp) along that axis; dlight's schedule is the 128 one on both axes
+TENSOR_CORE_EDGES = {128: (4, 2), 64: (2, 2), 32: (1, 2)}
 WMMA_K = 16  # the K of one WMMA fragment product (16x16x16)
 MAX_TENSOR_CORE_PADDING = 4.0  # tensor cores (~15x the fp16 rate of SIMT cores) still win with up to 4x padded work
+
+
+STATIC_SHARED_TILE = 64 * 64  # the largest tile (outputs) whose operands are staged in static shared memory
+
+
+def tensor_core_padding(i: int, j: int, ti: int, tj: int) -> float:
+    """The work of I x J outputs padded to ti x tj tiles, over the real work."""
+    return math.ceil(i / ti) * math.ceil(j / tj) * ti * tj / (i * j)
+
+
+def tensor_core_tiles(s: int, i: int, j: int, sms: int) -> list[tuple[int, int]]:
+    """The tensor-core tiles (ti, tj) of a C[s, i, j] layer for a GPU of `sms` SMs, best first, as `choose_tiling` ranks
+    SIMT tiles: those whose launch covers every SM at least once, largest first, then the others, most blocks first;
+    only tiles padding the layer to at most MAX_TENSOR_CORE_PADDING times its work (less padding breaks ties); dlight's
+    own 128 x 128 last in any case (a layout the smaller tiles' replay does not take still gets tensor cores)."""
+    tiles = [(ti, tj) for ti in TENSOR_CORE_EDGES for tj in TENSOR_CORE_EDGES
+             if tensor_core_padding(i, j, ti, tj) <= MAX_TENSOR_CORE_PADDING and ti * tj <= STATIC_SHARED_TILE]
+
+    def blocks(t):
+        return s * math.ceil(i / t[0]) * math.ceil(j / t[1])
+
+    ranked = sorted(tiles, key=lambda t: (blocks(t) >= sms, t[0] * t[1] if blocks(t) >= sms else blocks(t),
+                                          -tensor_core_padding(i, j, *t)), reverse=True)
+    dlight = (TENSOR_CORE_TILE, TENSOR_CORE_TILE)
+    return [t for t in ranked if t != dlight] + [dlight]
 
 
 @dataclass(frozen=True)
@@ -165,10 +196,11 @@ def tensor_core_refusal(extents: tuple[int, int, int, int], dtype: str, sm: int)
     _, i, j, k = extents
     if k < WMMA_K:
         return f"K = {k} is shorter than one {WMMA_K}x{WMMA_K}x{WMMA_K} WMMA step"
-    padded = math.ceil(i / TENSOR_CORE_TILE) * math.ceil(j / TENSOR_CORE_TILE) * TENSOR_CORE_TILE**2 / (i * j)
+    edge = min(TENSOR_CORE_EDGES)
+    padded = tensor_core_padding(i, j, edge, edge)
     if padded > MAX_TENSOR_CORE_PADDING:
-        return (f"{i}x{j} outputs padded to {TENSOR_CORE_TILE}x{TENSOR_CORE_TILE} tiles would be {padded:.0f}x the "
-                f"work (at most {MAX_TENSOR_CORE_PADDING:g}x)")
+        return (f"{i}x{j} outputs padded to {edge}x{edge} tiles would be {padded:.0f}x the work "
+                f"(at most {MAX_TENSOR_CORE_PADDING:g}x)")
     return None
 
 
@@ -289,14 +321,13 @@ def _wave_matmul_class():
             extents, dtype = shape
             refusal = tensor_core_refusal(extents, dtype, sm_version(target))
             if refusal is None:
-                from tvmsched.lower.intrinsics import load_tensor_intrinsics
-
-                load_tensor_intrinsics()
-                sch = dl.gpu.matmul.MatmulTensorization().apply(func, target, tunable)
+                sch, (ti, tj) = first_tensor_core_schedule(func, target, extents, self.sms)
                 if sch is not None:
-                    blocks = extents[0] * math.ceil(extents[1] / TENSOR_CORE_TILE) * math.ceil(extents[2] / TENSOR_CORE_TILE)
+                    blocks = extents[0] * math.ceil(extents[1] / ti) * math.ceil(extents[2] / tj)
+                    warps = TENSOR_CORE_EDGES[ti][0] * TENSOR_CORE_EDGES[tj][0]
                     self.decision = GpuPath(TENSOR_CORES, f"fp16 WMMA {WMMA_K}x{WMMA_K}x{WMMA_K}, fp32 accumulation, "
-                                               f"{TENSOR_CORE_TILE}x{TENSOR_CORE_TILE} outputs per block, {_count(blocks, 'block')}")
+                                               f"{ti}x{tj} outputs per block of {_count(warps, 'warp')}, "
+                                               f"{_count(blocks, 'block')}")
                     return sch
                 refusal = "dlight's tensor-core schedule does not take this layer's layout"
             func = func.with_attr("dlight.do_not_tensorize", True)  # the path is decided here, not in dlight's rule
@@ -329,12 +360,14 @@ def _count(n: int, what: str) -> str:
 TWIN_SUFFIX = "__twin"  # a twin intrinsic: a registered tensor intrinsic whose implementation is its description
 
 
-def intrinsic_twin(func, target):
-    """The tensor-core schedule of a matmul-like PrimFunc with every tensorized block (WMMA fill, load, multiply, store)
-    replaced by its intrinsic's description: the same loops, tiles and buffers as the GPU kernel, each fragment
-    operation spelt out as the plain TIR it stands for, so that the schedule can be checked on a CPU (with its thread
-    bindings made serial). None where the layer does not take the tensor-core schedule."""
-    from tvm import s_tir
+def tensor_core_schedule(func, target, tile: tuple[int, int] = (TENSOR_CORE_TILE, TENSOR_CORE_TILE), *, twin: bool = False):
+    """dlight's WMMA schedule of a matmul-like PrimFunc (`MatmulTensorization`) with `tile` outputs per block: its trace
+    replayed with the factors that make its fixed 128 x 128 tile (the padding, the warps and fragments along I and J,
+    the warps sharing each shared-memory load) set for `tile` (TENSOR_CORE_EDGES). With `twin`, every tensorized block
+    (WMMA fill, load, multiply, store) becomes its intrinsic's description instead: the same loops, tiles and buffers,
+    each fragment operation spelt out as the plain TIR it stands for, so that the schedule can be checked on a CPU (its
+    thread bindings made serial). None where the layer does not take the tensor-core schedule."""
+    from tvm import s_tir, tirx
     from tvm.s_tir import TensorIntrin
     from tvm.s_tir.dlight.gpu.matmul import MatmulTensorization
     from tvm.s_tir.schedule import Instruction, Trace
@@ -344,21 +377,78 @@ def intrinsic_twin(func, target):
     load_tensor_intrinsics()
     with target:
         sch = MatmulTensorization().apply(func, target, False)
-    if sch is None:
-        return None
-    insts = []
+    if sch is None or (tuple(tile) == (TENSOR_CORE_TILE, TENSOR_CORE_TILE) and not twin):
+        return sch
+    (wi, fi), (wj, fj) = TENSOR_CORE_EDGES[tile[0]], TENSOR_CORE_EDGES[tile[1]]
+    dlight_warps, dlight_frags = TENSOR_CORE_EDGES[TENSOR_CORE_TILE]
+    factors = {  # dlight's factor lists -> those of `tile`
+        (None, 1, dlight_warps, dlight_frags): (None, 1, wi, fi),
+        (1, None, dlight_warps, dlight_frags): (1, None, wj, fj),
+        (None, dlight_warps * dlight_warps, 32, 4): (None, wi * wj, 32, 4),
+    }
+
+    # below dlight's tile, the fp16 operands are staged through static shared memory and the fp32 accumulator keeps
+    # the dynamic one: with all three in one scope, TVM reuses an operand's buffer for the accumulator and the build
+    # fails ("tvm_access_ptr element type must match the source buffer"); such tiles' operands fit the static 48 KB
+    static = tile[0] * tile[1] <= STATIC_SHARED_TILE
+
+    def value(x):
+        return int(x.value) if isinstance(x, tirx.IntImm) else x
+
+    insts, rewritten = [], 0
     for inst in sch.trace.insts:
-        if inst.kind.name == "Tensorize":
+        kind = inst.kind.name
+        if kind == "PadEinsum":
+            padding = [int(x) for x in inst.attrs[0]]
+            inst = Instruction(inst.kind, inst.inputs, [[padding[0], tile[0], tile[1], *padding[3:]]], inst.outputs)
+            rewritten += 1
+        elif kind == "Split" and tuple(value(x) for x in inst.inputs[1:]) in factors:
+            new = factors[tuple(value(x) for x in inst.inputs[1:])]
+            ty = next(x.ty for x in inst.inputs[1:] if isinstance(x, tirx.IntImm))
+            inputs = [inst.inputs[0], *(None if f is None else tirx.IntImm(ty, f) for f in new)]
+            inst = Instruction(inst.kind, inputs, inst.attrs, inst.outputs)
+            rewritten += 1
+        elif kind == "CacheRead" and static and str(inst.attrs[1]) == "shared.dyn":
+            inst = Instruction(inst.kind, inst.inputs, [inst.attrs[0], "shared", *inst.attrs[2:]], inst.outputs)
+        elif kind == "Tensorize":
             name = str(inst.attrs[0])
-            twin = name + TWIN_SUFFIX
-            if TensorIntrin.get(twin, allow_missing=True) is None:
-                desc = TensorIntrin.get(name).desc
-                TensorIntrin.register(twin, desc, desc)
-            inst = Instruction(inst.kind, inst.inputs, [twin, *inst.attrs[1:]], inst.outputs)
+            if static and name.startswith("wmma_load_") and name.endswith("_shared_dyn"):
+                name = name.removesuffix("_dyn")
+            if twin:
+                if TensorIntrin.get(name + TWIN_SUFFIX, allow_missing=True) is None:
+                    desc = TensorIntrin.get(name).desc
+                    TensorIntrin.register(name + TWIN_SUFFIX, desc, desc)
+                name += TWIN_SUFFIX
+            inst = Instruction(inst.kind, inst.inputs, [name, *inst.attrs[1:]], inst.outputs)
         insts.append(inst)
-    twin_sch = s_tir.Schedule(func)
-    Trace(insts, {}).apply_to_schedule(twin_sch, remove_postproc=False)
-    return twin_sch.mod["main"]
+    if rewritten != 5:  # one padding, the I and J splits, the two shared-memory loads: dlight's schedule changed
+        return None if tuple(tile) != (TENSOR_CORE_TILE, TENSOR_CORE_TILE) else sch
+    replayed = s_tir.Schedule(func)
+    try:
+        with target:
+            Trace(insts, {}).apply_to_schedule(replayed, remove_postproc=False)
+    except Exception:  # noqa: BLE001 - a layout the smaller tile does not take: the caller falls back
+        return None
+    return replayed
+
+
+def first_tensor_core_schedule(func, target, extents: tuple[int, int, int, int], sms: int, *, twin: bool = False):
+    """(schedule, tile) of the first of `tensor_core_tiles` whose schedule the layer takes; (None, None) if none does."""
+    for tile in tensor_core_tiles(*extents[:3], sms):
+        sch = tensor_core_schedule(func, target, tile, twin=twin)
+        if sch is not None:
+            return sch, tile
+    return None, (None, None)
+
+
+def intrinsic_twin(func, target, sms: int):
+    """The CPU twin (`tensor_core_schedule(..., twin=True)`) of the tensor-core schedule a matmul-like PrimFunc gets on
+    a GPU of `sms` SMs (the same tile); None where it takes none."""
+    shape = matmul_shape(func)
+    if shape is None:
+        return None
+    sch, _ = first_tensor_core_schedule(func, target, shape[0], sms, twin=True)
+    return None if sch is None else sch.mod["main"]
 
 
 def WaveMatmul(sms: int):  # noqa: N802 - a rule object, named like dlight's rules
