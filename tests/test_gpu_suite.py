@@ -176,10 +176,11 @@ def test_suite_cpu_mode_end_to_end_without_the_compiler(prepared, kit_site):
     assert "skipped: no CUDA graphs on the CPU" in row and row.count("×") == 2  # ÷ eager and ÷ torch.compile
 
 
-def test_fp16_and_batched_rows_run_as_cpu_twins_with_their_own_pytorch_columns(tmp_path, kit_site):
+def test_fp16_and_batched_rows_run_as_cpu_twins_with_their_own_pytorch_columns(tmp_path):
     """prepare.py --rows: an fp16 row at batch 4 carried slim (its fp16 weights regenerated from the float32
-    initializers), run beside the default row under the runtime-only TVM: tvmsched and the half-precision PyTorch
-    twin at 4 rows each checked against onnxruntime in float32 within the fp16 bound."""
+    initializers), run beside the default row by docs/gpu.md's plan, step 3, through bench/gpu/session.sh as a CPU
+    twin: tvmsched and the half-precision PyTorch twin at 4 rows, each checked against onnxruntime in float32 within
+    the fp16 bound. The plan runs the steps that fit in order; the first that does not is where the next call resumes."""
     carried = tmp_path / ".gpu"
     done = subprocess.run([sys.executable, str(GPU_DIR / "prepare.py"), "--target", "llvm", "--models", "mlp",
                            "--rows", "mlp:fp16@4", "--out", str(carried), "--build-dir", str(tmp_path / "build"),
@@ -189,22 +190,10 @@ def test_fp16_and_batched_rows_run_as_cpu_twins_with_their_own_pytorch_columns(t
     assert set(entries) == {"default", "fp16-b4"}
     assert (entries["fp16-b4"]["precision"], entries["fp16-b4"]["batch"]) == ("fp16", 4)
     assert entries["fp16-b4"]["regenerated_bytes"] > 0.8 * entries["fp16-b4"]["artifact_bytes"] / 2  # fp16 weights travel slim
-    _, report, raw = _run_suite(tmp_path, carried, kit_site, "rows", "--repeat", "5", "--warmup", "1", "--compile-backend", "none")
-    rows = {r["variant"]: r for r in raw["results"]}
-    fp16 = rows["fp16-b4"]
-    assert fp16["pytorch_here"] and rows["default"]["pytorch_here"]  # each row its own PyTorch twin run
-    assert fp16["build"]["inputs"]["input"][0] == 4 and rows["default"]["build"]["inputs"]["input"][0] == 1
-    for step in ("tvmsched", "twin"):
-        assert fp16[step]["ok"] and fp16[step]["tol"] == pytest.approx(2e-2 * max(1.0, fp16[step]["ref_max_abs"]))
-        assert fp16[step]["max_abs_err"] > 0  # computed in half, not a float32 run under a loose bound
-    assert rows["default"]["tvmsched"]["tol"] == pytest.approx(1e-4 * max(1.0, rows["default"]["tvmsched"]["ref_max_abs"]))
-    assert re.search(r"^\| mlp \| fp16-b4 \| 5 \| \d+\.\d{3} / \d+\.\d{3} \| \d+\.\d{3} / ", report, re.M), report
     bad = subprocess.run([sys.executable, str(GPU_DIR / "prepare.py"), "--rows", "mlp:fp8@2"], capture_output=True, text=True,
                          cwd=ROOT)
     assert bad.returncode == 2 and "--rows takes [MODEL:]fp32|fp16[@BATCH]" in bad.stderr.splitlines()[-1]
 
-    # docs/gpu.md's plan, its step 3 (these rows) as a CPU twin through bench/gpu/session.sh: the steps that fit run
-    # in order; the first that does not is where the next call resumes
     def plan(name: str, **env) -> tuple[str, dict]:
         out = tmp_path / name
         out.mkdir()
@@ -222,7 +211,17 @@ def test_fp16_and_batched_rows_run_as_cpu_twins_with_their_own_pytorch_columns(t
     log, files = plan("step3", SESSION_BUDGET_S="100", PLAN_FROM="3", PLAN_BUDGETS="170 110 80 150 200 150",
                       PLAN_SUITE_MODELS="mlp")
     assert "fp16 rows: exit 0" in log and files["plan-next.txt"].strip() == "PLAN_FROM=4", log
-    assert re.search(r"^\| mlp \| fp16-b4 \| \d\.\de-\d\d \| \d\.\de-\d\d \| .* \| yes \|$", files["gpu-fp16.md"], re.M), files["gpu-fp16.md"]
+    rows = {r["variant"]: r for r in json.loads(files["raw/gpu-fp16.json"])["results"]}
+    fp16 = rows["fp16-b4"]
+    assert fp16["pytorch_here"] and rows["default"]["pytorch_here"]  # each row its own PyTorch twin run
+    assert fp16["build"]["inputs"]["input"][0] == 4 and rows["default"]["build"]["inputs"]["input"][0] == 1
+    for step in ("tvmsched", "twin"):
+        assert fp16[step]["ok"] and fp16[step]["tol"] == pytest.approx(2e-2 * max(1.0, fp16[step]["ref_max_abs"]))
+        assert fp16[step]["max_abs_err"] > 0  # computed in half, not a float32 run under a loose bound
+    assert rows["default"]["tvmsched"]["tol"] == pytest.approx(1e-4 * max(1.0, rows["default"]["tvmsched"]["ref_max_abs"]))
+    report = files["gpu-fp16.md"]
+    assert re.search(r"^\| mlp \| fp16-b4 \| 5 \| \d+\.\d{3} / \d+\.\d{3} \| \d+\.\d{3} / ", report, re.M), report
+    assert re.search(r"^\| mlp \| fp16-b4 \| \d\.\de-\d\d \| \d\.\de-\d\d \| .* \| yes \|$", report, re.M), report
 
 
 def test_fp16_goals_read_the_batch_8_rows():

@@ -10,7 +10,7 @@ import httpx
 import onnx
 import pytest
 
-from tests.helpers import assert_user_error, run_cli
+from tests.helpers import assert_user_error, cli_in_process, run_cli
 from tvmsched import models
 
 TOKEN = "s3cret-token"
@@ -139,11 +139,11 @@ def test_db_import_of_malformed_json_is_a_user_error(tmp_path, cli):
         (folder / "database_workload.json").write_text(workloads)
         if records is not None:
             (folder / "database_tuning_record.json").write_text(records)
-        result = run_cli("db", "import", folder, "--db", db, "--units", "2", "--unit-kind", "cpu_thread")
+        result = cli_in_process("db", "import", folder, "--db", db, "--units", "2", "--unit-kind", "cpu_thread")
         assert_user_error(result, *fragments)
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert_user_error(run_cli("db", "import", empty, "--db", db, "--units", "2", "--unit-kind", "cpu_thread"),
+    assert_user_error(cli_in_process("db", "import", empty, "--db", db, "--units", "2", "--unit-kind", "cpu_thread"),
                       "not a MetaSchedule JSON database", "database_workload.json")
     assert json.loads(cli("db", "stats", "--db", db, "--json").stdout) == {"workloads": 0, "records": 0}
 
