@@ -365,7 +365,7 @@ def _choose_kernels(
 
 
 def _single_candidate(func: str, scheduled, schedule: str, path: tuple[str | None, str | None]) -> Candidate:
-    """Candidate 0 of a layer built for all units, with its thread-block count and its GPU matmul path and why."""
+    """Candidate 0 of a layer built for all units, with its thread-block count and its GPU path and why."""
     import tvm
 
     from tvmsched.passes.launch_geometry import thread_blocks
