@@ -95,13 +95,11 @@ ASYNC_TESTS = tests/runtime/test_engine.py tests/runtime/test_preemption.py test
 	tests/test_batch_sizes.py::test_one_row_is_padded_into_a_larger_size_where_that_runs_faster_outright \
 	tests/test_batch_sizes.py::test_admission_of_a_model_of_several_sizes_counts_the_rows_its_batches_run
 # --dist loadscope: a module's tests go to one worker, so its module fixtures (servers, tuned databases, kits) run
-# once per run, not once per worker; compiled artifacts are shared across workers by tests/artifact_cache.py.
-# --no-loadscope-reorder: modules are handed out in collection order, the longest first (tests/conftest.py
-# LONGEST_FIRST), not by their number of tests (which put the few-test, minute-long modules last, one worker alone)
+# once per run, not once per worker; compiled artifacts are shared across workers by tests/artifact_cache.py
 test: setup lint
-	$(PY) -m pytest -q -rs -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25 --basetemp=build/pytest
+	$(PY) -m pytest -q -rs -n $(PYTEST_WORKERS) --dist loadscope --durations=25 --basetemp=build/pytest
 	TVMSCHED_CPU_LAUNCHES=async TVMSCHED_TEST_CACHE=build/pytest/shared-cache \
-		$(PY) -m pytest -q -rs -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25 --basetemp=build/pytest-async $(ASYNC_TESTS)
+		$(PY) -m pytest -q -rs -n $(PYTEST_WORKERS) --dist loadscope --durations=25 --basetemp=build/pytest-async $(ASYNC_TESTS)
 
 clean:
 	rm -rf out .pytest_cache $(WHEELHOUSE)

@@ -22,9 +22,8 @@ def pytest_collection(session):
 
 
 # the modules that take longest (setup and tests, seconds on 2 cores under `make test`'s two workers), longest first:
-# with --no-loadscope-reorder (the Makefile) pytest-xdist hands a free worker the next module in collection order, so
-# these go first and the run does not end with one worker still on a minute-long module while the other idles (by
-# default it orders modules by their number of tests, which put these few-test modules last)
+# pytest-xdist's --dist loadscope hands a worker the next module in collection order each time it is free, so these go
+# first and the run does not end with one worker still on a minute-long module while the other idles
 LONGEST_FIRST = (
     "tests/runtime/test_collectives.py",  # 75-100 s: torch ranks, lost messages, killed ranks
     "tests/test_tuned_compile.py",  # 50-110 s: tuning
