@@ -21,33 +21,6 @@ def pytest_collection(session):
         return (yield)
 
 
-# the modules that take longest (setup and tests, seconds on 2 cores under `make test`'s two workers), longest first:
-# pytest-xdist's --dist loadscope hands a worker the next module in collection order each time it is free, so these go
-# first and the run does not end with one worker still on a minute-long module while the other idles
-LONGEST_FIRST = (
-    "tests/runtime/test_collectives.py",  # 75-100 s: torch ranks, lost messages, killed ranks
-    "tests/test_tuned_compile.py",  # 50-110 s: tuning
-    "tests/test_candidates.py",  # 37-60 s
-    "tests/test_fuzz.py",  # 36-40 s
-    "tests/test_soak.py",  # 40-50 s
-    "tests/serve/test_ray_serve.py",  # 40-45 s
-    "tests/test_gpu_schedule.py",  # 40-50 s
-    "tests/test_gpu_suite.py",  # 45-60 s
-    "tests/tuning_db/test_service_fuzz.py",  # 20-30 s
-    "tests/test_conformance.py",  # 25-30 s
-)
-
-
-def pytest_collection_modifyitems(items: list) -> None:
-    """LONGEST_FIRST's modules first, in its order; every other test keeps its place (a stable sort)."""
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-
-    def module(item) -> str:
-        return Path(str(item.fspath)).relative_to(Path(__file__).resolve().parent.parent).as_posix()
-
-    items.sort(key=lambda item: rank.get(module(item), len(rank)))
-
-
 @pytest.fixture(scope="session")
 def _cache(tmp_path_factory: pytest.TempPathFactory):
     """The run's cache folder: under the basetemp that every pytest-xdist worker of the run shares, or the one
