@@ -360,25 +360,31 @@ def _count(n: int, what: str) -> str:
 TWIN_SUFFIX = "__twin"  # a twin intrinsic: a registered tensor intrinsic whose implementation is its description
 
 
-def tensor_core_schedule(func, target, tile: tuple[int, int] = (TENSOR_CORE_TILE, TENSOR_CORE_TILE), *, twin: bool = False):
-    """dlight's WMMA schedule of a matmul-like PrimFunc (`MatmulTensorization`) with `tile` outputs per block: its trace
-    replayed with the factors that make its fixed 128 x 128 tile (the padding, the warps and fragments along I and J,
-    the warps sharing each shared-memory load) set for `tile` (TENSOR_CORE_EDGES). With `twin`, every tensorized block
-    (WMMA fill, load, multiply, store) becomes its intrinsic's description instead: the same loops, tiles and buffers,
-    each fragment operation spelt out as the plain TIR it stands for, so that the schedule can be checked on a CPU (its
-    thread bindings made serial). None where the layer does not take the tensor-core schedule."""
-    from tvm import s_tir, tirx
-    from tvm.s_tir import TensorIntrin
+def dlight_tensor_core_schedule(func, target):
+    """dlight's WMMA schedule of a matmul-like PrimFunc (`MatmulTensorization`: 128 x 128 outputs per block), or None
+    where the layer does not take it."""
     from tvm.s_tir.dlight.gpu.matmul import MatmulTensorization
-    from tvm.s_tir.schedule import Instruction, Trace
 
     from tvmsched.lower.intrinsics import load_tensor_intrinsics
 
     load_tensor_intrinsics()
     with target:
-        sch = MatmulTensorization().apply(func, target, False)
-    if sch is None or (tuple(tile) == (TENSOR_CORE_TILE, TENSOR_CORE_TILE) and not twin):
-        return sch
+        return MatmulTensorization().apply(func, target, False)
+
+
+def tensor_core_schedule(func, target, dlight, tile: tuple[int, int], *, twin: bool = False):
+    """`dlight` (`dlight_tensor_core_schedule(func, target)`) with `tile` outputs per block: its trace replayed with the
+    factors that make its fixed 128 x 128 tile (the padding, the warps and fragments along I and J, the warps sharing
+    each shared-memory load) set for `tile` (TENSOR_CORE_EDGES). With `twin`, every tensorized block (WMMA fill, load,
+    multiply, store) becomes its intrinsic's description instead: the same loops, tiles and buffers, each fragment
+    operation spelt out as the plain TIR it stands for, so that the schedule can be checked on a CPU (its thread
+    bindings made serial). None where the layer does not take that tile."""
+    from tvm import s_tir, tirx
+    from tvm.s_tir import TensorIntrin
+    from tvm.s_tir.schedule import Instruction, Trace
+
+    if tuple(tile) == (TENSOR_CORE_TILE, TENSOR_CORE_TILE) and not twin:
+        return dlight
     (wi, fi), (wj, fj) = TENSOR_CORE_EDGES[tile[0]], TENSOR_CORE_EDGES[tile[1]]
     dlight_warps, dlight_frags = TENSOR_CORE_EDGES[TENSOR_CORE_TILE]
     factors = {  # dlight's factor lists -> those of `tile`
@@ -396,7 +402,7 @@ def tensor_core_schedule(func, target, tile: tuple[int, int] = (TENSOR_CORE_TILE
         return int(x.value) if isinstance(x, tirx.IntImm) else x
 
     insts, rewritten = [], 0
-    for inst in sch.trace.insts:
+    for inst in dlight.trace.insts:
         kind = inst.kind.name
         if kind == "PadEinsum":
             padding = [int(x) for x in inst.attrs[0]]
@@ -422,7 +428,7 @@ def tensor_core_schedule(func, target, tile: tuple[int, int] = (TENSOR_CORE_TILE
             inst = Instruction(inst.kind, inst.inputs, [name, *inst.attrs[1:]], inst.outputs)
         insts.append(inst)
     if rewritten != 5:  # one padding, the I and J splits, the two shared-memory loads: dlight's schedule changed
-        return None if tuple(tile) != (TENSOR_CORE_TILE, TENSOR_CORE_TILE) else sch
+        return None
     replayed = s_tir.Schedule(func)
     try:
         with target:
@@ -433,9 +439,13 @@ def tensor_core_schedule(func, target, tile: tuple[int, int] = (TENSOR_CORE_TILE
 
 
 def first_tensor_core_schedule(func, target, extents: tuple[int, int, int, int], sms: int, *, twin: bool = False):
-    """(schedule, tile) of the first of `tensor_core_tiles` whose schedule the layer takes; (None, None) if none does."""
+    """(schedule, tile) of the first of `tensor_core_tiles` whose schedule the layer takes (dlight's schedule computed
+    once, replayed per tile); (None, (None, None)) if none does."""
+    dlight = dlight_tensor_core_schedule(func, target)
+    if dlight is None:
+        return None, (None, None)
     for tile in tensor_core_tiles(*extents[:3], sms):
-        sch = tensor_core_schedule(func, target, tile, twin=twin)
+        sch = tensor_core_schedule(func, target, dlight, tile, twin=twin)
         if sch is not None:
             return sch, tile
     return None, (None, None)

@@ -73,12 +73,29 @@ def gpu_path(plain, scheduled) -> tuple[str | None, str | None]:
     attrs = scheduled.attrs if scheduled.attrs is not None else {}
     if PATH_ATTR in attrs:
         return str(attrs[PATH_ATTR]), str(attrs[PATH_REASON_ATTR])
+    if _calls_tensor_cores(scheduled):
+        return gpu_schedule.TENSOR_CORES, "tuned (MetaSchedule's tensor-core rule)"
     if gpu_schedule.matmul_extents(plain) is None:
         return None, None
-    text = scheduled.script()
-    if any(call in text for call in ("tvm_mma_sync", "ptx_mma", "tvm_load_matrix_sync")):
-        return gpu_schedule.TENSOR_CORES, "tuned (MetaSchedule's tensor-core rule)"
     return gpu_schedule.SIMT, "tuned (MetaSchedule)"
+
+
+TENSOR_CORE_CALLS = frozenset({"tirx.tvm_mma_sync", "tirx.tvm_bmma_sync", "tirx.ptx_mma", "tirx.ptx_mma_sp"})
+
+
+def _calls_tensor_cores(func) -> bool:
+    """Whether a scheduled PrimFunc multiplies on tensor cores (a WMMA or MMA intrinsic call in its body)."""
+    import tvm
+    import tvm_ffi
+
+    found = []
+
+    def visit(call):
+        if getattr(call.op, "name", None) in TENSOR_CORE_CALLS:
+            found.append(call)
+
+    tvm_ffi.structural_walk(func.body, (tvm.ir.Call, visit), order="post")
+    return bool(found)
 
 
 def schedule_name(func, default: str) -> str:
