@@ -26,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -82,15 +83,20 @@ class Cache:
         self.handed_out: dict[Path, str] = {}  # path -> SHA-256, checked at the end of the session
         self.built = 0  # entries this process made (the others it found)
 
-    def entry(self, key: str, suffix: str, make) -> Path:
-        """The entry's read-only path; `make(tmp_path)` writes it the first time (in one worker only)."""
+    def entry(self, key: str, suffix: str, make, what: str = "") -> Path:
+        """The entry's read-only path; `make(tmp_path)` writes it the first time (in one worker only), noting `what` it
+        is and the seconds it took in the folder's made.jsonl (where a run's compile time goes)."""
         path = self.folder / f"{key}{suffix}"
         if not path.is_file():
             with self._locked(key):
                 if not path.is_file():
                     tmp = self.folder / f".{key}{suffix}.{os.getpid()}.tmp"
                     try:
+                        started = time.perf_counter()
                         make(tmp)
+                        with open(self.folder / "made.jsonl", "a") as log:  # one short line: an atomic append
+                            log.write(json.dumps({"entry": path.name, "what": what,
+                                                  "seconds": round(time.perf_counter() - started, 2)}) + "\n")
                         os.chmod(tmp, 0o444)
                         (self.folder / f"{key}{suffix}.sha256").write_text(_sha256(tmp))
                         os.replace(tmp, path)  # atomic: a reader sees no entry or a whole one
@@ -104,7 +110,7 @@ class Cache:
     def derived(self, name: str, suffix: str, make) -> Path:
         """An entry that `name` (what it is and how it is made) and the compiler determine, such as a test module's
         artifacts compiled from a kit it measures: `make test`'s asynchronous pass then takes the first pass's."""
-        return self.entry(compiler_key("llvm", name.encode()), suffix, make)
+        return self.entry(compiler_key("llvm", name.encode()), suffix, make, name)
 
     @contextlib.contextmanager
     def _locked(self, key: str):
@@ -135,7 +141,8 @@ class Compiled:
 
             compile_model(proto, **options).save(tmp)
 
-        return self.cache.entry(key, ".tvms", make)
+        shown = json.dumps(options, sort_keys=True, default=repr)
+        return self.cache.entry(key, ".tvms", make, f"{model if isinstance(model, str) else proto.graph.name}: {shown}")
 
     @staticmethod
     def _resolved(model: onnx.ModelProto | str, seed: int, options: dict) -> tuple[onnx.ModelProto, dict]:
@@ -195,7 +202,7 @@ class References:
 
             tmp.write_bytes(_npz(onnxruntime_outputs(proto, inputs)))
 
-        path = self.cache.entry(digest.hexdigest()[:32], ".npz", make)
+        path = self.cache.entry(digest.hexdigest()[:32], ".npz", make, f"onnxruntime: {model if isinstance(model, str) else proto.graph.name}")
         with np.load(path, allow_pickle=False) as stored:
             return {name: stored[name] for name in stored.files}
 

@@ -41,8 +41,8 @@ def clip_as_where(model: onnx.ModelProto) -> onnx.ModelProto:
     TVM's importer makes TIR kernels of Clip (call_tir of TE max/min), which TVM's mixed-precision pass cannot read;
     Less, Greater and Where import as elementwise Relax ops it casts, the bounds staying scalars (ONNX Max and Min
     would not do: TVM imports them as a concatenation of operands broadcast to the data's shape, which constant
-    folding stores as activation-sized weights). A Clip whose bounds are computed at run time is left as it is (the
-    fp16 compile then refuses the model naming the kernels).
+    folding stores as activation-sized weights). A Clip whose bounds are computed at run time is left as it is (at fp16
+    its kernels compute in fp32: tvmsched.lower.precision.to_precision).
     """
     clips = [n for n in model.graph.node if n.op_type == "Clip"]
     if not clips:

@@ -52,19 +52,24 @@ def recorded_precision(model, precision: str) -> str:
 
 
 def to_precision(mod, precision: str):
-    """The imported Relax module computing at `precision` (fp32: unchanged), its signature unchanged."""
+    """The imported Relax module computing at `precision` (fp32: unchanged), its signature unchanged.
+
+    TIR kernels that TVM's ONNX importer made of some ops (call_tir of TE: a reflect or edge Pad, Tile, Einsum, a Clip
+    with run-time bounds) compute in fp32, with casts around them, as softmax does: TVM 0.27's pass stops at a call_tir
+    ("Expected TensorType, but got R.Callable": it takes the callee for an argument), so each is handed to it as a call
+    of a Relax function it cannot see into, whose arguments it casts back to their declared fp32, and is put back after."""
     if precision == "fp32":
         return mod
     from tvm import relax
 
     before = _signature(mod)
+    mod, hidden = _hide_tir_calls(mod)
     try:
         mod = relax.transform.ToMixedPrecision(out_dtype="float32")(mod)
-    except Exception:  # noqa: BLE001 (TVM's InternalError: the pass reads Relax ops, not the importer's TIR kernels)
-        kernels = sorted({gv.name_hint.rstrip("0123456789") for gv in mod.functions if gv.name_hint != "main"})
-        raise TvmschedError(f"--precision {precision}: TVM's mixed-precision pass cannot read this model: the ONNX "
-                            f"importer made TIR kernels of some of its ops ({', '.join(kernels) or 'none'}); compile it "
-                            "at fp32") from None
+    except Exception as err:  # noqa: BLE001 (TVM's InternalError, its first line)
+        raise TvmschedError(f"--precision {precision}: TVM's mixed-precision pass cannot read this model "
+                            f"({str(err).strip().splitlines()[-1][:200]}); compile it at fp32") from None
+    mod = _restore_tir_calls(mod, hidden)
     mod = relax.transform.FoldConstant()(mod)  # the weights' casts: fp16 constants, which the CPU layouts then pack
     mod = relax.transform.EliminateCommonSubexpr()(mod)  # a tensor read by several fp16 ops: cast once, not per reader
     after = _signature(mod)
@@ -72,6 +77,69 @@ def to_precision(mod, precision: str):
         raise TvmschedError(f"--precision {precision}: the mixed-precision pass changed the model's inputs or outputs "
                             f"({before} -> {after}); compile it at fp32")
     return mod
+
+
+HIDDEN_PREFIX = "tvmsched_fp32_"  # the Relax functions that stand for TIR kernels while the mixed-precision pass runs
+
+
+def _hide_tir_calls(mod):
+    """`mod` with main's `call_tir(kernel, (args...))` bindings as calls `tvmsched_fp32_<kernel>(args...)` of Relax
+    functions that are not in the module (the pass visits every Relax function it holds), and {name: the call}."""
+    from tvm import ir, relax
+
+    call_tir = ir.Op.get("relax.call_tir")
+
+    @relax.expr_functor.mutator
+    class Hide(relax.PyExprMutator):
+        def __init__(self, module) -> None:
+            super().__init__(module)
+            self.hidden: dict = {}
+
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if not (call.op.same_as(call_tir) and len(call.args) == 2 and isinstance(call.args[1], relax.Tuple)):
+                return call
+            kernel, args = call.args[0], list(call.args[1].fields)
+            params = [relax.Var(f"a{i}", arg.ty) for i, arg in enumerate(args)]
+            stand_in = relax.Function(params, relax.Call(call_tir, [kernel, relax.Tuple(params)], call.attrs,
+                                                         call.ty_args), call.ty, is_pure=True)
+            gv = self.builder_.add_func(stand_in, f"{HIDDEN_PREFIX}{kernel.name_hint}")
+            self.hidden[gv.name_hint] = (gv, call)
+            return relax.Call(gv, args)
+
+    hide = Hide(mod)
+    main = hide.visit_expr(mod["main"])
+    if not hide.hidden:
+        return mod, {}
+    out = hide.builder_.get()
+    out["main"] = main
+    for gv, _ in hide.hidden.values():
+        del out[gv]
+    return out, {name: call for name, (_, call) in hide.hidden.items()}
+
+
+def _restore_tir_calls(mod, hidden: dict):
+    """`mod` with each stand-in call of `_hide_tir_calls` the call_tir it stood for, on the (fp32) arguments it has now."""
+    if not hidden:
+        return mod
+    from tvm import ir, relax
+
+    call_tir = ir.Op.get("relax.call_tir")
+
+    @relax.expr_functor.mutator
+    class Restore(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if isinstance(call.op, ir.GlobalVar) and call.op.name_hint in hidden:
+                was = hidden[call.op.name_hint]
+                return relax.Call(call_tir, [was.args[0], relax.Tuple(list(call.args))], was.attrs, was.ty_args)
+            return call
+
+    restore = Restore(mod)
+    main = restore.visit_expr(mod["main"])
+    out = restore.builder_.get()
+    out["main"] = main
+    return out
 
 
 def _signature(mod) -> str:
