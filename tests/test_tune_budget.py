@@ -115,7 +115,7 @@ def test_search_stops_before_an_iteration_that_would_pass_the_deadline():
     assert late() is True and late.stopped_by == "deadline"
 
 
-def test_bad_budgets_are_user_errors(tmp_path, capsys):
+def test_bad_budgets_are_user_errors(tmp_path, capsys, monkeypatch):
     from tvmsched.cli.main import main
 
     model = tmp_path / "m.onnx"
@@ -134,6 +134,11 @@ def test_bad_budgets_are_user_errors(tmp_path, capsys):
         assert len(err) == 1 and err[0].startswith("error: ") and fragment in err[0], (args, err)
     assert not list(tmp_path.glob("*.tvms"))
     assert_user_error(run_cli("compile", model, "--tune-minutes", "-1"), "--tune-minutes", "not -1")
+    for bad in ("0", "ten", "-5"):  # how long MetaSchedule times each candidate
+        monkeypatch.setenv("TVMSCHED_TUNE_MEASURE_MS", bad)
+        assert main(["compile", str(model), "--tune-trials", "2"]) == 2, bad
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: TVMSCHED_TUNE_MEASURE_MS={bad!r} is not a positive whole number of milliseconds"], err
 
 
 # ---- real MetaSchedule tuning into real SQLite databases ----------------------------------------------------

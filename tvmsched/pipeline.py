@@ -402,6 +402,9 @@ def check_tuning_budget(tune_trials: int, tune_minutes: float | None, qos_ms: fl
         from tvmsched.extras import require
 
         require("tune", "tuning (--tune-trials, --tune-minutes)")
+        from tvmsched.tune.search import measure_ms
+
+        measure_ms()  # a bad TVMSCHED_TUNE_MEASURE_MS is one line now, not after lowering
     if tune_minutes is None:
         return
     if not math.isfinite(tune_minutes) or tune_minutes <= 0:

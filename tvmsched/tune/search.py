@@ -200,7 +200,23 @@ def local_runner(initializer=None):
     import tvm.s_tir.meta_schedule as ms
 
     workers_started_by_tvmsched()
-    return ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S, initializer=worker_initializer(initializer))
+    config = ms.runner.EvaluatorConfig(min_repeat_ms=measure_ms())
+    return ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S, evaluator_config=config,
+                                 initializer=worker_initializer(initializer))
+
+
+MEASURE_MS = 100  # MetaSchedule's default: each candidate's timed runs last at least this long
+
+
+def measure_ms() -> int:
+    """How long MetaSchedule times each candidate at least (ms): MEASURE_MS, or TVMSCHED_TUNE_MEASURE_MS (the test suite
+    sets 10: its tuning checks the plumbing, not the kernels' speed)."""
+    value = os.environ.get("TVMSCHED_TUNE_MEASURE_MS", "")
+    if not value:
+        return MEASURE_MS
+    if not value.isdigit() or int(value) < 1:
+        raise TvmschedError(f"TVMSCHED_TUNE_MEASURE_MS={value!r} is not a positive whole number of milliseconds")
+    return int(value)
 
 
 def task_module(func):
