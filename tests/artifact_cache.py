@@ -34,7 +34,7 @@ import onnx
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPILER_SOURCES = ("tvmsched", "passes")  # the compile pipeline's code (tests/test_artifact_cache.py checks the list)
-COMPILER_ENV = ("TVMSCHED_GPU_SMS", "TVMSCHED_DB")  # what the compiler reads of the environment (checked likewise)
+COMPILER_ENV = ("TVMSCHED_GPU_SMS", "TVMSCHED_DB", "TVMSCHED_TUNE_MEASURE_MS")  # what the compiler reads of the environment (checked likewise)
 
 
 @functools.cache
