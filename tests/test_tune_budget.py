@@ -190,9 +190,10 @@ def test_each_workload_is_tuned_once_seeded_and_kept_only_when_faster(tmp_path, 
     check_against_onnxruntime(fourth, model, reference)
 
 
-def test_budget_stops_at_the_deadline_and_keeps_the_faster_kernel(tmp_path, cli):
+def test_budget_stops_at_the_deadline_and_keeps_the_faster_kernel(tmp_path, cli, monkeypatch):
     model, db = tmp_path / "repeated.onnx", f"sqlite:///{tmp_path / 'budget.db'}"
     onnx.save(repeated_model(), model)
+    monkeypatch.setenv("TVMSCHED_TUNE_MEASURE_MS", "100")  # MetaSchedule's default, not the suite's 10: the deadline bites
     budget_min = 0.1  # 6 s: about one search iteration on a 2-core machine
     result = cli("compile", model, "-o", tmp_path / "r.tvms", "--tune-minutes", budget_min, "--db", db)
     assert result.returncode == 0, result.stderr[-3000:]
