@@ -29,11 +29,11 @@ def pytest_collection(session):
 @pytest.fixture(scope="session")
 def _cache(tmp_path_factory: pytest.TempPathFactory):
     """The run's cache folder: under the basetemp that every pytest-xdist worker of the run shares, or the one
-    $TVMSCHED_TEST_CACHE names (`make test`'s second pass, the asynchronous one, takes the first pass's)."""
+    $TVMSCHED_TEST_CACHE names (`make test` gives both its passes one, build/test-cache)."""
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         base = base.parent  # each worker's basetemp is <run's basetemp>/popen-gwN
-    cache = Cache(Path(os.environ.get("TVMSCHED_TEST_CACHE") or base / "shared-cache"))
+    cache = Cache(Path(os.environ.get("TVMSCHED_TEST_CACHE") or base / "shared-cache").resolve())  # (tests link to it)
     yield cache
     changed = cache.changed()
     assert not changed, f"tests wrote into shared cached files (take a copy: compiled.copy): {changed}"
