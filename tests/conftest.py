@@ -29,7 +29,7 @@ def pytest_collection(session):
 @pytest.fixture(scope="session")
 def _cache(tmp_path_factory: pytest.TempPathFactory):
     """The run's cache folder: under the basetemp that every pytest-xdist worker of the run shares, or the one
-    $TVMSCHED_TEST_CACHE names (`make test` gives both its passes one, build/test-cache)."""
+    $TVMSCHED_TEST_CACHE names (`make test`'s second pass, the asynchronous one, takes the first pass's)."""
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         base = base.parent  # each worker's basetemp is <run's basetemp>/popen-gwN
