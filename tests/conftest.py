@@ -14,6 +14,10 @@ from tests.artifact_cache import Cache, Compiled, References
 # candidates, fallbacks), not the kernels' speed, so 10 ms each (the tuning tests took 1.6-2x as long at 100 ms). Set
 # before any test runs, so the CLI's subprocesses and MetaSchedule's runner workers inherit it.
 os.environ.setdefault("TVMSCHED_TUNE_MEASURE_MS", "10")
+# TVM's own thread pool (MetaSchedule's runner, the compile's side-by-side timings; the engine has its own pool) spins
+# 300000 rounds before it sleeps: beside the other pytest-xdist worker that spin is CPU taken from it. Without it the
+# ten tuning test files took 126 s and 231 s of CPU instead of 150 s and 279 s (one run each, 2 workers).
+os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
 
 
 @pytest.hookimpl(wrapper=True)
