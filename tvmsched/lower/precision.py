@@ -85,59 +85,61 @@ HIDDEN_PREFIX = "tvmsched_fp32_"  # the Relax functions that stand for TIR kerne
 def _hide_tir_calls(mod):
     """`mod` with main's `call_tir(kernel, (args...))` bindings as calls `tvmsched_fp32_<kernel>(args...)` of Relax
     functions that are not in the module (the pass visits every Relax function it holds), and {name: the call}."""
-    from tvm import ir, relax
+    from tvm import relax
 
-    call_tir = ir.Op.get("relax.call_tir")
+    hidden: dict = {}
 
-    @relax.expr_functor.mutator
-    class Hide(relax.PyExprMutator):
-        def __init__(self, module) -> None:
-            super().__init__(module)
-            self.hidden: dict = {}
+    def hide(builder, call):
+        if not (call.op.same_as(_call_tir()) and len(call.args) == 2 and isinstance(call.args[1], relax.Tuple)):
+            return call
+        kernel, args = call.args[0], list(call.args[1].fields)
+        params = [relax.Var(f"a{i}", arg.ty) for i, arg in enumerate(args)]
+        stand_in = relax.Function(params, relax.Call(_call_tir(), [kernel, relax.Tuple(params)], call.attrs,
+                                                     call.ty_args), call.ty, is_pure=True)
+        gv = builder.add_func(stand_in, f"{HIDDEN_PREFIX}{kernel.name_hint}")
+        hidden[gv.name_hint] = (gv, call)
+        return relax.Call(gv, args)
 
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if not (call.op.same_as(call_tir) and len(call.args) == 2 and isinstance(call.args[1], relax.Tuple)):
-                return call
-            kernel, args = call.args[0], list(call.args[1].fields)
-            params = [relax.Var(f"a{i}", arg.ty) for i, arg in enumerate(args)]
-            stand_in = relax.Function(params, relax.Call(call_tir, [kernel, relax.Tuple(params)], call.attrs,
-                                                         call.ty_args), call.ty, is_pure=True)
-            gv = self.builder_.add_func(stand_in, f"{HIDDEN_PREFIX}{kernel.name_hint}")
-            self.hidden[gv.name_hint] = (gv, call)
-            return relax.Call(gv, args)
-
-    hide = Hide(mod)
-    main = hide.visit_expr(mod["main"])
-    if not hide.hidden:
+    out = _rewrite_calls_in_main(mod, hide)
+    if not hidden:
         return mod, {}
-    out = hide.builder_.get()
-    out["main"] = main
-    for gv, _ in hide.hidden.values():
+    for gv, _ in hidden.values():
         del out[gv]
-    return out, {name: call for name, (_, call) in hide.hidden.items()}
+    return out, {name: call for name, (_, call) in hidden.items()}
 
 
 def _restore_tir_calls(mod, hidden: dict):
     """`mod` with each stand-in call of `_hide_tir_calls` the call_tir it stood for, on the (fp32) arguments it has now."""
-    if not hidden:
-        return mod
     from tvm import ir, relax
 
-    call_tir = ir.Op.get("relax.call_tir")
+    def restore(builder, call):
+        if not (isinstance(call.op, ir.GlobalVar) and call.op.name_hint in hidden):
+            return call
+        was = hidden[call.op.name_hint]
+        return relax.Call(_call_tir(), [was.args[0], relax.Tuple(list(call.args))], was.attrs, was.ty_args)
+
+    return _rewrite_calls_in_main(mod, restore) if hidden else mod
+
+
+def _call_tir():
+    from tvm import ir
+
+    return ir.Op.get("relax.call_tir")
+
+
+def _rewrite_calls_in_main(mod, rewrite):
+    """`mod` with every call in main replaced by `rewrite(block_builder, call)` (its arguments rewritten first); the
+    builder holds `mod`, and what `rewrite` adds to it stays in the module returned."""
+    from tvm import relax
 
     @relax.expr_functor.mutator
-    class Restore(relax.PyExprMutator):
+    class Rewrite(relax.PyExprMutator):
         def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if isinstance(call.op, ir.GlobalVar) and call.op.name_hint in hidden:
-                was = hidden[call.op.name_hint]
-                return relax.Call(call_tir, [was.args[0], relax.Tuple(list(call.args))], was.attrs, was.ty_args)
-            return call
+            return rewrite(self.builder_, super().visit_call_(call))
 
-    restore = Restore(mod)
-    main = restore.visit_expr(mod["main"])
-    out = restore.builder_.get()
+    mutator = Rewrite(mod)
+    main = mutator.visit_expr(mod["main"])
+    out = mutator.builder_.get()
     out["main"] = main
     return out
 
