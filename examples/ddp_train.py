@@ -36,7 +36,7 @@ def _error(err: BaseException) -> str:
     return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--job", required=True)
     ap.add_argument("--rank", type=int, required=True)
@@ -57,7 +57,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=20.0, help="process-group timeout (a dead peer fails the job)")
     ap.add_argument("--wait-state", type=float, default=0.0, help="wait up to this long for a first agreed state")
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     torch.set_num_threads(1)
     try:  # a peer that dies before training starts fails this rank here, with a report
