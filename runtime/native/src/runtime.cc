@@ -468,6 +468,7 @@ Request RuntimeObj::Submit(const std::string& model, ffi::Map<ffi::String, ffi::
       } else {
         entry->queue.push_back(pending);
       }
+      entry->queued_rows += std::max<int64_t>(rows, 1);
       if (pending.timeout_at_us > 0) {
         if (entry->next_timeout_us == 0 || pending.timeout_at_us < entry->next_timeout_us) {
           entry->next_timeout_us = pending.timeout_at_us;
@@ -523,11 +524,8 @@ double RuntimeObj::PredictLocked(const Entry& entry, int64_t rows, bool* starts_
   // several sizes: the queued rows and its own run in batches, after a launch of each busy slot
   for (int slot = 0; slot < streams; ++slot) busy += entry.slot_busy[slot].load() > 0;
   *starts_now = queued == 0 && busy < streams;
-  int64_t all_rows = std::max<int64_t>(rows, 1);
-  for (const auto* lane : {&entry.queue, &entry.delayed}) {
-    for (const Pending& p : *lane) all_rows += std::max<int64_t>(p.rows, 1);
-  }
-  *ahead = all_rows - std::max<int64_t>(rows, 1);
+  *ahead = entry.queued_rows;
+  const int64_t all_rows = entry.queued_rows + std::max<int64_t>(rows, 1);
   double predicted_us = std::numeric_limits<double>::infinity();
   for (const auto& size : entry.sizes) {  // all at one size, the slots side by side: its rounds of launches
     const int64_t per_round = size->batch * streams;
@@ -673,6 +671,7 @@ void RuntimeObj::Expire(Entry& entry, double now, std::vector<Pending>* expired)
         p.timeout_at_us = 0;  // it runs after the requests that still have time
         entry.delayed.push_back(std::move(p));
       } else {
+        entry.queued_rows -= std::max<int64_t>(p.rows, 1);
         expired->push_back(std::move(p));
       }
     } else {
@@ -777,7 +776,10 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
       out.push_back(request);
     }
   }
-  for (auto it = take.rbegin(); it != take.rend(); ++it) lane.erase(lane.begin() + *it);  // (valid: checked above)
+  for (auto it = take.rbegin(); it != take.rend(); ++it) {  // (valid: checked above)
+    entry->queued_rows -= std::max<int64_t>(lane[*it].rows, 1);
+    lane.erase(lane.begin() + *it);
+  }
   if (!out.empty()) entry->sizes[size]->launches += static_cast<int64_t>(out.size());
   if (several && !out.empty()) {  // its slot is busy until the launch ends; then its streams ask again
     ++entry->slot_busy[slot];
@@ -1330,6 +1332,7 @@ void RuntimeObj::Shutdown() {
       pending.insert(pending.end(), e->delayed.begin(), e->delayed.end());
       e->queue.clear();
       e->delayed.clear();
+      e->queued_rows = 0;
       if (!pending.empty()) left.emplace_back(e->name, std::move(pending));
     }
   }

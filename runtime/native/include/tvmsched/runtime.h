@@ -251,6 +251,7 @@ class RuntimeObj : public ffi::Object {
     std::unique_ptr<std::atomic<int>[]> slot_busy, slot_last;
     int64_t hold_rows = 0;               // a free stream holds fewer queued rows than this (max_queue_delay_us)
     std::deque<Pending> queue, delayed;  // delayed: past their timeout under kDelay (they run after the others)
+    int64_t queued_rows = 0;             // their requests' rows (at least 1 each), kept as they come and go
     double next_timeout_us = 0;          // no queued request's timeout comes before it (a bound; 0: none has a timeout)
     double fastest_us = 0;               // its fastest candidates' isolated latency, summed
     bool sizes_choose = false;           // some size has a choice of candidates (PredictRuns decides per size)
