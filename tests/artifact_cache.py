@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -83,9 +84,10 @@ class Cache:
         self.handed_out: dict[Path, str] = {}  # path -> SHA-256, checked at the end of the session
         self.built = 0  # entries this process made (the others it found)
 
-    def entry(self, key: str, suffix: str, make, what: str = "") -> Path:
+    def entry(self, key: str, suffix: str, make, what: str | Callable[[], str] = "") -> Path:
         """The entry's read-only path; `make(tmp_path)` writes it the first time (in one worker only), noting `what` it
-        is and the seconds it took in the folder's made.jsonl (where a run's compile time goes)."""
+        is (a callable: asked only then) and the seconds it took in the folder's made.jsonl (where a run's compile time
+        goes)."""
         path = self.folder / f"{key}{suffix}"
         if not path.is_file():
             with self._locked(key):
@@ -95,7 +97,7 @@ class Cache:
                         started = time.perf_counter()
                         make(tmp)
                         with open(self.folder / "made.jsonl", "a") as log:  # one short line: an atomic append
-                            log.write(json.dumps({"entry": path.name, "what": what,
+                            log.write(json.dumps({"entry": path.name, "what": what() if callable(what) else what,
                                                   "seconds": round(time.perf_counter() - started, 2)}) + "\n")
                         os.chmod(tmp, 0o444)
                         (self.folder / f"{key}{suffix}.sha256").write_text(_sha256(tmp))
@@ -141,8 +143,11 @@ class Compiled:
 
             compile_model(proto, **options).save(tmp)
 
-        shown = json.dumps(options, sort_keys=True, default=repr)
-        return self.cache.entry(key, ".tvms", make, f"{model if isinstance(model, str) else proto.graph.name}: {shown}")
+        def what() -> str:
+            shown = json.dumps(options, sort_keys=True, default=repr)
+            return f"{model if isinstance(model, str) else proto.graph.name}: {shown}"
+
+        return self.cache.entry(key, ".tvms", make, what)
 
     @staticmethod
     def _resolved(model: onnx.ModelProto | str, seed: int, options: dict) -> tuple[onnx.ModelProto, dict]:

@@ -3,6 +3,7 @@ writer per entry across processes, read-only entries, and a cache written into i
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -58,7 +59,7 @@ def test_one_process_writes_an_entry_the_others_wait_and_read_it(tmp_path):
             time.sleep(1.0)
             tmp.write_bytes(b"x" * 100000)
 
-        path = Cache(Path({str(tmp_path / 'cache')!r})).entry("key", ".bin", make)
+        path = Cache(Path({str(tmp_path / 'cache')!r})).entry("key", ".bin", make, lambda: "a test entry")
         print(len(path.read_bytes()))
     """)
     runs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(3)]
@@ -67,6 +68,8 @@ def test_one_process_writes_an_entry_the_others_wait_and_read_it(tmp_path):
     assert outputs == ["100000"] * 3
     assert (tmp_path / "makers").read_text() == "made\n"
     assert not list((tmp_path / "cache").glob("*.tmp"))
+    made = [json.loads(line) for line in (tmp_path / "cache" / "made.jsonl").read_text().splitlines()]
+    assert [(m["entry"], m["what"]) for m in made] == [("key.bin", "a test entry")] and made[0]["seconds"] >= 1.0
 
 
 def test_entries_are_read_only_and_a_test_that_writes_one_is_caught(tmp_path):

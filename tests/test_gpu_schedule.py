@@ -155,9 +155,12 @@ def test_sm_count_override(monkeypatch):
     assert gpu_sms(target) == H100_SMS
     monkeypatch.setenv("TVMSCHED_GPU_SMS", "58")
     assert gpu_sms(target) == 58
-    monkeypatch.setenv("TVMSCHED_GPU_SMS", "lots")
-    with pytest.raises(TvmschedError, match="TVMSCHED_GPU_SMS"):
-        gpu_sms(target)
+    for bad in ("lots", "0", "1025", "-3"):
+        monkeypatch.setenv("TVMSCHED_GPU_SMS", bad)
+        with pytest.raises(TvmschedError, match=rf"^TVMSCHED_GPU_SMS='{bad}' is not a whole number of SMs from 1 to 1024$"):
+            gpu_sms(target)
+    monkeypatch.setenv("TVMSCHED_GPU_SMS", " ")
+    assert gpu_sms(target) == H100_SMS
 
 
 def test_inspect_shows_sms_and_waves(compiled, cli):

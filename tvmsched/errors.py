@@ -14,6 +14,17 @@ class TvmschedError(Exception):
     """A problem with the user's input (model, artifact, options), stated in one line."""
 
 
+def whole_number_from_env(name: str, default: int, low: int, high: int, unit: str) -> int:
+    """The environment variable `name` as a whole number from `low` to `high` (`default` when unset or blank); any
+    other value is a one-line TvmschedError naming the variable, the range and `unit`."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    if not text.isdigit() or not low <= int(text) <= high:
+        raise TvmschedError(f"{name}={text!r} is not a whole number of {unit} from {low} to {high}")
+    return int(text)
+
+
 def printable(text: str) -> str:
     """`text` with every character that is not printable escaped (a newline as \\n, ESC as \\x1b): one
     line that cannot move a terminal's cursor, whatever a hostile artifact or model put in it."""

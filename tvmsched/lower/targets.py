@@ -15,7 +15,7 @@ import functools
 import json
 import os
 
-from tvmsched.errors import TvmschedError
+from tvmsched.errors import TvmschedError, whole_number_from_env
 
 # The GPU this project is benchmarked on; `--target cuda` means this tag.
 DEFAULT_CUDA_TAG = "nvidia/nvidia-h100"
@@ -267,9 +267,5 @@ def device_kind(target) -> str:
 def gpu_sms(target) -> int:
     """The SM count a CUDA target's kernels are tiled for: TVMSCHED_GPU_SMS, else its architecture's
     data-centre GPU (GPU_SMS)."""
-    override = os.environ.get("TVMSCHED_GPU_SMS", "").strip()
-    if override:
-        if not override.isdigit() or not 0 < int(override) <= 1024:
-            raise TvmschedError(f"TVMSCHED_GPU_SMS must be an SM count from 1 to 1024, not {override!r}")
-        return int(override)
-    return GPU_SMS.get(str(target.attrs.get("arch", "")), GPU_SMS_FALLBACK)
+    return whole_number_from_env("TVMSCHED_GPU_SMS", GPU_SMS.get(str(target.attrs.get("arch", "")), GPU_SMS_FALLBACK),
+                                 1, 1024, "SMs")

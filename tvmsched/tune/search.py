@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from tvmsched.lower import kernels
 from tvmsched.lower.intrinsics import load_tensor_intrinsics
-from tvmsched.errors import TvmschedError, one_line
+from tvmsched.errors import TvmschedError, one_line, whole_number_from_env
 from tvmsched.lower.targets import describe
 
 log = logging.getLogger(__name__)
@@ -211,12 +211,7 @@ MEASURE_MS = 100  # MetaSchedule's default: each candidate's timed runs last at 
 def measure_ms() -> int:
     """How long MetaSchedule times each candidate at least (ms): MEASURE_MS, or TVMSCHED_TUNE_MEASURE_MS (the test suite
     sets 10: its tuning checks the plumbing, not the kernels' speed)."""
-    value = os.environ.get("TVMSCHED_TUNE_MEASURE_MS", "")
-    if not value:
-        return MEASURE_MS
-    if not value.isdigit() or int(value) < 1:
-        raise TvmschedError(f"TVMSCHED_TUNE_MEASURE_MS={value!r} is not a positive whole number of milliseconds")
-    return int(value)
+    return whole_number_from_env("TVMSCHED_TUNE_MEASURE_MS", MEASURE_MS, 1, 60_000, "milliseconds")
 
 
 def task_module(func):
