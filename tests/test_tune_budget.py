@@ -264,6 +264,32 @@ def test_busy_tuning_workers_die_with_a_killed_compile():
     assert not _alive(worker), f"build worker {worker} outlived its parent"
 
 
+def test_a_finished_tuning_s_build_workers_serve_the_next_one_and_stop_when_left_idle(monkeypatch):
+    """A build pool given back (`close`) is taken by the next tuning in the process (the same worker process builds),
+    a second pool at once gets workers of its own, and a pool left idle is shut down (its worker exits)."""
+    import os
+
+    from tvmsched.tune import worker_pools
+
+    monkeypatch.setattr(worker_pools, "IDLE_S", 1.0)
+    first = tuning.pooled_builder(max_workers=1)
+    worker = first.pool.submit(os.getpid).result()
+    first.close()
+    second = tuning.pooled_builder(max_workers=1)
+    beside = tuning.pooled_builder(max_workers=1)  # taken while the second holds the kept one
+    try:
+        assert second.pool.submit(os.getpid).result() == worker
+        other = beside.pool.submit(os.getpid).result()
+        assert other not in (worker, os.getpid())
+    finally:
+        second.close()  # kept (nothing else of its kind is idle) ...
+        beside.close()  # ... so this one is shut down at once
+    deadline = time.monotonic() + 60  # a hang guard: the kept pool stops after about a second idle
+    while time.monotonic() < deadline and (_alive(worker) or _alive(other)):
+        time.sleep(0.1)
+    assert not _alive(other) and not _alive(worker), f"idle build workers {worker}, {other} kept running"
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:

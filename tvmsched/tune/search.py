@@ -22,6 +22,7 @@ import types
 from dataclasses import dataclass
 
 from tvmsched.lower import kernels
+from tvmsched.tune import worker_pools
 from tvmsched.lower.intrinsics import load_tensor_intrinsics
 from tvmsched.errors import TvmschedError, one_line, whole_number_from_env
 from tvmsched.lower.targets import describe
@@ -139,7 +140,8 @@ _POOLED_BUILDER = None
 def pooled_builder(timeout_s: int = BUILD_TIMEOUT_S, max_workers: int | None = None):
     """A MetaSchedule builder like `make_builder`'s whose worker processes live across search iterations and
     workloads: LocalBuilder starts a fresh pool for every batch (and one more to check itself), each worker
-    importing TVM, about 6 s per batch on a loaded 2-core machine. Call `.close()` when done."""
+    importing TVM, about 6 s per batch on a loaded 2-core machine. Call `.close()` when done: the pool is then kept
+    a while for the next tuning in this process (`worker_pools`)."""
     global _POOLED_BUILDER
     if _POOLED_BUILDER is None:
         from tvm.ir.utils import derived_object
@@ -154,10 +156,11 @@ def pooled_builder(timeout_s: int = BUILD_TIMEOUT_S, max_workers: int | None = N
             def __init__(self, timeout_s, max_workers):
                 super().__init__()
                 self.timeout_s = timeout_s
-                self.pool = PopenPoolExecutor(
-                    max_workers=max_workers or os.cpu_count() or 1, timeout=timeout_s, maximum_process_uses=BUILDS_PER_WORKER,
+                self.key = ("build", timeout_s, max_workers or os.cpu_count() or 1)
+                self.pool = worker_pools.take(self.key, lambda: PopenPoolExecutor(
+                    max_workers=self.key[2], timeout=timeout_s, maximum_process_uses=BUILDS_PER_WORKER,
                     initializer=worker_initializer(),
-                )
+                ))
 
             def build(self, build_inputs):
                 jobs = [(build_candidate, None, b.mod, b.target, _serialize_params(b.params)) for b in build_inputs]
@@ -172,7 +175,10 @@ def pooled_builder(timeout_s: int = BUILD_TIMEOUT_S, max_workers: int | None = N
                 return results
 
             def close(self) -> None:
-                self.pool.shutdown()
+                """Its pool goes back to `worker_pools` for the next tuning (shut down there when left idle)."""
+                if self.pool is not None:
+                    worker_pools.give_back(self.key, self.pool)
+                    self.pool = None
 
         _POOLED_BUILDER = PooledBuilder
     return _POOLED_BUILDER(timeout_s, max_workers)
