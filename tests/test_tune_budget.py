@@ -20,6 +20,7 @@ import pytest
 from tests.helpers import assert_user_error, run_cli
 from tvmsched import models, pipeline
 from tvmsched.tune import search as tuning
+from tvmsched.tune import worker_pools
 from tvmsched.models.common import GraphBuilder, dense, make_model
 from tvmsched.runtime import Executor
 
@@ -194,6 +195,7 @@ def test_budget_stops_at_the_deadline_and_keeps_the_faster_kernel(tmp_path, cli,
     model, db = tmp_path / "repeated.onnx", f"sqlite:///{tmp_path / 'budget.db'}"
     onnx.save(repeated_model(), model)
     monkeypatch.setenv("TVMSCHED_TUNE_MEASURE_MS", "100")  # MetaSchedule's default, not the suite's 10: the deadline bites
+    worker_pools.shutdown_idle()  # and its build workers start in it, as in a `tvmsched compile` (none kept from before)
     budget_min = 0.1  # 6 s: about one search iteration on a 2-core machine
     result = cli("compile", model, "-o", tmp_path / "r.tvms", "--tune-minutes", budget_min, "--db", db)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -268,8 +270,6 @@ def test_a_finished_tuning_s_build_workers_serve_the_next_one_and_stop_when_left
     """A build pool given back (`close`) is taken by the next tuning in the process (the same worker process builds),
     a second pool at once gets workers of its own, and a pool left idle is shut down (its worker exits)."""
     import os
-
-    from tvmsched.tune import worker_pools
 
     monkeypatch.setattr(worker_pools, "IDLE_S", 1.0)
     first = tuning.pooled_builder(max_workers=1)
