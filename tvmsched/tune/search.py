@@ -156,9 +156,9 @@ def pooled_builder(timeout_s: int = BUILD_TIMEOUT_S, max_workers: int | None = N
             def __init__(self, timeout_s, max_workers):
                 super().__init__()
                 self.timeout_s = timeout_s
-                self.key = ("build", timeout_s, max_workers or os.cpu_count() or 1)
-                self.pool = worker_pools.take(self.key, lambda: PopenPoolExecutor(
-                    max_workers=self.key[2], timeout=timeout_s, maximum_process_uses=BUILDS_PER_WORKER,
+                self.pool_key = ("build", timeout_s, max_workers or os.cpu_count() or 1)
+                self.pool = worker_pools.take(self.pool_key, lambda: PopenPoolExecutor(
+                    max_workers=self.pool_key[2], timeout=timeout_s, maximum_process_uses=BUILDS_PER_WORKER,
                     initializer=worker_initializer(),
                 ))
 
@@ -177,7 +177,7 @@ def pooled_builder(timeout_s: int = BUILD_TIMEOUT_S, max_workers: int | None = N
             def close(self) -> None:
                 """Its pool goes back to `worker_pools` for the next tuning (shut down there when left idle)."""
                 if self.pool is not None:
-                    worker_pools.give_back(self.key, self.pool)
+                    worker_pools.give_back(self.pool_key, self.pool)
                     self.pool = None
 
         _POOLED_BUILDER = PooledBuilder
