@@ -6,6 +6,7 @@ import contextlib
 import gc
 import io
 import logging
+import math
 import sys
 from pathlib import Path
 
@@ -132,8 +133,9 @@ def import_model(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, .
     With `check_indices`, run-time indices are bounds-checked (tvmsched.frontend.index_checks): `main` then
     returns one int32 flag per check after the model's own outputs, in the order of the checks.
 
-    With `mixed_precision` (--precision fp16), Clip with constant bounds imports as Less, Greater and Where, and a
-    constant-mode Pad as nn.pad: Relax ops the mixed-precision pass reads (rewrites.clip_as_where, _importer).
+    With `mixed_precision` (--precision fp16), Clip with constant bounds imports as Less, Greater and Where, a
+    constant-mode Pad as nn.pad and an Einsum that is a matrix product as matmul: Relax ops the mixed-precision pass
+    reads (rewrites.clip_as_where, _importer, einsum_as_matmul).
     """
     from tvmsched.frontend.index_checks import guard_indices
     from tvmsched.frontend.fold import fold_constants
@@ -179,7 +181,8 @@ def _importer(mixed_precision: bool = False, **options):
 
     `from_onnx` without its wrapper: the wrapper only re-runs onnx's checker (validate does it)
     and reads the opset. With `mixed_precision`, a constant-mode Pad (opset 11 and newer, constant pads, none
-    negative) becomes Relax's nn.pad, which TVM's mixed-precision pass reads, not the TIR kernel TVM's converter makes.
+    negative) becomes Relax's nn.pad, and a matrix-product Einsum a matmul (`einsum_as_matmul`), which TVM's
+    mixed-precision pass reads, not the TIR kernels TVM's converter makes.
     """
     from tvm import relax
     from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, Pad
@@ -202,6 +205,10 @@ def _importer(mixed_precision: bool = False, **options):
                 padded = relax_pad(inputs, [self._nodes, self._params])
                 if padded is not None:
                     return self.bb.normalize(padded)
+            if mixed_precision and op_name == "Einsum":
+                product = einsum_as_matmul(attrs.get("equation", b""), inputs)
+                if product is not None:
+                    return self.bb.normalize(product)
             return super()._convert_operator(op_name, inputs, attrs, opset)
 
         def _parse_value_proto(self, value_proto):  # called once per node, before its conversion
@@ -214,6 +221,54 @@ def _importer(mixed_precision: bool = False, **options):
             self.tvmsched_node = None  # what fails after the last node is the model's, not that node's
 
     return Importer(keep_params_in_input=False, sanitize=True, **options)
+
+
+def einsum_as_matmul(equation: str | bytes, inputs):
+    """A two-operand Einsum that is a (batched) matrix product, as Relax's permute_dims, reshape and matmul: letters in
+    both operands and the output are the batch, in both operands only the contraction, in one operand and the output
+    that operand's rows or columns. None for any other form (an ellipsis, a repeated letter, a letter summed in one
+    operand alone, more or fewer operands, shapes not static): TVM's converter (a TIR kernel of TE's einsum) then.
+
+    With --precision fp16 the product is then a matmul that TVM's mixed-precision pass computes in fp16 with fp32
+    accumulation (tensor cores on CUDA), where the TIR kernel would stay in fp32 (tvmsched.lower.precision)."""
+    from tvm import relax, tirx
+
+    text = (equation.decode() if isinstance(equation, bytes) else str(equation)).replace(" ", "")
+    if len(inputs) != 2 or "." in text or text.count("->") != 1:
+        return None
+    operands, out = text.split("->")
+    parts = operands.split(",")
+    if len(parts) != 2 or not all(p.isalpha() for p in (*parts, out) if p):
+        return None
+    a, b = parts
+    if any(len(set(word)) != len(word) for word in (a, b, out)) or not set(out) <= set(a) | set(b):
+        return None
+    if (set(a) ^ set(b)) - set(out):  # a letter summed in one operand alone
+        return None
+    shapes = []
+    for value, word in zip(inputs, (a, b)):
+        shape = getattr(getattr(value, "ty", None), "shape", None)
+        if shape is None or len(shape) != len(word) or not all(isinstance(d, tirx.IntImm) for d in shape):
+            return None
+        shapes.append({letter: int(d) for letter, d in zip(word, shape)})
+    if any(shapes[0][letter] != shapes[1][letter] for letter in set(a) & set(b)):
+        return None
+    batch = [c for c in out if c in a and c in b]
+    rows, cols = [c for c in out if c in a and c not in b], [c for c in out if c in b and c not in a]
+    inner = [c for c in a if c in b and c not in out]
+    size = lambda letters, which: math.prod(shapes[which][c] for c in letters)  # noqa: E731
+
+    def arranged(value, word, order, which, dims):
+        if list(word) != order:
+            value = relax.op.permute_dims(value, [word.index(c) for c in order])
+        return relax.op.reshape(value, [size(batch, which), *(size(group, which) for group in dims)])
+
+    left = arranged(inputs[0], a, batch + rows + inner, 0, (rows, inner))
+    right = arranged(inputs[1], b, batch + inner + cols, 1, (inner, cols))
+    product = relax.op.reshape(relax.op.matmul(left, right),
+                               [*(shapes[0][c] for c in batch + rows), *(shapes[1][c] for c in cols)])
+    order = batch + rows + cols
+    return product if order == list(out) else relax.op.permute_dims(product, [order.index(c) for c in out])
 
 
 def parse_input_shapes(values: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...]]:
