@@ -179,7 +179,9 @@ def test_real_time_requests_preempt_the_batched_launches_of_every_size_which_res
         tasks = rt.load(str(mlp_sizes), name="be").tasks
         rt.load(str(compiled("mlp")), name="rt", priority="realtime")
         futures = [rt.submit("be", {"input": x}) for x in burst]
+        during = 0  # real-time requests sent while the burst still ran (a loaded machine may finish it early)
         for x in burst[:40]:  # one at a time while the burst runs: each preempts the best-effort streams anew
+            during += not all(f.done() for f in futures)
             np.testing.assert_allclose(rt.submit("rt", {"input": x[:1]}).result(timeout=60)["output"],
                                        alone.run({"input": x[:1]})["output"], rtol=1e-4, atol=1e-5)
         for x, future in zip(burst, futures):
@@ -187,8 +189,9 @@ def test_real_time_requests_preempt_the_batched_launches_of_every_size_which_res
         preempted = {task.name: task.counts()["preemptions"] for task in tasks}
     finally:
         rt.shutdown()
-    # each real-time request pauses every size's stream (but one that comes before they resumed from the last one)
-    assert all(n > 0 for n in preempted.values()) and sum(preempted.values()) >= 40, preempted
+    # each real-time request during the burst pauses every size's stream that runs then (the first one all four: the
+    # burst has just been queued), so at least one each
+    assert during > 0 and all(n > 0 for n in preempted.values()) and sum(preempted.values()) >= during, (during, preempted)
 
 
 def test_switched_or_streamed_a_model_of_several_sizes_serves_its_largest_alone_padded(mlp_sizes, compiled):
