@@ -464,11 +464,11 @@ Request RuntimeObj::SubmitRouted(const std::string& model, ffi::Map<ffi::String,
 void RuntimeObj::FollowRouted(Request outer, Request inner, const std::string& model, const SubmitOptions& options,
                               std::vector<int> tried) {
   // on the finishing stream's thread (short: at most one Submit, which queues). A request that fails because its
-  // device is lost (it never ran there: EnterLaunch refused its launch) runs again on another replica in service; the
-  // request whose launch faulted keeps its own failure (it may be the cause, and would fault there too)
+  // device is lost (RequestObj::device_lost: EnterLaunch refused its next launch) runs again from its first layer on
+  // another replica in service; the request whose launch faulted keeps its own failure (it may be the cause, and
+  // would fault there too)
   inner->OnDone(ffi::Function::FromTyped([this, outer, model, options, tried](Request done) {
-    const int d = tried.back();
-    if (!done->error().empty() && std::string(done->error()) == parts_[d]->device_->LostLine()) {
+    if (done->device_lost) {
       std::vector<int> replicas;
       try {
         replicas = ReplicasOf(model);

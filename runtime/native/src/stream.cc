@@ -720,7 +720,8 @@ void StreamObj::StepSync(const Launch& launch, std::optional<Launch>* next) {
   m_->ClearStarted();
   double start = timeline_on_ ? Device::NowMicros() : 0;
   std::string error;
-  bool stale = false;  // the device recovered from a fault since the head request started: it starts again
+  bool stale = false;    // the device recovered from a fault since the head request started: it starts again
+  bool refused = false;  // the device was lost: the launch never entered it
   Device& device = m_->device();
   try {
     stale = device.EnterLaunch(options_.recovery_timeout_s) != run_generation_;  // parks while the device recovers
@@ -733,6 +734,7 @@ void StreamObj::StepSync(const Launch& launch, std::optional<Launch>* next) {
     device.ExitLaunch();
   } catch (const ffi::Error& err) {  // the device is lost, or did not recover in time
     error = err.message();
+    refused = device.health() == Device::kLost;
   }
   if (!error.empty()) {
     if (std::string fault = HandleFault(launch, error); !fault.empty()) error = fault;
@@ -747,7 +749,7 @@ void StreamObj::StepSync(const Launch& launch, std::optional<Launch>* next) {
     if (stale) {
       RestartHead();
     } else if (!error.empty()) {
-      FailHead(OneLine(error));
+      FailHead(OneLine(error), refused);
     } else if (flagged && !(!idempotent(launch) && m_->started())) {
       rerun_.push_back(launch);  // aborted (or skipped at entry): run it again on resume
       ++reruns;
@@ -771,8 +773,9 @@ void StreamObj::LaunchAsync(const Launch& launch) {
   double start = Device::NowMicros();
   EventHandle event = nullptr;
   std::string error;
-  bool stale = false;  // the device recovered from a fault since the head request started (CPU asynchronous mode;
-                       // a CUDA device is not recovered: after a fault it is lost)
+  bool stale = false;    // the device recovered from a fault since the head request started (CPU asynchronous mode;
+                         // a CUDA device is not recovered: after a fault it is lost)
+  bool refused = false;  // the device was lost: the launch never entered it
   Device& device = m_->device();
   try {
     stale = device.EnterLaunch(options_.recovery_timeout_s) != run_generation_;
@@ -788,6 +791,7 @@ void StreamObj::LaunchAsync(const Launch& launch) {
     device.ExitLaunch();
   } catch (const ffi::Error& err) {
     error = err.message();
+    refused = device.health() == Device::kLost;
   }
   if (!error.empty()) {
     if (std::string fault = HandleFault(launch, error); !fault.empty()) error = fault;
@@ -800,7 +804,7 @@ void StreamObj::LaunchAsync(const Launch& launch) {
       DiscardInFlight();
       RestartHead();
     } else if (!error.empty()) {
-      FailHead(OneLine(error));
+      FailHead(OneLine(error), refused);
     } else {
       if (timeline_on_) launched_at_[{launch.request, launch.layer, launch.candidate}] = start;
       in_flight_.emplace_back(launch, event);
@@ -913,8 +917,9 @@ void StreamObj::Retire(const Launch& launch, double end_us) {
   PauseAfterRequest();
 }
 
-void StreamObj::FailHead(const std::string& error) {
+void StreamObj::FailHead(const std::string& error, bool device_lost) {
   Request request = requests_.front();
+  request->device_lost = device_lost;
   requests_.pop_front();
   queued_.fetch_sub(1, std::memory_order_relaxed);
   next_layer_ = 0;

@@ -60,6 +60,7 @@ class RequestObj : public ffi::Object {
  public:
   int64_t id = 0;                  ///< set when it starts: the request number its launches carry (1, 2, ...)
   int restarts = 0;                ///< times it started again from its first layer after a device fault (at most once)
+  bool device_lost = false;        ///< it failed because its device was lost when its next launch was to enter it
   std::vector<int> candidate_ids;  ///< empty: candidate 0 everywhere
   ffi::Map<ffi::String, ffi::Tensor> inputs;
   double submitted_us = 0, started_us = 0, finished_us = 0;
@@ -275,7 +276,7 @@ class StreamObj : public ffi::Object {
   /*! \brief Clear the flag and let the submitter go on (under the lock): kPaused -> `to`. */
   void Unpause(RunState to = RunState::kRunning);
   void Retire(const Launch& launch, double end_us);
-  void FailHead(const std::string& error);
+  void FailHead(const std::string& error, bool device_lost = false);  // device_lost: RequestObj::device_lost
   /*! \brief The head request started before the device recovered from a fault: it starts again from its first
    *  layer (once; a second time it fails). Under mutex_. */
   void RestartHead();
