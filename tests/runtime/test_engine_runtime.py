@@ -208,6 +208,24 @@ def test_colocation_decides_when_a_stream_takes_a_request_against_the_busy_strea
         assert len(request.candidate_ids()) == layers[name]  # chosen when a stream took it
 
 
+def test_over_two_devices_the_decision_times_are_every_device_s_decisions_pooled(runtime, kit_artifacts):  # noqa: F811
+    """A Runtime over cpu:0 and cpu:1 decides per device; its decision statistics pool them. Only cpu:1 holds a model,
+    so every recorded decision is cpu:1's: the count, the wall-clock, monitor and CPU-time percentiles and the disturbed
+    share all show them (the first device's alone would have none)."""
+    rt = runtime(policy="colocation", devices=["cpu:0", "cpu:1"])
+    assert rt.load(str(kit_artifacts("mlp")), {"name": "chooses", "devices": [1]}) == "chooses"
+    x = to_engine(Executor(str(kit_artifacts("mlp"))).random_inputs(0))
+    requests = [rt.submit("chooses", x, -1, -1.0) for _ in range(12)]
+    for request in requests:
+        finished(request)
+    decided, p50_us, p99_us = rt.decision_stats()
+    assert int(decided) == len(requests) and 0 < float(p50_us) <= float(p99_us)
+    monitor_p50, monitor_p99 = rt.decision_monitor_stats()
+    assert 0 < float(monitor_p50) <= float(monitor_p99)
+    cpu_p50, cpu_p99, undisturbed_p99, disturbed = (float(v) for v in rt.decision_cpu_stats())
+    assert 0 < cpu_p50 <= cpu_p99 and 0 <= disturbed <= 1 and (undisturbed_p99 > 0 or disturbed == 1)
+
+
 def test_the_monitor_read_while_streams_run_shows_each_stream_s_remaining_layers_never_a_torn_mix(runtime, kit_artifacts):  # noqa: F811,E501
     # every view is the running request's layers from the first not done (that one possibly part done, at a share of
     # its latency), then whole queued requests: read without the streams' locks, it must never mix two requests

@@ -1122,51 +1122,45 @@ std::map<std::string, ModelStats> RuntimeObj::Stats() {
   return out;
 }
 
-std::tuple<int64_t, double, double> RuntimeObj::DecisionStats() {
-  if (!parts_.empty()) {  // the decisions of every device's policy: their count, the largest p50 and p99
-    std::tuple<int64_t, double, double> all{0, -1, -1};
+RuntimeObj::DecisionTimes RuntimeObj::DecisionSamples() {
+  DecisionTimes all;
+  if (!parts_.empty()) {  // every device's policy decides apart: their decisions pooled
     for (const Runtime& part : parts_) {
-      auto [decided, p50, p99] = part->DecisionStats();
-      std::get<0>(all) += decided;
-      std::get<1>(all) = std::max(std::get<1>(all), p50);
-      std::get<2>(all) = std::max(std::get<2>(all), p99);
+      DecisionTimes mine = part->DecisionSamples();
+      all.decided += mine.decided;
+      all.wall.insert(all.wall.end(), mine.wall.begin(), mine.wall.end());
+      all.monitor.insert(all.monitor.end(), mine.monitor.begin(), mine.monitor.end());
+      all.cpu.insert(all.cpu.end(), mine.cpu.begin(), mine.cpu.end());
     }
     return all;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  LayerScheduler* scheduler = SchedulerOf(*policy_);
-  if (!scheduler) return {0, -1, -1};
-  auto [p50, p99] = Percentiles(scheduler->decision_us());
-  return {scheduler->decided(), p50, p99};
+  if (LayerScheduler* scheduler = SchedulerOf(*policy_)) {
+    all.decided = scheduler->decided();
+    all.wall = scheduler->decision_us();
+    all.monitor = scheduler->monitor_us();
+    all.cpu = scheduler->cpu_us();
+  }
+  return all;
 }
 
-std::pair<double, double> RuntimeObj::MonitorStats() {
-  if (!parts_.empty()) {
-    std::pair<double, double> all{-1, -1};
-    for (const Runtime& part : parts_) {
-      auto [p50, p99] = part->MonitorStats();
-      all = {std::max(all.first, p50), std::max(all.second, p99)};
-    }
-    return all;
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  LayerScheduler* scheduler = SchedulerOf(*policy_);
-  return scheduler ? Percentiles(scheduler->monitor_us()) : std::pair<double, double>{-1, -1};
+std::tuple<int64_t, double, double> RuntimeObj::DecisionStats() {
+  DecisionTimes times = DecisionSamples();
+  auto [p50, p99] = Percentiles(times.wall);
+  return {times.decided, p50, p99};
 }
+
+std::pair<double, double> RuntimeObj::MonitorStats() { return Percentiles(DecisionSamples().monitor); }
 
 std::tuple<double, double, double, double> RuntimeObj::DecisionCpuStats() {
-  if (!parts_.empty()) return parts_[0]->DecisionCpuStats();  // (the first device's; each decides apart)
-  std::lock_guard<std::mutex> lock(mu_);
-  LayerScheduler* scheduler = SchedulerOf(*policy_);
-  if (!scheduler || scheduler->cpu_us().empty()) return {-1, -1, -1, -1};
-  auto [cpu_p50, cpu_p99] = Percentiles(scheduler->cpu_us());
+  DecisionTimes times = DecisionSamples();
+  if (times.cpu.empty()) return {-1, -1, -1, -1};
+  auto [cpu_p50, cpu_p99] = Percentiles(times.cpu);
   std::vector<double> undisturbed;
-  const auto& wall = scheduler->decision_us();
-  const auto& cpu = scheduler->cpu_us();
-  for (size_t i = 0; i < wall.size(); ++i) {
-    if (wall[i] - cpu[i] <= 1.0) undisturbed.push_back(wall[i]);
+  for (size_t i = 0; i < times.wall.size(); ++i) {
+    if (times.wall[i] - times.cpu[i] <= 1.0) undisturbed.push_back(times.wall[i]);
   }
-  const double off = 1.0 - static_cast<double>(undisturbed.size()) / static_cast<double>(wall.size());
+  const double off = 1.0 - static_cast<double>(undisturbed.size()) / static_cast<double>(times.wall.size());
   return {cpu_p50, cpu_p99, Percentile(std::move(undisturbed), 99), off};
 }
 

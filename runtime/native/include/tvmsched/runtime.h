@@ -274,6 +274,13 @@ class RuntimeObj : public ffi::Object {
   /*! \brief The predicted finish of a request of `rows` rows submitted now (AdmitLocked's rule): `starts_now` when a
    *  stream is free for it with nothing queued, `ahead` the requests (one size) or rows (several) before it. */
   double PredictLocked(const Entry& entry, int64_t rows, bool* starts_now, int64_t* ahead) const;
+  /*! \brief The colocation decisions' recorded times (LayerScheduler's): this Runtime's policy's, or, over several
+   *  devices, every device's pooled (the stats above are their percentiles). */
+  struct DecisionTimes {
+    int64_t decided = 0;
+    std::deque<double> wall, monitor, cpu;  // µs, decision by decision
+  };
+  DecisionTimes DecisionSamples();
   // ---- several devices (devices.cc): this Runtime routes to its parts ----
   void OpenParts();
   std::string LoadReplicas(const std::string& path, const ModelOptions& options);
