@@ -193,17 +193,25 @@ def _convolutions():
     return model
 
 
+def _attention_einsum():
+    """Attention scores as some exports write them, an Einsum (bhid,bhjd->bhij) of queries and keys: at fp16 a matmul."""
+    from tests.test_precision import einsum_model
+
+    return einsum_model("bhid,bhjd->bhij", [(1, 4, 128, 64), (1, 4, 128, 64)])
+
+
 @pytest.fixture(scope="module")
 def fp16_scheduled():
     """{model: (unscheduled funcs, scheduled funcs, target)} at --precision fp16 for the CUDA target."""
     out = {}
-    for name, model in (("bert-tiny", models.build("bert-tiny")), ("convolutions", _convolutions())):
+    for name, model in (("bert-tiny", models.build("bert-tiny")), ("convolutions", _convolutions()),
+                        ("attention einsum", _attention_einsum())):
         _, funcs, target = lower_model(model, "cuda", precision="fp16")
         out[name] = (funcs, kernels.default_schedule(funcs, target), target)
     return out
 
 
-@pytest.mark.parametrize("name", ["bert-tiny", "convolutions"])
+@pytest.mark.parametrize("name", ["bert-tiny", "convolutions", "attention einsum"])
 def test_fp16_tensor_core_layers_and_row_reductions_compute_the_layer(fp16_scheduled, name):
     """Every fp16 tensor-core layer, through its twin (each WMMA fill / load / multiply / store replaced by the plain
     TIR its intrinsic describes, thread bindings made serial), computes what the unscheduled layer computes; so does
