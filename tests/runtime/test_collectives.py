@@ -43,17 +43,25 @@ def _forkserver():
     per process, and this module starts 21 ranks on a 2-core machine. Each rank is still a process of its own
     that runs the example's `main` with its command line, and is killed and waited for like one."""
     ctx = multiprocessing.get_context("forkserver")
-    if str(TRAIN.parent) not in sys.path:
-        sys.path.insert(0, str(TRAIN.parent))
+    _example_importable()
     ctx.set_forkserver_preload(["torch", "torch.distributed", "ddp_train"])
-    saved = dict(os.environ)
+    saved = {name: os.environ.get(name) for name in RANK_ENV}
     os.environ.update(RANK_ENV)  # read when torch is imported, so the server must start with them
     try:
         forkserver.ensure_running()
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return ctx
+
+
+def _example_importable() -> None:
+    """examples/ddp_train.py importable as `ddp_train` (its `main` runs the ranks, its `model` the reference)."""
+    if str(TRAIN.parent) not in sys.path:
+        sys.path.insert(0, str(TRAIN.parent))
 
 
 def _launch(tmp: Path, jobs: dict[str, int], controller: int, switch: int, extra=(), steps=STEPS):
@@ -92,8 +100,7 @@ def _reference_params(world: int, steps: int) -> np.ndarray:
     example are imported here, not at collection, which every pytest worker does.)"""
     import torch
 
-    if str(TRAIN.parent) not in sys.path:
-        sys.path.insert(0, str(TRAIN.parent))
+    _example_importable()
     from ddp_train import model as train_model
 
     torch.manual_seed(0)

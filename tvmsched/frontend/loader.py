@@ -245,29 +245,27 @@ def einsum_as_matmul(equation: str | bytes, inputs):
         return None
     if (set(a) ^ set(b)) - set(out):  # a letter summed in one operand alone
         return None
-    shapes = []
+    dims: dict[str, int] = {}  # each letter's extent (a letter in both operands has one: else not a matrix product)
     for value, word in zip(inputs, (a, b)):
         shape = getattr(getattr(value, "ty", None), "shape", None)
         if shape is None or len(shape) != len(word) or not all(isinstance(d, tirx.IntImm) for d in shape):
             return None
-        shapes.append({letter: int(d) for letter, d in zip(word, shape)})
-    if any(shapes[0][letter] != shapes[1][letter] for letter in set(a) & set(b)):
-        return None
+        for letter, d in zip(word, shape):
+            if dims.setdefault(letter, int(d)) != int(d):
+                return None
     batch = [c for c in out if c in a and c in b]
     rows, cols = [c for c in out if c in a and c not in b], [c for c in out if c in b and c not in a]
     inner = [c for c in a if c in b and c not in out]
-    size = lambda letters, which: math.prod(shapes[which][c] for c in letters)  # noqa: E731
 
-    def arranged(value, word, order, which, dims):
+    def arranged(value, word, order, groups):  # permuted to `order`, then (batch, *groups) each flattened to one axis
         if list(word) != order:
             value = relax.op.permute_dims(value, [word.index(c) for c in order])
-        return relax.op.reshape(value, [size(batch, which), *(size(group, which) for group in dims)])
+        return relax.op.reshape(value, [math.prod(dims[c] for c in group) for group in (batch, *groups)])
 
-    left = arranged(inputs[0], a, batch + rows + inner, 0, (rows, inner))
-    right = arranged(inputs[1], b, batch + inner + cols, 1, (inner, cols))
-    product = relax.op.reshape(relax.op.matmul(left, right),
-                               [*(shapes[0][c] for c in batch + rows), *(shapes[1][c] for c in cols)])
+    product = relax.op.matmul(arranged(inputs[0], a, batch + rows + inner, (rows, inner)),
+                              arranged(inputs[1], b, batch + inner + cols, (inner, cols)))
     order = batch + rows + cols
+    product = relax.op.reshape(product, [dims[c] for c in order])
     return product if order == list(out) else relax.op.permute_dims(product, [order.index(c) for c in out])
 
 

@@ -36,8 +36,6 @@ def take(key: tuple, make):
 def give_back(key: tuple, pool) -> None:
     """`pool` is idle: kept for the next `take(key)`, shut down after IDLE_S (at once if one of `key` is kept)."""
     key = (os.getpid(), *key)
-    if getattr(pool, "_shutdown", False):
-        return
     with _lock:
         keep = key not in _idle
         if keep:
