@@ -108,18 +108,20 @@ def main() -> None:
     specs = [f"{n}={p}" for n, p in zip(names, args.artifacts)]
     cpp, serve, grpc = free_port(), free_port(), free_port()
     load = [os.getloadavg()[0]]
-    servers = {
-        "cpp": start_server([str(ROOT / "build/cpp/tvmsched_server"), "--port", str(cpp),
-                             *[a for s in specs for a in ("--model", s)]], f"http://127.0.0.1:{cpp}"),
-        "serve": start_server([sys.executable, "-m", "tvmsched.cli", "serve", "--port", str(serve), "--grpc-port",
-                               str(grpc), *[a for s in specs for a in ("--model", s)]],
-                              f"http://127.0.0.1:{serve}", ready="/v2/health/ready"),
+    servers = {}  # each stopped at the end, also when a later one fails to start
+    commands = {
+        "cpp": ([str(ROOT / "build/cpp/tvmsched_server"), "--port", str(cpp),
+                 *[a for s in specs for a in ("--model", s)]], f"http://127.0.0.1:{cpp}", "/v2/health/ready"),
+        "serve": ([sys.executable, "-m", "tvmsched.cli", "serve", "--port", str(serve), "--grpc-port", str(grpc),
+                   *[a for s in specs for a in ("--model", s)]], f"http://127.0.0.1:{serve}", "/v2/health/ready"),
     }
     port = {"cpp": cpp, "rest": serve, "grpc": serve}
     io = {n: model_io(p) for n, p in zip(names, args.artifacts)}
     results = {(n, w): [] for n in names for w in WAYS}
     clients: dict = {}
     try:
+        for way, (command, base, ready) in commands.items():
+            servers[way] = start_server(command, base, ready=ready)
         with Runtime("cpu") as rt:
             for n, p in zip(names, args.artifacts):
                 rt.load(str(p), name=n)
