@@ -1,11 +1,13 @@
 """Where `tvmsched serve`'s time inside the server goes, per request at concurrency 1 (issue 38's split): parse,
 submit, queue (the engine: submit to start), wake-up (the engine finished it to the handler holding its outputs),
-encode — measured in-process on the handler's own functions, one request at a time, with the HTTP layers (uvicorn,
-FastAPI routing, middleware) left out; bench/cpp_server_overhead.py measures the whole server over HTTP.
+encode — measured in-process on the handler's own functions, one request at a time, for a REST binary-tensor body
+(serve/http.py's infer route) and a gRPC ModelInferRequest's bytes (serve/grpc_server.py's ModelInfer), with the
+HTTP and gRPC layers (uvicorn, grpc.aio, middleware) left out; bench/cpp_server_overhead.py measures the whole servers.
 
     python bench/serve_split.py ARTIFACT.tvms [--requests 2000] [--rounds 5]
 
-The request is tritonclient's binary-tensor body for the model's inputs (random, seeded). Each phase is timed with
+The request is what tritonclient sends for the model's inputs (random, seeded): the binary-tensor body, or the
+ModelInferRequest with raw_input_contents. Each phase is timed with
 the engine's clock (native.now_us) and reported as the median over the requests of each round, then the median of
 the rounds; `total inside` is parse + submit + wake-up + encode (what Triton's statistics call the server's own time:
 success - queue - compute_infer).
@@ -44,17 +46,38 @@ def binary_request(served) -> tuple[dict, bytes]:
     return binary_body({t.name: rng.random(t.shape).astype(t.dtype) for t in served.inputs}, [t.name for t in served.outputs])
 
 
-def one_round(service, served, headers, body, requests: int) -> dict[str, float]:
-    """As serve/http.py's infer route: the engine's codec parses and encodes, the service admits and counts."""
+def grpc_request(served) -> bytes:
+    """The ModelInferRequest tritonclient.grpc sends for the served model's inputs (random, seeded; raw contents)."""
+    from tvmsched.serve.grpc_stubs import stubs
+
+    pb2 = stubs()[0]
+    rng = np.random.default_rng(0)
+    message = pb2.ModelInferRequest(model_name=served.name)
+    for t in served.inputs:
+        message.inputs.add(name=t.name, datatype=t.datatype, shape=list(t.shape))
+        message.raw_input_contents.append(rng.random(t.shape).astype(t.dtype).tobytes())
+    for t in served.outputs:
+        message.outputs.add(name=t.name)
+    return message.SerializeToString()
+
+
+def one_round(service, served, way: str, request, requests: int) -> dict[str, float]:
+    """As serve/http.py's infer route (way "rest": request = (headers, body)) or serve/grpc_server.py's ModelInfer
+    ("grpc": request = the message's bytes) do: the engine's codec parses and encodes, the service admits and counts."""
     from tvmsched.runtime import native
 
     now = native.now_us
-    parse, encode = served.codec
-    length = headers["Inference-Header-Content-Length"]
+    codec = served.codec
+    if way == "rest":
+        headers, body = request
+        length = headers["Inference-Header-Content-Length"]
+        parse, encode = (lambda: codec.parse(body, length)), codec.encode
+    else:
+        parse, encode = (lambda: codec.parse_message(request)), codec.encode_message
     times = {p: [] for p in PHASES}
     for _ in range(requests):
         t0 = now()
-        parsed = parse(body, length)
+        parsed = parse()
         t1 = now()
         future = service.submit(served, parsed[1], dict(parsed[2]) if len(parsed[2]) else None, engine_tensors=True)
         t2 = now()
@@ -63,7 +86,8 @@ def one_round(service, served, headers, body, requests: int) -> dict[str, float]
             outputs = future.result(timeout=60)
         t3 = now()
         service.finish(served, future, 0, None)
-        status, answer, answer_length = encode(parsed[3], outputs)
+        answer = encode(parsed[3], outputs)
+        assert answer[0] == 0, answer
         t4 = now()
         r = future.request
         times["parse"].append(t1 - t0)
@@ -91,19 +115,18 @@ def main() -> None:
         cases = []
         for path in args.artifacts:
             served = service.add(ModelSpec(name=path.stem, path=path))
-            headers, body = binary_request(served)
-            one_round(service, served, headers, body, 50)  # warm-up
-            cases.append((served, headers, body))
-        rounds = {served.name: [] for served, _, _ in cases}
+            for way, request in (("rest", binary_request(served)), ("grpc", grpc_request(served))):
+                one_round(service, served, way, request, 50)  # warm-up
+                cases.append((served, way, request))
+        rounds = {(served.name, way): [] for served, way, _ in cases}
         for _ in range(args.rounds):  # interleaved
-            for served, headers, body in cases:
-                rounds[served.name].append(one_round(service, served, headers, body, args.requests))
+            for served, way, request in cases:
+                rounds[served.name, way].append(one_round(service, served, way, request, args.requests))
     print(f"load average (1 min) {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
-    print("| model | " + " | ".join(f"{p} µs" for p in PHASES) + " |")
-    print("|---|" + "---:|" * len(PHASES))
-    for name, results in rounds.items():
-        print(f"| {name} | " + " | ".join(f"{statistics.median(r[p] for r in results):.1f}" for p in PHASES) + " |")
-
+    print("| model | way | " + " | ".join(f"{p} µs" for p in PHASES) + " |")
+    print("|---|---|" + "---:|" * len(PHASES))
+    for (name, way), results in rounds.items():
+        print(f"| {name} | {way} | " + " | ".join(f"{statistics.median(r[p] for r in results):.1f}" for p in PHASES) + " |")
 
 if __name__ == "__main__":
     main()

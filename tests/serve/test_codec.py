@@ -12,7 +12,7 @@ from tvmsched.runtime import native
 
 def _codec(dtype: str, shape: list[int]):
     native.engine()
-    return native.func("kserve_codec")("m", "1", [["x", dtype, shape]], [["y", dtype, shape]])
+    return native.func("kserve_codec")("m", "1", [["x", dtype, shape]], [["y", dtype, shape]])[:2]  # (REST's)
 
 
 def _strict(text: bytes):
@@ -128,3 +128,168 @@ def test_both_servers_read_priority_and_timeout_alike(parameters, want):
 def test_scheduling_parameters_of_another_kind_are_a_400_line(parameters, fragment):
     status, line = native.func("kserve_scheduling")(parameters)
     assert int(status) == 400 and fragment in str(line) and "\n" not in str(line)
+
+
+# -- gRPC: ModelInferRequest and ModelInferResponse in protobuf's wire format, against Triton's own messages
+
+def _message_codec(dtype: str, shape: list[int]):
+    native.engine()
+    return native.func("kserve_codec")("m", "1", [["x", dtype, shape]], [["y", dtype, shape]])[2:]
+
+
+TYPED = {"BOOL": ("bool_contents", np.bool_), "UINT8": ("uint_contents", np.uint8),
+         "UINT16": ("uint_contents", np.uint16), "UINT32": ("uint_contents", np.uint32),
+         "UINT64": ("uint64_contents", np.uint64), "INT8": ("int_contents", np.int8),
+         "INT16": ("int_contents", np.int16), "INT32": ("int_contents", np.int32),
+         "INT64": ("int64_contents", np.int64), "FP32": ("fp32_contents", np.float32),
+         "FP64": ("fp64_contents", np.float64), "FP16": (None, np.float16)}
+
+
+def _extremes(numpy) -> np.ndarray:
+    """Six values of the type, its limits among them (negative ones exercise int32's sign-extended varints)."""
+    if numpy is np.bool_:
+        return np.array([True, False, True, True, False, False])
+    if np.issubdtype(numpy, np.integer):
+        info = np.iinfo(numpy)
+        return np.array([info.min, info.max, 0, 1, info.max // 3, info.min // 5 if info.min else 7], numpy)
+    return np.array([np.nan, np.inf, -0.0, 1.5, -3e-5, np.finfo(numpy).max], numpy)
+
+
+@pytest.mark.parametrize("dtype", list(TYPED))
+def test_grpc_messages_read_raw_and_typed_contents_and_answer_what_protobuf_reads(dtype):
+    from tritonclient.grpc import service_pb2 as pb2  # Triton's messages, as tritonclient sends them
+
+    field, numpy = TYPED[dtype]
+    x = _extremes(numpy).reshape(2, 3)
+    parse, encode = _message_codec(dtype, [2, 3])
+    raw = pb2.ModelInferRequest(model_name="m", id="r-1", raw_input_contents=[x.tobytes()])
+    raw.inputs.add(name="x", datatype=dtype, shape=[2, 3])
+    raw.parameters["priority"].int64_param = 1
+    raw.parameters["timeout"].uint64_param = 5000
+    raw.parameters["flag"].bool_param = True
+    raw.parameters["tag"].string_param = "é"
+    raw.parameters["ratio"].double_param = 0.25
+    parsed = parse(raw.SerializeToString())
+    assert parsed[0] == 0, parsed
+    assert np.from_dlpack(parsed[1]["x"]).view(np.uint8).tolist() == x.view(np.uint8).tolist()
+    assert dict(parsed[2]) == {"priority": 1, "timeout": 5000, "flag": True, "tag": "é", "ratio": 0.25}
+    if field is not None:
+        typed = pb2.ModelInferRequest(model_name="m")
+        getattr(typed.inputs.add(name="x", datatype=dtype, shape=[2, 3]).contents, field).extend(x.ravel().tolist())
+        again = parse(typed.SerializeToString())
+        assert again[0] == 0, again
+        assert np.from_dlpack(again[1]["x"]).view(np.uint8).tolist() == x.view(np.uint8).tolist()
+    else:  # FP16 has no typed contents in the proto
+        typed = pb2.ModelInferRequest(model_name="m")
+        typed.inputs.add(name="x", datatype=dtype, shape=[2, 3]).contents.fp32_contents.extend([0.0] * 6)
+        status, line = parse(typed.SerializeToString())
+        assert status == 400 and "send it in raw_input_contents" in line, line
+    y = x[::-1].copy()
+    answer = encode(parsed[3], {"y": tvm_ffi.from_dlpack(y)})
+    assert answer[0] == 0, answer
+    response = pb2.ModelInferResponse.FromString(bytes(answer[1]))
+    assert (response.model_name, response.model_version, response.id) == ("m", "1", "r-1")
+    assert [(o.name, o.datatype, list(o.shape)) for o in response.outputs] == [("y", dtype, [2, 3])]
+    assert list(response.raw_output_contents) == [y.tobytes()]
+
+
+def test_grpc_messages_refused_with_the_rest_routes_lines():
+    from tritonclient.grpc import service_pb2 as pb2
+
+    parse, _ = _message_codec("INT8", [2])
+
+    def request(**tensor):
+        message = pb2.ModelInferRequest(model_name="m")
+        contents = tensor.pop("contents", None)
+        added = message.inputs.add(**tensor)
+        if contents is not None:
+            added.contents.int_contents.extend(contents)
+        return message
+
+    cases = [
+        (request(name="x", datatype="INT8", shape=[3], contents=[1, 2, 3]), "input 'x' has shape [3] but model 'm' expects [2]"),
+        (request(name="z", datatype="INT8", shape=[2], contents=[1, 2]), "model 'm' has no input named 'z' (its inputs: 'x')"),
+        (request(name="x", datatype="INT16", shape=[2], contents=[1, 2]), "has datatype 'INT16' but model 'm' expects INT8"),
+        (request(name="x", datatype="INT8", shape=[2], contents=[1]), "input 'x' has 1 elements in its contents; its shape [2] needs 2"),
+        (request(name="x", datatype="INT8", shape=[2], contents=[1, -129]), "input 'x' holds -129, which is not a INT8 value"),
+        (request(name="x", datatype="INT8", shape=[-2], contents=[1, 2]), "has a shape with the dimension -2, not a size"),
+        (request(name="x", datatype="INT8", shape=[2]), "input 'x' has neither raw_input_contents nor contents"),
+        (pb2.ModelInferRequest(model_name="m"), "model 'm' needs input 'x', which the request does not give"),
+    ]
+    wrong_raw = request(name="x", datatype="INT8", shape=[2])
+    wrong_raw.raw_input_contents.extend([b"\x01\x02\x03"])
+    cases.append((wrong_raw, "input 'x' has 3 bytes of raw_input_contents but its shape [2] of INT8 needs 2 bytes"))
+    two_raw = request(name="x", datatype="INT8", shape=[2])
+    two_raw.raw_input_contents.extend([b"\x01\x02", b"\x03\x04"])
+    cases.append((two_raw, "the request has 2 raw_input_contents for its 1 inputs"))
+    classify = request(name="x", datatype="INT8", shape=[2], contents=[1, 2])
+    classify.outputs.add(name="y").parameters["classification"].int64_param = 3
+    cases.append((classify, "output 'y' asks for classification"))
+    unknown = request(name="x", datatype="INT8", shape=[2], contents=[1, 2])
+    unknown.outputs.add(name="w")
+    cases.append((unknown, "model 'm' has no output named 'w' (its outputs: 'y')"))
+    for message, fragment in cases:
+        status, line = parse(message.SerializeToString())
+        assert status == 400 and fragment in line and "\n" not in line, (fragment, line)
+
+
+@pytest.mark.parametrize("bytes_, why", [
+    (b"\x0a\x05ab", "a length past the end"),  # model_name claims 5 bytes, 2 follow
+    (b"\x08" + b"\xff" * 11, "a varint longer than 10 bytes"),
+    (b"\x0a\x02\xc3\x28", "not UTF-8"),  # model_name: an invalid UTF-8 sequence (protobuf's parsers refuse it too)
+    (b"\x0f", "wire type 7"),
+    (b"\x0c", "an end-group without its start"),
+    (b"\x9b\x06" * 101 + b"\x9c\x06" * 101, "groups nested deeper than 100"),  # field 99 groups, as a hostile client nests them
+    (b"\x9b\x06\x08\x01", "a group without its end"),
+])
+def test_malformed_grpc_messages_are_one_400_line_as_protobuf_refuses_them(bytes_, why):
+    from google.protobuf.message import DecodeError
+    from tritonclient.grpc import service_pb2 as pb2
+
+    parse, _ = _message_codec("INT8", [2])
+    with pytest.raises(DecodeError):
+        pb2.ModelInferRequest.FromString(bytes_)  # protobuf refuses it too
+    for status, line in (parse(bytes_), native.func("kserve_message_model")(bytes_)):
+        assert status == 400 and "message protobuf can decode" in line and why in line and "\n" not in line, line
+
+
+def test_grpc_messages_read_unknown_fields_unpacked_shapes_and_nested_groups_as_protobuf_does():
+    from tritonclient.grpc import service_pb2 as pb2
+
+    parse, _ = _message_codec("INT8", [2])
+    message = pb2.ModelInferRequest(model_name="m", raw_input_contents=[b"\x05\x06"])
+    message.inputs.add(name="x", datatype="INT8", shape=[2])
+    extra = b"\x9b\x06" * 50 + b"\x9c\x06" * 50 + b"\xa0\x06\x07" + b"\xad\x06\x00\x00\x00\x00"  # groups, varint, fixed32
+    unpacked = bytes(message.SerializeToString()) + extra
+    assert pb2.ModelInferRequest.FromString(unpacked).raw_input_contents == [b"\x05\x06"]
+    parsed = parse(unpacked)
+    assert parsed[0] == 0 and np.from_dlpack(parsed[1]["x"]).tolist() == [5, 6], parsed
+    # the shape as unpacked varints (field 3, wire type 0, once per dimension): proto3 parsers take both forms
+    tensor = b"\x0a\x01x" + b"\x12\x04INT8" + b"\x18\x02"
+    bytes_ = b"\x0a\x01m" + b"\x2a" + bytes([len(tensor)]) + tensor + b"\x3a\x02\x05\x06"
+    assert list(pb2.ModelInferRequest.FromString(bytes_).inputs[0].shape) == [2]
+    parsed = parse(bytes_)
+    assert parsed[0] == 0 and np.from_dlpack(parsed[1]["x"]).tolist() == [5, 6], parsed
+    assert list(native.func("kserve_message_model")(bytes_)) == [0, "m", ""]
+
+
+def test_a_shape_claiming_more_than_the_body_holds_is_refused_before_anything_is_allocated():
+    """A model that takes any rows (-1) and a client claiming 2^40 of them: each wire format refuses the request with
+    one line naming the sizes (the tensor was allocated before the check: 3.4 PB, "out of host memory")."""
+    from tritonclient.grpc import service_pb2 as pb2
+
+    native.engine()
+    parse, _, parse_message, _ = native.func("kserve_codec")("m", "1", [["x", "FP32", [-1, 784]]], [["y", "FP32", [-1, 784]]])
+    rows = 1 << 40
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [rows, 784], "data": [1.0]}]}).encode()
+    header = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [rows, 784],
+                                     "parameters": {"binary_data_size": 4}}]}).encode()
+    message = pb2.ModelInferRequest(model_name="m")
+    message.inputs.add(name="x", datatype="FP32", shape=[rows, 784]).contents.fp32_contents.extend([1.0])
+    for (status, line), needs in ((parse(body, None), rows * 784), (parse(header + b"abcd", str(len(header))), rows * 784 * 4),
+                                  (parse_message(message.SerializeToString()), rows * 784)):
+        assert status == 400 and f"needs {needs}" in line and "memory" not in line, line
+    ragged = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 784],
+                                     "data": [[1.0] * 783]}]}).encode()
+    status, line = parse(ragged, None)
+    assert status == 400 and "has 783 elements in 'data'; its shape [1,784] needs 784" in line, line

@@ -3,7 +3,9 @@
 Errors end the call with the status GRPC_CODES gives for the HTTP status (INVALID_ARGUMENT, NOT_FOUND,
 FAILED_PRECONDITION, UNAVAILABLE: queue full, DEADLINE_EXCEEDED: the request could not start within its timeout)
 and one line. ModelInfer reads raw_input_contents (one entry per input, in order) or each input's typed contents,
-and answers with raw_output_contents, as Triton does.
+and answers with raw_output_contents, as Triton does: the call's bytes are read and the answer's written by the engine's
+codec (tvmsched/kserve.h), with the checks and lines of the REST route; the other methods go through protobuf's
+Python messages.
 """
 
 from __future__ import annotations
@@ -12,18 +14,14 @@ import asyncio
 import time
 
 import grpc
-import numpy as np
 from google.protobuf.message import DecodeError
 
 from tvmsched.errors import TvmschedError
+from tvmsched.runtime import native
 from tvmsched.serve.grpc_stubs import stubs
 from tvmsched.serve.errors import GRPC_CODES, ServeError
 from tvmsched.serve.service import InferenceService
-from tvmsched.serve.tensors import from_bytes, to_array
 
-CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
-            "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
-            "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents"}
 TYPE_NUMBERS = {"BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5, "INT8": 6, "INT16": 7, "INT32": 8,
                 "INT64": 9, "FP16": 10, "FP32": 11, "FP64": 12}
 
@@ -39,6 +37,9 @@ def add_service(server: grpc.aio.Server, service: InferenceService) -> None:
     servicer, handlers = Servicer(service), {}
     for method in pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
         assert not method.client_streaming and not method.server_streaming, method.name
+        if method.name == "ModelInfer":  # bytes in and out: the engine's codec reads and writes the messages
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(servicer.ModelInfer)
+            continue
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
             _decoded(getattr(servicer, method.name), getattr(pb2, method.input_type.name)),
             response_serializer=getattr(pb2, method.output_type.name).SerializeToString)
@@ -65,17 +66,13 @@ async def _abort(context, err: Exception):
     await context.abort(getattr(grpc.StatusCode, GRPC_CODES.get(status, "INVALID_ARGUMENT")), " ".join(str(err).split()))
 
 
-def _parameter(value):
-    kind = value.WhichOneof("parameter_choice")
-    return None if kind is None else getattr(value, kind)
-
-
 class Servicer:
     """GRPCInferenceService's methods over an InferenceService."""
 
     def __init__(self, service: InferenceService):
         self.service = service
         self.pb2, _, self.config_pb2 = stubs()
+        self._message_model = native.func("kserve_message_model")  # ModelInferRequest bytes -> [0, model, version]
 
     async def ServerLive(self, request, context):
         return self.pb2.ServerLiveResponse(live=True)
@@ -161,17 +158,23 @@ class Servicer:
         except ServeError as err:
             await _abort(context, err)
 
-    async def ModelInfer(self, request, context):
+    async def ModelInfer(self, message: bytes, context) -> bytes:
+        """A ModelInferRequest's bytes to a ModelInferResponse's, both through the engine's codec (as serve/http.py's
+        infer route does with a REST body)."""
         received = time.perf_counter_ns()
         service = self.service
+        target = self._message_model(message)  # [0, model, version] or [400, line]
         try:
-            served = service.get(request.model_name, request.model_version)
+            if target[0]:
+                raise ServeError(target[1], target[0])
+            served = service.get(str(target[1]), str(target[2]))
         except ServeError as err:
             await _abort(context, err)
         try:
-            inputs = self._inputs(served, request)
-            names = service.output_names(served, [o.name for o in request.outputs])
-            future = service.submit(served, inputs, {k: _parameter(v) for k, v in request.parameters.items()})
+            parsed = served.codec.parse_message(message)  # [0, inputs, parameters, pending] or [status, line]
+            if parsed[0]:
+                raise ServeError(parsed[1], parsed[0])
+            future = service.submit(served, parsed[1], dict(parsed[2]) if len(parsed[2]) else None, engine_tensors=True)
         except TvmschedError as err:
             service.count_failure(served, received)
             await _abort(context, err)
@@ -179,28 +182,7 @@ class Servicer:
             outputs = await service.answer(served, future, received)
         except TvmschedError as err:
             await _abort(context, err)
-        infos = {t.name: t for t in served.outputs}
-        tensor = self.pb2.ModelInferResponse.InferOutputTensor
-        arrays = [np.ascontiguousarray(outputs[n]) for n in names]
-        return self.pb2.ModelInferResponse(
-            model_name=served.name, model_version=served.spec.version, id=request.id,
-            outputs=[tensor(name=n, datatype=infos[n].datatype, shape=a.shape) for n, a in zip(names, arrays)],
-            raw_output_contents=[a.tobytes() for a in arrays])
-
-    def _inputs(self, served, request) -> dict[str, np.ndarray]:
-        raw = request.raw_input_contents
-        if raw and len(raw) != len(request.inputs):
-            raise ServeError(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs")
-        inputs = {}
-        for i, tensor in enumerate(request.inputs):
-            info = self.service.check_input(served, tensor.name, tensor.datatype, tensor.shape)
-            if info.name in inputs:
-                raise ServeError(f"input {info.name!r} is given twice")
-            if raw:
-                inputs[info.name] = from_bytes(info, raw[i])
-            elif info.datatype in CONTENTS:
-                inputs[info.name] = to_array(info, list(getattr(tensor.contents, CONTENTS[info.datatype])), tensor.shape)
-            else:
-                raise ServeError(f"input {info.name!r}: {info.datatype} data must come in raw_input_contents")
-        self.service.check_all_inputs(served, inputs)
-        return inputs
+        answer = served.codec.encode_message(parsed[3], outputs)  # [0, bytes] or [status, line]
+        if answer[0]:
+            await _abort(context, ServeError(answer[1], answer[0]))
+        return bytes(answer[1])

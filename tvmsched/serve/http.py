@@ -168,7 +168,7 @@ class InferRoute:
             served = service.get(name, version)
         except ServeError as err:
             return _error_body(err)
-        parse, encode = served.codec
+        parse, encode = served.codec.parse, served.codec.encode
         try:
             encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").lower()
             if encoding in ("gzip", "deflate"):

@@ -1,8 +1,8 @@
 """The inference service behind both protocols: models, their tensors, admission, counters.
 
-HTTP (serve/http.py) and gRPC (serve/grpc_server.py) turn their messages into calls of `InferenceService`;
-errors are `ServeError`s carrying the HTTP status (the gRPC code follows from it: errors.GRPC_CODES); tensors.py
-turns request data into arrays.
+HTTP (serve/http.py) and gRPC (serve/grpc_server.py) read their infer messages with each model's `Codec` (the
+engine's, tvmsched/kserve.h) and turn them into calls of `InferenceService`; errors are `ServeError`s carrying the
+HTTP status (the gRPC code follows from it: errors.GRPC_CODES).
 
 Per-request scheduling (`parameters` of a v2 request):
 - priority: 1 or "realtime" runs the request as real-time (it preempts the busy best-effort models' streams
@@ -23,14 +23,14 @@ import logging
 import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
-import dataclasses
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from tvmsched.errors import TvmschedError
 from tvmsched.runtime import native
-from tvmsched.serve.errors import ServeError, quote
+from tvmsched.serve.errors import ServeError
 from tvmsched.serve.repository import ModelSpec, Repository, check_artifact
 from tvmsched.serve.tensors import TensorInfo, tensor_infos
 
@@ -61,6 +61,17 @@ class Counters:
     qos_violations: int = 0
 
 
+class Codec(NamedTuple):
+    """The engine's reader and writer of a model's inference messages (tvmsched/kserve.h, engine kserve_codec), each
+    answering [status, one line] for a bad request: a REST body (serve/http.py) and a gRPC ModelInfer call's bytes
+    (serve/grpc_server.py)."""
+
+    parse: object  # (body, Inference-Header-Content-Length or None) -> [0, inputs, parameters, pending]
+    encode: object  # (pending, outputs) -> [0, body, header length or -1]
+    parse_message: object  # (ModelInferRequest bytes) -> [0, inputs, parameters, pending]
+    encode_message: object  # (pending, outputs) -> [0, ModelInferResponse bytes]
+
+
 @dataclass
 class Served:
     """A loaded model as the server sees it."""
@@ -74,7 +85,7 @@ class Served:
     pending: int = 0  # requests admitted and not answered yet
     compute_s: float = 0.0  # recent compute time per request (EWMA; 0 until one ran)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    codec: tuple = ()  # the engine's REST parser and encoder of its requests (engine kserve_codec: serve/http.py)
+    codec: Codec | None = None  # the engine's parsers and encoders of its requests (REST and gRPC)
     batch: int = 0  # the batch size it was compiled for: requests bring 1 to `batch` rows (0: not batched)
     warmup_executions: int = 0  # the engine's executions of it when it was loaded (warm-up runs)
 
@@ -111,7 +122,7 @@ class InferenceService:
                             spec.max_queue or self.max_queue, batch=spec.max_batch_size or batch)
             if served.batch:
                 served.warmup_executions = int(self.runtime.stats()[model.name]["executions"])
-            served.codec = tuple(native.func("kserve_codec")(
+            served.codec = Codec(*native.func("kserve_codec")(
                 spec.name, spec.version, *([[t.name, t.datatype, list(t.shape)] for t in ts] for ts in (served.inputs, served.outputs))))
             self.models[spec.name] = served
             self.failed.pop(spec.name, None)
@@ -216,28 +227,6 @@ class InferenceService:
         return {"model_stats": stats}
 
     # -- inference
-    def check_input(self, served: Served, name: str, datatype: str, shape) -> TensorInfo:
-        """The model's input `name`, if datatype and shape are its own (else 400)."""
-        info = next((t for t in served.inputs if t.name == name), None)
-        if info is None:
-            raise ServeError(f"model {served.name!r} has no input {name!r} (inputs: {', '.join(t.name for t in served.inputs)})")
-        if not isinstance(datatype, str):
-            raise ServeError(f"input {name!r}: datatype must be a string such as {info.datatype!r}, not {quote(datatype)}")
-        if datatype != info.datatype:
-            raise ServeError(f"input {name!r} of model {served.name!r} is {info.datatype}, not {datatype if len(datatype) <= 40 else quote(datatype)}")
-        try:  # a JSON list or gRPC's repeated int64: integers only (not 1.5, "1" or true)
-            dims = None if isinstance(shape, (str, bytes, dict)) else tuple(shape)
-        except TypeError:
-            dims = None
-        if dims is None or not all(type(d) is int for d in dims):
-            raise ServeError(f"input {name!r}: shape must be a list of integers, not {quote(shape)}")
-        shape = dims
-        if served.batch and len(shape) == len(info.shape) and shape[1:] == info.shape[1:] and shape[0] >= 1:
-            return dataclasses.replace(info, shape=shape)  # its rows (bounded at submit)
-        if shape != info.shape:
-            raise ServeError(f"input {name!r} of model {served.name!r} has shape {list(info.shape)}, not {list(shape)}")
-        return info
-
     def engine_stats(self, models) -> dict:
         """The engine's counters when some of `models` are compiled for a batch (read once: they walk every stream),
         else nothing."""
@@ -249,18 +238,6 @@ class InferenceService:
         if not served.batch:
             return served.counters.executions
         return int(engine.get(served.model.name, {}).get("executions", 0)) - served.warmup_executions
-
-    def check_all_inputs(self, served: Served, names) -> None:
-        missing = [t.name for t in served.inputs if t.name not in names]
-        if missing:
-            raise ServeError(f"model {served.name!r} needs input(s) {', '.join(missing)}")
-
-    def output_names(self, served: Served, requested) -> list[str]:
-        known = [t.name for t in served.outputs]
-        for name in requested:
-            if name not in known:
-                raise ServeError(f"model {served.name!r} has no output {name!r} (outputs: {', '.join(known)})")
-        return list(requested) or known
 
     def submit(self, served: Served, inputs: dict[str, np.ndarray], parameters: dict | None = None,
                engine_tensors: bool = False):

@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "json_reader.h"
+#include "protobuf_wire.h"
 #include "tvmsched/artifact.h"
 #include "tvmsched/model.h"
 
@@ -145,21 +146,15 @@ T Element(const Document& doc, const Node& v, const std::string& input, const st
   }
 }
 
-/*! \brief Write `data` (flat or nested, as Triton accepts it) into `out` of `count` elements; 400 on a count
- *  or element that does not fit. */
-template <typename T>
-void FillFromJson(const Document& doc, const Node& data, T* out, size_t count, const std::string& input,
-                  const std::string& datatype, const std::vector<int64_t>& shape) {
-  auto wrong_count = [&](size_t got) {
-    return Error(400, "input '" + input + "' has " + std::to_string(got) + " elements in 'data'; its shape " +
-                          ShapeText(shape) + " needs " + std::to_string(count));
-  };
-  if (data.kind != Kind::kArray) {
-    if (count != 1) throw wrong_count(1);
-    out[0] = Element<T>(doc, data, input, datatype);
-    return;
-  }
-  size_t written = 0, seen = 0;  // seen: elements counted past `count` (to name how many came)
+Error WrongCount(const std::string& input, size_t given, const std::vector<int64_t>& shape, size_t count) {
+  return Error(400, "input '" + input + "' has " + std::to_string(given) + " elements in 'data'; its shape " +
+                        ShapeText(shape) + " needs " + std::to_string(count));
+}
+
+/*! \brief How many elements `data` holds (flat or nested, as Triton accepts it; a scalar: one). */
+size_t JsonElements(const Document& doc, const Node& data) {
+  if (data.kind != Kind::kArray) return 1;
+  size_t count = 0;
   std::vector<std::pair<const Node*, uint32_t>> stack{{&data, 0}};  // depth-first, without recursion
   while (!stack.empty()) {
     auto& [array, at] = stack.back();
@@ -168,15 +163,37 @@ void FillFromJson(const Document& doc, const Node& data, T* out, size_t count, c
       continue;
     }
     const Node& item = doc.child(*array, at++);
-    if (item.kind == Kind::kArray) {
+    if (item.kind == Kind::kArray)
       stack.push_back({&item, 0});
-    } else if (written < count) {
-      out[written++] = Element<T>(doc, item, input, datatype);
-    } else {
-      ++seen;
-    }
+    else
+      ++count;
   }
-  if (written != count || seen) throw wrong_count(written + seen);
+  return count;
+}
+
+/*! \brief Write `data` (flat or nested; JsonElements(data) == count, checked) into `out` of `count` elements; 400 on
+ *  an element that does not fit. */
+template <typename T>
+void FillFromJson(const Document& doc, const Node& data, T* out, size_t count, const std::string& input,
+                  const std::string& datatype) {
+  if (data.kind != Kind::kArray) {
+    out[0] = Element<T>(doc, data, input, datatype);
+    return;
+  }
+  size_t written = 0;
+  std::vector<std::pair<const Node*, uint32_t>> stack{{&data, 0}};
+  while (!stack.empty() && written < count) {
+    auto& [array, at] = stack.back();
+    if (at == array->count) {
+      stack.pop_back();
+      continue;
+    }
+    const Node& item = doc.child(*array, at++);
+    if (item.kind == Kind::kArray)
+      stack.push_back({&item, 0});
+    else
+      out[written++] = Element<T>(doc, item, input, datatype);
+  }
 }
 
 void AppendNumber(std::string& out, double value, bool single) {
@@ -208,14 +225,22 @@ void AppendElement(std::string& out, const T& value) {
   }
 }
 
+/*! \brief The elements of a shape of sizes (each 0 to 2^40), at most 2^62: a larger count than any body holds. */
 int64_t Elements(const std::vector<int64_t>& shape) {
+  constexpr int64_t kMost = int64_t{1} << 62;
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) {
+    if (d == 0) return 0;
+    n = n > kMost / d ? kMost : n * d;
+  }
   return n;
 }
 
+/*! \brief A shape's bytes (at most SIZE_MAX: a claim no body meets). */
 size_t Bytes(const std::vector<int64_t>& shape, DLDataType dtype) {
-  return static_cast<size_t>(Elements(shape)) * ((dtype.bits * dtype.lanes + 7) / 8);
+  auto elements = static_cast<size_t>(Elements(shape));
+  size_t each = (dtype.bits * dtype.lanes + 7) / 8;
+  return each && elements > SIZE_MAX / each ? SIZE_MAX : elements * each;
 }
 
 /*! \brief A "parameters" object (or none): 400 when it is something else. */
@@ -427,6 +452,67 @@ std::optional<size_t> HeaderLength(const std::string& value, bool present, size_
   return length;
 }
 
+namespace {
+
+// The checks both wire formats make (a REST body's JSON, a gRPC ModelInferRequest), with the same lines.
+
+/*! \brief The model's input a request's tensor `name` of `datatype` and `shape` is for: 400 when the model has no such
+ *  input, the request gave it already, or the datatype or shape is not the model's. */
+const TensorInfo& ExpectedInput(const std::string& model, const std::vector<TensorInfo>& inputs, const Request& request,
+                                const std::string& name, const std::string& datatype,
+                                const std::vector<int64_t>& shape) {
+  const TensorInfo* expected = nullptr;
+  for (const TensorInfo& t : inputs) expected = t.name == name ? &t : expected;
+  if (expected == nullptr) {
+    throw Error(400, "model '" + model + "' has no input named '" + name + "' (its inputs: " + Names(inputs) + ")");
+  }
+  std::string what = "input '" + name + "'";
+  if (request.inputs.count(name)) throw Error(400, what + " is given twice");
+  if (datatype != Datatype(expected->dtype)) {
+    throw Error(400, what + " has datatype '" + datatype.substr(0, 40) + "' but model '" + model + "' expects " +
+                         Datatype(expected->dtype));
+  }
+  bool fits = shape.size() == expected->shape.size();
+  for (size_t i = 0; fits && i < shape.size(); ++i) fits = expected->shape[i] < 0 || expected->shape[i] == shape[i];
+  if (!fits) {
+    throw Error(400, what + " has shape " + ShapeText(shape) + " but model '" + model + "' expects " +
+                         ShapeText(expected->shape));
+  }
+  return *expected;
+}
+
+/*! \brief A dimension of an input's shape: 400 unless it is a size (0 to 2^40). */
+void CheckDimension(int64_t d, const std::string& what, const std::function<std::string()>& quoted) {
+  if (d < 0 || d > (int64_t{1} << 40))
+    throw Error(400, what + " has a shape with the dimension " + quoted() + ", not a size");
+}
+
+void RequireEveryInput(const std::string& model, const std::vector<TensorInfo>& inputs, const Request& request) {
+  for (const TensorInfo& t : inputs) {
+    if (!request.inputs.count(t.name)) {
+      throw Error(400, "model '" + model + "' needs input '" + t.name + "', which the request does not give");
+    }
+  }
+}
+
+/*! \brief Add the output `name` to answer (as binary data or not): 400 when the model has no such output, it is
+ *  requested twice, or it asks for classification. */
+void RequestOutput(const std::string& model, const std::vector<TensorInfo>& outputs, Request& request,
+                   const std::string& name, bool binary, bool classification) {
+  std::string what = "output '" + name + "'";
+  bool found = false;
+  for (const TensorInfo& t : outputs) found = found || t.name == name;
+  if (!found) {
+    throw Error(400, "model '" + model + "' has no output named '" + name + "' (its outputs: " + Names(outputs) + ")");
+  }
+  for (const auto& given : request.outputs)
+    if (given.first == name) throw Error(400, what + " is requested twice");
+  if (classification) throw Error(400, what + " asks for classification, which this server does not do");
+  request.outputs.emplace_back(name, binary);
+}
+
+}  // namespace
+
 Request ParseRequest(std::string_view body, std::optional<size_t> header_length, const std::string& model,
                      const std::vector<TensorInfo>& inputs, const std::vector<TensorInfo>& outputs) {
   size_t json_size = header_length.value_or(body.size());
@@ -454,41 +540,25 @@ Request ParseRequest(std::string_view body, std::optional<size_t> header_length,
       throw Error(400, "each of 'inputs' must be an object, not " + QuoteNode(doc, input));
     std::string name = StringField(doc, input, "name", "an input");
     std::string what = "input '" + name + "'";
-    const TensorInfo* expected = nullptr;
-    for (const TensorInfo& t : inputs) expected = t.name == name ? &t : expected;
-    if (expected == nullptr) {
-      throw Error(400, "model '" + model + "' has no input named '" + name + "' (its inputs: " + Names(inputs) + ")");
-    }
-    if (request.inputs.count(name)) throw Error(400, what + " is given twice");
     std::string datatype = StringField(doc, input, "datatype", what);
-    if (datatype != Datatype(expected->dtype)) {
-      throw Error(400, what + " has datatype '" + datatype.substr(0, 40) + "' but model '" + model + "' expects " +
-                           Datatype(expected->dtype));
-    }
     const Node* shape_json = doc.member(input, "shape");
     if (shape_json == nullptr || shape_json->kind != Kind::kArray)
       throw Error(400, what + " needs a 'shape', a list of dimensions");
     std::vector<int64_t> shape;
     for (uint32_t i = 0; i < shape_json->count; ++i) {
       const Node& d = doc.child(*shape_json, i);
-      if (d.kind != Kind::kInt || d.integer < 0 || d.integer > (int64_t{1} << 40))
-        throw Error(400, what + " has a shape with the dimension " + QuoteNode(doc, d) + ", not a size");
+      CheckDimension(d.kind == Kind::kInt ? d.integer : -1, what, [&] { return QuoteNode(doc, d); });
       shape.push_back(d.integer);
     }
-    bool fits = shape.size() == expected->shape.size();
-    for (size_t i = 0; fits && i < shape.size(); ++i) fits = expected->shape[i] < 0 || expected->shape[i] == shape[i];
-    if (!fits) {
-      throw Error(400, what + " has shape " + ShapeText(shape) + " but model '" + model + "' expects " +
-                           ShapeText(expected->shape));
-    }
+    const TensorInfo* expected = &ExpectedInput(model, inputs, request, name, datatype, shape);
     size_t nbytes = Bytes(shape, expected->dtype);
     const Node* input_parameters = Parameters(doc, input, what);
     const Node* data = doc.member(input, "data");
     const Node* size = input_parameters ? doc.member(*input_parameters, "binary_data_size") : nullptr;
     if (size && data) throw Error(400, what + " has both 'data' and parameters.binary_data_size");
     if (!size && !data) throw Error(400, what + " has neither 'data' nor parameters.binary_data_size");
-    ffi::Tensor tensor = EmptyHostTensor(shape, expected->dtype);
-    char* out = static_cast<char*>(tensor.data_ptr());
+    // every size is checked before the tensor is allocated: a shape is the client's claim (2^40 rows, say)
+    ffi::Tensor tensor;
     if (size) {
       if (size->kind != Kind::kInt || size->integer < 0)
         throw Error(400, what + "'s binary_data_size must be a number of bytes, not " + QuoteNode(doc, *size));
@@ -505,23 +575,23 @@ Request ParseRequest(std::string_view body, std::optional<size_t> header_length,
         throw Error(400, what + " has binary_data_size " + std::to_string(nbytes) + " but only " +
                              std::to_string(body.size() - cursor) + " bytes of binary data are left for it");
       }
-      if (nbytes) std::memcpy(out, body.data() + cursor, nbytes);
+      tensor = EmptyHostTensor(shape, expected->dtype);
+      if (nbytes) std::memcpy(tensor.data_ptr(), body.data() + cursor, nbytes);
       cursor += nbytes;
     } else {
       size_t count = static_cast<size_t>(Elements(shape));
-      bool supported = DispatchJson(expected->dtype, [&](auto zero) {
+      if (!DispatchJson(expected->dtype, [](auto) {}))
+        throw Error(400, what + " is " + datatype + ": send it as binary data, not JSON 'data'");
+      if (size_t given = JsonElements(doc, *data); given != count) throw WrongCount(name, given, shape, count);
+      tensor = EmptyHostTensor(shape, expected->dtype);
+      DispatchJson(expected->dtype, [&](auto zero) {
         using T = decltype(zero);
-        FillFromJson<T>(doc, *data, reinterpret_cast<T*>(out), count, name, datatype, shape);
+        FillFromJson<T>(doc, *data, static_cast<T*>(tensor.data_ptr()), count, name, datatype);
       });
-      if (!supported) throw Error(400, what + " is " + datatype + ": send it as binary data, not JSON 'data'");
     }
     request.inputs.Set(ffi::String(name), tensor);
   }
-  for (const TensorInfo& t : inputs) {
-    if (!request.inputs.count(t.name)) {
-      throw Error(400, "model '" + model + "' needs input '" + t.name + "', which the request does not give");
-    }
-  }
+  RequireEveryInput(model, inputs, request);
   if (cursor != body.size()) {
     throw Error(400, "the request has " + std::to_string(body.size() - json_size) +
                          " bytes after its JSON header but its inputs' binary_data_size add up to " +
@@ -535,37 +605,31 @@ Request ParseRequest(std::string_view body, std::optional<size_t> header_length,
   }
   if (requested->kind != Kind::kArray)
     throw Error(400, "the request's 'outputs' must be a list, not " + QuoteNode(doc, *requested));
-  std::set<std::string> seen;
   for (uint32_t k = 0; k < requested->count; ++k) {
     const Node& output = doc.child(*requested, k);
     if (output.kind != Kind::kObject)
       throw Error(400, "each of 'outputs' must be an object, not " + QuoteNode(doc, output));
     std::string name = StringField(doc, output, "name", "an output");
-    std::string what = "output '" + name + "'";
-    bool found = false;
-    for (const TensorInfo& t : outputs) found = found || t.name == name;
-    if (!found) {
-      throw Error(400,
-                  "model '" + model + "' has no output named '" + name + "' (its outputs: " + Names(outputs) + ")");
-    }
-    if (!seen.insert(name).second) throw Error(400, what + " is requested twice");
-    const Node* output_parameters = Parameters(doc, output, what);
-    if (output_parameters && doc.member(*output_parameters, "classification"))
-      throw Error(400, what + " asks for classification, which this server does not do");
-    request.outputs.emplace_back(name, BoolParameter(doc, output_parameters, "binary_data", binary_outputs, what));
+    const Node* output_parameters = Parameters(doc, output, "output '" + name + "'");
+    RequestOutput(model, outputs, request, name,
+                  BoolParameter(doc, output_parameters, "binary_data", binary_outputs, "output '" + name + "'"),
+                  output_parameters && doc.member(*output_parameters, "classification"));
   }
   return request;
 }
 
 Response EncodeResponse(const std::string& model, const std::string& version, const Request& request,
                         const ffi::Map<ffi::String, ffi::Tensor>& outputs) {
-  std::string head = "{\"model_name\":", binary;
+  // The JSON header first, then the binary outputs appended to it in one allocation (each output copied once: a
+  // 64 KiB output copied twice more, into its own buffer and again behind the header, cost bert-tiny's answer ~3 µs)
+  std::string head = "{\"model_name\":";
   AppendString(head, model);
   head += ",\"model_version\":";
   AppendString(head, version);
   if (auto id = request.id.as<ffi::String>()) head += ",\"id\":", AppendString(head, std::string(*id));
   head += ",\"outputs\":[";
-  bool any_binary = false;
+  std::vector<std::pair<const DLTensor*, size_t>> binary;  // the binary outputs in order, and their sizes
+  size_t binary_bytes = 0;
   for (const auto& [name, as_binary] : request.outputs) {
     auto found = outputs.find(ffi::String(name));
     if (found == outputs.end()) throw Error(500, "the engine gave no output '" + name + "'");
@@ -578,8 +642,8 @@ Response EncodeResponse(const std::string& model, const std::string& version, co
     if (as_binary) {
       size_t nbytes = Bytes(shape, t->dtype);
       head += ",\"parameters\":{\"binary_data_size\":" + std::to_string(nbytes) + "}}";
-      binary.append(static_cast<const char*>(t->data) + t->byte_offset, nbytes);
-      any_binary = true;
+      binary.emplace_back(t, nbytes);
+      binary_bytes += nbytes;
     } else {
       head += ",\"data\":";
       AppendTensor(head, (*found).second, false, "output '" + name + "'");
@@ -588,10 +652,350 @@ Response EncodeResponse(const std::string& model, const std::string& version, co
   }
   head += "]}";
   Response response;
-  if (any_binary) response.header_length = head.size();
+  if (!binary.empty()) {
+    response.header_length = head.size();
+    head.reserve(head.size() + binary_bytes);
+    for (const auto& [t, nbytes] : binary) head.append(static_cast<const char*>(t->data) + t->byte_offset, nbytes);
+  }
   response.body = std::move(head);
-  response.body += binary;
   return response;
+}
+
+namespace {
+
+namespace wire = protobuf_wire;
+
+const char kNotAMessage[] =
+    "the request is not an inference.ModelInferRequest message protobuf can decode (malformed, truncated, or nested "
+    "deeper than its limit): ";
+
+/*! \brief A proto3 string field: its bytes, which must be UTF-8 (as protobuf's parsers require). */
+std::string Utf8(std::string_view bytes) {
+  if (!IsUtf8(bytes)) throw std::invalid_argument("a string field that is not UTF-8");
+  return std::string(bytes);
+}
+
+/*! \brief An InferParameter (its oneof's value; none set: None). */
+ffi::Any ReadParameter(std::string_view bytes) {
+  ffi::Any value;
+  wire::Reader r(bytes);
+  uint32_t field;
+  int type;
+  while (r.Next(&field, &type)) {
+    if (field == 1 && type == wire::kVarint) {
+      value = r.Varint() != 0;
+    } else if ((field == 2 || field == 5) && type == wire::kVarint) {
+      uint64_t v = r.Varint();  // int64_param (two's complement), uint64_param (past int64's range: a double)
+      if (field == 2 || v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        value = static_cast<int64_t>(v);
+      else
+        value = static_cast<double>(v);
+    } else if (field == 3 && type == wire::kLength) {
+      value = ffi::String(Utf8(r.Bytes()));
+    } else if (field == 4 && type == wire::kFixed64) {
+      value = r.Fixed<double>();
+    } else {
+      r.Skip(type);
+    }
+  }
+  return value;
+}
+
+/*! \brief One entry of a map<string, InferParameter> into `out`. */
+void ReadParameterEntry(std::string_view bytes, ffi::Map<ffi::Any, ffi::Any>& out) {
+  std::string key;
+  ffi::Any value;
+  wire::Reader r(bytes);
+  uint32_t field;
+  int type;
+  while (r.Next(&field, &type)) {
+    if (field == 1 && type == wire::kLength) {
+      key = Utf8(r.Bytes());
+    } else if (field == 2 && type == wire::kLength) {
+      value = ReadParameter(r.Bytes());
+    } else {
+      r.Skip(type);
+    }
+  }
+  out.Set(ffi::String(key), value);
+}
+
+/*! \brief An InferInputTensor as read: the checks come after the whole message is read. */
+struct InputTensor {
+  std::string name, datatype;
+  std::vector<int64_t> shape;
+  std::string_view contents;  // its InferTensorContents message (empty: none)
+};
+
+/*! \brief Repeated int64 / uint values, packed or not, appended to `out`. */
+void ReadVarints(wire::Reader& r, int type, std::vector<int64_t>& out) {
+  if (type == wire::kVarint) {
+    out.push_back(static_cast<int64_t>(r.Varint()));
+  } else if (type == wire::kLength) {
+    wire::Reader packed(r.Bytes());
+    while (!packed.AtEnd()) out.push_back(static_cast<int64_t>(packed.Varint()));
+  } else {
+    r.Skip(type);
+  }
+}
+
+InputTensor ReadInputTensor(std::string_view bytes) {
+  InputTensor t;
+  wire::Reader r(bytes);
+  uint32_t field;
+  int type;
+  while (r.Next(&field, &type)) {
+    if (field == 1 && type == wire::kLength) {
+      t.name = Utf8(r.Bytes());
+    } else if (field == 2 && type == wire::kLength) {
+      t.datatype = Utf8(r.Bytes());
+    } else if (field == 3) {
+      ReadVarints(r, type, t.shape);
+    } else if (field == 5 && type == wire::kLength) {
+      t.contents = r.Bytes();  // (a message given twice merges in protobuf; clients send it once)
+    } else {
+      r.Skip(type);
+    }
+  }
+  return t;
+}
+
+/*! \brief An InferRequestedOutputTensor: its name, and whether its parameters ask for classification. */
+std::pair<std::string, bool> ReadOutputTensor(std::string_view bytes) {
+  std::pair<std::string, bool> out{"", false};
+  wire::Reader r(bytes);
+  uint32_t field;
+  int type;
+  while (r.Next(&field, &type)) {
+    if (field == 1 && type == wire::kLength) {
+      out.first = Utf8(r.Bytes());
+    } else if (field == 2 && type == wire::kLength) {
+      ffi::Map<ffi::Any, ffi::Any> parameters;
+      ReadParameterEntry(r.Bytes(), parameters);
+      out.second = out.second || parameters.count(ffi::String("classification"));
+    } else {
+      r.Skip(type);
+    }
+  }
+  return out;
+}
+
+/*! \brief The InferTensorContents field that holds elements of `dtype`, and its wire type when packed elements are
+ *  fixed-width (0: varints); field 0: none (FP16, BF16 come only as raw contents). */
+std::pair<uint32_t, int> ContentsField(DLDataType dtype) {
+  switch (dtype.code) {
+    case kDLBool:
+      return {1, 0};
+    case kDLInt:
+      return {dtype.bits == 64 ? 3u : 2u, 0};
+    case kDLUInt:
+      return {dtype.bits == 64 ? 5u : 4u, 0};
+    case kDLFloat:
+      if (dtype.bits == 32) return {6, wire::kFixed32};
+      if (dtype.bits == 64) return {7, wire::kFixed64};
+  }
+  return {0, 0};
+}
+
+/*! \brief Typed contents' `count` elements of the input's datatype, each as its varint's or fixed value's bits: 400 for
+ *  another count or a datatype without typed contents. */
+std::vector<uint64_t> ReadContents(std::string_view contents, const TensorInfo& info, const std::vector<int64_t>& shape,
+                                   size_t count, const std::string& datatype) {
+  auto [number, fixed] = ContentsField(info.dtype);
+  std::string what = "input '" + info.name + "'";
+  if (number == 0) throw Error(400, what + " is " + datatype + ": send it in raw_input_contents, not typed contents");
+  // the elements, as read: varints as their 64 bits, fixed-width values as their bits
+  std::vector<uint64_t> values;
+  wire::Reader r(contents);
+  uint32_t field;
+  int type;
+  while (r.Next(&field, &type)) {
+    if (field != number) {
+      r.Skip(type);
+    } else if (type == wire::kLength) {  // packed
+      wire::Reader packed(r.Bytes());
+      while (!packed.AtEnd()) {
+        values.push_back(fixed == wire::kFixed32   ? packed.Fixed<uint32_t>()
+                         : fixed == wire::kFixed64 ? packed.Fixed<uint64_t>()
+                                                   : packed.Varint());
+      }
+    } else if (type == (fixed ? fixed : wire::kVarint)) {
+      values.push_back(fixed == wire::kFixed32   ? r.Fixed<uint32_t>()
+                       : fixed == wire::kFixed64 ? r.Fixed<uint64_t>()
+                                                 : r.Varint());
+    } else {
+      r.Skip(type);
+    }
+    if (values.size() > count) break;  // (the count is wrong: no need to read on)
+  }
+  if (values.size() != count) {
+    throw Error(400, what + " has " + std::to_string(values.size()) + (values.size() > count ? " or more" : "") +
+                         " elements in its contents; its shape " + ShapeText(shape) + " needs " +
+                         std::to_string(count));
+  }
+  return values;
+}
+
+/*! \brief ReadContents' values into `out` as the input's datatype: 400 for a value out of its range (an int_contents
+ *  value for INT8, say). */
+void StoreContents(const std::vector<uint64_t>& values, const TensorInfo& info, char* out,
+                   const std::string& datatype) {
+  std::string what = "input '" + info.name + "'";
+  size_t count = values.size();
+  DispatchJson(info.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    T* to = reinterpret_cast<T*>(out);
+    for (size_t i = 0; i < count; ++i) {
+      uint64_t bits = values[i];
+      if constexpr (std::is_same_v<T, float>) {
+        std::memcpy(&to[i], &bits, 4);  // (the low 4 bytes: little-endian)
+      } else if constexpr (std::is_same_v<T, double>) {
+        std::memcpy(&to[i], &bits, 8);
+      } else if constexpr (std::is_same_v<T, bool>) {
+        to[i] = bits != 0;
+      } else if constexpr (std::is_integral_v<T>) {
+        // int_contents are int32 (sign-extended on the wire), uint_contents uint32; both must fit the datatype
+        bool signed_field = ContentsField(info.dtype).first == 2 || ContentsField(info.dtype).first == 3;
+        bool fits;
+        if (signed_field) {
+          auto v = static_cast<int64_t>(bits);
+          fits = v >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                 v <= static_cast<int64_t>(std::numeric_limits<T>::max());
+        } else {
+          fits = bits <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+        }
+        if (!fits) {
+          std::string text = signed_field ? std::to_string(static_cast<int64_t>(bits)) : std::to_string(bits);
+          throw Error(400, what + " holds " + text + ", which is not a " + datatype + " value");
+        }
+        to[i] = static_cast<T>(bits);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+std::pair<std::string, std::string> InferMessageModel(std::string_view message) {
+  std::pair<std::string, std::string> out;
+  try {
+    wire::Reader r(message);
+    uint32_t field;
+    int type;
+    while (r.Next(&field, &type)) {
+      if (field == 1 && type == wire::kLength) {
+        out.first = Utf8(r.Bytes());
+      } else if (field == 2 && type == wire::kLength) {
+        out.second = Utf8(r.Bytes());
+      } else {
+        r.Skip(type);
+      }
+    }
+  } catch (const std::invalid_argument& err) {
+    throw Error(400, kNotAMessage + std::string(err.what()));
+  }
+  return out;
+}
+
+Request ParseInferMessage(std::string_view message, const std::string& model, const std::vector<TensorInfo>& inputs,
+                          const std::vector<TensorInfo>& outputs) {
+  Request request;
+  std::vector<InputTensor> given;
+  std::vector<std::string_view> raw;
+  std::vector<std::pair<std::string, bool>> wanted;
+  try {
+    wire::Reader r(message);
+    uint32_t field;
+    int type;
+    while (r.Next(&field, &type)) {
+      if ((field == 1 || field == 2) && type == wire::kLength) {
+        Utf8(r.Bytes());  // model_name and model_version: InferMessageModel reads them
+      } else if (field == 3 && type == wire::kLength) {
+        request.id = ffi::String(Utf8(r.Bytes()));
+      } else if (field == 4 && type == wire::kLength) {
+        ReadParameterEntry(r.Bytes(), request.parameters);
+      } else if (field == 5 && type == wire::kLength) {
+        given.push_back(ReadInputTensor(r.Bytes()));
+      } else if (field == 6 && type == wire::kLength) {
+        wanted.push_back(ReadOutputTensor(r.Bytes()));
+      } else if (field == 7 && type == wire::kLength) {
+        raw.push_back(r.Bytes());
+      } else {
+        r.Skip(type);  // fields this proto does not have
+      }
+    }
+  } catch (const std::invalid_argument& err) {
+    throw Error(400, kNotAMessage + std::string(err.what()));
+  }
+  if (!raw.empty() && raw.size() != given.size()) {
+    throw Error(400, "the request has " + std::to_string(raw.size()) + " raw_input_contents for its " +
+                         std::to_string(given.size()) + " inputs (one each, in order)");
+  }
+  for (size_t k = 0; k < given.size(); ++k) {
+    const InputTensor& t = given[k];
+    std::string what = "input '" + t.name + "'";
+    for (int64_t d : t.shape) CheckDimension(d, what, [d] { return std::to_string(d); });
+    const TensorInfo& expected = ExpectedInput(model, inputs, request, t.name, t.datatype, t.shape);
+    size_t nbytes = Bytes(t.shape, expected.dtype);
+    if (!raw.empty() && raw[k].size() != nbytes) {
+      throw Error(400, what + " has " + std::to_string(raw[k].size()) + " bytes of raw_input_contents but its shape " +
+                           ShapeText(t.shape) + " of " + t.datatype + " needs " + std::to_string(nbytes) + " bytes");
+    }
+    if (raw.empty() && t.contents.empty() && nbytes) {
+      throw Error(400, what + " has neither raw_input_contents nor contents");
+    }
+    std::vector<uint64_t> values;  // (typed contents: read and counted first)
+    if (raw.empty()) values = ReadContents(t.contents, expected, t.shape, Elements(t.shape), t.datatype);
+    ffi::Tensor tensor = EmptyHostTensor(t.shape, expected.dtype);  // sizes checked first: a shape is a claim
+    char* out = static_cast<char*>(tensor.data_ptr());
+    if (!raw.empty()) {
+      if (nbytes) std::memcpy(out, raw[k].data(), nbytes);
+    } else {
+      StoreContents(values, expected, out, t.datatype);
+    }
+    request.inputs.Set(ffi::String(t.name), tensor);
+  }
+  RequireEveryInput(model, inputs, request);
+  if (wanted.empty()) {
+    for (const TensorInfo& t : outputs) request.outputs.emplace_back(t.name, true);
+  }
+  for (const auto& [name, classification] : wanted) RequestOutput(model, outputs, request, name, true, classification);
+  return request;
+}
+
+std::string EncodeInferMessage(const std::string& model, const std::string& version, const Request& request,
+                               const ffi::Map<ffi::String, ffi::Tensor>& outputs) {
+  // the output tensors' messages first (small), then the response with the raw contents appended once, in order
+  std::string head;
+  wire::Writer w(head);
+  w.Bytes(1, model);
+  if (!version.empty()) w.Bytes(2, version);
+  if (auto id = request.id.as<ffi::String>(); id && !id->empty()) w.Bytes(3, std::string_view(id->data(), id->size()));
+  std::vector<std::pair<const char*, size_t>> contents;
+  size_t total = 0;
+  for (const auto& [name, binary] : request.outputs) {
+    auto found = outputs.find(ffi::String(name));
+    if (found == outputs.end()) throw Error(500, "the engine gave no output '" + name + "'");
+    const DLTensor* t = (*found).second.GetDLTensorPtr();
+    std::vector<int64_t> shape(t->shape, t->shape + t->ndim);
+    std::string dims, tensor;
+    wire::Writer d(dims);
+    for (int64_t x : shape) d.Varint(static_cast<uint64_t>(x));
+    wire::Writer o(tensor);
+    o.Bytes(1, name);
+    o.Bytes(2, Datatype(t->dtype));
+    o.Bytes(3, dims);
+    w.Bytes(5, tensor);
+    size_t nbytes = Bytes(shape, t->dtype);
+    contents.emplace_back(static_cast<const char*>(t->data) + t->byte_offset, nbytes);
+    total += nbytes + 12;
+  }
+  head.reserve(head.size() + total);
+  for (const auto& [data, nbytes] : contents) {
+    w.LengthOf(6, nbytes);
+    head.append(data, nbytes);
+  }
+  return head;
 }
 
 ffi::Map<ffi::String, ffi::Tensor> ParseV1(std::string_view body, const std::vector<TensorInfo>& inputs) {
@@ -610,14 +1014,18 @@ ffi::Map<ffi::String, ffi::Tensor> ParseV1(std::string_view body, const std::vec
       if (a->count == 0) break;
       a = &doc.child(*a, 0);
     }
-    ffi::Tensor tensor = EmptyHostTensor(shape, dtype);
     std::string datatype = Datatype(dtype);
-    bool supported = DispatchJson(dtype, [&](auto zero) {
+    if (!DispatchJson(dtype, [](auto) {}))
+      throw Error(400, "input '" + name + "' is " + datatype + ": send it as binary data on /v2");
+    // a ragged list is refused before its first elements' shape is allocated (three nested lists of 1000 in a body
+    // of a few KiB would be 10^9 elements)
+    auto count = static_cast<size_t>(Elements(shape));
+    if (size_t given = JsonElements(doc, value); given != count) throw WrongCount(name, given, shape, count);
+    ffi::Tensor tensor = EmptyHostTensor(shape, dtype);
+    DispatchJson(dtype, [&](auto zero) {
       using T = decltype(zero);
-      FillFromJson<T>(doc, value, static_cast<T*>(tensor.data_ptr()), static_cast<size_t>(Elements(shape)), name,
-                      datatype, shape);
+      FillFromJson<T>(doc, value, static_cast<T*>(tensor.data_ptr()), count, name, datatype);
     });
-    if (!supported) throw Error(400, "input '" + name + "' is " + datatype + ": send it as binary data on /v2");
     out.Set(ffi::String(name), tensor);
   }
   return out;
@@ -695,10 +1103,13 @@ ffi::Array<ffi::Any> Refusal(const Error& err) { return {static_cast<int64_t>(er
 }  // namespace
 
 TVM_FFI_STATIC_INIT_BLOCK() {
-  // tvmsched.engine.kserve_codec(model, version, inputs, outputs) -> [parse, encode], two functions over the model's
-  // tensors ([[name, datatype, shape], ...]). Each answers [status, one line] for a bad request (status > 0):
+  // tvmsched.engine.kserve_codec(model, version, inputs, outputs) -> [parse, encode, parse_message, encode_message],
+  // functions over the model's tensors ([[name, datatype, shape], ...]). Each answers [status, one line] for a bad
+  // request (status > 0):
   //   parse(body: bytes, Inference-Header-Content-Length's value or None) -> [0, inputs, parameters, pending]
   //   encode(pending, outputs) -> [0, body: bytes, header_length: int, -1 when the body is all JSON]
+  //   parse_message(ModelInferRequest: bytes) -> [0, inputs, parameters, pending]
+  //   encode_message(pending, outputs) -> [0, ModelInferResponse: bytes]
   namespace refl = tvm::ffi::reflection;
   refl::GlobalDef().def("tvmsched.engine.kserve_codec", [](ffi::String model, ffi::String version,
                                                            ffi::Array<ffi::Array<ffi::Any>> inputs,
@@ -706,13 +1117,15 @@ TVM_FFI_STATIC_INIT_BLOCK() {
     auto in = std::make_shared<std::vector<TensorInfo>>(Infos(inputs));
     auto out = std::make_shared<std::vector<TensorInfo>>(Infos(outputs));
     std::string name(model), v(version);
-    auto parse = ffi::Function::FromTyped([in, out, name](ffi::Bytes body, ffi::Optional<ffi::String> header) {
+    auto parsed = [](const Request& request) {
+      return ffi::Array<ffi::Any>{int64_t{0}, request.inputs, request.parameters, Pending(request)};
+    };
+    auto parse = ffi::Function::FromTyped([in, out, name, parsed](ffi::Bytes body, ffi::Optional<ffi::String> header) {
       try {
         std::string_view text(body.data(), body.size());
         std::optional<size_t> length =
             HeaderLength(header ? std::string(*header) : "", header.has_value(), text.size());
-        Request request = ParseRequest(text, length, name, *in, *out);
-        return ffi::Array<ffi::Any>{int64_t{0}, request.inputs, request.parameters, Pending(request)};
+        return parsed(ParseRequest(text, length, name, *in, *out));
       } catch (const Error& err) {
         return Refusal(err);
       }
@@ -722,12 +1135,36 @@ TVM_FFI_STATIC_INIT_BLOCK() {
           try {
             Response response = EncodeResponse(name, v, FromPending(pending), outputs);
             int64_t length = response.header_length ? static_cast<int64_t>(*response.header_length) : -1;
-            return ffi::Array<ffi::Any>{int64_t{0}, ffi::Bytes(response.body), length};
+            return ffi::Array<ffi::Any>{int64_t{0}, ffi::Bytes(std::move(response.body)), length};
           } catch (const Error& err) {
             return Refusal(err);
           }
         });
-    return ffi::Array<ffi::Any>{parse, encode};
+    auto parse_message = ffi::Function::FromTyped([in, out, name, parsed](ffi::Bytes message) {
+      try {
+        return parsed(ParseInferMessage(std::string_view(message.data(), message.size()), name, *in, *out));
+      } catch (const Error& err) {
+        return Refusal(err);
+      }
+    });
+    auto encode_message = ffi::Function::FromTyped([name, v](ffi::Array<ffi::Any> pending,
+                                                             ffi::Map<ffi::String, ffi::Tensor> outputs) {
+      try {
+        return ffi::Array<ffi::Any>{int64_t{0}, ffi::Bytes(EncodeInferMessage(name, v, FromPending(pending), outputs))};
+      } catch (const Error& err) {
+        return Refusal(err);
+      }
+    });
+    return ffi::Array<ffi::Any>{parse, encode, parse_message, encode_message};
+  });
+  // tvmsched.engine.kserve_message_model(ModelInferRequest: bytes) -> [0, model_name, model_version] or [400, line]
+  refl::GlobalDef().def("tvmsched.engine.kserve_message_model", [](ffi::Bytes message) {
+    try {
+      auto [model, version] = InferMessageModel(std::string_view(message.data(), message.size()));
+      return ffi::Array<ffi::Any>{int64_t{0}, ffi::String(model), ffi::String(version)};
+    } catch (const Error& err) {
+      return Refusal(err);
+    }
   });
   // tvmsched.engine.kserve_scheduling(parameters) -> [0, priority (1, 0, -1), timeout µs (0: none)] or [400, line]
   refl::GlobalDef().def("tvmsched.engine.kserve_scheduling", [](ffi::Map<ffi::Any, ffi::Any> parameters) {

@@ -12,6 +12,9 @@
 // says how to send such values). Non-finite elements of JSON outputs are the strings "NaN", "Infinity" and
 // "-Infinity" (tritonclient's as_numpy reads them back); inputs take those strings for FP16/FP32/FP64 elements.
 //
+// The gRPC service's ModelInfer messages (grpc_service.proto) are read and written here too, in protobuf's wire format
+// (src/protobuf_wire.h), with the same checks: `tvmsched serve` hands a call's bytes over as it does a REST body.
+//
 // Every problem with a request is a kserve::Error: an HTTP status and one line.
 #ifndef TVMSCHED_KSERVE_H_
 #define TVMSCHED_KSERVE_H_
@@ -88,6 +91,20 @@ struct Response {
 /*! \brief The response to `request` from the engine's `outputs`. */
 Response EncodeResponse(const std::string& model, const std::string& version, const Request& request,
                         const ffi::Map<ffi::String, ffi::Tensor>& outputs);
+
+/*! \brief The model a gRPC ModelInferRequest (protobuf's wire format) is for: its model_name and model_version; 400
+ *  when the bytes are not such a message. */
+std::pair<std::string, std::string> InferMessageModel(std::string_view message);
+
+/*! \brief Parse a gRPC ModelInferRequest for `model` with the checks and lines of ParseRequest: inputs from
+ *  raw_input_contents (one per input, in order) or typed contents; every output answered as raw contents. */
+Request ParseInferMessage(std::string_view message, const std::string& model, const std::vector<TensorInfo>& inputs,
+                          const std::vector<TensorInfo>& outputs);
+
+/*! \brief The gRPC ModelInferResponse to `request` from the engine's `outputs`, as protobuf's wire format: the outputs
+ *  in raw_output_contents, in the order of `request.outputs`. */
+std::string EncodeInferMessage(const std::string& model, const std::string& version, const Request& request,
+                               const ffi::Map<ffi::String, ffi::Tensor>& outputs);
 
 /*! \brief A request's scheduling parameters (Triton's `priority` and `timeout`), read once for both servers. */
 struct Scheduling {
