@@ -178,15 +178,16 @@ def _collections(seen: list[list]) -> dict:
 
 
 def package_copy(commit: str) -> str:
-    """The package's Python at `commit`, laid out as installed (pyproject's package-dir), with this checkout's engine
-    library: a folder to put first on PYTHONPATH."""
+    """The package's Python at `commit`, laid out as installed (pyproject's [tool.scikit-build.wheel.packages]), with
+    this checkout's built engine library: a folder to put first on PYTHONPATH."""
     import tempfile
     import tomllib
 
     root = Path(__file__).resolve().parent.parent
     dest = Path(tempfile.mkdtemp(prefix="tvmsched-code-"))
     atexit.register(shutil.rmtree, dest, True)
-    layout = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    packages = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["scikit-build"]["wheel"]["packages"]
+    layout = {package.replace("/", "."): src for package, src in packages.items()}
     tops = sorted({src.split("/")[0] for src in layout.values()})
     archive = subprocess.run(["git", "archive", commit, *tops], cwd=root, capture_output=True, check=True).stdout
     (dest / "src").mkdir()
@@ -196,7 +197,9 @@ def package_copy(commit: str) -> str:
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
             (dest / "src" / src).rename(target)
-    shutil.copytree(root / "tvmsched" / "lib", dest / "tvmsched" / "lib", dirs_exist_ok=True)
+    from tvmsched.runtime import native
+
+    shutil.copytree(native.package_path("lib"), dest / "tvmsched" / "lib", dirs_exist_ok=True)
     return str(dest)
 
 

@@ -91,6 +91,33 @@ def test_no_collection_starts_inside_a_request_and_garbage_is_still_freed(artifa
     del heap
 
 
+def test_a_collection_due_while_result_polls_runs_after_it_returns(artifact):
+    """With every tracked allocation making a collection due (threshold 1), none starts while result() polls for a
+    request that ends within its spin and converts its outputs: the first allocation after the engine's wait ran
+    the client's collections inside the request (bench/results/host_overhead.md). A wait that outlasts the spin
+    sleeps with the collector on."""
+    inputs = Executor(artifact).random_inputs(0)
+    expected = Executor(artifact).run(inputs)
+    thresholds = gc.get_threshold()
+    windows = []
+    with Runtime("cpu") as rt:
+        model = rt.load(artifact)
+        futures = [rt.submit(model, inputs) for _ in range(50)]
+        try:
+            with Collections() as seen:
+                gc.set_threshold(1)
+                for future in futures:
+                    start = time.perf_counter()
+                    outputs = future.result(timeout=60, spin_us=5e6)  # (queued behind the others: still polled)
+                    windows.append((start, time.perf_counter()))
+                    assert np.array_equal(outputs["y"], expected["y"])
+        finally:
+            gc.set_threshold(*thresholds)
+        assert gc.isenabled()
+    inside = [t for t in seen.starts if any(a <= t <= b for a, b in windows)]
+    assert len(seen.starts) >= len(windows) // 4 and not inside  # due all the time, none started inside
+
+
 def test_freeze_gc_false_leaves_the_collector_alone(artifact):
     before = gc.get_freeze_count()
     with Runtime("cpu", freeze_gc=False) as rt:
