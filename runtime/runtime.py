@@ -173,10 +173,9 @@ class Runtime:
         the monitor) and its profile; None for the other policies."""
         if self.policy_kind != "colocation":
             return None
-        decided, p50, p99 = self._engine.decision_stats()
-        monitor_p50, monitor_p99 = self._engine.decision_monitor_stats()
-        return _Decisions(int(decided), _or_none(p50), _or_none(p99), self._table_view, _or_none(monitor_p50),
-                          _or_none(monitor_p99))
+        d = self._engine.decisions()
+        return _Decisions(int(d["decided"]), _or_none(d["p50_us"]), _or_none(d["p99_us"]), self._table_view,
+                          _or_none(d["monitor_p50_us"]), _or_none(d["monitor_p99_us"]))
 
     def load(self, artifact, *, qos_ms: float | None = None, priority: str = "best_effort", name: str | None = None,
              resident: bool = True, device_bytes: int | None = None, warmup: bool = False, streams: int = 1,
@@ -316,9 +315,9 @@ class Runtime:
                          "batches": [tuple(int(x) for x in b) for b in s["batches"]],
                          "sizes": {int(b): {"run_us": float(us), "launches": int(n)} for b, us, n in s["sizes"]},
                          "devices": [str(d) for d in s.get("devices", ())]}  # (several devices: its replicas')
-        decided, p50, p99 = self._engine.decision_stats()
+        d = self._engine.decisions()
         out["_device"] = native.device_faults(self.device)
-        out["_scheduler"] = {"decisions": int(decided), "p50_us": _or_none(p50), "p99_us": _or_none(p99),
+        out["_scheduler"] = {"decisions": int(d["decided"]), "p50_us": _or_none(d["p50_us"]), "p99_us": _or_none(d["p99_us"]),
                              "finished_for_memory": int(self._engine.finished_for_memory())}
         return out
 

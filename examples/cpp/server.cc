@@ -357,11 +357,11 @@ class Server {
       footprints[name] = bytes;
       if (model->resident()) resident.push_back(name);
     }
-    auto [decided, p50, p99] = runtime_->DecisionStats();
+    tvmsched::RuntimeObj::DecisionReport decisions = runtime_->Decisions();
     out["_scheduler"] = {{"policy", runtime_->policy_kind()},
-                         {"decisions", decided},
-                         {"p50_us", p50 < 0 ? json() : json(p50)},
-                         {"p99_us", p99 < 0 ? json() : json(p99)}};
+                         {"decisions", decisions.decided},
+                         {"p50_us", decisions.p50_us < 0 ? json() : json(decisions.p50_us)},
+                         {"p99_us", decisions.p99_us < 0 ? json() : json(decisions.p99_us)}};
     const auto& scope = runtime_->scope();
     if (scope->budget()) {
       out["_memory"] = {{"budget", scope->budget()},

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <sstream>
+#include <tuple>
 
 #include "error_line.h"
 #include "percentile.h"
@@ -1144,24 +1145,21 @@ RuntimeObj::DecisionTimes RuntimeObj::DecisionSamples() {
   return all;
 }
 
-std::tuple<int64_t, double, double> RuntimeObj::DecisionStats() {
+RuntimeObj::DecisionReport RuntimeObj::Decisions() {
   DecisionTimes times = DecisionSamples();
-  auto [p50, p99] = Percentiles(times.wall);
-  return {times.decided, p50, p99};
-}
-
-std::pair<double, double> RuntimeObj::MonitorStats() { return Percentiles(DecisionSamples().monitor); }
-
-std::tuple<double, double, double, double> RuntimeObj::DecisionCpuStats() {
-  DecisionTimes times = DecisionSamples();
-  if (times.cpu.empty()) return {-1, -1, -1, -1};
-  auto [cpu_p50, cpu_p99] = Percentiles(times.cpu);
+  DecisionReport out;
+  out.decided = times.decided;
+  std::tie(out.p50_us, out.p99_us) = Percentiles(times.wall);
+  std::tie(out.monitor_p50_us, out.monitor_p99_us) = Percentiles(times.monitor);
+  if (times.cpu.empty()) return out;
+  std::tie(out.cpu_p50_us, out.cpu_p99_us) = Percentiles(times.cpu);
   std::vector<double> undisturbed;
   for (size_t i = 0; i < times.wall.size(); ++i) {
     if (times.wall[i] - times.cpu[i] <= 1.0) undisturbed.push_back(times.wall[i]);
   }
-  const double off = 1.0 - static_cast<double>(undisturbed.size()) / static_cast<double>(times.wall.size());
-  return {cpu_p50, cpu_p99, Percentile(std::move(undisturbed), 99), off};
+  out.disturbed_share = 1.0 - static_cast<double>(undisturbed.size()) / static_cast<double>(times.wall.size());
+  out.undisturbed_p99_us = Percentile(std::move(undisturbed), 99);
+  return out;
 }
 
 std::vector<std::string> RuntimeObj::models() const {

@@ -362,20 +362,18 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              for (const auto& [name, s] : rt->Stats()) out.Set(name, StatsMap(s));
              return out;
            })
-      .def("decision_stats",
+      .def("decisions",  // RuntimeObj::DecisionReport as a map (µs; -1: none)
            [](Runtime rt) {
-             auto [decided, p50, p99] = rt->DecisionStats();
-             return ffi::Array<ffi::Any>{decided, p50, p99};
-           })
-      .def("decision_monitor_stats",
-           [](Runtime rt) {
-             auto [p50, p99] = rt->MonitorStats();
-             return ffi::Array<double>{p50, p99};
-           })
-      .def("decision_cpu_stats",  // [cpu p50, cpu p99, undisturbed p99, share disturbed]
-           [](Runtime rt) {
-             auto [p50, p99, undisturbed, off] = rt->DecisionCpuStats();
-             return ffi::Array<double>{p50, p99, undisturbed, off};
+             RuntimeObj::DecisionReport r = rt->Decisions();
+             return ffi::Map<ffi::String, ffi::Any>{{"decided", r.decided},
+                                                    {"p50_us", r.p50_us},
+                                                    {"p99_us", r.p99_us},
+                                                    {"monitor_p50_us", r.monitor_p50_us},
+                                                    {"monitor_p99_us", r.monitor_p99_us},
+                                                    {"cpu_p50_us", r.cpu_p50_us},
+                                                    {"cpu_p99_us", r.cpu_p99_us},
+                                                    {"undisturbed_p99_us", r.undisturbed_p99_us},
+                                                    {"disturbed_share", r.disturbed_share}};
            })
       .def("models",
            [](Runtime rt) {

@@ -178,14 +178,18 @@ class RuntimeObj : public ffi::Object {
   /*! \brief Every busy stream's work still to run (the resource monitor), by stream name. */
   std::vector<StreamView> Monitor();
   std::map<std::string, ModelStats> Stats();
-  /*! \brief The colocation policy's decisions: how many, and the p50 / p99 of the latest ones' times (µs; -1: none). */
-  std::tuple<int64_t, double, double> DecisionStats();
-  /*! \brief Of the same decisions, the p50 / p99 of the time spent reading the monitor (µs; -1: none). */
-  std::pair<double, double> MonitorStats();
-  /*! \brief Of the same decisions: the p50 / p99 of their threads' CPU time, the p99 of the decisions whose thread
-   *  stayed on its core throughout (time within 1 µs of its CPU time), and the share of those that did not (µs; -1:
-   *  none). Where the whole p99 is above the undisturbed one, the tail is the machine's scheduling, not the code. */
-  std::tuple<double, double, double, double> DecisionCpuStats();
+  /*! \brief The colocation policy's latest decisions (every device's pooled), in µs (-1: none): how many, the p50 /
+   *  p99 of their times, of the part spent reading the monitor, and of their threads' CPU time; the p99 of the
+   *  decisions whose thread stayed on its core throughout (time within 1 µs of its CPU time) and the share of those
+   *  that did not. Where the whole p99 is above the undisturbed one, the tail is the machine's scheduling, not the
+   *  code. One call reads the recorded times once. */
+  struct DecisionReport {
+    int64_t decided = 0;
+    double p50_us = -1, p99_us = -1;
+    double monitor_p50_us = -1, monitor_p99_us = -1;
+    double cpu_p50_us = -1, cpu_p99_us = -1, undisturbed_p99_us = -1, disturbed_share = -1;
+  };
+  DecisionReport Decisions();
   /*! \brief How often a switch-in waited for memory that paused best-effort requests held, and the preemption group
    *  let them finish (and pause again) to free it. */
   int64_t finished_for_memory() const;
