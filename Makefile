@@ -93,7 +93,8 @@ ASYNC_TESTS = tests/runtime/test_engine.py tests/runtime/test_preemption.py test
 	tests/test_batch_sizes.py::test_switched_or_streamed_a_model_of_several_sizes_serves_its_largest_alone_padded \
 	tests/test_batch_sizes.py::test_the_batch_size_is_chosen_with_the_candidates_the_policy_takes_at_each_size \
 	tests/test_batch_sizes.py::test_one_row_is_padded_into_a_larger_size_where_that_runs_faster_outright \
-	tests/test_batch_sizes.py::test_admission_of_a_model_of_several_sizes_counts_the_rows_its_batches_run
+	tests/test_batch_sizes.py::test_admission_of_a_model_of_several_sizes_counts_the_rows_its_batches_run \
+	tests/test_batch_sizes.py::test_rows_of_requests_that_expire_in_the_queue_are_no_longer_ahead
 # --dist loadscope: a module's tests go to one worker, so its module fixtures (servers, tuned databases, kits) run
 # once per run, not once per worker; compiled artifacts are shared across workers by tests/artifact_cache.py
 test: setup lint

@@ -310,35 +310,71 @@ def test_one_row_is_padded_into_a_larger_size_where_that_runs_faster_outright(ml
         rt.shutdown()
 
 
+def _loaded_for_admission(rt, mlp_sizes) -> int:
+    """mlp at several sizes loaded with a latency target of 3.5 runs of 8 rows; the number of one-row requests of
+    which the last is the first that admission refuses while the model's streams are paused: the first whose
+    prediction from the sizes' runs (measured again at load) passes the target."""
+    rt.load(str(mlp_sizes), name="mlp")
+    target_ms = 3.5 * rt.stats()["mlp"]["sizes"][8]["run_us"] / 1e3
+    rt.unload("mlp")
+    rt.load(str(mlp_sizes), name="mlp", qos_ms=target_ms)
+    runs = {size: s["run_us"] for size, s in rt.stats()["mlp"]["sizes"].items()}  # (measured again at this load)
+    predicted = lambda rows: min(-(-rows // size) * run for size, run in runs.items())
+    first_refused = next(rows for rows in range(2, 100) if predicted(rows) > target_ms * 1e3)
+    assert first_refused > 8, (first_refused, runs)
+    return first_refused
+
+
+def _refused_with_rows_ahead(rt, x, ahead: int) -> None:
+    refused = rt.submit("mlp", {"input": x[-1:]})  # (the future holds the refusal)
+    with pytest.raises(TvmschedError, match=rf"^model mlp: the request would finish in about .* ms "
+                                            rf"\({ahead} rows ahead of it\), past its latency target"):
+        refused.result(timeout=0)
+
+
 def test_admission_of_a_model_of_several_sizes_counts_the_rows_its_batches_run(mlp_sizes):
-    """A latency target of 3.5 runs of 8 rows; one-row requests queued while the model's streams are paused. Admission
-    predicts as the batcher runs them, the queued rows and its own at the size that drains them soonest (a count of
-    requests times a run, as for a model of one size, would refuse the fifth): the first refused is the first whose
-    prediction from the sizes' runs (measured again at load) passes the target, past a launch of 8, and every admitted
-    one is answered."""
+    """One-row requests queued while the model's streams are paused. Admission predicts as the batcher runs them, the
+    queued rows and its own at the size that drains them soonest (a count of requests times a run, as for a model of
+    one size, would refuse the fifth): the first refused is the first whose prediction passes the target, past a
+    launch of 8, and every admitted one is answered."""
     rt = Runtime()
     try:
-        rt.load(str(mlp_sizes), name="mlp")
-        target_ms = 3.5 * rt.stats()["mlp"]["sizes"][8]["run_us"] / 1e3
-        rt.unload("mlp")
-        rt.load(str(mlp_sizes), name="mlp", qos_ms=target_ms)
-        runs = {size: s["run_us"] for size, s in rt.stats()["mlp"]["sizes"].items()}  # (measured again at this load)
-        predicted = lambda rows: min(-(-rows // size) * run for size, run in runs.items())
-        first_refused = next(rows for rows in range(2, 100) if predicted(rows) > target_ms * 1e3)
+        first_refused = _loaded_for_admission(rt, mlp_sizes)
         x = np.random.default_rng(9).standard_normal((first_refused, 784)).astype(np.float32)
         alone = Executor(str(mlp_sizes), batch_size=1)
         for _ in range(2):  # again once the batcher has taken them all: the rows ahead are counted as they go, too
             rt.preempt("mlp")
             admitted = [rt.submit("mlp", {"input": x[i : i + 1]}) for i in range(first_refused - 1)]
-            refused = rt.submit("mlp", {"input": x[-1:]})  # (the future holds the refusal)
-            with pytest.raises(TvmschedError, match=rf"^model mlp: the request would finish in about .* ms "
-                                                    rf"\({first_refused - 1} rows ahead of it\), past its latency target"):
-                refused.result(timeout=0)
+            _refused_with_rows_ahead(rt, x, first_refused - 1)
             rt.resume("mlp")
             for i, future in enumerate(admitted):
                 np.testing.assert_allclose(future.result(timeout=60)["output"], alone.run({"input": x[i : i + 1]})["output"],
                                            rtol=1e-4, atol=1e-5)
-        assert first_refused > 8 and rt.stats()["mlp"]["refused"] == 2, (first_refused, runs)
+        assert rt.stats()["mlp"]["refused"] == 2
+    finally:
+        rt.shutdown()
+
+
+def test_rows_of_requests_that_expire_in_the_queue_are_no_longer_ahead(mlp_sizes):
+    """Requests queued with a timeout that passes while the streams are paused fail with one line (REJECT, the
+    default) and leave the rows admission counts: as many new ones are admitted as before, and the next is refused
+    with exactly their rows ahead."""
+    rt = Runtime()
+    try:
+        first_refused = _loaded_for_admission(rt, mlp_sizes)
+        x = np.random.default_rng(9).standard_normal((first_refused, 784)).astype(np.float32)
+        rt.preempt("mlp")
+        late = [rt.submit("mlp", {"input": x[i : i + 1]}, start_within_us=1000) for i in range(first_refused - 1)]
+        for future in late:
+            with pytest.raises(TvmschedError, match="did not start within its deadline"):
+                future.result(timeout=60)
+        admitted = [rt.submit("mlp", {"input": x[i : i + 1]}) for i in range(first_refused - 1)]
+        _refused_with_rows_ahead(rt, x, first_refused - 1)
+        rt.resume("mlp")
+        for future in admitted:
+            future.result(timeout=60)
+        stats = rt.stats()["mlp"]
+        assert stats["timed_out"] == first_refused - 1 and stats["refused"] == 1, stats
     finally:
         rt.shutdown()
 
