@@ -185,4 +185,4 @@ class Servicer:
         answer = served.codec.encode_message(parsed[3], outputs)  # [0, bytes] or [status, line]
         if answer[0]:
             await _abort(context, ServeError(answer[1], answer[0]))
-        return bytes(answer[1])
+        return bytes(answer[1])  # (grpc takes exact bytes: "Expected bytes, got Bytes" for tvm-ffi's subclass)
