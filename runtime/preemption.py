@@ -160,9 +160,8 @@ def hold_gc(enabled: bool = True) -> bool:
     disabled the collector (the caller then re-enables it in a `finally`). A collection that falls due inside
     runs at the next allocation after it instead, in the caller's code; only this package's own code and a bounded
     poll (result()'s spin) run with it off, never a sleeping wait for the device, so the garbage it holds back is
-    bounded. Threads inside
-    at once: the one that disabled it re-enables it as it leaves (a collection may then start in another still
-    inside); it is never left off."""
+    bounded. Threads inside at once: the one that disabled it re-enables it as it leaves (a collection may then start
+    in another still inside); it is never left off."""
     if enabled and gc.isenabled():
         gc.disable()
         return True
