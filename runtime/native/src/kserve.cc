@@ -151,11 +151,12 @@ Error WrongCount(const std::string& input, size_t given, const std::vector<int64
                         ShapeText(shape) + " needs " + std::to_string(count));
 }
 
-/*! \brief How many elements `data` holds (flat or nested, as Triton accepts it; a scalar: one). */
-size_t JsonElements(const Document& doc, const Node& data) {
-  if (data.kind != Kind::kArray) return 1;
-  size_t count = 0;
-  std::vector<std::pair<const Node*, uint32_t>> stack{{&data, 0}};  // depth-first, without recursion
+/*! \brief `f(element)` for each element of `data` (flat or nested, as Triton accepts it; a scalar: itself), depth
+ *  first, without recursion. */
+template <typename F>
+void ForEachElement(const Document& doc, const Node& data, F&& f) {
+  if (data.kind != Kind::kArray) return f(data);
+  std::vector<std::pair<const Node*, uint32_t>> stack{{&data, 0}};
   while (!stack.empty()) {
     auto& [array, at] = stack.back();
     if (at == array->count) {
@@ -166,34 +167,23 @@ size_t JsonElements(const Document& doc, const Node& data) {
     if (item.kind == Kind::kArray)
       stack.push_back({&item, 0});
     else
-      ++count;
+      f(item);
   }
+}
+
+size_t JsonElements(const Document& doc, const Node& data) {
+  size_t count = 0;
+  ForEachElement(doc, data, [&](const Node&) { ++count; });
   return count;
 }
 
-/*! \brief Write `data` (flat or nested; JsonElements(data) == count, checked) into `out` of `count` elements; 400 on
+/*! \brief Write `data`'s elements (JsonElements(data) of them, checked against `out`'s size first) into `out`; 400 on
  *  an element that does not fit. */
 template <typename T>
-void FillFromJson(const Document& doc, const Node& data, T* out, size_t count, const std::string& input,
+void FillFromJson(const Document& doc, const Node& data, T* out, const std::string& input,
                   const std::string& datatype) {
-  if (data.kind != Kind::kArray) {
-    out[0] = Element<T>(doc, data, input, datatype);
-    return;
-  }
   size_t written = 0;
-  std::vector<std::pair<const Node*, uint32_t>> stack{{&data, 0}};
-  while (!stack.empty() && written < count) {
-    auto& [array, at] = stack.back();
-    if (at == array->count) {
-      stack.pop_back();
-      continue;
-    }
-    const Node& item = doc.child(*array, at++);
-    if (item.kind == Kind::kArray)
-      stack.push_back({&item, 0});
-    else
-      out[written++] = Element<T>(doc, item, input, datatype);
-  }
+  ForEachElement(doc, data, [&](const Node& v) { out[written++] = Element<T>(doc, v, input, datatype); });
 }
 
 void AppendNumber(std::string& out, double value, bool single) {
@@ -586,7 +576,7 @@ Request ParseRequest(std::string_view body, std::optional<size_t> header_length,
       tensor = EmptyHostTensor(shape, expected->dtype);
       DispatchJson(expected->dtype, [&](auto zero) {
         using T = decltype(zero);
-        FillFromJson<T>(doc, *data, static_cast<T*>(tensor.data_ptr()), count, name, datatype);
+        FillFromJson<T>(doc, *data, static_cast<T*>(tensor.data_ptr()), name, datatype);
       });
     }
     request.inputs.Set(ffi::String(name), tensor);
@@ -618,6 +608,17 @@ Request ParseRequest(std::string_view body, std::optional<size_t> header_length,
   return request;
 }
 
+namespace {
+
+/*! \brief The engine's output `name` (500 when it gave none: a model's outputs are checked when it loads). */
+ffi::Tensor EngineOutput(const ffi::Map<ffi::String, ffi::Tensor>& outputs, const std::string& name) {
+  auto found = outputs.find(ffi::String(name));
+  if (found == outputs.end()) throw Error(500, "the engine gave no output '" + name + "'");
+  return (*found).second;
+}
+
+}  // namespace
+
 Response EncodeResponse(const std::string& model, const std::string& version, const Request& request,
                         const ffi::Map<ffi::String, ffi::Tensor>& outputs) {
   // The JSON header first, then the binary outputs appended to it in one allocation (each output copied once: a
@@ -631,9 +632,8 @@ Response EncodeResponse(const std::string& model, const std::string& version, co
   std::vector<std::pair<const DLTensor*, size_t>> binary;  // the binary outputs in order, and their sizes
   size_t binary_bytes = 0;
   for (const auto& [name, as_binary] : request.outputs) {
-    auto found = outputs.find(ffi::String(name));
-    if (found == outputs.end()) throw Error(500, "the engine gave no output '" + name + "'");
-    const DLTensor* t = (*found).second.GetDLTensorPtr();
+    ffi::Tensor tensor = EngineOutput(outputs, name);
+    const DLTensor* t = tensor.GetDLTensorPtr();
     std::vector<int64_t> shape(t->shape, t->shape + t->ndim);
     if (head.back() != '[') head += ',';
     head += "{\"name\":";
@@ -646,7 +646,7 @@ Response EncodeResponse(const std::string& model, const std::string& version, co
       binary_bytes += nbytes;
     } else {
       head += ",\"data\":";
-      AppendTensor(head, (*found).second, false, "output '" + name + "'");
+      AppendTensor(head, tensor, false, "output '" + name + "'");
       head += '}';
     }
   }
@@ -678,10 +678,7 @@ std::string Utf8(std::string_view bytes) {
 /*! \brief An InferParameter (its oneof's value; none set: None). */
 ffi::Any ReadParameter(std::string_view bytes) {
   ffi::Any value;
-  wire::Reader r(bytes);
-  uint32_t field;
-  int type;
-  while (r.Next(&field, &type)) {
+  wire::ForEachField(bytes, [&](uint32_t field, int type, wire::Reader& r) {
     if (field == 1 && type == wire::kVarint) {
       value = r.Varint() != 0;
     } else if ((field == 2 || field == 5) && type == wire::kVarint) {
@@ -695,9 +692,10 @@ ffi::Any ReadParameter(std::string_view bytes) {
     } else if (field == 4 && type == wire::kFixed64) {
       value = r.Fixed<double>();
     } else {
-      r.Skip(type);
+      return false;
     }
-  }
+    return true;
+  });
   return value;
 }
 
@@ -705,18 +703,14 @@ ffi::Any ReadParameter(std::string_view bytes) {
 void ReadParameterEntry(std::string_view bytes, ffi::Map<ffi::Any, ffi::Any>& out) {
   std::string key;
   ffi::Any value;
-  wire::Reader r(bytes);
-  uint32_t field;
-  int type;
-  while (r.Next(&field, &type)) {
-    if (field == 1 && type == wire::kLength) {
+  wire::ForEachField(bytes, [&](uint32_t field, int type, wire::Reader& r) {
+    if (type != wire::kLength || (field != 1 && field != 2)) return false;
+    if (field == 1)
       key = Utf8(r.Bytes());
-    } else if (field == 2 && type == wire::kLength) {
+    else
       value = ReadParameter(r.Bytes());
-    } else {
-      r.Skip(type);
-    }
-  }
+    return true;
+  });
   out.Set(ffi::String(key), value);
 }
 
@@ -727,56 +721,39 @@ struct InputTensor {
   std::string_view contents;  // its InferTensorContents message (empty: none)
 };
 
-/*! \brief Repeated int64 / uint values, packed or not, appended to `out`. */
-void ReadVarints(wire::Reader& r, int type, std::vector<int64_t>& out) {
-  if (type == wire::kVarint) {
-    out.push_back(static_cast<int64_t>(r.Varint()));
-  } else if (type == wire::kLength) {
-    wire::Reader packed(r.Bytes());
-    while (!packed.AtEnd()) out.push_back(static_cast<int64_t>(packed.Varint()));
-  } else {
-    r.Skip(type);
-  }
-}
-
 InputTensor ReadInputTensor(std::string_view bytes) {
   InputTensor t;
-  wire::Reader r(bytes);
-  uint32_t field;
-  int type;
-  while (r.Next(&field, &type)) {
-    if (field == 1 && type == wire::kLength) {
+  wire::ForEachField(bytes, [&](uint32_t field, int type, wire::Reader& r) {
+    if (field == 3) return wire::ReadRepeated(r, type, wire::kVarint, t.shape);
+    if (type != wire::kLength) return false;
+    if (field == 1) {
       t.name = Utf8(r.Bytes());
-    } else if (field == 2 && type == wire::kLength) {
+    } else if (field == 2) {
       t.datatype = Utf8(r.Bytes());
-    } else if (field == 3) {
-      ReadVarints(r, type, t.shape);
-    } else if (field == 5 && type == wire::kLength) {
+    } else if (field == 5) {
       t.contents = r.Bytes();  // (a message given twice merges in protobuf; clients send it once)
     } else {
-      r.Skip(type);
+      return false;
     }
-  }
+    return true;
+  });
   return t;
 }
 
 /*! \brief An InferRequestedOutputTensor: its name, and whether its parameters ask for classification. */
 std::pair<std::string, bool> ReadOutputTensor(std::string_view bytes) {
   std::pair<std::string, bool> out{"", false};
-  wire::Reader r(bytes);
-  uint32_t field;
-  int type;
-  while (r.Next(&field, &type)) {
-    if (field == 1 && type == wire::kLength) {
+  wire::ForEachField(bytes, [&](uint32_t field, int type, wire::Reader& r) {
+    if (type != wire::kLength || (field != 1 && field != 2)) return false;
+    if (field == 1) {
       out.first = Utf8(r.Bytes());
-    } else if (field == 2 && type == wire::kLength) {
+    } else {
       ffi::Map<ffi::Any, ffi::Any> parameters;
       ReadParameterEntry(r.Bytes(), parameters);
       out.second = out.second || parameters.count(ffi::String("classification"));
-    } else {
-      r.Skip(type);
     }
-  }
+    return true;
+  });
   return out;
 }
 
@@ -806,32 +783,12 @@ std::vector<uint64_t> ReadContents(std::string_view contents, const TensorInfo& 
   if (number == 0) throw Error(400, what + " is " + datatype + ": send it in raw_input_contents, not typed contents");
   // the elements, as read: varints as their 64 bits, fixed-width values as their bits
   std::vector<uint64_t> values;
-  wire::Reader r(contents);
-  uint32_t field;
-  int type;
-  while (r.Next(&field, &type)) {
-    if (field != number) {
-      r.Skip(type);
-    } else if (type == wire::kLength) {  // packed
-      wire::Reader packed(r.Bytes());
-      while (!packed.AtEnd()) {
-        values.push_back(fixed == wire::kFixed32   ? packed.Fixed<uint32_t>()
-                         : fixed == wire::kFixed64 ? packed.Fixed<uint64_t>()
-                                                   : packed.Varint());
-      }
-    } else if (type == (fixed ? fixed : wire::kVarint)) {
-      values.push_back(fixed == wire::kFixed32   ? r.Fixed<uint32_t>()
-                       : fixed == wire::kFixed64 ? r.Fixed<uint64_t>()
-                                                 : r.Varint());
-    } else {
-      r.Skip(type);
-    }
-    if (values.size() > count) break;  // (the count is wrong: no need to read on)
-  }
+  wire::ForEachField(contents, [&](uint32_t field, int type, wire::Reader& r) {
+    return field == number && wire::ReadRepeated(r, type, fixed ? fixed : wire::kVarint, values);
+  });
   if (values.size() != count) {
-    throw Error(400, what + " has " + std::to_string(values.size()) + (values.size() > count ? " or more" : "") +
-                         " elements in its contents; its shape " + ShapeText(shape) + " needs " +
-                         std::to_string(count));
+    throw Error(400, what + " has " + std::to_string(values.size()) + " elements in its contents; its shape " +
+                         ShapeText(shape) + " needs " + std::to_string(count));
   }
   return values;
 }
@@ -879,18 +836,11 @@ void StoreContents(const std::vector<uint64_t>& values, const TensorInfo& info, 
 std::pair<std::string, std::string> InferMessageModel(std::string_view message) {
   std::pair<std::string, std::string> out;
   try {
-    wire::Reader r(message);
-    uint32_t field;
-    int type;
-    while (r.Next(&field, &type)) {
-      if (field == 1 && type == wire::kLength) {
-        out.first = Utf8(r.Bytes());
-      } else if (field == 2 && type == wire::kLength) {
-        out.second = Utf8(r.Bytes());
-      } else {
-        r.Skip(type);
-      }
-    }
+    wire::ForEachField(message, [&](uint32_t field, int type, wire::Reader& r) {
+      if (type != wire::kLength || (field != 1 && field != 2)) return false;
+      (field == 1 ? out.first : out.second) = Utf8(r.Bytes());
+      return true;
+    });
   } catch (const std::invalid_argument& err) {
     throw Error(400, kNotAMessage + std::string(err.what()));
   }
@@ -904,26 +854,24 @@ Request ParseInferMessage(std::string_view message, const std::string& model, co
   std::vector<std::string_view> raw;
   std::vector<std::pair<std::string, bool>> wanted;
   try {
-    wire::Reader r(message);
-    uint32_t field;
-    int type;
-    while (r.Next(&field, &type)) {
-      if ((field == 1 || field == 2) && type == wire::kLength) {
-        Utf8(r.Bytes());  // model_name and model_version: InferMessageModel reads them
-      } else if (field == 3 && type == wire::kLength) {
-        request.id = ffi::String(Utf8(r.Bytes()));
-      } else if (field == 4 && type == wire::kLength) {
-        ReadParameterEntry(r.Bytes(), request.parameters);
-      } else if (field == 5 && type == wire::kLength) {
-        given.push_back(ReadInputTensor(r.Bytes()));
-      } else if (field == 6 && type == wire::kLength) {
-        wanted.push_back(ReadOutputTensor(r.Bytes()));
-      } else if (field == 7 && type == wire::kLength) {
-        raw.push_back(r.Bytes());
+    wire::ForEachField(message, [&](uint32_t field, int type, wire::Reader& r) {
+      if (type != wire::kLength || field < 1 || field > 7) return false;  // fields this proto does not have
+      std::string_view bytes = r.Bytes();
+      if (field <= 2) {
+        Utf8(bytes);  // model_name and model_version: InferMessageModel reads them
+      } else if (field == 3) {
+        request.id = ffi::String(Utf8(bytes));
+      } else if (field == 4) {
+        ReadParameterEntry(bytes, request.parameters);
+      } else if (field == 5) {
+        given.push_back(ReadInputTensor(bytes));
+      } else if (field == 6) {
+        wanted.push_back(ReadOutputTensor(bytes));
       } else {
-        r.Skip(type);  // fields this proto does not have
+        raw.push_back(bytes);
       }
-    }
+      return true;
+    });
   } catch (const std::invalid_argument& err) {
     throw Error(400, kNotAMessage + std::string(err.what()));
   }
@@ -974,18 +922,17 @@ std::string EncodeInferMessage(const std::string& model, const std::string& vers
   std::vector<std::pair<const char*, size_t>> contents;
   size_t total = 0;
   for (const auto& [name, binary] : request.outputs) {
-    auto found = outputs.find(ffi::String(name));
-    if (found == outputs.end()) throw Error(500, "the engine gave no output '" + name + "'");
-    const DLTensor* t = (*found).second.GetDLTensorPtr();
+    ffi::Tensor tensor = EngineOutput(outputs, name);
+    const DLTensor* t = tensor.GetDLTensorPtr();
     std::vector<int64_t> shape(t->shape, t->shape + t->ndim);
-    std::string dims, tensor;
+    std::string dims, message;
     wire::Writer d(dims);
     for (int64_t x : shape) d.Varint(static_cast<uint64_t>(x));
-    wire::Writer o(tensor);
+    wire::Writer o(message);
     o.Bytes(1, name);
     o.Bytes(2, Datatype(t->dtype));
     o.Bytes(3, dims);
-    w.Bytes(5, tensor);
+    w.Bytes(5, message);
     size_t nbytes = Bytes(shape, t->dtype);
     contents.emplace_back(static_cast<const char*>(t->data) + t->byte_offset, nbytes);
     total += nbytes + 12;
@@ -1024,7 +971,7 @@ ffi::Map<ffi::String, ffi::Tensor> ParseV1(std::string_view body, const std::vec
     ffi::Tensor tensor = EmptyHostTensor(shape, dtype);
     DispatchJson(dtype, [&](auto zero) {
       using T = decltype(zero);
-      FillFromJson<T>(doc, value, static_cast<T*>(tensor.data_ptr()), count, name, datatype);
+      FillFromJson<T>(doc, value, static_cast<T*>(tensor.data_ptr()), name, datatype);
     });
     out.Set(ffi::String(name), tensor);
   }

@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace tvmsched {
 namespace protobuf_wire {
@@ -100,6 +101,35 @@ class Reader {
   const char* at_;
   const char* end_;
 };
+
+/*! \brief `read(field, wire type, reader)` for each field of `message`, which returns whether it read the value; a
+ *  field it leaves is skipped. */
+template <typename F>
+void ForEachField(std::string_view message, F&& read) {
+  Reader r(message);
+  uint32_t field;
+  int type;
+  while (r.Next(&field, &type)) {
+    if (!read(field, type, r)) r.Skip(type);
+  }
+}
+
+/*! \brief A repeated scalar field's values whose wire type is `element` (kVarint, kFixed32 or kFixed64), packed (one
+ *  length-delimited field) or not, appended to `out` as their bits; false for a field of another wire type. */
+template <typename T>
+bool ReadRepeated(Reader& r, int type, int element, std::vector<T>& out) {
+  auto one = [element](Reader& from) -> uint64_t {
+    return element == kFixed32 ? from.Fixed<uint32_t>() : element == kFixed64 ? from.Fixed<uint64_t>() : from.Varint();
+  };
+  if (type == kLength) {
+    Reader packed(r.Bytes());
+    while (!packed.AtEnd()) out.push_back(static_cast<T>(one(packed)));
+    return true;
+  }
+  if (type != element) return false;
+  out.push_back(static_cast<T>(one(r)));
+  return true;
+}
 
 /*! \brief A message's bytes, appended field by field. */
 class Writer {
