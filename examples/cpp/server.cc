@@ -182,15 +182,9 @@ class Server {
       *input_ns = NowNs() - start;
       tvmsched::Request request = Execute(s, inputs, {});
       int64_t encode = NowNs();
-      std::string out = "{\"outputs\":{";
-      for (const auto& [key, value] : request->outputs()) {
-        if (out.back() != '{') out += ',';
-        kserve::AppendString(out, std::string(key));
-        out += ':';
-        kserve::AppendTensor(out, value, true, "output '" + std::string(key) + "'");
-      }
+      std::string out = kserve::EncodeV1(request->outputs());
       *output_ns = NowNs() - encode;
-      return std::make_pair(request, out + "}}");
+      return std::make_pair(request, out);
     });
   }
 

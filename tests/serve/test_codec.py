@@ -134,7 +134,7 @@ def test_scheduling_parameters_of_another_kind_are_a_400_line(parameters, fragme
 
 def _message_codec(dtype: str, shape: list[int]):
     native.engine()
-    return native.func("kserve_codec")("m", "1", [["x", dtype, shape]], [["y", dtype, shape]])[2:]
+    return native.func("kserve_codec")("m", "1", [["x", dtype, shape]], [["y", dtype, shape]])[2:4]  # (gRPC's)
 
 
 TYPED = {"BOOL": ("bool_contents", np.bool_), "UINT8": ("uint_contents", np.uint8),
@@ -279,7 +279,8 @@ def test_a_shape_claiming_more_than_the_body_holds_is_refused_before_anything_is
     from tritonclient.grpc import service_pb2 as pb2
 
     native.engine()
-    parse, _, parse_message, _ = native.func("kserve_codec")("m", "1", [["x", "FP32", [-1, 784]]], [["y", "FP32", [-1, 784]]])
+    parse, _, parse_message, _, parse_v1, _ = native.func("kserve_codec")("m", "1", [["x", "FP32", [-1, 784]]],
+                                                                          [["y", "FP32", [-1, 784]]])
     rows = 1 << 40
     body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [rows, 784], "data": [1.0]}]}).encode()
     header = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [rows, 784],
@@ -293,3 +294,8 @@ def test_a_shape_claiming_more_than_the_body_holds_is_refused_before_anything_is
                                      "data": [[1.0] * 783]}]}).encode()
     status, line = parse(ragged, None)
     assert status == 400 and "has 783 elements in 'data'; its shape [1,784] needs 784" in line, line
+    # /v1's shape is the nesting of its first elements: three lists of 1000 would claim 10^9 elements
+    nested = b'{"inputs": {"x": [' + b",".join([b"[" + b",".join([b"[" + b",".join([b"0"] * 1000) + b"]"] + [b"[0]"] * 999)
+                                               + b"]"] + [b"[[0]]"] * 999) + b"]}}"
+    status, line = parse_v1(nested)
+    assert status == 400 and "has 2998 elements in 'data'; its shape [1000,1000,1000] needs 1000000000" in line, line

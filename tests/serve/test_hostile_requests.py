@@ -1,7 +1,8 @@
 """Bad input and non-finite outputs, alike in both HTTP servers (issue 38): `tvmsched serve` and build/cpp/tvmsched_server
 get the same hostile requests, and each answers every one with the same status and one strict-JSON error line; NaN
-and infinite outputs are strict JSON in both (the strings "NaN", "Infinity", "-Infinity": tvmsched/serve/jsonio.py,
-kserve::FloatJson), equal to what the binary tensor extension carries and decoded back by tritonclient.
+and infinite outputs are strict JSON in both (the strings "NaN", "Infinity", "-Infinity": the engine's codec,
+runtime/native/src/kserve.cc, which both servers use), equal to what the binary tensor extension carries and decoded
+back by tritonclient.
 
 The model is tests/test_nan_semantics.py's one-op LeakyRelu (x: FP32 [8] -> y), the shared artifact that test runs:
 LeakyRelu keeps NaN, maps inf to inf and -inf to -inf (times alpha), so one answer holds all three. The C++ half is

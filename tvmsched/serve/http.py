@@ -16,21 +16,19 @@ bytes, in input order (little-endian, row-major). Outputs come back binary when 
 parameters.binary_data, or parameters.binary_data_output for all), with the answer's header length in
 Inference-Header-Content-Length.
 
-/v2 infer bodies are parsed and answers encoded by the engine (tvmsched/kserve.h, through tvmsched.engine.kserve_codec): the
-one implementation the C++ server uses too. JSON (its rules, and serve/jsonio.py's for the other routes): request
-bodies nest at most 64 levels and are strict JSON (a bare NaN or Infinity is a 400); NaN and infinities in JSON
-outputs are the strings "NaN", "Infinity", "-Infinity".
+/v2 and /v1 infer bodies are parsed and answers encoded by the engine (tvmsched/kserve.h, through
+tvmsched.engine.kserve_codec): the one implementation the C++ server uses too. JSON: request bodies nest at most 64
+levels and are strict JSON (a bare NaN or Infinity is a 400); NaN and infinities in JSON outputs are the strings "NaN",
+"Infinity", "-Infinity".
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 import zlib
 
-import numpy as np
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -222,27 +220,27 @@ def _add_v1(app: FastAPI, service: InferenceService) -> None:
 
     @app.post("/v1/models/{name}/infer")
     async def infer_v1(name: str, request: Request) -> Response:
+        """Read and answered by the engine's codec, as the C++ server does (one /v1 implementation)."""
         received = time.perf_counter_ns()
         served = service.models.get(name)
         if served is None:
             return JSONResponse({"detail": f"no model named {name!r}"}, status_code=404)
         try:
-            raw = await request.body()
-            jsonio.check_depth(raw, "the body")
-            body = json.loads(raw)
-            if not isinstance(body, dict) or not isinstance(body.get("inputs"), dict):
-                return JSONResponse({"detail": 'the body must be {"inputs": {name: values}}'}, status_code=422)
-            dtypes = {t.name: t.dtype for t in served.inputs}
-            inputs = {k: np.asarray(v, dtype=dtypes.get(k, "float32")) for k, v in body["inputs"].items()}
-            future = service.submit(served, inputs)
-        except (TvmschedError, ValueError, TypeError) as err:
+            parsed = served.codec.parse_v1(await request.body())  # [0, inputs] or [status, line]
+            if parsed[0]:
+                raise ServeError(parsed[1], parsed[0])
+            future = service.submit(served, parsed[1], engine_tensors=True)
+        except TvmschedError as err:
             service.count_failure(served, received)
             return JSONResponse({"detail": " ".join(str(err).split())}, status_code=getattr(err, "status", 400))
         try:
             outputs = await service.answer(served, future, received)
         except TvmschedError as err:
             return JSONResponse({"detail": " ".join(str(err).split())}, status_code=400)
-        return JSONResponse({"outputs": {k: jsonio.nested_data(v) for k, v in outputs.items()}})
+        answer = served.codec.encode_v1(outputs)  # [0, body] or [status, line]
+        if answer[0]:
+            return JSONResponse({"detail": " ".join(str(answer[1]).split())}, status_code=answer[0])
+        return Response(bytes(answer[1]), media_type="application/json")
 
     @app.get("/v1/stats")
     def stats() -> dict:

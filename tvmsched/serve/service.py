@@ -63,13 +63,15 @@ class Counters:
 
 class Codec(NamedTuple):
     """The engine's reader and writer of a model's inference messages (tvmsched/kserve.h, engine kserve_codec), each
-    answering [status, one line] for a bad request: a REST body (serve/http.py) and a gRPC ModelInfer call's bytes
-    (serve/grpc_server.py)."""
+    answering [status, one line] for a bad request: a REST body (serve/http.py), a gRPC ModelInfer call's bytes
+    (serve/grpc_server.py) and a /v1 body (examples/server.py's contract, as the C++ server reads it)."""
 
     parse: object  # (body, Inference-Header-Content-Length or None) -> [0, inputs, parameters, pending]
     encode: object  # (pending, outputs) -> [0, body, header length or -1]
     parse_message: object  # (ModelInferRequest bytes) -> [0, inputs, parameters, pending]
     encode_message: object  # (pending, outputs) -> [0, ModelInferResponse bytes]
+    parse_v1: object  # (/v1 body) -> [0, inputs]
+    encode_v1: object  # (outputs) -> [0, /v1 answer]
 
 
 @dataclass

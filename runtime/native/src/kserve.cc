@@ -978,6 +978,17 @@ ffi::Map<ffi::String, ffi::Tensor> ParseV1(std::string_view body, const std::vec
   return out;
 }
 
+std::string EncodeV1(const ffi::Map<ffi::String, ffi::Tensor>& outputs) {
+  std::string out = "{\"outputs\":{";
+  for (const auto& [key, value] : outputs) {
+    if (out.back() != '{') out += ',';
+    AppendString(out, std::string(key));
+    out += ':';
+    AppendTensor(out, value, true, "output '" + std::string(key) + "'");
+  }
+  return out + "}}";
+}
+
 namespace {
 
 /*! \brief A model's tensors as the codec's Python caller gives them: [[name, "FP32", [1, 784]], ...]. */
@@ -1050,7 +1061,8 @@ ffi::Array<ffi::Any> Refusal(const Error& err) { return {static_cast<int64_t>(er
 }  // namespace
 
 TVM_FFI_STATIC_INIT_BLOCK() {
-  // tvmsched.engine.kserve_codec(model, version, inputs, outputs) -> [parse, encode, parse_message, encode_message],
+  // tvmsched.engine.kserve_codec(model, version, inputs, outputs) -> [parse, encode, parse_message, encode_message,
+  // parse_v1, encode_v1],
   // functions over the model's tensors ([[name, datatype, shape], ...]). Each answers [status, one line] for a bad
   // request (status > 0):
   //   parse(body: bytes, Inference-Header-Content-Length's value or None) -> [0, inputs, parameters, pending]
@@ -1102,7 +1114,23 @@ TVM_FFI_STATIC_INIT_BLOCK() {
         return Refusal(err);
       }
     });
-    return ffi::Array<ffi::Any>{parse, encode, parse_message, encode_message};
+    // /v1 (examples/server.py's contract), for the model's inputs: parse_v1(body) -> [0, inputs];
+    // encode_v1(outputs) -> [0, body]
+    auto parse_v1 = ffi::Function::FromTyped([in](ffi::Bytes body) {
+      try {
+        return ffi::Array<ffi::Any>{int64_t{0}, ParseV1(std::string_view(body.data(), body.size()), *in)};
+      } catch (const Error& err) {
+        return Refusal(err);
+      }
+    });
+    auto encode_v1 = ffi::Function::FromTyped([](ffi::Map<ffi::String, ffi::Tensor> outputs) {
+      try {
+        return ffi::Array<ffi::Any>{int64_t{0}, ffi::Bytes(EncodeV1(outputs))};
+      } catch (const Error& err) {
+        return Refusal(err);
+      }
+    });
+    return ffi::Array<ffi::Any>{parse, encode, parse_message, encode_message, parse_v1, encode_v1};
   });
   // tvmsched.engine.kserve_message_model(ModelInferRequest: bytes) -> [0, model_name, model_version] or [400, line]
   refl::GlobalDef().def("tvmsched.engine.kserve_message_model", [](ffi::Bytes message) {

@@ -119,6 +119,8 @@ Scheduling ReadScheduling(const ffi::Map<ffi::Any, ffi::Any>& parameters);
  *  contract; elements checked as /v2's, each of the dtype of the model's input of that name, else FP32); 422 for a
  *  body of another form. */
 ffi::Map<ffi::String, ffi::Tensor> ParseV1(std::string_view body, const std::vector<TensorInfo>& inputs);
+/*! \brief A /v1 answer: {"outputs": {NAME: data nested as its shape}} (non-finite elements as /v2's JSON outputs). */
+std::string EncodeV1(const ffi::Map<ffi::String, ffi::Tensor>& outputs);
 
 }  // namespace kserve
 }  // namespace tvmsched
