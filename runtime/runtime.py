@@ -30,7 +30,8 @@ from tvmsched.errors import TvmschedError
 from tvmsched.runtime import native
 from tvmsched.runtime import policies
 from tvmsched.runtime.executor import Executor, to_engine
-from tvmsched.runtime.preemption import EngineFuture, Task, default_stall_timeout_s, failed_future, hold_gc
+from tvmsched.runtime.preemption import (IDLE_SPIN_US, EngineFuture, Task, default_stall_timeout_s, failed_future,
+                                         hold_gc)
 from tvmsched.runtime.scheduler import CandidateInfo, ColocationTable, StreamView
 from tvmsched.runtime.switching import StageEvent, SwitchSettings, stage_events
 from tvmsched.runtime.tiering import TierSettings, TierShares, device_shares
@@ -142,7 +143,7 @@ class Runtime:
         self._trusted_keys = tuple(str(k) for k in trusted_keys)
         table = colocation_table(colocation, device, self.total_units) if policy == "colocation" else None
         options = {"device": device, "policy": policy, "total_units": self.total_units, "max_in_flight": max_in_flight,
-                   "progress_interval_ms": float(progress_interval_ms),
+                   "idle_spin_us": IDLE_SPIN_US, "progress_interval_ms": float(progress_interval_ms),
                    "stall_timeout_s": default_stall_timeout_s() if stall_timeout_s is None else float(stall_timeout_s),
                    "trusted_keys": list(self._trusted_keys), "max_groups": switching.max_groups,
                    "threshold1": switching.threshold1, "threshold2": switching.threshold2,
