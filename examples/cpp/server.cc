@@ -721,9 +721,9 @@ int Main(int argc, char** argv) {
     if (!rows.is_array()) throw std::runtime_error("--colocation " + colocation + ": not a JSON list of profile rows");
     const int units = tvmsched::DeviceUnits(options.devices);  // (several CPU devices: a share's)
     options.colocation = std::make_shared<tvmsched::ColocationTable>(units);
-    for (const json& row : rows) {
-      options.colocation->AddMeasured(row.at("first"), row.at("second"), row.at("overhead_per_unit_time"));
-    }
+    std::vector<tvmsched::ColocationTable::Measured> pairs;
+    for (const json& row : rows) pairs.push_back({row.at("first"), row.at("second"), row.at("overhead_per_unit_time")});
+    options.colocation->AddMeasured(pairs);
   }
 
   sigset_t signals;  // SIGINT/SIGTERM stop the server from a thread of their own; every thread inherits the mask

@@ -33,14 +33,16 @@ int ColocationTable::Key(const std::string& key) {
   return at->second;
 }
 
-void ColocationTable::AddMeasured(const std::string& first, const std::string& second, double overhead) {
-  uint64_t pair = Pair(Key(first), Key(second));
-  if (measured_.emplace(pair, overhead).second) {
-    order_.push_back(pair);
-  } else {
-    measured_[pair] = overhead;
+void ColocationTable::AddMeasured(const std::vector<Measured>& pairs) {
+  for (const Measured& m : pairs) {
+    uint64_t pair = Pair(Key(m.first), Key(m.second));
+    if (measured_.emplace(pair, m.overhead).second) {
+      order_.push_back(pair);
+    } else {
+      measured_[pair] = m.overhead;
+    }
   }
-  RebuildByUnits();
+  RebuildByUnits();    // (once: per pair it made loading a profile of P pairs O(P^2))
   resolved_keys_ = 0;  // (resolved again when candidates are added: a table is measured before models load)
 }
 

@@ -371,7 +371,9 @@ TVM_FFI_STATIC_INIT_BLOCK() {
                TVM_FFI_THROW(TvmschedError) << "a colocation profile needs as many firsts, seconds and values";
              auto obj = ffi::make_object<PolicyObj>();
              obj->table = std::make_shared<ColocationTable>(static_cast<int>(total_units));
-             for (size_t i = 0; i < firsts.size(); ++i) obj->table->AddMeasured(firsts[i], seconds[i], values[i]);
+             std::vector<ColocationTable::Measured> pairs;
+             for (size_t i = 0; i < firsts.size(); ++i) pairs.push_back({firsts[i], seconds[i], values[i]});
+             obj->table->AddMeasured(pairs);
              obj->policy = CreatePolicy(kind, obj->table, static_cast<int>(total_units));
              return PolicyRef(obj);
            })

@@ -252,12 +252,14 @@ TVM_FFI_STATIC_INIT_BLOCK() {
         if (!rows.empty()) {  // the table needs the device's unit count: resolved as the runtime will
           int units = options.total_units > 0 ? options.total_units : DeviceUnits(options.devices);
           options.colocation = std::make_shared<ColocationTable>(units);
+          std::vector<ColocationTable::Measured> pairs;
           for (const auto& row : rows) {
             if (row.size() != 3) TVM_FFI_THROW(TvmschedError) << "a colocation row is [first, second, value]";
             auto value = row[2].try_cast<double>();
             if (!value) TVM_FFI_THROW(TvmschedError) << "a colocation row's value is a number";
-            options.colocation->AddMeasured(row[0].cast<ffi::String>(), row[1].cast<ffi::String>(), *value);
+            pairs.push_back({row[0].cast<ffi::String>(), row[1].cast<ffi::String>(), *value});
           }
+          options.colocation->AddMeasured(pairs);
         }
         return Runtime::Create(std::move(options));
       });

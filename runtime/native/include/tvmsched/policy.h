@@ -96,7 +96,12 @@ class ColocationTable {
   /*! \brief The id of a profile key (a new one the first time). */
   int Key(const std::string& key);
   /*! \brief A profiled pair's interference (a pair given again keeps its first place and takes the new value). */
-  void AddMeasured(const std::string& first, const std::string& second, double overhead);
+  struct Measured {
+    std::string first, second;
+    double overhead;
+  };
+  /*! \brief A profile's pairs, in order (the means by unit counts are rebuilt once, after all of them). */
+  void AddMeasured(const std::vector<Measured>& pairs);
   /*! \brief A loaded model's candidates (their keys and units): the unit counts the profiled pairs are averaged by. */
   void AddCandidates(const struct PolicyModel& model);
   double Overhead(const CandidateInfo& a, const CandidateInfo& b) const;
