@@ -341,6 +341,16 @@ class Runtime:
         """The engine's accounting of this Runtime's model memory: in_use, peak and budget (0: none) in bytes."""
         return {str(k): int(v) for k, v in self._engine.memory().items()}
 
+    def served(self, model: Model | str, *, version: str = "1", max_batch_size: int = 0, max_queue: int = 64,
+               streams: int = 1, max_queue_delay_us: float = 0.0, preferred_batch_sizes=()):
+        """What a server keeps of a loaded model it serves (the engine's tvmsched/serving.h, as the C++ server keeps
+        it): admission by `max_queue`, Triton's counters, and the JSON of its metadata, model configuration and
+        statistics (`native.func("served_statistics")`)."""
+        return native.func("served")(self._engine, {
+            "name": self._model(model).name, "version": str(version), "max_batch_size": int(max_batch_size),
+            "max_queue": int(max_queue), "streams": int(streams), "max_queue_delay_us": float(max_queue_delay_us),
+            "preferred_batch_sizes": [int(b) for b in preferred_batch_sizes]})
+
     def devices(self) -> list[dict]:
         """Per device the runtime serves: its name ("cpu", "cpu:1", "cuda:0"), units, whether it is lost (out of
         service), its memory (in_use, peak, budget), the models it holds and their requests queued there."""

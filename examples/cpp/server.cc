@@ -12,8 +12,9 @@
 // /v1 (examples/server.py's JSON contract) is a thin front of the same path: its inputs become the same tensors, go
 // to the same Submit and are counted in the same statistics.
 // Request bodies are read and answers written by the engine's codec (tvmsched/kserve.h), the one `tvmsched serve`
-// uses too. HTTP: cpp-httplib; JSON of the other routes: nlohmann-json; both from Debian (libcpp-httplib-dev,
-// nlohmann-json3-dev).
+// uses too; each model's admission, Triton's counters and the JSON of its metadata, configuration and statistics are
+// the engine's too (tvmsched/serving.h). HTTP: cpp-httplib; JSON of the other routes: nlohmann-json; both from Debian
+// (libcpp-httplib-dev, nlohmann-json3-dev).
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
@@ -47,6 +48,7 @@ namespace ffi = tvm::ffi;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 namespace kserve = tvmsched::kserve;
+using tvmsched::serving::NowNs;
 using tvmsched_server::ReadRepository;
 using tvmsched_server::Spec;
 
@@ -62,31 +64,25 @@ struct HttpError : std::runtime_error {
   HttpError(int status, const std::string& message) : std::runtime_error(message), status(status) {}
 };
 
-struct Duration {  // Triton's {"count", "ns"}
-  std::atomic<int64_t> count{0}, ns{0};
-  void Add(int64_t n) { count += 1, ns += n; }
-  json Json() const { return {{"count", count.load()}, {"ns", ns.load()}}; }
-};
-
-/*! \brief A loaded model: what the protocol shows of it and the server's counters (the HTTP side of a request). */
+/*! \brief A loaded model: the engine's record of it as served (tvmsched/serving.h: admission, Triton's counters, its
+ *  descriptions; `tvmsched serve` keeps the same) and this server's latency histogram (examples/server.py's). */
 struct Served {
   Spec spec;
-  std::vector<kserve::TensorInfo> inputs, outputs;
-  std::vector<tvmsched::Stream> streams;       // (none for a model split across devices: its requests run in turn)
-  tvmsched::Model model;                       // its first engine model (a split model's first part): its manifest
-  int64_t max_queue = 0, warmup_requests = 0;  // warm-up runs the Runtime's request counts include
-  int64_t batch = 0;  // rows a request may bring: its max_batch_size (0: not compiled for a batch, one row a run)
-  std::atomic<int64_t> inferences{0};  // rows of its successful requests (Triton's inference count)
-  double qos_ms = -1;                  // its latency target (the spec's or the artifact's; < 0: none)
-  Duration success, fail, queue, input, infer, output;
-  std::atomic<int64_t> requests{0}, errors{0}, violations{0}, pending{0}, last_ms{0}, latency_ns{0};
-  std::atomic<int64_t> recent_ns{0};  // its recent compute time (an average of the latest requests; 0: none yet)
+  tvmsched::serving::Served book;
+  std::vector<tvmsched::Stream> streams;  // (none for a model split across devices: its requests run in turn)
+  tvmsched::Model model;                  // its first engine model (a split model's first part)
+  std::atomic<int64_t> latency_ns{0};
   std::atomic<int64_t> buckets[std::size(kBuckets)] = {};
 };
 
-constexpr double kMaxSpinUs = 2000;  // a handler polls for its request at most this long before it sleeps
+/*! \brief What a request got to: admitted (and how many rows), submitted, and the server's parse and encode times. */
+struct Attempt {
+  tvmsched::Request request;
+  int64_t rows = 1, input_ns = 0, output_ns = 0;
+  bool admitted = false;
+};
 
-int64_t NowNs() { return std::chrono::steady_clock::now().time_since_epoch() / std::chrono::nanoseconds(1); }
+constexpr double kMaxSpinUs = 2000;  // a handler polls for its request at most this long before it sleeps
 
 std::string OneLine(std::string text) {
   std::replace(text.begin(), text.end(), '\n', ' ');
@@ -102,10 +98,6 @@ tvmsched::SubmitOptions Scheduling(const ffi::Map<ffi::Any, ffi::Any>& parameter
   options.priority = read.priority;
   if (read.timeout_us > 0) options.timeout_us = static_cast<double>(read.timeout_us);
   return options;
-}
-
-json Metadata(const kserve::TensorInfo& t) {
-  return {{"name", t.name}, {"datatype", kserve::Datatype(t.dtype)}, {"shape", t.shape}};
 }
 
 class Server {
@@ -133,21 +125,14 @@ class Server {
     }
     auto s = std::make_unique<Served>();
     s->spec = spec;
-    s->max_queue = options.queue.max_queue_size = spec.max_queue >= 0 ? spec.max_queue : max_queue_;
+    options.queue.max_queue_size = spec.max_queue >= 0 ? spec.max_queue : max_queue_;
     runtime_->Load(spec.path, options);
     s->streams = runtime_->streams(spec.name);
     s->model = runtime_->engine_models(spec.name).at(0);
-    tvmsched::ModelStats stats = runtime_->Stats()[spec.name];
-    s->warmup_requests = stats.requests, s->qos_ms = stats.qos_ms;
-    const tvmsched::Manifest manifest = runtime_->ModelManifest(spec.name);  // (a split model's: the whole one's)
-    s->batch = spec.max_batch_size > 0 ? spec.max_batch_size : manifest.batch_size;
-    for (auto [list, bindings] : {std::pair{&s->inputs, &manifest.inputs}, {&s->outputs, &manifest.outputs}}) {
-      for (const auto& b : *bindings) {
-        std::vector<int64_t> shape = manifest.tensors.at(b.tensor).shape;
-        if (s->batch > 0) shape[0] = -1;  // any rows up to the batch size (the engine bounds them at submit)
-        list->push_back({b.name, manifest.tensors.at(b.tensor).dtype, shape});
-      }
-    }
+    s->book = tvmsched::serving::Served(ffi::make_object<tvmsched::serving::ServedObj>(
+        runtime_, tvmsched::serving::ServedOptions{spec.name, spec.version, std::max<int64_t>(spec.max_batch_size, 0),
+                                                   options.queue.max_queue_size, spec.streams, spec.max_queue_delay_us,
+                                                   spec.preferred_batch_sizes}));
     order_.push_back(spec.name);
     models_[spec.name] = std::move(s);
   }
@@ -156,19 +141,17 @@ class Server {
   kserve::Response InferV2(const std::string& name, const std::string& version, const httplib::Request& req) {
     int64_t start = NowNs();
     Served& s = Find(name, version);
-    return Counted(s, start, [&](int64_t* input_ns, int64_t* output_ns) {
+    return Counted(s, start, [&](Attempt& a) {
       const char* header = "Inference-Header-Content-Length";
       kserve::Request parsed = kserve::ParseRequest(
           req.body, kserve::HeaderLength(req.get_header_value(header), req.has_header(header), req.body.size()), name,
-          s.inputs, s.outputs);
-      tvmsched::SubmitOptions options = Scheduling(parsed.parameters);
-      *input_ns = NowNs() - start;
-      tvmsched::Request request = Execute(s, parsed.inputs, options);
-      s.inferences += s.batch > 0 ? (*parsed.inputs.begin()).second.shape()[0] : 1;
+          s.book->inputs, s.book->outputs);
+      a.input_ns = NowNs() - start;
+      Execute(s, parsed.inputs, Scheduling(parsed.parameters), a);
       int64_t encode = NowNs();
-      kserve::Response response = kserve::EncodeResponse(name, s.spec.version, parsed, request->outputs());
-      *output_ns = NowNs() - encode;
-      return std::make_pair(request, response);
+      kserve::Response response = kserve::EncodeResponse(name, s.spec.version, parsed, a.request->outputs());
+      a.output_ns = NowNs() - encode;
+      return response;
     });
   }
 
@@ -176,15 +159,15 @@ class Server {
   std::string InferV1(const std::string& name, const std::string& body) {
     int64_t start = NowNs();
     Served& s = Find(name, "");
-    // a body that is not {"inputs": {...}} (422, as FastAPI's validation in examples/server.py) is not a request
-    ffi::Map<ffi::String, ffi::Tensor> inputs = kserve::ParseV1(body, s.inputs);
-    return Counted(s, start, [&](int64_t* input_ns, int64_t* output_ns) {
-      *input_ns = NowNs() - start;
-      tvmsched::Request request = Execute(s, inputs, {});
+    // a body of another form is not a request (422 before it is counted, as FastAPI's validation in examples/server.py)
+    ffi::Map<ffi::String, ffi::Tensor> inputs = kserve::ParseV1(body, s.book->inputs);
+    return Counted(s, start, [&](Attempt& a) {
+      a.input_ns = NowNs() - start;
+      Execute(s, inputs, {}, a);
       int64_t encode = NowNs();
-      std::string out = kserve::EncodeV1(request->outputs());
-      *output_ns = NowNs() - encode;
-      return std::make_pair(request, out);
+      std::string out = kserve::EncodeV1(a.request->outputs());
+      a.output_ns = NowNs() - encode;
+      return out;
     });
   }
 
@@ -203,119 +186,27 @@ class Server {
     return NotReady("", "", in_flight);
   }
 
-  json ModelMetadata(const std::string& name, const std::string& version) {
-    const Served& s = Find(name, version);
-    json inputs = json::array(), outputs = json::array();
-    for (const auto& t : s.inputs) inputs.push_back(Metadata(t));
-    for (const auto& t : s.outputs) outputs.push_back(Metadata(t));
-    return {{"name", name},
-            {"versions", {s.spec.version}},
-            {"platform", "tvmsched"},
-            {"inputs", inputs},
-            {"outputs", outputs}};
+  std::string ModelMetadata(const std::string& name, const std::string& version) {
+    return Find(name, version).book->Metadata();
   }
-
-  /*! \brief Triton's model configuration (max_batch_size: the batch size it was compiled for, else 0, and then the
-   *  dims without the batch dimension; one instance per stream). */
-  json ModelConfig(const std::string& name, const std::string& version) {
-    const Served& s = Find(name, version);
-    tvmsched::ModelStats stats = runtime_->Stats()[name];
-    json inputs = json::array(), outputs = json::array();
-    auto dims = [&s](const kserve::TensorInfo& t) {
-      return s.batch > 0 ? std::vector<int64_t>(t.shape.begin() + 1, t.shape.end()) : t.shape;
-    };
-    for (const auto& t : s.inputs)
-      inputs.push_back({{"name", t.name}, {"data_type", "TYPE_" + kserve::Datatype(t.dtype)}, {"dims", dims(t)}});
-    for (const auto& t : s.outputs)
-      outputs.push_back({{"name", t.name}, {"data_type", "TYPE_" + kserve::Datatype(t.dtype)}, {"dims", dims(t)}});
-    json parameters;
-    for (auto [key, value] : {std::pair<const char*, std::string>{"priority", stats.priority},
-                              {"placement", stats.placement},
-                              {"qos_ms", json(stats.qos_ms).dump()},
-                              {"max_queue", std::to_string(s.max_queue)},
-                              {"streams", std::to_string(s.spec.streams)},
-                              {"policy", runtime_->policy_kind()}}) {
-      if (key != std::string("qos_ms") || stats.qos_ms > 0) parameters[key] = {{"string_value", value}};
-    }
-    json config = {
-        {"name", name},
-        {"platform", "tvmsched"},
-        {"backend", "tvmsched"},
-        {"max_batch_size", s.batch},
-        {"input", inputs},
-        {"output", outputs},
-        {"instance_group",
-         {{{"name", name}, {"kind", device_ == "cpu" ? "KIND_CPU" : "KIND_GPU"}, {"count", s.spec.streams}}}},
-        {"parameters", parameters}};
-    if (!runtime_->parts().empty()) {  // several devices: the ones holding its replicas (Triton's gpus)
-      json gpus = json::array();
-      const std::vector<std::string> held = runtime_->Stats()[name].devices;
-      for (size_t d = 0; d < runtime_->parts().size(); ++d) {
-        const std::string device = runtime_->parts()[d]->device_name();
-        if (std::find(held.begin(), held.end(), device) != held.end()) gpus.push_back(d);
-      }
-      config["instance_group"][0]["gpus"] = gpus;
-    }
-    if (s.batch > 0) {
-      config["dynamic_batching"] = {{"max_queue_delay_microseconds", static_cast<int64_t>(s.spec.max_queue_delay_us)}};
-      if (!s.spec.preferred_batch_sizes.empty())
-        config["dynamic_batching"]["preferred_batch_size"] = s.spec.preferred_batch_sizes;
-    }
-    return config;
+  /*! \brief Triton's model configuration (the engine's, as `tvmsched serve` answers it). */
+  std::string ModelConfig(const std::string& name, const std::string& version) {
+    return Find(name, version).book->Config();
   }
-
-  /*! \brief Runs of the model: a model compiled for a batch runs several requests at once (the engine counts its
-   *  launches in `stats`, warm-up included); else one per successful request. */
-  static int64_t Executions(const Served& s, const tvmsched::ModelStats& stats) {
-    return s.batch > 0 ? stats.executions - s.warmup_requests : s.success.count.load();
-  }
-
   /*! \brief Triton's statistics of one model or, without a name, of all. */
-  json Statistics(const std::string& name, const std::string& version) {
-    json list = json::array();
-    std::map<std::string, tvmsched::ModelStats> engine = runtime_->Stats();  // (read once: it walks every stream)
+  std::string Statistics(const std::string& name, const std::string& version) {
+    std::vector<tvmsched::serving::Served> books;
     for (const std::string& each : order_) {
-      if (!name.empty() && each != Find(name, version).spec.name) continue;
-      const Served& s = *models_[each];
-      const tvmsched::ModelStats& stats = engine[each];
-      json compute = {
-          {"compute_input", s.input.Json()}, {"compute_infer", s.infer.Json()}, {"compute_output", s.output.Json()}};
-      json inference = {{"success", s.success.Json()},
-                        {"fail", s.fail.Json()},
-                        {"queue", s.queue.Json()},
-                        {"cache_hit", Duration().Json()},
-                        {"cache_miss", Duration().Json()}};
-      inference.update(compute);
-      json batches = json::array();
-      if (s.batch > 0) {  // the engine's launches by the rows they brought (compute inside the engine)
-        for (const auto& [rows, counted] : stats.batches) {
-          auto [count, ns] = counted;
-          json zero = {{"count", count}, {"ns", 0}};
-          batches.push_back({{"batch_size", rows},
-                             {"compute_input", zero},
-                             {"compute_infer", {{"count", count}, {"ns", ns}}},
-                             {"compute_output", zero}});
-        }
-      } else if (s.success.count) {
-        batches.push_back(json{{"batch_size", 1}}), batches[0].update(compute);
-      }
-      list.push_back({{"name", each},
-                      {"version", s.spec.version},
-                      {"last_inference", s.last_ms.load()},
-                      {"inference_count", s.inferences.load()},
-                      {"execution_count", Executions(s, stats)},
-                      {"inference_stats", inference},
-                      {"batch_stats", batches},
-                      {"memory_usage", json::array()}});
+      if (name.empty() || each == Find(name, version).spec.name) books.push_back(models_[each]->book);
     }
-    return {{"model_stats", list}};
+    return tvmsched::serving::Statistics(books);
   }
 
   json ModelsV1() {
     json out = json::object();
     for (const auto& [name, stats] : runtime_->Stats()) {
       json shapes = json::object();
-      for (const auto& t : models_[name]->inputs) shapes[t.name] = t.shape;
+      for (const auto& t : models_[name]->book->inputs) shapes[t.name] = t.shape;
       out[name] = {
           {"qos_ms", stats.qos_ms > 0 ? json(stats.qos_ms) : json()}, {"priority", stats.priority}, {"inputs", shapes}};
     }
@@ -329,7 +220,7 @@ class Server {
       const tvmsched::Model& model = models_[name]->model;
       out[name] = {{"priority", st.priority},
                    {"qos_ms", st.qos_ms > 0 ? json(st.qos_ms) : json()},
-                   {"requests", st.requests - models_[name]->warmup_requests},
+                   {"requests", st.requests - models_[name]->book->warmup_requests},
                    {"errors", st.errors},
                    {"refused", st.refused},
                    {"timed_out", st.timed_out},
@@ -376,33 +267,29 @@ class Server {
     return out;
   }
 
-  /*! \brief Prometheus text: the tvmsched_* series of both example servers and Triton's nv_inference_* ones. */
+  /*! \brief Prometheus text: Triton's nv_inference_* series (the engine's, as `tvmsched serve` writes them) and the
+   *  tvmsched_* series of examples/server.py. */
   std::string Metrics() {
+    std::vector<tvmsched::serving::Served> books;
+    for (const std::string& m : order_) books.push_back(models_[m]->book);
     std::ostringstream out;
-    std::map<std::string, tvmsched::ModelStats> engine = runtime_->Stats();  // (read once per scrape)
-    auto family = [&](const char* name, const char* type, const char* help, auto value, bool nv) {
-      out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
-      for (const std::string& m : order_) {
-        out << name << "{model=\"" << m << (nv ? "\",version=\"" + models_[m]->spec.version + "\"} " : "\"} ")
-            << value(*models_[m]) << "\n";
-      }
+    out << tvmsched::serving::TritonMetrics(books);
+    auto family = [&](const char* name, const char* help, auto value) {
+      out << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n";
+      for (const std::string& m : order_) out << name << "{model=\"" << m << "\"} " << value(*models_[m]) << "\n";
     };
-    auto preemptions = [](const Served& s) {
-      int64_t n = 0;
-      for (const auto& stream : s.streams) n += stream->preemptions.load();
-      return n;
-    };
-    family(
-        "tvmsched_requests_total", "counter", "Inference requests received, per model",
-        [](const Served& s) { return s.requests.load(); }, false);
-    family(
-        "tvmsched_errors_total", "counter", "Inference requests answered with an error, per model",
-        [](const Served& s) { return s.errors.load(); }, false);
-    family(
-        "tvmsched_qos_violations_total", "counter", "Requests whose latency exceeded the model's QoS target",
-        [](const Served& s) { return s.violations.load(); }, false);
-    family("tvmsched_preemptions_total", "counter", "Times the model's streams were preempted by a real-time request",
-           preemptions, false);
+    family("tvmsched_requests_total", "Inference requests received, per model",
+           [](const Served& s) { return s.book->success.count + s.book->fail.count; });
+    family("tvmsched_errors_total", "Inference requests answered with an error, per model",
+           [](const Served& s) { return s.book->fail.count.load(); });
+    family("tvmsched_qos_violations_total", "Requests whose latency exceeded the model's QoS target",
+           [](const Served& s) { return s.book->qos_violations.load(); });
+    family("tvmsched_preemptions_total", "Times the model's streams were preempted by a real-time request",
+           [](const Served& s) {
+             int64_t n = 0;
+             for (const auto& stream : s.streams) n += stream->preemptions.load();
+             return n;
+           });
     out << "# HELP tvmsched_request_latency_seconds Submit-to-finish latency of completed requests (engine clock)\n"
         << "# TYPE tvmsched_request_latency_seconds histogram\n";
     for (const std::string& m : order_) {
@@ -413,9 +300,10 @@ class Server {
         out << "tvmsched_request_latency_seconds_bucket{model=\"" << m << "\",le=\"" << kBuckets[b] << "\"} " << below
             << "\n";
       }
-      out << "tvmsched_request_latency_seconds_bucket{model=\"" << m << "\",le=\"+Inf\"} " << s.success.count << "\n"
+      out << "tvmsched_request_latency_seconds_bucket{model=\"" << m << "\",le=\"+Inf\"} " << s.book->success.count
+          << "\n"
           << "tvmsched_request_latency_seconds_sum{model=\"" << m << "\"} " << s.latency_ns / 1e9 << "\n"
-          << "tvmsched_request_latency_seconds_count{model=\"" << m << "\"} " << s.success.count << "\n";
+          << "tvmsched_request_latency_seconds_count{model=\"" << m << "\"} " << s.book->success.count << "\n";
     }
     int64_t busy = 0;
     for (const auto& [name, s] : models_) {
@@ -423,31 +311,6 @@ class Server {
     }
     out << "# HELP tvmsched_busy_streams Model streams with requests queued or running, per device\n"
         << "# TYPE tvmsched_busy_streams gauge\ntvmsched_busy_streams{device=\"" << device_ << "\"} " << busy << "\n";
-    family(
-        "nv_inference_request_success", "counter", "Number of successful inference requests, all batch sizes",
-        [](const Served& s) { return s.success.count.load(); }, true);
-    family(
-        "nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes",
-        [](const Served& s) { return s.fail.count.load(); }, true);
-    family(
-        "nv_inference_count", "counter", "Number of inferences performed (the rows of the successful requests)",
-        [](const Served& s) { return s.inferences.load(); }, true);
-    family(
-        "nv_inference_exec_count", "counter", "Number of model executions performed (one may run several requests)",
-        [&engine](const Served& s) { return Executions(s, engine[s.spec.name]); }, true);
-    for (auto [name, field] : {std::pair{"nv_inference_request_duration_us", &Served::success},
-                               {"nv_inference_queue_duration_us", &Served::queue},
-                               {"nv_inference_compute_input_duration_us", &Served::input},
-                               {"nv_inference_compute_infer_duration_us", &Served::infer},
-                               {"nv_inference_compute_output_duration_us", &Served::output}}) {
-      family(
-          name, "counter", "Cumulative duration in microseconds",
-          [field = field](const Served& s) { return (s.*field).ns / 1e3; }, true);
-    }
-    family(
-        "nv_inference_pending_request_count", "gauge",
-        "Instantaneous number of pending requests awaiting execution per-model.",
-        [](const Served& s) { return s.pending.load(); }, true);
     return out.str();
   }
 
@@ -465,53 +328,47 @@ class Server {
     return *found->second;
   }
 
-  /*! \brief Run `handle` for model `s` and count it: a success's times (the Runtime's queue and compute; decoding and
-   *  encoding), or a failure (any error from the request, rethrown). */
+  /*! \brief Run `handle` (parse, Execute, encode) for model `s` and count it in its book: answered (admitted and run,
+   *  or failed after admission), or refused before admission; errors rethrown. */
   template <typename F>
-  auto Counted(Served& s, int64_t start, F handle) -> decltype(handle(nullptr, nullptr).second) {
-    s.requests += 1;
+  auto Counted(Served& s, int64_t start, F handle) -> decltype(handle(std::declval<Attempt&>())) {
+    Attempt a;
     try {
       if (std::string why = NotReady(s.spec.name, "", true); !why.empty()) throw HttpError(503, why);
-      int64_t input_ns = 0, output_ns = 0;
-      auto [request, answer] = handle(&input_ns, &output_ns);
-      double submitted = request->submitted_us, started = request->started_us, finished = request->finished_us;
-      s.success.Add(NowNs() - start);
-      s.queue.Add(static_cast<int64_t>(std::max(0.0, started - submitted) * 1e3));
-      s.infer.Add(static_cast<int64_t>(std::max(0.0, finished - started) * 1e3));
-      s.input.Add(input_ns);
-      s.output.Add(output_ns);
-      s.last_ms = std::chrono::system_clock::now().time_since_epoch() / std::chrono::milliseconds(1);
-      double seconds = (finished - submitted) / 1e6;
+      auto answer = handle(a);
+      s.book->Answered(a.request.get(), a.rows, false, start, a.input_ns, a.output_ns);
+      double seconds = (a.request->finished_us - a.request->submitted_us) / 1e6;
       s.latency_ns += static_cast<int64_t>(seconds * 1e9);
       s.buckets[std::lower_bound(std::begin(kBuckets), std::end(kBuckets), seconds) - std::begin(kBuckets)] +=
           seconds <= 10;
-      s.violations += s.qos_ms > 0 && seconds * 1e3 > s.qos_ms;
       return answer;
     } catch (...) {
-      s.errors += 1;
-      s.fail.Add(NowNs() - start);
+      a.admitted ? s.book->Answered(a.request.get(), a.rows, true, start, 0, 0) : s.book->Refused(start);
       throw;
     }
   }
 
-  /*! \brief Submit to the Runtime and wait. Refused at submit (the queue full, the latency target out of reach, the
-   *  runtime closing): 503; timed out in the queue: 504, as `tvmsched serve`; another engine error: 400. */
-  tvmsched::Request Execute(Served& s, const ffi::Map<ffi::String, ffi::Tensor>& inputs, tvmsched::SubmitOptions o) {
-    if (s.batch > 0 && inputs.size() > 0) {  // (a Triton config's max_batch_size may be below the compiled size)
+  /*! \brief Admit, submit to the Runtime and wait. Refused at admission or submit (the queue full, the latency target
+   *  out of reach, the runtime closing): 503; timed out in the queue: 504, as `tvmsched serve`; another engine error:
+   *  400. */
+  void Execute(Served& s, const ffi::Map<ffi::String, ffi::Tensor>& inputs, tvmsched::SubmitOptions o, Attempt& a) {
+    const int64_t batch = s.book->batch;
+    if (batch > 0 && inputs.size() > 0) {  // (a Triton config's max_batch_size may be below the compiled size)
       auto [name, first] = *inputs.begin();
-      if (first.ndim() > 0 && first.shape()[0] > s.batch)
-        throw HttpError(400, "input '" + std::string(name) + "' has " + std::to_string(first.shape()[0]) +
-                                 " rows: the model takes 1 to " + std::to_string(s.batch) +
+      a.rows = first.ndim() > 0 ? first.shape()[0] : 1;
+      if (a.rows > batch)
+        throw HttpError(400, "input '" + std::string(name) + "' has " + std::to_string(a.rows) +
+                                 " rows: the model takes 1 to " + std::to_string(batch) +
                                  " rows per request (max_batch_size)");
     }
-    s.pending += 1;
-    struct Done {
-      std::atomic<int64_t>& n;
-      ~Done() { n -= 1; }
-    } done{s.pending};
-    tvmsched::Request request;
+    const int64_t limit = s.book->options.max_queue;
+    if (s.book->Admit() < 0)
+      throw HttpError(
+          503, "model '" + s.spec.name + "' has " + std::to_string(limit) +
+                   " requests queued or running, its limit: try again later (--max-queue, the model's max_queue)");
+    a.admitted = true;
     try {
-      request = runtime_->Submit(s.spec.name, inputs, o);
+      a.request = runtime_->Submit(s.spec.name, inputs, o);
     } catch (const ffi::Error& err) {
       std::string line = err.message();
       bool full = line.find("its queue is full") != std::string::npos;
@@ -521,18 +378,12 @@ class Server {
     }
     // the handler polls (yielding its core) for about the model's recent compute time, then sleeps: a request of a
     // few hundred µs is seen done at once instead of after a condition variable's wake-up
-    double recent_us = static_cast<double>(s.recent_ns.load()) / 1e3;
-    request->Wait(-1, std::clamp(1.5 * recent_us, 50.0, kMaxSpinUs));
-    if (request->started_us > 0 && request->finished_us >= request->started_us) {
-      auto ns = static_cast<int64_t>((request->finished_us - request->started_us) * 1e3);
-      int64_t old = s.recent_ns.load();
-      s.recent_ns.store(old == 0 ? ns : old + (ns - old) / 5);
-    }
-    std::string error = request->error();
+    double recent_us = static_cast<double>(s.book->recent_ns.load()) / 1e3;
+    a.request->Wait(-1, std::clamp(1.5 * recent_us, 50.0, kMaxSpinUs));
+    std::string error = a.request->error();
     bool late = error.find("timed out in the queue") != std::string::npos ||
                 error.find("within its deadline") != std::string::npos;
     if (!error.empty()) throw HttpError(late ? 504 : 400, error);
-    return request;
   }
 
   tvmsched::Runtime runtime_;
@@ -758,11 +609,20 @@ int Main(int argc, char** argv) {
         {"version", TVMSCHED_VERSION},
         {"extensions", {"binary_tensor_data", "model_configuration", "statistics", "parameters", "schedule_policy"}}};
   });
-  get("/v2/models/stats", [&](const httplib::Request&) { return server.Statistics("", ""); });
-  get(model, [&](const httplib::Request& req) { return server.ModelMetadata(req.matches[1], req.matches[2]); });
-  get(model + "/config",
-      [&](const httplib::Request& req) { return server.ModelConfig(req.matches[1], req.matches[2]); });
-  get(model + "/stats", [&](const httplib::Request& req) { return server.Statistics(req.matches[1], req.matches[2]); });
+  auto text = [&](const std::string& route, auto answer) {  // (JSON written by the engine)
+    http.Get(route, Handle("error", [answer](const httplib::Request& req, httplib::Response& res) {
+               res.set_content(answer(std::string(req.matches[1]), std::string(req.matches[2])),
+                               "application/json; charset=utf-8");
+             }));
+  };
+  http.Get("/v2/models/stats", Handle("error", [&](const httplib::Request&, httplib::Response& res) {
+             res.set_content(server.Statistics("", ""), "application/json; charset=utf-8");
+           }));
+  text(model, [&](const std::string& name, const std::string& version) { return server.ModelMetadata(name, version); });
+  text(model + "/config",
+       [&](const std::string& name, const std::string& version) { return server.ModelConfig(name, version); });
+  text(model + "/stats",
+       [&](const std::string& name, const std::string& version) { return server.Statistics(name, version); });
   http.Get(model + "/ready", Handle("error", [&](const httplib::Request& req, httplib::Response& res) {
              std::string why = server.NotReady(req.matches[1], req.matches[2]);
              json body = {{"name", std::string(req.matches[1])}, {"ready", why.empty()}};

@@ -137,3 +137,39 @@ def test_unknown_models_and_wrong_shapes_are_one_error_line(client, zoo):  # noq
     with pytest.raises(InferenceServerException) as err:
         client.infer("mlp", [tensor])
     assert "\n" not in str(err.value) and "shape" in str(err.value)
+
+
+def _keys(value) -> object:
+    """The shape of a JSON value: its keys, nested (list items by their first)."""
+    if isinstance(value, dict):
+        return {k: _keys(v) for k, v in value.items()}
+    return [_keys(value[0])] if isinstance(value, list) and value else type(value).__name__
+
+
+def test_both_describe_and_count_a_model_alike(serve_server, cpp_server, zoo):  # noqa: F811
+    """Metadata, Triton's model configuration and statistics are written by the engine for both servers
+    (tvmsched/serving.h): the same JSON, and statistics of the same form that count an answered request alike."""
+    import httpx
+
+    for name in CONFIGS:
+        for route in ("", "/config"):
+            serve, cpp = (httpx.get(f"{base}/v2/models/{name}{route}", timeout=10).json()
+                          for base in (serve_server, cpp_server))
+            assert serve == cpp, route
+    counts, shapes = [], []
+    for base in (serve_server, cpp_server):
+        client = tritonclient_http.InferenceServerClient(base.removeprefix("http://"))
+        before = client.get_inference_statistics("mlp")["model_stats"][0]
+        client.infer("mlp", _inputs(zoo, "mlp"))
+        tensor = tritonclient_http.InferInput("input", [1, 5], "FP32")  # a wrong shape: refused, counted as failed
+        tensor.set_data_from_numpy(np.zeros((1, 5), np.float32))
+        with pytest.raises(InferenceServerException):
+            client.infer("mlp", [tensor])
+        after = client.get_inference_statistics("mlp")["model_stats"][0]
+        client.close()
+        counts.append({key: after["inference_stats"][key]["count"] - before["inference_stats"][key]["count"]
+                       for key in ("success", "fail", "queue", "compute_infer")})
+        counts[-1]["inference_count"] = after["inference_count"] - before["inference_count"]
+        shapes.append(_keys(after))
+    assert counts[0] == counts[1] == {"success": 1, "fail": 1, "queue": 1, "compute_infer": 1, "inference_count": 1}
+    assert shapes[0] == shapes[1]

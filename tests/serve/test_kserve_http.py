@@ -249,21 +249,22 @@ def test_admission_caps_the_queue_and_refuses_what_cannot_start_in_time(server):
         first = service.submit(served, inputs)
         first.result(timeout=60)
         service.finish(served, first, 0, None)
-        assert served.compute_s > 0 and served.pending == 0
+        assert served.compute_s > 0 and served.book.pending() == 0
         each_us = served.compute_s * 1e6
         ahead = service.submit(served, inputs)  # admitted; counted as pending until `finish`, run or not
         with pytest.raises(ServeError, match=r"cannot start this request within its timeout of \d+ µs: 1 requests are "
                                               r"ahead of it") as err:
             service.submit(served, inputs, {"timeout": max(1, int(each_us / 2))})
-        assert err.value.status == 504 and served.pending == 1  # refused before it was queued
+        assert err.value.status == 504 and served.book.pending() == 1  # refused before it was queued
         roomy = service.submit(served, inputs, {"timeout": int(each_us * 1000)})  # room for the one ahead: queued
         with pytest.raises(ServeError, match=r"has 2 requests queued or running, its limit \(max_queue 2\)") as err:
             service.submit(served, inputs)
-        assert err.value.status == 503 and served.pending == 2
+        assert err.value.status == 503 and served.book.pending() == 2
         for future in (ahead, roomy):
             np.testing.assert_allclose(future.result(timeout=60)["output"], want, rtol=1e-3, atol=1e-4)
             service.finish(served, future, 0, None)
-        assert served.pending == 0 and served.counters.success == 3
+        success = service.statistics("bert")["model_stats"][0]["inference_stats"]["success"]["count"]
+        assert served.book.pending() == 0 and success == 3
     finally:
         runtime.shutdown()
 

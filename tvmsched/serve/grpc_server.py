@@ -161,7 +161,7 @@ class Servicer:
     async def ModelInfer(self, message: bytes, context) -> bytes:
         """A ModelInferRequest's bytes to a ModelInferResponse's, both through the engine's codec (as serve/http.py's
         infer route does with a REST body)."""
-        received = time.perf_counter_ns()
+        received = time.monotonic_ns()
         service = self.service
         target = self._message_model(message)  # [0, model, version] or [400, line]
         try:

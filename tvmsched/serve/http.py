@@ -133,7 +133,7 @@ class InferRoute:
         match = _INFER.fullmatch(scope["path"]) if scope["type"] == "http" else None
         if match is None or scope["method"] != "POST":
             return await self.app(scope, receive, send)
-        received = time.perf_counter_ns()
+        received = time.monotonic_ns()
         headers = {}
         for key, value in scope["headers"]:
             if key in _READ_HEADERS:
@@ -221,7 +221,7 @@ def _add_v1(app: FastAPI, service: InferenceService) -> None:
     @app.post("/v1/models/{name}/infer")
     async def infer_v1(name: str, request: Request) -> Response:
         """Read and answered by the engine's codec, as the C++ server does (one /v1 implementation)."""
-        received = time.perf_counter_ns()
+        received = time.monotonic_ns()
         served = service.models.get(name)
         if served is None:
             return JSONResponse({"detail": f"no model named {name!r}"}, status_code=404)

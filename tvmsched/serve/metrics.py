@@ -1,10 +1,10 @@
 """GET /metrics for `tvmsched serve`: Triton's metric names, NVML GPU gauges, and tvmsched's own.
 
 Read at scrape time from the service's counters and the runtime (one collector, its own registry):
-- per model and version (Triton's): nv_inference_request_success, nv_inference_request_failure, nv_inference_count,
-  nv_inference_exec_count, nv_inference_request_duration_us, nv_inference_queue_duration_us,
-  nv_inference_compute_infer_duration_us (counters; durations cumulative µs) and the gauge
-  nv_inference_pending_request_count (admitted, not answered yet).
+- per model and version (Triton's, written by the engine for both servers: tvmsched/serving.h): nv_inference_request_success,
+  nv_inference_request_failure, nv_inference_count, nv_inference_exec_count, nv_inference_request_duration_us,
+  nv_inference_queue_duration_us, nv_inference_compute_input/infer/output_duration_us (counters; durations cumulative
+  µs) and the gauge nv_inference_pending_request_count (admitted, not answered yet).
 - per GPU, when NVML finds one (absent otherwise; an NVML failure is silent): nv_gpu_utilization (0-1),
   nv_gpu_memory_total_bytes, nv_gpu_memory_used_bytes, nv_gpu_power_usage (watts).
 - tvmsched's: per model tvmsched_preemptions_total (times its stream was preempted by real-time work),
@@ -24,48 +24,28 @@ import logging
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from tvmsched.runtime import native
 from tvmsched.serve.service import InferenceService
 
 log = logging.getLogger(__name__)
 
 
 def exposition(service: InferenceService, gpus: GpuCollector | None = None) -> bytes:
-    """The /metrics text: Triton's families written as Triton writes them (counters without a _total suffix),
-    then tvmsched's own through prometheus_client."""
+    """The /metrics text: Triton's families written as Triton writes them (counters without a _total suffix; the
+    engine's, as the C++ server writes them), then tvmsched's own through prometheus_client."""
     lines = []
-    for name, kind, text, samples in [*_triton_families(service), *(gpus.families() if gpus else ())]:
+    for name, kind, text, samples in gpus.families() if gpus else ():
         lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
         lines += [f"{name}{{{','.join(f'{k}={_quote(v)}' for k, v in labels.items())}}} {float(value)!r}"
                   for labels, value in samples]
     own = CollectorRegistry()
     own.register(OwnCollector(service))
-    return ("\n".join(lines) + "\n").encode() + generate_latest(own)
+    triton = native.func("served_triton_metrics")([served.book for served in list(service.models.values())])
+    return str(triton).encode() + ("\n".join(lines) + "\n" if lines else "").encode() + generate_latest(own)
 
 
 def _quote(value) -> str:
     return '"' + str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"') + '"'
-
-
-def _triton_families(service: InferenceService):
-    models = list(service.models.items())
-    per_model = lambda read: [({"model": name, "version": served.spec.version}, read(served)) for name, served in models]
-    yield ("nv_inference_request_success", "counter", "Number of successful inference requests, all batch sizes",
-           per_model(lambda s: s.counters.success))
-    yield ("nv_inference_request_failure", "counter", "Number of failed inference requests (refusals included)",
-           per_model(lambda s: s.counters.failure))
-    yield ("nv_inference_count", "counter", "Number of inferences performed (the rows of the successful requests)",
-           per_model(lambda s: s.counters.inferences))
-    engine = service.engine_stats([served for _, served in models])
-    yield ("nv_inference_exec_count", "counter", "Number of model executions performed (one launch may run several "
-           "requests of a model compiled for a batch)", per_model(lambda s: service.executions(s, engine)))
-    yield ("nv_inference_request_duration_us", "counter", "Cumulative inference request duration in microseconds",
-           per_model(lambda s: (s.counters.success_ns + s.counters.failure_ns) // 1000))
-    yield ("nv_inference_queue_duration_us", "counter", "Cumulative inference queuing duration in microseconds",
-           per_model(lambda s: s.counters.queue_ns // 1000))
-    yield ("nv_inference_compute_infer_duration_us", "counter", "Cumulative compute inference duration in microseconds",
-           per_model(lambda s: s.counters.compute_ns // 1000))
-    yield ("nv_inference_pending_request_count", "gauge", "Instantaneous number of pending requests awaiting execution",
-           per_model(lambda s: s.pending))
 
 
 class OwnCollector:
@@ -90,7 +70,7 @@ class OwnCollector:
             for task in served.model.tasks:
                 counts.update(task.counts())
             preemptions.add_metric([name], counts["preemptions"])
-            violations.add_metric([name], served.counters.qos_violations)
+            violations.add_metric([name], served.book.qos_violations())
             launches.add_metric([name], counts["launches"])
             reruns.add_metric([name], counts["reruns"])
             resident.add_metric([name], int(served.model.resident))

@@ -114,7 +114,7 @@ def replica_deployment(settings: RaySettings):
                 await self.model(serve.get_multiplexed_model_id())
             except (ServeError, TvmschedError) as err:  # (no such model in the repository: 404, one line)
                 return getattr(err, "status", 400), jsonio.dumps({"error": " ".join(str(err).split())}), []
-            return await self.route.infer(name, version, headers, body, time.perf_counter_ns())
+            return await self.route.infer(name, version, headers, body, time.monotonic_ns())
 
         async def describe(self, name: str, version: str, what: str):
             """(status, JSON) of a model's metadata, config or readiness."""

@@ -19,11 +19,11 @@ Per-request scheduling (`parameters` of a v2 request):
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
-import time
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -37,28 +37,10 @@ from tvmsched.serve.tensors import TensorInfo, tensor_infos
 log = logging.getLogger(__name__)
 
 VERSION = "1"  # a model's version unless its Triton-layout folder says otherwise (ModelSpec.version)
-PLATFORM = "tvmsched"
 SERVER_VERSION = "0.1.0"
 EXTENSIONS = ("binary_tensor_data", "model_repository", "statistics", "model_configuration", "schedule_policy")
-EWMA = 0.2  # weight of the newest compute time in a model's estimate
 LATE_START = "did not start within its deadline"  # the engine's refusal of a request queued past its deadline
 INLINE_WAIT_S = 0.002  # an idle server waits on its own thread for a request expected to take at most this long
-
-
-@dataclass
-class Counters:
-    """Cumulative, as Triton's statistics: nanoseconds and counts."""
-
-    success: int = 0
-    failure: int = 0
-    success_ns: int = 0  # request duration (received to answered) of the successful ones
-    failure_ns: int = 0
-    queue_ns: int = 0  # submitted to started in the engine
-    compute_ns: int = 0  # started to finished in the engine
-    executions: int = 0  # requests the engine ran (a model compiled for a batch: see InferenceService.executions)
-    inferences: int = 0  # rows of the successful requests (Triton's inference count: 1 each unless batched)
-    last_inference_ms: int = 0
-    qos_violations: int = 0
 
 
 class Codec(NamedTuple):
@@ -83,13 +65,16 @@ class Served:
     inputs: tuple[TensorInfo, ...]
     outputs: tuple[TensorInfo, ...]
     max_queue: int
-    counters: Counters = field(default_factory=Counters)
-    pending: int = 0  # requests admitted and not answered yet
-    compute_s: float = 0.0  # recent compute time per request (EWMA; 0 until one ran)
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     codec: Codec | None = None  # the engine's parsers and encoders of its requests (REST and gRPC)
     batch: int = 0  # the batch size it was compiled for: requests bring 1 to `batch` rows (0: not batched)
-    warmup_executions: int = 0  # the engine's executions of it when it was loaded (warm-up runs)
+    # the engine's record of it as served (tvmsched/serving.h, the C++ server's too): admission by max_queue, Triton's
+    # counters, its metadata, model configuration and statistics
+    book: object = None
+
+    @property
+    def compute_s(self) -> float:
+        """Its recent compute time per request (an average of the latest; 0 until one ran)."""
+        return self.book.recent_ns() / 1e9
 
     @property
     def name(self) -> str:
@@ -122,8 +107,10 @@ class InferenceService:
             batch = manifest.batch_size or 0  # a Triton config's max_batch_size may lower it
             served = Served(spec, model, tensor_infos(manifest, manifest.inputs), tensor_infos(manifest, manifest.outputs),
                             spec.max_queue or self.max_queue, batch=spec.max_batch_size or batch)
-            if served.batch:
-                served.warmup_executions = int(self.runtime.stats()[model.name]["executions"])
+            served.book = self.runtime.served(model, version=spec.version, max_batch_size=served.batch,
+                                              max_queue=served.max_queue, streams=spec.streams,
+                                              max_queue_delay_us=spec.max_queue_delay_us,
+                                              preferred_batch_sizes=spec.preferred_batch_sizes or ())
             served.codec = Codec(*native.func("kserve_codec")(
                 spec.name, spec.version, *([[t.name, t.datatype, list(t.shape)] for t in ts] for ts in (served.inputs, served.outputs))))
             self.models[spec.name] = served
@@ -181,66 +168,20 @@ class InferenceService:
         return {"name": "tvmsched", "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
 
     def model_metadata(self, served: Served) -> dict:
-        return {"name": served.name, "versions": [served.spec.version], "platform": PLATFORM,
-                "inputs": [t.metadata() for t in served.inputs], "outputs": [t.metadata() for t in served.outputs]}
+        return json.loads(served.book.metadata())
 
     def model_config(self, served: Served) -> dict:
-        """Triton's model configuration, as far as it applies: max_batch_size, the batch size a model was compiled
-        for (0: not batched), and dims without the batch dimension when there is one."""
-        tensor = lambda t: {"name": t.name, "data_type": f"TYPE_{t.datatype}",
-                            "dims": list(t.shape[1:] if served.batch else t.shape)}
-        streams = served.spec.streams  # (a model compiled at several batch sizes has a stream per size on each)
-        params = {"priority": served.model.priority, "placement": served.model.placement, "qos_ms": served.model.qos_ms,
-                  "max_queue": served.max_queue, "streams": streams, "policy": self.runtime.policy_kind}
-        kind = "KIND_CPU" if self.runtime.device == "cpu" else "KIND_GPU"
-        config = {"name": served.name, "platform": PLATFORM, "backend": PLATFORM, "max_batch_size": served.batch,
-                  "input": [tensor(t) for t in served.inputs], "output": [tensor(t) for t in served.outputs],
-                  "instance_group": [{"name": served.name, "kind": kind, "count": streams}],
-                  "parameters": {k: {"string_value": str(v)} for k, v in params.items() if v is not None}}
-        devices = self.runtime.devices()
-        if len(devices) > 1:  # several devices: the ones holding its replicas (Triton's gpus)
-            config["instance_group"][0]["gpus"] = [i for i, d in enumerate(devices) if served.name in d["models"]]
-        if served.batch:
-            config["dynamic_batching"] = {"max_queue_delay_microseconds": int(served.spec.max_queue_delay_us)}
-            if served.spec.preferred_batch_sizes:
-                config["dynamic_batching"]["preferred_batch_size"] = list(served.spec.preferred_batch_sizes)
-        return config
+        """Triton's model configuration, as far as it applies (the engine's, as the C++ server's): max_batch_size, the
+        batch size a model was compiled for (0: not batched), dims without the batch dimension when there is one, its
+        streams as the instance count, and the parameters it is served with."""
+        return json.loads(served.book.config())
 
     def statistics(self, name: str = "", version: str = "") -> dict:
-        """Triton's statistics JSON: {"model_stats": [...]} for one model or all."""
+        """Triton's statistics JSON: {"model_stats": [...]} for one model or all (the engine's, as the C++ server's)."""
         models = [self.get(name, version)] if name else list(self.models.values())
-        engine = self.engine_stats(models)
-        stats = []
-        for served in models:
-            c = served.counters
-            duration = lambda count, ns: {"count": count, "ns": ns}
-            stats.append({
-                "name": served.name, "version": served.spec.version, "last_inference": c.last_inference_ms,
-                "inference_count": c.inferences, "execution_count": self.executions(served, engine),
-                "inference_stats": {"success": duration(c.success, c.success_ns), "fail": duration(c.failure, c.failure_ns),
-                                    "queue": duration(c.executions, c.queue_ns),
-                                    "compute_input": duration(c.executions, 0),
-                                    "compute_infer": duration(c.executions, c.compute_ns),
-                                    "compute_output": duration(c.executions, 0),
-                                    "cache_hit": duration(0, 0), "cache_miss": duration(0, 0)},
-                "batch_stats": [_batch_stats(rows, count, ns) for rows, count, ns in
-                                engine.get(served.model.name, {}).get("batches", ())] if served.batch else [],
-            })
-        return {"model_stats": stats}
+        return json.loads(native.func("served_statistics")([served.book for served in models]))
 
     # -- inference
-    def engine_stats(self, models) -> dict:
-        """The engine's counters when some of `models` are compiled for a batch (read once: they walk every stream),
-        else nothing."""
-        return self.runtime.stats() if any(served.batch for served in models) else {}
-
-    def executions(self, served: Served, engine: dict) -> int:
-        """Runs of the model (Triton's execution count): a model compiled for a batch runs several requests in one
-        launch, which the engine counts (`engine`: engine_stats); else one per request that ran."""
-        if not served.batch:
-            return served.counters.executions
-        return int(engine.get(served.model.name, {}).get("executions", 0)) - served.warmup_executions
-
     def submit(self, served: Served, inputs: dict[str, np.ndarray], parameters: dict | None = None,
                engine_tensors: bool = False):
         """Admit and queue one request; returns the engine's future (answer it with `finish`, run or failed).
@@ -251,23 +192,22 @@ class InferenceService:
             name = next(iter(inputs))
             raise ServeError(f"input '{name}' has {rows} rows: the model takes 1 to {served.batch} rows per request "
                              "(max_batch_size)")
-        with served.lock:
-            if served.pending >= served.max_queue:
-                raise ServeError(f"model {served.name!r} has {served.pending} requests queued or running, its limit "
-                                 f"(max_queue {served.max_queue}): try again later", 503)
-            if timeout_us and served.pending and served.pending * served.compute_s * 1e6 > timeout_us:
+        book = served.book
+        if timeout_us:
+            ahead, each_us = book.pending(), book.recent_ns() / 1e3
+            if ahead and ahead * each_us > timeout_us:
                 raise ServeError(f"model {served.name!r} cannot start this request within its timeout of {timeout_us} "
-                                 f"µs: {served.pending} requests are ahead of it, ~{served.compute_s * 1e6:.0f} µs "
-                                 "each", 504)
-            served.pending += 1
+                                 f"µs: {ahead} requests are ahead of it, ~{each_us:.0f} µs each", 504)
+        if book.admit() < 0:
+            raise ServeError(f"model {served.name!r} has {served.max_queue} requests queued or running, its limit "
+                             f"(max_queue {served.max_queue}): try again later", 503)
         try:
             future = self.runtime.submit(served.model, inputs, priority=priority, start_within_us=timeout_us or None,
                                          engine_tensors=engine_tensors)
             future.rows = rows
             return future
         except BaseException:
-            with served.lock:
-                served.pending -= 1
+            book.release()  # (the caller counts it as refused)
             raise
 
     async def outputs(self, served: Served, future) -> dict[str, np.ndarray]:
@@ -287,11 +227,12 @@ class InferenceService:
         bench/results/serving.md) is saved. The wait polls (yielding its core) for about the model's recent time, so
         the request is seen done at once, not after a sleeping thread's wake-up. None: not this case, or it ran past
         twice its model's recent time (then awaited as usual)."""
-        if not (0 < served.compute_s <= INLINE_WAIT_S and sum(s.pending for s in list(self.models.values())) == 1):
+        compute_s = served.compute_s
+        if not (0 < compute_s <= INLINE_WAIT_S and sum(s.book.pending() for s in list(self.models.values())) == 1):
             return None
-        spin = {"spin_us": 1.5e6 * served.compute_s} if hasattr(future, "request") else {}  # (refused: a plain Future)
+        spin = {"spin_us": 1.5e6 * compute_s} if hasattr(future, "request") else {}  # (refused: a plain Future)
         try:
-            return future.result(timeout=2 * served.compute_s, **spin)
+            return future.result(timeout=2 * compute_s, **spin)
         except FutureTimeout:
             return None
 
@@ -307,42 +248,13 @@ class InferenceService:
             self.finish(served, future, received_ns, error)
 
     def finish(self, served: Served, future, received_ns: int, error: BaseException | None) -> None:
-        """Count one answered request (admitted by `submit`)."""
-        now = time.perf_counter_ns()
-        request = getattr(future, "request", None)
-        with served.lock:
-            served.pending -= 1
-            c = served.counters
-            if error is None:
-                c.success += 1
-                c.inferences += getattr(future, "rows", 1)
-                c.success_ns += now - received_ns
-                c.last_inference_ms = int(time.time() * 1e3)
-            else:
-                c.failure += 1
-                c.failure_ns += now - received_ns
-            if request is not None and request.started_us > 0 and request.finished_us > 0:
-                compute_s = (request.finished_us - request.started_us) / 1e6
-                c.executions += 1
-                c.queue_ns += int((request.started_us - request.submitted_us) * 1e3)
-                c.compute_ns += int(compute_s * 1e9)
-                served.compute_s = compute_s if not served.compute_s else (1 - EWMA) * served.compute_s + EWMA * compute_s
-                qos_ms = served.model.qos_ms
-                if error is None and qos_ms is not None and (request.finished_us - request.submitted_us) > qos_ms * 1e3:
-                    c.qos_violations += 1
+        """Count one answered request (admitted by `submit`; `received_ns`: its arrival, time.monotonic_ns())."""
+        served.book.answered(getattr(future, "request", None), getattr(future, "rows", 1), error is not None,
+                             received_ns)
 
     def count_failure(self, served: Served, received_ns: int) -> None:
         """A request refused before it was admitted (bad input, queue full, deadline)."""
-        with served.lock:
-            served.counters.failure += 1
-            served.counters.failure_ns += time.perf_counter_ns() - received_ns
-
-
-def _batch_stats(rows: int, count: int, ns: int) -> dict:
-    """Triton's batch statistics of the launches that brought `rows` rows (compute_input and compute_output are
-    inside the engine's compute time)."""
-    return {"batch_size": rows, "compute_input": {"count": count, "ns": 0}, "compute_infer": {"count": count, "ns": ns},
-            "compute_output": {"count": count, "ns": 0}}
+        served.book.refused(received_ns)
 
 
 def _check_instance_kinds(spec, device: str) -> None:

@@ -23,6 +23,7 @@
 #include "tvmsched/policy.h"
 #include "tvmsched/preemption.h"
 #include "tvmsched/runtime.h"
+#include "tvmsched/serving.h"
 #include "tvmsched/split.h"
 #include "tvmsched/stream.h"
 #include "tvmsched/switching.h"

@@ -1,0 +1,102 @@
+// What a server keeps of each model it serves and says about it, in one place for both servers (`tvmsched serve`,
+// tvmsched/serve/service.py through tvmsched.engine.served_*; examples/cpp/server.cc): admission by queue cap, the
+// counters of Triton's statistics extension and nv_inference_* metrics, and the JSON of a model's metadata, Triton's
+// model configuration and statistics, written from the Runtime and those counters.
+//
+//   https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_statistics.md
+//   https://github.com/triton-inference-server/server/blob/main/docs/user_guide/metrics.md
+//
+// Triton's meaning: `success` counts a request from its arrival at the server to its answer; `fail` the same for a
+// request answered with an error (refused at admission included); queue, compute_input, compute_infer and
+// compute_output count successful requests only (queue: submitted to started in the engine; compute_infer: started to
+// finished; compute_input/output: the server's parsing and encoding). Times are monotonic nanoseconds
+// (std::chrono::steady_clock; Python's time.monotonic_ns() is the same clock on Linux).
+#ifndef TVMSCHED_SERVING_H_
+#define TVMSCHED_SERVING_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tvmsched/kserve.h"
+#include "tvmsched/runtime.h"
+
+namespace tvmsched {
+namespace serving {
+
+/*! \brief Now, in the clock served models count in. */
+int64_t NowNs();
+
+/*! \brief How a loaded model is served (its config's keys beyond what the Runtime's ModelOptions take). */
+struct ServedOptions {
+  std::string name;            ///< the Runtime's name of the loaded model
+  std::string version = "1";   ///< the version it answers to (a Triton-layout folder's)
+  int64_t max_batch_size = 0;  ///< rows a request may bring (0: the compiled batch size; not batched: 0)
+  int64_t max_queue = 64;      ///< requests admitted and not answered yet, at most (503 beyond)
+  int64_t streams = 1;
+  double max_queue_delay_us = 0;
+  std::vector<int64_t> preferred_batch_sizes;
+};
+
+/*! \brief Triton's {"count", "ns"}. */
+struct Duration {
+  std::atomic<int64_t> count{0}, ns{0};
+  void Add(int64_t n) { count += 1, ns += n; }
+};
+
+class ServedObj : public ffi::Object {
+ public:
+  /*! \brief Model `options.name`, loaded in `runtime`, as served: its tensors from the artifact's manifest (a batched
+   *  model's leading dimension -1: any rows up to `batch`). */
+  ServedObj(Runtime runtime, ServedOptions options);
+
+  /*! \brief Admit a request: the requests pending before it, or -1 (nothing counted) when `max_queue` are. */
+  int64_t Admit();
+  /*! \brief An admitted request answered: `request` (what the Runtime ran; null: failed before it was submitted),
+   *  `rows` of it, `error` whether it failed; `received_ns` its arrival, `input_ns`/`output_ns` the server's parse and
+   *  encode. Counts it, releases its admission and updates the recent compute time. */
+  void Answered(const RequestObj* request, int64_t rows, bool error, int64_t received_ns, int64_t input_ns,
+                int64_t output_ns);
+  /*! \brief A request refused before admission (a bad body, a full queue): a failure. */
+  void Refused(int64_t received_ns);
+
+  /*! \brief The model's metadata (KServe v2 JSON). */
+  std::string Metadata() const;
+  /*! \brief Triton's model configuration as JSON: max_batch_size and dims without the batch dimension when batched,
+   *  one instance per stream (and the devices holding its replicas as `gpus` when the Runtime has several),
+   *  dynamic_batching, and the parameters tvmsched serves it with (priority, placement, qos_ms, max_queue, streams,
+   *  policy). */
+  std::string Config() const;
+
+  const ServedOptions options;
+  const Runtime runtime;
+  std::vector<kserve::TensorInfo> inputs, outputs;
+  int64_t batch = 0;                                   ///< rows a request may bring (0: not compiled for a batch: one)
+  int64_t warmup_executions = 0, warmup_requests = 0;  ///< the engine's counts at load (warm-up runs)
+  double qos_ms = -1;                                  ///< its latency target (< 0: none)
+  Duration success, fail, queue, compute_input, compute_infer, compute_output;
+  std::atomic<int64_t> inferences{0};  ///< rows of the successful requests (Triton's inference count)
+  std::atomic<int64_t> executions{0};  ///< requests that ran (a batched model's: the engine's launches)
+  std::atomic<int64_t> pending{0}, last_ms{0}, qos_violations{0};
+  std::atomic<int64_t> recent_ns{0};  ///< recent compute time per request (an average of the latest; 0: none yet)
+
+  static constexpr bool _type_mutable = true;
+  TVM_FFI_DECLARE_OBJECT_INFO_FINAL("tvmsched.Served", ServedObj, ffi::Object);
+};
+
+class Served : public ffi::ObjectRef {
+ public:
+  TVM_FFI_DEFINE_OBJECT_REF_METHODS_NULLABLE(Served, ffi::ObjectRef, ServedObj);
+};
+
+/*! \brief Triton's statistics JSON ({"model_stats": [...]}) of `models`, in order (the Runtime's counters read once).
+ */
+std::string Statistics(const std::vector<Served>& models);
+/*! \brief Triton's nv_inference_* metric families of `models` (Prometheus text, Triton's names and labels). */
+std::string TritonMetrics(const std::vector<Served>& models);
+
+}  // namespace serving
+}  // namespace tvmsched
+
+#endif  // TVMSCHED_SERVING_H_

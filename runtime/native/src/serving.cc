@@ -1,0 +1,284 @@
+// A served model's admission, counters and descriptions (tvmsched/serving.h), and tvmsched.engine.served_*: the same
+// for `tvmsched serve` and the C++ server.
+#include "tvmsched/serving.h"
+
+#include <tvm/ffi/reflection/registry.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+
+namespace tvmsched {
+namespace serving {
+
+namespace {
+
+namespace refl = tvm::ffi::reflection;
+
+/*! \brief JSON written in order: a value appended to `out` by each call. */
+struct Writer {
+  std::string out;
+  Writer& Raw(std::string_view text) { return out.append(text), *this; }
+  Writer& Str(std::string_view text) { return kserve::AppendString(out, text), *this; }
+  Writer& Key(std::string_view key) {  // a member's key, after a comma unless first in its object
+    if (!out.empty() && out.back() != '{') out += ',';
+    return Str(key).Raw(":");
+  }
+  Writer& Int(int64_t value) { return Raw(std::to_string(value)); }
+  Writer& Ints(const std::vector<int64_t>& values) {
+    out += '[';
+    for (size_t i = 0; i < values.size(); ++i) (i ? out += ',' : out), Int(values[i]);
+    return Raw("]");
+  }
+  Writer& Duration(int64_t count, int64_t ns) { return Raw("{").Key("count").Int(count).Key("ns").Int(ns).Raw("}"); }
+  Writer& Duration(const serving::Duration& d) { return Duration(d.count.load(), d.ns.load()); }
+};
+
+std::string Number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.15g", value);
+  return text;
+}
+
+/*! \brief A Prometheus label value's text (its three escapes). */
+std::string Label(const std::string& value) {
+  std::string out;
+  for (char c : value) out += c == '\\' ? "\\\\" : c == '"' ? "\\\"" : c == '\n' ? "\\n" : std::string(1, c);
+  return out;
+}
+
+/*! \brief The Runtime that serves a device (several devices: its first part's, which names the device kind). */
+const RuntimeObj& FirstDevice(const RuntimeObj& runtime) {
+  return runtime.parts().empty() ? runtime : *runtime.parts()[0].get();
+}
+
+}  // namespace
+
+int64_t NowNs() { return std::chrono::steady_clock::now().time_since_epoch() / std::chrono::nanoseconds(1); }
+
+ServedObj::ServedObj(Runtime rt, ServedOptions o) : options(std::move(o)), runtime(std::move(rt)) {
+  const Manifest manifest = runtime->ModelManifest(options.name);  // (a split model's: the whole one's)
+  batch = options.max_batch_size > 0 ? options.max_batch_size : manifest.batch_size;
+  for (auto [list, bindings] : {std::pair{&inputs, &manifest.inputs}, {&outputs, &manifest.outputs}}) {
+    for (const auto& b : *bindings) {
+      const TensorSpec& spec = manifest.tensors.at(b.tensor);
+      std::vector<int64_t> shape = spec.shape;
+      if (batch > 0 && !shape.empty()) shape[0] = -1;  // any rows up to `batch` (the engine bounds them at submit)
+      list->push_back({b.name, spec.dtype, shape});
+    }
+  }
+  const ModelStats stats = runtime->Stats()[options.name];
+  warmup_executions = stats.executions, warmup_requests = stats.requests, qos_ms = stats.qos_ms;
+}
+
+int64_t ServedObj::Admit() {
+  int64_t now = pending.load();
+  do {
+    if (now >= options.max_queue) return -1;
+  } while (!pending.compare_exchange_weak(now, now + 1));
+  return now;
+}
+
+void ServedObj::Answered(const RequestObj* request, int64_t rows, bool error, int64_t received_ns, int64_t input_ns,
+                         int64_t output_ns) {
+  const int64_t total = NowNs() - received_ns;
+  pending -= 1;
+  const bool ran = request != nullptr && request->started_us > 0 && request->finished_us >= request->started_us;
+  if (ran) {
+    executions += 1;
+    auto compute = static_cast<int64_t>((request->finished_us - request->started_us) * 1e3);
+    int64_t old = recent_ns.load();
+    recent_ns.store(old == 0 ? compute : old + (compute - old) / 5);
+  }
+  if (error) return fail.Add(total);
+  success.Add(total);
+  inferences += rows;
+  last_ms = std::chrono::system_clock::now().time_since_epoch() / std::chrono::milliseconds(1);
+  compute_input.Add(input_ns), compute_output.Add(output_ns);
+  if (ran) {
+    queue.Add(static_cast<int64_t>(std::max(0.0, request->started_us - request->submitted_us) * 1e3));
+    compute_infer.Add(static_cast<int64_t>((request->finished_us - request->started_us) * 1e3));
+    qos_violations += qos_ms > 0 && request->finished_us - request->submitted_us > qos_ms * 1e3;
+  }
+}
+
+void ServedObj::Refused(int64_t received_ns) { fail.Add(NowNs() - received_ns); }
+
+std::string ServedObj::Metadata() const {
+  Writer w;
+  w.Raw("{").Key("name").Str(options.name).Key("versions").Raw("[").Str(options.version).Raw("]");
+  w.Key("platform").Str("tvmsched");
+  for (auto [key, list] : {std::pair{"inputs", &inputs}, {"outputs", &outputs}}) {
+    w.Key(key).Raw("[");
+    for (const kserve::TensorInfo& t : *list) {
+      if (w.out.back() != '[') w.Raw(",");
+      w.Raw("{").Key("name").Str(t.name).Key("datatype").Str(kserve::Datatype(t.dtype)).Key("shape").Ints(t.shape);
+      w.Raw("}");
+    }
+    w.Raw("]");
+  }
+  return w.Raw("}").out;
+}
+
+std::string ServedObj::Config() const {
+  const ModelStats stats = runtime->Stats()[options.name];
+  const bool cpu = FirstDevice(*runtime.get()).device_name().rfind("cpu", 0) == 0;
+  Writer w;
+  w.Raw("{").Key("name").Str(options.name).Key("platform").Str("tvmsched").Key("backend").Str("tvmsched");
+  w.Key("max_batch_size").Int(batch);
+  for (auto [key, list] : {std::pair{"input", &inputs}, {"output", &outputs}}) {
+    w.Key(key).Raw("[");
+    for (const kserve::TensorInfo& t : *list) {
+      if (w.out.back() != '[') w.Raw(",");
+      std::vector<int64_t> dims(t.shape.begin() + (batch > 0 && !t.shape.empty()), t.shape.end());
+      w.Raw("{").Key("name").Str(t.name).Key("data_type").Str("TYPE_" + kserve::Datatype(t.dtype));
+      w.Key("dims").Ints(dims).Raw("}");
+    }
+    w.Raw("]");
+  }
+  w.Key("instance_group").Raw("[{").Key("name").Str(options.name).Key("kind").Str(cpu ? "KIND_CPU" : "KIND_GPU");
+  w.Key("count").Int(options.streams);
+  if (!runtime->parts().empty()) {  // several devices: the ones holding its replicas (Triton's gpus)
+    std::vector<int64_t> gpus;
+    for (size_t d = 0; d < runtime->parts().size(); ++d) {
+      const std::vector<std::string> held = runtime->ModelsOn(static_cast<int>(d));
+      if (std::find(held.begin(), held.end(), options.name) != held.end()) gpus.push_back(static_cast<int64_t>(d));
+    }
+    w.Key("gpus").Ints(gpus);
+  }
+  w.Raw("}]");
+  if (batch > 0) {
+    w.Key("dynamic_batching").Raw("{").Key("max_queue_delay_microseconds");
+    w.Int(static_cast<int64_t>(options.max_queue_delay_us));
+    if (!options.preferred_batch_sizes.empty()) w.Key("preferred_batch_size").Ints(options.preferred_batch_sizes);
+    w.Raw("}");
+  }
+  w.Key("parameters").Raw("{");
+  for (auto [key, value] : {std::pair<const char*, std::string>{"priority", stats.priority},
+                            {"placement", stats.placement},
+                            {"qos_ms", stats.qos_ms > 0 ? Number(stats.qos_ms) : ""},
+                            {"max_queue", std::to_string(options.max_queue)},
+                            {"streams", std::to_string(options.streams)},
+                            {"policy", runtime->policy_kind()}}) {
+    if (!value.empty()) w.Key(key).Raw("{").Key("string_value").Str(value).Raw("}");
+  }
+  return w.Raw("}}").out;
+}
+
+std::string Statistics(const std::vector<Served>& models) {
+  std::map<const RuntimeObj*, std::map<std::string, ModelStats>>
+      engine;  // read once per Runtime: it walks every stream
+  Writer w;
+  w.Raw("{").Key("model_stats").Raw("[");
+  for (const Served& s : models) {
+    auto read = engine.find(s->runtime.get());
+    if (read == engine.end()) read = engine.emplace(s->runtime.get(), s->runtime->Stats()).first;
+    const ModelStats& stats = read->second[s->options.name];
+    if (w.out.back() != '[') w.Raw(",");
+    w.Raw("{").Key("name").Str(s->options.name).Key("version").Str(s->options.version);
+    w.Key("last_inference").Int(s->last_ms.load()).Key("inference_count").Int(s->inferences.load());
+    // a batched model runs several requests at once: the engine counts its launches (warm-up ones not)
+    w.Key("execution_count").Int(s->batch > 0 ? stats.executions - s->warmup_executions : s->executions.load());
+    w.Key("inference_stats").Raw("{").Key("success").Duration(s->success).Key("fail").Duration(s->fail);
+    w.Key("queue").Duration(s->queue).Key("compute_input").Duration(s->compute_input);
+    w.Key("compute_infer").Duration(s->compute_infer).Key("compute_output").Duration(s->compute_output);
+    w.Key("cache_hit").Duration(0, 0).Key("cache_miss").Duration(0, 0).Raw("}");
+    w.Key("batch_stats").Raw("[");
+    if (s->batch > 0) {  // the engine's launches by the rows they brought (their compute is inside the engine's)
+      for (const auto& [rows, counted] : stats.batches) {
+        auto [count, ns] = counted;
+        if (w.out.back() != '[') w.Raw(",");
+        w.Raw("{").Key("batch_size").Int(rows).Key("compute_input").Duration(count, 0);
+        w.Key("compute_infer").Duration(count, ns).Key("compute_output").Duration(count, 0).Raw("}");
+      }
+    } else if (s->success.count > 0) {  // every request one row
+      w.Raw("{").Key("batch_size").Int(1).Key("compute_input").Duration(s->compute_input);
+      w.Key("compute_infer").Duration(s->compute_infer).Key("compute_output").Duration(s->compute_output).Raw("}");
+    }
+    w.Raw("]").Key("memory_usage").Raw("[]}");
+  }
+  return w.Raw("]}").out;
+}
+
+std::string TritonMetrics(const std::vector<Served>& models) {
+  std::map<const RuntimeObj*, std::map<std::string, ModelStats>> engine;
+  auto executions = [&engine](const ServedObj& s) {
+    if (s.batch == 0) return s.executions.load();
+    auto read = engine.find(s.runtime.get());
+    if (read == engine.end()) read = engine.emplace(s.runtime.get(), s.runtime->Stats()).first;
+    return read->second[s.options.name].executions - s.warmup_executions;
+  };
+  std::string out;
+  auto family = [&](const char* name, const char* type, const char* help, auto value) {
+    out.append("# HELP ").append(name).append(" ").append(help).append("\n# TYPE ").append(name);
+    out.append(" ").append(type).append("\n");
+    for (const Served& s : models) {
+      out.append(name).append("{model=\"").append(Label(s->options.name)).append("\",version=\"");
+      out.append(Label(s->options.version)).append("\"");
+      out.append("} ").append(std::to_string(value(*s.get()))).append("\n");
+    }
+  };
+  family("nv_inference_request_success", "counter", "Number of successful inference requests, all batch sizes",
+         [](const ServedObj& s) { return s.success.count.load(); });
+  family("nv_inference_request_failure", "counter", "Number of failed inference requests (refusals included)",
+         [](const ServedObj& s) { return s.fail.count.load(); });
+  family("nv_inference_count", "counter", "Number of inferences performed (the rows of the successful requests)",
+         [](const ServedObj& s) { return s.inferences.load(); });
+  family("nv_inference_exec_count", "counter",
+         "Number of model executions performed (one launch may run several requests of a model compiled for a batch)",
+         executions);
+  family("nv_inference_request_duration_us", "counter", "Cumulative inference request duration in microseconds",
+         [](const ServedObj& s) { return (s.success.ns.load() + s.fail.ns.load()) / 1000; });
+  family("nv_inference_queue_duration_us", "counter", "Cumulative inference queuing duration in microseconds",
+         [](const ServedObj& s) { return s.queue.ns.load() / 1000; });
+  family("nv_inference_compute_input_duration_us", "counter", "Cumulative compute input duration in microseconds",
+         [](const ServedObj& s) { return s.compute_input.ns.load() / 1000; });
+  family("nv_inference_compute_infer_duration_us", "counter", "Cumulative compute inference duration in microseconds",
+         [](const ServedObj& s) { return s.compute_infer.ns.load() / 1000; });
+  family("nv_inference_compute_output_duration_us", "counter", "Cumulative compute output duration in microseconds",
+         [](const ServedObj& s) { return s.compute_output.ns.load() / 1000; });
+  family("nv_inference_pending_request_count", "gauge", "Instantaneous number of pending requests awaiting execution",
+         [](const ServedObj& s) { return s.pending.load(); });
+  return out;
+}
+
+TVM_FFI_STATIC_INIT_BLOCK() {
+  // tvmsched.engine.served(runtime, {name, version, max_batch_size, max_queue, streams, max_queue_delay_us,
+  // preferred_batch_sizes}) -> Served; its methods as ServedObj's (times: time.monotonic_ns()).
+  refl::GlobalDef()
+      .def("tvmsched.engine.served",
+           [](Runtime runtime, ffi::Map<ffi::String, ffi::Any> map) {
+             ServedOptions o;
+             o.name = map.at("name").cast<ffi::String>();
+             o.version = map.at("version").cast<ffi::String>();
+             o.max_batch_size = map.at("max_batch_size").cast<int64_t>();
+             o.max_queue = map.at("max_queue").cast<int64_t>();
+             o.streams = map.at("streams").cast<int64_t>();
+             o.max_queue_delay_us = map.at("max_queue_delay_us").cast<double>();
+             for (int64_t size : map.at("preferred_batch_sizes").cast<ffi::Array<int64_t>>()) {
+               o.preferred_batch_sizes.push_back(size);
+             }
+             return Served(ffi::make_object<ServedObj>(std::move(runtime), std::move(o)));
+           })
+      .def("tvmsched.engine.served_statistics",
+           [](ffi::Array<Served> models) { return Statistics({models.begin(), models.end()}); })
+      .def("tvmsched.engine.served_triton_metrics",
+           [](ffi::Array<Served> models) { return TritonMetrics({models.begin(), models.end()}); });
+  refl::ObjectDef<ServedObj>()
+      .def("admit", [](Served s) { return s->Admit(); })
+      .def("answered",
+           [](Served s, ffi::Optional<Request> request, int64_t rows, bool error, int64_t received_ns) {
+             s->Answered(request ? request.value().get() : nullptr, rows, error, received_ns, 0, 0);
+           })
+      .def("refused", [](Served s, int64_t received_ns) { s->Refused(received_ns); })
+      .def("release", [](Served s) { s->pending -= 1; })  // admitted, then not submitted (counted as refused)
+      .def("recent_ns", [](Served s) { return s->recent_ns.load(); })
+      .def("pending", [](Served s) { return s->pending.load(); })
+      .def("qos_violations", [](Served s) { return s->qos_violations.load(); })
+      .def("metadata", [](Served s) { return s->Metadata(); })
+      .def("config", [](Served s) { return s->Config(); });
+}
+
+}  // namespace serving
+}  // namespace tvmsched
