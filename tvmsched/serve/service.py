@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+import tvm_ffi
 
 from tvmsched.errors import TvmschedError
 from tvmsched.runtime import native
@@ -89,6 +90,8 @@ class InferenceService:
         self.models: dict[str, Served] = {}
         self.failed: dict[str, str] = {}  # repository models whose last load failed: the reason
         self._load_lock = threading.Lock()  # one load or unload at a time
+        self._books = tvm_ffi.Array([])  # every served model's book, for one engine call summing their pending requests
+        self._pending_of = native.func("served_pending")
 
     # -- model control
     def add(self, spec: ModelSpec) -> Served:
@@ -114,6 +117,7 @@ class InferenceService:
             served.codec = Codec(*native.func("kserve_codec")(
                 spec.name, spec.version, *([[t.name, t.datatype, list(t.shape)] for t in ts] for ts in (served.inputs, served.outputs))))
             self.models[spec.name] = served
+            self._books = tvm_ffi.Array([s.book for s in self.models.values()])
             self.failed.pop(spec.name, None)
         log.info("serving model %s from %s", spec.name, spec.path)
         return served
@@ -140,6 +144,7 @@ class InferenceService:
             served = self.models.pop(name, None)
             if served is None:
                 raise ServeError(f"no model named {name!r} is loaded", 404)
+            self._books = tvm_ffi.Array([s.book for s in self.models.values()])
             self.runtime.unload(served.model)
         log.info("unloaded model %s", name)
 
@@ -228,7 +233,7 @@ class InferenceService:
         the request is seen done at once, not after a sleeping thread's wake-up. None: not this case, or it ran past
         twice its model's recent time (then awaited as usual)."""
         compute_s = served.compute_s
-        if not (0 < compute_s <= INLINE_WAIT_S and sum(s.book.pending() for s in list(self.models.values())) == 1):
+        if not (0 < compute_s <= INLINE_WAIT_S and self._pending_of(self._books) == 1):
             return None
         spin = {"spin_us": 1.5e6 * compute_s} if hasattr(future, "request") else {}  # (refused: a plain Future)
         try:

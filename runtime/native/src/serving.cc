@@ -263,6 +263,12 @@ TVM_FFI_STATIC_INIT_BLOCK() {
            })
       .def("tvmsched.engine.served_statistics",
            [](ffi::Array<Served> models) { return Statistics({models.begin(), models.end()}); })
+      .def("tvmsched.engine.served_pending",  // requests admitted and not answered, over `models`
+           [](ffi::Array<Served> models) {
+             int64_t n = 0;
+             for (const Served& s : models) n += s->pending.load();
+             return n;
+           })
       .def("tvmsched.engine.served_triton_metrics",
            [](ffi::Array<Served> models) { return TritonMetrics({models.begin(), models.end()}); });
   refl::ObjectDef<ServedObj>()
