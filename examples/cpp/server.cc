@@ -202,16 +202,8 @@ class Server {
     return tvmsched::serving::Statistics(books);
   }
 
-  json ModelsV1() {
-    json out = json::object();
-    for (const auto& [name, stats] : runtime_->Stats()) {
-      json shapes = json::object();
-      for (const auto& t : models_[name]->book->inputs) shapes[t.name] = t.shape;
-      out[name] = {
-          {"qos_ms", stats.qos_ms > 0 ? json(stats.qos_ms) : json()}, {"priority", stats.priority}, {"inputs", shapes}};
-    }
-    return out;
-  }
+  /*! \brief GET /v1/models (the engine's, as `tvmsched serve` answers it). */
+  std::string ModelsV1() { return tvmsched::serving::V1Models(Books()); }
 
   /*! \brief The Runtime's stats (Python's Runtime.stats() keys; warm-up runs not counted) and its memory. */
   json StatsV1() {
@@ -270,10 +262,8 @@ class Server {
   /*! \brief Prometheus text: Triton's nv_inference_* series (the engine's, as `tvmsched serve` writes them) and the
    *  tvmsched_* series of examples/server.py. */
   std::string Metrics() {
-    std::vector<tvmsched::serving::Served> books;
-    for (const std::string& m : order_) books.push_back(models_[m]->book);
     std::ostringstream out;
-    out << tvmsched::serving::TritonMetrics(books);
+    out << tvmsched::serving::TritonMetrics(Books());
     auto family = [&](const char* name, const char* help, auto value) {
       out << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n";
       for (const std::string& m : order_) out << name << "{model=\"" << m << "\"} " << value(*models_[m]) << "\n";
@@ -319,6 +309,12 @@ class Server {
   const std::vector<std::string>& names() const { return order_; }
 
  private:
+  std::vector<tvmsched::serving::Served> Books() const {
+    std::vector<tvmsched::serving::Served> books;
+    for (const std::string& m : order_) books.push_back(models_.at(m)->book);
+    return books;
+  }
+
   Served& Find(const std::string& name, const std::string& version) {
     auto found = models_.find(name);
     if (found == models_.end()) throw HttpError(404, "no model named '" + name + "'");
@@ -640,7 +636,7 @@ int Main(int argc, char** argv) {
               res.set_content(server.InferV1(req.matches[1], req.body), "application/json; charset=utf-8");
             }));
   http.Get("/v1/models", Handle("detail", [&](const httplib::Request&, httplib::Response& res) {
-             Reply(res, 200, server.ModelsV1());
+             res.set_content(server.ModelsV1(), "application/json; charset=utf-8");
            }));
   http.Get("/v1/stats", Handle("detail", [&](const httplib::Request&, httplib::Response& res) {
              Reply(res, 200, server.StatsV1());

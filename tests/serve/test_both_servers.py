@@ -147,7 +147,7 @@ def _keys(value) -> object:
 
 
 def test_both_describe_and_count_a_model_alike(serve_server, cpp_server, zoo):  # noqa: F811
-    """Metadata, Triton's model configuration and statistics are written by the engine for both servers
+    """Metadata, Triton's model configuration, /v1/models and statistics are written by the engine for both servers
     (tvmsched/serving.h): the same JSON, and statistics of the same form that count an answered request alike."""
     import httpx
 
@@ -156,6 +156,10 @@ def test_both_describe_and_count_a_model_alike(serve_server, cpp_server, zoo):  
             serve, cpp = (httpx.get(f"{base}/v2/models/{name}{route}", timeout=10).json()
                           for base in (serve_server, cpp_server))
             assert serve == cpp, route
+    models = [httpx.get(f"{base}/v1/models", timeout=10).json() for base in (serve_server, cpp_server)]
+    assert models[0] == models[1] and set(models[0]) == set(CONFIGS)  # examples/server.py's /v1 listing
+    assert models[0]["mlp"] == {"qos_ms": 60000.0, "priority": "best_effort",
+                                "inputs": {k: list(a.shape) for k, a in zoo["mlp"][1].items()}}
     counts, shapes = [], []
     for base in (serve_server, cpp_server):
         client = tritonclient_http.InferenceServerClient(base.removeprefix("http://"))

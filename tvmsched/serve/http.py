@@ -34,6 +34,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from tvmsched.errors import TvmschedError
+from tvmsched.runtime import native
 from tvmsched.serve import jsonio, metrics
 from tvmsched.serve.asgi import MAX_BODY_BYTES, AnswerHeaders, BodyLimit, extra_answer_headers, too_large
 from tvmsched.serve.errors import ServeError
@@ -214,9 +215,9 @@ def _add_v1(app: FastAPI, service: InferenceService) -> None:
     """examples/server.py's contract: {"inputs": {name: nested list}} -> {"outputs": {name: nested list}}."""
 
     @app.get("/v1/models")
-    def list_models() -> dict:
-        return {name: {"qos_ms": s.model.qos_ms, "priority": s.model.priority,
-                       "inputs": {t.name: list(t.shape) for t in s.inputs}} for name, s in service.models.items()}
+    def list_models() -> Response:  # (the engine's, as the C++ server answers it)
+        books = [served.book for served in list(service.models.values())]
+        return Response(str(native.func("served_v1_models")(books)), media_type="application/json")
 
     @app.post("/v1/models/{name}/infer")
     async def infer_v1(name: str, request: Request) -> Response:

@@ -70,6 +70,7 @@ ServedObj::ServedObj(Runtime rt, ServedOptions o) : options(std::move(o)), runti
   }
   const ModelStats stats = runtime->Stats()[options.name];
   warmup_executions = stats.executions, warmup_requests = stats.requests, qos_ms = stats.qos_ms;
+  priority = stats.priority;
 }
 
 int64_t ServedObj::Admit() {
@@ -201,6 +202,18 @@ std::string Statistics(const std::vector<Served>& models) {
   return w.Raw("]}").out;
 }
 
+std::string V1Models(const std::vector<Served>& models) {
+  Writer w;
+  w.Raw("{");
+  for (const Served& s : models) {
+    w.Key(s->options.name).Raw("{").Key("qos_ms").Raw(s->qos_ms > 0 ? Number(s->qos_ms) : "null");
+    w.Key("priority").Str(s->priority).Key("inputs").Raw("{");
+    for (const kserve::TensorInfo& t : s->inputs) w.Key(t.name).Ints(t.shape);
+    w.Raw("}}");
+  }
+  return w.Raw("}").out;
+}
+
 std::string TritonMetrics(const std::vector<Served>& models) {
   std::map<const RuntimeObj*, std::map<std::string, ModelStats>> engine;
   auto executions = [&engine](const ServedObj& s) {
@@ -263,6 +276,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
            })
       .def("tvmsched.engine.served_statistics",
            [](ffi::Array<Served> models) { return Statistics({models.begin(), models.end()}); })
+      .def("tvmsched.engine.served_v1_models",
+           [](ffi::Array<Served> models) { return V1Models({models.begin(), models.end()}); })
       .def("tvmsched.engine.served_pending",  // requests admitted and not answered, over `models`
            [](ffi::Array<Served> models) {
              int64_t n = 0;

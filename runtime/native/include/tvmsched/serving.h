@@ -75,6 +75,7 @@ class ServedObj : public ffi::Object {
   int64_t batch = 0;                                   ///< rows a request may bring (0: not compiled for a batch: one)
   int64_t warmup_executions = 0, warmup_requests = 0;  ///< the engine's counts at load (warm-up runs)
   double qos_ms = -1;                                  ///< its latency target (< 0: none)
+  std::string priority;                                ///< realtime or best_effort
   Duration success, fail, queue, compute_input, compute_infer, compute_output;
   std::atomic<int64_t> inferences{0};  ///< rows of the successful requests (Triton's inference count)
   std::atomic<int64_t> executions{0};  ///< requests that ran (a batched model's: the engine's launches)
@@ -93,6 +94,8 @@ class Served : public ffi::ObjectRef {
 /*! \brief Triton's statistics JSON ({"model_stats": [...]}) of `models`, in order (the Runtime's counters read once).
  */
 std::string Statistics(const std::vector<Served>& models);
+/*! \brief /v1/models (examples/server.py's contract): {NAME: {"qos_ms", "priority", "inputs": {INPUT: shape}}}. */
+std::string V1Models(const std::vector<Served>& models);
 /*! \brief Triton's nv_inference_* metric families of `models` (Prometheus text, Triton's names and labels). */
 std::string TritonMetrics(const std::vector<Served>& models);
 
