@@ -6,7 +6,7 @@ writes OUT_DIR/grpc_service_pb2.py, OUT_DIR/grpc_service_pb2_grpc.py and OUT_DIR
 configuration, which the service imports; it lives beside PROTO), and OUT_DIR/model_config.desc (its descriptor set:
 config.pbtxt files are parsed in a pool of their own, apart from tritonclient's messages) with grpcio-tools (pinned in pyproject's
 [build-system].requires so the generated code suits the run-time protobuf); the generated modules import each other
-relatively, so all live in the tvmsched.serve package.
+relatively, so all live in the tvmsched.serve package, and name it as their messages' module (so they pickle).
 """
 
 from __future__ import annotations
@@ -43,6 +43,15 @@ def main() -> int:
                 print(f"error: unexpected imports in {module.name}", file=sys.stderr)
                 return 1
             module.write_text(text.replace(absolute, f"from . import {imported} as ", 1))
+        # and the messages' module is the one they are imported as, so that they pickle (Ray Serve's gRPC proxy hands
+        # requests to deployments in other processes): protoc names it after the file alone
+        for module_name in (f"{stem}_pb2", "model_config_pb2"):
+            module = Path(tmp) / f"{module_name}.py"
+            text, named = module.read_text(), f"BuildTopDescriptorsAndMessages(DESCRIPTOR, '{module_name}', _globals)"
+            if named not in text:
+                print(f"error: unexpected module name in {module.name}", file=sys.stderr)
+                return 1
+            module.write_text(text.replace(named, named.replace(f"'{module_name}'", f"'tvmsched.serve.{module_name}'")))
         for name in (f"{stem}_pb2.py", f"{stem}_pb2_grpc.py", "model_config_pb2.py", "model_config.desc"):
             os.replace(Path(tmp) / name, out / name)
     return 0

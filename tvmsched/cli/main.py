@@ -544,11 +544,14 @@ def serve_cmd(models_: tuple[str, ...], model_repository: str | None, device: st
 @click.option("--address", help="A Ray cluster to join (default: a local Ray instance).")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535), help="Ray Serve's HTTP port.")
+@click.option("--grpc-port", type=click.IntRange(1, 65535), help="Also serve the Open Inference Protocol over gRPC "
+              "through Ray Serve's gRPC proxy on this port (default: no gRPC).")
 def serve_ray_cmd(model_repository: str, replicas: int, max_models_per_replica: int, devices: str | None,
                   num_gpus: float, num_cpus: float, max_queue: int, policy: str, address: str | None, host: str,
-                  port: int) -> None:
+                  port: int, grpc_port: int | None) -> None:
     """Serve a model repository on Ray Serve: replicas of one tvmsched Runtime each, Ray choosing the models each
-    holds, the Open Inference Protocol's REST routes for tritonclient (docs/scale-out.md)."""
+    holds, the Open Inference Protocol's REST routes (and, with --grpc-port, its gRPC service) for tritonclient
+    (docs/scale-out.md)."""
     from tvmsched.serve.ray_app import RaySettings, run
     from tvmsched.serve.repository import Repository
 
@@ -556,8 +559,9 @@ def serve_ray_cmd(model_repository: str, replicas: int, max_models_per_replica: 
     settings = RaySettings(model_repository, replicas=replicas, max_models_per_replica=max_models_per_replica,
                            devices=tuple(d.strip() for d in devices.split(",")) if devices else (),
                            num_gpus=num_gpus, num_cpus=num_cpus, max_queue=max_queue, policy=policy)
-    click.echo(f"serving {model_repository} on Ray Serve at http://{host}:{port}", err=True)
-    run(settings, address=address, host=host, port=port)
+    grpc = f" and grpc://{host}:{grpc_port}" if grpc_port else ""
+    click.echo(f"serving {model_repository} on Ray Serve at http://{host}:{port}{grpc}", err=True)
+    run(settings, address=address, host=host, port=port, grpc_port=grpc_port)
 
 
 @cli.command("inspect")

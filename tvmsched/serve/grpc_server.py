@@ -11,6 +11,7 @@ Python messages.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 import grpc
@@ -72,7 +73,6 @@ class Servicer:
     def __init__(self, service: InferenceService):
         self.service = service
         self.pb2, _, self.config_pb2 = stubs()
-        self._message_model = native.func("kserve_message_model")  # ModelInferRequest bytes -> [0, model, version]
 
     async def ServerLive(self, request, context):
         return self.pb2.ServerLiveResponse(live=True)
@@ -92,34 +92,14 @@ class Servicer:
             meta = self.service.model_metadata(self.service.get(request.name, request.version))
         except ServeError as err:
             await _abort(context, err)
-        tensor = self.pb2.ModelMetadataResponse.TensorMetadata
-        return self.pb2.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"],
-                                              inputs=[tensor(**t) for t in meta["inputs"]],
-                                              outputs=[tensor(**t) for t in meta["outputs"]])
+        return metadata_response(meta)
 
     async def ModelConfig(self, request, context):
         try:
             config = self.service.model_config(self.service.get(request.name, request.version))
         except ServeError as err:
             await _abort(context, err)
-        pb2 = self.config_pb2
-        number = lambda t: TYPE_NUMBERS.get(t["data_type"][len("TYPE_"):], 0)
-        message = pb2.ModelConfig(
-            name=config["name"], platform=config["platform"], backend=config["backend"],
-            max_batch_size=config["max_batch_size"],
-            input=[pb2.ModelInput(name=t["name"], data_type=number(t), dims=t["dims"]) for t in config["input"]],
-            output=[pb2.ModelOutput(name=t["name"], data_type=number(t), dims=t["dims"]) for t in config["output"]])
-        for key, value in config["parameters"].items():
-            message.parameters[key].string_value = value["string_value"]
-        for group in config["instance_group"]:
-            message.instance_group.add(name=group["name"], count=group["count"], gpus=group.get("gpus", []),
-                                       kind=pb2.ModelInstanceGroup.Kind.Value(group["kind"]))
-        if "dynamic_batching" in config:
-            message.dynamic_batching.max_queue_delay_microseconds = \
-                config["dynamic_batching"]["max_queue_delay_microseconds"]
-            message.dynamic_batching.preferred_batch_size.extend(
-                config["dynamic_batching"].get("preferred_batch_size", []))
-        return self.pb2.ModelConfigResponse(config=message)
+        return config_response(config)
 
     async def ModelStatistics(self, request, context):
         try:
@@ -161,28 +141,64 @@ class Servicer:
     async def ModelInfer(self, message: bytes, context) -> bytes:
         """A ModelInferRequest's bytes to a ModelInferResponse's, both through the engine's codec (as serve/http.py's
         infer route does with a REST body)."""
-        received = time.monotonic_ns()
-        service = self.service
-        target = self._message_model(message)  # [0, model, version] or [400, line]
         try:
-            if target[0]:
-                raise ServeError(target[1], target[0])
-            served = service.get(str(target[1]), str(target[2]))
-        except ServeError as err:
-            await _abort(context, err)
-        try:
-            parsed = served.codec.parse_message(message)  # [0, inputs, parameters, pending] or [status, line]
-            if parsed[0]:
-                raise ServeError(parsed[1], parsed[0])
-            future = service.submit(served, parsed[1], dict(parsed[2]) if len(parsed[2]) else None, engine_tensors=True)
-        except TvmschedError as err:
-            service.count_failure(served, received)
-            await _abort(context, err)
-        try:
-            outputs = await service.answer(served, future, received)
+            return await answer_message(self.service, message, time.monotonic_ns())
         except TvmschedError as err:
             await _abort(context, err)
-        answer = served.codec.encode_message(parsed[3], outputs)  # [0, bytes] or [status, line]
-        if answer[0]:
-            await _abort(context, ServeError(answer[1], answer[0]))
-        return bytes(answer[1])  # (grpc takes exact bytes: "Expected bytes, got Bytes" for tvm-ffi's subclass)
+
+
+def metadata_response(meta: dict):
+    """ModelMetadataResponse of a model's metadata (InferenceService.model_metadata's JSON)."""
+    pb2, _, _ = stubs()
+    tensor = pb2.ModelMetadataResponse.TensorMetadata
+    return pb2.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"],
+                                     inputs=[tensor(**t) for t in meta["inputs"]],
+                                     outputs=[tensor(**t) for t in meta["outputs"]])
+
+
+def config_response(config: dict):
+    """ModelConfigResponse of Triton's model configuration (InferenceService.model_config's JSON)."""
+    pb2, _, config_pb2 = stubs()
+    number = lambda t: TYPE_NUMBERS.get(t["data_type"][len("TYPE_"):], 0)
+    message = config_pb2.ModelConfig(
+        name=config["name"], platform=config["platform"], backend=config["backend"],
+        max_batch_size=config["max_batch_size"],
+        input=[config_pb2.ModelInput(name=t["name"], data_type=number(t), dims=t["dims"]) for t in config["input"]],
+        output=[config_pb2.ModelOutput(name=t["name"], data_type=number(t), dims=t["dims"]) for t in config["output"]])
+    for key, value in config["parameters"].items():
+        message.parameters[key].string_value = value["string_value"]
+    for group in config["instance_group"]:
+        message.instance_group.add(name=group["name"], count=group["count"], gpus=group.get("gpus", []),
+                                   kind=config_pb2.ModelInstanceGroup.Kind.Value(group["kind"]))
+    if "dynamic_batching" in config:
+        message.dynamic_batching.max_queue_delay_microseconds = config["dynamic_batching"]["max_queue_delay_microseconds"]
+        message.dynamic_batching.preferred_batch_size.extend(config["dynamic_batching"].get("preferred_batch_size", []))
+    return pb2.ModelConfigResponse(config=message)
+
+
+@functools.cache
+def _message_model():
+    return native.func("kserve_message_model")  # ModelInferRequest bytes -> [0, model, version]
+
+
+async def answer_message(service: InferenceService, message: bytes, received: int) -> bytes:
+    """A ModelInferRequest's bytes to a ModelInferResponse's, both through the engine's codec (as serve/http.py's infer
+    route does with a REST body), counted in its model's statistics; a refusal raises a ServeError (or the engine's
+    TvmschedError) with its status. `received`: its arrival (time.monotonic_ns())."""
+    target = _message_model()(message)  # [0, model, version] or [400, line]
+    if target[0]:
+        raise ServeError(target[1], target[0])
+    served = service.get(str(target[1]), str(target[2]))
+    try:
+        parsed = served.codec.parse_message(message)  # [0, inputs, parameters, pending] or [status, line]
+        if parsed[0]:
+            raise ServeError(parsed[1], parsed[0])
+        future = service.submit(served, parsed[1], dict(parsed[2]) if len(parsed[2]) else None, engine_tensors=True)
+    except TvmschedError:
+        service.count_failure(served, received)
+        raise
+    outputs = await service.answer(served, future, received)
+    answer = served.codec.encode_message(parsed[3], outputs)  # [0, bytes] or [status, line]
+    if answer[0]:
+        raise ServeError(answer[1], answer[0])
+    return bytes(answer[1])  # (grpc takes exact bytes: "Expected bytes, got Bytes" for tvm-ffi's subclass)

@@ -2,7 +2,7 @@
 each replica one tvmsched Runtime on its node's devices, tritonclient unchanged.
 
     tvmsched serve-ray --model-repository models/ [--replicas 2] [--max-models-per-replica 2] [--devices cuda:0]
-        [--num-gpus 1] [--port 8000] [--address auto]
+        [--num-gpus 1] [--port 8000] [--grpc-port 8001] [--address auto]
 
 Two deployments:
 - the **ingress** (FastAPI behind Ray Serve's HTTP proxy) answers the Open Inference Protocol's REST routes. An infer
@@ -10,6 +10,9 @@ Two deployments:
   through the replicas' handle with `multiplexed_model_id=NAME`. tritonclient never sends the header that Ray's own
   multiplexing keys on, so the ingress sets the id. Ray's router then prefers a replica that already holds the model.
   A request whose replica died is sent once more.
+  With `--grpc-port`, Ray Serve's gRPC proxy serves inference.GRPCInferenceService (its servicer registered,
+  GRPC_SERVICER) to tritonclient.grpc: the ingress's methods of the RPCs' names answer it, and a ModelInfer call's bytes
+  go to a replica holding the model the same way, read and answered there by the engine's codec.
 - the **replicas**: Ray decides which models each holds, at most `max_num_models_per_replica`
   (`@serve.multiplexed`).
   - Ray loads a model through the replica's Runtime (InferenceService.load, from the repository) and unloads it
@@ -116,6 +119,19 @@ def replica_deployment(settings: RaySettings):
                 return getattr(err, "status", 400), jsonio.dumps({"error": " ".join(str(err).split())}), []
             return await self.route.infer(name, version, headers, body, time.monotonic_ns())
 
+        async def infer_message(self, name: str, message: bytes):
+            """(0, ModelInferResponse bytes) or (HTTP status, one line) of a gRPC ModelInfer call's bytes, read and
+            answered by the engine's codec as `tvmsched serve`'s gRPC server does."""
+            from tvmsched.serve.errors import ServeError
+            from tvmsched.serve.grpc_server import answer_message
+
+            self.requests += 1
+            try:
+                await self.model(serve.get_multiplexed_model_id())
+                return 0, await answer_message(self.service, message, time.monotonic_ns())
+            except (ServeError, TvmschedError) as err:
+                return getattr(err, "status", 400), " ".join(str(err).split())
+
         async def describe(self, name: str, version: str, what: str):
             """(status, JSON) of a model's metadata, config or readiness."""
             from tvmsched.serve.errors import ServeError
@@ -217,17 +233,77 @@ def build_app(settings: RaySettings):
             return Response(body, status_code=status, headers={k.decode(): v.decode() for k, v in extra},
                             media_type="application/octet-stream" if extra else "application/json")
 
+        # the Open Inference Protocol over gRPC, through Ray Serve's gRPC proxy (run(grpc_port=)): each method of
+        # inference.GRPCInferenceService that tritonclient.grpc calls, named as the proxy calls it
+        def ServerLive(self, request):
+            return _pb2().ServerLiveResponse(live=True)
+
+        def ServerReady(self, request):
+            return _pb2().ServerReadyResponse(ready=True)
+
+        def ServerMetadata(self, request):
+            from tvmsched.serve.service import EXTENSIONS, SERVER_VERSION
+
+            return _pb2().ServerMetadataResponse(name="tvmsched", version=SERVER_VERSION, extensions=list(EXTENSIONS))
+
+        async def ModelReady(self, request, grpc_context):
+            status, _ = await self._call("describe", request.name, request.version, "ready")
+            return _pb2().ModelReadyResponse(ready=status == 200)
+
+        async def ModelMetadata(self, request, grpc_context):
+            from tvmsched.serve.grpc_server import metadata_response
+
+            status, body = await self._call("describe", request.name, request.version, "metadata")
+            if status != 200:
+                return _refused(grpc_context, status, body["error"], _pb2().ModelMetadataResponse())
+            return metadata_response(body)
+
+        async def ModelConfig(self, request, grpc_context):
+            from tvmsched.serve.grpc_server import config_response
+
+            status, body = await self._call("describe", request.name, request.version, "config")
+            if status != 200:
+                return _refused(grpc_context, status, body["error"], _pb2().ModelConfigResponse())
+            return config_response(body)
+
+        async def ModelInfer(self, request, grpc_context):
+            status, answer = await self._call("infer_message", request.model_name, request.SerializeToString())
+            if status:
+                return _refused(grpc_context, status, answer, _pb2().ModelInferResponse())
+            return _pb2().ModelInferResponse.FromString(answer)
+
     return TvmschedIngress.bind(replica_deployment(settings).bind())
 
 
+GRPC_SERVICER = "tvmsched.serve.grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server"
+
+
+def _pb2():
+    from tvmsched.serve.grpc_stubs import stubs
+
+    return stubs()[0]
+
+
+def _refused(grpc_context, status: int, line: str, empty):
+    """A gRPC call answered with the status of the HTTP one (errors.GRPC_CODES) and one line."""
+    import grpc
+
+    from tvmsched.serve.errors import GRPC_CODES
+
+    grpc_context.set_code(getattr(grpc.StatusCode, GRPC_CODES.get(status, "INVALID_ARGUMENT")))
+    grpc_context.set_details(line)
+    return empty
+
+
 def run(settings: RaySettings, *, address: str | None = None, port: int = 8000, host: str = "127.0.0.1",
-        blocking: bool = True):
+        grpc_port: int | None = None, blocking: bool = True):
     """Start (or join, `address`) a Ray instance and serve the repository through Ray Serve's HTTP proxy on
-    host:port; blocking: until interrupted."""
+    host:port and, with `grpc_port`, its gRPC proxy (inference.GRPCInferenceService); blocking: until interrupted."""
     ray, serve = _ray()
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": host, "port": port})
+    grpc = {"port": grpc_port, "grpc_servicer_functions": [GRPC_SERVICER]} if grpc_port else None
+    serve.start(http_options={"host": host, "port": port}, grpc_options=grpc)
     handle = serve.run(build_app(settings), name="tvmsched", route_prefix=settings.route_prefix, blocking=False)
     if blocking:
         try:
