@@ -5,9 +5,9 @@
 Three models (mlp, as the zoo builds it, under three names) in one Triton-layout repository; two replicas
 (`tvmsched serve-ray`'s app: each replica one Runtime, at most two models each, Ray's multiplexing choosing them).
 The local Ray instance declares 2 GPUs (one per replica; the Runtimes run on the CPU).
-- **Proxy overhead.** tritonclient HTTP, one request at a time: direct to `tvmsched serve` (one process, the
-  same repository) against through Ray Serve (its HTTP proxy, the ingress, a replica). The two ways run in turn in
-  rounds of 50. Reported: p50 and p99 of each way and their differences.
+- **Proxy overhead.** tritonclient HTTP and gRPC, one request at a time: direct to `tvmsched serve` (one process,
+  the same repository) against through Ray Serve (its HTTP or gRPC proxy, the ingress, a replica). The four ways run
+  in turn in rounds of 50. Reported: p50 and p99 of each way and each protocol's differences.
 - **Routing.** The share of requests that found their model already loaded on the replica Ray chose:
   1 - loads / requests, after the first request of each model. Loads are counted by the replicas.
 - **A replica killed under load**, and **scaling 1 -> 2 -> 1 under load**: requests answered, and requests failed
@@ -45,8 +45,11 @@ def repository(root: Path, artifact: Path) -> Path:
     return root
 
 
-def latencies_ms(url: str, count: int) -> list[float]:
-    import tritonclient.http as http
+def latencies_ms(url: str, count: int, grpc: bool = False) -> list[float]:
+    if grpc:
+        import tritonclient.grpc as http
+    else:
+        import tritonclient.http as http
 
     client = http.InferenceServerClient(url)
     tensor = http.InferInput("input", [1, 784], "FP32")
@@ -113,23 +116,27 @@ def main() -> None:
     report = {"machine": _common.machine_info(), "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv),
               "load_average": os.getloadavg()}
 
-    direct, base, _ = start_serve("--model-repository", str(repo), "--grpc-port", "0")
+    direct, base, direct_grpc = start_serve("--model-repository", str(repo))
     ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False)
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     settings = RaySettings(str(repo), replicas=2, max_models_per_replica=2, num_cpus=1, num_gpus=1)
-    run(settings, port=port, blocking=False)
+    run(settings, port=port, grpc_port=grpc_port, blocking=False)
     ray_url, direct_url = f"127.0.0.1:{port}", base.removeprefix("http://")
+    urls = {"direct": (direct_url, False), "ray": (ray_url, False),
+            "direct-grpc": (direct_grpc, True), "ray-grpc": (f"127.0.0.1:{grpc_port}", True)}
     try:
-        for url in (direct_url, ray_url):
-            latencies_ms(url, 30)  # warm: every model loaded on both ways
-        ways = {"direct": [], "ray": []}
+        for url, grpc in urls.values():
+            latencies_ms(url, 30, grpc)  # warm: every model loaded on every way
+        ways = {way: [] for way in urls}
         for _ in range(max(1, args.requests // 50)):  # in turn, rounds of 50
-            ways["direct"] += latencies_ms(direct_url, 50)
-            ways["ray"] += latencies_ms(ray_url, 50)
+            for way, (url, grpc) in urls.items():
+                ways[way] += latencies_ms(url, 50, grpc)
         report["latency_ms"] = {w: {"p50": percentile(v, 50), "p99": percentile(v, 99), "n": len(v)}
                                 for w, v in ways.items()}
         report["added_ms"] = {q: report["latency_ms"]["ray"][q] - report["latency_ms"]["direct"][q]
                               for q in ("p50", "p99")}
+        report["added_grpc_ms"] = {q: report["latency_ms"]["ray-grpc"][q] - report["latency_ms"]["direct-grpc"][q]
+                                   for q in ("p50", "p99")}
         before = ray_replica_counts()
         rng = np.random.default_rng(1)
         sent = [(MODELS[int(i)], rng.standard_normal((1, 784)).astype(np.float32)) for i in rng.integers(0, 3, 600)]
