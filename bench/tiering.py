@@ -53,11 +53,11 @@ def measure(path: str, name: str, device: str, requests: int, repeat: int, progr
     from tvmsched.runtime import native
     from tvmsched.runtime import Runtime
     from tvmsched.runtime.executor import Executor
-    from tvmsched.runtime.switching import footprint
+    from tvmsched.runtime.switching import footprint_of
     from tvmsched.runtime.tiering import TierSettings
 
     inputs = Executor(path).random_inputs(0)
-    need = footprint(Executor(path, register_groups=8))
+    need = footprint_of(path, 8, device)
     gc.collect()
     rows = []
     resident_s = None

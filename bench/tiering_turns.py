@@ -30,11 +30,11 @@ def main() -> int:
 
     from tvmsched.runtime import Runtime
     from tvmsched.runtime.executor import Executor
-    from tvmsched.runtime.switching import footprint
+    from tvmsched.runtime.switching import footprint_of
     from tvmsched.runtime.tiering import TierSettings
 
     inputs = Executor(args.artifact).random_inputs(0)
-    need = footprint(Executor(args.artifact, register_groups=8))
+    need = footprint_of(args.artifact, 8)
     budget = int(need * args.budget)
     topology = {"gpus": [{"id": 0, "memory_bytes": 1}], "tiers": [{"kind": "dram", "capacity_bytes": 1 << 40}]}
     with Runtime("cpu", memory_budget=budget, tiering=TierSettings(topology=topology)) as rt:

@@ -205,6 +205,12 @@ def register_model(path: str, device: str, flag_memory: str, trusted_key_files: 
     return func("register_model")(path, device, flag_memory, trusted_key_files, int(max_groups), scope)
 
 
+def measure_model(path: str, device: str, max_groups: int, batch: int = 0) -> int:
+    """The bytes a model holds resident as registered with `max_groups` sub-tasks (its environment and every
+    sub-task), read and laid out only: no weights held, no kernels loaded."""
+    return int(func("measure_model")(path, device, int(max_groups), int(batch)))
+
+
 def load_tiered(path: str, device: str, flag_memory: str, trusted_key_files: list, device_bytes: int,
                 buffer_bytes: int, tiers, in_flight: int = 8, scope=None) -> NativeModel:
     """A model streamed from the memory tiers: `device_bytes` of device memory, `tiers` its shares (runtime/tiering.py);

@@ -111,6 +111,13 @@ def footprint(executor) -> int:
     return int(executor.native.env_bytes()) + sum(g["bytes"] for g in groups(executor))
 
 
+def footprint_of(path, max_groups: int, device: str = "") -> int:
+    """`footprint` of the artifact at `path` registered with `max_groups` sub-tasks, without loading it: it is read
+    and laid out only (no pinned copy of its weights, no kernels), as the engine measures a model larger than every
+    device before it splits it."""
+    return native.measure_model(str(path), device, max_groups)
+
+
 def groups(executor) -> list[dict]:
     """A model's sub-tasks: layers, bytes, weight bytes and state (the engine's GroupState name)."""
     names = ["absent", "preparing", "held", "ready", "leased", "finished"]

@@ -260,7 +260,6 @@ def ray_replica_counts(replicas: int = 2) -> list[dict]:
 def switch_footprint(path) -> int:
     """What a Runtime's switcher needs to hold the model (its sub-tasks as a Runtime registers it): the footprint a
     Runtime compares with its memory budget."""
-    from tvmsched.runtime import Executor
-    from tvmsched.runtime.switching import SwitchSettings, footprint
+    from tvmsched.runtime.switching import SwitchSettings, footprint_of
 
-    return footprint(Executor(str(path), register_groups=SwitchSettings().max_groups))
+    return footprint_of(path, SwitchSettings().max_groups)

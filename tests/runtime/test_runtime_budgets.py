@@ -20,7 +20,7 @@ from tests.helpers import held_mid_request, switch_footprint
 from tvmsched.errors import TvmschedError
 from tvmsched.runtime.native import func
 from tvmsched.runtime import Executor, Runtime, load
-from tvmsched.runtime.switching import SwitchSettings, footprint
+from tvmsched.runtime.switching import SwitchSettings, footprint, footprint_of
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +40,12 @@ def test_the_switching_hang_repro_completes(zoo):
         import faulthandler, sys
         import numpy as np
         from tvmsched.runtime import Executor, Runtime, load
-        from tvmsched.runtime.switching import SwitchSettings, footprint
+        from tvmsched.runtime.switching import SwitchSettings, footprint_of
         faulthandler.dump_traceback_later(240, exit=True)
         paths = [{str(zoo['resnet18-small'])!r}] * 2 + [{str(zoo['mobilenetv2'])!r}, {str(zoo['bert-tiny'])!r}]
         names = ["A", "A2", "S1", "S2"]
         inputs = [load(p).random_inputs(seed=i) for i, p in enumerate(paths)]
-        budget = int(max(footprint(Executor(p, register_groups=SwitchSettings().max_groups)) for p in paths) * 1.2)  # one model at a time
+        budget = int(max(footprint_of(p, SwitchSettings().max_groups) for p in paths) * 1.2)  # one model at a time
         with Runtime("cpu", memory_budget=budget) as rt:
             models = [rt.load(p, qos_ms=10_000, name=n) for p, n in zip(paths, names)]
             for i in np.random.default_rng(11).integers(0, 4, 40):
@@ -138,8 +138,8 @@ def test_the_watchdog_fails_a_request_stuck_waiting_for_a_switch_in(zoo):
     held, waiting = zoo["mobilenetv2"], zoo["resnet18-small"]
     settings = SwitchSettings(max_groups=1)
     probe = Executor(waiting, register_groups=1)
-    assert footprint(probe) < footprint(Executor(held, register_groups=1))
-    budget = footprint(Executor(held, register_groups=1)) + int(probe.native.env_bytes()) + 4096  # its stage 1 fits
+    assert footprint(probe) < footprint_of(held, 1)
+    budget = footprint_of(held, 1) + int(probe.native.env_bytes()) + 4096  # its stage 1 fits
     del probe
     x_held, x_waiting = load(held).random_inputs(seed=4), load(waiting).random_inputs(seed=5)
     want = _direct(held, x_held)

@@ -56,7 +56,7 @@ from tvmsched import models
 from tvmsched.errors import TvmschedError
 from tvmsched.pipeline import compile_model
 from tvmsched.runtime import Executor, Runtime, load
-from tvmsched.runtime.switching import SwitchSettings, footprint, groups
+from tvmsched.runtime.switching import SwitchSettings, footprint_of, groups
 
 MODELS = ("mlp", "resnet18-small", "bert-tiny", "mobilenetv2")
 INPUT_SETS = 3  # random input sets per model (their direct outputs are computed once)
@@ -114,7 +114,7 @@ def zoo(tmp_path_factory, compiled) -> Zoo:
             _compile(MODELS, folder)
     else:
         paths = _shared_paths(compiled)  # read only: the driver loads them, never writes them
-    footprints = {m: footprint(Executor(p, register_groups=SwitchSettings().max_groups)) for m, p in paths.items()}
+    footprints = {m: footprint_of(p, SwitchSettings().max_groups) for m, p in paths.items()}
     inputs, want = {}, {}
     for m, p in paths.items():
         direct = load(p)
@@ -132,8 +132,8 @@ def _warm_up(paths, inputs):
     with Runtime("cpu") as rt:
         for m, p in paths.items():
             rt.submit(rt.load(p), inputs[m][0]).result(timeout=120)
-    with Runtime("cpu", memory_budget=(footprint(Executor(paths["bert-tiny"], register_groups=8))
-                                       + footprint(Executor(paths["mobilenetv2"], register_groups=8))) // 2) as rt:
+    with Runtime("cpu", memory_budget=(footprint_of(paths["bert-tiny"], 8)
+                                       + footprint_of(paths["mobilenetv2"], 8)) // 2) as rt:
         rt.submit(rt.load(paths["mobilenetv2"]), inputs["mobilenetv2"][0]).result(timeout=120)  # tiered
     gc.collect()
 
@@ -753,7 +753,7 @@ def _waiting_setup(zoo, rt):
 def _budget_for_one(zoo) -> int:
     """One sub-task per model: the held model and the waiting one's environment (its stage 1 fits, its stage 2
     does not while the held model keeps its memory)."""
-    held = footprint(Executor(zoo.paths["mobilenetv2"], register_groups=1))
+    held = footprint_of(zoo.paths["mobilenetv2"], 1)
     return held + int(Executor(zoo.paths["resnet18-small"], register_groups=1).native.env_bytes()) + 4096
 
 
@@ -866,8 +866,8 @@ def test_a_realtime_request_waits_for_memory_its_preempted_requests_hold(zoo):
     real-time request waited for the watchdog. Now the switcher reports the wait and the policy lets the started
     request finish (Task.finish_started) and pause again. One sub-task per model, a budget for one model."""
     settings = SwitchSettings(max_groups=1)
-    held = footprint(Executor(zoo.paths["mobilenetv2"], register_groups=1))
-    budget = max(held, footprint(Executor(zoo.paths["resnet18-small"], register_groups=1))) + 65536
+    held = footprint_of(zoo.paths["mobilenetv2"], 1)
+    budget = max(held, footprint_of(zoo.paths["resnet18-small"], 1)) + 65536
     with Runtime("cpu", memory_budget=budget, switching=settings, stall_timeout_s=3) as rt:
         best_effort = rt.load(zoo.paths["mobilenetv2"], qos_ms=10_000, name="be")
         realtime = rt.load(zoo.paths["resnet18-small"], qos_ms=10_000, name="rt", priority="realtime", resident=False)
@@ -954,7 +954,7 @@ def test_a_switch_in_takes_back_idle_models_environments(zoo):
     small = Executor(zoo.paths["resnet18-small"], register_groups=1)
     env_small = int(small.native.env_bytes())
     del small
-    budget = footprint(Executor(zoo.paths["mobilenetv2"], register_groups=1)) + env_small // 2
+    budget = footprint_of(zoo.paths["mobilenetv2"], 1) + env_small // 2
     with Runtime("cpu", memory_budget=budget, switching=settings) as rt:
         first = rt.load(zoo.paths["resnet18-small"], qos_ms=10_000, resident=False)
         second = rt.load(zoo.paths["mobilenetv2"], qos_ms=10_000, resident=False)

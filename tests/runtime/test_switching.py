@@ -18,7 +18,7 @@ from tvmsched.errors import TvmschedError
 from tvmsched.runtime import native
 from tvmsched.runtime.native import func
 from tvmsched.runtime import Executor, Runtime
-from tvmsched.runtime.switching import SwitchSettings, footprint, groups
+from tvmsched.runtime.switching import SwitchSettings, footprint, footprint_of, groups
 
 ZOO = ("mlp", "resnet18-small", "mobilenetv2", "bert-tiny")
 # the CPU device's asynchronous mode (make test's second pass): the GPU path's logic
@@ -48,13 +48,25 @@ def budget_restored():
 
 def _footprint(path) -> int:
     """Bytes a model holds when resident as the switcher prepares it (environment + every sub-task)."""
-    return footprint(Executor(path, register_groups=SwitchSettings().max_groups))
+    return footprint_of(path, SwitchSettings().max_groups)
 
 
 def _same(got: dict, want: dict) -> None:
     assert set(got) == set(want)
     for key in want:
         assert got[key].dtype == want[key].dtype and np.array_equal(got[key], want[key]), key
+
+
+def test_a_model_measured_without_loading_holds_what_its_registered_load_holds(zoo):
+    """footprint_of (the engine's measure-only load: read and laid out, no pinned weights, no kernels; what a Runtime
+    over several devices measures before it splits a model) equals the registered model's bytes, at every sub-task
+    count (in the asynchronous mode too, whose launches in flight lengthen the activations' lives)."""
+    for path, _, _ in zoo.values():
+        for groups_at_most in (1, SwitchSettings().max_groups):
+            assert footprint_of(path, groups_at_most) == footprint(Executor(path, register_groups=groups_at_most)), \
+                (path, groups_at_most)
+    with pytest.raises(TvmschedError, match="at least 1 sub-task"):
+        footprint_of(next(iter(zoo.values()))[0], 0)
 
 
 def test_random_switch_sequences_are_bit_identical_and_stay_within_budget_and_thresholds(zoo, budget_restored):

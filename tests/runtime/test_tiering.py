@@ -17,7 +17,7 @@ from tvmsched.errors import TvmschedError
 from tvmsched.runtime.native import func
 from tvmsched.runtime import Runtime
 from tvmsched.runtime.executor import Executor
-from tvmsched.runtime.switching import footprint
+from tvmsched.runtime.switching import footprint_of
 from tvmsched.runtime.tiering import TierSettings
 
 
@@ -28,7 +28,7 @@ def resnet(compiled):
     resident = Executor(path)
     inputs = [resident.random_inputs(seed) for seed in range(3)]
     outputs = [resident.run(x) for x in inputs]
-    need = footprint(Executor(path, register_groups=8))
+    need = footprint_of(path, 8)
     del resident
     gc.collect()
     return path, inputs, outputs, need
@@ -129,7 +129,7 @@ def test_resident_models_beside_a_tiered_one_and_the_tiers_shared_out(resnet, tm
     small = Executor(mlp)
     x_small = small.random_inputs(4)
     want_small = small.run(x_small)
-    small_need = footprint(Executor(mlp, register_groups=8))
+    small_need = footprint_of(mlp, 8)
     del small
     gc.collect()
     budget = small_need + 2 * (need // 3)

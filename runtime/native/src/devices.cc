@@ -256,9 +256,10 @@ bool RuntimeObj::LargerThanEveryBudget(const std::string& path) const {
     if (!first) first = &part;
   }
   if (!first) return false;
-  LoadOptions registered;  // (as a device's Runtime measures a model: registered, its environment and groups)
-  registered.resident = false;
+  LoadOptions registered;       // (as a device's Runtime measures a model: registered, its environment and groups; only
+  registered.resident = false;  // laid out: no pinned copy of a model larger than every device's memory)
   registered.max_groups = std::max(1, options_.max_groups);
+  registered.measure_only = true;
   Model m = (*first)->LoadModel(path, registered);
   size_t footprint = m->env_bytes();
   for (int g = 0; g < m->num_groups(); ++g) footprint += m->group_bytes(g);

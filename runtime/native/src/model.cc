@@ -246,12 +246,16 @@ void ModelObj::Init(const std::string& path, ArtifactContents contents, const Lo
   for (auto& [id, array] : contents.weights) {  // resident: copied from here; registered: kept pinned
     SubTasks::HostWeight& host = subtasks_.host_weights[id];
     host.nbytes = array.data.size();
-    if (!options.resident && !options.tiers) {
+    if (!options.resident && !options.tiers && !options.measure_only) {
       host.data = device_->AllocHost(host.nbytes);
       std::memcpy(host.data, array.data.data(), host.nbytes);
       array.data.clear();
       array.data.shrink_to_fit();
     }
+  }
+  if (options.measure_only) {  // laid out as registered: its footprint, nothing held
+    SetGroups(GroupLayers(layer_weights, std::max(1, options.max_groups)));
+    return;
   }
   if (!options.tiers) SetGroups(GroupLayers(layer_weights, options.resident ? 1 : options.max_groups));
   // the layers' packed arguments (data pointers bound as tensors are allocated), built once
@@ -358,7 +362,7 @@ Model Model::Load(const std::string& path, const std::string& device, FlagMemory
 
 Model Model::Load(const std::string& path, const std::string& device, const LoadOptions& options,
                   const TrustedKeys& trusted) {
-  ArtifactContents contents = ReadArtifact(path, trusted);
+  ArtifactContents contents = ReadArtifact(path, trusted, /*for_loading=*/!options.measure_only);
   if (options.batch > 0) SelectBatch(&contents, options.batch, path);
   if (options.layers.first >= 0) CutLayers(&contents, options.layers.first, options.layers.second, path);
   const std::string& compiled_for = contents.manifest.device;

@@ -197,6 +197,21 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              options.scope = ScopeOf(scope);
              return Model::Load(path, device, options, TrustedKeys::FromFiles(files));
            })
+      .def("tvmsched.engine.measure_model",
+           [](const std::string& path, const std::string& device, int max_groups, int64_t batch) {
+             // the bytes it holds when resident as registered with `max_groups` sub-tasks, read and laid out only
+             if (max_groups < 1)
+               TVM_FFI_THROW(TvmschedError) << "a model needs at least 1 sub-task, not " << max_groups;
+             LoadOptions options;
+             options.resident = false;
+             options.max_groups = max_groups;
+             options.batch = batch;
+             options.measure_only = true;
+             Model m = Model::Load(path, device, options, TrustedKeys());
+             int64_t bytes = static_cast<int64_t>(m->env_bytes());
+             for (int g = 0; g < m->num_groups(); ++g) bytes += static_cast<int64_t>(m->group_bytes(g));
+             return bytes;
+           })
       .def("tvmsched.engine.create_switcher",
            [](const std::string& kind, int64_t budget, int64_t threshold1, int64_t threshold2, int preset_count,
               bool retain, MemoryScopeRef scope) {

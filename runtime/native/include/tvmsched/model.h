@@ -66,6 +66,9 @@ struct LoadOptions {
   /*! \brief Only these layers (first, last) of its program, as a model of their own: a split model's part
    *  (CutLayers, tvmsched/split.h; first < 0: every layer). */
   std::pair<int, int> layers{-1, -1};
+  /*! \brief Only lay it out, as registered (`max_groups` sub-tasks): its environment's and sub-tasks' bytes, for a
+   *  footprint; no host copy of its weights, no kernels loaded, nothing allocated (it cannot run). */
+  bool measure_only = false;
 };
 
 /*! \brief Lay out and load a model larger than its device memory (LoadOptions::tiers): its streamer (the streamed
