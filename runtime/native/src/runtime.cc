@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <sstream>
 #include <tuple>
@@ -140,7 +141,16 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
   registered.resident = false;
   registered.max_groups = std::max(1, options_.max_groups);
   registered.scope = scope_;
-  Model first = load_model(registered);
+  const size_t budget = options_.devices[0].memory_budget;
+  // a whole model whose artifact is larger than the budget is likely streamed: measured first (only laid out), so
+  // that it is not loaded whole into pinned host memory just to learn that; registered below if it fits after all
+  // (a split model's part, a fraction of the artifact, is loaded as before)
+  std::error_code no_size;
+  const uintmax_t file_bytes = std::filesystem::file_size(path, no_size);
+  const bool measure_first = budget > 0 && !no_size && file_bytes > budget && options.layers.first < 0;
+  LoadOptions measure = registered;
+  measure.measure_only = measure_first;
+  Model first = load_model(measure);
   std::string name = options.name.empty() ? first->name() : options.name;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -148,8 +158,11 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
   }
   size_t footprint = first->env_bytes();
   for (int g = 0; g < first->num_groups(); ++g) footprint += first->group_bytes(g);
-  const size_t budget = options_.devices[0].memory_budget;
   bool streamed = budget > 0 && footprint > budget;
+  if (measure_first && !streamed) {
+    first = Model();
+    first = load_model(registered);
+  }
   const std::vector<int64_t> sizes = BatchSizes(first->manifest());
   // compiled at several batch sizes: every size is served when the model is resident (the smaller sizes read the
   // largest one's device weights, held for good); switched (resident=false) or streamed (larger than the budget), it
