@@ -15,7 +15,7 @@ def test_submit_and_infer_on_several_streams_match_a_direct_run_bit_for_bit(mlp,
     inputs, want = mlp_run
     with Runtime("cpu", timeline=True) as rt:
         model = rt.load(mlp, streams=2, warmup=True)
-        assert [t.name for t in model.tasks] == ["mlp", "mlp#1"] and model.placement == "staged"
+        assert [t.name for t in model.tasks] == ["mlp", "mlp#1"] and model.placement == "resident"  # (held: shared)
         futures = [rt.submit(model, inputs) for _ in range(30)]
         outputs = [f.result(timeout=60) for f in futures] + [asyncio.run(rt.infer("mlp", inputs))]
         assert all(np.array_equal(o["output"], want["output"]) for o in outputs)

@@ -99,7 +99,7 @@ def test_metadata_and_configuration_say_the_same_in_both(client, zoo):  # noqa: 
     assert config["max_batch_size"] == 0 and config["instance_group"][0]["count"] == 2
     params = {k: v["string_value"] for k, v in config["parameters"].items()}
     assert params["streams"] == "2" and params["policy"] == POLICY and params["max_queue"] == "32"
-    assert params["priority"] == "best_effort" and params["placement"] == "staged"
+    assert params["priority"] == "best_effort" and params["placement"] == "resident"  # two streams: held, one copy
     mlp = {k: v["string_value"] for k, v in client.get_model_config("mlp")["parameters"].items()}
     assert float(mlp["qos_ms"]) == 60000.0 and mlp["streams"] == "1"
 

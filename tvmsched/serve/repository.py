@@ -13,8 +13,8 @@ tvmsched's own:
 config.json keys (all optional): qos_ms (the model's latency target, default: the artifact's), priority
 ("realtime" or "best_effort", default best_effort), warmup (run every candidate kernel once at load, default true),
 max_queue (requests queued or running for it before more are answered 503, default: the server's --max-queue),
-streams (serve it on that many streams, a resident copy each, every request on the one with the fewest pending:
-Runtime.load(streams=); default 1), max_queue_delay_us (a model compiled for a batch: how long a free stream waits
+streams (serve it on that many streams, resident, the streams reading one copy of its weights, every request on
+the one with the fewest pending: Runtime.load(streams=); default 1), max_queue_delay_us (a model compiled for a batch: how long a free stream waits
 after the oldest queued request arrived for the queued rows to fill the batch, Triton's max_queue_delay_microseconds;
 default 0, launch at once; docs/batching.md), preferred_batch_sizes (Triton's preferred_batch_size: a free stream
 holds the queued rows only while they are fewer than the smallest of these; each must be a compiled batch size).

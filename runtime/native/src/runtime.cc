@@ -168,6 +168,9 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
   // largest one's device weights, held for good); switched (resident=false) or streamed (larger than the budget), it
   // serves its largest size alone, each launch padded up to it
   const bool several = sizes.size() > 1 && !streamed && options.resident;
+  // several sizes or several streams: resident from the start, outside the switcher, every other size's and stream's
+  // model reading its device weights (one copy of them, however many streams)
+  const bool shared = (several || options.streams > 1) && !streamed && options.resident;
   for (int64_t preferred : options.preferred_batch_sizes) {
     if (std::find(sizes.begin(), sizes.end(), preferred) == sizes.end()) {
       std::ostringstream listed;
@@ -241,14 +244,14 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
       for (size_t t = 0; t < took.size() && t < store.used().size(); ++t) took[t] = store.used()[t];
     }
   }
-  if (several) {  // resident from the start, outside the switcher: its other sizes read its weights
+  if (shared) {  // resident from the start, outside the switcher: its other sizes and streams read its weights
     first = Model();
     LoadOptions resident;
     resident.scope = scope_;
     first = load_model(resident);
   }
   first->SetName(name);  // its events and error lines say the name it is served by
-  if (!streamed && !several) {
+  if (!streamed && !shared) {
     // its device streams get the priority now, before its switcher prepares them: set later (by its Stream), it
     // would destroy the ones a prefetch made while the switcher's memory thread may evict them (both destroyed
     // one stream: a join that never returned, stress test in the asynchronous mode)
@@ -268,9 +271,10 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
   for (int64_t preferred : options.preferred_batch_sizes) entry->hold_rows = std::min(entry->hold_rows, preferred);
   std::vector<Stream> streams;
   try {
-    for (int i = 1; i < options.streams; ++i) {  // its other streams: resident copies of their own
-      LoadOptions copy;
+    for (int i = 1; i < options.streams; ++i) {  // its other streams: resident, reading the first one's weights
+      LoadOptions copy;                          // (not prefetched: copies of their own)
       copy.scope = scope_;
+      if (shared) copy.shares_weights_of = entry->models[0];
       entry->models.push_back(load_model(copy));
       entry->models.back()->SetName(name);
     }
@@ -306,7 +310,7 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
     }
   } catch (...) {
     for (Stream& s : streams) s->Close();
-    if (!streamed && !several) {
+    if (!streamed && !shared) {
       for (int tries = 0; tries < 1000 && !switcher_->Remove(first); ++tries) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
@@ -1234,7 +1238,7 @@ bool RuntimeObj::Evict(const std::string& name, bool keep_environment) {
     TVM_FFI_THROW(TvmschedError) << "model " << name << " streams its weights from the host tiers: only a switched "
                                  << "model is evicted";
   }
-  if (std::strcmp(first->placement()->kind(), "resident") == 0) return false;  // (several batch sizes: never switched)
+  if (std::strcmp(first->placement()->kind(), "resident") == 0) return false;  // (several sizes or streams: held)
   return switcher_->Evict(first, keep_environment);
 }
 
@@ -1292,6 +1296,11 @@ void RuntimeObj::Unload(const std::string& name, double timeout_s) {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
+  }
+  // what it holds for good (several streams or sizes) goes now, not when its last reference does (a caller may still
+  // hold one): the models reading another's weights first, their owner last
+  for (size_t k = entry->models.size(); k-- > 0;) {
+    if (std::strcmp(entry->models[k]->placement()->kind(), "resident") == 0) entry->models[k]->TryFreeDeviceMemory();
   }
 }
 
