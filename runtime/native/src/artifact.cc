@@ -508,7 +508,43 @@ bool SignatureRequired() {
   return value != nullptr && *value != '\0' && std::string(value) != "0";
 }
 
-ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& trusted, bool for_loading) {
+/*! \brief `out`'s weights from its weights.npz (`npz`, freed as it is read), each checked against its manifest. */
+static void ReadWeights(std::string& npz, ArtifactContents* out, const std::string& path) {
+  try {
+    auto arrays = ReadStoredZip(npz, "weights.npz", 65535);
+    std::string().swap(npz);  // (its checksum was checked; its arrays are parsed from `arrays`, each freed once parsed)
+    std::vector<const Manifest*> programs{&out->manifest};
+    for (const Manifest& v : out->manifest.variants) programs.push_back(&v);
+    for (const Manifest* program : programs) {
+      for (const auto& [id, spec] : program->tensors) {
+        if (spec.kind != "weight") continue;
+        if (auto seen = out->weights.find(id); seen != out->weights.end()) {  // shared by two sizes: the same array
+          bool same_dtype = seen->second.dtype.code == spec.dtype.code && seen->second.dtype.bits == spec.dtype.bits;
+          if (seen->second.shape != spec.shape || !same_dtype)
+            throw std::invalid_argument("weight " + id + " does not match its shape or dtype");
+          continue;
+        }
+        auto found = arrays.find(id + ".npy");
+        if (found == arrays.end()) throw std::invalid_argument("weights.npz lacks " + id);
+        HostArray array = ParseNpy(found->second, id);
+        arrays.erase(found);
+        bool same_dtype = array.dtype.code == spec.dtype.code && array.dtype.bits == spec.dtype.bits;
+        if (array.shape != spec.shape || !same_dtype)
+          throw std::invalid_argument("weight " + id + " does not match its shape or dtype");
+        out->weights.emplace(id, std::move(array));
+      }
+    }
+  } catch (const std::invalid_argument& err) {
+    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights (" << Printable(err.what())
+                                 << ")";
+  } catch (const ffi::Error& err) {
+    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights ("
+                                 << Printable(err.message()) << ")";
+  }
+}
+
+ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& trusted, bool for_loading,
+                              bool with_weights) {
   if (for_loading && trusted.empty() && SignatureRequired()) {
     TVM_FFI_THROW(TvmschedError)
         << "refusing to load " << path << " without a trusted key: TVMSCHED_REQUIRE_SIGNATURE is set, "
@@ -530,6 +566,7 @@ ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& truste
   }
   ffi::Any sums = ffi::json::Parse(ffi::String(members["checksums.json"]), &error);
   for (const char* name : {"manifest.json", "kernels.so", "weights.npz"}) {
+    if (!with_weights && std::string(name) == "weights.npz") continue;  // (not read: nothing of it is used)
     std::string expected;
     try {
       expected = error.empty() ? Json(sums, "checksums")[name].str() : "";
@@ -557,38 +594,7 @@ ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& truste
     TVM_FFI_THROW(TvmschedError) << path << " has artifact schema version " << version
                                  << "; this tvmsched reads version " << kSchemaVersion << " only (recompile the model)";
   }
-  try {
-    auto arrays = ReadStoredZip(members["weights.npz"], "weights.npz", 65535);
-    std::string().swap(members["weights.npz"]);  // (checked above; its arrays are parsed from `arrays`, each freed
-                                                 // once parsed)
-    std::vector<const Manifest*> programs{&out.manifest};
-    for (const Manifest& v : out.manifest.variants) programs.push_back(&v);
-    for (const Manifest* program : programs) {
-      for (const auto& [id, spec] : program->tensors) {
-        if (spec.kind != "weight") continue;
-        if (auto seen = out.weights.find(id); seen != out.weights.end()) {  // shared by two sizes: the same array
-          bool same_dtype = seen->second.dtype.code == spec.dtype.code && seen->second.dtype.bits == spec.dtype.bits;
-          if (seen->second.shape != spec.shape || !same_dtype)
-            throw std::invalid_argument("weight " + id + " does not match its shape or dtype");
-          continue;
-        }
-        auto found = arrays.find(id + ".npy");
-        if (found == arrays.end()) throw std::invalid_argument("weights.npz lacks " + id);
-        HostArray array = ParseNpy(found->second, id);
-        arrays.erase(found);
-        bool same_dtype = array.dtype.code == spec.dtype.code && array.dtype.bits == spec.dtype.bits;
-        if (array.shape != spec.shape || !same_dtype)
-          throw std::invalid_argument("weight " + id + " does not match its shape or dtype");
-        out.weights.emplace(id, std::move(array));
-      }
-    }
-  } catch (const std::invalid_argument& err) {
-    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights (" << Printable(err.what())
-                                 << ")";
-  } catch (const ffi::Error& err) {
-    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights ("
-                                 << Printable(err.message()) << ")";
-  }
+  if (with_weights) ReadWeights(members["weights.npz"], &out, path);
   out.signer = signer;
   out.manifest_json = std::move(members["manifest.json"]);
   out.kernels = std::move(members["kernels.so"]);

@@ -260,6 +260,7 @@ bool RuntimeObj::LargerThanEveryBudget(const std::string& path) const {
   registered.resident = false;  // laid out: no pinned copy of a model larger than every device's memory)
   registered.max_groups = std::max(1, options_.max_groups);
   registered.measure_only = true;
+  registered.read_weights = false;
   Model m = (*first)->LoadModel(path, registered);
   size_t footprint = m->env_bytes();
   for (int g = 0; g < m->num_groups(); ++g) footprint += m->group_bytes(g);

@@ -223,13 +223,20 @@ void ModelObj::Init(const std::string& path, ArtifactContents contents, const Lo
     env_bytes_ += bytes;
   }
   if (manifest_.progress_counters) env_bytes_ += sizeof(int32_t) * n;
+  // its weights' bytes: the arrays read, or (not read: it reads another model's, or is only measured) the manifest's
+  std::map<std::string, size_t> weight_bytes;
+  for (const auto& [id, array] : contents.weights) weight_bytes[id] = array.data.size();
+  if (!options.read_weights) {
+    for (const auto& [id, spec] : manifest_.tensors) {
+      if (spec.kind == "weight") weight_bytes[id] = spec.nbytes();
+    }
+  }
   // sub-tasks: by the weight bytes each layer reads first
   std::vector<size_t> layer_weights(n, 0);
   std::set<std::string> seen;
   for (const LayerSpec& layer : manifest_.layers) {
     for (const auto& id : layer.inputs) {
-      if (contents.weights.count(id) && seen.insert(id).second)
-        layer_weights[layer.index] += contents.weights.at(id).data.size();
+      if (weight_bytes.count(id) && seen.insert(id).second) layer_weights[layer.index] += weight_bytes.at(id);
     }
   }
   for (const LayerSpec& layer : manifest_.layers) {
@@ -243,9 +250,9 @@ void ModelObj::Init(const std::string& path, ArtifactContents contents, const Lo
     }
     layer_arg_ids_.push_back(std::move(args));
   }
+  for (const auto& [id, bytes] : weight_bytes) subtasks_.host_weights[id].nbytes = bytes;
   for (auto& [id, array] : contents.weights) {  // resident: copied from here; registered: kept pinned
     SubTasks::HostWeight& host = subtasks_.host_weights[id];
-    host.nbytes = array.data.size();
     if (!options.resident && !options.tiers && !options.measure_only) {
       host.data = device_->AllocHost(host.nbytes);
       std::memcpy(host.data, array.data.data(), host.nbytes);
@@ -293,17 +300,22 @@ void ModelObj::Init(const std::string& path, ArtifactContents contents, const Lo
     for (int g = 0; g < num_groups(); ++g) {
       for (const auto& id : subtasks_.tensors(g)) {  // copy straight from the artifact's bytes
         if (!subtasks_.is_weight(id) || tensor_data_.count(id)) continue;
-        const std::string& bytes = contents.weights.at(id).data;
-        if (owner) {  // another batch size of the artifact holds it: read there
+        if (owner) {  // another stream's or batch size's model of the artifact holds it: read there
           auto held = owner->tensor_data_.find(id);
           auto host = owner->subtasks_.host_weights.find(id);
           if (held != owner->tensor_data_.end() && host != owner->subtasks_.host_weights.end() &&
-              host->second.nbytes == bytes.size()) {
+              host->second.nbytes == weight_bytes.at(id)) {
             tensor_data_[id] = held->second;
             borrowed_.insert(id);
             continue;
           }
         }
+        auto read = contents.weights.find(id);
+        if (read == contents.weights.end()) {
+          TVM_FFI_THROW(TvmschedError) << "internal: weight " << id << " is neither read nor held by the model whose "
+                                       << "weights this one reads";
+        }
+        const std::string& bytes = read->second.data;
         void* data = AllocFor("weight " + id, bytes.size());
         tensor_data_[id] = data;
         device_->CopyToDevice(data, bytes.data(), bytes.size(), nullptr);
@@ -362,7 +374,8 @@ Model Model::Load(const std::string& path, const std::string& device, FlagMemory
 
 Model Model::Load(const std::string& path, const std::string& device, const LoadOptions& options,
                   const TrustedKeys& trusted) {
-  ArtifactContents contents = ReadArtifact(path, trusted, /*for_loading=*/!options.measure_only);
+  ArtifactContents contents =
+      ReadArtifact(path, trusted, /*for_loading=*/!options.measure_only, /*with_weights=*/options.read_weights);
   if (options.batch > 0) SelectBatch(&contents, options.batch, path);
   if (options.layers.first >= 0) CutLayers(&contents, options.layers.first, options.layers.second, path);
   const std::string& compiled_for = contents.manifest.device;

@@ -207,6 +207,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              options.max_groups = max_groups;
              options.batch = batch;
              options.measure_only = true;
+             options.read_weights = false;
              Model m = Model::Load(path, device, options, TrustedKeys());
              int64_t bytes = static_cast<int64_t>(m->env_bytes());
              for (int g = 0; g < m->num_groups(); ++g) bytes += static_cast<int64_t>(m->group_bytes(g));

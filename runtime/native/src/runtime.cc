@@ -150,6 +150,7 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
   const bool measure_first = budget > 0 && !no_size && file_bytes > budget && options.layers.first < 0;
   LoadOptions measure = registered;
   measure.measure_only = measure_first;
+  measure.read_weights = !measure_first;
   Model first = load_model(measure);
   std::string name = options.name.empty() ? first->name() : options.name;
   {
@@ -274,7 +275,7 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
     for (int i = 1; i < options.streams; ++i) {  // its other streams: resident, reading the first one's weights
       LoadOptions copy;                          // (not prefetched: copies of their own)
       copy.scope = scope_;
-      if (shared) copy.shares_weights_of = entry->models[0];
+      if (shared) copy.shares_weights_of = entry->models[0], copy.read_weights = false;  // (the same program)
       entry->models.push_back(load_model(copy));
       entry->models.back()->SetName(name);
     }

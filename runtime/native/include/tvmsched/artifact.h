@@ -130,10 +130,11 @@ class TrustedKeys {
  *  With `trusted` keys, an artifact they did not sign is refused before any other member is used.
  *  `for_loading`: the caller will load its kernels.so (run its code); then, where the environment sets
  *  TVMSCHED_REQUIRE_SIGNATURE (to anything but "" or "0"), an artifact read without trusted keys is refused
- *  (readers that run no code, like `tvmsched inspect`, pass false).
+ *  (readers that run no code, like `tvmsched inspect`, pass false). Without `with_weights` its weights are neither
+ *  verified nor parsed (`weights` stays empty): for a model that reads another's device weights, or is only measured.
  */
 ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& trusted = TrustedKeys(),
-                              bool for_loading = true);
+                              bool for_loading = true, bool with_weights = true);
 
 /*! \brief Make `contents` the program compiled at `batch` rows (one of BatchSizes; its manifest becomes that size's and
  *  its weights the ones that size reads); one TvmschedError line naming `path` when it is not compiled at that size. */

@@ -69,6 +69,9 @@ struct LoadOptions {
   /*! \brief Only lay it out, as registered (`max_groups` sub-tasks): its environment's and sub-tasks' bytes, for a
    *  footprint; no host copy of its weights, no kernels loaded, nothing allocated (it cannot run). */
   bool measure_only = false;
+  /*! \brief Read (and verify) its weights; false for a model that reads all of another's device weights
+   *  (`shares_weights_of`, the same program: a model's other stream) or is only measured. */
+  bool read_weights = true;
 };
 
 /*! \brief Lay out and load a model larger than its device memory (LoadOptions::tiers): its streamer (the streamed
