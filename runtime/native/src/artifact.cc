@@ -508,9 +508,23 @@ bool SignatureRequired() {
   return value != nullptr && *value != '\0' && std::string(value) != "0";
 }
 
+/*! \brief `body()`, where a bad manifest or bad weights (its exceptions) become one line naming `path`. */
+template <typename F>
+void AsCorrupt(const std::string& path, F body) {
+  try {
+    body();
+  } catch (const std::invalid_argument& err) {
+    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights (" << Printable(err.what())
+                                 << ")";
+  } catch (const ffi::Error& err) {
+    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights ("
+                                 << Printable(err.message()) << ")";
+  }
+}
+
 /*! \brief `out`'s weights from its weights.npz (`npz`, freed as it is read), each checked against its manifest. */
 static void ReadWeights(std::string& npz, ArtifactContents* out, const std::string& path) {
-  try {
+  AsCorrupt(path, [&] {
     auto arrays = ReadStoredZip(npz, "weights.npz", 65535);
     std::string().swap(npz);  // (its checksum was checked; its arrays are parsed from `arrays`, each freed once parsed)
     std::vector<const Manifest*> programs{&out->manifest};
@@ -534,13 +548,7 @@ static void ReadWeights(std::string& npz, ArtifactContents* out, const std::stri
         out->weights.emplace(id, std::move(array));
       }
     }
-  } catch (const std::invalid_argument& err) {
-    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights (" << Printable(err.what())
-                                 << ")";
-  } catch (const ffi::Error& err) {
-    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights ("
-                                 << Printable(err.message()) << ")";
-  }
+  });
 }
 
 ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& trusted, bool for_loading,
@@ -576,15 +584,7 @@ ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& truste
       TVM_FFI_THROW(TvmschedError) << path << " is corrupt: checksum mismatch in " << name;
   }
   ArtifactContents out;
-  try {
-    out.manifest = ParseManifest(members["manifest.json"]);
-  } catch (const std::invalid_argument& err) {
-    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights (" << Printable(err.what())
-                                 << ")";
-  } catch (const ffi::Error& err) {
-    TVM_FFI_THROW(TvmschedError) << path << " is a corrupt artifact: bad manifest or weights ("
-                                 << Printable(err.message()) << ")";
-  }
+  AsCorrupt(path, [&] { out.manifest = ParseManifest(members["manifest.json"]); });
   int version = out.manifest.schema_version;
   if (version > kSchemaVersion) {
     TVM_FFI_THROW(TvmschedError) << path << " has artifact schema version " << version
