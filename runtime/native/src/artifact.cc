@@ -523,7 +523,13 @@ void AsCorrupt(const std::string& path, F body) {
 }
 
 /*! \brief `out`'s weights from its weights.npz (`npz`, freed as it is read), each checked against its manifest. */
-static void ReadWeights(std::string& npz, ArtifactContents* out, const std::string& path) {
+static void ReadWeights(std::string& npz, ArtifactContents* out, const std::string& path,
+                        std::pair<int, int> only_layers) {
+  std::set<std::string> wanted;  // (only_layers: the weights those layers read; empty: every one)
+  const std::vector<LayerSpec>& layers = out->manifest.layers;
+  for (int i = std::max(0, only_layers.first); only_layers.first >= 0 && i <= only_layers.second; ++i) {
+    if (i < static_cast<int>(layers.size())) wanted.insert(layers[i].inputs.begin(), layers[i].inputs.end());
+  }
   AsCorrupt(path, [&] {
     auto arrays = ReadStoredZip(npz, "weights.npz", 65535);
     std::string().swap(npz);  // (its checksum was checked; its arrays are parsed from `arrays`, each freed once parsed)
@@ -531,7 +537,7 @@ static void ReadWeights(std::string& npz, ArtifactContents* out, const std::stri
     for (const Manifest& v : out->manifest.variants) programs.push_back(&v);
     for (const Manifest* program : programs) {
       for (const auto& [id, spec] : program->tensors) {
-        if (spec.kind != "weight") continue;
+        if (spec.kind != "weight" || (!wanted.empty() && !wanted.count(id))) continue;
         if (auto seen = out->weights.find(id); seen != out->weights.end()) {  // shared by two sizes: the same array
           bool same_dtype = seen->second.dtype.code == spec.dtype.code && seen->second.dtype.bits == spec.dtype.bits;
           if (seen->second.shape != spec.shape || !same_dtype)
@@ -551,8 +557,8 @@ static void ReadWeights(std::string& npz, ArtifactContents* out, const std::stri
   });
 }
 
-ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& trusted, bool for_loading,
-                              bool with_weights) {
+ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& trusted, bool for_loading, bool with_weights,
+                              std::pair<int, int> only_layers) {
   if (for_loading && trusted.empty() && SignatureRequired()) {
     TVM_FFI_THROW(TvmschedError)
         << "refusing to load " << path << " without a trusted key: TVMSCHED_REQUIRE_SIGNATURE is set, "
@@ -594,7 +600,7 @@ ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& truste
     TVM_FFI_THROW(TvmschedError) << path << " has artifact schema version " << version
                                  << "; this tvmsched reads version " << kSchemaVersion << " only (recompile the model)";
   }
-  if (with_weights) ReadWeights(members["weights.npz"], &out, path);
+  if (with_weights) ReadWeights(members["weights.npz"], &out, path, only_layers);
   out.signer = signer;
   out.manifest_json = std::move(members["manifest.json"]);
   out.kernels = std::move(members["kernels.so"]);

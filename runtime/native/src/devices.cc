@@ -278,7 +278,7 @@ std::string RuntimeObj::LoadSplit(const std::string& path, const ModelOptions& o
   }
   CheckInService(devices);
   auto chain = std::make_shared<SplitChain>();
-  chain->whole = ReadArtifact(path, parts_[0]->trusted_, /*for_loading=*/false).manifest;
+  chain->whole = ReadArtifact(path, parts_[0]->trusted_, /*for_loading=*/false, /*with_weights=*/false).manifest;
   if (BatchSizes(chain->whole).size() > 1) {
     TVM_FFI_THROW(TvmschedError) << "model " << chain->whole.model_name << " is compiled at several batch sizes: a "
                                  << "split model serves one";

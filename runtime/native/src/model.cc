@@ -374,8 +374,10 @@ Model Model::Load(const std::string& path, const std::string& device, FlagMemory
 
 Model Model::Load(const std::string& path, const std::string& device, const LoadOptions& options,
                   const TrustedKeys& trusted) {
+  // (a split model's part, of the program's one size: only the weights of its layers are parsed)
   ArtifactContents contents =
-      ReadArtifact(path, trusted, /*for_loading=*/!options.measure_only, /*with_weights=*/options.read_weights);
+      ReadArtifact(path, trusted, /*for_loading=*/!options.measure_only,
+                   /*with_weights=*/options.read_weights, options.batch > 0 ? std::pair{-1, -1} : options.layers);
   if (options.batch > 0) SelectBatch(&contents, options.batch, path);
   if (options.layers.first >= 0) CutLayers(&contents, options.layers.first, options.layers.second, path);
   const std::string& compiled_for = contents.manifest.device;

@@ -128,7 +128,8 @@ ffi::Map<ffi::String, ffi::Tensor> ModelOutputs(const Manifest& whole, const ffi
 SplitModelObj::SplitModelObj(const std::string& path, std::vector<std::shared_ptr<Device>> devices,
                              const TrustedKeys& trusted) {
   if (devices.size() < 2) TVM_FFI_THROW(TvmschedError) << "a split model needs at least two devices";
-  whole_ = ReadArtifact(path, trusted, /*for_loading=*/false).manifest;  // (its code is loaded by the parts below)
+  // (its code and weights are loaded by the parts below)
+  whole_ = ReadArtifact(path, trusted, /*for_loading=*/false, /*with_weights=*/false).manifest;
   const std::vector<std::pair<int, int>> groups = SplitGroups(whole_, {}, devices.size(), path);
   for (size_t d = 0; d < groups.size(); ++d) {  // (fewer layers than devices: the last devices idle)
     LoadOptions options;

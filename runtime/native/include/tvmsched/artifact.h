@@ -132,9 +132,12 @@ class TrustedKeys {
  *  TVMSCHED_REQUIRE_SIGNATURE (to anything but "" or "0"), an artifact read without trusted keys is refused
  *  (readers that run no code, like `tvmsched inspect`, pass false). Without `with_weights` its weights are neither
  *  verified nor parsed (`weights` stays empty): for a model that reads another's device weights, or is only measured.
+ *  `only_layers` (first, last; first < 0: all): parse only the weights those layers of its program read (a split
+ *  model's part; CutLayers takes the rest away anyway).
  */
 ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& trusted = TrustedKeys(),
-                              bool for_loading = true, bool with_weights = true);
+                              bool for_loading = true, bool with_weights = true,
+                              std::pair<int, int> only_layers = {-1, -1});
 
 /*! \brief Make `contents` the program compiled at `batch` rows (one of BatchSizes; its manifest becomes that size's and
  *  its weights the ones that size reads); one TvmschedError line naming `path` when it is not compiled at that size. */
