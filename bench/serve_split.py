@@ -40,10 +40,20 @@ def binary_body(inputs: dict[str, np.ndarray], outputs: list[str]) -> tuple[dict
     return {"Inference-Header-Content-Length": str(len(header))}, header + b"".join(v.tobytes() for v in inputs.values())
 
 
+def tensors(served, side: str) -> list[tuple[str, str, list[int], np.dtype]]:
+    """(name, datatype, shape, dtype) of the served model's "inputs" or "outputs", as its metadata gives them (a batched
+    model's any-rows dimension as 1)."""
+    from tvmsched.serve.tensors import DATATYPES
+
+    return [(t["name"], t["datatype"], [max(d, 1) for d in t["shape"]], np.dtype(DATATYPES[t["datatype"]]))
+            for t in json.loads(served.book.metadata())[side]]
+
+
 def binary_request(served) -> tuple[dict, bytes]:
     """binary_body of the served model's inputs (random, seeded) and outputs."""
     rng = np.random.default_rng(0)
-    return binary_body({t.name: rng.random(t.shape).astype(t.dtype) for t in served.inputs}, [t.name for t in served.outputs])
+    return binary_body({name: rng.random(shape).astype(dtype) for name, _, shape, dtype in tensors(served, "inputs")},
+                       [name for name, *_ in tensors(served, "outputs")])
 
 
 def grpc_request(served) -> bytes:
@@ -53,11 +63,11 @@ def grpc_request(served) -> bytes:
     pb2 = stubs()[0]
     rng = np.random.default_rng(0)
     message = pb2.ModelInferRequest(model_name=served.name)
-    for t in served.inputs:
-        message.inputs.add(name=t.name, datatype=t.datatype, shape=list(t.shape))
-        message.raw_input_contents.append(rng.random(t.shape).astype(t.dtype).tobytes())
-    for t in served.outputs:
-        message.outputs.add(name=t.name)
+    for name, datatype, shape, dtype in tensors(served, "inputs"):
+        message.inputs.add(name=name, datatype=datatype, shape=shape)
+        message.raw_input_contents.append(rng.random(shape).astype(dtype).tobytes())
+    for name, *_ in tensors(served, "outputs"):
+        message.outputs.add(name=name)
     return message.SerializeToString()
 
 

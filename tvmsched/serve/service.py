@@ -33,7 +33,6 @@ from tvmsched.errors import TvmschedError
 from tvmsched.runtime import native
 from tvmsched.serve.errors import ServeError
 from tvmsched.serve.repository import ModelSpec, Repository, check_artifact
-from tvmsched.serve.tensors import TensorInfo, tensor_infos
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +62,6 @@ class Served:
 
     spec: ModelSpec
     model: object  # runtime.Model
-    inputs: tuple[TensorInfo, ...]
-    outputs: tuple[TensorInfo, ...]
     max_queue: int
     codec: Codec | None = None  # the engine's parsers and encoders of its requests (REST and gRPC)
     batch: int = 0  # the batch size it was compiled for: requests bring 1 to `batch` rows (0: not batched)
@@ -108,14 +105,12 @@ class InferenceService:
                                       devices=spec.devices)
             manifest = model.task.executor.manifest
             batch = manifest.batch_size or 0  # a Triton config's max_batch_size may lower it
-            served = Served(spec, model, tensor_infos(manifest, manifest.inputs), tensor_infos(manifest, manifest.outputs),
-                            spec.max_queue or self.max_queue, batch=spec.max_batch_size or batch)
+            served = Served(spec, model, spec.max_queue or self.max_queue, batch=spec.max_batch_size or batch)
             served.book = self.runtime.served(model, version=spec.version, max_batch_size=served.batch,
                                               max_queue=served.max_queue, streams=spec.streams,
                                               max_queue_delay_us=spec.max_queue_delay_us,
                                               preferred_batch_sizes=spec.preferred_batch_sizes or ())
-            served.codec = Codec(*native.func("kserve_codec")(
-                spec.name, spec.version, *([[t.name, t.datatype, list(t.shape)] for t in ts] for ts in (served.inputs, served.outputs))))
+            served.codec = Codec(*served.book.codec())  # over its tensors as its metadata shows them
             self.models[spec.name] = served
             self._books = tvm_ffi.Array([s.book for s in self.models.values()])
             self.failed.pop(spec.name, None)

@@ -1060,6 +1060,66 @@ ffi::Array<ffi::Any> Refusal(const Error& err) { return {static_cast<int64_t>(er
 
 }  // namespace
 
+ffi::Array<ffi::Any> CodecFunctions(const std::string& name, const std::string& v, std::vector<TensorInfo> inputs,
+                                    std::vector<TensorInfo> outputs) {
+  auto in = std::make_shared<std::vector<TensorInfo>>(std::move(inputs));
+  auto out = std::make_shared<std::vector<TensorInfo>>(std::move(outputs));
+  auto parsed = [](const Request& request) {
+    return ffi::Array<ffi::Any>{int64_t{0}, request.inputs, request.parameters, Pending(request)};
+  };
+  auto parse = ffi::Function::FromTyped([in, out, name, parsed](ffi::Bytes body, ffi::Optional<ffi::String> header) {
+    try {
+      std::string_view text(body.data(), body.size());
+      std::optional<size_t> length = HeaderLength(header ? std::string(*header) : "", header.has_value(), text.size());
+      return parsed(ParseRequest(text, length, name, *in, *out));
+    } catch (const Error& err) {
+      return Refusal(err);
+    }
+  });
+  auto encode =
+      ffi::Function::FromTyped([name, v](ffi::Array<ffi::Any> pending, ffi::Map<ffi::String, ffi::Tensor> outputs) {
+        try {
+          Response response = EncodeResponse(name, v, FromPending(pending), outputs);
+          int64_t length = response.header_length ? static_cast<int64_t>(*response.header_length) : -1;
+          return ffi::Array<ffi::Any>{int64_t{0}, ffi::Bytes(std::move(response.body)), length};
+        } catch (const Error& err) {
+          return Refusal(err);
+        }
+      });
+  auto parse_message = ffi::Function::FromTyped([in, out, name, parsed](ffi::Bytes message) {
+    try {
+      return parsed(ParseInferMessage(std::string_view(message.data(), message.size()), name, *in, *out));
+    } catch (const Error& err) {
+      return Refusal(err);
+    }
+  });
+  auto encode_message = ffi::Function::FromTyped([name, v](ffi::Array<ffi::Any> pending,
+                                                           ffi::Map<ffi::String, ffi::Tensor> outputs) {
+    try {
+      return ffi::Array<ffi::Any>{int64_t{0}, ffi::Bytes(EncodeInferMessage(name, v, FromPending(pending), outputs))};
+    } catch (const Error& err) {
+      return Refusal(err);
+    }
+  });
+  // /v1 (examples/server.py's contract), for the model's inputs: parse_v1(body) -> [0, inputs];
+  // encode_v1(outputs) -> [0, body]
+  auto parse_v1 = ffi::Function::FromTyped([in](ffi::Bytes body) {
+    try {
+      return ffi::Array<ffi::Any>{int64_t{0}, ParseV1(std::string_view(body.data(), body.size()), *in)};
+    } catch (const Error& err) {
+      return Refusal(err);
+    }
+  });
+  auto encode_v1 = ffi::Function::FromTyped([](ffi::Map<ffi::String, ffi::Tensor> outputs) {
+    try {
+      return ffi::Array<ffi::Any>{int64_t{0}, ffi::Bytes(EncodeV1(outputs))};
+    } catch (const Error& err) {
+      return Refusal(err);
+    }
+  });
+  return ffi::Array<ffi::Any>{parse, encode, parse_message, encode_message, parse_v1, encode_v1};
+}
+
 TVM_FFI_STATIC_INIT_BLOCK() {
   // tvmsched.engine.kserve_codec(model, version, inputs, outputs) -> [parse, encode, parse_message, encode_message,
   // parse_v1, encode_v1],
@@ -1070,68 +1130,11 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   //   parse_message(ModelInferRequest: bytes) -> [0, inputs, parameters, pending]
   //   encode_message(pending, outputs) -> [0, ModelInferResponse: bytes]
   namespace refl = tvm::ffi::reflection;
-  refl::GlobalDef().def("tvmsched.engine.kserve_codec", [](ffi::String model, ffi::String version,
-                                                           ffi::Array<ffi::Array<ffi::Any>> inputs,
-                                                           ffi::Array<ffi::Array<ffi::Any>> outputs) {
-    auto in = std::make_shared<std::vector<TensorInfo>>(Infos(inputs));
-    auto out = std::make_shared<std::vector<TensorInfo>>(Infos(outputs));
-    std::string name(model), v(version);
-    auto parsed = [](const Request& request) {
-      return ffi::Array<ffi::Any>{int64_t{0}, request.inputs, request.parameters, Pending(request)};
-    };
-    auto parse = ffi::Function::FromTyped([in, out, name, parsed](ffi::Bytes body, ffi::Optional<ffi::String> header) {
-      try {
-        std::string_view text(body.data(), body.size());
-        std::optional<size_t> length =
-            HeaderLength(header ? std::string(*header) : "", header.has_value(), text.size());
-        return parsed(ParseRequest(text, length, name, *in, *out));
-      } catch (const Error& err) {
-        return Refusal(err);
-      }
-    });
-    auto encode =
-        ffi::Function::FromTyped([name, v](ffi::Array<ffi::Any> pending, ffi::Map<ffi::String, ffi::Tensor> outputs) {
-          try {
-            Response response = EncodeResponse(name, v, FromPending(pending), outputs);
-            int64_t length = response.header_length ? static_cast<int64_t>(*response.header_length) : -1;
-            return ffi::Array<ffi::Any>{int64_t{0}, ffi::Bytes(std::move(response.body)), length};
-          } catch (const Error& err) {
-            return Refusal(err);
-          }
-        });
-    auto parse_message = ffi::Function::FromTyped([in, out, name, parsed](ffi::Bytes message) {
-      try {
-        return parsed(ParseInferMessage(std::string_view(message.data(), message.size()), name, *in, *out));
-      } catch (const Error& err) {
-        return Refusal(err);
-      }
-    });
-    auto encode_message = ffi::Function::FromTyped([name, v](ffi::Array<ffi::Any> pending,
-                                                             ffi::Map<ffi::String, ffi::Tensor> outputs) {
-      try {
-        return ffi::Array<ffi::Any>{int64_t{0}, ffi::Bytes(EncodeInferMessage(name, v, FromPending(pending), outputs))};
-      } catch (const Error& err) {
-        return Refusal(err);
-      }
-    });
-    // /v1 (examples/server.py's contract), for the model's inputs: parse_v1(body) -> [0, inputs];
-    // encode_v1(outputs) -> [0, body]
-    auto parse_v1 = ffi::Function::FromTyped([in](ffi::Bytes body) {
-      try {
-        return ffi::Array<ffi::Any>{int64_t{0}, ParseV1(std::string_view(body.data(), body.size()), *in)};
-      } catch (const Error& err) {
-        return Refusal(err);
-      }
-    });
-    auto encode_v1 = ffi::Function::FromTyped([](ffi::Map<ffi::String, ffi::Tensor> outputs) {
-      try {
-        return ffi::Array<ffi::Any>{int64_t{0}, ffi::Bytes(EncodeV1(outputs))};
-      } catch (const Error& err) {
-        return Refusal(err);
-      }
-    });
-    return ffi::Array<ffi::Any>{parse, encode, parse_message, encode_message, parse_v1, encode_v1};
-  });
+  refl::GlobalDef().def("tvmsched.engine.kserve_codec",
+                        [](ffi::String model, ffi::String version, ffi::Array<ffi::Array<ffi::Any>> inputs,
+                           ffi::Array<ffi::Array<ffi::Any>> outputs) {
+                          return CodecFunctions(model, version, Infos(inputs), Infos(outputs));
+                        });
   // tvmsched.engine.kserve_message_model(ModelInferRequest: bytes) -> [0, model_name, model_version] or [400, line]
   refl::GlobalDef().def("tvmsched.engine.kserve_message_model", [](ffi::Bytes message) {
     try {

@@ -167,20 +167,38 @@ std::string ServedObj::Config() const {
   return w.Raw("}}").out;
 }
 
+namespace {
+
+/*! \brief Served models' engine counters, each Runtime's read once (its Stats walks every stream). */
+class EngineCounts {
+ public:
+  const ModelStats& Of(const ServedObj& s) {
+    auto read = read_.find(s.runtime.get());
+    if (read == read_.end()) read = read_.emplace(s.runtime.get(), s.runtime->Stats()).first;
+    return read->second[s.options.name];
+  }
+  /*! \brief Runs of the model (Triton's execution count): a batched model's launches, which run several requests at
+   *  once (the engine's count, warm-up ones not); else its requests that ran. */
+  int64_t Executions(const ServedObj& s) {
+    return s.batch > 0 ? Of(s).executions - s.warmup_executions : s.executions.load();
+  }
+
+ private:
+  std::map<const RuntimeObj*, std::map<std::string, ModelStats>> read_;
+};
+
+}  // namespace
+
 std::string Statistics(const std::vector<Served>& models) {
-  std::map<const RuntimeObj*, std::map<std::string, ModelStats>>
-      engine;  // read once per Runtime: it walks every stream
+  EngineCounts engine;
   Writer w;
   w.Raw("{").Key("model_stats").Raw("[");
   for (const Served& s : models) {
-    auto read = engine.find(s->runtime.get());
-    if (read == engine.end()) read = engine.emplace(s->runtime.get(), s->runtime->Stats()).first;
-    const ModelStats& stats = read->second[s->options.name];
+    const ModelStats& stats = engine.Of(*s.get());
     if (w.out.back() != '[') w.Raw(",");
     w.Raw("{").Key("name").Str(s->options.name).Key("version").Str(s->options.version);
     w.Key("last_inference").Int(s->last_ms.load()).Key("inference_count").Int(s->inferences.load());
-    // a batched model runs several requests at once: the engine counts its launches (warm-up ones not)
-    w.Key("execution_count").Int(s->batch > 0 ? stats.executions - s->warmup_executions : s->executions.load());
+    w.Key("execution_count").Int(engine.Executions(*s.get()));
     w.Key("inference_stats").Raw("{").Key("success").Duration(s->success).Key("fail").Duration(s->fail);
     w.Key("queue").Duration(s->queue).Key("compute_input").Duration(s->compute_input);
     w.Key("compute_infer").Duration(s->compute_infer).Key("compute_output").Duration(s->compute_output);
@@ -215,13 +233,8 @@ std::string V1Models(const std::vector<Served>& models) {
 }
 
 std::string TritonMetrics(const std::vector<Served>& models) {
-  std::map<const RuntimeObj*, std::map<std::string, ModelStats>> engine;
-  auto executions = [&engine](const ServedObj& s) {
-    if (s.batch == 0) return s.executions.load();
-    auto read = engine.find(s.runtime.get());
-    if (read == engine.end()) read = engine.emplace(s.runtime.get(), s.runtime->Stats()).first;
-    return read->second[s.options.name].executions - s.warmup_executions;
-  };
+  EngineCounts engine;
+  auto executions = [&engine](const ServedObj& s) { return engine.Executions(s); };
   std::string out;
   auto family = [&](const char* name, const char* type, const char* help, auto value) {
     out.append("# HELP ").append(name).append(" ").append(help).append("\n# TYPE ").append(name);
@@ -298,6 +311,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("pending", [](Served s) { return s->pending.load(); })
       .def("qos_violations", [](Served s) { return s->qos_violations.load(); })
       .def("metadata", [](Served s) { return s->Metadata(); })
+      .def("codec",  // kserve::CodecFunctions over its tensors (as its metadata shows them)
+           [](Served s) { return kserve::CodecFunctions(s->options.name, s->options.version, s->inputs, s->outputs); })
       .def("config", [](Served s) { return s->Config(); });
 }
 

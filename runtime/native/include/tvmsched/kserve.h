@@ -21,6 +21,7 @@
 
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/any.h>
+#include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/map.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/string.h>
@@ -121,6 +122,12 @@ Scheduling ReadScheduling(const ffi::Map<ffi::Any, ffi::Any>& parameters);
 ffi::Map<ffi::String, ffi::Tensor> ParseV1(std::string_view body, const std::vector<TensorInfo>& inputs);
 /*! \brief A /v1 answer: {"outputs": {NAME: data nested as its shape}} (non-finite elements as /v2's JSON outputs). */
 std::string EncodeV1(const ffi::Map<ffi::String, ffi::Tensor>& outputs);
+
+/*! \brief A model's codec for a server in Python (tvmsched.engine.kserve_codec, the served book's `codec`): [parse,
+ *  encode, parse_message, encode_message, parse_v1, encode_v1] over `inputs` and `outputs`, each answering
+ *  [status, one line] for a bad request (src/kserve.cc states their arguments). */
+ffi::Array<ffi::Any> CodecFunctions(const std::string& model, const std::string& version,
+                                    std::vector<TensorInfo> inputs, std::vector<TensorInfo> outputs);
 
 }  // namespace kserve
 }  // namespace tvmsched
