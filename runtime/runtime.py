@@ -51,7 +51,6 @@ class Model:
     task: Task
     layers: list[list[CandidateInfo]]
     fastest: tuple[int, ...] = ()  # the fastest candidate of every layer
-    rejected: int = 0  # requests refused at submit (bad inputs); failures while running are the stream's
     warm: bool = False  # every candidate kernel ran once at load (Runtime.load(warmup=True))
     # more streams of the same model (Runtime.load(streams=)): a request runs on the first of them that is free
     replicas: tuple[Task, ...] = ()
@@ -280,8 +279,7 @@ class Runtime:
         except TvmschedError as err:
             if "is shut down" in str(err):
                 raise
-            model.rejected += 1
-            return failed_future(err)
+            return failed_future(err)  # (the engine counts it among its model's errors)
         finally:
             if quiet:
                 gc.enable()
@@ -304,10 +302,9 @@ class Runtime:
         out = {}
         for name, s in self._engine.stats().items():
             name = str(name)
-            model = self.models.get(name)
             out[name] = {"priority": str(s["priority"]), "placement": str(s["placement"]),
                          "qos_ms": _or_none(s["qos_ms"]), "requests": int(s["requests"]),
-                         "errors": int(s["errors"]) + (model.rejected if model else 0) - int(s["refused"]),
+                         "errors": int(s["errors"]),
                          "qos_violations": int(s["qos_violations"]), "p50_ms": _or_none(s["p50_ms"]),
                          "p99_ms": _or_none(s["p99_ms"]), "launches": int(s["launches"]), "reruns": int(s["reruns"]),
                          "faults": int(s["faults"]), "fault_restarts": int(s["fault_restarts"]),

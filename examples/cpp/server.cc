@@ -205,59 +205,8 @@ class Server {
   /*! \brief GET /v1/models (the engine's, as `tvmsched serve` answers it). */
   std::string ModelsV1() { return tvmsched::serving::V1Models(Books()); }
 
-  /*! \brief The Runtime's stats (Python's Runtime.stats() keys; warm-up runs not counted) and its memory. */
-  json StatsV1() {
-    json out = json::object(), footprints = json::object(), resident = json::array();
-    for (auto& [name, st] : runtime_->Stats()) {
-      const tvmsched::Model& model = models_[name]->model;
-      out[name] = {{"priority", st.priority},
-                   {"qos_ms", st.qos_ms > 0 ? json(st.qos_ms) : json()},
-                   {"requests", st.requests - models_[name]->book->warmup_requests},
-                   {"errors", st.errors},
-                   {"refused", st.refused},
-                   {"timed_out", st.timed_out},
-                   {"queued", st.queued},
-                   {"qos_violations", st.qos_violations},
-                   {"p50_ms", st.p50_ms < 0 ? json() : json(st.p50_ms)},
-                   {"p99_ms", st.p99_ms < 0 ? json() : json(st.p99_ms)},
-                   {"launches", st.launches},
-                   {"reruns", st.reruns},
-                   {"faults", st.faults},
-                   {"fault_restarts", st.fault_restarts},
-                   {"placement", st.placement},
-                   {"streams", models_[name]->streams.size()},
-                   {"stream_requests", json::array()}};
-      for (const auto& stream : models_[name]->streams)
-        out[name]["stream_requests"].push_back(stream->completed.load());
-      size_t bytes = model->env_bytes();
-      for (int g = 0; g < model->num_groups(); ++g) bytes += model->group_bytes(g);
-      footprints[name] = bytes;
-      if (model->resident()) resident.push_back(name);
-    }
-    tvmsched::RuntimeObj::DecisionReport decisions = runtime_->Decisions();
-    out["_scheduler"] = {{"policy", runtime_->policy_kind()},
-                         {"decisions", decisions.decided},
-                         {"p50_us", decisions.p50_us < 0 ? json() : json(decisions.p50_us)},
-                         {"p99_us", decisions.p99_us < 0 ? json() : json(decisions.p99_us)}};
-    const auto& scope = runtime_->scope();
-    if (scope->budget()) {
-      out["_memory"] = {{"budget", scope->budget()},
-                        {"in_use", scope->in_use()},
-                        {"peak", scope->peak()},
-                        {"footprints", footprints},
-                        {"resident", resident}};
-    }
-    if (!order_.empty()) {  // the device's fault state machine (docs/faults.md)
-      auto f = models_[order_[0]]->model->device().faults();
-      out["_device"] = {{"health", std::vector<std::string>{"healthy", "faulted", "lost"}.at(f.health)},
-                        {"generation", f.generation},
-                        {"faults", f.faults},
-                        {"recoveries", f.recoveries},
-                        {"last_recovery_s", f.last_recovery_s},
-                        {"lost", f.lost}};
-    }
-    return out;
-  }
+  /*! \brief GET /v1/stats (the engine's, as `tvmsched serve` answers it). */
+  std::string StatsV1() { return tvmsched::serving::V1Stats(Books()); }
 
   /*! \brief Prometheus text: Triton's nv_inference_* series (the engine's, as `tvmsched serve` writes them) and the
    *  tvmsched_* series of examples/server.py. */
@@ -639,7 +588,7 @@ int Main(int argc, char** argv) {
              res.set_content(server.ModelsV1(), "application/json; charset=utf-8");
            }));
   http.Get("/v1/stats", Handle("detail", [&](const httplib::Request&, httplib::Response& res) {
-             Reply(res, 200, server.StatsV1());
+             res.set_content(server.StatsV1(), "application/json; charset=utf-8");
            }));
   http.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
     res.set_content(server.Metrics(), "text/plain; version=0.0.4; charset=utf-8");

@@ -160,9 +160,10 @@ def test_both_describe_and_count_a_model_alike(serve_server, cpp_server, zoo):  
     assert models[0] == models[1] and set(models[0]) == set(CONFIGS)  # examples/server.py's /v1 listing
     assert models[0]["mlp"] == {"qos_ms": 60000.0, "priority": "best_effort",
                                 "inputs": {k: list(a.shape) for k, a in zoo["mlp"][1].items()}}
-    counts, shapes = [], []
+    counts, shapes, v1 = [], [], []
     for base in (serve_server, cpp_server):
         client = tritonclient_http.InferenceServerClient(base.removeprefix("http://"))
+        v1_before = httpx.get(f"{base}/v1/stats", timeout=10).json()
         before = client.get_inference_statistics("mlp")["model_stats"][0]
         client.infer("mlp", _inputs(zoo, "mlp"))
         tensor = tritonclient_http.InferInput("input", [1, 5], "FP32")  # a wrong shape: refused, counted as failed
@@ -171,9 +172,13 @@ def test_both_describe_and_count_a_model_alike(serve_server, cpp_server, zoo):  
             client.infer("mlp", [tensor])
         after = client.get_inference_statistics("mlp")["model_stats"][0]
         client.close()
+        v1_after = httpx.get(f"{base}/v1/stats", timeout=10).json()  # (the engine's Runtime stats, one writer)
+        v1.append((sorted(v1_after), sorted(v1_after["mlp"]), sorted(v1_after["_scheduler"]),
+                   {key: v1_after["mlp"][key] - v1_before["mlp"][key] for key in ("requests", "errors", "executions")}))
         counts.append({key: after["inference_stats"][key]["count"] - before["inference_stats"][key]["count"]
                        for key in ("success", "fail", "queue", "compute_infer")})
         counts[-1]["inference_count"] = after["inference_count"] - before["inference_count"]
         shapes.append(_keys(after))
     assert counts[0] == counts[1] == {"success": 1, "fail": 1, "queue": 1, "compute_infer": 1, "inference_count": 1}
     assert shapes[0] == shapes[1]
+    assert v1[0] == v1[1] and v1[0][3] == {"requests": 1, "errors": 0, "executions": 1}  # (refused by the codec)

@@ -244,5 +244,6 @@ def _add_v1(app: FastAPI, service: InferenceService) -> None:
         return Response(bytes(answer[1]), media_type="application/json")
 
     @app.get("/v1/stats")
-    def stats() -> dict:
-        return service.runtime.stats()
+    def stats() -> Response:  # (the engine's, as the C++ server answers it)
+        books = [served.book for served in list(service.models.values())]
+        return Response(str(native.func("served_v1_stats")(books)), media_type="application/json")

@@ -466,8 +466,13 @@ Request RuntimeObj::Submit(const std::string& model, ffi::Map<ffi::String, ffi::
   }
   ModelObj* m = entry->models[0].get();
   int64_t rows = 0;
-  m->CheckInputs(inputs, &rows);  // a bad request raises here and queues nothing
-  if (std::string quarantined = m->quarantined(); !quarantined.empty()) TVM_FFI_THROW(TvmschedError) << quarantined;
+  try {  // a bad request raises here and queues nothing (an error of its model's all the same)
+    m->CheckInputs(inputs, &rows);
+    if (std::string quarantined = m->quarantined(); !quarantined.empty()) TVM_FFI_THROW(TvmschedError) << quarantined;
+  } catch (...) {
+    ++entry->rejected;
+    throw;
+  }
   const QueuePolicy& queue = entry->options.queue;
   double timeout_us =
       options.timeout_us >= 0 && queue.allow_timeout_override ? options.timeout_us : queue.default_timeout_us;
@@ -506,7 +511,10 @@ Request RuntimeObj::Submit(const std::string& model, ffi::Map<ffi::String, ffi::
 
 std::string RuntimeObj::AdmitLocked(Entry& entry, int64_t rows) {
   if (closed_) return "the runtime is shut down";
-  if (entry.closing) return "model " + entry.name + " is being unloaded";
+  if (entry.closing) {
+    ++entry.rejected;
+    return "model " + entry.name + " is being unloaded";
+  }
   const QueuePolicy& queue = entry.options.queue;
   const int64_t queued = static_cast<int64_t>(entry.queue.size() + entry.delayed.size());
   std::ostringstream why;
@@ -1126,7 +1134,8 @@ std::map<std::string, ModelStats> RuntimeObj::Stats() {
     s.refused = counts[e->name].first;
     s.timed_out = counts[e->name].second;
     s.queued = queued[e->name];
-    s.errors += s.refused + (e->options.queue.timeout_action == TimeoutAction::kReject ? s.timed_out : 0);
+    s.errors +=
+        s.refused + e->rejected.load() + (e->options.queue.timeout_action == TimeoutAction::kReject ? s.timed_out : 0);
     if (s.qos_ms > 0) {
       for (double ms : latencies_ms) s.qos_violations += ms > s.qos_ms;
     }

@@ -31,6 +31,7 @@ struct Writer {
     for (size_t i = 0; i < values.size(); ++i) (i ? out += ',' : out), Int(values[i]);
     return Raw("]");
   }
+  Writer& Num(double value, bool present = true);  // (below: Number) null unless present
   Writer& Duration(int64_t count, int64_t ns) { return Raw("{").Key("count").Int(count).Key("ns").Int(ns).Raw("}"); }
   Writer& Duration(const serving::Duration& d) { return Duration(d.count.load(), d.ns.load()); }
 };
@@ -40,6 +41,8 @@ std::string Number(double value) {
   std::snprintf(text, sizeof(text), "%.15g", value);
   return text;
 }
+
+Writer& Writer::Num(double value, bool present) { return Raw(present ? Number(value) : "null"); }
 
 /*! \brief A Prometheus label value's text (its three escapes). */
 std::string Label(const std::string& value) {
@@ -232,6 +235,58 @@ std::string V1Models(const std::vector<Served>& models) {
   return w.Raw("}").out;
 }
 
+std::string V1Stats(const std::vector<Served>& models) {
+  EngineCounts engine;
+  Writer w;
+  w.Raw("{");
+  for (const Served& s : models) {
+    const ModelStats& st = engine.Of(*s.get());
+    const std::vector<Stream> streams = s->runtime->streams(s->options.name);
+    w.Key(s->options.name).Raw("{").Key("priority").Str(st.priority).Key("placement").Str(st.placement);
+    w.Key("qos_ms").Num(st.qos_ms, st.qos_ms > 0).Key("requests").Int(st.requests - s->warmup_requests);
+    w.Key("errors").Int(st.errors).Key("refused").Int(st.refused).Key("timed_out").Int(st.timed_out);
+    w.Key("queued").Int(st.queued).Key("qos_violations").Int(st.qos_violations);
+    w.Key("p50_ms").Num(st.p50_ms, st.p50_ms >= 0).Key("p99_ms").Num(st.p99_ms, st.p99_ms >= 0);
+    w.Key("executions").Int(st.executions - s->warmup_executions).Key("launches").Int(st.launches);
+    w.Key("reruns").Int(st.reruns).Key("faults").Int(st.faults).Key("fault_restarts").Int(st.fault_restarts);
+    std::vector<int64_t> completed;
+    for (const Stream& stream : streams) completed.push_back(stream->completed.load());
+    w.Key("streams").Int(static_cast<int64_t>(streams.size())).Key("stream_requests").Ints(completed);
+    w.Key("devices").Raw("[");
+    for (const std::string& device : st.devices) (w.out.back() != '[' ? w.Raw(",") : w).Str(device);
+    w.Raw("]}");
+  }
+  if (models.empty()) return w.Raw("}").out;
+  const Runtime runtime = models[0]->runtime;
+  const RuntimeObj::DecisionReport decisions = runtime->Decisions();
+  w.Key("_scheduler").Raw("{").Key("policy").Str(runtime->policy_kind()).Key("decisions").Int(decisions.decided);
+  w.Key("p50_us").Num(decisions.p50_us, decisions.p50_us >= 0);
+  w.Key("p99_us").Num(decisions.p99_us, decisions.p99_us >= 0).Raw("}");
+  const std::shared_ptr<MemoryScope>& scope = runtime->scope();
+  if (scope && scope->budget()) {  // one device's memory: each model's footprint and the resident ones
+    w.Key("_memory").Raw("{").Key("budget").Int(scope->budget()).Key("in_use").Int(scope->in_use());
+    w.Key("peak").Int(scope->peak()).Key("footprints").Raw("{");
+    std::vector<std::string> resident;
+    for (const Served& s : models) {
+      const Model model = s->runtime->engine_models(s->options.name).at(0);
+      size_t bytes = model->env_bytes();
+      for (int g = 0; g < model->num_groups(); ++g) bytes += model->group_bytes(g);
+      w.Key(s->options.name).Int(static_cast<int64_t>(bytes));
+      if (model->resident()) resident.push_back(s->options.name);
+    }
+    w.Raw("}").Key("resident").Raw("[");
+    for (const std::string& name : resident) (w.out.back() != '[' ? w.Raw(",") : w).Str(name);
+    w.Raw("]}");
+  }
+  // the device's fault state machine (docs/faults.md), its first model's device
+  const Device::FaultStats f = runtime->engine_models(models[0]->options.name).at(0)->device().faults();
+  static const char* const kHealth[] = {"healthy", "faulted", "lost"};
+  w.Key("_device").Raw("{").Key("health").Str(kHealth[f.health]).Key("generation").Int(f.generation);
+  w.Key("faults").Int(f.faults).Key("recoveries").Int(f.recoveries).Key("last_recovery_s").Num(f.last_recovery_s);
+  w.Key("lost").Str(f.lost).Raw("}");
+  return w.Raw("}").out;
+}
+
 std::string TritonMetrics(const std::vector<Served>& models) {
   EngineCounts engine;
   auto executions = [&engine](const ServedObj& s) { return engine.Executions(s); };
@@ -291,6 +346,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
            [](ffi::Array<Served> models) { return Statistics({models.begin(), models.end()}); })
       .def("tvmsched.engine.served_v1_models",
            [](ffi::Array<Served> models) { return V1Models({models.begin(), models.end()}); })
+      .def("tvmsched.engine.served_v1_stats",
+           [](ffi::Array<Served> models) { return V1Stats({models.begin(), models.end()}); })
       .def("tvmsched.engine.served_pending",  // requests admitted and not answered, over `models`
            [](ffi::Array<Served> models) {
              int64_t n = 0;

@@ -139,6 +139,9 @@ struct SubmitOptions {
 struct ModelStats {
   std::string priority;
   double qos_ms = -1;
+  /*! \brief requests: finished; errors: every submitted request that failed, whether while running, refused at
+   *  submit (admission, a full queue, bad inputs, an unloading model) or past its timeout under REJECT; refused: the
+   *  refusals by admission and queue cap among them; timed_out: past their timeout (REJECT or DELAY). */
   int64_t requests = 0, errors = 0, refused = 0, timed_out = 0, qos_violations = 0, queued = 0;
   int64_t executions = 0;  ///< runs of the model: a batched model runs several requests at once (Triton's count)
   /*! \brief A model compiled for a batch: per count of rows its launches brought (1 to the batch size; the rest is
@@ -268,6 +271,7 @@ class RuntimeObj : public ffi::Object {
     std::mutex batches_mu;                                   // guards batches (written on the streams' threads)
     std::map<int64_t, std::pair<int64_t, int64_t>> batches;  // ModelStats::batches
     int64_t refused = 0, timed_out = 0, inflight = 0;        // inflight: taken by a stream, not finished
+    std::atomic<int64_t> rejected{0};  // refused at submit for the request itself (bad inputs) or an unloading model
   };
   /*! \brief A stream's source: what it runs next (under the runtime's lock; expired requests collected to fail). */
   std::vector<Request> Next(const std::shared_ptr<Entry>& entry, int stream, std::vector<Pending>* expired);

@@ -96,6 +96,11 @@ class Served : public ffi::ObjectRef {
 std::string Statistics(const std::vector<Served>& models);
 /*! \brief /v1/models (examples/server.py's contract): {NAME: {"qos_ms", "priority", "inputs": {INPUT: shape}}}. */
 std::string V1Models(const std::vector<Served>& models);
+/*! \brief /v1/stats: per model the Runtime's stats (ModelStats' keys; requests and executions without the warm-up
+ *  runs), its streams and each one's completed requests; `_scheduler` (the policy and its decision times), `_memory`
+ *  (a budgeted device: budget, in_use, peak, each model's footprint, the resident models) and `_device` (its fault
+ *  state, docs/faults.md). */
+std::string V1Stats(const std::vector<Served>& models);
 /*! \brief Triton's nv_inference_* metric families of `models` (Prometheus text, Triton's names and labels). */
 std::string TritonMetrics(const std::vector<Served>& models);
 
