@@ -13,12 +13,14 @@
 // to the same Submit and are counted in the same statistics.
 // Request bodies are read and answers written by the engine's codec (tvmsched/kserve.h), the one `tvmsched serve`
 // uses too; each model's admission, Triton's counters and the JSON of its metadata, configuration and statistics are
-// the engine's too (tvmsched/serving.h). HTTP: cpp-httplib; JSON of the other routes: nlohmann-json; both from Debian
-// (libcpp-httplib-dev, nlohmann-json3-dev).
+// the engine's too (tvmsched/serving.h), and so is the reading of a model repository (tvmsched/repository.h, which
+// hands config.pbtxt and config.toml to config_json.cc). HTTP: cpp-httplib; JSON of the other routes: nlohmann-json;
+// both from Debian (libcpp-httplib-dev, nlohmann-json3-dev).
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
 #include <tvmsched/engine.h>
+#include <tvmsched/repository.h>
 
 #include <algorithm>
 #include <atomic>
@@ -36,11 +38,11 @@
 #include <thread>
 #include <vector>
 
-#include "repository.h"
-
 #ifndef TVMSCHED_VERSION
 #define TVMSCHED_VERSION "unknown"
 #endif
+
+tvmsched::serving::ToJson ConfigToJson();  // config_json.cc
 
 namespace {
 
@@ -49,8 +51,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 namespace kserve = tvmsched::kserve;
 using tvmsched::serving::NowNs;
-using tvmsched_server::ReadRepository;
-using tvmsched_server::Spec;
+using Spec = tvmsched::serving::ModelSpec;
 
 constexpr const char* kUsage =
     "usage: tvmsched_server [--model NAME=ARTIFACT[:QOS_MS[:PRIORITY]] ...] [--model-repository DIR] [--policy "
@@ -117,12 +118,6 @@ class Server {
     options.max_queue_delay_us = spec.max_queue_delay_us;
     options.preferred_batch_sizes = spec.preferred_batch_sizes;
     if (spec.queue) options.queue = *spec.queue;
-    const std::string wanted = device_ == "cpu" ? "KIND_CPU" : "KIND_GPU";
-    for (const std::string& kind : spec.instance_kinds) {  // (a Triton config's instance groups)
-      if (kind != "KIND_AUTO" && kind != wanted)
-        throw std::runtime_error(spec.config_path + ": instance_group kind " + kind + " cannot run on this " +
-                                 "server's device (" + device_ + "): use " + wanted + " or KIND_AUTO");
-    }
     auto s = std::make_unique<Served>();
     s->spec = spec;
     options.queue.max_queue_size = spec.max_queue >= 0 ? spec.max_queue : max_queue_;
@@ -341,28 +336,6 @@ class Server {
 
 // ---- flags and the model repository -------------------------------------------------------------------------------
 
-Spec ParseModel(const std::string& text) {
-  auto bad = [&](const std::string& why) { return std::runtime_error("--model '" + text + "' " + why); };
-  Spec spec;
-  size_t eq = text.find('=');
-  std::stringstream rest(eq == std::string::npos ? "" : text.substr(eq + 1));
-  std::vector<std::string> parts;
-  for (std::string part; std::getline(rest, part, ':');) parts.push_back(part);
-  if (eq == 0 || eq == std::string::npos || parts.empty() || parts.size() > 3 || parts[0].empty())
-    throw bad("is not NAME=ARTIFACT[:QOS_MS[:PRIORITY]]");
-  spec.name = text.substr(0, eq), spec.path = parts[0];
-  if (parts.size() > 1 && !parts[1].empty()) {
-    char* end = nullptr;
-    spec.qos_ms = std::strtod(parts[1].c_str(), &end);
-    if (*end != '\0' || !(spec.qos_ms > 0))
-      throw bad("is not NAME=ARTIFACT[:QOS_MS[:PRIORITY]] with a positive QOS_MS");
-  }
-  if (parts.size() > 2 && !parts[2].empty()) spec.priority = parts[2];
-  if (spec.priority != "realtime" && spec.priority != "best_effort")
-    throw bad("priority must be realtime or best_effort, not '" + spec.priority + "'");
-  return spec;
-}
-
 /*! \brief Bytes from "1048576", "512MiB", "2GiB" or "1.5GB" (runtime/tiering.py's parse_bytes); at least 1. */
 size_t ParseBytes(const std::string& flag, const std::string& text) {
   static const std::map<std::string, long double> kUnits = {{"", 1},
@@ -452,7 +425,7 @@ int Main(int argc, char** argv) {
       std::cout << kUsage << "\n";
       return 0;
     } else if (is("--model")) {
-      specs.push_back(ParseModel(value()));
+      specs.push_back(tvmsched::serving::ModelFlag(value()));
     } else if (is("--model-repository")) {
       repository = value();
     } else if (is("--policy")) {
@@ -507,7 +480,8 @@ int Main(int argc, char** argv) {
     }
   }
   if (!repository.empty()) {
-    for (const Spec& spec : ReadRepository(repository, device_names)) specs.push_back(spec);
+    for (const std::string& name : tvmsched::serving::RepositoryNames(repository))
+      specs.push_back(tvmsched::serving::ReadModelFolder(repository, name, device_names, ConfigToJson()));
   }
   if (specs.empty())
     throw std::runtime_error(std::string("nothing to serve: give --model and/or --model-repository (") + kUsage + ")");

@@ -181,6 +181,9 @@ REFUSED = {
                      r":12: output 'output' is TYPE_FP32 in the artifact, not TYPE_INT64"),
     "another device": (CONFIG.replace("kind: KIND_CPU", "kind: KIND_GPU gpus: [ 1 ]"),
                        r":10: instance_group gpus \[1\]: the server has 1 device \(cpu\)$"),
+    "another kind of device": (CONFIG.replace("kind: KIND_CPU", "kind: KIND_GPU"),
+                               r":10: instance_group kind KIND_GPU cannot run on this server's device \(cpu\): use "
+                               "KIND_CPU or KIND_AUTO$"),
     "an unknown parameter": (CONFIG + 'parameters { key: "threads" value: { string_value: "4" } }\n',
                              r":12: parameters 'threads' is not one the tvmsched backend reads"),
 }

@@ -20,6 +20,9 @@ default 0, launch at once; docs/batching.md), preferred_batch_sizes (Triton's pr
 holds the queued rows only while they are fewer than the smallest of these; each must be a compiled batch size).
 The candidates (and their unit counts) are the artifact's: choose them when compiling (`tvmsched compile --qos-ms
 --units`). A config.toml with the same keys is read when there is no config.json.
+
+The engine reads the folders (runtime/native/src/repository.cc: the same keys, checks and error lines for the C++
+server); this module hands it what it does not parse itself (config.pbtxt, config.toml) as JSON.
 """
 
 from __future__ import annotations
@@ -30,10 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tvmsched.errors import TvmschedError
-
-PRIORITIES = ("realtime", "best_effort")
-CONFIG_KEYS = {"qos_ms": (int, float), "priority": str, "warmup": bool, "max_queue": int, "streams": int,
-               "max_queue_delay_us": (int, float), "preferred_batch_sizes": list}
+from tvmsched.runtime import native
 
 
 @dataclass(frozen=True)
@@ -50,29 +50,17 @@ class ModelSpec:
     max_queue_delay_us: float = 0.0  # Runtime.load(max_queue_delay_us=)
     preferred_batch_sizes: tuple[int, ...] = ()  # Runtime.load(preferred_batch_sizes=)
     # a Triton-layout folder (serve/triton_config.py): the version served, the queue policy (Runtime.load(queue_policy=)),
-    # max_batch_size (None: the artifact's largest batch size), the instance groups' kinds, and the config's path
+    # max_batch_size (None: the artifact's largest batch size), and the config's path
     version: str = "1"
     queue_policy: dict = field(default_factory=dict)
     max_batch_size: int | None = None
-    instance_kinds: tuple[int, ...] = ()
     config_path: str | None = None
     devices: tuple[int, ...] = ()  # a server on several devices: a replica on each (Runtime.load(devices=); none: placed)
 
 
 def parse_model(spec: str) -> ModelSpec:
-    """NAME=ARTIFACT[:QOS_MS[:PRIORITY]] (examples/server.py's --model)."""
-    name, _, rest = spec.partition("=")
-    path, qos, priority = (rest.split(":") + ["", ""])[:3]
-    try:
-        qos_ms = float(qos) if qos else None
-    except ValueError:
-        qos_ms = -1.0
-    if not name or not path or (qos_ms is not None and not qos_ms > 0):
-        raise TvmschedError(f"--model {spec!r} is not NAME=ARTIFACT[:QOS_MS[:PRIORITY]] with a positive QOS_MS")
-    priority = priority or "best_effort"
-    if priority not in PRIORITIES:
-        raise TvmschedError(f"--model {spec!r}: priority must be one of {', '.join(PRIORITIES)}, not {priority!r}")
-    return ModelSpec(name, path, qos_ms, priority)
+    """NAME=ARTIFACT[:QOS_MS[:PRIORITY]] (examples/server.py's --model; read by the engine, as the C++ server reads it)."""
+    return _spec(native.func("model_flag")(spec))
 
 
 def check_artifact(path: str) -> None:
@@ -90,54 +78,32 @@ class Repository:
             raise TvmschedError(f"--model-repository {root}: not a folder")
 
     def names(self) -> list[str]:
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        return [str(name) for name in native.func("repository_names")(str(self.root))]
 
     def spec(self, name: str) -> ModelSpec:
         folder = self.root / name
         if "/" in name or name.startswith(".") or not folder.is_dir():
             raise LookupError(f"no model named {name!r} in the repository {self.root}")
+        return _spec(native.func("repository_model")(str(self.root), name, list(self.devices), _to_json))
+
+
+def _spec(s) -> ModelSpec:
+    """The engine's serving::ModelSpec (qos_ms 0: the artifact's; max_queue, max_batch_size < 0: not set)."""
+    return ModelSpec(str(s["name"]), str(s["path"]), float(s["qos_ms"]) or None, str(s["priority"]), bool(s["warmup"]),
+                     int(s["max_queue"]) if s["max_queue"] >= 0 else None, int(s["streams"]),
+                     float(s["max_queue_delay_us"]), tuple(int(n) for n in s["preferred_batch_sizes"]),
+                     version=str(s["version"]), queue_policy={str(k): v for k, v in s["queue_policy"].items()},
+                     max_batch_size=int(s["max_batch_size"]) if s["max_batch_size"] >= 0 else None,
+                     config_path=str(s["config_path"]) or None, devices=tuple(int(d) for d in s["devices"]))
+
+
+def _to_json(path: str, text: str) -> str:
+    """A config file the engine does not parse itself, as JSON: config.pbtxt (protobuf's text format) or config.toml."""
+    if path.endswith(".pbtxt"):
         from tvmsched.serve import triton_config
 
-        if triton_config.is_triton_folder(folder):
-            return triton_config.spec(name, folder, self.devices)
-        artifacts = sorted(folder.glob("*.tvms"))
-        if len(artifacts) != 1:
-            raise TvmschedError(f"model folder {folder} must hold exactly one .tvms artifact, not {len(artifacts)}")
-        config = _read_config(folder)
-        return ModelSpec(name, str(artifacts[0]), config.get("qos_ms"), config.get("priority", "best_effort"),
-                         config.get("warmup", True), config.get("max_queue"), config.get("streams", 1),
-                         float(config.get("max_queue_delay_us", 0)), tuple(config.get("preferred_batch_sizes", ())))
-
-
-def _read_config(folder: Path) -> dict:
-    path = folder / "config.json"
+        return triton_config.to_json(path, text)
     try:
-        if path.is_file():
-            config = json.loads(path.read_text())
-        elif (folder / "config.toml").is_file():
-            path = folder / "config.toml"
-            config = tomllib.loads(path.read_text())
-        else:
-            return {}
-    except (ValueError, OSError) as err:
+        return json.dumps(tomllib.loads(text))
+    except (ValueError, TypeError) as err:
         raise TvmschedError(f"cannot read {path}: {' '.join(str(err).split())}") from None
-    if not isinstance(config, dict):
-        raise TvmschedError(f"{path} must hold an object")
-    for key, value in config.items():
-        kind = CONFIG_KEYS.get(key)
-        if kind is None:
-            raise TvmschedError(f"{path}: unknown key {key!r} (known: {', '.join(CONFIG_KEYS)})")
-        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-            raise TvmschedError(f"{path}: {key} has the wrong type ({type(value).__name__})")
-    if config.get("priority", "best_effort") not in PRIORITIES:
-        raise TvmschedError(f"{path}: priority must be one of {', '.join(PRIORITIES)}")
-    if "qos_ms" in config and not config["qos_ms"] > 0 or "max_queue" in config and config["max_queue"] < 1:
-        raise TvmschedError(f"{path}: qos_ms and max_queue must be positive")
-    if not 1 <= config.get("streams", 1) <= 64:
-        raise TvmschedError(f"{path}: streams must be from 1 to 64")
-    sizes = config.get("preferred_batch_sizes", [])
-    if not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1 << 20 for n in sizes):
-        raise TvmschedError(f"{path}: preferred_batch_sizes must be a list of row counts from 1 to 1048576")
-    if not 0 <= config.get("max_queue_delay_us", 0) <= 60e6:
-        raise TvmschedError(f"{path}: max_queue_delay_us must be from 0 to 60000000")
-    return config

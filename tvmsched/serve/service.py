@@ -97,7 +97,6 @@ class InferenceService:
         with self._load_lock:
             if spec.name in self.models:
                 raise ServeError(f"model {spec.name!r} is already loaded", 409)
-            _check_instance_kinds(spec, self.runtime.device)
             model = self.runtime.load(spec.path, qos_ms=spec.qos_ms, priority=spec.priority, name=spec.name,
                                       warmup=spec.warmup, streams=spec.streams,
                                       max_queue_delay_us=spec.max_queue_delay_us,
@@ -255,17 +254,6 @@ class InferenceService:
     def count_failure(self, served: Served, received_ns: int) -> None:
         """A request refused before it was admitted (bad input, queue full, deadline)."""
         served.book.refused(received_ns)
-
-
-def _check_instance_kinds(spec, device: str) -> None:
-    """A Triton config's instance groups run on the server's device: KIND_AUTO (0), or KIND_GPU (1) on cuda and
-    KIND_CPU (2) on cpu; anything else is one line naming the config."""
-    names = {0: "KIND_AUTO", 1: "KIND_GPU", 2: "KIND_CPU", 3: "KIND_MODEL"}
-    wanted = 2 if device == "cpu" else 1
-    for kind in spec.instance_kinds:
-        if kind not in (0, wanted):
-            raise TvmschedError(f"{spec.config_path}: instance_group kind {names.get(kind, kind)} cannot run on this "
-                                f"server's device ({device}): use {names[wanted]} or KIND_AUTO")
 
 
 def _scheduling(parameters: dict) -> tuple[str | None, int]:
