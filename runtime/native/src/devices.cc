@@ -32,7 +32,8 @@ struct SplitChain {
   std::condition_variable idle;
   bool closing = false;
   int64_t requests = 0, errors = 0, qos_violations = 0, inflight = 0;
-  std::deque<double> latencies_ms;  // the latest 8192
+  std::atomic<int64_t> rejected{0};  // refused at submit (a device out of service, bad inputs, unloading)
+  std::deque<double> latencies_ms;   // the latest 8192
 };
 
 namespace {
@@ -397,17 +398,20 @@ Request RuntimeObj::SubmitRouted(const std::string& model, ffi::Map<ffi::String,
     if (found != split_.end()) chain = found->second;
   }
   if (chain) {  // a split model: part 0 first, on its device; every device holding a part must be in service
-    for (int d : chain->devices) {
-      if (parts_[d]->device_lost()) {
-        ThrowRefusal("model " + model + " is split across " + DeviceNames(chain->devices) + ", and " +
-                     parts_[d]->device_name() + " is out of service: " + parts_[d]->device_->faults().lost);
+    try {       // (refused here: an error of the split model's, as part 0's own refusals are)
+      for (int d : chain->devices) {
+        if (parts_[d]->device_lost()) {
+          ThrowRefusal("model " + model + " is split across " + DeviceNames(chain->devices) + ", and " +
+                       parts_[d]->device_name() + " is out of service: " + parts_[d]->device_->faults().lost);
+        }
       }
-    }
-    CheckInputNames(chain->whole, inputs);
-    {
+      CheckInputNames(chain->whole, inputs);
       std::lock_guard<std::mutex> lock(chain->mu);
       if (chain->closing) ThrowRefusal("model '" + model + "' is being unloaded");
       ++chain->inflight;
+    } catch (...) {
+      ++chain->rejected;
+      throw;
     }
     Request inner;
     try {
@@ -606,13 +610,14 @@ std::map<std::string, ModelStats> RuntimeObj::MergedStats() {
       auto found = per_device[chain->devices[k]].find(chain->parts[k]);
       if (found == per_device[chain->devices[k]].end()) continue;  // (being unloaded)
       const ModelStats& part = found->second;
-      if (k == 0) s.refused = part.refused, s.timed_out = part.timed_out;
+      if (k == 0) s.refused = part.refused, s.rejected = part.rejected, s.timed_out = part.timed_out;
       s.queued += part.queued, s.launches += part.launches, s.reruns += part.reruns, s.faults += part.faults;
       s.fault_restarts += part.fault_restarts;
     }
     std::lock_guard<std::mutex> lock(chain->mu);
     s.requests = chain->requests, s.qos_violations = chain->qos_violations;
-    s.errors = chain->errors + s.refused;  // (a part's timeout fails its request: counted among the chain's errors)
+    s.rejected += chain->rejected;
+    s.errors = chain->errors + s.refused + s.rejected;  // (a part's timeout fails its request: among the chain's)
     s.executions = chain->requests + chain->errors;
     std::tie(s.p50_ms, s.p99_ms) = Percentiles(chain->latencies_ms);
     out[name] = s;

@@ -1134,8 +1134,8 @@ std::map<std::string, ModelStats> RuntimeObj::Stats() {
     s.refused = counts[e->name].first;
     s.timed_out = counts[e->name].second;
     s.queued = queued[e->name];
-    s.errors +=
-        s.refused + e->rejected.load() + (e->options.queue.timeout_action == TimeoutAction::kReject ? s.timed_out : 0);
+    s.rejected = e->rejected.load();
+    s.errors += s.refused + s.rejected + (e->options.queue.timeout_action == TimeoutAction::kReject ? s.timed_out : 0);
     if (s.qos_ms > 0) {
       for (double ms : latencies_ms) s.qos_violations += ms > s.qos_ms;
     }

@@ -143,6 +143,7 @@ struct ModelStats {
    *  submit (admission, a full queue, bad inputs, an unloading model) or past its timeout under REJECT; refused: the
    *  refusals by admission and queue cap among them; timed_out: past their timeout (REJECT or DELAY). */
   int64_t requests = 0, errors = 0, refused = 0, timed_out = 0, qos_violations = 0, queued = 0;
+  int64_t rejected = 0;    ///< of the errors, refused at submit for the request itself or an unloading model
   int64_t executions = 0;  ///< runs of the model: a batched model runs several requests at once (Triton's count)
   /*! \brief A model compiled for a batch: per count of rows its launches brought (1 to the batch size; the rest is
    *  padding), the launches and their compute time (ns, start to finish; Triton's batch_stats). */
