@@ -411,29 +411,36 @@ Manifest ParseManifest(const std::string& text) {
 
 }  // namespace
 
-std::map<std::string, std::string> ReadStoredZip(const std::string& b, const std::string& what, size_t max_members) {
-  if (b.size() < 22) Corrupt(what, "too short for a zip archive");
+std::map<std::string, std::string> ReadStoredZip(uint64_t size, const ZipRead& read, const std::string& what,
+                                                 size_t max_members, const std::set<std::string>& skip) {
+  if (size < 22) Corrupt(what, "too short for a zip archive");
+  // the end of central directory record, within the last 22 + 65535 bytes (its comment at most that long)
+  const uint64_t tail_at = size > 22 + 65535 ? size - 22 - 65535 : 0;
+  const std::string tail = read(tail_at, size - tail_at);
+  if (tail.size() != size - tail_at) Corrupt(what, "it ended while read");
   size_t eocd = std::string::npos;
-  for (size_t at = b.size() - 22;; --at) {
-    if (Le32(b, at) == 0x06054b50) {
+  for (size_t at = tail.size() - 22;; --at) {
+    if (Le32(tail, at) == 0x06054b50) {
       eocd = at;
       break;
     }
-    if (at == 0 || b.size() - at > 22 + 65535) break;
+    if (at == 0) break;
   }
   if (eocd == std::string::npos) Corrupt(what, "no zip directory");
-  size_t entries = Le16(b, eocd + 10);
-  uint64_t dir_size = Le32(b, eocd + 12), dir_at = Le32(b, eocd + 16);
+  size_t entries = Le16(tail, eocd + 10);
+  uint64_t dir_size = Le32(tail, eocd + 12), dir_at = Le32(tail, eocd + 16);
   if (entries > max_members) Corrupt(what, "more than " + std::to_string(max_members) + " members");
-  if (dir_at + dir_size > eocd) Corrupt(what, "zip directory out of range");
+  if (dir_at + dir_size > tail_at + eocd) Corrupt(what, "zip directory out of range");
+  const std::string b = read(dir_at, dir_size);  // the central directory alone
+  if (b.size() != dir_size) Corrupt(what, "it ended while read");
   std::map<std::string, std::string> members;
-  size_t at = dir_at;
+  size_t at = 0;
   for (size_t i = 0; i < entries; ++i) {
-    if (at + 46 > eocd || Le32(b, at) != 0x02014b50) Corrupt(what, "bad zip directory entry");
+    if (at + 46 > b.size() || Le32(b, at) != 0x02014b50) Corrupt(what, "bad zip directory entry");
     uint16_t method = Le16(b, at + 10);
     uint64_t csize = Le32(b, at + 20), usize = Le32(b, at + 24), offset = Le32(b, at + 42);
     size_t name_len = Le16(b, at + 28), extra_len = Le16(b, at + 30), comment_len = Le16(b, at + 32);
-    if (at + 46 + name_len + extra_len + comment_len > eocd) Corrupt(what, "bad zip directory entry");
+    if (at + 46 + name_len + extra_len + comment_len > b.size()) Corrupt(what, "bad zip directory entry");
     std::string name = b.substr(at + 46, name_len);
     // zip64: the 0xffffffff fields come from the extra field, in order usize, csize, offset
     for (size_t e = at + 46 + name_len; e + 4 <= at + 46 + name_len + extra_len;) {
@@ -452,55 +459,77 @@ std::map<std::string, std::string> ReadStoredZip(const std::string& b, const std
       TVM_FFI_THROW(TvmschedError) << what << " has a compressed member " << name
                                    << " (tvmsched writes stored members only; refusing to inflate it)";
     }
-    if (offset + 30 > b.size() || Le32(b, offset) != 0x04034b50) Corrupt(what, "bad local header of " + name);
-    uint64_t data_at = offset + 30 + Le16(b, offset + 26) + Le16(b, offset + 28);
-    if (data_at > b.size() || usize > b.size() - data_at) Corrupt(what, name + " runs past the end of the file");
-    if (!members.emplace(name, b.substr(data_at, usize)).second) Corrupt(what, "duplicate member " + name);
+    const std::string local = offset <= size && size - offset >= 30 ? read(offset, 30) : std::string();
+    if (local.size() != 30 || Le32(local, 0) != 0x04034b50) Corrupt(what, "bad local header of " + name);
+    uint64_t data_at = offset + 30 + Le16(local, 26) + Le16(local, 28);
+    if (data_at > size || usize > size - data_at) Corrupt(what, name + " runs past the end of the file");
+    std::string data = skip.count(name) ? std::string() : read(data_at, usize);
+    if (data.size() != (skip.count(name) ? 0 : usize)) Corrupt(what, name + " runs past the end of the file");
+    if (!members.emplace(name, std::move(data)).second) Corrupt(what, "duplicate member " + name);
   }
   return members;
 }
 
-std::string ReadRegularFile(const std::string& path, const std::string& what) {
+std::map<std::string, std::string> ReadStoredZip(const std::string& bytes, const std::string& what,
+                                                 size_t max_members) {
+  return ReadStoredZip(
+      bytes.size(), [&bytes](uint64_t at, uint64_t n) { return bytes.substr(at, n); }, what, max_members);
+}
+
+RegularFile::RegularFile(const std::string& path, const std::string& what) : path_(path), what_(what) {
   // O_NONBLOCK: opening a FIFO with no writer returns at once (and is refused below) instead of waiting
-  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd_ < 0) {
     int err = errno;
     if (err == ENOENT || err == ENOTDIR) TVM_FFI_THROW(TvmschedError) << what << " not found: " << path;
     if (err == EISDIR) TVM_FFI_THROW(TvmschedError) << what << " " << path << " is a directory, not a file";
     TVM_FFI_THROW(TvmschedError) << "cannot open " << what << " " << path << ": " << std::strerror(err);
   }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st;
-  if (::fstat(fd, &st) != 0)
-    TVM_FFI_THROW(TvmschedError) << "cannot read " << what << " " << path << ": " << std::strerror(errno);
-  if (S_ISDIR(st.st_mode)) TVM_FFI_THROW(TvmschedError) << what << " " << path << " is a directory, not a file";
-  if (!S_ISREG(st.st_mode)) {  // a FIFO, socket or device: it could block, or never end
-    const char* kind = S_ISFIFO(st.st_mode)                         ? "a FIFO"
-                       : S_ISSOCK(st.st_mode)                       ? "a socket"
-                       : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
-                                                                    : "not a regular file";
-    TVM_FFI_THROW(TvmschedError) << what << " " << path << " is " << kind << ", not a regular file";
+  try {
+    struct stat st;
+    if (::fstat(fd_, &st) != 0)
+      TVM_FFI_THROW(TvmschedError) << "cannot read " << what << " " << path << ": " << std::strerror(errno);
+    if (S_ISDIR(st.st_mode)) TVM_FFI_THROW(TvmschedError) << what << " " << path << " is a directory, not a file";
+    if (!S_ISREG(st.st_mode)) {  // a FIFO, socket or device: it could block, or never end
+      const char* kind = S_ISFIFO(st.st_mode)                         ? "a FIFO"
+                         : S_ISSOCK(st.st_mode)                       ? "a socket"
+                         : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                                                                      : "not a regular file";
+      TVM_FFI_THROW(TvmschedError) << what << " " << path << " is " << kind << ", not a regular file";
+    }
+    long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0 &&
+        static_cast<uint64_t>(st.st_size) > static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)) {
+      TVM_FFI_THROW(TvmschedError) << what << " " << path << " is " << st.st_size
+                                   << " bytes, more than this machine's memory";
+    }
+    size_ = static_cast<uint64_t>(st.st_size);
+  } catch (...) {
+    ::close(fd_);
+    throw;
   }
-  long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  if (pages > 0 && page > 0 &&
-      static_cast<uint64_t>(st.st_size) > static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)) {
-    TVM_FFI_THROW(TvmschedError) << what << " " << path << " is " << st.st_size
-                                 << " bytes, more than this machine's memory";
-  }
-  std::string bytes(static_cast<size_t>(st.st_size), '\0');
+}
+
+RegularFile::~RegularFile() { ::close(fd_); }
+
+std::string RegularFile::Read(uint64_t offset, uint64_t n) const {
+  std::string bytes(static_cast<size_t>(std::min(n, offset < size_ ? size_ - offset : 0)), '\0');
   size_t done = 0;
   while (done < bytes.size()) {
-    ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) TVM_FFI_THROW(TvmschedError) << "cannot read " << what << " " << path << ": " << std::strerror(errno);
-    if (n == 0) break;  // shrank while read: the checks that follow see what is there
-    done += static_cast<size_t>(n);
+    ssize_t got = ::pread(fd_, bytes.data() + done, bytes.size() - done, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0)
+      TVM_FFI_THROW(TvmschedError) << "cannot read " << what_ << " " << path_ << ": " << std::strerror(errno);
+    if (got == 0) break;  // shrank while read: the checks that follow see what is there
+    done += static_cast<size_t>(got);
   }
   bytes.resize(done);
   return bytes;
+}
+
+std::string ReadRegularFile(const std::string& path, const std::string& what) {
+  RegularFile file(path, what);
+  return file.Read(0, file.size());
 }
 
 bool SignatureRequired() {
@@ -564,9 +593,11 @@ ArtifactContents ReadArtifact(const std::string& path, const TrustedKeys& truste
         << "refusing to load " << path << " without a trusted key: TVMSCHED_REQUIRE_SIGNATURE is set, "
         << "so only artifacts signed by a trusted key are loaded (--trust KEY.pub, trusted_keys=)";
   }
-  std::string bytes = ReadRegularFile(path, "artifact");
-  auto members = ReadStoredZip(bytes, path, 16);
-  std::string().swap(bytes);  // (freed, not only emptied: a large model's read holds one copy less at its peak)
+  // each member read from the file on its own (no copy of the whole file); weights.npz only when its weights are
+  RegularFile file(path, "artifact");
+  auto members = ReadStoredZip(
+      file.size(), [&file](uint64_t at, uint64_t n) { return file.Read(at, n); }, path, 16,
+      with_weights ? std::set<std::string>{} : std::set<std::string>{"weights.npz"});
   for (const char* name : {"manifest.json", "kernels.so", "weights.npz", "checksums.json"}) {
     if (!members.count(name)) Corrupt(path, std::string("there is no item named '") + name + "' in the archive");
   }

@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <limits>
 #include <sstream>
 #include <tuple>
@@ -142,12 +141,11 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
   registered.max_groups = std::max(1, options_.max_groups);
   registered.scope = scope_;
   const size_t budget = options_.devices[0].memory_budget;
-  // a whole model whose artifact is larger than the budget is likely streamed: measured first (only laid out), so
-  // that it is not loaded whole into pinned host memory just to learn that; registered below if it fits after all
-  // (a split model's part, a fraction of the artifact, is loaded as before)
-  std::error_code no_size;
-  const uintmax_t file_bytes = std::filesystem::file_size(path, no_size);
-  const bool measure_first = budget > 0 && !no_size && file_bytes > budget && options.layers.first < 0;
+  // measured first (only laid out: its manifest and kernels read, its weights not), then loaded once as what it
+  // becomes: registered (switched), resident (several streams or sizes) or streamed (larger than the budget), so that
+  // a model is not loaded whole into pinned host memory only to learn that (a split model's part, a fraction of the
+  // artifact, is registered at once, as before)
+  const bool measure_first = options.layers.first < 0;
   LoadOptions measure = registered;
   measure.measure_only = measure_first;
   measure.read_weights = !measure_first;
@@ -160,10 +158,6 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
   size_t footprint = first->env_bytes();
   for (int g = 0; g < first->num_groups(); ++g) footprint += first->group_bytes(g);
   bool streamed = budget > 0 && footprint > budget;
-  if (measure_first && !streamed) {
-    first = Model();
-    first = load_model(registered);
-  }
   const std::vector<int64_t> sizes = BatchSizes(first->manifest());
   // compiled at several batch sizes: every size is served when the model is resident (the smaller sizes read the
   // largest one's device weights, held for good); switched (resident=false) or streamed (larger than the budget), it
@@ -172,6 +166,10 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
   // several sizes or several streams: resident from the start, outside the switcher, every other size's and stream's
   // model reading its device weights (one copy of them, however many streams)
   const bool shared = (several || options.streams > 1) && !streamed && options.resident;
+  if (measure_first && !streamed && !shared) {
+    first = Model();
+    first = load_model(registered);
+  }
   for (int64_t preferred : options.preferred_batch_sizes) {
     if (std::find(sizes.begin(), sizes.end(), preferred) == sizes.end()) {
       std::ostringstream listed;
@@ -183,7 +181,7 @@ std::string RuntimeObj::Load(const std::string& path, const ModelOptions& option
   }
   std::vector<size_t> took(options_.tiers.size(), 0);
   if (streamed) {
-    first = Model();  // registered only to measure it: its pinned host copy goes now
+    first = Model();  // (measured, or a split part registered, only to learn its size)
     if (options.streams > 1) {
       TVM_FFI_THROW(TvmschedError) << "model " << name << " is larger than the memory budget (its weights stream from "
                                    << "the host tiers): it runs on one stream, not " << options.streams;

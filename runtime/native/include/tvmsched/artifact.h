@@ -9,6 +9,7 @@
 #include <dlpack/dlpack.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -155,6 +156,25 @@ void CutLayers(ArtifactContents* contents, int first, int last, const std::strin
  *  (TVMSCHED_REQUIRE_SIGNATURE set to anything but "" or "0"). */
 bool SignatureRequired();
 
+/*! \brief A regular file open for reading (`what` names it in errors: "artifact", "trusted key"). A missing file, a
+ *  directory, a FIFO, socket or device (which could block or never end) and a file larger than this machine's memory
+ *  are one TvmschedError line each. */
+class RegularFile {
+ public:
+  RegularFile(const std::string& path, const std::string& what);
+  ~RegularFile();
+  RegularFile(const RegularFile&) = delete;
+  RegularFile& operator=(const RegularFile&) = delete;
+  uint64_t size() const { return size_; }
+  /*! \brief `n` bytes from `offset` (fewer where the file ends first, as when it shrank while read). */
+  std::string Read(uint64_t offset, uint64_t n) const;
+
+ private:
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  std::string path_, what_;
+};
+
 /*! \brief The bytes of the regular file at `path` (`what` names it in errors: "artifact", "trusted key").
  *  A missing file, a directory, a FIFO, socket or device (which could block or never end) and a file
  *  larger than this machine's memory are one TvmschedError line each. */
@@ -164,6 +184,11 @@ std::string ReadRegularFile(const std::string& path, const std::string& what);
  *  than `max_members` members, compressed members, or members past the end are one-line errors. */
 std::map<std::string, std::string> ReadStoredZip(const std::string& bytes, const std::string& what,
                                                  size_t max_members = 65535);
+/*! \brief The same, read piece by piece through `read(offset, n)` from an archive of `size` bytes (only its directory
+ *  and the members are read); the members named in `skip` are checked but not read (their value is empty). */
+using ZipRead = std::function<std::string(uint64_t offset, uint64_t n)>;
+std::map<std::string, std::string> ReadStoredZip(uint64_t size, const ZipRead& read, const std::string& what,
+                                                 size_t max_members, const std::set<std::string>& skip = {});
 
 /*! \brief Deepest nesting the engine parses in an artifact's JSON members (tvm-ffi's parser recurses). */
 constexpr int kMaxJsonDepth = 64;
