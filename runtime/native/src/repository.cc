@@ -79,23 +79,9 @@ std::string ReadText(const fs::path& path) {
 }
 
 /*! \brief Python's type name of a JSON value (what "has the wrong type" says). */
-const char* TypeName(const Node& node) {
-  switch (node.kind) {
-    case Kind::kNull:
-      return "NoneType";
-    case Kind::kBool:
-      return "bool";
-    case Kind::kInt:
-      return "int";
-    case Kind::kDouble:
-      return "float";
-    case Kind::kString:
-      return "str";
-    case Kind::kArray:
-      return "list";
-    default:
-      return "dict";
-  }
+const char* TypeName(const Node& node) {  // (in the order of json_reader::Kind)
+  static const char* const kNames[] = {"NoneType", "bool", "int", "float", "str", "list", "dict"};
+  return kNames[static_cast<int>(node.kind)];
 }
 
 double NumberOf(const Node& node) { return node.kind == Kind::kInt ? static_cast<double>(node.integer) : node.number; }
