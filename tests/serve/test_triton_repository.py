@@ -225,3 +225,28 @@ def test_serve_refuses_a_bad_config_at_start_and_a_preferred_size_that_is_not_co
     done = serve(CONFIG + "model_warmup [ { name: \"w\" batch_size: 1 } ]\n")
     assert done.returncode == 2 and done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
     assert "config.pbtxt:12: model_warmup is not supported by the tvmsched backend" in done.stderr
+
+
+HOSTILE_FOLDER_CONFIGS = {  # tvmsched's own layout: each one line naming the file, read by the engine for both servers
+    "nested 100 deep": ("config.json", "[" * 100 + "]" * 100, r"config\.json: nests deeper than 64 levels$"),
+    "not an object": ("config.json", "[1, 2]", r"config\.json must hold an object$"),
+    "a NaN qos_ms": ("config.toml", "qos_ms = nan\n", r"config\.toml: Out of range float values"),
+    "TOML that does not parse": ("config.toml", "streams = [oops\n", r"cannot read .*config\.toml: "),
+    "a bool for an int": ("config.json", '{"max_queue": true}', r"config\.json: max_queue has the wrong type \(bool\)$"),
+    "a wrong preferred size": ("config.json", '{"preferred_batch_sizes": [0]}',
+                               r"preferred_batch_sizes must be a list of row counts from 1 to 1048576$"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_FOLDER_CONFIGS))
+def test_a_hostile_folder_config_is_one_line(tmp_path, compiled, case):
+    from tvmsched.serve.repository import Repository
+
+    name, text, pattern = HOSTILE_FOLDER_CONFIGS[case]
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "m.tvms").symlink_to(compiled("mlp"))
+    (tmp_path / "m" / name).write_text(text)
+    with pytest.raises(TvmschedError) as refused:
+        Repository(tmp_path).spec("m")
+    message = str(refused.value)
+    assert "\n" not in message and re.search(pattern, message), message

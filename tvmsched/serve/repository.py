@@ -104,6 +104,6 @@ def _to_json(path: str, text: str) -> str:
 
         return triton_config.to_json(path, text)
     try:
-        return json.dumps(tomllib.loads(text))
+        return json.dumps(tomllib.loads(text), allow_nan=False)  # (a nan or inf value: refused here)
     except (ValueError, TypeError) as err:
         raise TvmschedError(f"cannot read {path}: {' '.join(str(err).split())}") from None
