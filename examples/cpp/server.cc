@@ -58,22 +58,18 @@ constexpr const char* kUsage =
     "colocation|fastest|partition|fcfs] [--colocation PROFILE.json] [--memory-budget BYTES] [--max-queue N] "
     "[--device cpu|cuda] [--devices cuda:0,cuda:1|all] [--trust KEY.pub ...] [--host 127.0.0.1] [--port N] "
     "[--max-body-bytes N] [--no-warmup]";
-constexpr double kBuckets[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
 
 struct HttpError : std::runtime_error {
   int status;
   HttpError(int status, const std::string& message) : std::runtime_error(message), status(status) {}
 };
 
-/*! \brief A loaded model: the engine's record of it as served (tvmsched/serving.h: admission, Triton's counters, its
- *  descriptions; `tvmsched serve` keeps the same) and this server's latency histogram (examples/server.py's). */
+/*! \brief A loaded model: the engine's record of it as served (tvmsched/serving.h: admission, Triton's and
+ *  tvmsched's counters, its descriptions; `tvmsched serve` keeps the same). */
 struct Served {
   Spec spec;
   tvmsched::serving::Served book;
-  std::vector<tvmsched::Stream> streams;  // (none for a model split across devices: its requests run in turn)
-  tvmsched::Model model;                  // its first engine model (a split model's first part)
-  std::atomic<int64_t> latency_ns{0};
-  std::atomic<int64_t> buckets[std::size(kBuckets)] = {};
+  tvmsched::Model model;  // its first engine model (a split model's first part)
 };
 
 /*! \brief What a request got to: admitted (and how many rows), submitted, and the server's parse and encode times. */
@@ -104,7 +100,7 @@ tvmsched::SubmitOptions Scheduling(const ffi::Map<ffi::Any, ffi::Any>& parameter
 class Server {
  public:
   Server(tvmsched::RuntimeOptions options, int64_t max_queue)
-      : runtime_(tvmsched::Runtime::Create(options)), device_(options.devices[0].kind), max_queue_(max_queue) {}
+      : runtime_(tvmsched::Runtime::Create(options)), max_queue_(max_queue) {}
 
   void Load(const Spec& spec) {
     if (models_.count(spec.name)) throw std::runtime_error("two models are named '" + spec.name + "'");
@@ -122,7 +118,6 @@ class Server {
     s->spec = spec;
     options.queue.max_queue_size = spec.max_queue >= 0 ? spec.max_queue : max_queue_;
     runtime_->Load(spec.path, options);
-    s->streams = runtime_->streams(spec.name);
     s->model = runtime_->engine_models(spec.name).at(0);
     s->book = tvmsched::serving::Served(ffi::make_object<tvmsched::serving::ServedObj>(
         runtime_, tvmsched::serving::ServedOptions{spec.name, spec.version, std::max<int64_t>(spec.max_batch_size, 0),
@@ -205,47 +200,9 @@ class Server {
 
   /*! \brief Prometheus text: Triton's nv_inference_* series (the engine's, as `tvmsched serve` writes them) and the
    *  tvmsched_* series of examples/server.py. */
+  /*! \brief GET /metrics: Triton's families and tvmsched's, the engine's as `tvmsched serve` writes them. */
   std::string Metrics() {
-    std::ostringstream out;
-    out << tvmsched::serving::TritonMetrics(Books());
-    auto family = [&](const char* name, const char* help, auto value) {
-      out << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n";
-      for (const std::string& m : order_) out << name << "{model=\"" << m << "\"} " << value(*models_[m]) << "\n";
-    };
-    family("tvmsched_requests_total", "Inference requests received, per model",
-           [](const Served& s) { return s.book->success.count + s.book->fail.count; });
-    family("tvmsched_errors_total", "Inference requests answered with an error, per model",
-           [](const Served& s) { return s.book->fail.count.load(); });
-    family("tvmsched_qos_violations_total", "Requests whose latency exceeded the model's QoS target",
-           [](const Served& s) { return s.book->qos_violations.load(); });
-    family("tvmsched_preemptions_total", "Times the model's streams were preempted by a real-time request",
-           [](const Served& s) {
-             int64_t n = 0;
-             for (const auto& stream : s.streams) n += stream->preemptions.load();
-             return n;
-           });
-    out << "# HELP tvmsched_request_latency_seconds Submit-to-finish latency of completed requests (engine clock)\n"
-        << "# TYPE tvmsched_request_latency_seconds histogram\n";
-    for (const std::string& m : order_) {
-      const Served& s = *models_[m];
-      int64_t below = 0;
-      for (size_t b = 0; b < std::size(kBuckets); ++b) {
-        below += s.buckets[b].load();
-        out << "tvmsched_request_latency_seconds_bucket{model=\"" << m << "\",le=\"" << kBuckets[b] << "\"} " << below
-            << "\n";
-      }
-      out << "tvmsched_request_latency_seconds_bucket{model=\"" << m << "\",le=\"+Inf\"} " << s.book->success.count
-          << "\n"
-          << "tvmsched_request_latency_seconds_sum{model=\"" << m << "\"} " << s.latency_ns / 1e9 << "\n"
-          << "tvmsched_request_latency_seconds_count{model=\"" << m << "\"} " << s.book->success.count << "\n";
-    }
-    int64_t busy = 0;
-    for (const auto& [name, s] : models_) {
-      for (const auto& stream : s->streams) busy += stream->busy();
-    }
-    out << "# HELP tvmsched_busy_streams Model streams with requests queued or running, per device\n"
-        << "# TYPE tvmsched_busy_streams gauge\ntvmsched_busy_streams{device=\"" << device_ << "\"} " << busy << "\n";
-    return out.str();
+    return tvmsched::serving::TritonMetrics(Books()) + tvmsched::serving::TvmschedMetrics(Books());
   }
 
   void Stopping() { stopping_ = true; }
@@ -277,10 +234,6 @@ class Server {
       if (std::string why = NotReady(s.spec.name, "", true); !why.empty()) throw HttpError(503, why);
       auto answer = handle(a);
       s.book->Answered(a.request.get(), a.rows, false, start, a.input_ns, a.output_ns);
-      double seconds = (a.request->finished_us - a.request->submitted_us) / 1e6;
-      s.latency_ns += static_cast<int64_t>(seconds * 1e9);
-      s.buckets[std::lower_bound(std::begin(kBuckets), std::end(kBuckets), seconds) - std::begin(kBuckets)] +=
-          seconds <= 10;
       return answer;
     } catch (...) {
       a.admitted ? s.book->Answered(a.request.get(), a.rows, true, start, 0, 0) : s.book->Refused(start);
@@ -327,7 +280,6 @@ class Server {
   }
 
   tvmsched::Runtime runtime_;
-  std::string device_;
   int64_t max_queue_;
   std::map<std::string, std::unique_ptr<Served>> models_;  // loaded before serving; read-only after
   std::vector<std::string> order_;

@@ -160,10 +160,11 @@ def test_both_describe_and_count_a_model_alike(serve_server, cpp_server, zoo):  
     assert models[0] == models[1] and set(models[0]) == set(CONFIGS)  # examples/server.py's /v1 listing
     assert models[0]["mlp"] == {"qos_ms": 60000.0, "priority": "best_effort",
                                 "inputs": {k: list(a.shape) for k, a in zoo["mlp"][1].items()}}
-    counts, shapes, v1 = [], [], []
+    counts, shapes, v1, texts_before = [], [], [], []
     for base in (serve_server, cpp_server):
         client = tritonclient_http.InferenceServerClient(base.removeprefix("http://"))
         v1_before = httpx.get(f"{base}/v1/stats", timeout=10).json()
+        texts_before.append(httpx.get(f"{base}/metrics", timeout=10).text)
         before = client.get_inference_statistics("mlp")["model_stats"][0]
         client.infer("mlp", _inputs(zoo, "mlp"))
         tensor = tritonclient_http.InferInput("input", [1, 5], "FP32")  # a wrong shape: refused, counted as failed
@@ -182,3 +183,14 @@ def test_both_describe_and_count_a_model_alike(serve_server, cpp_server, zoo):  
     assert counts[0] == counts[1] == {"success": 1, "fail": 1, "queue": 1, "compute_infer": 1, "inference_count": 1}
     assert shapes[0] == shapes[1]
     assert v1[0] == v1[1] and v1[0][3] == {"requests": 1, "errors": 0, "executions": 1}  # (refused by the codec)
+    # /metrics: the same families (the engine's writer; NVML's GPU gauges are Python's own), with the same samples for
+    # what both counted alike: the requests and errors of mlp
+    texts = [httpx.get(f"{base}/metrics", timeout=10).text for base in (serve_server, cpp_server)]
+    families = [{line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ") and "nv_gpu" not in line}
+                for text in texts]
+    assert families[0] == families[1] and {"tvmsched_request_latency_seconds", "tvmsched_busy_streams",
+                                           "tvmsched_launches_total", "nv_inference_count"} <= families[0]
+    counted = [{line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith(("tvmsched_requests_total{", "tvmsched_errors_total{"))} for text in texts + texts_before]
+    deltas = [{key: counted[k][key] - counted[k + 2].get(key, 0) for key in counted[k]} for k in (0, 1)]
+    assert deltas[0] == deltas[1] and deltas[0]['tvmsched_errors_total{model="mlp"}'] == 1

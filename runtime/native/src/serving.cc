@@ -8,6 +8,9 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <sstream>
+
+#include "tvmsched/tiering.h"
 
 namespace tvmsched {
 namespace serving {
@@ -101,6 +104,11 @@ void ServedObj::Answered(const RequestObj* request, int64_t rows, bool error, in
   last_ms = std::chrono::system_clock::now().time_since_epoch() / std::chrono::milliseconds(1);
   compute_input.Add(input_ns), compute_output.Add(output_ns);
   if (ran) {
+    const double seconds = (request->finished_us - request->submitted_us) / 1e6;
+    latency_ns += static_cast<int64_t>(seconds * 1e9), latency_count += 1;
+    const size_t bucket =
+        std::lower_bound(std::begin(kLatencyBuckets), std::end(kLatencyBuckets), seconds) - std::begin(kLatencyBuckets);
+    if (bucket < std::size(kLatencyBuckets)) latency_buckets[bucket] += 1;
     queue.Add(static_cast<int64_t>(std::max(0.0, request->started_us - request->submitted_us) * 1e3));
     compute_infer.Add(static_cast<int64_t>((request->finished_us - request->started_us) * 1e3));
     qos_violations += qos_ms > 0 && request->finished_us - request->submitted_us > qos_ms * 1e3;
@@ -324,6 +332,93 @@ std::string TritonMetrics(const std::vector<Served>& models) {
   return out;
 }
 
+std::string TvmschedMetrics(const std::vector<Served>& models) {
+  std::ostringstream out;
+  auto header = [&out](const char* name, const char* type, const char* help) {
+    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+  };
+  auto labels = [](const ServedObj& s) { return "{model=\"" + Label(s.options.name) + "\""; };
+  auto family = [&](const char* name, const char* type, const char* help, auto value) {
+    header(name, type, help);
+    for (const Served& s : models) out << name << labels(*s.get()) << "} " << value(*s.get()) << "\n";
+  };
+  auto streams_sum = [](auto field) {
+    return [field](const ServedObj& s) {
+      int64_t n = 0;
+      for (const Stream& stream : s.runtime->streams(s.options.name)) n += ((*stream.get()).*field).load();
+      return n;
+    };
+  };
+  family("tvmsched_requests_total", "counter", "Inference requests received, per model",
+         [](const ServedObj& s) { return s.success.count.load() + s.fail.count.load(); });
+  family("tvmsched_errors_total", "counter", "Inference requests answered with an error (refusals included)",
+         [](const ServedObj& s) { return s.fail.count.load(); });
+  family("tvmsched_qos_violations_total", "counter", "Requests whose latency exceeded the model's QoS target",
+         [](const ServedObj& s) { return s.qos_violations.load(); });
+  family("tvmsched_preemptions_total", "counter", "Times the model's streams were preempted by real-time work",
+         streams_sum(&StreamObj::preemptions));
+  family("tvmsched_launches_total", "counter", "Kernel launches of the model (re-runs included)",
+         streams_sum(&StreamObj::launches));
+  family("tvmsched_reruns_total", "counter", "Launches run again after a preemption", streams_sum(&StreamObj::reruns));
+  family("tvmsched_model_resident", "gauge", "1: the model is on the device now", [](const ServedObj& s) {
+    return static_cast<int>(s.runtime->engine_models(s.options.name).at(0)->resident());
+  });
+  header("tvmsched_request_latency_seconds", "histogram",
+         "Submit-to-finish latency of successful requests (engine clock)");
+  for (const Served& s : models) {
+    int64_t below = 0;
+    const std::string model = labels(*s.get());
+    for (size_t b = 0; b < std::size(kLatencyBuckets); ++b) {
+      below += s->latency_buckets[b].load();
+      out << "tvmsched_request_latency_seconds_bucket" << model << ",le=\"" << Number(kLatencyBuckets[b]) << "\"} "
+          << below << "\n";
+    }
+    out << "tvmsched_request_latency_seconds_bucket" << model << ",le=\"+Inf\"} " << s->latency_count << "\n"
+        << "tvmsched_request_latency_seconds_sum" << model << "} " << Number(s->latency_ns / 1e9) << "\n"
+        << "tvmsched_request_latency_seconds_count" << model << "} " << s->latency_count << "\n";
+  }
+  // streamed from the host tiers: each tier's bytes of its weights, and the bytes streamed so far
+  header("tvmsched_tier_bytes", "gauge", "Bytes of a tiered model's weights placed on each tier");
+  std::ostringstream streamed;
+  for (const Served& s : models) {
+    ModelObj& model = *s->runtime->engine_models(s->options.name).at(0).get();
+    const StreamedLayout* layout = StreamedLayoutOf(model);
+    if (layout == nullptr || !layout->store) continue;
+    for (size_t t = 0; t < layout->store->tiers().size(); ++t) {
+      out << "tvmsched_tier_bytes" << labels(*s.get()) << ",tier=\"" << Label(layout->store->tiers()[t].kind) << "\"} "
+          << layout->store->used()[t] << "\n";
+    }
+    int64_t bytes = 0;
+    for (const StageEvent& e : StreamerEvents(model)) bytes += e.bytes;
+    streamed << "tvmsched_streamed_bytes_total" << labels(*s.get()) << "} " << bytes << "\n";
+  }
+  header("tvmsched_streamed_bytes_total", "counter", "Bytes a tiered model streamed from its tiers");
+  out << streamed.str();
+  header("tvmsched_switch_stages_total", "counter", "Switching stages run (docs/switching.md)");
+  if (!models.empty()) {
+    std::map<std::string, int64_t> stages;
+    for (const StageEvent& e : models[0]->runtime->SwitchEvents()) stages[e.stage] += 1;
+    for (const auto& [stage, count] : stages) {
+      out << "tvmsched_switch_stages_total{stage=\"" << Label(stage) << "\"} " << count << "\n";
+    }
+  }
+  header("tvmsched_busy_streams", "gauge", "Model streams with requests queued or running, per device");
+  std::map<std::string, int64_t> busy;  // by device name: every model's streams on it
+  if (!models.empty()) {
+    const Runtime& runtime = models[0]->runtime;
+    for (const Runtime& device : runtime->parts().empty() ? std::vector<Runtime>{runtime} : runtime->parts()) {
+      int64_t& n = busy[device->device_name()];
+      for (const std::string& model : device->models()) {
+        for (const Stream& stream : device->streams(model)) n += stream->busy();
+      }
+    }
+  }
+  for (const auto& [device, count] : busy) {
+    out << "tvmsched_busy_streams{device=\"" << Label(device) << "\"} " << count << "\n";
+  }
+  return out.str();
+}
+
 TVM_FFI_STATIC_INIT_BLOCK() {
   // tvmsched.engine.served(runtime, {name, version, max_batch_size, max_queue, streams, max_queue_delay_us,
   // preferred_batch_sizes}) -> Served; its methods as ServedObj's (times: time.monotonic_ns()).
@@ -355,7 +450,9 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              return n;
            })
       .def("tvmsched.engine.served_triton_metrics",
-           [](ffi::Array<Served> models) { return TritonMetrics({models.begin(), models.end()}); });
+           [](ffi::Array<Served> models) { return TritonMetrics({models.begin(), models.end()}); })
+      .def("tvmsched.engine.served_tvmsched_metrics",
+           [](ffi::Array<Served> models) { return TvmschedMetrics({models.begin(), models.end()}); });
   refl::ObjectDef<ServedObj>()
       .def("admit", [](Served s) { return s->Admit(); })
       .def("answered",

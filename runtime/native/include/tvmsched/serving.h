@@ -39,6 +39,10 @@ struct ServedOptions {
   std::vector<int64_t> preferred_batch_sizes;
 };
 
+/*! \brief The upper bounds (seconds) of tvmsched_request_latency_seconds' buckets (the last: +Inf). */
+inline constexpr double kLatencyBuckets[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                             0.1,    0.25,  0.5,    1,     2.5,  5,     10};
+
 /*! \brief Triton's {"count", "ns"}. */
 struct Duration {
   std::atomic<int64_t> count{0}, ns{0};
@@ -81,6 +85,10 @@ class ServedObj : public ffi::Object {
   std::atomic<int64_t> executions{0};  ///< requests that ran (a batched model's: the engine's launches)
   std::atomic<int64_t> pending{0}, last_ms{0}, qos_violations{0};
   std::atomic<int64_t> recent_ns{0};  ///< recent compute time per request (an average of the latest; 0: none yet)
+  /*! \brief Successful requests' submit-to-finish time in the engine: its sum, count and per bucket of
+   *  kLatencyBuckets (not cumulative; over 10 s: in the count only). */
+  std::atomic<int64_t> latency_ns{0}, latency_count{0};
+  std::atomic<int64_t> latency_buckets[std::size(kLatencyBuckets)] = {};
 
   static constexpr bool _type_mutable = true;
   TVM_FFI_DECLARE_OBJECT_INFO_FINAL("tvmsched.Served", ServedObj, ffi::Object);
@@ -101,6 +109,14 @@ std::string V1Models(const std::vector<Served>& models);
  *  (a budgeted device: budget, in_use, peak, each model's footprint, the resident models) and `_device` (its fault
  *  state, docs/faults.md). */
 std::string V1Stats(const std::vector<Served>& models);
+/*! \brief tvmsched's own metric families of `models` (Prometheus text), per model: tvmsched_requests_total,
+ *  tvmsched_errors_total (answered with an error, refusals included), tvmsched_qos_violations_total,
+ *  tvmsched_preemptions_total, tvmsched_launches_total, tvmsched_reruns_total (launches run again after a preemption),
+ *  the gauge tvmsched_model_resident, the histogram tvmsched_request_latency_seconds (submit to finish in the
+ *  engine), and for a model streamed from the host tiers tvmsched_tier_bytes{tier} (gauge) and
+ *  tvmsched_streamed_bytes_total; per switching stage tvmsched_switch_stages_total{stage}; per device the gauge
+ *  tvmsched_busy_streams (streams with requests queued or running). */
+std::string TvmschedMetrics(const std::vector<Served>& models);
 /*! \brief Triton's nv_inference_* metric families of `models` (Prometheus text, Triton's names and labels). */
 std::string TritonMetrics(const std::vector<Served>& models);
 
