@@ -67,9 +67,8 @@ struct HttpError : std::runtime_error {
 /*! \brief A loaded model: the engine's record of it as served (tvmsched/serving.h: admission, Triton's and
  *  tvmsched's counters, its descriptions; `tvmsched serve` keeps the same). */
 struct Served {
-  Spec spec;
-  tvmsched::serving::Served book;
-  tvmsched::Model model;  // its first engine model (a split model's first part)
+  tvmsched::serving::Served book;  // (its options: the name and version it is served by)
+  tvmsched::Model model;           // its first engine model (a split model's first part)
 };
 
 /*! \brief What a request got to: admitted (and how many rows), submitted, and the server's parse and encode times. */
@@ -115,7 +114,6 @@ class Server {
     options.preferred_batch_sizes = spec.preferred_batch_sizes;
     if (spec.queue) options.queue = *spec.queue;
     auto s = std::make_unique<Served>();
-    s->spec = spec;
     options.queue.max_queue_size = spec.max_queue >= 0 ? spec.max_queue : max_queue_;
     runtime_->Load(spec.path, options);
     s->model = runtime_->engine_models(spec.name).at(0);
@@ -139,7 +137,7 @@ class Server {
       a.input_ns = NowNs() - start;
       Execute(s, parsed.inputs, Scheduling(parsed.parameters), a);
       int64_t encode = NowNs();
-      kserve::Response response = kserve::EncodeResponse(name, s.spec.version, parsed, a.request->outputs());
+      kserve::Response response = kserve::EncodeResponse(name, s.book->options.version, parsed, a.request->outputs());
       a.output_ns = NowNs() - encode;
       return response;
     });
@@ -187,7 +185,7 @@ class Server {
   std::string Statistics(const std::string& name, const std::string& version) {
     std::vector<tvmsched::serving::Served> books;
     for (const std::string& each : order_) {
-      if (name.empty() || each == Find(name, version).spec.name) books.push_back(models_[each]->book);
+      if (name.empty() || each == Find(name, version).book->options.name) books.push_back(models_[each]->book);
     }
     return tvmsched::serving::Statistics(books);
   }
@@ -219,7 +217,7 @@ class Server {
   Served& Find(const std::string& name, const std::string& version) {
     auto found = models_.find(name);
     if (found == models_.end()) throw HttpError(404, "no model named '" + name + "'");
-    const std::string& has = found->second->spec.version;
+    const std::string& has = found->second->book->options.version;
     if (!version.empty() && version != has)
       throw HttpError(404, "model '" + name + "' has no version '" + version + "' (it has version " + has + ")");
     return *found->second;
@@ -231,7 +229,7 @@ class Server {
   auto Counted(Served& s, int64_t start, F handle) -> decltype(handle(std::declval<Attempt&>())) {
     Attempt a;
     try {
-      if (std::string why = NotReady(s.spec.name, "", true); !why.empty()) throw HttpError(503, why);
+      if (std::string why = NotReady(s.book->options.name, "", true); !why.empty()) throw HttpError(503, why);
       auto answer = handle(a);
       s.book->Answered(a.request.get(), a.rows, false, start, a.input_ns, a.output_ns);
       return answer;
@@ -257,11 +255,11 @@ class Server {
     const int64_t limit = s.book->options.max_queue;
     if (s.book->Admit() < 0)
       throw HttpError(
-          503, "model '" + s.spec.name + "' has " + std::to_string(limit) +
+          503, "model '" + s.book->options.name + "' has " + std::to_string(limit) +
                    " requests queued or running, its limit: try again later (--max-queue, the model's max_queue)");
     a.admitted = true;
     try {
-      a.request = runtime_->Submit(s.spec.name, inputs, o);
+      a.request = runtime_->Submit(s.book->options.name, inputs, o);
     } catch (const ffi::Error& err) {
       std::string line = err.message();
       bool full = line.find("its queue is full") != std::string::npos;
