@@ -134,7 +134,6 @@ class InferRoute:
         match = _INFER.fullmatch(scope["path"]) if scope["type"] == "http" else None
         if match is None or scope["method"] != "POST":
             return await self.app(scope, receive, send)
-        received = time.monotonic_ns()
         headers = {}
         for key, value in scope["headers"]:
             if key in _READ_HEADERS:
@@ -153,6 +152,9 @@ class InferRoute:
                 return await too_large(send, self.max_body_bytes)
             if not message.get("more_body", False):
                 break
+        # counted from here, once the body is in (as the C++ server's handler and gRPC's are called with it, and as
+        # Triton starts a request's clock once its HTTP frontend has read it)
+        received = time.monotonic_ns()
         status, body, extra = await self.infer(match[1], match[2] or "", headers, b"".join(chunks), received)
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/octet-stream" if extra else b"application/json"),
@@ -222,12 +224,13 @@ def _add_v1(app: FastAPI, service: InferenceService) -> None:
     @app.post("/v1/models/{name}/infer")
     async def infer_v1(name: str, request: Request) -> Response:
         """Read and answered by the engine's codec, as the C++ server does (one /v1 implementation)."""
-        received = time.monotonic_ns()
+        body = await request.body()
+        received = time.monotonic_ns()  # (the body in, as on /v2)
         served = service.models.get(name)
         if served is None:
             return JSONResponse({"detail": f"no model named {name!r}"}, status_code=404)
         try:
-            parsed = served.codec.parse_v1(await request.body())  # [0, inputs] or [status, line]
+            parsed = served.codec.parse_v1(body)  # [0, inputs] or [status, line]
             if parsed[0]:
                 raise ServeError(parsed[1], parsed[0])
             future = service.submit(served, parsed[1], engine_tensors=True)
