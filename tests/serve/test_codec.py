@@ -231,6 +231,10 @@ def test_grpc_messages_refused_with_the_rest_routes_lines():
     for message, fragment in cases:
         status, line = parse(message.SerializeToString())
         assert status == 400 and fragment in line and "\n" not in line, (fragment, line)
+    # model_name given twice: protobuf reads the last, which a server peeking at the first would not have chosen
+    twice = request(name="x", datatype="INT8", shape=[2], contents=[1, 2]).SerializeToString() + b"\x0a\x01n"
+    assert pb2.ModelInferRequest.FromString(twice).model_name == "n"
+    assert list(parse(twice)) == [400, "the request's model_name is 'n', not 'm'"]
 
 
 @pytest.mark.parametrize("bytes_, why", [
@@ -299,3 +303,18 @@ def test_a_shape_claiming_more_than_the_body_holds_is_refused_before_anything_is
                                                + b"]"] + [b"[[0]]"] * 999) + b"]}}"
     status, line = parse_v1(nested)
     assert status == 400 and "has 2998 elements in 'data'; its shape [1000,1000,1000] needs 1000000000" in line, line
+
+
+def test_the_grpc_server_peeks_at_the_model_name_only_where_protobuf_wrote_it_first():
+    from tritonclient.grpc import service_pb2 as pb2
+
+    from tvmsched.serve.grpc_server import _first_fields
+
+    message = pb2.ModelInferRequest(model_name="mlp", model_version="3", id="x").SerializeToString()
+    assert _first_fields(message) == [0, "mlp", "3"]
+    assert _first_fields(pb2.ModelInferRequest(model_name="mlp").SerializeToString()) == [0, "mlp", ""]
+    long = pb2.ModelInferRequest(model_name="m" * 200).SerializeToString()  # (a 2-byte length: the engine reads it)
+    id_first = b"\x1a\x01x" + message  # (another field first)
+    for other in (long, id_first, message[:4], b"", b"\x0a\x02\xc3\x28"):
+        assert _first_fields(other) is None, other
+        assert native.func("kserve_message_model")(other)[0] in (0, 400)

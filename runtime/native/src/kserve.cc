@@ -853,12 +853,14 @@ Request ParseInferMessage(std::string_view message, const std::string& model, co
   std::vector<InputTensor> given;
   std::vector<std::string_view> raw;
   std::vector<std::pair<std::string, bool>> wanted;
+  std::string_view named;  // model_name (the last one, as protobuf reads a field given twice)
   try {
     wire::ForEachField(message, [&](uint32_t field, int type, wire::Reader& r) {
       if (type != wire::kLength || field < 1 || field > 7) return false;  // fields this proto does not have
       std::string_view bytes = r.Bytes();
       if (field <= 2) {
-        Utf8(bytes);  // model_name and model_version: InferMessageModel reads them
+        Utf8(bytes);  // model_name and model_version: the server read them to choose this codec
+        if (field == 1) named = bytes;
       } else if (field == 3) {
         request.id = ffi::String(Utf8(bytes));
       } else if (field == 4) {
@@ -874,6 +876,9 @@ Request ParseInferMessage(std::string_view message, const std::string& model, co
     });
   } catch (const std::invalid_argument& err) {
     throw Error(400, kNotAMessage + std::string(err.what()));
+  }
+  if (named != model) {  // (a server that peeked at the first model_name: the message names another model last)
+    throw Error(400, "the request's model_name is '" + std::string(named) + "', not '" + model + "'");
   }
   if (!raw.empty() && raw.size() != given.size()) {
     throw Error(400, "the request has " + std::to_string(raw.size()) + " raw_input_contents for its " +
