@@ -106,13 +106,19 @@ class Executor:
         self.output_names = tuple(binding.name for binding in self.manifest.outputs)
 
     @classmethod
-    def over(cls, native_model, artifact) -> "Executor":
+    def over(cls, native_model, artifact, parsed: dict | None = None) -> "Executor":
         """An executor over an engine model that is already loaded (one of the engine Runtime's); `artifact`: its
-        file (for the manifest's view of it)."""
+        file (for the manifest's view of it); `parsed`: manifests already parsed, by their text (a model's streams
+        share one)."""
         executor = cls.__new__(cls)
         executor.native = native_model
-        executor.manifest = Manifest.parse(str(native_model.manifest_json()), artifact).at_batch(
-            int(native_model.batch_size()))
+        text = str(native_model.manifest_json())
+        manifest = parsed.get(text) if parsed is not None else None
+        if manifest is None:
+            manifest = Manifest.parse(text, artifact)
+            if parsed is not None:
+                parsed[text] = manifest
+        executor.manifest = manifest.at_batch(int(native_model.batch_size()))
         executor.device = native_model.device_kind()
         executor.num_layers = native_model.num_layers()
         executor.output_names = tuple(binding.name for binding in executor.manifest.outputs)

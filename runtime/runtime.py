@@ -220,7 +220,8 @@ class Runtime:
             if stats["placement"] == "split":  # its parts run on their devices: the whole model described
                 tasks = [Task.over(Executor.over(natives[0], path), None, loaded, quiet_gc=self._freeze_gc)]
             else:
-                tasks = [Task.over(Executor.over(m, path), s, str(s.name()), quiet_gc=self._freeze_gc)
+                parsed = {}  # (its streams share a manifest: parsed once)
+                tasks = [Task.over(Executor.over(m, path, parsed), s, str(s.name()), quiet_gc=self._freeze_gc)
                          for m, s in zip(natives, self._engine.streams(loaded))]
         layers = [[candidate_info(loaded, c, self.total_units) for c in layer.candidates]
                   for layer in tasks[0].executor.manifest.layers]

@@ -8,6 +8,7 @@ candidate kernels; candidate 0 is the default one.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -215,6 +216,13 @@ def _program(data: dict) -> dict:
     }
 
 
+@functools.cache
+def _type_hints(cls) -> dict:
+    """A dataclass's field annotations, resolved once (typing.get_type_hints evaluates each string annotation again on
+    every call: most of a manifest's parse before)."""
+    return typing.get_type_hints(cls)
+
+
 def _check_json(value, hint, where: str) -> None:
     """Raise ValueError naming `where` unless the JSON `value` has the type `hint` (a field's annotation:
     a dataclass is an object of its fields, a tuple a list; numbers finite and >= 0)."""
@@ -227,7 +235,7 @@ def _check_json(value, hint, where: str) -> None:
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
             raise ValueError(f"{where} is not an object")
-        hints = typing.get_type_hints(hint)
+        hints = _type_hints(hint)
         for key, item in value.items():
             if key in hints:  # an unknown field is refused when the dataclass is built
                 _check_json(item, hints[key], f"{where}.{key}")
