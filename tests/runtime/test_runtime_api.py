@@ -62,3 +62,21 @@ def test_unload_frees_the_name_and_bad_arguments_are_one_line(mlp, mlp_run):
         assert rt.load(mlp).name == "mlp"  # the name is free again
     with pytest.raises(TvmschedError, match="policy must be one of"):
         Runtime("cpu", policy="lottery")
+
+
+def test_a_scrape_racing_an_unload_describes_the_models_still_loaded(mlp, mlp_run):
+    """/metrics and /v1/stats are written from a list of served models taken before the scrape; one unloaded meanwhile
+    is left out of what needs the engine's model (streams, residency), not an error for the whole scrape."""
+    from tvmsched.runtime import native
+
+    inputs, want = mlp_run
+    with Runtime("cpu") as rt:
+        kept, gone = rt.load(mlp, name="kept"), rt.load(mlp, name="gone")
+        books = [rt.served(kept), rt.served(gone)]
+        assert np.array_equal(rt.submit(kept, inputs).result(timeout=60)["output"], want["output"])
+        rt.unload(gone)
+        metrics = str(native.func("served_tvmsched_metrics")(books))
+        assert 'tvmsched_launches_total{model="kept"} ' in metrics and 'tvmsched_launches_total{model="gone"} 0' in metrics
+        assert 'tvmsched_model_resident{model="gone"} 0' in metrics
+        stats = json.loads(str(native.func("served_v1_stats")(books)))
+        assert stats["kept"]["requests"] == 1 and stats["gone"]["streams"] == 0 and stats["_device"]["health"] == "healthy"

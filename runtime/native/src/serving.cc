@@ -54,6 +54,22 @@ std::string Label(const std::string& value) {
   return out;
 }
 
+/*! \brief A served model's streams and engine models; none once it is unloaded (a scrape racing an unload). */
+std::vector<Stream> StreamsOf(const Runtime& runtime, const std::string& name) {
+  try {
+    return runtime->streams(name);
+  } catch (const ffi::Error&) {
+    return {};
+  }
+}
+std::vector<Model> ModelsOf(const Runtime& runtime, const std::string& name) {
+  try {
+    return runtime->engine_models(name);
+  } catch (const ffi::Error&) {
+    return {};
+  }
+}
+
 /*! \brief The Runtime that serves a device (several devices: its first part's, which names the device kind). */
 const RuntimeObj& FirstDevice(const RuntimeObj& runtime) {
   return runtime.parts().empty() ? runtime : *runtime.parts()[0].get();
@@ -249,7 +265,7 @@ std::string V1Stats(const std::vector<Served>& models) {
   w.Raw("{");
   for (const Served& s : models) {
     const ModelStats& st = engine.Of(*s.get());
-    const std::vector<Stream> streams = s->runtime->streams(s->options.name);
+    const std::vector<Stream> streams = StreamsOf(s->runtime, s->options.name);
     w.Key(s->options.name).Raw("{").Key("priority").Str(st.priority).Key("placement").Str(st.placement);
     w.Key("qos_ms").Num(st.qos_ms, st.qos_ms > 0).Key("requests").Int(st.requests - s->warmup_requests);
     w.Key("errors").Int(st.errors).Key("refused").Int(st.refused).Key("timed_out").Int(st.timed_out);
@@ -276,7 +292,9 @@ std::string V1Stats(const std::vector<Served>& models) {
     w.Key("peak").Int(scope->peak()).Key("footprints").Raw("{");
     std::vector<std::string> resident;
     for (const Served& s : models) {
-      const Model model = s->runtime->engine_models(s->options.name).at(0);
+      const std::vector<Model> held = ModelsOf(s->runtime, s->options.name);
+      if (held.empty()) continue;
+      const Model& model = held[0];
       size_t bytes = model->env_bytes();
       for (int g = 0; g < model->num_groups(); ++g) bytes += model->group_bytes(g);
       w.Key(s->options.name).Int(static_cast<int64_t>(bytes));
@@ -287,11 +305,14 @@ std::string V1Stats(const std::vector<Served>& models) {
     w.Raw("]}");
   }
   // the device's fault state machine (docs/faults.md), its first model's device
-  const Device::FaultStats f = runtime->engine_models(models[0]->options.name).at(0)->device().faults();
-  static const char* const kHealth[] = {"healthy", "faulted", "lost"};
-  w.Key("_device").Raw("{").Key("health").Str(kHealth[f.health]).Key("generation").Int(f.generation);
-  w.Key("faults").Int(f.faults).Key("recoveries").Int(f.recoveries).Key("last_recovery_s").Num(f.last_recovery_s);
-  w.Key("lost").Str(f.lost).Raw("}");
+  const std::vector<Model> first = ModelsOf(runtime, models[0]->options.name);
+  if (!first.empty()) {
+    const Device::FaultStats f = first[0]->device().faults();
+    static const char* const kHealth[] = {"healthy", "faulted", "lost"};
+    w.Key("_device").Raw("{").Key("health").Str(kHealth[f.health]).Key("generation").Int(f.generation);
+    w.Key("faults").Int(f.faults).Key("recoveries").Int(f.recoveries).Key("last_recovery_s").Num(f.last_recovery_s);
+    w.Key("lost").Str(f.lost).Raw("}");
+  }
   return w.Raw("}").out;
 }
 
@@ -345,7 +366,7 @@ std::string TvmschedMetrics(const std::vector<Served>& models) {
   auto streams_sum = [](auto field) {
     return [field](const ServedObj& s) {
       int64_t n = 0;
-      for (const Stream& stream : s.runtime->streams(s.options.name)) n += ((*stream.get()).*field).load();
+      for (const Stream& stream : StreamsOf(s.runtime, s.options.name)) n += ((*stream.get()).*field).load();
       return n;
     };
   };
@@ -361,7 +382,8 @@ std::string TvmschedMetrics(const std::vector<Served>& models) {
          streams_sum(&StreamObj::launches));
   family("tvmsched_reruns_total", "counter", "Launches run again after a preemption", streams_sum(&StreamObj::reruns));
   family("tvmsched_model_resident", "gauge", "1: the model is on the device now", [](const ServedObj& s) {
-    return static_cast<int>(s.runtime->engine_models(s.options.name).at(0)->resident());
+    const std::vector<Model> held = ModelsOf(s.runtime, s.options.name);
+    return static_cast<int>(!held.empty() && held[0]->resident());
   });
   header("tvmsched_request_latency_seconds", "histogram",
          "Submit-to-finish latency of successful requests (engine clock)");
@@ -381,7 +403,9 @@ std::string TvmschedMetrics(const std::vector<Served>& models) {
   header("tvmsched_tier_bytes", "gauge", "Bytes of a tiered model's weights placed on each tier");
   std::ostringstream streamed;
   for (const Served& s : models) {
-    ModelObj& model = *s->runtime->engine_models(s->options.name).at(0).get();
+    const std::vector<Model> held = ModelsOf(s->runtime, s->options.name);
+    if (held.empty()) continue;
+    ModelObj& model = *held[0].get();
     const StreamedLayout* layout = StreamedLayoutOf(model);
     if (layout == nullptr || !layout->store) continue;
     for (size_t t = 0; t < layout->store->tiers().size(); ++t) {
@@ -409,7 +433,7 @@ std::string TvmschedMetrics(const std::vector<Served>& models) {
     for (const Runtime& device : runtime->parts().empty() ? std::vector<Runtime>{runtime} : runtime->parts()) {
       int64_t& n = busy[device->device_name()];
       for (const std::string& model : device->models()) {
-        for (const Stream& stream : device->streams(model)) n += stream->busy();
+        for (const Stream& stream : StreamsOf(device, model)) n += stream->busy();
       }
     }
   }
