@@ -6,10 +6,10 @@
 //   https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_statistics.md
 //   https://github.com/triton-inference-server/server/blob/main/docs/user_guide/metrics.md
 //
-// Triton's meaning: `success` counts a request from its arrival at the server to its answer; `fail` the same for a
-// request answered with an error (refused at admission included); queue, compute_input, compute_infer and
-// compute_output count successful requests only (queue: submitted to started in the engine; compute_infer: started to
-// finished; compute_input/output: the server's parsing and encoding). Times are monotonic nanoseconds
+// Triton's meaning: `success` counts a request from when the server has read it (its body in) to its answer; `fail`
+// the same for a request answered with an error (refused at admission included); queue, compute_input, compute_infer
+// and compute_output count successful requests only (queue: submitted to started in the engine; compute_infer: started
+// to finished; compute_input/output: the server's parsing and encoding). Times are monotonic nanoseconds
 // (std::chrono::steady_clock; Python's time.monotonic_ns() is the same clock on Linux).
 #ifndef TVMSCHED_SERVING_H_
 #define TVMSCHED_SERVING_H_
