@@ -463,8 +463,9 @@ std::map<std::string, std::string> ReadStoredZip(uint64_t size, const ZipRead& r
     if (local.size() != 30 || Le32(local, 0) != 0x04034b50) Corrupt(what, "bad local header of " + name);
     uint64_t data_at = offset + 30 + Le16(local, 26) + Le16(local, 28);
     if (data_at > size || usize > size - data_at) Corrupt(what, name + " runs past the end of the file");
-    std::string data = skip.count(name) ? std::string() : read(data_at, usize);
-    if (data.size() != (skip.count(name) ? 0 : usize)) Corrupt(what, name + " runs past the end of the file");
+    const bool skipped = skip.count(name) > 0;
+    std::string data = skipped ? std::string() : read(data_at, usize);
+    if (!skipped && data.size() != usize) Corrupt(what, name + " runs past the end of the file");
     if (!members.emplace(name, std::move(data)).second) Corrupt(what, "duplicate member " + name);
   }
   return members;

@@ -402,14 +402,13 @@ ModelSpec TritonSpec(const std::string& name, const fs::path& folder, const std:
 ModelSpec FolderSpec(const std::string& name, const fs::path& folder, const ToJson& to_json) {
   ModelSpec spec;
   spec.name = name;
-  int artifacts = 0;
   std::vector<fs::path> found;
   for (const auto& entry : fs::directory_iterator(folder)) {
     if (entry.path().extension() == ".tvms") found.push_back(entry.path());
   }
-  artifacts = static_cast<int>(found.size());
-  if (artifacts != 1)
-    Fail("model folder " + folder.string() + " must hold exactly one .tvms artifact, not " + std::to_string(artifacts));
+  if (found.size() != 1)
+    Fail("model folder " + folder.string() + " must hold exactly one .tvms artifact, not " +
+         std::to_string(found.size()));
   spec.path = found[0].string();
   fs::path path = folder / "config.json";
   const bool toml = !fs::is_regular_file(path) && fs::is_regular_file(folder / "config.toml");

@@ -359,32 +359,37 @@ std::string TvmschedMetrics(const std::vector<Served>& models) {
     out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
   };
   auto labels = [](const ServedObj& s) { return "{model=\"" + Label(s.options.name) + "\""; };
+  // each model's streams and engine models, asked for once (none for a model unloaded since the list was taken)
+  std::vector<std::pair<std::vector<Stream>, std::vector<Model>>> held;
+  for (const Served& s : models)
+    held.emplace_back(StreamsOf(s->runtime, s->options.name), ModelsOf(s->runtime, s->options.name));
   auto family = [&](const char* name, const char* type, const char* help, auto value) {
     header(name, type, help);
-    for (const Served& s : models) out << name << labels(*s.get()) << "} " << value(*s.get()) << "\n";
+    for (size_t k = 0; k < models.size(); ++k)
+      out << name << labels(*models[k].get()) << "} " << value(*models[k].get(), held[k]) << "\n";
   };
   auto streams_sum = [](auto field) {
-    return [field](const ServedObj& s) {
+    return [field](const ServedObj&, const auto& engine) {
       int64_t n = 0;
-      for (const Stream& stream : StreamsOf(s.runtime, s.options.name)) n += ((*stream.get()).*field).load();
+      for (const Stream& stream : engine.first) n += ((*stream.get()).*field).load();
       return n;
     };
   };
   family("tvmsched_requests_total", "counter", "Inference requests received, per model",
-         [](const ServedObj& s) { return s.success.count.load() + s.fail.count.load(); });
+         [](const ServedObj& s, const auto&) { return s.success.count.load() + s.fail.count.load(); });
   family("tvmsched_errors_total", "counter", "Inference requests answered with an error (refusals included)",
-         [](const ServedObj& s) { return s.fail.count.load(); });
+         [](const ServedObj& s, const auto&) { return s.fail.count.load(); });
   family("tvmsched_qos_violations_total", "counter", "Requests whose latency exceeded the model's QoS target",
-         [](const ServedObj& s) { return s.qos_violations.load(); });
+         [](const ServedObj& s, const auto&) { return s.qos_violations.load(); });
   family("tvmsched_preemptions_total", "counter", "Times the model's streams were preempted by real-time work",
          streams_sum(&StreamObj::preemptions));
   family("tvmsched_launches_total", "counter", "Kernel launches of the model (re-runs included)",
          streams_sum(&StreamObj::launches));
   family("tvmsched_reruns_total", "counter", "Launches run again after a preemption", streams_sum(&StreamObj::reruns));
-  family("tvmsched_model_resident", "gauge", "1: the model is on the device now", [](const ServedObj& s) {
-    const std::vector<Model> held = ModelsOf(s.runtime, s.options.name);
-    return static_cast<int>(!held.empty() && held[0]->resident());
-  });
+  family("tvmsched_model_resident", "gauge", "1: the model is on the device now",
+         [](const ServedObj&, const auto& engine) {
+           return static_cast<int>(!engine.second.empty() && engine.second[0]->resident());
+         });
   header("tvmsched_request_latency_seconds", "histogram",
          "Submit-to-finish latency of successful requests (engine clock)");
   for (const Served& s : models) {
@@ -402,19 +407,19 @@ std::string TvmschedMetrics(const std::vector<Served>& models) {
   // streamed from the host tiers: each tier's bytes of its weights, and the bytes streamed so far
   header("tvmsched_tier_bytes", "gauge", "Bytes of a tiered model's weights placed on each tier");
   std::ostringstream streamed;
-  for (const Served& s : models) {
-    const std::vector<Model> held = ModelsOf(s->runtime, s->options.name);
-    if (held.empty()) continue;
-    ModelObj& model = *held[0].get();
+  for (size_t k = 0; k < models.size(); ++k) {
+    if (held[k].second.empty()) continue;
+    ModelObj& model = *held[k].second[0].get();
     const StreamedLayout* layout = StreamedLayoutOf(model);
     if (layout == nullptr || !layout->store) continue;
+    const std::string model_labels = labels(*models[k].get());
     for (size_t t = 0; t < layout->store->tiers().size(); ++t) {
-      out << "tvmsched_tier_bytes" << labels(*s.get()) << ",tier=\"" << Label(layout->store->tiers()[t].kind) << "\"} "
+      out << "tvmsched_tier_bytes" << model_labels << ",tier=\"" << Label(layout->store->tiers()[t].kind) << "\"} "
           << layout->store->used()[t] << "\n";
     }
     int64_t bytes = 0;
     for (const StageEvent& e : StreamerEvents(model)) bytes += e.bytes;
-    streamed << "tvmsched_streamed_bytes_total" << labels(*s.get()) << "} " << bytes << "\n";
+    streamed << "tvmsched_streamed_bytes_total" << model_labels << "} " << bytes << "\n";
   }
   header("tvmsched_streamed_bytes_total", "counter", "Bytes a tiered model streamed from its tiers");
   out << streamed.str();
