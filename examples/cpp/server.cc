@@ -121,7 +121,7 @@ class Server {
         runtime_, tvmsched::serving::ServedOptions{spec.name, spec.version, std::max<int64_t>(spec.max_batch_size, 0),
                                                    options.queue.max_queue_size, spec.streams, spec.max_queue_delay_us,
                                                    spec.preferred_batch_sizes}));
-    order_.push_back(spec.name);
+    books_.push_back(s->book);
     models_[spec.name] = std::move(s);
   }
 
@@ -165,7 +165,7 @@ class Server {
   std::string NotReady(const std::string& name = "", const std::string& version = "", bool in_flight = false) {
     if (stopping_ && !in_flight) return "the server is shutting down";
     if (name.empty()) {
-      std::string lost = order_.empty() ? "" : models_[order_[0]]->model->device().faults().lost;
+      std::string lost = books_.empty() ? "" : models_[books_[0]->options.name]->model->device().faults().lost;
       return lost.empty() ? "" : "the device is lost (docs/faults.md): " + lost;
     }
     const tvmsched::Model& model = Find(name, version).model;
@@ -183,44 +183,31 @@ class Server {
   }
   /*! \brief Triton's statistics of one model or, without a name, of all. */
   std::string Statistics(const std::string& name, const std::string& version) {
-    std::vector<tvmsched::serving::Served> books;
-    for (const std::string& each : order_) {
-      if (name.empty() || each == Find(name, version).book->options.name) books.push_back(models_[each]->book);
-    }
-    return tvmsched::serving::Statistics(books);
+    if (name.empty()) return tvmsched::serving::Statistics(books_);
+    return tvmsched::serving::Statistics({Find(name, version).book});
   }
 
   /*! \brief GET /v1/models (the engine's, as `tvmsched serve` answers it). */
-  std::string ModelsV1() { return tvmsched::serving::V1Models(Books()); }
+  std::string ModelsV1() { return tvmsched::serving::V1Models(books_); }
 
   /*! \brief GET /v1/stats (the engine's, as `tvmsched serve` answers it). */
-  std::string StatsV1() { return tvmsched::serving::V1Stats(Books()); }
+  std::string StatsV1() { return tvmsched::serving::V1Stats(books_); }
 
   /*! \brief Prometheus text: Triton's nv_inference_* series (the engine's, as `tvmsched serve` writes them) and the
    *  tvmsched_* series of examples/server.py. */
   /*! \brief GET /metrics: Triton's families and tvmsched's, the engine's as `tvmsched serve` writes them. */
   std::string Metrics() {
-    return tvmsched::serving::TritonMetrics(Books()) + tvmsched::serving::TvmschedMetrics(Books());
+    return tvmsched::serving::TritonMetrics(books_) + tvmsched::serving::TvmschedMetrics(books_);
   }
 
   void Stopping() { stopping_ = true; }
   void Close() { runtime_->Shutdown(); }
-  const std::vector<std::string>& names() const { return order_; }
+  const std::vector<tvmsched::serving::Served>& books() const { return books_; }
 
  private:
-  std::vector<tvmsched::serving::Served> Books() const {
-    std::vector<tvmsched::serving::Served> books;
-    for (const std::string& m : order_) books.push_back(models_.at(m)->book);
-    return books;
-  }
-
+  /*! \brief The model a request names (the engine's lookup and 404 line, as `tvmsched serve`'s). */
   Served& Find(const std::string& name, const std::string& version) {
-    auto found = models_.find(name);
-    if (found == models_.end()) throw HttpError(404, "no model named '" + name + "'");
-    const std::string& has = found->second->book->options.version;
-    if (!version.empty() && version != has)
-      throw HttpError(404, "model '" + name + "' has no version '" + version + "' (it has version " + has + ")");
-    return *found->second;
+    return *models_.at(books_[tvmsched::serving::Find(books_, name, version)]->options.name);
   }
 
   /*! \brief Run `handle` (parse, Execute, encode) for model `s` and count it in its book: answered (admitted and run,
@@ -280,7 +267,7 @@ class Server {
   tvmsched::Runtime runtime_;
   int64_t max_queue_;
   std::map<std::string, std::unique_ptr<Served>> models_;  // loaded before serving; read-only after
-  std::vector<std::string> order_;
+  std::vector<tvmsched::serving::Served> books_;           // in the order loaded
   std::atomic<bool> stopping_{false};
 };
 
@@ -540,7 +527,7 @@ int Main(int argc, char** argv) {
     http.stop();
   }).detach();
   std::string names;
-  for (const std::string& name : server.names()) names += (names.empty() ? "" : ", ") + name;
+  for (const auto& book : server.books()) names += (names.empty() ? "" : ", ") + book->options.name;
   std::cout << "tvmsched_server: serving " << names << " on http://" << host << ":" << port << " (policy "
             << options.policy << ")" << std::endl;
   http.listen_after_bind();

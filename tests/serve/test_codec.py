@@ -253,7 +253,7 @@ def test_malformed_grpc_messages_are_one_400_line_as_protobuf_refuses_them(bytes
     parse, _ = _message_codec("INT8", [2])
     with pytest.raises(DecodeError):
         pb2.ModelInferRequest.FromString(bytes_)  # protobuf refuses it too
-    for status, line in (parse(bytes_), native.func("kserve_message_model")(bytes_)):
+    for status, line, *_ in (parse(bytes_), native.func("served_parse_message")(tvm_ffi.Array([]), bytes_)):
         assert status == 400 and "message protobuf can decode" in line and why in line and "\n" not in line, line
 
 
@@ -274,7 +274,9 @@ def test_grpc_messages_read_unknown_fields_unpacked_shapes_and_nested_groups_as_
     assert list(pb2.ModelInferRequest.FromString(bytes_).inputs[0].shape) == [2]
     parsed = parse(bytes_)
     assert parsed[0] == 0 and np.from_dlpack(parsed[1]["x"]).tolist() == [5, 6], parsed
-    assert list(native.func("kserve_message_model")(bytes_)) == [0, "m", ""]
+    # (its model read as protobuf reads it: no model of that name is served here)
+    assert list(native.func("served_parse_message")(tvm_ffi.Array([]), bytes_)) == [
+        404, "no model named 'm' is loaded (loaded: none)", -1]
 
 
 def test_a_shape_claiming_more_than_the_body_holds_is_refused_before_anything_is_allocated():
@@ -305,16 +307,34 @@ def test_a_shape_claiming_more_than_the_body_holds_is_refused_before_anything_is
     assert status == 400 and "has 2998 elements in 'data'; its shape [1000,1000,1000] needs 1000000000" in line, line
 
 
-def test_the_grpc_server_peeks_at_the_model_name_only_where_protobuf_wrote_it_first():
+def test_a_grpc_message_finds_its_served_model_wherever_protobuf_wrote_its_name(compiled):
+    """served_parse_message (tvmsched serve's ModelInfer): the model named by the message's last model_name and its
+    model_version, the fields in any order, then the request parsed by that model's codec; a refusal names the model
+    where one was found (the server counts it in that model's statistics), else -1."""
     from tritonclient.grpc import service_pb2 as pb2
 
-    from tvmsched.serve.grpc_server import _first_fields
+    from tvmsched.runtime import Runtime
 
-    message = pb2.ModelInferRequest(model_name="mlp", model_version="3", id="x").SerializeToString()
-    assert _first_fields(message) == [0, "mlp", "3"]
-    assert _first_fields(pb2.ModelInferRequest(model_name="mlp").SerializeToString()) == [0, "mlp", ""]
-    long = pb2.ModelInferRequest(model_name="m" * 200).SerializeToString()  # (a 2-byte length: the engine reads it)
-    id_first = b"\x1a\x01x" + message  # (another field first)
-    for other in (long, id_first, message[:4], b"", b"\x0a\x02\xc3\x28"):
-        assert _first_fields(other) is None, other
-        assert native.func("kserve_message_model")(other)[0] in (0, 400)
+    def message(name="mlp", version="3", shape=(1, 784)):
+        m = pb2.ModelInferRequest(model_name=name, model_version=version, id="x",
+                                  raw_input_contents=[np.ones(shape, np.float32).tobytes()])
+        m.inputs.add(name="input", datatype="FP32", shape=list(shape))
+        return m.SerializeToString()
+
+    with Runtime("cpu") as rt:
+        for name in ("mlp", "other"):
+            rt.load(compiled.artifact("mlp"), name=name, warmup=False)
+        books = tvm_ffi.Array([rt.served("other"), rt.served("mlp", version="3")])
+        parse = native.func("served_parse_message")
+        wire = message()
+        # as tritonclient writes it, another field first, and model_name given twice (protobuf keeps the last)
+        for each in (wire, b"\x1a\x01y" + wire, b"\x0a\x05other" + wire):
+            parsed = parse(books, each)
+            assert parsed[0] == 0 and parsed[1] == 1, parsed
+            assert np.from_dlpack(parsed[2]["input"]).tolist() == np.ones((1, 784)).tolist() and parsed[4][0] == "x"
+        assert list(parse(books, wire + b"\x0a\x05other")) == [404, "model 'other' has no version '3' (it has version 1)", -1]
+        assert list(parse(books, message(version="9"))) == [404, "model 'mlp' has no version '9' (it has version 3)", -1]
+        assert list(parse(books, message(name="nope\n"))) == [404, "no model named 'nope?' is loaded (loaded: mlp, other)", -1]
+        status, line, index = parse(books, message(shape=(1, 783)))
+        assert (status, index) == (400, 1) and "input 'input'" in line and "784" in line, line
+        assert list(native.func("served_find")(books, "other", "")) == [0, 0]

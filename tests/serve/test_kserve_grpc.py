@@ -87,11 +87,11 @@ def test_health_metadata_config_statistics_and_repository(server, client):
 
 def test_errors_carry_grpc_codes_and_one_line(server, client):
     cases = [
-        (lambda: infer(client, "nope", "input", mlp_input(0)), "StatusCode.NOT_FOUND", "unknown model 'nope'"),
+        (lambda: infer(client, "nope", "input", mlp_input(0)), "StatusCode.NOT_FOUND", "no model named 'nope' is loaded"),
         (lambda: infer(client, "mlp", "input", mlp_input(0)[:, :700]), "StatusCode.INVALID_ARGUMENT",
          "input 'input' has shape [1,700] but model 'mlp' expects [1,784]"),  # (the REST route's lines: one codec)
         (lambda: infer(client, "mlp", "x", mlp_input(0)), "StatusCode.INVALID_ARGUMENT", "has no input named 'x'"),
-        (lambda: client.get_model_metadata("nope"), "StatusCode.NOT_FOUND", "unknown model"),
+        (lambda: client.get_model_metadata("nope"), "StatusCode.NOT_FOUND", "no model named 'nope' is loaded"),
         (lambda: client.load_model("resnet"), "StatusCode.NOT_FOUND", "no model named 'resnet'"),
     ]
     for call, code, fragment in cases:

@@ -130,7 +130,7 @@ BAD = [  # (model, JSON body or (header, binary), status, fragment of the error)
     ("mlp", (b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784], '
              b'"parameters": {"binary_data_size": 3136}}]}', b"\0" * 3200), 400, "add up to 3136"),
     ("mlp", b"{not json", 400, "not valid JSON"),
-    ("nope", {"inputs": []}, 404, "unknown model 'nope'"),
+    ("nope", {"inputs": []}, 404, "no model named 'nope' is loaded"),
     ("mlp/versions/7", {"inputs": []}, 404, "no version '7'"),
 ]
 
@@ -155,7 +155,7 @@ def test_bad_requests_get_one_error_line(server, model, body, status, fragment):
 def test_tritonclient_sees_the_error(client):
     tensor = triton.InferInput("input", [1, 784], "FP32")
     tensor.set_data_from_numpy(mlp_input(0)[:, :784])
-    with pytest.raises(InferenceServerException, match="unknown model 'resnet'") as err:
+    with pytest.raises(InferenceServerException, match="no model named 'resnet' is loaded") as err:
         client.infer("resnet", [tensor])
     assert err.value.status() == "404"
 
@@ -177,7 +177,7 @@ def test_unload_and_load_while_another_model_serves(server, client):
         index = {row["name"]: row for row in client.get_model_repository_index()}
         assert index["bert"]["state"] == "UNAVAILABLE" and index["mlp"]["state"] == "READY"
         assert not client.is_model_ready("bert")
-        with pytest.raises(InferenceServerException, match="unknown model 'bert'"):
+        with pytest.raises(InferenceServerException, match="no model named 'bert' is loaded"):
             infer(client, "bert", "hidden_states", bert_input(0), True)
         client.load_model("bert")
         assert client.is_model_ready("bert")

@@ -11,14 +11,12 @@ Python messages.
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from tvmsched.errors import TvmschedError
-from tvmsched.runtime import native
 from tvmsched.serve.grpc_stubs import stubs
 from tvmsched.serve.errors import GRPC_CODES, ServeError
 from tvmsched.serve.service import InferenceService
@@ -176,39 +174,14 @@ def config_response(config: dict):
     return pb2.ModelConfigResponse(config=message)
 
 
-@functools.cache
-def _message_model():
-    return native.func("kserve_message_model")  # ModelInferRequest bytes -> [0, model, version]
-
-
-def _first_fields(message: bytes):
-    """[0, model_name, model_version] where the message starts with them as protobuf writes them (fields 1 and 2 first,
-    each shorter than 128 bytes), else None: the engine reads the message (kserve_message_model). Saves an engine call
-    and a copy of the message per request; the codec checks that the model_name it parses is this one."""
-    if len(message) < 2 or message[0] != 0x0A or message[1] >= 0x80:
-        return None
-    end = 2 + message[1]
-    name, version = message[2:end], b""
-    if message[end:end + 1] == b"\x12" and len(message) > end + 1 and message[end + 1] < 0x80:
-        version = message[end + 2:end + 2 + message[end + 1]]
-    if len(message) < end + (2 + len(version) if version else 0) or (version and len(version) != message[end + 1]):
-        return None  # (it ends inside them: the engine says how)
-    try:
-        return [0, name.decode(), version.decode()]
-    except UnicodeDecodeError:
-        return None
-
-
 async def answer_message(service: InferenceService, message: bytes, received: int) -> bytes:
     """A ModelInferRequest's bytes to a ModelInferResponse's, both through the engine's codec (as serve/http.py's infer
     route does with a REST body), counted in its model's statistics; a refusal raises a ServeError (or the engine's
     TvmschedError) with its status. `received`: its arrival (time.monotonic_ns())."""
-    target = _first_fields(message) or _message_model()(message)  # [0, model, version] or [400, line]
-    if target[0]:
-        raise ServeError(target[1], target[0])
-    served = service.get(str(target[1]), str(target[2]))
+    served, parsed = service.parse_message(message)  # its model's, [0, inputs, parameters, pending] or [status, line]
+    if served is None:
+        raise ServeError(parsed[1], parsed[0])
     try:
-        parsed = served.codec.parse_message(message)  # [0, inputs, parameters, pending] or [status, line]
         if parsed[0]:
             raise ServeError(parsed[1], parsed[0])
         future = service.submit(served, parsed[1], dict(parsed[2]) if len(parsed[2]) else None, engine_tensors=True)

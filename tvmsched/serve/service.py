@@ -87,8 +87,11 @@ class InferenceService:
         self.models: dict[str, Served] = {}
         self.failed: dict[str, str] = {}  # repository models whose last load failed: the reason
         self._load_lock = threading.Lock()  # one load or unload at a time
-        self._books = tvm_ffi.Array([])  # every served model's book, for one engine call summing their pending requests
+        # every served model and its book, in one tuple replaced whole on a load or unload: for engine calls over
+        # all books (pending requests summed; a gRPC message's model found and parsed)
+        self._roster: tuple[tuple[Served, ...], tvm_ffi.Array] = ((), tvm_ffi.Array([]))
         self._pending_of = native.func("served_pending")
+        self._find, self._parse_message = native.func("served_find"), native.func("served_parse_message")
 
     # -- model control
     def add(self, spec: ModelSpec) -> Served:
@@ -111,7 +114,7 @@ class InferenceService:
                                               preferred_batch_sizes=spec.preferred_batch_sizes or ())
             served.codec = Codec(*served.book.codec())  # over its tensors as its metadata shows them
             self.models[spec.name] = served
-            self._books = tvm_ffi.Array([s.book for s in self.models.values()])
+            self._set_roster()
             self.failed.pop(spec.name, None)
         log.info("serving model %s from %s", spec.name, spec.path)
         return served
@@ -138,7 +141,7 @@ class InferenceService:
             served = self.models.pop(name, None)
             if served is None:
                 raise ServeError(f"no model named {name!r} is loaded", 404)
-            self._books = tvm_ffi.Array([s.book for s in self.models.values()])
+            self._set_roster()
             self.runtime.unload(served.model)
         log.info("unloaded model %s", name)
 
@@ -155,13 +158,30 @@ class InferenceService:
         return rows
 
     # -- lookups and descriptions
+    def _set_roster(self) -> None:
+        served = tuple(self.models.values())
+        self._roster = (served, tvm_ffi.Array([s.book for s in served]))
+
     def get(self, name: str, version: str = "") -> Served:
         served = self.models.get(name)
-        if served is None:
-            raise ServeError(f"unknown model {name!r} (loaded: {', '.join(sorted(self.models)) or 'none'})", 404)
-        if version not in ("", served.spec.version):
-            raise ServeError(f"model {name!r} has no version {version!r} (only {served.spec.version})", 404)
+        if served is None or version not in ("", served.spec.version):  # the engine's line (the C++ server's too)
+            roster, books = self._roster
+            found = self._find(books, name, version)
+            if found[0]:
+                raise ServeError(str(found[1]), int(found[0]))
+            served = roster[int(found[1])]  # (loaded since)
         return served
+
+    def parse_message(self, message: bytes) -> tuple[Served | None, list]:
+        """A gRPC ModelInferRequest's model and the request parsed by its codec, in one engine call
+        (tvmsched.engine.served_parse_message): (served, [0, inputs, parameters, pending]); refused, (served, [status,
+        line]) for a bad request to a served model, (None, [status, line]) for a message that is not one or names no
+        served model."""
+        roster, books = self._roster
+        parsed = self._parse_message(books, message)
+        if parsed[0]:
+            return (roster[int(parsed[2])] if int(parsed[2]) >= 0 else None), [int(parsed[0]), str(parsed[1])]
+        return roster[int(parsed[1])], [0, parsed[2], parsed[3], parsed[4]]
 
     def server_metadata(self) -> dict:
         return {"name": "tvmsched", "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
@@ -227,7 +247,7 @@ class InferenceService:
         the request is seen done at once, not after a sleeping thread's wake-up. None: not this case, or it ran past
         twice its model's recent time (then awaited as usual)."""
         compute_s = served.compute_s
-        if not (0 < compute_s <= INLINE_WAIT_S and self._pending_of(self._books) == 1):
+        if not (0 < compute_s <= INLINE_WAIT_S and self._pending_of(self._roster[1]) == 1):
             return None
         spin = {"spin_us": 1.5e6 * compute_s} if hasattr(future, "request") else {}  # (refused: a plain Future)
         try:

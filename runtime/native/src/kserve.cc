@@ -1042,14 +1042,15 @@ Scheduling ReadScheduling(const ffi::Map<ffi::Any, ffi::Any>& parameters) {
   return out;
 }
 
-namespace {
-
-/*! \brief A request as the Python caller holds it between parse and encode: [id, [name, binary?]...]. */
 ffi::Array<ffi::Any> Pending(const Request& request) {
   ffi::Array<ffi::Any> out{request.id};
   for (const auto& [name, binary] : request.outputs) out.push_back(ffi::Array<ffi::Any>{ffi::String(name), binary});
   return out;
 }
+
+ffi::Array<ffi::Any> Refusal(const Error& err) { return {static_cast<int64_t>(err.status), ffi::String(err.what())}; }
+
+namespace {
 
 Request FromPending(const ffi::Array<ffi::Any>& pending) {
   Request request;
@@ -1060,8 +1061,6 @@ Request FromPending(const ffi::Array<ffi::Any>& pending) {
   }
   return request;
 }
-
-ffi::Array<ffi::Any> Refusal(const Error& err) { return {static_cast<int64_t>(err.status), ffi::String(err.what())}; }
 
 }  // namespace
 
@@ -1140,15 +1139,6 @@ TVM_FFI_STATIC_INIT_BLOCK() {
                            ffi::Array<ffi::Array<ffi::Any>> outputs) {
                           return CodecFunctions(model, version, Infos(inputs), Infos(outputs));
                         });
-  // tvmsched.engine.kserve_message_model(ModelInferRequest: bytes) -> [0, model_name, model_version] or [400, line]
-  refl::GlobalDef().def("tvmsched.engine.kserve_message_model", [](ffi::Bytes message) {
-    try {
-      auto [model, version] = InferMessageModel(std::string_view(message.data(), message.size()));
-      return ffi::Array<ffi::Any>{int64_t{0}, ffi::String(model), ffi::String(version)};
-    } catch (const Error& err) {
-      return Refusal(err);
-    }
-  });
   // tvmsched.engine.kserve_scheduling(parameters) -> [0, priority (1, 0, -1), timeout µs (0: none)] or [400, line]
   refl::GlobalDef().def("tvmsched.engine.kserve_scheduling", [](ffi::Map<ffi::Any, ffi::Any> parameters) {
     try {

@@ -448,6 +448,36 @@ std::string TvmschedMetrics(const std::vector<Served>& models) {
   return out.str();
 }
 
+namespace {
+
+/*! \brief 'text' for an error line: control characters as '?', at most 80 characters (a name from a client). */
+std::string Quoted(std::string_view text) {
+  std::string out(text.substr(0, 80));
+  for (char& c : out) c = static_cast<unsigned char>(c) < 0x20 || c == 0x7f ? '?' : c;
+  return "'" + out + (text.size() > 80 ? "...'" : "'");
+}
+
+}  // namespace
+
+size_t Find(const std::vector<Served>& models, std::string_view name, std::string_view version) {
+  for (size_t i = 0; i < models.size(); ++i) {
+    const ServedOptions& o = models[i]->options;
+    if (o.name != name) continue;
+    if (!version.empty() && version != o.version) {
+      throw kserve::Error(
+          404, "model " + Quoted(name) + " has no version " + Quoted(version) + " (it has version " + o.version + ")");
+    }
+    return i;
+  }
+  std::vector<std::string> names;
+  for (const Served& s : models) names.push_back(s->options.name);
+  std::sort(names.begin(), names.end());
+  std::string loaded;
+  for (const std::string& each : names) loaded += (loaded.empty() ? "" : ", ") + each;
+  throw kserve::Error(
+      404, "no model named " + Quoted(name) + " is loaded (loaded: " + (loaded.empty() ? "none" : loaded) + ")");
+}
+
 TVM_FFI_STATIC_INIT_BLOCK() {
   // tvmsched.engine.served(runtime, {name, version, max_batch_size, max_queue, streams, max_queue_delay_us,
   // preferred_batch_sizes}) -> Served; its methods as ServedObj's (times: time.monotonic_ns()).
@@ -472,6 +502,38 @@ TVM_FFI_STATIC_INIT_BLOCK() {
            [](ffi::Array<Served> models) { return V1Models({models.begin(), models.end()}); })
       .def("tvmsched.engine.served_v1_stats",
            [](ffi::Array<Served> models) { return V1Stats({models.begin(), models.end()}); })
+      // served_find(models, name, version) -> [0, index in models] or [404, line] (Find)
+      .def("tvmsched.engine.served_find",
+           [](ffi::Array<Served> models, ffi::String name, ffi::String version) {
+             try {
+               size_t index = Find({models.begin(), models.end()}, std::string_view(name.data(), name.size()),
+                                   std::string_view(version.data(), version.size()));
+               return ffi::Array<ffi::Any>{int64_t{0}, static_cast<int64_t>(index)};
+             } catch (const kserve::Error& err) {
+               return kserve::Refusal(err);
+             }
+           })
+      // served_parse_message(models, ModelInferRequest: bytes) -> [0, index in models, inputs, parameters, pending]:
+      // the model it names (its model_name and model_version, wherever protobuf wrote them) and the request parsed by
+      // that model's codec (kserve_codec's parse_message); else [status, line, index in models or -1]: 400 not such a
+      // message (-1), 404 no such model (-1), 400 a bad request for that model
+      .def("tvmsched.engine.served_parse_message",
+           [](ffi::Array<Served> models, ffi::Bytes message) {
+             std::string_view bytes(message.data(), message.size());
+             int64_t index = -1;
+             try {
+               auto [name, version] = kserve::InferMessageModel(bytes);
+               index = static_cast<int64_t>(Find({models.begin(), models.end()}, name, version));
+               const ServedObj& s = *models[index].get();
+               kserve::Request request = kserve::ParseInferMessage(bytes, s.options.name, s.inputs, s.outputs);
+               return ffi::Array<ffi::Any>{int64_t{0}, index, request.inputs, request.parameters,
+                                           kserve::Pending(request)};
+             } catch (const kserve::Error& err) {
+               ffi::Array<ffi::Any> refusal = kserve::Refusal(err);
+               refusal.push_back(index);
+               return refusal;
+             }
+           })
       .def("tvmsched.engine.served_pending",  // requests admitted and not answered, over `models`
            [](ffi::Array<Served> models) {
              int64_t n = 0;

@@ -123,6 +123,11 @@ ffi::Map<ffi::String, ffi::Tensor> ParseV1(std::string_view body, const std::vec
 /*! \brief A /v1 answer: {"outputs": {NAME: data nested as its shape}} (non-finite elements as /v2's JSON outputs). */
 std::string EncodeV1(const ffi::Map<ffi::String, ffi::Tensor>& outputs);
 
+/*! \brief A parsed request as a server in Python holds it between parse and encode: [id, [name, binary?]...]. */
+ffi::Array<ffi::Any> Pending(const Request& request);
+/*! \brief A refusal as the functions for a server in Python answer it: [status, one line]. */
+ffi::Array<ffi::Any> Refusal(const Error& err);
+
 /*! \brief A model's codec for a server in Python (tvmsched.engine.kserve_codec, the served book's `codec`): [parse,
  *  encode, parse_message, encode_message, parse_v1, encode_v1] over `inputs` and `outputs`, each answering
  *  [status, one line] for a bad request (src/kserve.cc states their arguments). */

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tvmsched/kserve.h"
@@ -98,6 +99,11 @@ class Served : public ffi::ObjectRef {
  public:
   TVM_FFI_DEFINE_OBJECT_REF_METHODS_NULLABLE(Served, ffi::ObjectRef, ServedObj);
 };
+
+/*! \brief Which of `models` a request names: `name` at `version` (empty: any). Else a kserve::Error 404 with both
+ *  servers' line: "no model named 'NAME' is loaded (loaded: ...)" or "model 'NAME' has no version 'V' (it has version
+ *  W)". */
+size_t Find(const std::vector<Served>& models, std::string_view name, std::string_view version);
 
 /*! \brief Triton's statistics JSON ({"model_stats": [...]}) of `models`, in order (the Runtime's counters read once).
  */
