@@ -137,7 +137,8 @@ def create_app(specs: list[tuple[str, str, float | None, str]], device: str = "c
     async def infer(name: str, request: InferRequest) -> dict:
         model = runtime.models.get(name)
         if model is None:
-            raise HTTPException(404, f"no model named {name!r}")
+            loaded = ", ".join(sorted(runtime.models)) or "none"  # (the engine's line, as both servers answer it)
+            raise HTTPException(404, f"no model named {name!r} is loaded (loaded: {loaded})")
         metrics.requests.labels(name).inc()
         dtypes = input_dtypes[name]
         try:

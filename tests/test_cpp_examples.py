@@ -107,7 +107,7 @@ def test_tvmsched_server_infers_and_counts(cpp_build, mlp, reference):
         # the error contract of examples/server.py
         bad = httpx.post(f"{base}/v1/models/mlp/infer", json={"inputs": {"nope": [1, 2]}}, timeout=60)
         assert bad.status_code == 400 and "input names do not match" in bad.json()["detail"]
-        assert httpx.post(f"{base}/v1/models/none/infer", json={"inputs": {}}, timeout=60).json() == {"detail": "no model named 'none'"}
+        assert httpx.post(f"{base}/v1/models/none/infer", json={"inputs": {}}, timeout=60).json() == {"detail": "no model named 'none' is loaded (loaded: mlp)"}
         assert httpx.post(f"{base}/v1/models/mlp/infer", json={"input": {}}, timeout=60).status_code == 422
         assert httpx.get(f"{base}/v1/stats", timeout=10).json()["mlp"]["requests"] == 1
         metrics = httpx.get(f"{base}/metrics", timeout=10).text
@@ -137,6 +137,8 @@ def test_python_server_metrics(mlp, tmp_path):
         reply = httpx.post(f"{base}/v1/models/mlp/infer", json={"inputs": {k: v.tolist() for k, v in inputs.items()}}, timeout=60)
         assert reply.status_code == 200, reply.text
         _assert_one_request_counted(base)
+        unknown = httpx.post(f"{base}/v1/models/none/infer", json={"inputs": {}}, timeout=60)  # (the C++ server's line)
+        assert unknown.status_code == 404 and unknown.json() == {"detail": "no model named 'none' is loaded (loaded: mlp)"}
     finally:
         stop_server(server)
 
