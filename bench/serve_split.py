@@ -73,7 +73,8 @@ def grpc_request(served) -> bytes:
 
 def one_round(service, served, way: str, request, requests: int) -> dict[str, float]:
     """As serve/http.py's infer route (way "rest": request = (headers, body)) or serve/grpc_server.py's ModelInfer
-    ("grpc": request = the message's bytes) do: the engine's codec parses and encodes, the service admits and counts."""
+    ("grpc": request = the message's bytes: its model found and the message parsed in one engine call) do: the engine's
+    codec parses and encodes, the service admits and counts."""
     from tvmsched.runtime import native
 
     now = native.now_us
@@ -83,7 +84,7 @@ def one_round(service, served, way: str, request, requests: int) -> dict[str, fl
         length = headers["Inference-Header-Content-Length"]
         parse, encode = (lambda: codec.parse(body, length)), codec.encode
     else:
-        parse, encode = (lambda: codec.parse_message(request)), codec.encode_message
+        parse, encode = (lambda: service.parse_message(request)[1]), codec.encode_message  # (its model found too)
     times = {p: [] for p in PHASES}
     for _ in range(requests):
         t0 = now()
