@@ -255,16 +255,15 @@ def _row_reduction_class():
         count chosen from its length (`row_threads`) instead of 256 for every row: BERT's rows of 128 elements left half
         of each block's threads idle and paid two block barriers per reduction; a warp reduces them with shuffles alone."""
 
-        def __init__(self) -> None:
-            super().__init__()
-            self.decision: GpuPath | None = None
-
         def apply(self, func, target, tunable):
-            self.decision = None
+            return self.schedule_and_path(func, target, tunable)[0]
+
+        def schedule_and_path(self, func, target, tunable):
+            """`apply`'s schedule and the layer's path (a GpuPath, or None where it is not a row reduction)."""
             sch = super().apply(func, target, tunable)
             n = reduced_row(func) if isinstance(sch, s_tir.Schedule) and describe(target).gpu else None
             if n is None:
-                return sch
+                return sch, None
             threads = row_threads(n)
             splits = [i for i in sch.trace.insts if i.kind.name == "Split"]
             if threads != DLIGHT_ROW_THREADS and splits and all(
@@ -277,8 +276,7 @@ def _row_reduction_class():
                 threads = DLIGHT_ROW_THREADS
             per = math.ceil(n / threads)
             kind = WARP_PER_ROW if threads == WARP else BLOCK_PER_ROW
-            self.decision = GpuPath(kind, f"rows of {n} elements: {threads} threads, {_count(per, 'element')} each")
-            return sch
+            return sch, GpuPath(kind, f"rows of {n} elements: {threads} threads, {_count(per, 'element')} each")
 
     return _RowReduction
 
@@ -299,7 +297,6 @@ def _wave_matmul_class():
             super().__init__()
             self.sms = sms
             self._tiling: Tiling | None = None
-            self.decision: GpuPath | None = None  # the path of the layer `apply` last scheduled
 
         def get_configs(self, target):
             config = super().get_configs(target)
@@ -314,10 +311,14 @@ def _wave_matmul_class():
             )
 
         def apply(self, func, target, tunable):
-            self.decision = None
+            return self.schedule_and_path(func, target, tunable)[0]
+
+        def schedule_and_path(self, func, target, tunable):
+            """`apply`'s schedule and the layer's path: tensor cores, split-K or SIMT with the reason (a GpuPath; None
+            where the layer is not matmul-like on a GPU)."""
             shape = matmul_shape(func) if describe(target).gpu else None
             if shape is None:
-                return super().apply(func, target, tunable)
+                return super().apply(func, target, tunable), None
             extents, dtype = shape
             refusal = tensor_core_refusal(extents, dtype, sm_version(target))
             if refusal is None:
@@ -325,10 +326,9 @@ def _wave_matmul_class():
                 if sch is not None:
                     blocks = extents[0] * math.ceil(extents[1] / ti) * math.ceil(extents[2] / tj)
                     warps = TENSOR_CORE_EDGES[ti][0] * TENSOR_CORE_EDGES[tj][0]
-                    self.decision = GpuPath(TENSOR_CORES, f"fp16 WMMA {WMMA_K}x{WMMA_K}x{WMMA_K}, fp32 accumulation, "
-                                               f"{ti}x{tj} outputs per block of {_count(warps, 'warp')}, "
-                                               f"{_count(blocks, 'block')}")
-                    return sch
+                    return sch, GpuPath(TENSOR_CORES, f"fp16 WMMA {WMMA_K}x{WMMA_K}x{WMMA_K}, fp32 accumulation, "
+                                                      f"{ti}x{tj} outputs per block of {_count(warps, 'warp')}, "
+                                                      f"{_count(blocks, 'block')}")
                 refusal = "dlight's tensor-core schedule does not take this layer's layout"
             func = func.with_attr("dlight.do_not_tensorize", True)  # the path is decided here, not in dlight's rule
             self._tiling = choose_tiling(*extents, self.sms)
@@ -337,16 +337,15 @@ def _wave_matmul_class():
                     sch = schedule_split_k(func, self._tiling, self.sms, unroll=self.get_configs(target).unroll)
                     if sch is not None:
                         ti, tj = self._tiling.tile
-                        self.decision = GpuPath(SPLIT_K, f"no tile fills {self.sms} SMs: {ti}x{tj} tiles, K split "
-                                                   f"in {self._tiling.split_k}; {refusal}")
-                        return sch
+                        return sch, GpuPath(SPLIT_K, f"no tile fills {self.sms} SMs: {ti}x{tj} tiles, K split "
+                                                     f"in {self._tiling.split_k}; {refusal}")
                     self._tiling = choose_tiling(*extents[:3], 0, self.sms)  # the most blocks without a split
                 sch = super().apply(func, target, tunable)
-                if sch is not None:
-                    ti, tj = self._tiling.tile
-                    blocks = self._tiling.blocks(*extents[:3])
-                    self.decision = GpuPath(SIMT, f"{ti}x{tj} tiles, {_count(blocks, 'block')}; {refusal}")
-                return sch
+                if sch is None:
+                    return None, None
+                ti, tj = self._tiling.tile
+                blocks = self._tiling.blocks(*extents[:3])
+                return sch, GpuPath(SIMT, f"{ti}x{tj} tiles, {_count(blocks, 'block')}; {refusal}")
             finally:
                 self._tiling = None
 

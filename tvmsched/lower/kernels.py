@@ -47,14 +47,15 @@ def default_schedule(funcs: dict[str, object], target) -> dict[str, object]:
         for name, func in funcs.items():  # as dlight's ApplyDefaultSchedule: the first rule that takes it
             scheduled[name] = func
             for rule in rules:
-                space = rule.apply(func, target, False)
+                # our rules give the layer's path with its schedule (gpu_schedule.GpuPath); dlight's, the schedule
+                with_path = getattr(rule, "schedule_and_path", None)
+                space, path = with_path(func, target, False) if with_path else (rule.apply(func, target, False), None)
                 if space is not None:
                     sch = space if isinstance(space, s_tir.Schedule) else space[0]
                     done = sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr(
                         RULE_ATTR, type(rule).__name__.lstrip("_"))
-                    decision = getattr(rule, "decision", None)  # the layer's path (gpu_schedule.GpuPath)
-                    if decision is not None:
-                        done = done.with_attr(PATH_ATTR, decision.path).with_attr(PATH_REASON_ATTR, decision.reason)
+                    if path is not None:
+                        done = done.with_attr(PATH_ATTR, path.path).with_attr(PATH_REASON_ATTR, path.reason)
                     scheduled[name] = done
                     break
     return scheduled
