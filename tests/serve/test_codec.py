@@ -335,6 +335,8 @@ def test_a_grpc_message_finds_its_served_model_wherever_protobuf_wrote_its_name(
         assert list(parse(books, wire + b"\x0a\x05other")) == [404, "model 'other' has no version '3' (it has version 1)", -1]
         assert list(parse(books, message(version="9"))) == [404, "model 'mlp' has no version '9' (it has version 3)", -1]
         assert list(parse(books, message(name="nope\n"))) == [404, "no model named 'nope?' is loaded (loaded: mlp, other)", -1]
+        status, line, index = parse(books, message(name="x" * 5000))  # (a client's name, cut in the line)
+        assert (status, index) == (404, -1) and line == "no model named '" + "x" * 80 + "...' is loaded (loaded: mlp, other)"
         status, line, index = parse(books, message(shape=(1, 783)))
         assert (status, index) == (400, 1) and "input 'input'" in line and "784" in line, line
         assert list(native.func("served_find")(books, "other", "")) == [0, 0]
