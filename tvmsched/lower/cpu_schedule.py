@@ -44,6 +44,7 @@ MAX_ROWS = 8
 PAD_COPY_MIN_ELEMENTS = 32768  # a padded input at least this large is copied once, not tested per multiply-add,
 PAD_COPY_MIN_REDUCTION = 64  # when each output sums at least this many products
 MIN_PARALLEL_WORK = 2048  # output elements below which a layer stays on one thread (thread wake-up costs more)
+MIN_PARALLEL_PRODUCTS = 1 << 17  # ... unless each output sums so many products that its tiles are worth the wake-up
 
 
 def vector_lanes(target, bits: int = 32) -> int:
@@ -257,7 +258,9 @@ def _tile(sch, red, lanes32: int) -> bool:
     reductions = [loops[i] for i in reduce]
     sch.reorder(*outer, *reductions, *inner)
     tile = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-    if math.prod(extents[i] for i in spatial) >= MIN_PARALLEL_WORK and (_extent(sch, tile) or 1) > 1:
+    outputs = math.prod(extents[i] for i in spatial)
+    products = outputs * math.prod(extents[i] for i in reduce)
+    if (outputs >= MIN_PARALLEL_WORK or products >= MIN_PARALLEL_PRODUCTS) and (_extent(sch, tile) or 1) > 1:
         sch.parallel(tile)
     consumers = sch.get_consumers(red)
     if len(consumers) == 1 and not _is_output(sch, red):
