@@ -8,7 +8,8 @@ Two deployments:
 - the **ingress** (FastAPI behind Ray Serve's HTTP proxy) answers the Open Inference Protocol's REST routes. An infer
   request's model comes from its URL path (/v2/models/NAME/infer); the ingress passes the raw body to a replica
   through the replicas' handle with `multiplexed_model_id=NAME`. tritonclient never sends the header that Ray's own
-  multiplexing keys on, so the ingress sets the id. Ray's router then prefers a replica that already holds the model.
+  multiplexing keys on, so the ingress sets the id. The replicas' request router (ray_router.py, Ray Serve's
+  request-router API) sends it to a replica that holds the model while one has room in its queue.
   A request whose replica died is sent once more.
   With `--grpc-port`, Ray Serve's gRPC proxy serves inference.GRPCInferenceService (its servicer registered,
   GRPC_SERVICER) to tritonclient.grpc: the ingress's methods of the RPCs' names answer it, and a ModelInfer call's bytes
@@ -40,6 +41,7 @@ from tvmsched.errors import TvmschedError
 
 log = logging.getLogger("tvmsched.serve.ray")
 
+ROUTER = "tvmsched.serve.ray_router:HolderFirstRouter"  # the replicas' request router (ray_router.py)
 _FORWARDED = (b"content-encoding", b"inference-header-content-length", b"x-request-id")
 
 
@@ -83,7 +85,10 @@ def replica_deployment(settings: RaySettings):
     """The replicas' deployment (its class: `.func_or_class`)."""
     _, serve = _ray()
 
+    from ray.serve.config import RequestRouterConfig
+
     @serve.deployment(num_replicas=settings.replicas, max_ongoing_requests=settings.max_queue,
+                      request_router_config=RequestRouterConfig(request_router_class=ROUTER),
                       graceful_shutdown_timeout_s=settings.graceful_shutdown_timeout_s,
                       ray_actor_options={"num_cpus": settings.num_cpus, "num_gpus": settings.num_gpus})
     class TvmschedReplica:
