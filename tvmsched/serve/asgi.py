@@ -53,10 +53,11 @@ async def too_large(send, max_bytes: int) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def extra_answer_headers(scope, request_id: bytes | None) -> list:
-    """What AnswerHeaders adds to an answer: the request's X-Request-Id, and Connection: close while draining."""
+def extra_answer_headers(state, request_id: bytes | None) -> list:
+    """What AnswerHeaders adds to an answer: the request's X-Request-Id, and Connection: close while draining (the
+    app's `state.draining`)."""
     extra = [(b"x-request-id", request_id)] if request_id is not None else []
-    if getattr(scope["app"].state, "draining", False):
+    if getattr(state, "draining", False):
         extra.append((b"connection", b"close"))
     return extra
 
@@ -75,7 +76,7 @@ class AnswerHeaders:
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
-                extra = extra_answer_headers(scope, request_id)
+                extra = extra_answer_headers(scope["app"].state, request_id)
                 if extra:
                     message = {**message, "headers": [*message.get("headers", ()), *extra]}
             await send(message)

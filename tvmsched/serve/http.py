@@ -43,11 +43,11 @@ from tvmsched.serve.service import InferenceService
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
-def create_app(service: InferenceService, *, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+def create_app(service: InferenceService, *, max_body_bytes: int = MAX_BODY_BYTES) -> InferRoute:
+    """The server's ASGI app: the infer route (InferRoute) in front of FastAPI's app, which answers the rest."""
     app = FastAPI(title="tvmsched inference (Open Inference Protocol v2)")
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(AnswerHeaders)
-    app.add_middleware(InferRoute, service=service, max_body_bytes=max_body_bytes)  # outermost: /v2 infer
     app.state.service = service
     gpus = metrics.GpuCollector()  # NVML started once; no GPU: no GPU metrics
 
@@ -103,7 +103,7 @@ def create_app(service: InferenceService, *, max_body_bytes: int = MAX_BODY_BYTE
     def prometheus_metrics() -> Response:
         return Response(metrics.exposition(service, gpus), media_type=CONTENT_TYPE_LATEST)
 
-    return app
+    return InferRoute(app, service, max_body_bytes)
 
 
 def _model_ready(service: InferenceService):
@@ -121,14 +121,16 @@ _READ_HEADERS = (b"content-length", b"content-encoding", b"inference-header-cont
 
 
 class InferRoute:
-    """ASGI: POST /v2/models/{m}[/versions/{v}]/infer, answered here, every other request passed on to `app` (its
-    body-limit and answer-header middleware, FastAPI's routing). The outermost of the app's middleware, it does what
-    those two do for the requests it answers itself (413 past `max_body_bytes`, X-Request-Id back, Connection: close
-    while draining): their layers and FastAPI's cost a request at concurrency 1 more than the engine's codec does
-    (bench/results/serving.md)."""
+    """ASGI: POST /v2/models/{m}[/versions/{v}]/infer, answered here, every other request passed on to `app` (FastAPI's
+    app: its body-limit and answer-header middleware, its routing). In front of FastAPI's app, not one of its
+    middleware, it does what those two do for the requests it answers itself (413 past `max_body_bytes`, X-Request-Id
+    back, Connection: close while draining): FastAPI's own layers (its telemetry check, its error and body-limit
+    middleware) and the two cost a request at concurrency 1 more than the engine's codec does
+    (bench/results/serving.md). `state` is the app's (the draining server sets `draining` on it)."""
 
     def __init__(self, app, service: InferenceService, max_body_bytes: int):
         self.app, self.service, self.max_body_bytes = app, service, max_body_bytes
+        self.state = getattr(app, "state", None)
 
     async def __call__(self, scope, receive, send):
         match = _INFER.fullmatch(scope["path"]) if scope["type"] == "http" else None
@@ -159,7 +161,7 @@ class InferRoute:
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/octet-stream" if extra else b"application/json"),
                                 (b"content-length", b"%d" % len(body)), *extra,
-                                *extra_answer_headers(scope, headers.get(b"x-request-id"))]})
+                                *extra_answer_headers(self.state, headers.get(b"x-request-id"))]})
         await send({"type": "http.response.body", "body": body})
 
     async def infer(self, name: str, version: str, headers: dict, body: bytes, received: int):
