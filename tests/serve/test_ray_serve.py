@@ -1,9 +1,11 @@
 """Scale-out on Ray Serve (issue 40, step 5; docs/scale-out.md), on a local Ray instance on 127.0.0.1 that declares 2
 GPUs the machine lacks (each replica takes one and runs its Runtime on the CPU): two replicas, three models, each
 replica holding at most two. Unmodified tritonclient (HTTP) sends requests whose model is in the URL path; the
-ingress routes each to a replica holding its model; a replica killed under load and scaling 1 -> 2 -> 1 lose no
-request (each answered right, or failed with one line)."""
+replicas' request router sends each to a replica holding its model; a replica killed under load and scaling
+1 -> 2 -> 1 lose no request (each answered right, or failed with one line: the killed replica's requests in flight
+get Ray's proxy's 500)."""
 
+import asyncio
 import dataclasses
 import os
 import subprocess
@@ -90,8 +92,10 @@ def test_requests_reach_a_replica_holding_their_model_and_are_answered_right(clu
     requests = sum(c["requests"] for c in counts) - before
     loads = sum(c["loads"] for c in counts)  # each load: a request whose replica did not hold its model
     assert requests >= len(sent) and 1 - loads / requests >= 0.95, counts
-    unknown = triton_infer(url, "nope", sent[0][1])  # a model the repository lacks: 404 in one line
-    assert isinstance(unknown, str) and "[404]" in unknown and "no model named 'nope'" in unknown, unknown
+    for _ in range(4):  # a model the repository lacks: 404 in one line, and no replica evicts a model for it
+        unknown = triton_infer(url, "nope", sent[0][1])
+        assert isinstance(unknown, str) and "[404]" in unknown and "no model named 'nope'" in unknown, unknown
+    assert sorted(c["models"] for c in ray_replica_counts()) == sorted(c["models"] for c in counts)
 
 
 def test_tritonclient_grpc_is_served_through_ray_serves_grpc_proxy(cluster, onnx):
@@ -143,7 +147,13 @@ def test_a_replica_killed_under_load_loses_no_request(cluster, onnx):
     with ThreadPoolExecutor(6) as pool:
         answers = list(pool.map(lambda item: triton_infer(url, *item), sent))
     killer.join()
-    errors = _check(sent, answers, onnx)  # answered right (retried on the other replica if need be), or one line
+    # a request the killed replica was running: Ray's proxy answers it 500 with the one line "Internal Server Error"
+    # (which tritonclient, finding no JSON in it, quotes on a line of its own); at most the 6 in flight
+    in_flight = [i for i, a in enumerate(answers) if isinstance(a, str) and a.startswith("[500] ")
+                 and a.splitlines()[-1] == "response: Internal Server Error"]
+    assert len(in_flight) <= 6, in_flight
+    rest = [i for i in range(len(sent)) if i not in in_flight]
+    errors = _check([sent[i] for i in rest], [answers[i] for i in rest], onnx)  # the others right, or one line
     assert len(errors) <= len(sent) // 10, errors
     deadline = time.monotonic() + 120  # Serve starts a replica in its place
     while len([n for n in ray.util.list_named_actors(all_namespaces=True) if "TvmschedReplica" in n["name"]]) < 2:
@@ -184,13 +194,13 @@ def test_a_replica_with_no_device_in_service_fails_its_health_check(tmp_path, co
     """The replica's class itself (no Ray actor): its Runtime on two CPU devices, a model on both; once both devices
     are lost (a fault that cannot be recovered on each), check_health raises, naming them."""
     from tvmsched.runtime import native
-    from tvmsched.serve.ray_app import RaySettings, replica_deployment
+    from tvmsched.serve.ray_app import RaySettings, replica_class
 
     (tmp_path / "m" / "1").mkdir(parents=True)
     (tmp_path / "m" / "config.pbtxt").write_text('backend: "tvmsched"\nmax_batch_size: 0\n'
                                                  "instance_group [ { count: 1 gpus: [ 0, 1 ] } ]\n")
     (tmp_path / "m" / "1" / "model.tvms").symlink_to(compiled("mlp"))
-    replica = replica_deployment(RaySettings(str(tmp_path), devices=("cpu:0", "cpu:1"))).func_or_class()
+    replica = replica_class(RaySettings(str(tmp_path), devices=("cpu:0", "cpu:1")))[0]()
     try:
         replica.service.load("m")
         replica.check_health()  # healthy
@@ -202,6 +212,21 @@ def test_a_replica_with_no_device_in_service_fails_its_health_check(tmp_path, co
                 replica.runtime.submit("m", x).result(timeout=60)
         with pytest.raises(RuntimeError, match=r"^no device of this replica is in service \(cpu:0, cpu:1\)$"):
             replica.check_health()
+    finally:
+        replica.__del__()
+
+
+def test_a_model_the_repository_lacks_is_refused_before_rays_multiplexing_is_asked(repository):
+    """Asked for a model it does not hold, Ray's multiplexing evicts the least recently used one before loading: a
+    name the repository lacks is refused first (404, one line), so it evicts nothing. The replica's class itself (no
+    Ray actor), where Ray's multiplexing cannot be asked at all."""
+    from tvmsched.serve.ray_app import RaySettings, replica_class
+
+    replica = replica_class(RaySettings(str(repository)))[0]()
+    try:
+        for name in ("nope", "../a", ".hidden"):
+            status, line = asyncio.run(replica._held(name))
+            assert status == 404 and line.startswith(f"no model named {name!r} in the repository"), line
     finally:
         replica.__del__()
 

@@ -4,26 +4,25 @@ each replica one tvmsched Runtime on its node's devices, tritonclient unchanged.
     tvmsched serve-ray --model-repository models/ [--replicas 2] [--max-models-per-replica 2] [--devices cuda:0]
         [--num-gpus 1] [--port 8000] [--grpc-port 8001] [--address auto]
 
-Two deployments:
-- the **ingress** (FastAPI behind Ray Serve's HTTP proxy) answers the Open Inference Protocol's REST routes. An infer
-  request's model comes from its URL path (/v2/models/NAME/infer); the ingress passes the raw body to a replica
-  through the replicas' handle with `multiplexed_model_id=NAME`. tritonclient never sends the header that Ray's own
-  multiplexing keys on, so the ingress sets the id. The replicas' request router (ray_router.py, Ray Serve's
-  request-router API) sends it to a replica that holds the model while one has room in its queue.
-  A request whose replica died is sent once more.
-  With `--grpc-port`, Ray Serve's gRPC proxy serves inference.GRPCInferenceService (its servicer registered,
-  GRPC_SERVICER) to tritonclient.grpc: the ingress's methods of the RPCs' names answer it, and a ModelInfer call's bytes
-  go to a replica holding the model the same way, read and answered there by the engine's codec.
-- the **replicas**: Ray decides which models each holds, at most `max_num_models_per_replica`
-  (`@serve.multiplexed`).
+One deployment, the **replicas**, each the application's ingress (FastAPI behind Ray Serve's HTTP proxy), so a
+request takes one hop, proxy -> replica:
+- The Open Inference Protocol's REST routes. With `--grpc-port`, Ray Serve's gRPC proxy serves
+  inference.GRPCInferenceService (its servicer registered, GRPC_SERVICER) to tritonclient.grpc: the replica's methods
+  of the RPCs' names answer it.
+- The replicas' request router (ray_router.py, Ray Serve's request-router API) reads the model a request names (its
+  URL path /v2/models/NAME/..., or the gRPC message's model name: tritonclient never sends the header Ray's own
+  multiplexing keys on) and sends it to a replica that holds the model while one has room in its queue.
+- Ray decides which models each replica holds, at most `max_num_models_per_replica` (`@serve.multiplexed`).
   - Ray loads a model through the replica's Runtime (InferenceService.load, from the repository) and unloads it
-    when Ray evicts it (the held model's `__del__`). The Runtime's switcher only stages models within that set.
+    when Ray evicts it (the held model's `__del__`). The Runtime's switcher only stages models within that set. A
+    name the repository lacks is refused (404) before Ray is asked, which would evict a model first.
   - Each body is parsed and each answer encoded by the engine's codec, as `tvmsched serve` does (serve/http.py's
-    InferRoute).
-  - `check_health` fails when no device of the replica's Runtime is in service.
-  - `max_ongoing_requests` is the replica's queue cap (--max-queue).
-  - On scale-down Ray calls `__del__`, which drains the Runtime (Runtime.shutdown) within
-    `graceful_shutdown_timeout_s`.
+    InferRoute; grpc_server.answer_message).
+- `check_health` fails when no device of the replica's Runtime is in service.
+- `max_ongoing_requests` is the replica's queue cap (--max-queue).
+- On scale-down Ray calls `__del__`, which drains the Runtime (Runtime.shutdown) within
+  `graceful_shutdown_timeout_s`. A replica that dies (killed, its node lost) fails the requests it was running with
+  Ray's proxy's 500 "Internal Server Error"; the others go to the replicas left.
 
 Ray is an extra (`pip install tvmsched[ray]`); without it every entry here is one error line naming it.
 """
@@ -82,15 +81,23 @@ class _Held:
 
 
 def replica_deployment(settings: RaySettings):
-    """The replicas' deployment (its class: `.func_or_class`)."""
+    """The replicas' deployment, the application's ingress: `replica_class` behind Ray's proxies."""
     _, serve = _ray()
-
     from ray.serve.config import RequestRouterConfig
 
-    @serve.deployment(num_replicas=settings.replicas, max_ongoing_requests=settings.max_queue,
-                      request_router_config=RequestRouterConfig(request_router_class=ROUTER),
-                      graceful_shutdown_timeout_s=settings.graceful_shutdown_timeout_s,
-                      ray_actor_options={"num_cpus": settings.num_cpus, "num_gpus": settings.num_gpus})
+    cls, app = replica_class(settings)
+    return serve.deployment(num_replicas=settings.replicas, max_ongoing_requests=settings.max_queue,
+                            request_router_config=RequestRouterConfig(request_router_class=ROUTER),
+                            graceful_shutdown_timeout_s=settings.graceful_shutdown_timeout_s,
+                            ray_actor_options={"num_cpus": settings.num_cpus, "num_gpus": settings.num_gpus},
+                            )(serve.ingress(app)(cls))
+
+
+def replica_class(settings: RaySettings):
+    """(the replica's class, its FastAPI app): one tvmsched Runtime and its InferenceService over the repository."""
+    _, serve = _ray()
+    app = FastAPI(title="tvmsched on Ray Serve (Open Inference Protocol v2)")
+
     class TvmschedReplica:
         def __init__(self):
             from tvmsched.runtime import Runtime
@@ -113,88 +120,21 @@ def replica_deployment(settings: RaySettings):
             self.loads += 1
             return _Held(self.service, name)
 
-        async def infer(self, name: str, version: str, headers: dict, body: bytes):
-            from tvmsched.serve import jsonio
+        async def _held(self, name: str):
+            """None once the model is held here (loaded by Ray's multiplexing if need be), else (status, one line). A
+            name the repository lacks is refused before Ray's multiplexing is asked, which would evict a model first."""
             from tvmsched.serve.errors import ServeError
 
-            self.requests += 1
             try:
-                await self.model(serve.get_multiplexed_model_id())
-            except (ServeError, TvmschedError) as err:  # (no such model in the repository: 404, one line)
-                return getattr(err, "status", 400), jsonio.dumps({"error": " ".join(str(err).split())}), []
-            return await self.route.infer(name, version, headers, body, time.monotonic_ns())
-
-        async def infer_message(self, name: str, message: bytes):
-            """(0, ModelInferResponse bytes) or (HTTP status, one line) of a gRPC ModelInfer call's bytes, read and
-            answered by the engine's codec as `tvmsched serve`'s gRPC server does."""
-            from tvmsched.serve.errors import ServeError
-            from tvmsched.serve.grpc_server import answer_message
-
-            self.requests += 1
-            try:
-                await self.model(serve.get_multiplexed_model_id())
-                return 0, await answer_message(self.service, message, time.monotonic_ns())
-            except (ServeError, TvmschedError) as err:
+                if name not in self.service.models:
+                    try:
+                        self.service.repository.spec(name)
+                    except LookupError as err:
+                        raise ServeError(str(err), 404) from None
+                await self.model(name)
+            except (ServeError, TvmschedError) as err:  # (no such model in the repository: 404)
                 return getattr(err, "status", 400), " ".join(str(err).split())
-
-        async def describe(self, name: str, version: str, what: str):
-            """(status, JSON) of a model's metadata, config or readiness."""
-            from tvmsched.serve.errors import ServeError
-
-            try:
-                await self.model(serve.get_multiplexed_model_id())
-                served = self.service.get(name, version)
-            except (ServeError, TvmschedError) as err:
-                return getattr(err, "status", 400), {"error": " ".join(str(err).split())}
-            if what == "config":
-                return 200, self.service.model_config(served)
-            return 200, self.service.model_metadata(served)
-
-        def counts(self) -> dict:
-            import ray
-
-            return {"replica": ray.get_runtime_context().get_actor_id(), "loads": self.loads,
-                    "requests": self.requests, "models": sorted(self.service.models)}
-
-        def check_health(self):
-            devices = self.runtime.devices()
-            if all(d["lost"] for d in devices):
-                raise RuntimeError(f"no device of this replica is in service ({', '.join(d['name'] for d in devices)})")
-
-        def __del__(self):
-            runtime = getattr(self, "runtime", None)
-            if runtime is not None:
-                self.runtime = None
-                runtime.shutdown()  # what is queued finishes first
-
-    return TvmschedReplica
-
-
-def build_app(settings: RaySettings):
-    """The Ray Serve application (ingress bound to the replicas), for `serve.run`."""
-    _, serve = _ray()
-    if settings.replicas < 1 or settings.max_models_per_replica < 1 or settings.max_queue < 1:
-        raise TvmschedError("replicas, max models per replica and the queue cap must each be at least 1")
-    app = FastAPI(title="tvmsched on Ray Serve (Open Inference Protocol v2)")
-
-    @serve.deployment(max_ongoing_requests=max(settings.max_queue * settings.replicas, 100))
-    @serve.ingress(app)
-    class TvmschedIngress:
-        def __init__(self, replicas):
-            self.replicas = replicas
-
-        async def _call(self, method: str, name: str, *args):
-            """A replica's answer for model `name`; a replica that died under the request: once more, elsewhere."""
-            from ray.exceptions import ActorDiedError, ActorUnavailableError
-
-            for attempt in (1, 2):
-                try:
-                    handle = self.replicas.options(multiplexed_model_id=name)
-                    return await getattr(handle, method).remote(name, *args)
-                except (ActorDiedError, ActorUnavailableError):
-                    if attempt == 2:
-                        raise
-                    log.warning("a replica died under a request of model %s: sent once more", name)
+            return None
 
         @app.get("/v2/health/live")
         def live(self) -> dict:
@@ -210,8 +150,23 @@ def build_app(settings: RaySettings):
 
             return {"name": "tvmsched", "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
 
+        async def describe(self, name: str, version: str, what: str) -> tuple[int, dict]:
+            """(status, JSON) of a model's metadata, config or readiness."""
+            from tvmsched.serve.errors import ServeError
+
+            refused = await self._held(name)
+            if refused:
+                return refused[0], {"error": refused[1]}
+            try:
+                served = self.service.get(name, version)
+            except ServeError as err:
+                return err.status, {"error": " ".join(str(err).split())}
+            if what == "config":
+                return 200, self.service.model_config(served)
+            return 200, self.service.model_metadata(served)
+
         async def _describe(self, name: str, version: str, what: str) -> Response:
-            status, body = await self._call("describe", name, version, what)
+            status, body = await self.describe(name, version, what)
             if what == "ready":
                 return Response(status_code=200 if status == 200 else 400 if status == 400 else 404)
             return JSONResponse(body, status_code=status)
@@ -233,9 +188,17 @@ def build_app(settings: RaySettings):
         @app.post("/v2/models/{name}/infer")
         @app.post("/v2/models/{name}/versions/{version}/infer")
         async def infer(self, name: str, request: Request, version: str = "") -> Response:
+            from tvmsched.serve import jsonio
+
+            self.requests += 1
             headers = {key: value for key, value in request.headers.raw if key in _FORWARDED}
-            status, body, extra = await self._call("infer", name, version, headers, await request.body())
-            return Response(body, status_code=status, headers={k.decode(): v.decode() for k, v in extra},
+            body = await request.body()
+            refused = await self._held(name)
+            if refused:
+                status, answer, extra = refused[0], jsonio.dumps({"error": refused[1]}), []
+            else:
+                status, answer, extra = await self.route.infer(name, version, headers, body, time.monotonic_ns())
+            return Response(answer, status_code=status, headers={k.decode(): v.decode() for k, v in extra},
                             media_type="application/octet-stream" if extra else "application/json")
 
         # the Open Inference Protocol over gRPC, through Ray Serve's gRPC proxy (run(grpc_port=)): each method of
@@ -252,13 +215,13 @@ def build_app(settings: RaySettings):
             return _pb2().ServerMetadataResponse(name="tvmsched", version=SERVER_VERSION, extensions=list(EXTENSIONS))
 
         async def ModelReady(self, request, grpc_context):
-            status, _ = await self._call("describe", request.name, request.version, "ready")
+            status, _ = await self.describe(request.name, request.version, "ready")
             return _pb2().ModelReadyResponse(ready=status == 200)
 
         async def ModelMetadata(self, request, grpc_context):
             from tvmsched.serve.grpc_server import metadata_response
 
-            status, body = await self._call("describe", request.name, request.version, "metadata")
+            status, body = await self.describe(request.name, request.version, "metadata")
             if status != 200:
                 return _refused(grpc_context, status, body["error"], _pb2().ModelMetadataResponse())
             return metadata_response(body)
@@ -266,18 +229,53 @@ def build_app(settings: RaySettings):
         async def ModelConfig(self, request, grpc_context):
             from tvmsched.serve.grpc_server import config_response
 
-            status, body = await self._call("describe", request.name, request.version, "config")
+            status, body = await self.describe(request.name, request.version, "config")
             if status != 200:
                 return _refused(grpc_context, status, body["error"], _pb2().ModelConfigResponse())
             return config_response(body)
 
         async def ModelInfer(self, request, grpc_context):
-            status, answer = await self._call("infer_message", request.model_name, request.SerializeToString())
-            if status:
-                return _refused(grpc_context, status, answer, _pb2().ModelInferResponse())
+            """Read and answered by the engine's codec, as `tvmsched serve`'s gRPC server does."""
+            from tvmsched.serve.errors import ServeError
+            from tvmsched.serve.grpc_server import answer_message
+
+            self.requests += 1
+            refused = await self._held(request.model_name)
+            if refused:
+                return _refused(grpc_context, *refused, _pb2().ModelInferResponse())
+            try:
+                answer = await answer_message(self.service, request.SerializeToString(), time.monotonic_ns())
+            except (ServeError, TvmschedError) as err:
+                return _refused(grpc_context, getattr(err, "status", 400), " ".join(str(err).split()),
+                                _pb2().ModelInferResponse())
             return _pb2().ModelInferResponse.FromString(answer)
 
-    return TvmschedIngress.bind(replica_deployment(settings).bind())
+        def counts(self) -> dict:
+            import ray
+
+            return {"replica": ray.get_runtime_context().get_actor_id(), "loads": self.loads,
+                    "requests": self.requests, "models": sorted(self.service.models)}
+
+        def check_health(self):
+            devices = self.runtime.devices()
+            if all(d["lost"] for d in devices):
+                raise RuntimeError(f"no device of this replica is in service ({', '.join(d['name'] for d in devices)})")
+
+        def __del__(self):
+            runtime = getattr(self, "runtime", None)
+            if runtime is not None:
+                self.runtime = None
+                runtime.shutdown()  # what is queued finishes first
+
+    return TvmschedReplica, app
+
+
+def build_app(settings: RaySettings):
+    """The Ray Serve application: the replicas, each its own ingress, for `serve.run`."""
+    _ray()
+    if settings.replicas < 1 or settings.max_models_per_replica < 1 or settings.max_queue < 1:
+        raise TvmschedError("replicas, max models per replica and the queue cap must each be at least 1")
+    return replica_deployment(settings).bind()
 
 
 GRPC_SERVICER = "tvmsched.serve.grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server"

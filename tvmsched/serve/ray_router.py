@@ -1,6 +1,11 @@
 """The replicas' request router on Ray Serve (its request-router API; docs/scale-out.md): a request goes to a replica
 that holds its model, or is loading it, for as long as one of them has room in its queue.
 
+The replicas are the application's ingress, so Ray's proxies route to them directly. A request's model is the one
+its URL path names (/v2/models/NAME/...: tritonclient never sends the header Ray's multiplexing keys on), or its gRPC
+message's `model_name` (or `name`), read from what the proxy hands the replica (`request_model`); a handle's call
+with `multiplexed_model_id` names it too. A request naming none (liveness, server metadata) goes to any replica.
+
 Ray's default router (power of two choices with multiplexing) prefers such a replica only on its first try: when that
 try fails, because the replica's queue is full or only because its queue length did not come back within 0.1 s (a
 loaded machine), the next try takes the replicas that hold the fewest models. There the model is loaded and another
@@ -15,12 +20,42 @@ replica, and a late report does not send the model's next requests elsewhere. On
 the reports alone say where it is (an eviction included).
 """
 
+import pickle
 import random
+import re
 import time
 
 from ray.serve.request_router import MultiplexMixin, PendingRequest, RequestRouter, RunningReplica
 
 SENT_KEPT_S = 10.0  # the longest a replica sent a model counts as its holder without a report saying so
+
+
+_MODEL_PATH = re.compile(r"/v2/models/([^/]+)(?:/|$)")
+
+
+def request_model(pending_request: PendingRequest) -> str:
+    """The model a request names ("" where none): its `multiplexed_model_id`, else the model of the HTTP request's path
+    or of the gRPC message that Ray's proxy sends (pickled: its ASGI scope, or the message). Kept on the request."""
+    model = pending_request.metadata.multiplexed_model_id
+    if model:
+        return model
+    model = getattr(pending_request, "tvmsched_model", None)
+    if model is None:
+        model = ""
+        arg = pending_request.args[0] if pending_request.args else None
+        if isinstance(arg, bytes):
+            try:
+                arg = pickle.loads(arg)  # (pickled by Ray's proxy in this process)
+            except Exception:  # noqa: BLE001 - not a proxy's request: no model
+                arg = None
+        scope = getattr(arg, "asgi_scope", None)
+        message = getattr(arg, "user_request_proto", None)
+        if isinstance(scope, dict) and (match := _MODEL_PATH.match(scope.get("path", ""))):
+            model = match[1]
+        elif message is not None:
+            model = getattr(message, "model_name", "") or getattr(message, "name", "")
+        pending_request.tvmsched_model = model
+    return model
 
 
 class HolderFirstRouter(MultiplexMixin, RequestRouter):
@@ -50,7 +85,7 @@ class HolderFirstRouter(MultiplexMixin, RequestRouter):
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
-        model = pending_request.metadata.multiplexed_model_id if pending_request is not None else ""
+        model = request_model(pending_request) if pending_request is not None else ""
         if not model:
             return [random.sample(candidate_replicas, len(candidate_replicas))]
         pending_request.routing_context.should_backoff = True  # a failed try waits before the next
@@ -67,6 +102,6 @@ class HolderFirstRouter(MultiplexMixin, RequestRouter):
         return [[chosen]]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id, result) -> None:
-        model = pending_request.metadata.multiplexed_model_id
+        model = request_model(pending_request)
         if model and replica_id not in self._held(model):
             self._sent.setdefault(model, {})[replica_id] = time.monotonic()
