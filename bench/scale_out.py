@@ -6,7 +6,7 @@ Three models (mlp, as the zoo builds it, under three names) in one Triton-layout
 (`tvmsched serve-ray`'s app: each replica one Runtime, at most two models each, Ray's multiplexing choosing them).
 The local Ray instance declares 2 GPUs (one per replica; the Runtimes run on the CPU).
 - **Proxy overhead.** tritonclient HTTP and gRPC, one request at a time: direct to `tvmsched serve` (one process,
-  the same repository) against through Ray Serve (its HTTP or gRPC proxy, the ingress, a replica). The four ways run
+  the same repository) against through Ray Serve (its HTTP or gRPC proxy, then a replica). The four ways run
   in turn in rounds of 50. Reported: p50 and p99 of each way and each protocol's differences.
 - **Routing.** The share of requests that found their model already loaded on the replica Ray chose:
   1 - loads / requests, after the first request of each model. Loads are counted by the replicas.

@@ -99,9 +99,9 @@ def test_requests_reach_a_replica_holding_their_model_and_are_answered_right(clu
 
 
 def test_tritonclient_grpc_is_served_through_ray_serves_grpc_proxy(cluster, onnx):
-    """Ray Serve's gRPC proxy with tvmsched's servicer registered: an unmodified tritonclient.grpc client reaches the
-    ingress, whose ModelInfer hands the call's bytes to a replica holding the model (the engine's codec reads and
-    writes them); an unknown model is NOT_FOUND with one line."""
+    """Ray Serve's gRPC proxy with tvmsched's servicer registered: an unmodified tritonclient.grpc client reaches a
+    replica holding the model (the request router reads the message's model name), whose ModelInfer has the engine's
+    codec read and write the message; an unknown model is NOT_FOUND with one line."""
     grpcclient = pytest.importorskip("tritonclient.grpc")
     from tritonclient.utils import InferenceServerException
 
