@@ -352,3 +352,35 @@ def test_a_tuning_round_at_fp16_builds_measures_and_compiles_from_its_own_record
     layers = json.loads(cli("inspect", tmp_path / "m32.tvms", "--json").stdout)["tuning"]["layers"]
     assert {f for f, v in layers.items() if v["status"] == "cached"} == {"softmax"}, layers
     assert Executor(tmp_path / "m16.tvms").manifest.precision == "fp16"
+
+
+def test_an_input_named_like_resnet50s_compiles_for_cuda_in_fp16_and_keeps_its_name(compiled, tmp_path):
+    """ResNet-50 as the ONNX zoo exports it names its input "gpu_0/data_0". At fp16 the input's cast to half is in a
+    kernel, and TVM's importer (which replaces only dots) gave that name to the kernel's parameter in the CUDA source,
+    which nvcc refused ("expected a ')'"). The variable is a C identifier now; the artifact keeps the ONNX name, and on
+    the CPU the model still computes under that name. The CUDA compile is `tvmsched compile`'s own, in a process of its
+    own, as a user runs it: nvcc builds a fatbin where it is on PATH (a process that has loaded TVM embeds the source)."""
+    import shutil
+
+    from onnx import helper
+
+    from tests.helpers import run_cli
+    from tvmsched.artifact.format import Artifact
+
+    rng = np.random.default_rng(3)
+    name = "gpu_0/data_0"
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", [name, "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "slash",
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
+        [numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, tmp_path / "slash.onnx")
+    done = run_cli("compile", tmp_path / "slash.onnx", "--target", "cuda", "--precision", "fp16",
+                   "-o", tmp_path / "slash.tvms")
+    assert done.returncode == 0, done.stderr
+    assert ("(fatbin)" in done.stdout) == bool(shutil.which("nvcc")), done.stdout
+    assert [b.name for b in Artifact.load(tmp_path / "slash.tvms").manifest.inputs] == [name]
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    got, want = Executor(compiled(model, precision="fp16")).run({name: x})["y"], onnxruntime_outputs(model, {name: x})["y"]
+    assert float(np.abs(got - want).max()) <= bound(want)

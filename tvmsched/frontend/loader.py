@@ -7,6 +7,7 @@ import gc
 import io
 import logging
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -198,6 +199,12 @@ def _importer(mixed_precision: bool = False, **options):
 
     class Importer(ONNXGraphImporter):
         tvmsched_node: onnx.NodeProto | None = None
+
+        def _sanitize_name(self, name: str) -> str:
+            """An input's variable name: a C identifier. TVM's own replaces only dots, and a name such as ResNet-50's
+            "gpu_0/data_0" reaches the CUDA source as a kernel parameter (the cast of an fp16 model's input), which
+            nvcc refuses. The artifact keeps the ONNX names (input_signature_names), bound by position."""
+            return super()._sanitize_name(re.sub(r"\W", "_", name, flags=re.ASCII) if name else name)
 
         def _convert_operator(self, op_name, inputs, attrs, opset):
             mode = attrs.get("mode", "constant")
