@@ -259,8 +259,10 @@ def test_each_matmul_like_layer_states_its_path_and_why():
     assert "sm_61" in tensor_core_refusal((1, 128, 128, 128), "float16", 61)
     assert "K = 8" in tensor_core_refusal((1, 128, 128, 8), "float16", 90)
     assert "8x the work" in tensor_core_refusal((1, 4, 128, 1152), "float16", 90)  # a 2x2 convolution's 4 rows
-    # tiles from 32x32 (one warp) to dlight's 128x128 (16 warps): the largest that fills the SMs, else the most blocks
-    assert gpu_schedule.tensor_core_tiles(1, 128, 128, H100_SMS)[0] == (32, 32)  # BERT-tiny: 16 blocks, not 1
+    # tiles from 16x16 (one warp, one fragment) to dlight's 128x128 (16 warps): the largest that fills the SMs, else
+    # the most blocks
+    assert gpu_schedule.tensor_core_tiles(1, 128, 128, H100_SMS)[0] == (16, 16)  # BERT-tiny: 64 blocks, not 1 (or 16)
+    assert gpu_schedule.tensor_core_tiles(1, 128, 768, H100_SMS)[0] in ((32, 16), (16, 32))  # BERT-base: 192, not 96
     assert gpu_schedule.tensor_core_tiles(8, 3136, 64, H100_SMS)[0] == (64, 64)  # ResNet-50's first stage at batch 8
     assert gpu_schedule.tensor_core_tiles(1, 128, 768, H100_SMS)[-1] == (128, 128)  # dlight's own, the last resort
     # fp32: no layer on tensor cores, each with the reason

@@ -18,8 +18,10 @@ Tensor cores come first: a matmul-like layer with fp16 operands on sm_70 or late
 (`MatmulTensorization`: 16x16x16 fragments, fp32 accumulation) before any SIMT tile or split-K is considered,
 wherever padding its outputs to 32 x 32 tiles costs at most `MAX_TENSOR_CORE_PADDING` times the work. dlight fixes
 its tile at 128 x 128 outputs (16 warps), so a batch-1 layer launches a handful of blocks (BERT-tiny's
-projections: one); here the tile is chosen per layer from 32 x 32 (one warp) up, as for SIMT tiles
-(`tensor_core_tiles`), by replaying dlight's schedule with that tile's factors (`tensor_core_schedule`). dlight's
+projections: one); here the tile is chosen per layer from 16 x 16 (one warp, one fragment) up, as for SIMT tiles
+(`tensor_core_tiles`), by replaying dlight's schedule with that tile's factors (`tensor_core_schedule`): a layer
+below one wave at 32 x 32 gets up to 4x the blocks (BERT-base's 128 x 768 projections: 192 blocks of 32 x 16 on 132
+SMs, against 96 of 32 x 32). dlight's
 own matmul rule would not tensorize these layers at all: it does so only when every non-batch extent exceeds 64
 (leaving head-dim-64 attention and 64-channel convolutions on SIMT cores), and it reads the architecture as a bare
 number, so `sm_90a` (the H100 / H200 target) never tensorizes there. Row reductions (layer norm, softmax) take a
@@ -141,9 +143,12 @@ TENSOR_CORES, SPLIT_K, SIMT = "tensor cores", "split-K", "SIMT"  # the paths a m
 WARP_PER_ROW, BLOCK_PER_ROW = "warp per row", "block per row"  # the paths of a row reduction (RowReduction)
 TENSOR_CORE_TILE = 128  # outputs per block along I and along J in dlight's WMMA schedule (MatmulTensorization)
 # tile edge -> (warps, 16x16 fragments per warp) along that axis; dlight's schedule is the 128 one on both axes
-TENSOR_CORE_EDGES = {128: (4, 2), 64: (2, 2), 32: (1, 2)}
+TENSOR_CORE_EDGES = {128: (4, 2), 64: (2, 2), 32: (1, 2), 16: (1, 1)}
 WMMA_K = 16  # the K of one WMMA fragment product (16x16x16)
 MAX_TENSOR_CORE_PADDING = 4.0  # tensor cores (~15x the fp16 rate of SIMT cores) still win with up to 4x padded work
+# ... padded to this edge: a layer of fewer rows or columns (a 2x2 convolution's 4) keeps split-K, which fills the GPU,
+# where even 16 x 16 tiles would launch a few blocks (the rule of 2026-11-30, kept when 16-wide tiles came)
+TENSOR_CORE_PADDING_EDGE = 32
 
 
 STATIC_SHARED_TILE = 64 * 64  # the largest tile (outputs) whose operands are staged in static shared memory
@@ -196,7 +201,7 @@ def tensor_core_refusal(extents: tuple[int, int, int, int], dtype: str, sm: int)
     _, i, j, k = extents
     if k < WMMA_K:
         return f"K = {k} is shorter than one {WMMA_K}x{WMMA_K}x{WMMA_K} WMMA step"
-    edge = min(TENSOR_CORE_EDGES)
+    edge = TENSOR_CORE_PADDING_EDGE
     padded = tensor_core_padding(i, j, edge, edge)
     if padded > MAX_TENSOR_CORE_PADDING:
         return (f"{i}x{j} outputs padded to {edge}x{edge} tiles would be {padded:.0f}x the work "
