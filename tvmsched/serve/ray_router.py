@@ -30,7 +30,7 @@ from ray.serve.request_router import MultiplexMixin, PendingRequest, RequestRout
 SENT_KEPT_S = 10.0  # the longest a replica sent a model counts as its holder without a report saying so
 
 
-_MODEL_PATH = re.compile(r"/v2/models/([^/]+)(?:/|$)")
+_MODEL_PATH = re.compile(r"/v2/models/([^/]+)(?:/|$)")  # (after the application's route prefix)
 
 
 def request_model(pending_request: PendingRequest) -> str:
@@ -41,16 +41,16 @@ def request_model(pending_request: PendingRequest) -> str:
         return model
     model = getattr(pending_request, "tvmsched_model", None)
     if model is None:
-        model = ""
-        arg = pending_request.args[0] if pending_request.args else None
-        if isinstance(arg, bytes):
-            try:
-                arg = pickle.loads(arg)  # (pickled by Ray's proxy in this process)
-            except Exception:  # noqa: BLE001 - not a proxy's request: no model
+        model, arg = "", None
+        metadata = pending_request.metadata
+        if (metadata.is_http_request or metadata.is_grpc_request) and pending_request.args:
+            try:  # (pickled by Ray's proxy in this process; a handle's own call is neither kind)
+                arg = pickle.loads(pending_request.args[0])
+            except Exception:  # noqa: BLE001 - not what a proxy sends: no model
                 arg = None
         scope = getattr(arg, "asgi_scope", None)
         message = getattr(arg, "user_request_proto", None)
-        if isinstance(scope, dict) and (match := _MODEL_PATH.match(scope.get("path", ""))):
+        if isinstance(scope, dict) and (match := _MODEL_PATH.search(scope.get("path", ""))):
             model = match[1]
         elif message is not None:
             model = getattr(message, "model_name", "") or getattr(message, "name", "")
@@ -61,6 +61,18 @@ def request_model(pending_request: PendingRequest) -> str:
 class HolderFirstRouter(MultiplexMixin, RequestRouter):
     def initialize_state(self, **kwargs):
         self._sent: dict[str, dict] = {}  # model -> {replica id: when it was sent there, not reported there yet}
+        self._swept = time.monotonic()
+
+    def _sweep(self) -> None:
+        """Forget every sent model past SENT_KEPT_S (names asked for once, a hostile client's included), at most once
+        per SENT_KEPT_S."""
+        now = time.monotonic()
+        if now - self._swept > SENT_KEPT_S:
+            self._swept = now
+            for model in list(self._sent):
+                self._held(model)
+                if not self._sent[model]:
+                    del self._sent[model]
 
     def _held(self, model: str) -> set:
         """The replicas that hold the model or are loading it, as reported or as sent."""
@@ -89,6 +101,7 @@ class HolderFirstRouter(MultiplexMixin, RequestRouter):
         if not model:
             return [random.sample(candidate_replicas, len(candidate_replicas))]
         pending_request.routing_context.should_backoff = True  # a failed try waits before the next
+        self._sweep()
         held = self._held(model)
         holders = [r for r in candidate_replicas if r.replica_id in held]
         with_room = [r for r in holders if not self._full(r)]
