@@ -354,3 +354,40 @@ def test_fp16_kit_records_on_tensor_cores_are_taken_and_a_simt_record_does_not_r
     tuning, candidates = compiled_layers()
     assert tuning[matmul]["kernel"] == "default" and "tensor cores" in tuning[matmul]["message"], tuning[matmul]
     assert candidates[matmul].path == gpu_schedule.TENSOR_CORES and candidates[matmul].schedule == "dlight:WaveMatmul"
+
+
+def _padded_epilogue():
+    """A 1x1 convolution, swish and an asymmetric Pad, fused into one layer (EfficientNet-B0 and MobileNet-v2 as TF
+    exports them pad a layer's output for the stride-2 layer after it)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(4)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Sigmoid", ["c"], ["s"]),
+         helper.make_node("Mul", ["c", "s"], ["m"]), helper.make_node("Pad", ["m", "pads"], ["y"])],
+        "padded", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 28, 28])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 29, 29])],
+        [numpy_helper.from_array(rng.standard_normal((32, 16, 1, 1)).astype(np.float32) * 0.1, "w"),
+         numpy_helper.from_array(np.array([0, 0, 0, 0, 0, 0, 1, 1], np.int64), "pads")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_layer_whose_epilogue_dlight_cannot_inline_takes_a_later_rule_and_computes_the_layer(precision):
+    """dlight's matmul schedules (SIMT and WMMA) assert on a layer whose epilogue pads its output ("There are some
+    consumers of the cache-write stage that are not properly inlined"), and EfficientNet-B0 and MobileNet-v2-TF did not
+    compile for CUDA at all, fp32 or fp16. Such a layer takes a later rule's schedule, says why, and computes the
+    layer."""
+    _, plain, target = lower_model(_padded_epilogue(), "cuda", precision=precision)
+    funcs = kernels.default_schedule(plain, target)
+    layer = next(f for f in funcs if "conv2d" in f)
+    path, reason = kernels.gpu_path(plain[layer], funcs[layer])
+    assert path == gpu_schedule.SIMT and "cannot inline this layer's epilogue" in reason, (path, reason)
+    rng = np.random.default_rng(5)
+    inputs = [rng.standard_normal([int(d) for d in p.shape]).astype(str(p.dtype)) for p in plain[layer].params[:-1]]
+    want = _run_on_cpu(plain[layer], inputs).astype("float32")
+    got = _run_on_cpu(_serial(funcs[layer]), inputs).astype("float32")
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-3 * max(1.0, float(np.abs(want).max())))

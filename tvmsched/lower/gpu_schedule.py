@@ -345,7 +345,11 @@ def _wave_matmul_class():
                         return sch, GpuPath(SPLIT_K, f"no tile fills {self.sms} SMs: {ti}x{tj} tiles, K split "
                                                      f"in {self._tiling.split_k}; {refusal}")
                     self._tiling = choose_tiling(*extents[:3], 0, self.sms)  # the most blocks without a split
-                sch = super().apply(func, target, tunable)
+                try:
+                    sch = super().apply(func, target, tunable)
+                except AssertionError:  # the epilogue dlight cannot inline (dlight_tensor_core_schedule): a later rule
+                    return None, GpuPath(SIMT, "dlight's matmul schedules cannot inline this layer's epilogue (an "
+                                               "output padded, as EfficientNet's): a later rule's schedule; " + refusal)
                 if sch is None:
                     return None, None
                 ti, tj = self._tiling.tile
@@ -366,14 +370,18 @@ TWIN_SUFFIX = "__twin"  # a twin intrinsic: a registered tensor intrinsic whose 
 
 def dlight_tensor_core_schedule(func, target):
     """dlight's WMMA schedule of a matmul-like PrimFunc (`MatmulTensorization`: 128 x 128 outputs per block), or None
-    where the layer does not take it."""
+    where the layer does not take it (dlight asserts where it cannot inline a layer's epilogue into the stage that
+    writes the accumulator back: that layer keeps SIMT cores)."""
     from tvm.s_tir.dlight.gpu.matmul import MatmulTensorization
 
     from tvmsched.lower.intrinsics import load_tensor_intrinsics
 
     load_tensor_intrinsics()
-    with target:
-        return MatmulTensorization().apply(func, target, False)
+    try:
+        with target:
+            return MatmulTensorization().apply(func, target, False)
+    except AssertionError:  # its consumer chain not inlined (EfficientNet's, MobileNet-v2's fused epilogues): no WMMA
+        return None
 
 
 def tensor_core_schedule(func, target, dlight, tile: tuple[int, int], *, twin: bool = False):

@@ -46,11 +46,15 @@ def default_schedule(funcs: dict[str, object], target) -> dict[str, object]:
     with target:
         for name, func in funcs.items():  # as dlight's ApplyDefaultSchedule: the first rule that takes it
             scheduled[name] = func
+            passed_on = None  # the path a rule that did not take the layer gives it (why a later rule schedules it)
             for rule in rules:
                 # our rules give the layer's path with its schedule (gpu_schedule.GpuPath); dlight's, the schedule
                 with_path = getattr(rule, "schedule_and_path", None)
                 space, path = with_path(func, target, False) if with_path else (rule.apply(func, target, False), None)
-                if space is not None:
+                if space is None:
+                    passed_on = passed_on or path
+                else:
+                    path = path or passed_on
                     sch = space if isinstance(space, s_tir.Schedule) else space[0]
                     done = sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr(
                         RULE_ATTR, type(rule).__name__.lstrip("_"))
