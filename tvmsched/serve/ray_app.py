@@ -29,7 +29,6 @@ Ray is an extra (`pip install tvmsched[ray]`); without it every entry here is on
 
 
 import asyncio
-import logging
 import time
 from dataclasses import dataclass
 
@@ -37,8 +36,6 @@ from fastapi import FastAPI, Request, Response  # (no postponed annotations: Ray
 from fastapi.responses import JSONResponse
 
 from tvmsched.errors import TvmschedError
-
-log = logging.getLogger("tvmsched.serve.ray")
 
 ROUTER = "tvmsched.serve.ray_router:HolderFirstRouter"  # the replicas' request router (ray_router.py)
 _FORWARDED = (b"content-encoding", b"inference-header-content-length", b"x-request-id")
