@@ -146,8 +146,8 @@ TENSOR_CORE_TILE = 128  # outputs per block along I and along J in dlight's WMMA
 TENSOR_CORE_EDGES = {128: (4, 2), 64: (2, 2), 32: (1, 2), 16: (1, 1)}
 WMMA_K = 16  # the K of one WMMA fragment product (16x16x16)
 MAX_TENSOR_CORE_PADDING = 4.0  # tensor cores (~15x the fp16 rate of SIMT cores) still win with up to 4x padded work
-# ... padded to this edge: a layer of fewer rows or columns (a 2x2 convolution's 4) keeps split-K, which fills the GPU,
-# where even 16 x 16 tiles would launch a few blocks (the rule of 2026-11-30, kept when 16-wide tiles came)
+# the tile edge that padding is judged at: a layer of fewer rows or columns (a 2x2 convolution's 4) keeps split-K,
+# which fills the GPU where even 16 x 16 tiles would launch a few blocks (the rule of before the 16-wide tiles)
 TENSOR_CORE_PADDING_EDGE = 32
 
 
@@ -371,7 +371,7 @@ TWIN_SUFFIX = "__twin"  # a twin intrinsic: a registered tensor intrinsic whose 
 def dlight_tensor_core_schedule(func, target):
     """dlight's WMMA schedule of a matmul-like PrimFunc (`MatmulTensorization`: 128 x 128 outputs per block), or None
     where the layer does not take it (dlight asserts where it cannot inline a layer's epilogue into the stage that
-    writes the accumulator back: that layer keeps SIMT cores)."""
+    writes the accumulator back: no tensor cores for that layer)."""
     from tvm.s_tir.dlight.gpu.matmul import MatmulTensorization
 
     from tvmsched.lower.intrinsics import load_tensor_intrinsics
