@@ -263,7 +263,11 @@ def test_each_matmul_like_layer_states_its_path_and_why():
     # the most blocks
     assert gpu_schedule.tensor_core_tiles(1, 128, 128, H100_SMS)[0] == (16, 16)  # BERT-tiny: 64 blocks, not 1 (or 16)
     assert gpu_schedule.tensor_core_tiles(1, 128, 768, H100_SMS)[0] in ((32, 16), (16, 32))  # BERT-base: 192, not 96
-    assert gpu_schedule.tensor_core_tiles(8, 3136, 64, H100_SMS)[0] == (64, 64)  # ResNet-50's first stage at batch 8
+    # ResNet-50's first stage (3136 x 64 outputs), padded as dlight's own schedule pads it (to 3200 x 128: a tile its
+    # replay takes), at batch 8: a 4096-output tile, 800 blocks; at batch 1: 200 blocks, not dlight's 25
+    tile = gpu_schedule.tensor_core_tiles(8, 3136, 64, H100_SMS)[0]
+    assert tile[0] * tile[1] == 4096 and gpu_schedule.tensor_core_blocks(8, 3136, 64, *tile) == 800, tile
+    assert gpu_schedule.tensor_core_blocks(1, 3136, 64, *gpu_schedule.tensor_core_tiles(1, 3136, 64, H100_SMS)[0]) == 200
     assert gpu_schedule.tensor_core_tiles(1, 128, 768, H100_SMS)[-1] == (128, 128)  # dlight's own, the last resort
     # fp32: no layer on tensor cores, each with the reason
     _, funcs, target = lower_model(models.build("bert-tiny"), "cuda")
@@ -390,4 +394,30 @@ def test_a_layer_whose_epilogue_dlight_cannot_inline_takes_a_later_rule_and_comp
     inputs = [rng.standard_normal([int(d) for d in p.shape]).astype(str(p.dtype)) for p in plain[layer].params[:-1]]
     want = _run_on_cpu(plain[layer], inputs).astype("float32")
     got = _run_on_cpu(_serial(funcs[layer]), inputs).astype("float32")
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-3 * max(1.0, float(np.abs(want).max())))
+
+
+def test_a_tensor_core_layer_that_dlight_pads_takes_a_smaller_tile_and_computes_the_layer():
+    """ResNet-50's first stage at batch 1, a 1x1 convolution of 56 x 56 x 64: 3136 x 64 outputs, which dlight's
+    128 x 128 schedule pads (to 3200 x 128) and launches in 25 blocks. Its trace replayed with a smaller tile inlines
+    the padding's producer, so the smaller tile pads the same way (`tensor_core_pad_factor`); before, every smaller tile
+    failed to replay here and the layer kept dlight's 25 blocks on 132 SMs."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(6)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["y"])], "stage",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 56, 56])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 56, 56])],
+        [numpy_helper.from_array(rng.standard_normal((64, 64, 1, 1)).astype(np.float32) * 0.1, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    _, plain, target = lower_model(model, "cuda", precision="fp16")
+    funcs = kernels.default_schedule(plain, target)
+    layer = next(f for f in funcs if "conv2d" in f)
+    path, reason = kernels.gpu_path(plain[layer], funcs[layer])
+    assert path == gpu_schedule.TENSOR_CORES and "128x128" not in reason and "200 blocks" in reason, reason
+    twin = gpu_schedule.intrinsic_twin(plain[layer], target, H100_SMS)
+    inputs = [rng.standard_normal([int(d) for d in p.shape]).astype(str(p.dtype)) for p in plain[layer].params[:-1]]
+    want = _run_on_cpu(plain[layer], inputs).astype("float32")
+    got = _run_on_cpu(_serial(twin), inputs).astype("float32")
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-3 * max(1.0, float(np.abs(want).max())))

@@ -159,19 +159,35 @@ def tensor_core_padding(i: int, j: int, ti: int, tj: int) -> float:
     return math.ceil(i / ti) * math.ceil(j / tj) * ti * tj / (i * j)
 
 
+def tensor_core_pad_factor(extent: int, edge: int) -> int:
+    """What the schedule of a tile `edge` wide pads `extent` to a multiple of: the edge, except where the edge divides
+    the extent and dlight's 128 does not. There it is 128, as in dlight's own schedule: its trace, replayed with the
+    smaller tile, inlines the padding's producer block, and a tile that needed no padding would leave that step
+    nothing to act on (the replay fails: ResNet-50's 3136 x 64 layers kept dlight's 25 blocks of 128 x 128)."""
+    return TENSOR_CORE_TILE if extent % edge == 0 and extent % TENSOR_CORE_TILE else edge
+
+
+def tensor_core_blocks(s: int, i: int, j: int, ti: int, tj: int) -> int:
+    """The blocks a C[s, i, j] layer launches with ti x tj tiles (its outputs padded as `tensor_core_pad_factor`)."""
+    pi, pj = (math.ceil(e / f) * f for e, f in ((i, tensor_core_pad_factor(i, ti)), (j, tensor_core_pad_factor(j, tj))))
+    return s * (pi // ti) * (pj // tj)
+
+
 def tensor_core_tiles(s: int, i: int, j: int, sms: int) -> list[tuple[int, int]]:
     """The tensor-core tiles (ti, tj) of a C[s, i, j] layer for a GPU of `sms` SMs, best first, as `choose_tiling` ranks
     SIMT tiles: those whose launch covers every SM at least once, largest first, then the others, most blocks first;
     only tiles padding the layer to at most MAX_TENSOR_CORE_PADDING times its work (less padding breaks ties); dlight's
     own 128 x 128 last in any case (a layout the smaller tiles' replay does not take still gets tensor cores)."""
-    tiles = [(ti, tj) for ti in TENSOR_CORE_EDGES for tj in TENSOR_CORE_EDGES
-             if tensor_core_padding(i, j, ti, tj) <= MAX_TENSOR_CORE_PADDING and ti * tj <= STATIC_SHARED_TILE]
-
     def blocks(t):
-        return s * math.ceil(i / t[0]) * math.ceil(j / t[1])
+        return tensor_core_blocks(s, i, j, *t)
 
+    def padding(t):  # the work done, padding included, over the layer's
+        return blocks(t) * t[0] * t[1] / (s * i * j)
+
+    tiles = [(ti, tj) for ti in TENSOR_CORE_EDGES for tj in TENSOR_CORE_EDGES
+             if padding((ti, tj)) <= MAX_TENSOR_CORE_PADDING and ti * tj <= STATIC_SHARED_TILE]
     ranked = sorted(tiles, key=lambda t: (blocks(t) >= sms, t[0] * t[1] if blocks(t) >= sms else blocks(t),
-                                          -tensor_core_padding(i, j, *t)), reverse=True)
+                                          -padding(t)), reverse=True)
     dlight = (TENSOR_CORE_TILE, TENSOR_CORE_TILE)
     return [t for t in ranked if t != dlight] + [dlight]
 
@@ -329,7 +345,7 @@ def _wave_matmul_class():
             if refusal is None:
                 sch, (ti, tj) = first_tensor_core_schedule(func, target, extents, self.sms)
                 if sch is not None:
-                    blocks = extents[0] * math.ceil(extents[1] / ti) * math.ceil(extents[2] / tj)
+                    blocks = tensor_core_blocks(*extents[:3], ti, tj)
                     warps = TENSOR_CORE_EDGES[ti][0] * TENSOR_CORE_EDGES[tj][0]
                     return sch, GpuPath(TENSOR_CORES, f"fp16 WMMA {WMMA_K}x{WMMA_K}x{WMMA_K}, fp32 accumulation, "
                                                       f"{ti}x{tj} outputs per block of {_count(warps, 'warp')}, "
@@ -398,6 +414,7 @@ def tensor_core_schedule(func, target, dlight, tile: tuple[int, int], *, twin: b
     if tuple(tile) == (TENSOR_CORE_TILE, TENSOR_CORE_TILE) and not twin:
         return dlight
     (wi, fi), (wj, fj) = TENSOR_CORE_EDGES[tile[0]], TENSOR_CORE_EDGES[tile[1]]
+    extents = matmul_shape(func)[0]
     dlight_warps, dlight_frags = TENSOR_CORE_EDGES[TENSOR_CORE_TILE]
     factors = {  # dlight's factor lists -> those of `tile`
         (None, 1, dlight_warps, dlight_frags): (None, 1, wi, fi),
@@ -418,7 +435,8 @@ def tensor_core_schedule(func, target, dlight, tile: tuple[int, int], *, twin: b
         kind = inst.kind.name
         if kind == "PadEinsum":
             padding = [int(x) for x in inst.attrs[0]]
-            inst = Instruction(inst.kind, inst.inputs, [[padding[0], tile[0], tile[1], *padding[3:]]], inst.outputs)
+            factors_ij = [tensor_core_pad_factor(e, t) for e, t in zip(extents[1:3], tile)]
+            inst = Instruction(inst.kind, inst.inputs, [[padding[0], *factors_ij, *padding[3:]]], inst.outputs)
             rewritten += 1
         elif kind == "Split" and tuple(value(x) for x in inst.inputs[1:]) in factors:
             new = factors[tuple(value(x) for x in inst.inputs[1:])]
