@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 from tests.helpers import free_port, start_server, stop_server  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
-from serve_split import binary_body  # noqa: E402
+from serve_split import binary_body, grpc_message  # noqa: E402
 
 WAYS = ("direct", "cpp", "rest", "grpc")
 H2LOAD_WAYS = ("cpp·h2load", "rest·h2load", "grpc·h2load", "cpp·h2load live", "rest·h2load live", "grpc·h2load live")
@@ -115,22 +115,6 @@ def round_(way: str, port: int, grpc_port: int, model: str, io, n: int, clients:
     return inside / 1e3, p50, per("compute_input"), per("compute_output")
 
 
-def grpc_body(model: str, inputs: dict[str, np.ndarray], outputs: list[str]) -> bytes:
-    """The gRPC message (length-prefixed) of tritonclient.grpc's ModelInferRequest: raw input contents."""
-    from tritonclient.grpc import service_pb2
-    from tritonclient.utils import np_to_triton_dtype
-
-    request = service_pb2.ModelInferRequest(model_name=model)
-    for name, value in inputs.items():
-        tensor = request.inputs.add(name=name, datatype=np_to_triton_dtype(value.dtype))
-        tensor.shape.extend(value.shape)
-        request.raw_input_contents.append(value.tobytes())
-    for name in outputs:
-        request.outputs.add(name=name)
-    message = request.SerializeToString()
-    return b"\0" + len(message).to_bytes(4, "big") + message
-
-
 def h2load_p50(way: str, port: int, grpc_port: int, model: str, io, n: int) -> float:
     """The client p50 µs of `n` requests sent by h2load one at a time on one connection."""
     inputs, outputs = io
@@ -139,7 +123,10 @@ def h2load_p50(way: str, port: int, grpc_port: int, model: str, io, n: int) -> f
         body_args = ["-d", str(body)]
         if way.startswith("grpc"):
             live = way.endswith(" live")
-            body.write_bytes(b"\0\0\0\0\0" if live else grpc_body(model, inputs, outputs))
+            from tritonclient.grpc import service_pb2  # (the grpc way's client has registered its protos)
+
+            message = b"" if live else grpc_message(model, inputs, outputs, service_pb2)
+            body.write_bytes(b"\0" + len(message).to_bytes(4, "big") + message)  # gRPC's framing
             url = f"http://127.0.0.1:{grpc_port}/inference.GRPCInferenceService/{'ServerLive' if live else 'ModelInfer'}"
             extra = ["-H", "content-type: application/grpc", "-H", "te: trailers"]
         elif way.endswith(" live"):

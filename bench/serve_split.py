@@ -56,19 +56,31 @@ def binary_request(served) -> tuple[dict, bytes]:
                        [name for name, *_ in tensors(served, "outputs")])
 
 
-def grpc_request(served) -> bytes:
-    """The ModelInferRequest tritonclient.grpc sends for the served model's inputs (random, seeded; raw contents)."""
-    from tvmsched.serve.grpc_stubs import stubs
+def grpc_message(model: str, inputs: dict[str, np.ndarray], outputs: list[str], pb2=None) -> bytes:
+    """The ModelInferRequest tritonclient.grpc sends: every input as raw contents, every output asked for. `pb2`: the
+    generated module to build it with (tvmsched's by default; a process that has imported tritonclient.grpc passes
+    its `service_pb2`, since both register grpc_service.proto)."""
+    from tvmsched.serve.tensors import V2_TYPES
 
-    pb2 = stubs()[0]
-    rng = np.random.default_rng(0)
-    message = pb2.ModelInferRequest(model_name=served.name)
-    for name, datatype, shape, dtype in tensors(served, "inputs"):
-        message.inputs.add(name=name, datatype=datatype, shape=shape)
-        message.raw_input_contents.append(rng.random(shape).astype(dtype).tobytes())
-    for name, *_ in tensors(served, "outputs"):
+    if pb2 is None:
+        from tvmsched.serve.grpc_stubs import stubs
+
+        pb2 = stubs()[0]
+    message = pb2.ModelInferRequest(model_name=model)
+    for name, value in inputs.items():
+        message.inputs.add(name=name, datatype=V2_TYPES[value.dtype], shape=list(value.shape))
+        message.raw_input_contents.append(value.tobytes())
+    for name in outputs:
         message.outputs.add(name=name)
     return message.SerializeToString()
+
+
+def grpc_request(served) -> bytes:
+    """grpc_message of the served model's inputs (random, seeded) and outputs."""
+    rng = np.random.default_rng(0)
+    return grpc_message(served.name, {name: rng.random(shape).astype(dtype)
+                                      for name, _, shape, dtype in tensors(served, "inputs")},
+                        [name for name, *_ in tensors(served, "outputs")])
 
 
 def one_round(service, served, way: str, request, requests: int) -> dict[str, float]:

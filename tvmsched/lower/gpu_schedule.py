@@ -169,8 +169,11 @@ def tensor_core_pad_factor(extent: int, edge: int) -> int:
 
 def tensor_core_blocks(s: int, i: int, j: int, ti: int, tj: int) -> int:
     """The blocks a C[s, i, j] layer launches with ti x tj tiles (its outputs padded as `tensor_core_pad_factor`)."""
-    pi, pj = (math.ceil(e / f) * f for e, f in ((i, tensor_core_pad_factor(i, ti)), (j, tensor_core_pad_factor(j, tj))))
-    return s * (pi // ti) * (pj // tj)
+    def tiles(extent: int, edge: int) -> int:
+        factor = tensor_core_pad_factor(extent, edge)
+        return math.ceil(extent / factor) * factor // edge
+
+    return s * tiles(i, ti) * tiles(j, tj)
 
 
 def tensor_core_tiles(s: int, i: int, j: int, sms: int) -> list[tuple[int, int]]:
