@@ -1,5 +1,6 @@
 """ASGI pieces the HTTP servers share (tvmsched serve, examples/server.py): a request-body limit, answer headers
-(X-Request-Id back, Connection: close while draining) and uvicorn's server drained on SIGTERM."""
+(X-Request-Id back, Connection: close while draining), uvicorn's server drained on SIGTERM and each answer written in
+one system call."""
 
 from __future__ import annotations
 
@@ -109,4 +110,63 @@ def draining_server(app, host: str, port: int, grace_s: float = 2.0):
                 server.close()  # no new connections (idempotent)
             return not self.server_state.connections or time.monotonic() - self.draining_since > grace_s
 
-    return DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    return DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="warning", http=http_protocol()))
+
+
+class _OneWrite:
+    """A transport that writes what one turn of the event loop gave it in one system call, at the end of that turn:
+    uvicorn writes an answer's status line and headers, then its body, each at once (two packets, the client woken
+    twice). Everything else is the connection's own transport."""
+
+    __slots__ = ("_transport", "_loop", "_pending")
+
+    def __init__(self, transport, loop) -> None:
+        self._transport, self._loop, self._pending = transport, loop, []
+
+    def __getattr__(self, name):
+        return getattr(self._transport, name)
+
+    def write(self, data) -> None:
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(data if type(data) is bytes else bytes(data))
+
+    def writelines(self, lines) -> None:
+        for data in lines:
+            self.write(data)
+
+    def _flush(self) -> None:
+        if self._pending:
+            data = b"".join(self._pending) if len(self._pending) > 1 else self._pending[0]
+            self._pending.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + sum(map(len, self._pending))
+
+    def write_eof(self) -> None:
+        self._flush()
+        self._transport.write_eof()
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._pending.clear()
+        self._transport.abort()
+
+
+def http_protocol():
+    """uvicorn's HTTP protocol (httptools where installed, as its "auto"), each answer written in one system call."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # (no httptools: uvicorn's h11 protocol as it is)
+        return "auto"
+
+    class OneWriteProtocol(HttpToolsProtocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(_OneWrite(transport, self.loop))
+
+    return OneWriteProtocol
