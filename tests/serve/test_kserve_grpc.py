@@ -93,6 +93,8 @@ def test_errors_carry_grpc_codes_and_one_line(server, client):
         (lambda: infer(client, "mlp", "x", mlp_input(0)), "StatusCode.INVALID_ARGUMENT", "has no input named 'x'"),
         (lambda: client.get_model_metadata("nope"), "StatusCode.NOT_FOUND", "no model named 'nope' is loaded"),
         (lambda: client.load_model("resnet"), "StatusCode.NOT_FOUND", "no model named 'resnet'"),
+        (lambda: client.load_model("mlp", config="{}"), "StatusCode.INVALID_ARGUMENT",
+         "load parameter 'config' is not supported"),  # (not loaded from its folder as if applied)
     ]
     for call, code, fragment in cases:
         with pytest.raises(InferenceServerException) as err:

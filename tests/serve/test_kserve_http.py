@@ -192,6 +192,25 @@ def test_unload_and_load_while_another_model_serves(server, client):
     assert results and all(np.allclose(r, want, rtol=1e-4, atol=1e-5) for r in results)
 
 
+def test_a_load_that_overrides_the_config_or_files_is_refused_and_the_model_keeps_serving(server, client):
+    """Triton's load parameters `config` and `file:PATH` replace the model's folder for that load; tvmsched reads the
+    folder only, so each is refused with one line (never loaded from the folder as if it had been applied)."""
+    with pytest.raises(InferenceServerException, match="load parameter 'config' is not supported"):
+        client.load_model("mlp", config=json.dumps({"max_batch_size": 2}))
+    url = f"http://{server.http}/v2/repository/models/mlp/load"
+    for body, status, line in [
+        (b'{"parameters": {"file:1/model.tvms": "YWJj"}}', 400, "load parameter 'file:1/model.tvms' is not supported"),
+        (b'{"parameters": ', 400, "the load request's body is not JSON"),
+        (b'{"parameters": [1]}', 400, 'its "parameters" an object'),
+    ]:
+        answer = httpx.post(url, content=body, timeout=60)
+        assert answer.status_code == status and line in answer.json()["error"], answer.text
+    assert client.is_model_ready("mlp")
+    x = mlp_input(2)
+    np.testing.assert_allclose(infer(client, "mlp", "input", x, True).as_numpy("output"),
+                               server.reference("mlp", {"input": x})["output"], rtol=1e-4, atol=1e-5)
+
+
 def _post_many(server, model, body, count):
     url = f"http://{server.http}/v2/models/{model}/infer"
     with ThreadPoolExecutor(count) as pool:

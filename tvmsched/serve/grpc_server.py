@@ -121,18 +121,18 @@ class Servicer:
         return self.pb2.RepositoryIndexResponse(models=[index(**r) for r in rows])
 
     async def RepositoryModelLoad(self, request, context):
-        await self._repository(self.service.load, request.model_name, context)
+        await self._repository(self.service.load, context, request.model_name, list(request.parameters))
         return self.pb2.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request, context):
-        await self._repository(self.service.unload, request.model_name, context)
+        await self._repository(self.service.unload, context, request.model_name)
         return self.pb2.RepositoryModelUnloadResponse()
 
     @staticmethod
-    async def _repository(action, name: str, context) -> None:
+    async def _repository(action, context, *args) -> None:
         """Load or unload off the event loop; a refusal aborts the call with its code."""
         try:
-            await asyncio.to_thread(action, name)
+            await asyncio.to_thread(action, *args)
         except ServeError as err:
             await _abort(context, err)
 

@@ -25,6 +25,7 @@ levels and are strict JSON (a bare NaN or Infinity is a 400); NaN and infinities
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 import zlib
@@ -88,8 +89,8 @@ def create_app(service: InferenceService, *, max_body_bytes: int = MAX_BODY_BYTE
         return service.index()
 
     @app.post("/v2/repository/models/{name}/load")
-    async def repository_load(name: str) -> dict:
-        await asyncio.to_thread(service.load, name)
+    async def repository_load(name: str, request: Request) -> dict:
+        await asyncio.to_thread(service.load, name, _load_parameters(await request.body()))
         return {}
 
     @app.post("/v2/repository/models/{name}/unload")
@@ -104,6 +105,24 @@ def create_app(service: InferenceService, *, max_body_bytes: int = MAX_BODY_BYTE
         return Response(metrics.exposition(service, gpus), media_type=CONTENT_TYPE_LATEST)
 
     return InferRoute(app, service, max_body_bytes)
+
+
+def _load_parameters(body: bytes) -> list[str]:
+    """The parameter names of a repository load request's body (none when it is empty): {"parameters": {...}}."""
+    if not body.strip():
+        return []
+    try:
+        request = json.loads(body, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as err:
+        raise ServeError(f"the load request's body is not JSON: {' '.join(str(err).split())}", 400) from None
+    parameters = request.get("parameters", {}) if isinstance(request, dict) else None
+    if not isinstance(parameters, dict):
+        raise ServeError('the load request\'s body must be a JSON object, its "parameters" an object', 400)
+    return list(parameters)
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
 
 
 def _model_ready(service: InferenceService):

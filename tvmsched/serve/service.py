@@ -119,10 +119,16 @@ class InferenceService:
         log.info("serving model %s from %s", spec.name, spec.path)
         return served
 
-    def load(self, name: str) -> None:
-        """Load (or reload) a model of the repository."""
+    def load(self, name: str, parameters=()) -> None:
+        """Load (or reload) a model of the repository. `parameters`: the names of the load request's parameters
+        (Triton's `config` and `file:PATH` override the model's folder for this load; tvmsched reads the folder only,
+        so either is refused rather than ignored)."""
         if self.repository is None:
             raise ServeError("this server has no model repository (--model-repository)", 400)
+        overrides = sorted(p for p in parameters if p == "config" or p.startswith("file:"))
+        if overrides:
+            raise ServeError(f"load parameter {overrides[0]!r} is not supported: tvmsched loads model {name!r} from "
+                             f"its folder in the repository (edit its config there, then load it)", 400)
         try:
             spec = self.repository.spec(name)
         except LookupError as err:
