@@ -33,7 +33,7 @@ max_batch_size: 8
 dynamic_batching {
   preferred_batch_size: [ 4, 8 ]
   max_queue_delay_microseconds: 2000
-  default_queue_policy { timeout_action: REJECT max_queue_size: 64 }
+  default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 60000000 max_queue_size: 64 }
 }
 instance_group [ { count: 1 kind: KIND_CPU } ]
 parameters { key: "qos_ms" value: { string_value: "60000" } }
@@ -99,6 +99,10 @@ def test_a_triton_layout_repository_batches_concurrent_requests_answered_as_each
     assert int(config["max_batch_size"]) == 8 and [int(d) for d in config["input"][0]["dims"]] == [784]
     assert [int(n) for n in config["dynamic_batching"]["preferred_batch_size"]] == [4, 8]
     assert int(config["dynamic_batching"]["max_queue_delay_microseconds"]) == 2000
+    policy = config["dynamic_batching"]["default_queue_policy"]  # as loaded (Triton's model config shows it; gRPC's
+    # JSON leaves out a field at its default, as protobuf's does)
+    assert (policy.get("timeout_action", "REJECT"), int(policy["default_timeout_microseconds"]),
+            int(policy["max_queue_size"]), policy.get("allow_timeout_override", False)) == ("REJECT", 60000000, 64, False)
     assert client.get_model_metadata("mlp", **as_json)["versions"] == ["3"]  # the latest version folder
     assert client.is_model_ready("mlp", "3") and not client.is_model_ready("mlp", "1")
     rng = np.random.default_rng(1)
@@ -154,7 +158,7 @@ def test_the_config_becomes_the_model_spec(tmp_path, compiled):
     spec = _spec(tmp_path, compiled, CONFIG)
     assert (spec.version, spec.max_batch_size, spec.preferred_batch_sizes, spec.max_queue_delay_us) == ("3", 8, (4, 8), 2000)
     assert (spec.qos_ms, spec.priority, spec.streams, spec.max_queue) == (60000.0, "best_effort", 1, 64)
-    assert spec.queue_policy == {"timeout_action": "reject", "default_timeout_us": 0, "allow_timeout_override": False}
+    assert spec.queue_policy == {"timeout_action": "reject", "default_timeout_us": 60000000, "allow_timeout_override": False}
     assert spec.path.endswith("/3/model.tvms")
 
 

@@ -171,6 +171,12 @@ def config_response(config: dict):
     if "dynamic_batching" in config:
         message.dynamic_batching.max_queue_delay_microseconds = config["dynamic_batching"]["max_queue_delay_microseconds"]
         message.dynamic_batching.preferred_batch_size.extend(config["dynamic_batching"].get("preferred_batch_size", []))
+        if policy := config["dynamic_batching"].get("default_queue_policy"):
+            queue = message.dynamic_batching.default_queue_policy
+            queue.timeout_action = config_pb2.ModelQueuePolicy.TimeoutAction.Value(policy["timeout_action"])
+            queue.default_timeout_microseconds = policy["default_timeout_microseconds"]
+            queue.allow_timeout_override = policy["allow_timeout_override"]
+            queue.max_queue_size = policy["max_queue_size"]
     return pb2.ModelConfigResponse(config=message)
 
 

@@ -610,7 +610,8 @@ std::map<std::string, ModelStats> RuntimeObj::MergedStats() {
       auto found = per_device[chain->devices[k]].find(chain->parts[k]);
       if (found == per_device[chain->devices[k]].end()) continue;  // (being unloaded)
       const ModelStats& part = found->second;
-      if (k == 0) s.refused = part.refused, s.rejected = part.rejected, s.timed_out = part.timed_out;
+      if (k == 0)
+        s.refused = part.refused, s.rejected = part.rejected, s.timed_out = part.timed_out, s.queue = part.queue;
       s.queued += part.queued, s.launches += part.launches, s.reruns += part.reruns, s.faults += part.faults;
       s.fault_restarts += part.fault_restarts;
     }

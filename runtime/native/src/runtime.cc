@@ -1140,6 +1140,7 @@ std::map<std::string, ModelStats> RuntimeObj::Stats() {
     s.p50_ms = Percentile(latencies_ms, 50);
     s.p99_ms = Percentile(std::move(latencies_ms), 99);
     s.placement = e->models[0]->placement()->kind();
+    s.queue = e->options.queue;
     if (e->sizes.size() > 1) {
       for (const auto& size : e->sizes) s.sizes[size->batch] = {size->run_us, size->launches.load()};
     }

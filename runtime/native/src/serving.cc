@@ -180,6 +180,13 @@ std::string ServedObj::Config() const {
     w.Key("dynamic_batching").Raw("{").Key("max_queue_delay_microseconds");
     w.Int(static_cast<int64_t>(options.max_queue_delay_us));
     if (!options.preferred_batch_sizes.empty()) w.Key("preferred_batch_size").Ints(options.preferred_batch_sizes);
+    // as loaded: a request's timeout from the Runtime's model, the queue's cap the one admission holds it to
+    const QueuePolicy& queue = stats.queue;
+    const int64_t cap = queue.max_queue_size > 0 ? queue.max_queue_size : options.max_queue;
+    w.Key("default_queue_policy").Raw("{").Key("timeout_action");
+    w.Str(queue.timeout_action == TimeoutAction::kDelay ? "DELAY" : "REJECT").Key("default_timeout_microseconds");
+    w.Int(static_cast<int64_t>(queue.default_timeout_us)).Key("allow_timeout_override");
+    w.Raw(queue.allow_timeout_override ? "true" : "false").Key("max_queue_size").Int(cap).Raw("}");
     w.Raw("}");
   }
   w.Key("parameters").Raw("{");

@@ -154,6 +154,7 @@ struct ModelStats {
   double p50_ms = -1, p99_ms = -1;
   int64_t launches = 0, reruns = 0, faults = 0, fault_restarts = 0;
   std::string placement;  ///< resident, staged, streamed; split (across several devices)
+  QueuePolicy queue;      ///< its queue policy as loaded (Triton's default_queue_policy)
   /*! \brief A Runtime over several devices: the devices holding its replicas ("cpu:0", ...; the counters above are
    *  their sums, p50 and p99 the largest replica's). */
   std::vector<std::string> devices;
