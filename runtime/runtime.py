@@ -198,7 +198,8 @@ class Runtime:
             raise TvmschedError(f"streams must be a whole number from 1 to 64, not {streams!r}")
         if self._closed:
             raise TvmschedError("the runtime is shut down")
-        options = {"qos_ms": float(qos_ms) if qos_ms else 0.0, "realtime": priority == "realtime",
+        qos_ms = _above_zero("qos_ms", qos_ms, "milliseconds", "None: the artifact's latency target, if any")
+        options = {"qos_ms": qos_ms or 0.0, "realtime": priority == "realtime",
                    "resident": bool(resident), "streams": streams, "warmup": bool(warmup),
                    "device_bytes": int(device_bytes or 0), "max_queue_delay_us": float(max_queue_delay_us),
                    "preferred_batch_sizes": [int(size) for size in preferred_batch_sizes]}
@@ -269,13 +270,13 @@ class Runtime:
         model = self._model(model)
         if self._closed:
             raise TvmschedError("the runtime is shut down")
+        start_within_us = _above_zero("start_within_us", start_within_us, "microseconds", "None: no deadline")
         if priority not in _PRIORITY_CODE:
             raise TvmschedError(f"priority must be one of {PRIORITIES}, not {priority!r}")
         code = _PRIORITY_CODE[priority]
         quiet = hold_gc(self._freeze_gc)
         try:
-            request = self._engine.submit(model.name, to_engine(inputs), code,
-                                          float(start_within_us) if start_within_us else -1.0)
+            request = self._engine.submit(model.name, to_engine(inputs), code, start_within_us or -1.0)
             return EngineFuture(request, model.task.output_names, self._freeze_gc, engine_tensors)
         except TvmschedError as err:
             if "is shut down" in str(err):
@@ -553,3 +554,14 @@ def plan_devices(plan, task: str, devices: list[dict]) -> list[int]:
             raise TvmschedError(f"the plan puts {task} sub-task {p.subtask} on GPU {p.gpu}, which the runtime does not "
                                 f"serve (its devices: {', '.join(d['name'] for d in devices)})")
     return [index[p.gpu] for p in placements]
+
+
+def _above_zero(name: str, value, unit: str, none_means: str) -> float | None:
+    """`value` as a float when it is a finite number above 0, None for None; anything else is one error line (a
+    negative, zero or NaN latency target or deadline is never taken silently as none)."""
+    if value is None:
+        return None
+    if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating))
+            or not np.isfinite(value) or value <= 0):
+        raise TvmschedError(f"{name} must be a finite number of {unit} above 0 ({none_means}), not {value!r}")
+    return float(value)

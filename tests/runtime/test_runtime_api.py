@@ -80,3 +80,24 @@ def test_a_scrape_racing_an_unload_describes_the_models_still_loaded(mlp, mlp_ru
         assert 'tvmsched_model_resident{model="gone"} 0' in metrics
         stats = json.loads(str(native.func("served_v1_stats")(books)))
         assert stats["kept"]["requests"] == 1 and stats["gone"]["streams"] == 0 and stats["_device"]["health"] == "healthy"
+
+
+def test_a_latency_target_or_deadline_that_is_not_a_positive_number_is_one_error_line(mlp, mlp_run):
+    """qos_ms and start_within_us: a negative, zero, NaN or infinite value, a bool or a string is refused (one line);
+    before, -5 and NaN were taken as "no target", True as 1 ms and "20" as 20 ms, and a negative deadline as none."""
+    inputs, want = mlp_run
+    with Runtime("cpu") as rt:
+        for bad in (-5, 0, float("nan"), float("inf"), True, "20"):
+            with pytest.raises(TvmschedError, match=r"^qos_ms must be a finite number of milliseconds above 0 \(None: "):
+                rt.load(mlp, qos_ms=bad, name="bad")
+        assert "bad" not in rt.stats()
+        model = rt.load(mlp, qos_ms=np.float32(60000))
+        assert model.qos_ms == 60000.0 and rt.stats()["mlp"]["qos_ms"] == 60000.0
+        for bad in (-1, 0, float("nan"), float("inf"), False, "5"):
+            with pytest.raises(TvmschedError, match=r"^start_within_us must be a finite number of microseconds above 0"):
+                rt.submit(model, inputs, start_within_us=bad)
+            with pytest.raises(TvmschedError, match="^start_within_us must be"):
+                asyncio.run(rt.infer(model, inputs, start_within_us=bad))
+        assert np.array_equal(rt.submit(model, inputs, start_within_us=60e6).result(timeout=60)["output"],
+                              want["output"])
+        assert rt.stats()["mlp"]["errors"] == 0  # refused before reaching the engine
