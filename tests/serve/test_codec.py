@@ -122,7 +122,7 @@ def test_both_servers_read_priority_and_timeout_alike(parameters, want):
     ({"priority": True}, "parameter priority must be 0 (the model's), 1 or 'realtime' (real-time), 2 or more or "
                          "'best_effort', not true"),
     ({"priority": -1}, "not -1"), ({"priority": "urgent"}, 'not "urgent"'), ({"priority": 1.0}, "not 1.0"),
-    ({"timeout": -5}, "parameter timeout must be a non-negative number of microseconds, not -5"),
+    ({"timeout": -5}, "parameter timeout must be a whole number of microseconds, 0 or more (0: none), not -5"),
     ({"timeout": "10"}, 'not "10"'), ({"timeout": False}, "not false"), ({"timeout": 2.5}, "not 2.5"),
 ])
 def test_scheduling_parameters_of_another_kind_are_a_400_line(parameters, fragment):

@@ -1035,7 +1035,8 @@ Scheduling ReadScheduling(const ffi::Map<ffi::Any, ffi::Any>& parameters) {
     const ffi::Any& t = (*found).second;
     auto us = t.type_index() == ffi::TypeIndex::kTVMFFIBool ? std::nullopt : t.as<int64_t>();
     if (!us || *us < 0) {
-      throw Error(400, "parameter timeout must be a non-negative number of microseconds, not " + Quote(t));
+      throw Error(400,
+                  "parameter timeout must be a whole number of microseconds, 0 or more (0: none), not " + Quote(t));
     }
     out.timeout_us = *us;
   }
