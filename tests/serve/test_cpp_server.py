@@ -517,7 +517,7 @@ def test_runtime_streams_policy_priority_and_timeout(cpp_build, zoo, tmp_path): 
         assert stats()["bert"]["timed_out"] >= timed_out
         _check(client.infer("bert", _bert_tensor(zoo), timeout=60_000_000), zoo["bert"][2])  # time enough
         for parameters, fragment in (({"priority": "high"}, "parameter priority must be"),
-                                     ({"timeout": -5}, "parameter timeout must be a non-negative"),
+                                     ({"timeout": -5}, "parameter timeout must be a whole number"),
                                      ({"timeout": 1.5}, "parameter timeout must be")):
             body = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 784],
                                 "data": zoo["mlp"][1]["input"].ravel().tolist()}], "parameters": parameters}
