@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import socket
 import threading
 
 import pytest
 
+from tests.helpers import free_port
 from tvmsched.serve.asgi import BodyLimit, http_protocol
 
 uvicorn = pytest.importorskip("uvicorn")
@@ -58,9 +58,7 @@ def server():
             connections.append([])
             super().connection_made(_Observed(transport, connections[-1]))
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     srv = uvicorn.Server(uvicorn.Config(BodyLimit(_app, 1024), host="127.0.0.1", port=port, http=Observed,
                                         log_level="warning", lifespan="off"))
     thread = threading.Thread(target=lambda: asyncio.run(srv.serve()), daemon=True)
@@ -106,7 +104,7 @@ def test_a_large_answer_a_closing_answer_and_a_refused_body_arrive_whole(server)
     answer = conn.getresponse()
     assert answer.getheader("connection") == "close" and answer.read() == pattern * 2
     conn.close()
-    # a body over the limit: BodyLimit's 413 (its own two sends) in one write, then the connection is still usable
+    # a body over the limit: BodyLimit's 413 (its own two sends) in one write
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     conn.request("POST", "/small", body=b"x" * 4096)
     answer = conn.getresponse()
