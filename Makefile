@@ -87,6 +87,7 @@ ASYNC_TESTS = tests/runtime/test_engine.py tests/runtime/test_preemption.py test
 	tests/runtime/test_request_priority.py tests/runtime/test_policies.py tests/runtime/test_host_overhead.py \
 	tests/runtime/test_engine_runtime.py tests/runtime/test_runtime_api.py tests/runtime/test_multi_device.py tests/runtime/test_split_model.py \
 	tests/test_batch_sizes.py::test_the_runtime_holds_a_stream_per_size_and_every_answer_agrees_with_the_batch_1_run \
+	tests/test_batch_sizes.py::test_each_size_figure_follows_its_launches_and_a_size_none_chooses_runs_again \
 	tests/test_batch_sizes.py::test_preferred_batch_sizes_must_be_compiled_sizes_and_a_preferred_size_launches_without_waiting \
 	tests/test_batch_sizes.py::test_two_slots_each_hold_every_size_and_both_serve_a_burst \
 	tests/test_batch_sizes.py::test_real_time_requests_preempt_the_batched_launches_of_every_size_which_resume_and_answer_right \

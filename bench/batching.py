@@ -13,14 +13,21 @@ The load is the engine's C++ open-loop generator (`tvmsched.engine.open_loop`: P
 submitted from a C++ thread, each latency from its scheduled arrival). The rate search starts at half the model's
 batch-1 capacity and grows by 1.25x while both ways meet the target, the two ways run in turn at every step
 (side by side), then each way's last good rate is refined by bisection. A rate fails a way only when a second run
-(another seed) fails too, the same rule for both ways: on a shared 2-core VM one stall decides a p99. Padding waste: the share of the rows run
+(another seed) fails too, the same rule for both ways: on a shared 2-core VM one stall decides a p99. `--refresh-sizes` adds a third way, the
+batching artifact loaded with `refresh_sizes=True` (the sizes' figures following the launches). Padding waste: the share of the rows run
 that no request brought (1 - rows brought / rows run, from the engine's batch statistics and launches per size).
 
 Also per model, the **capacity** of each way, where a p99 target on a shared 2-core VM is at the mercy of its stalls:
 one-row requests arriving at 3x the batch-1 rate the model sustains alone for 1 s, loaded without a latency target
 (so admission refuses nothing and the batcher compares the sizes by time per row alone), the rows answered per second
-(requests / (1 s + the last request's latency): the queue drains at the way's capacity); three runs each, the ways in
-turn, the median.
+(requests / (1 s + the last request's latency): the queue drains at the way's capacity); `--rounds` runs each (3),
+the ways in turn, the median.
+
+**A co-tenant after the load** (`--co-tenant HOGS`, instead of the rest): the first model's batching artifact loaded on
+a quiet machine with a latency target (`--co-tenant-qos-ms`, 2), then HOGS busy processes start beside it and one-row
+Poisson requests arrive (`--co-tenant-rate`, 8000/s, `--seconds`); the sizes' figures kept as measured at load
+against following the launches (`refresh_sizes`), in turn for `--rounds` rounds: the share answered past the target
+and refused, the p50, the figures before and after.
 
 **Through the server** (`--serve`, the issue's second path, reported): each way served by `tvmsched serve` from a
 Triton-layout repository (config.pbtxt with dynamic_batching for the batching way), 16 tritonclient gRPC clients in
@@ -59,6 +66,7 @@ import _common  # noqa: E402
 
 
 DELAY_US = {"value": 0.0}  # --max-queue-delay-us: the batching way's queue delay (its streams wait for full batches)
+REFRESH = "batching-refresh"  # --refresh-sizes: the batching way again, its sizes' figures following the launches
 DEVICE = {"value": "cpu"}  # --device: cpu, or cuda (docs/gpu.md's plan, step 5: artifacts carried into --work)
 
 
@@ -102,15 +110,17 @@ def latency_summary(result) -> dict:
             "max_us": float(latencies.max()) if len(latencies) else 0.0, "lost": (sent - len(latencies)) / max(sent, 1)}
 
 
-def trial(path: Path, name: str, rate: float, seconds: float, seed: int, target_us: float | None) -> dict:
+def trial(path: Path, name: str, rate: float, seconds: float, seed: int, target_us: float | None,
+          refresh: bool = False) -> dict:
     """One open-loop run at `rate` per second on a fresh Runtime (`target_us` its qos_ms; None: no latency target, so
-    admission refuses nothing): p99 latency and refusals."""
+    admission refuses nothing; `refresh`: the sizes' figures follow the launches, else they stay as measured at load):
+    p99 latency and refusals."""
     from tvmsched.runtime import Executor, native
     from tvmsched.runtime.executor import to_engine
 
     rt = native.create_runtime({"policy": "fastest", "device": DEVICE["value"]})
     try:
-        rt.load(str(path), {"warmup": True, "max_queue_delay_us": DELAY_US["value"],
+        rt.load(str(path), {"warmup": True, "max_queue_delay_us": DELAY_US["value"], "refresh_sizes": refresh,
                             **({"qos_ms": target_us / 1e3} if target_us else {})})
         one_row = {k: v[:1].copy() for k, v in Executor(str(path), DEVICE["value"]).random_inputs(0).items()}
         result = native.func("open_loop")(rt, name, to_engine(one_row), float(rate), float(seconds), int(seed))
@@ -125,12 +135,14 @@ def trial(path: Path, name: str, rate: float, seconds: float, seed: int, target_
             "size_run_us": {str(int(size)): round(float(us), 1) for size, us, _ in stats["sizes"]}}
 
 
-def capacity(ways: dict[str, Path], name: str, p50_us: float, target_us: float, seed: int) -> dict[str, float]:
-    """Rows answered per second by each way under overload (3x the batch-1 rate alone for 1 s), median of 3 in turn."""
+def capacity(ways: dict[str, Path], name: str, p50_us: float, target_us: float, seed: int,
+             rounds: int = 3) -> dict[str, float]:
+    """Rows answered per second by each way under overload (3x the batch-1 rate alone for 1 s), median of `rounds`
+    in turn."""
     rate, seconds, runs = 3e6 / p50_us, 1.0, {way: [] for way in ways}
-    for attempt in range(3):
+    for attempt in range(rounds):
         for way, path in ways.items():
-            result = trial(path, name, rate, seconds, seed + attempt, None)  # no target: nothing refused
+            result = trial(path, name, rate, seconds, seed + attempt, None, way == REFRESH)  # no target: none refused
             answered = result["requests"] * (1 - result["lost"])
             runs[way].append(answered / (seconds + result["max_us"] / 1e6))
     return {way: statistics.median(values) for way, values in runs.items()}
@@ -192,6 +204,46 @@ def through_server(ways: dict[str, Path], name: str, work: Path, target_us: floa
             out[way]["p99_ms"].append(float(np.percentile(latencies, 99)) * 1e3)
     return {way: {k: statistics.median(v) for k, v in r.items()} for way, r in out.items()}
 
+
+
+def co_tenant(path: Path, name: str, rate: float, qos_ms: float, hogs: int, rounds: int, seconds: float) -> dict:
+    """The sizes' figures kept as measured at load against following the launches (refresh_sizes), when the machine
+    changes after the load: the model is loaded on a quiet machine with a latency target, then `hogs` busy processes
+    start (a co-tenant) and one-row Poisson requests arrive at `rate`; per way, in turn each round: the share of the
+    requests answered past the target, the share refused, the p50, and the figures before and after."""
+    import subprocess
+
+    from tvmsched.runtime import Executor, native
+    from tvmsched.runtime.executor import to_engine
+
+    one_row = {k: v[:1].copy() for k, v in Executor(str(path), DEVICE["value"]).random_inputs(0).items()}
+    out = {"refresh": [], "fixed": []}
+    for round_ in range(rounds):
+        for way in out:
+            rt = native.create_runtime({"policy": "fastest", "device": DEVICE["value"]})
+            busy = []
+            try:
+                rt.load(str(path), {"warmup": True, "qos_ms": qos_ms, "refresh_sizes": way == "refresh"})
+                before = {int(s): round(float(us), 1) for s, us, _ in rt.stats()[name]["sizes"]}
+                busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
+                time.sleep(0.3)
+                result = native.func("open_loop")(rt, name, to_engine(one_row), float(rate), seconds, 7 + round_)
+                after = {int(s): round(float(us), 1) for s, us, _ in rt.stats()[name]["sizes"]}
+            finally:
+                for process in busy:
+                    process.kill()
+                    process.wait()
+                rt.shutdown()
+            latencies = np.asarray(list(result["latencies_us"]), dtype=np.float64)
+            sent = len(latencies) + int(result["failed"]) + int(result["refused"])
+            row = {"late": float((latencies > qos_ms * 1e3).sum()) / sent, "refused": int(result["refused"]) / sent,
+                   "p50_us": float(np.percentile(latencies, 50)), "before": before, "after": after}
+            out[way].append(row)
+            print(json.dumps({"co_tenant": way, "round": round_, **{k: round(v, 4) if isinstance(v, float) else v
+                                                                     for k, v in row.items()}}), flush=True)
+    return {way: {"late_median": statistics.median(r["late"] for r in rows),
+                  "p50_median_us": statistics.median(r["p50_us"] for r in rows), "rounds": rows}
+            for way, rows in out.items()}
 
 
 def mix_artifacts(work: Path, sizes_of: dict[str, list[int]]) -> dict[str, dict[str, Path]]:
@@ -303,7 +355,7 @@ def search(ways: dict[str, Path], name: str, target_us: float, start: float, sec
     trials = {way: [] for way in ways}
 
     def attempt(way: str, rate: float, offset: int) -> bool:
-        result = trial(ways[way], name, rate, seconds, seed + offset, target_us)
+        result = trial(ways[way], name, rate, seconds, seed + offset, target_us, way == REFRESH)
         trials[way].append(result)
         print(json.dumps({"model": name, "way": way, **{k: (round(v, 1) if isinstance(v, float) else v)
                                                        for k, v in result.items()}}), flush=True)
@@ -329,25 +381,51 @@ def main() -> None:
                         help="the mix's models and sizes, NAME:SIZE/SIZE/...,...")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the in-process ways run (cuda: the artifacts carried into --work, no compiler needed)")
+    parser.add_argument("--refresh-sizes", action="store_true",
+                        help=f"also the way {REFRESH!r}: the batching artifact loaded with refresh_sizes=True, in turn "
+                             "with the others (the sizes' figures following the launches, against kept from the load)")
+    parser.add_argument("--co-tenant", type=int, metavar="HOGS",
+                        help="instead of the search: the first model's batching artifact loaded on a quiet machine, "
+                             "then HOGS busy processes beside it, the sizes' figures kept against refreshed "
+                             "(--co-tenant-rate, --co-tenant-qos-ms, --rounds)")
+    parser.add_argument("--co-tenant-rate", type=float, default=8000.0)
+    parser.add_argument("--co-tenant-qos-ms", type=float, default=2.0)
+    parser.add_argument("--rounds", type=int, default=3, help="capacity runs per way, co-tenant rounds")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     DELAY_US["value"] = args.max_queue_delay_us
     DEVICE["value"] = args.device
     report = {"machine": _common.machine_info(), "load_average": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M"),
               "command": " ".join(sys.argv), "models": {}}
+    if args.co_tenant is not None:
+        name, listed = args.models.split(",")[0].split(":")
+        _, batched = artifacts(args.work, name, [int(size) for size in listed.split("/")])
+        report["co_tenant"] = co_tenant(batched, name, args.co_tenant_rate, args.co_tenant_qos_ms, args.co_tenant,
+                                        args.rounds, args.seconds)
+        print(json.dumps({way: {k: round(v, 4) for k, v in r.items() if k != "rounds"}
+                          for way, r in report["co_tenant"].items()}), flush=True)
+        if args.out:
+            _common.write_json_atomic(args.out, report)
+        return
     for item in filter(None, args.models.split(",")):  # ("": the mix only)
         name, listed = item.split(":")
         sizes = [int(size) for size in listed.split("/")]
         plain, batched = artifacts(args.work, name, sizes)
         p50 = alone_p50_us(plain)
         target = 20 * p50
-        found = search({"none": plain, "batching": batched}, name, target, 0.5e6 / p50, args.seconds, seed=1)
+        ways = {"none": plain, "batching": batched, **({REFRESH: batched} if args.refresh_sizes else {})}
+        found = search(ways, name, target, 0.5e6 / p50, args.seconds, seed=1)
         last = [t for t in found["trials"]["batching"] if meets(t, target)]
         waste = 1 - last[-1]["rows_brought"] / last[-1]["rows_run"] if last and last[-1]["rows_run"] else None
         none, batching = found["best_rate"]["none"], found["best_rate"]["batching"]
-        rows_per_s = capacity({"none": plain, "batching": batched}, name, p50, target, seed=11)
+        rows_per_s = capacity(ways, name, p50, target, seed=11, rounds=args.rounds)
         served = through_server({"none": plain, "batching": batched}, name, args.work, target) if args.serve else None
-        report["models"][name] = {"batch_sizes": sizes, "alone_p50_us": p50, "target_us": target,
+        extra = {}
+        if args.refresh_sizes:  # the same artifact, the sizes' figures following the launches
+            kept = [t for t in found["trials"][REFRESH] if meets(t, target)]
+            extra = {"best_rate_refresh": found["best_rate"][REFRESH],
+                     "padding_waste_refresh": 1 - kept[-1]["rows_brought"] / kept[-1]["rows_run"] if kept else None}
+        report["models"][name] = {"batch_sizes": sizes, "alone_p50_us": p50, "target_us": target, **extra,
                                   "best_rate_none": none, "best_rate_batching": batching,
                                   "ratio": batching / none if none else None, "padding_waste": waste,
                                   "capacity_rows_per_s": rows_per_s,
@@ -357,6 +435,7 @@ def main() -> None:
         print(json.dumps({"model": name, "alone_p50_us": round(p50, 1), "target_ms": round(target / 1e3, 2),
                           "rate_none": round(none or 0, 1), "rate_batching": round(batching or 0, 1),
                           "ratio": round(batching / none, 2) if none else None,
+                          **({k: round(v, 3) if isinstance(v, float) else v for k, v in extra.items()}),
                           "capacity": {k: round(v) for k, v in rows_per_s.items()},
                           "capacity_ratio": round(rows_per_s["batching"] / rows_per_s["none"], 2),
                           "through_server": served,

@@ -179,12 +179,13 @@ class Runtime:
 
     def load(self, artifact, *, qos_ms: float | None = None, priority: str = "best_effort", name: str | None = None,
              resident: bool = True, device_bytes: int | None = None, warmup: bool = False, streams: int = 1,
-             max_queue_delay_us: float = 0.0, preferred_batch_sizes: tuple[int, ...] = (),
+             max_queue_delay_us: float = 0.0, preferred_batch_sizes: tuple[int, ...] = (), refresh_sizes: bool = False,
              queue_policy: dict | None = None, devices: tuple[int, ...] = (), split: bool = False,
              plan=None) -> Model:
         """Load an artifact (path or Artifact) as a new model; the engine decides its placement (docs/runtime.md).
         A model compiled for a batch (docs/batching.md): `max_queue_delay_us`, how long a free stream waits at most for
-        the queued rows to reach the smallest of `preferred_batch_sizes` (each a compiled size; none: the largest).
+        the queued rows to reach the smallest of `preferred_batch_sizes` (each a compiled size; none: the largest);
+        `refresh_sizes`, whether each size's run figure follows its launches (False: the figures measured at load).
         `queue_policy`: Triton's default_queue_policy as the engine takes it: timeout_action ("reject" or "delay"),
         default_timeout_us, allow_timeout_override, max_queue_size (docs/runtime.md). A runtime over several
         devices: `devices`, the device numbers to place a replica on (none: one, where the most memory is left;
@@ -202,7 +203,8 @@ class Runtime:
         options = {"qos_ms": qos_ms or 0.0, "realtime": priority == "realtime",
                    "resident": bool(resident), "streams": streams, "warmup": bool(warmup),
                    "device_bytes": int(device_bytes or 0), "max_queue_delay_us": float(max_queue_delay_us),
-                   "preferred_batch_sizes": [int(size) for size in preferred_batch_sizes]}
+                   "preferred_batch_sizes": [int(size) for size in preferred_batch_sizes],
+                   "refresh_sizes": bool(refresh_sizes)}
         options.update(queue_policy or {})  # (the engine refuses an option it does not know, in one line)
         if devices:
             options["devices"] = [int(d) for d in devices]

@@ -109,6 +109,33 @@ def test_the_runtime_holds_a_stream_per_size_and_every_answer_agrees_with_the_ba
     assert sum(rows * count for rows, count, _ in stats["batches"]) == sum(len(x) for x in burst) + 19
 
 
+def test_each_size_figure_follows_its_launches_and_a_size_none_chooses_runs_again(mlp_sizes):
+    """refresh_sizes=True: one-row requests sent one at a time launch at the size the figures choose; the
+    figures follow the launches (each size's, the 25th percentile of its last 32 runs), and once the model has
+    launched 128 times each size none chose runs once, so that a size measured slow at load is measured again. With
+    refresh_sizes=False (the default) the figures measured at load stay and the sizes not chosen never run."""
+    alone = Executor(str(mlp_sizes), batch_size=1)
+    x = np.random.default_rng(13).standard_normal((140, 784)).astype(np.float32)
+    for refresh in (False, True):
+        rt = Runtime()
+        try:
+            rt.load(str(mlp_sizes), name="mlp", refresh_sizes=refresh)
+            loaded = {size: s["run_us"] for size, s in rt.stats()["mlp"]["sizes"].items()}
+            for i in range(len(x)):
+                np.testing.assert_allclose(rt.submit("mlp", {"input": x[i : i + 1]}).result(timeout=60)["output"],
+                                           alone.run({"input": x[i : i + 1]})["output"], rtol=1e-4, atol=1e-5)
+            sizes = rt.stats()["mlp"]["sizes"]
+        finally:
+            rt.shutdown()
+        launched = {size: s["launches"] for size, s in sizes.items()}
+        now = {size: s["run_us"] for size, s in sizes.items()}
+        assert sum(launched.values()) == len(x), launched
+        if refresh:
+            assert min(launched.values()) >= 1 and now != loaded, (launched, loaded, now)
+        else:
+            assert sorted(launched.values()) == [0, 0, 0, len(x)] and now == loaded, (launched, loaded, now)
+
+
 def test_two_slots_each_hold_every_size_and_both_serve_a_burst(mlp_sizes):
     alone = Executor(str(mlp_sizes), batch_size=1)
     rng = np.random.default_rng(11)

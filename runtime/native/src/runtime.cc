@@ -418,7 +418,23 @@ void RuntimeObj::MeasureSizes(const std::shared_ptr<Entry>& entry) {
       }
     }
   }
-  for (size_t k = 0; k < entry->sizes.size(); ++k) entry->sizes[k]->run_us = Percentile(runs[k], 25);
+  std::lock_guard<std::mutex> lock(mu_);  // (its requests may be launching already: RecordRun)
+  for (size_t k = 0; k < entry->sizes.size(); ++k) {
+    Size& size = *entry->sizes[k];
+    size.runs = std::move(runs[k]);
+    size.next_run = 0;
+    size.run_us = Percentile(size.runs, 25);
+  }
+}
+
+void RuntimeObj::RecordRun(Size& size, double us) {
+  if (size.runs.size() < kRuns) {
+    size.runs.push_back(us);
+  } else {
+    size.runs[size.next_run] = us;
+    size.next_run = (size.next_run + 1) % kRuns;
+  }
+  size.run_us = Percentile(size.runs, 25);
 }
 
 void RuntimeObj::WarmUp(const std::shared_ptr<Entry>& entry) {
@@ -708,6 +724,40 @@ void RuntimeObj::Expire(Entry& entry, double now, std::vector<Pending>* expired)
   entry.next_timeout_us = next;
 }
 
+namespace {
+
+/*! \brief A decision's predicted run against the model's at its fastest candidates, alone: its candidates' isolated
+ *  latency against the fastest's, times the policy's co-location estimate against their isolated latency. */
+double Slowdown(const PolicyModel& model, const PolicyDecision& d) {
+  double chosen = 0, fastest = 0;
+  for (size_t i = 0; i < model.layers.size() && i < model.fastest.size(); ++i) {
+    const int id = i < d.candidate_ids.size() && d.candidate_ids[i] >= 0 &&
+                           d.candidate_ids[i] < static_cast<int>(model.layers[i].size())
+                       ? d.candidate_ids[i]
+                       : model.fastest[i];
+    chosen += model.layers[i][id].latency_us;
+    fastest += model.layers[i][model.fastest[i]].latency_us;
+  }
+  const double colocated = d.estimated && chosen > 0 ? std::max(1.0, d.estimated_ms * 1e3 / chosen) : 1;
+  return colocated * (chosen > 0 && fastest > 0 ? chosen / fastest : 1);
+}
+
+/*! \brief Whether a decision runs every layer at a fastest candidate (none given: candidate 0, as a stream runs it)
+ *  and predicts no co-location slowdown. */
+bool AtFastest(const PolicyModel& model, const PolicyDecision& d) {
+  double chosen = 0;
+  for (size_t i = 0; i < model.layers.size() && i < model.fastest.size(); ++i) {
+    const int id = i < d.candidate_ids.size() ? d.candidate_ids[i] : 0;
+    if (id < 0 || id >= static_cast<int>(model.layers[i].size())) return false;
+    const double latency = model.layers[i][id].latency_us;
+    if (latency > model.layers[i][model.fastest[i]].latency_us) return false;
+    chosen += latency;
+  }
+  return !(d.estimated && d.estimated_ms * 1e3 > chosen * (1 + 1e-9));
+}
+
+}  // namespace
+
 std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int stream, std::vector<Pending>* expired) {
   const int slot = entry->slot_of[stream];
   const bool several = entry->sizes.size() > 1;
@@ -809,10 +859,19 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
   if (several && !out.empty()) {  // its slot is busy until the launch ends; then its streams ask again
     ++entry->slot_busy[slot];
     entry->slot_last[slot] = stream;
-    out.back()->OnFinishing([this, entry, slot, stream] {
+    entry->sizes[size]->chosen_at = ++entry->launched;
+    // its run is the size's figure's next sample when it runs at the fastest candidates with no co-location
+    // slowdown predicted and is not preempted (a real-time request's pause is not the size's cost)
+    const bool sample = entry->options.refresh_sizes && AtFastest(entry->sizes[size]->policy_model, decision);
+    const int64_t preemptions = entry->streams[stream]->preemptions.load();
+    RequestObj* launch = out.back().get();  // (alive while its hooks run; a Request here would own itself)
+    launch->OnFinishing([this, entry, slot, stream, size, sample, preemptions, launch] {
       {
         std::lock_guard<std::mutex> lock(mu_);
         --entry->slot_busy[slot];
+        if (sample && launch->started_us > 0 && entry->streams[stream]->preemptions.load() == preemptions) {
+          RecordRun(*entry->sizes[size], Device::NowMicros() - launch->started_us);
+        }
       }
       entry->streams[stream]->Poke();  // the finishing stream asks next (it is awake: no hand-off)
     });
@@ -846,20 +905,7 @@ std::vector<Request> RuntimeObj::Next(const std::shared_ptr<Entry>& entry, int s
 
 const std::vector<double>& RuntimeObj::PredictRuns(Entry& entry, int size, const PolicyDecision& decision,
                                                    PolicyInput input) {
-  auto factor = [](const PolicyModel& model, const PolicyDecision& d) {
-    double chosen = 0, fastest = 0;
-    for (size_t i = 0; i < model.layers.size() && i < model.fastest.size(); ++i) {
-      const int id = i < d.candidate_ids.size() && d.candidate_ids[i] >= 0 &&
-                             d.candidate_ids[i] < static_cast<int>(model.layers[i].size())
-                         ? d.candidate_ids[i]
-                         : model.fastest[i];
-      chosen += model.layers[i][id].latency_us;
-      fastest += model.layers[i][model.fastest[i]].latency_us;
-    }
-    const double colocated = d.estimated && chosen > 0 ? std::max(1.0, d.estimated_ms * 1e3 / chosen) : 1;
-    return colocated * (chosen > 0 && fastest > 0 ? chosen / fastest : 1);
-  };
-  const double own = factor(entry.sizes[size]->policy_model, decision);
+  const double own = Slowdown(entry.sizes[size]->policy_model, decision);
   std::vector<double>& runs = entry.predicted;  // (its buffer is kept between launches)
   runs.resize(entry.sizes.size());
   if (!entry.sizes_choose) {  // no size has a choice of candidates: the current size's slowdown is every size's
@@ -875,7 +921,7 @@ const std::vector<double>& RuntimeObj::PredictRuns(Entry& entry, int size, const
     double f = own;
     if (static_cast<int>(k) != size) {
       input.model = &model;
-      f = factor(model, policy_->Decide(input));
+      f = Slowdown(model, policy_->Decide(input));
     }
     runs[k] = entry.sizes[k]->run_us * f;
   }
@@ -911,7 +957,17 @@ int RuntimeObj::ChooseSize(const Entry& entry, const std::deque<Pending>& lane, 
     if (!meets(k)) continue;
     if (best < 0 || run(k) / sizes[k]->batch < (1 - kMinGain) * run(best) / sizes[best]->batch) best = k;
   }
-  if (best < 0) best = low;  // the rows fill none (padded), or none meets the deadline: the soonest to finish
+  if (best < 0) best = low;           // the rows fill none (padded), or none meets the deadline: the soonest to finish
+  if (entry.options.refresh_sizes) {  // a size no launch chose for long runs this one, so that it is measured again
+    int stale = -1;
+    for (int k = low; k < n; ++k) {
+      if (entry.launched - sizes[k]->chosen_at >= kStaleRuns && meets(k) &&
+          (stale < 0 || sizes[k]->chosen_at < sizes[stale]->chosen_at)) {
+        stale = k;
+      }
+    }
+    if (stale >= 0) return stale;
+  }
   // padded up: one launch of a larger size that holds every queued row, when it finishes sooner than this size and
   // the rest's cheapest way (one launch that holds the rest, or several of a smaller size). With no rest, a larger
   // size that runs faster outright: mlp's size 2 beside its size 1 on a CPU, whose batch-1 program runs its first

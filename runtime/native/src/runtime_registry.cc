@@ -293,7 +293,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
 
   // model options: name, qos_ms, realtime, resident, device_bytes, streams, warmup, timeout_action ("reject" or
   // "delay"), default_timeout_us, allow_timeout_override, max_queue_size, max_queue_delay_us, preferred_batch_sizes,
-  // devices (several devices: a replica on each of these device numbers)
+  // refresh_sizes, devices (several devices: a replica on each of these device numbers)
   refl::ObjectDef<RuntimeObj>()
       .def("load",
            [](Runtime rt, const std::string& path, ffi::Map<ffi::String, ffi::Any> map) {
@@ -326,6 +326,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
                if (!index) TVM_FFI_THROW(TvmschedError) << "a model's devices are device numbers";
                options.devices.push_back(static_cast<int>(*index));
              }
+             options.refresh_sizes = o.Get<bool>("refresh_sizes", false);
              options.split = o.Get<bool>("split", false);
              for (const ffi::Any& group : o.Get<ffi::Array<ffi::Any>>("split_layers", {})) {
                auto pair = group.try_cast<ffi::Array<int64_t>>();  // [first layer, last layer] per device

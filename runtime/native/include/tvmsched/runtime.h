@@ -113,6 +113,13 @@ struct ModelOptions {
    *  error line at load). A free stream holds the queued rows (within max_queue_delay_us) only while they are fewer
    *  than the smallest of these (none: the largest compiled size). */
   std::vector<int64_t> preferred_batch_sizes;
+  /*! \brief A model compiled at several batch sizes: each size's run figure (what the batcher and admission predict
+   *  from) follows its launches, as Clockwork's profiles do: the 25th percentile of its last 32 runs at its fastest
+   *  candidates, not preempted (at first the runs measured at load); a size no launch of the model has chosen for 128
+   *  launches runs the next launch it can take (it holds the oldest request and meets its latency target), so that
+   *  a size measured slow once is measured again. false (the default): the figures measured at load, for the
+   *  model's life (docs/batching.md: on a 2-core CPU, following the launches measured no better). */
+  bool refresh_sizes = false;
   /*! \brief A Runtime over several devices: a replica on each of these (indices into RuntimeOptions::devices, each at
    *  most once; Triton's instance_group gpus). Empty: one, on the device with the most memory left (the fewest models
    *  where no budget is set). */
@@ -241,9 +248,17 @@ class RuntimeObj : public ffi::Object {
     int first_stream = 0;         // its stream on slot 0 (Entry::streams; its model's manifest is this size's program)
     PolicyModel policy_model;     // its layers' candidates
     std::vector<int64_t> blocks;  // each candidate's blocks, at policy_model.layers.index(layer, candidate)
-    double run_us = 0;            // its run at the fastest candidates (measured at load when there are several sizes)
+    // its run at the fastest candidates: with several sizes, the 25th percentile of `runs` (read by stats() without
+    // the lock); `runs`: the runs measured at load, then its launches' (ModelOptions::refresh_sizes), the oldest
+    // replaced first at `next_run` once there are kRuns (under the lock)
+    std::atomic<double> run_us{0};
+    std::vector<double> runs;
+    size_t next_run = 0;
+    int64_t chosen_at = 0;  // Entry::launched when it last launched (under the lock)
     std::atomic<int64_t> launches{0};
   };
+  static constexpr size_t kRuns = 32;         // the runs a size's figure is taken from
+  static constexpr int64_t kStaleRuns = 128;  // launches of a model after which a size none chose runs once
   struct Entry {
     std::string name;
     ModelOptions options;
@@ -265,6 +280,7 @@ class RuntimeObj : public ffi::Object {
     double fastest_us = 0;               // its fastest candidates' isolated latency, summed
     bool sizes_choose = false;           // some size has a choice of candidates (PredictRuns decides per size)
     std::vector<double> predicted;       // PredictRuns' answer (under the lock; its buffer kept between launches)
+    int64_t launched = 0;                // launches of all its sizes (under the lock; Size::chosen_at)
     bool closing = false;
     bool takes_turns = false;  // a streamed model taking turns for its memory (TierOptions::make_room)
     double hold_until_us = 0;  // its free streams wait for a fuller batch until then (the sweeper pokes them; 0: no)
@@ -359,7 +375,7 @@ class RuntimeObj : public ffi::Object {
    *  packed into the compiled batch (the rows left zero), their outputs split back when it is done. */
   Request Pack(const std::shared_ptr<Entry>& entry, const std::vector<Pending>& members, int size);
   /*! \brief Each size's predicted run (several sizes; under the lock), the batch size chosen with the candidates: its
-   *  run measured at load (at its fastest candidates) scaled by the candidates the policy chooses at that size (their
+   *  figure (Size::run_us, at its fastest candidates) scaled by the candidates the policy chooses at that size (their
    *  isolated time against the fastest's: fewer units may run slower) and by the policy's co-location estimate
    *  against their isolated time. When some size has a choice of candidates every size gets a decision of its own
    *  (`input` as for `decision`, the current size's); else the current size's co-location slowdown is every size's. */
@@ -369,11 +385,15 @@ class RuntimeObj : public ffi::Object {
    *  the one with the least predicted time per row (`runs`, PredictRuns) whose predicted finish meets the
    *  front request's latency target (none meets it: the smallest); padded up to a larger size holding every queued
    *  row when that finishes sooner than this size and the rest's cheapest way (one launch that holds it, or several
-   *  of a smaller size; with no rest: a larger size faster outright). */
+   *  of a smaller size; with no rest: a larger size faster outright). With ModelOptions::refresh_sizes, a size that
+   *  holds the front request, meets its target and no launch chose for kStaleRuns launches is chosen instead (the
+   *  longest unchosen first), so that its figure is measured again. */
   int ChooseSize(const Entry& entry, const std::deque<Pending>& lane, double now,
                  const std::vector<double>& runs) const;
   /*! \brief A model compiled at several sizes: each size's run at its fastest candidates, measured on its streams. */
   void MeasureSizes(const std::shared_ptr<Entry>& entry);
+  /*! \brief A size's launch ran `us` at its fastest candidates, not preempted: its figure follows (under the lock). */
+  static void RecordRun(Size& size, double us);
   /*! \brief Count a finished launch of a batched model that brought `rows` rows (its batch statistics). */
   static void CountBatch(Entry& entry, int64_t rows, const RequestObj& done);
   Model LoadModel(const std::string& path, const LoadOptions& options) const;
