@@ -110,6 +110,7 @@ class Server {
     options.streams = spec.streams;
     options.devices = spec.devices;
     options.warmup = spec.warmup;
+    options.refresh_sizes = spec.refresh_sizes;
     options.max_queue_delay_us = spec.max_queue_delay_us;
     options.preferred_batch_sizes = spec.preferred_batch_sizes;
     if (spec.queue) options.queue = *spec.queue;

@@ -42,7 +42,7 @@ parameters { key: "qos_ms" value: { string_value: "60000" } }
 
 def _folder(root, compiled, config: str = CONFIG, versions=(1, 3), name: str = "mlp"):
     folder = root / name
-    folder.mkdir()
+    folder.mkdir(parents=True)
     (folder / "config.pbtxt").write_text(config)
     for version in versions:
         (folder / str(version)).mkdir()
@@ -159,7 +159,10 @@ def test_the_config_becomes_the_model_spec(tmp_path, compiled):
     assert (spec.version, spec.max_batch_size, spec.preferred_batch_sizes, spec.max_queue_delay_us) == ("3", 8, (4, 8), 2000)
     assert (spec.qos_ms, spec.priority, spec.streams, spec.max_queue) == (60000.0, "best_effort", 1, 64)
     assert spec.queue_policy == {"timeout_action": "reject", "default_timeout_us": 60000000, "allow_timeout_override": False}
-    assert spec.path.endswith("/3/model.tvms")
+    assert spec.path.endswith("/3/model.tvms") and spec.refresh_sizes is False
+    refreshed = _spec(tmp_path / "b", compiled,
+                      CONFIG + 'parameters { key: "refresh_sizes" value: { string_value: "true" } }\n')
+    assert refreshed.refresh_sizes is True and refreshed.qos_ms == 60000.0
 
 
 REFUSED = {
@@ -190,6 +193,8 @@ REFUSED = {
                                "KIND_CPU or KIND_AUTO$"),
     "an unknown parameter": (CONFIG + 'parameters { key: "threads" value: { string_value: "4" } }\n',
                              r":12: parameters 'threads' is not one the tvmsched backend reads"),
+    "a refresh_sizes not a bool": (CONFIG + 'parameters { key: "refresh_sizes" value: { string_value: "yes" } }\n',
+                                   r":12: parameters refresh_sizes is true or false, not 'yes'$"),
 }
 
 
@@ -239,7 +244,19 @@ HOSTILE_FOLDER_CONFIGS = {  # tvmsched's own layout: each one line naming the fi
     "a bool for an int": ("config.json", '{"max_queue": true}', r"config\.json: max_queue has the wrong type \(bool\)$"),
     "a wrong preferred size": ("config.json", '{"preferred_batch_sizes": [0]}',
                                r"preferred_batch_sizes must be a list of row counts from 1 to 1048576$"),
+    "a string for a bool": ("config.json", '{"refresh_sizes": "true"}',
+                            r"config\.json: refresh_sizes has the wrong type \(str\)$"),
 }
+
+
+def test_a_folder_config_turns_on_the_sizes_figures_following_the_launches(tmp_path, compiled):
+    from tvmsched.serve.repository import Repository
+
+    for name, text in (("on", '{"refresh_sizes": true}'), ("off", "{}")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "m.tvms").symlink_to(compiled("mlp"))
+        (tmp_path / name / "config.json").write_text(text)
+    assert (Repository(tmp_path).spec("on").refresh_sizes, Repository(tmp_path).spec("off").refresh_sizes) == (True, False)
 
 
 @pytest.mark.parametrize("case", list(HOSTILE_FOLDER_CONFIGS))

@@ -17,7 +17,9 @@ streams (serve it on that many streams, resident, the streams reading one copy o
 the one with the fewest pending: Runtime.load(streams=); default 1), max_queue_delay_us (a model compiled for a batch: how long a free stream waits
 after the oldest queued request arrived for the queued rows to fill the batch, Triton's max_queue_delay_microseconds;
 default 0, launch at once; docs/batching.md), preferred_batch_sizes (Triton's preferred_batch_size: a free stream
-holds the queued rows only while they are fewer than the smallest of these; each must be a compiled batch size).
+holds the queued rows only while they are fewer than the smallest of these; each must be a compiled batch size),
+refresh_sizes (a model compiled at several batch sizes: their figures follow the launches, Runtime.load(refresh_sizes=);
+default false; docs/batching.md).
 The candidates (and their unit counts) are the artifact's: choose them when compiling (`tvmsched compile --qos-ms
 --units`). A config.toml with the same keys is read when there is no config.json.
 
@@ -49,6 +51,7 @@ class ModelSpec:
     streams: int = 1  # Runtime.load(streams=)
     max_queue_delay_us: float = 0.0  # Runtime.load(max_queue_delay_us=)
     preferred_batch_sizes: tuple[int, ...] = ()  # Runtime.load(preferred_batch_sizes=)
+    refresh_sizes: bool = False  # Runtime.load(refresh_sizes=)
     # a Triton-layout folder (serve/triton_config.py): the version served, the queue policy (Runtime.load(queue_policy=)),
     # max_batch_size (None: the artifact's largest batch size), and the config's path
     version: str = "1"
@@ -92,6 +95,7 @@ def _spec(s) -> ModelSpec:
     return ModelSpec(str(s["name"]), str(s["path"]), float(s["qos_ms"]) or None, str(s["priority"]), bool(s["warmup"]),
                      int(s["max_queue"]) if s["max_queue"] >= 0 else None, int(s["streams"]),
                      float(s["max_queue_delay_us"]), tuple(int(n) for n in s["preferred_batch_sizes"]),
+                     bool(s["refresh_sizes"]),
                      version=str(s["version"]), queue_policy={str(k): v for k, v in s["queue_policy"].items()},
                      max_batch_size=int(s["max_batch_size"]) if s["max_batch_size"] >= 0 else None,
                      config_path=str(s["config_path"]) or None, devices=tuple(int(d) for d in s["devices"]))

@@ -104,7 +104,7 @@ class InferenceService:
                                       warmup=spec.warmup, streams=spec.streams,
                                       max_queue_delay_us=spec.max_queue_delay_us,
                                       preferred_batch_sizes=spec.preferred_batch_sizes, queue_policy=spec.queue_policy,
-                                      devices=spec.devices)
+                                      devices=spec.devices, refresh_sizes=spec.refresh_sizes)
             manifest = model.task.executor.manifest
             batch = manifest.batch_size or 0  # a Triton config's max_batch_size may lower it
             served = Served(spec, model, spec.max_queue or self.max_queue, batch=spec.max_batch_size or batch)

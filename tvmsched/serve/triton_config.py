@@ -20,7 +20,8 @@ folder is served (Triton's default version policy). What tvmsched implements:
                               none runs on every device; no instance_group: the server places the model on one
                               device, docs/multi-device.md)
     default_model_filename    the artifact's file name in a version folder (default model.tvms)
-    parameters                qos_ms (the latency target), priority (realtime or best_effort), warmup (true/false)
+    parameters                qos_ms (the latency target), priority (realtime or best_effort), warmup (true/false),
+                              refresh_sizes (true/false: the batch sizes' figures follow the launches, docs/batching.md)
 
 Any other field set is refused with one line giving the field and FILE:LINE (never silently ignored); so is a file that
 does not parse. The engine reads the folder and checks it (runtime/native/src/repository.cc, the same for the C++

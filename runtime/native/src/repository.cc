@@ -36,6 +36,7 @@ constexpr int kMaxDepth = 64;
 const std::vector<std::pair<std::string, std::string>> kFolderKeys = {{"qos_ms", "number"},
                                                                       {"priority", "str"},
                                                                       {"warmup", "bool"},
+                                                                      {"refresh_sizes", "bool"},
                                                                       {"max_queue", "int"},
                                                                       {"streams", "int"},
                                                                       {"max_queue_delay_us", "number"},
@@ -56,7 +57,7 @@ const std::map<std::string, std::set<std::string>> kSupported = {
     {"instance_group", {"name", "kind", "count", "gpus"}},
     {"parameters.value", {"string_value"}},  // (a map: its entries' values are walked)
 };
-const std::vector<std::string> kParameters = {"qos_ms", "priority", "warmup"};
+const std::vector<std::string> kParameters = {"qos_ms", "priority", "warmup", "refresh_sizes"};
 
 [[noreturn]] void Fail(const std::string& line) {
   TVM_FFI_THROW(TvmschedError) << line;
@@ -347,7 +348,7 @@ ModelSpec TritonSpec(const std::string& name, const fs::path& folder, const std:
     if (std::find(kParameters.begin(), kParameters.end(), key) == kParameters.end())
       config.FailParameter(key, "parameters " + Quoted(key) +
                                     " is not one the tvmsched backend reads (qos_ms, "
-                                    "priority, warmup)");
+                                    "priority, warmup, refresh_sizes)");
   }
   std::optional<std::string> priority;
   if (params.count("priority")) priority = params["priority"];
@@ -379,6 +380,10 @@ ModelSpec TritonSpec(const std::string& name, const fs::path& folder, const std:
   if (warmup != "true" && warmup != "false")
     config.FailParameter("warmup", "parameters warmup is true or false, not " + Quoted(warmup));
   spec.warmup = warmup == "true";
+  const std::string refresh = params.count("refresh_sizes") ? params["refresh_sizes"] : "false";
+  if (refresh != "true" && refresh != "false")
+    config.FailParameter("refresh_sizes", "parameters refresh_sizes is true or false, not " + Quoted(refresh));
+  spec.refresh_sizes = refresh == "true";
   ReadInstanceGroups(config, f, devices, &spec);
   if (dynamic) {
     if (const Node* policy = f.Get(dynamic, "default_queue_policy")) {
@@ -440,6 +445,7 @@ ModelSpec FolderSpec(const std::string& name, const fs::path& folder, const ToJs
   if (const Node* qos = f.Get(root, "qos_ms")) spec.qos_ms = NumberOf(*qos);
   if (f.Get(root, "priority")) spec.priority = f.Str(root, "priority");
   if (const Node* warmup = f.Get(root, "warmup")) spec.warmup = warmup->boolean;
+  if (const Node* refresh = f.Get(root, "refresh_sizes")) spec.refresh_sizes = refresh->boolean;
   if (f.Get(root, "max_queue")) spec.max_queue = f.Int(root, "max_queue");
   if (f.Get(root, "streams")) spec.streams = f.Int(root, "streams");
   if (spec.priority != "realtime" && spec.priority != "best_effort")
@@ -517,6 +523,7 @@ ffi::Map<ffi::String, ffi::Any> AsMap(const ModelSpec& s) {
   out.Set("priority", ffi::String(s.priority));
   out.Set("qos_ms", s.qos_ms);
   out.Set("warmup", s.warmup);
+  out.Set("refresh_sizes", s.refresh_sizes);
   out.Set("max_queue", s.max_queue);
   out.Set("streams", s.streams);
   out.Set("max_queue_delay_us", s.max_queue_delay_us);

@@ -30,7 +30,8 @@ struct ModelSpec {
   std::string name, path, priority = "best_effort";
   double qos_ms = 0;  ///< its latency target (0: the artifact's; ModelOptions::qos_ms)
   bool warmup = true;
-  int64_t max_queue = -1;  ///< requests queued for it at most (-1: the server's)
+  bool refresh_sizes = false;  ///< several batch sizes: their figures follow the launches (ModelOptions::refresh_sizes)
+  int64_t max_queue = -1;      ///< requests queued for it at most (-1: the server's)
   int64_t streams = 1;
   double max_queue_delay_us = 0;               ///< a batched model: how long a free stream waits for a fuller batch
   std::vector<int64_t> preferred_batch_sizes;  ///< Triton's preferred_batch_size (each a compiled batch size)
