@@ -13,9 +13,10 @@ The load is the engine's C++ open-loop generator (`tvmsched.engine.open_loop`: P
 submitted from a C++ thread, each latency from its scheduled arrival). The rate search starts at half the model's
 batch-1 capacity and grows by 1.25x while both ways meet the target, the two ways run in turn at every step
 (side by side), then each way's last good rate is refined by bisection. A rate fails a way only when a second run
-(another seed) fails too, the same rule for both ways: on a shared 2-core VM one stall decides a p99. `--refresh-sizes` adds a third way, the
-batching artifact loaded with `refresh_sizes=True` (the sizes' figures following the launches). Padding waste: the share of the rows run
-that no request brought (1 - rows brought / rows run, from the engine's batch statistics and launches per size).
+(another seed) fails too, the same rule for both ways: on a shared 2-core VM one stall decides a p99.
+`--refresh-sizes` adds a third way, the batching artifact loaded with `refresh_sizes=True` (the sizes' figures
+following the launches). Padding waste: the share of the rows run that no request brought (1 - rows brought / rows
+run, from the engine's batch statistics and launches per size).
 
 Also per model, the **capacity** of each way, where a p99 target on a shared 2-core VM is at the mercy of its stalls:
 one-row requests arriving at 3x the batch-1 rate the model sustains alone for 1 s, loaded without a latency target
