@@ -126,6 +126,28 @@ def test_dense_weights_are_packed_at_compile_time(reference, n, gemm):
     np.testing.assert_allclose(got, reference(model, feeds)["y"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("config,width,registers", [
+    ({"kind": "llvm", "mcpu": "znver3"}, 256, 16),  # AVX2, no AVX-512
+    ({"kind": "llvm", "mcpu": "haswell"}, 256, 16),
+    ({"kind": "llvm", "mcpu": "skylake-avx512"}, 512, 32),
+    ({"kind": "llvm", "mcpu": "skylake-avx512", "mattr": ["-avx512f"]}, 256, 16),  # AVX-512 hidden (a guest)
+    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1"}, 128, 32),
+])
+def test_the_vector_width_and_the_tile_follow_the_cpu_features(config, width, registers):
+    """The vector tile comes from the CPU features the target enables (TVM's llvm_get_vector_width says 512 for every
+    x86 mcpu), its accumulators from the register file: an AVX2 convolution's weights are packed by 2 ymm vectors
+    (16 floats), not by 2 AVX-512 ones, and a tile's accumulators fit in 3/4 of the registers."""
+    from tvm.target import Target
+
+    target = Target(config)
+    assert (cpu_schedule.vector_width(target), cpu_schedule.vector_registers(target)) == (width, registers)
+    assert cpu_schedule.max_accumulators(target) == registers * 3 // 4
+    model, _ = grouped_conv(16, 64, 1, 3)
+    tv = 2 * width // 32  # two vectors of floats
+    shapes = [s for name, shapes in weight_shapes(model, target).items() if "conv2d" in name for s in shapes]
+    assert (64 // tv, 3, 3, 16, tv) in shapes, shapes
+
+
 def test_convolution_weights_are_packed_at_compile_time(reference):
     """One-group NHWC convolutions read HWIO weights packed as [CO / tv, KH, KW, CI, tv]; grouped ones keep
     HWIO (their tile spans one group); strided, dilated and asymmetrically padded ones match onnxruntime."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import math
 
+import tvm
 from tvm import s_tir, tirx
 from tvm.ir import Call, Range
 from tvm.sym import Analyzer
@@ -35,11 +36,10 @@ from tvm.sym.pattern import detect_linear_equation
 from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
-from tvm.target.codegen import llvm_get_vector_width
 
 log = logging.getLogger(__name__)
 
-MAX_ACCUMULATORS = 24  # vector registers kept as accumulators per tile (AVX-512 has 32, AVX2 16)
+ACCUMULATOR_SHARE = 0.75  # of the vector registers, those kept as accumulators per tile (the rest: loads, broadcasts)
 MAX_ROWS = 8
 PAD_COPY_MIN_ELEMENTS = 32768  # a padded input at least this large is copied once, not tested per multiply-add,
 PAD_COPY_MIN_REDUCTION = 64  # when each output sums at least this many products
@@ -47,13 +47,32 @@ MIN_PARALLEL_WORK = 2048  # output elements below which a layer stays on one thr
 MIN_PARALLEL_PRODUCTS = 1 << 17  # ... unless each output sums so many products that its tiles are worth the wake-up
 
 
+def vector_width(target) -> int:
+    """Bits of the llvm target's widest vector unit, from the CPU features its mcpu and mattr enable: 512 with
+    AVX-512F, 256 with AVX, else 128 (SSE, NEON). (TVM 0.27's `llvm_get_vector_width` answers 512 for every x86 mcpu,
+    AVX2-only ones such as znver3 and haswell included: its tiles then held twice the registers AVX2 has.)"""
+    try:
+        features = {str(f) for f in tvm.get_global_func("target.llvm_get_cpu_features")(target)}
+    except Exception:  # noqa: BLE001 - an LLVM without the query: assume SSE
+        return 128
+    return 512 if "avx512f" in features else 256 if "avx" in features else 128
+
+
 def vector_lanes(target, bits: int = 32) -> int:
     """Vector lanes of `bits`-wide elements for the llvm target (its mcpu's widest vector unit)."""
-    try:
-        width = int(llvm_get_vector_width(target))
-    except Exception:  # noqa: BLE001 - an LLVM without the query: assume SSE
-        width = 128
-    return max(width if width > 0 else 128, 128) // bits
+    return vector_width(target) // bits
+
+
+def vector_registers(target) -> int:
+    """The target's architectural vector registers: 32 with a 512-bit unit (AVX-512) or on AArch64, else 16 (x86-64's
+    SSE/AVX/AVX2). A tile holding more accumulators than the registers allow spills them on every multiply-add."""
+    triple = str(target.attrs.get("mtriple", "")) if hasattr(target, "attrs") else ""
+    return 32 if vector_width(target) >= 512 or triple.startswith(("aarch64", "arm64")) else 16
+
+
+def max_accumulators(target) -> int:
+    """Vector accumulators per output tile: 24 with 32 registers, 12 with 16 (AVX2's classic 6 x 2-vector tile)."""
+    return int(vector_registers(target) * ACCUMULATOR_SHARE)
 
 
 def rules():
@@ -178,6 +197,7 @@ class TiledReduction(CPUScheduleRule):
         if not self.is_target_available(target):
             return None
         lanes = vector_lanes(target)  # of 32-bit elements
+        accumulators = max_accumulators(target)
         for inline_producers in (True, False):
             sch = s_tir.Schedule(func)
             reductions = [b for b in _blocks(sch) if not _is_spatial(sch, b)]
@@ -190,7 +210,7 @@ class TiledReduction(CPUScheduleRule):
                 _inline_epilogues(sch, red)
             names = [sch.get(b).name_hint for b in _blocks(sch)]
             producers = names[: names.index(sch.get(red).name_hint)]  # left standing: padding (or all)
-            if _tile(sch, _find(sch, red), lanes):
+            if _tile(sch, _find(sch, red), lanes, accumulators):
                 for name in producers:
                     _vectorize_spatial(sch, sch.get_sblock(name), lanes)
                 return sch
@@ -238,10 +258,10 @@ def _var_in(expr, var) -> bool:
     return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
 
 
-def _tile(sch, red, lanes32: int) -> bool:
-    """Tile the reduction block `red` (`lanes32`: the target's vector lanes of 32-bit elements); False when its
-    innermost output axis cannot be vectorized."""
-    plan = _tile_plan(sch, red, lanes32)
+def _tile(sch, red, lanes32: int, accumulators: int) -> bool:
+    """Tile the reduction block `red` (`lanes32`: the target's vector lanes of 32-bit elements; `accumulators`: the
+    vector registers a tile may accumulate in); False when its innermost output axis cannot be vectorized."""
+    plan = _tile_plan(sch, red, lanes32, accumulators)
     if plan is None:
         return False
     loops, spatial, reduce, extents, v, tv, u, tu = plan
@@ -278,7 +298,7 @@ def _tile(sch, red, lanes32: int) -> bool:
     return True
 
 
-def _tile_plan(sch, red, lanes32: int):
+def _tile_plan(sch, red, lanes32: int, accumulators: int):
     """_tile's analysis: (loops, spatial, reduction axes, extents, the vectorized axis v, its tile tv, the row axis
     u, its tile tu), or None when the block cannot be tiled (a ragged output axis is padded here)."""
     block = sch.get(red)
@@ -317,7 +337,7 @@ def _tile_plan(sch, red, lanes32: int):
         extents = [_extent(sch, loop) for loop in loops]
         tv = lanes
     vectors = -(-tv // lanes)
-    rows_max = max(1, min(MAX_ROWS, MAX_ACCUMULATORS // vectors))
+    rows_max = max(1, min(MAX_ROWS, accumulators // vectors))
     u, tu = _rows(spatial, v, extents, rows_max)
     return loops, spatial, reduce, extents, v, tv, u, tu
 
