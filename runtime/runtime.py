@@ -197,6 +197,8 @@ class Runtime:
             raise TvmschedError(f"priority must be one of {PRIORITIES}, not {priority!r}")
         if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= 64:
             raise TvmschedError(f"streams must be a whole number from 1 to 64, not {streams!r}")
+        if not isinstance(refresh_sizes, bool):
+            raise TvmschedError(f"refresh_sizes must be True or False, not {refresh_sizes!r}")
         if self._closed:
             raise TvmschedError("the runtime is shut down")
         qos_ms = _above_zero("qos_ms", qos_ms, "milliseconds", "None: the artifact's latency target, if any")

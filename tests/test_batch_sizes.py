@@ -119,6 +119,8 @@ def test_each_size_figure_follows_its_launches_and_a_size_none_chooses_runs_agai
     for refresh in (False, True):
         rt = Runtime()
         try:
+            with pytest.raises(TvmschedError, match=r"^refresh_sizes must be True or False, not 'false'$"):
+                rt.load(str(mlp_sizes), name="mlp", refresh_sizes="false")  # (a string would be taken as True)
             rt.load(str(mlp_sizes), name="mlp", refresh_sizes=refresh)
             loaded = {size: s["run_us"] for size, s in rt.stats()["mlp"]["sizes"].items()}
             for i in range(len(x)):
