@@ -235,10 +235,10 @@ def co_tenant(path: Path, name: str, rate: float, qos_ms: float, hogs: int, roun
                     process.kill()
                     process.wait()
                 rt.shutdown()
-            latencies = np.asarray(list(result["latencies_us"]), dtype=np.float64)
-            sent = len(latencies) + int(result["failed"]) + int(result["refused"])
-            row = {"late": float((latencies > qos_ms * 1e3).sum()) / sent, "refused": int(result["refused"]) / sent,
-                   "p50_us": float(np.percentile(latencies, 50)), "before": before, "after": after}
+            summary = latency_summary(result)
+            late = sum(us > qos_ms * 1e3 for us in result["latencies_us"])
+            row = {"late": late / summary["requests"], "refused": int(result["refused"]) / summary["requests"],
+                   "p50_us": summary["p50_us"], "before": before, "after": after}
             out[way].append(row)
             print(json.dumps({"co_tenant": way, "round": round_, **{k: round(v, 4) if isinstance(v, float) else v
                                                                      for k, v in row.items()}}), flush=True)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import math
 
-import tvm
 from tvm import s_tir, tirx
 from tvm.ir import Call, Range
 from tvm.sym import Analyzer
@@ -36,6 +35,8 @@ from tvm.sym.pattern import detect_linear_equation
 from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+
+from tvmsched.lower.targets import enabled_cpu_features
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def vector_width(target) -> int:
     AVX-512F, 256 with AVX, else 128 (SSE, NEON). (TVM 0.27's `llvm_get_vector_width` answers 512 for every x86 mcpu,
     AVX2-only ones such as znver3 and haswell included: its tiles then held twice the registers AVX2 has.)"""
     try:
-        features = {str(f) for f in tvm.get_global_func("target.llvm_get_cpu_features")(target)}
+        features = enabled_cpu_features(target)
     except Exception:  # noqa: BLE001 - an LLVM without the query: assume SSE
         return 128
     return 512 if "avx512f" in features else 256 if "avx" in features else 128

@@ -190,16 +190,20 @@ def cpu_requirements(target) -> tuple[str | None, tuple[str, ...], str | None]:
     target's `mattr`). unchecked: None when the features are checked at load time, else why not
     (targets other than x86-64).
     """
-    import tvm
-
     if not describe(target).cpu:
         return None, (), None
     cpu = str(target.attrs["mcpu"]) if "mcpu" in target.attrs else "generic"
     triple = _triple(target)
     if not is_x86_64(triple):
         return cpu, (), f"CPU features are checked for x86-64 targets only (this one is {triple})"
-    enabled = {str(name) for name in tvm.get_global_func("target.llvm_get_cpu_features")(target)}
-    return cpu, tuple(sorted(enabled & set(X86_RUNTIME_FEATURES))), None
+    return cpu, tuple(sorted(enabled_cpu_features(target) & set(X86_RUNTIME_FEATURES))), None
+
+
+def enabled_cpu_features(target) -> set[str]:
+    """The LLVM feature names an llvm target enables (its mcpu's, with its `mattr`)."""
+    import tvm
+
+    return {str(name) for name in tvm.get_global_func("target.llvm_get_cpu_features")(target)}
 
 
 def host_cpu_features() -> tuple[str, ...]:

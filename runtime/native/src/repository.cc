@@ -376,14 +376,15 @@ ModelSpec TritonSpec(const std::string& name, const fs::path& folder, const std:
                            "parameters qos_ms must be a positive number of milliseconds, not " + Quoted(qos_text));
     spec.qos_ms = qos;
   }
-  const std::string warmup = params.count("warmup") ? params["warmup"] : "true";
-  if (warmup != "true" && warmup != "false")
-    config.FailParameter("warmup", "parameters warmup is true or false, not " + Quoted(warmup));
-  spec.warmup = warmup == "true";
-  const std::string refresh = params.count("refresh_sizes") ? params["refresh_sizes"] : "false";
-  if (refresh != "true" && refresh != "false")
-    config.FailParameter("refresh_sizes", "parameters refresh_sizes is true or false, not " + Quoted(refresh));
-  spec.refresh_sizes = refresh == "true";
+  auto flag = [&](const std::string& key, bool otherwise) {  // a true/false parameter
+    if (!params.count(key)) return otherwise;
+    const std::string& value = params[key];
+    if (value != "true" && value != "false")
+      config.FailParameter(key, "parameters " + key + " is true or false, not " + Quoted(value));
+    return value == "true";
+  };
+  spec.warmup = flag("warmup", true);
+  spec.refresh_sizes = flag("refresh_sizes", false);
   ReadInstanceGroups(config, f, devices, &spec);
   if (dynamic) {
     if (const Node* policy = f.Get(dynamic, "default_queue_policy")) {

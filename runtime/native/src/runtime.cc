@@ -742,18 +742,10 @@ double Slowdown(const PolicyModel& model, const PolicyDecision& d) {
   return colocated * (chosen > 0 && fastest > 0 ? chosen / fastest : 1);
 }
 
-/*! \brief Whether a decision runs every layer at a fastest candidate (none given: candidate 0, as a stream runs it)
- *  and predicts no co-location slowdown. */
+/*! \brief Whether a decision names every layer's candidate (a stream runs candidate 0 where it names none, which
+ *  Slowdown counts as the fastest), each a fastest one, and predicts no co-location slowdown. */
 bool AtFastest(const PolicyModel& model, const PolicyDecision& d) {
-  double chosen = 0;
-  for (size_t i = 0; i < model.layers.size() && i < model.fastest.size(); ++i) {
-    const int id = i < d.candidate_ids.size() ? d.candidate_ids[i] : 0;
-    if (id < 0 || id >= static_cast<int>(model.layers[i].size())) return false;
-    const double latency = model.layers[i][id].latency_us;
-    if (latency > model.layers[i][model.fastest[i]].latency_us) return false;
-    chosen += latency;
-  }
-  return !(d.estimated && d.estimated_ms * 1e3 > chosen * (1 + 1e-9));
+  return d.candidate_ids.size() >= model.layers.size() && Slowdown(model, d) <= 1 + 1e-9;
 }
 
 }  // namespace
