@@ -361,8 +361,8 @@ def test_fp16_kit_records_on_tensor_cores_are_taken_and_a_simt_record_does_not_r
 
 
 def _padded_epilogue():
-    """A 1x1 convolution, swish and an asymmetric Pad, fused into one layer (EfficientNet-B0 and MobileNet-v2 as TF
-    exports them pad a layer's output for the stride-2 layer after it)."""
+    """A 1x1 convolution, swish and an asymmetric Pad (EfficientNet-B0 and MobileNet-v2 as TF exports them pad a layer's
+    output for the stride-2 layer after it), which TVM's FuseOps made one layer (lowering._reshaping_as_injective)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -380,21 +380,34 @@ def _padded_epilogue():
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_a_layer_whose_epilogue_dlight_cannot_inline_takes_a_later_rule_and_computes_the_layer(precision):
+@pytest.mark.parametrize("fused", [False, True], ids=["as-lowered", "pad-as-epilogue"])
+def test_a_layer_whose_epilogue_dlight_cannot_inline_takes_a_later_rule_and_computes_the_layer(monkeypatch, precision,
+                                                                                               fused):
     """dlight's matmul schedules (SIMT and WMMA) assert on a layer whose epilogue pads its output ("There are some
     consumers of the cache-write stage that are not properly inlined"), and EfficientNet-B0 and MobileNet-v2-TF did not
-    compile for CUDA at all, fp32 or fp16. Such a layer takes a later rule's schedule, says why, and computes the
-    layer."""
+    compile for CUDA at all, fp32 or fp16. Such a layer takes a later rule's schedule, says why, and computes the layer
+    (`pad-as-epilogue`: the layer as FuseOps made it before the padding was marked injective). As lowered now, the
+    padding is a layer of its own and the convolution takes dlight's path."""
+    from tvmsched.lower import relax as lowering
+
+    if fused:
+        monkeypatch.setattr(lowering, "_reshaping_as_injective", lambda mod, _ctx: mod)
     _, plain, target = lower_model(_padded_epilogue(), "cuda", precision=precision)
     funcs = kernels.default_schedule(plain, target)
     layer = next(f for f in funcs if "conv2d" in f)
+    assert ("pad" in layer) == fused, sorted(funcs)
     path, reason = kernels.gpu_path(plain[layer], funcs[layer])
-    assert path == gpu_schedule.SIMT and "cannot inline this layer's epilogue" in reason, (path, reason)
+    assert ("cannot inline this layer's epilogue" in reason) == fused, (path, reason)
+    assert path == gpu_schedule.SIMT or not fused, (path, reason)
     rng = np.random.default_rng(5)
-    inputs = [rng.standard_normal([int(d) for d in p.shape]).astype(str(p.dtype)) for p in plain[layer].params[:-1]]
-    want = _run_on_cpu(plain[layer], inputs).astype("float32")
-    got = _run_on_cpu(_serial(funcs[layer]), inputs).astype("float32")
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-3 * max(1.0, float(np.abs(want).max())))
+    for name in {layer, *(f for f in funcs if "pad" in f)}:
+        params = plain[name].params[:-1]
+        inputs = [rng.standard_normal([int(d) for d in p.shape]).astype(str(p.dtype)) for p in params]
+        want = _run_on_cpu(plain[name], inputs).astype("float32")
+        wmma = kernels.gpu_path(plain[name], funcs[name])[0] == gpu_schedule.TENSOR_CORES
+        scheduled = gpu_schedule.intrinsic_twin(plain[name], target, H100_SMS) if wmma else funcs[name]
+        got = _run_on_cpu(_serial(scheduled), inputs).astype("float32")
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-3 * max(1.0, float(np.abs(want).max())), err_msg=name)
 
 
 def test_a_tensor_core_layer_that_dlight_pads_takes_a_smaller_tile_and_computes_the_layer():

@@ -218,7 +218,8 @@ def lower_model(
     tvm_target = make_target(target)
     validate.check_tensor_sizes(model, signature, tvm_target)  # before TVM folds constants or the engine allocates
     mixed = check_precision(precision) != "fp32"
-    mod, checks = frontend.import_model(model, signature, check_indices=index_checks, mixed_precision=mixed)
+    mod, checks = frontend.import_model(model, signature, check_indices=index_checks, mixed_precision=mixed,
+                                        relax_forms=describe(tvm_target).cpu)
     mod = lowering.legalize_and_fuse(to_precision(mod, precision), tvm_target, clamp_take=index_checks)
     graph = extract_graph(mod)
     if checks:

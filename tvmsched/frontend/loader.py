@@ -124,7 +124,7 @@ def to_relax(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, ...],
 
 
 def import_model(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, ...], str]], *, check_indices: bool = True,
-                 mixed_precision: bool = False):
+                 mixed_precision: bool = False, relax_forms: bool = False):
     """Import a checked ONNX model into Relax: (IRModule, index checks).
 
     First, with the input shapes of `signature` fixed, what is computable at compile time (the shape
@@ -136,7 +136,10 @@ def import_model(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, .
 
     With `mixed_precision` (--precision fp16), Clip with constant bounds imports as Less, Greater and Where, a
     constant-mode Pad as nn.pad and an Einsum that is a matrix product as matmul: Relax ops the mixed-precision pass
-    reads (rewrites.clip_as_where, _importer, einsum_as_matmul).
+    reads (rewrites.clip_as_where, _importer, einsum_as_matmul). With `relax_forms` (CPU targets) Clip and Pad
+    import so too: Relax ops that the conversion to NHWC convolutions moves into their layout
+    (tvmsched.lower.relax._sink_transposes), where TVM's Clip and Pad kernels stay in the model's layout between two
+    transposes (MobileNet-v2's ReLU6, EfficientNet's padding before each depthwise convolution).
     """
     from tvmsched.frontend.index_checks import guard_indices
     from tvmsched.frontend.fold import fold_constants
@@ -145,14 +148,16 @@ def import_model(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, .
         expand_layernorm_statistics,
         fold_batchnorm_into_conv,
         propagate_nan,
+        sum_as_add,
         upgrade_legacy_forms,
     )
 
     model = fold_constants(model, signature)  # the shape arithmetic of dynamic-axes exports, with the shapes fixed
     model = upgrade_legacy_forms(model)  # Slice-1 attributes, per-channel PRelu slopes
-    model = propagate_nan(fold_batchnorm_into_conv(expand_layernorm_statistics(model)))
-    if mixed_precision:
-        model = clip_as_where(model)
+    model = sum_as_add(fold_batchnorm_into_conv(expand_layernorm_statistics(model)))
+    if mixed_precision or relax_forms:
+        model = clip_as_where(model)  # NaN stays NaN: before propagate_nan, which then leaves these Clips alone
+    model = propagate_nan(model)
     checks = []
     if check_indices:
         model, checks = guard_indices(model, signature)
@@ -160,7 +165,8 @@ def import_model(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, .
     dtypes = {name: dtype for name, (_, dtype) in signature.items()}
     failure = None
     with native_stderr() as native, contextlib.redirect_stdout(io.StringIO()):  # it prints a failing node's inputs
-        importer = _importer(mixed_precision, shape_dict=shapes, dtype_dict=dtypes)
+        importer = _importer(mixed_precision, relax_pads=mixed_precision or relax_forms, shape_dict=shapes,
+                             dtype_dict=dtypes)
         try:
             mod = importer.from_onnx(model.graph, default_opset(model) or 1)
         except Exception as err:  # noqa: BLE001 - the importer raises many types; all are the model's problem
@@ -177,13 +183,13 @@ def import_model(model: onnx.ModelProto, signature: dict[str, tuple[tuple[int, .
     return mod, checks
 
 
-def _importer(mixed_precision: bool = False, **options):
+def _importer(mixed_precision: bool = False, relax_pads: bool = False, **options):
     """TVM's ONNX graph importer, remembering the node it converts (for the one-line error naming it).
 
     `from_onnx` without its wrapper: the wrapper only re-runs onnx's checker (validate does it)
-    and reads the opset. With `mixed_precision`, a constant-mode Pad (opset 11 and newer, constant pads, none
-    negative) becomes Relax's nn.pad, and a matrix-product Einsum a matmul (`einsum_as_matmul`), which TVM's
-    mixed-precision pass reads, not the TIR kernels TVM's converter makes.
+    and reads the opset. With `relax_pads`, a constant-mode Pad (opset 11 and newer, constant pads, none negative)
+    becomes Relax's nn.pad; with `mixed_precision` a matrix-product Einsum becomes a matmul (`einsum_as_matmul`):
+    Relax ops that TVM's mixed-precision pass and layout conversion read, not the TIR kernels TVM's converter makes.
     """
     from tvm import relax
     from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, Pad
@@ -208,7 +214,7 @@ def _importer(mixed_precision: bool = False, **options):
 
         def _convert_operator(self, op_name, inputs, attrs, opset):
             mode = attrs.get("mode", "constant")
-            if mixed_precision and op_name == "Pad" and opset >= 11 and mode in ("constant", b"constant"):
+            if relax_pads and op_name == "Pad" and opset >= 11 and mode in ("constant", b"constant"):
                 padded = relax_pad(inputs, [self._nodes, self._params])
                 if padded is not None:
                     return self.bb.normalize(padded)

@@ -29,6 +29,7 @@ def legalize_and_fuse(mod, target, clamp_take: bool = True):
             relax.transform.DecomposeOpsForInference(),
             relax.transform.LegalizeOps(customize_legalize_map=legalizations),
             relax.transform.AnnotateTIROpPattern(),
+            tvm.ir.transform.module_pass(_reshaping_as_injective, opt_level=0, name="tvmsched.ReshapingAsInjective"),
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
             relax.transform.FuseTIR(),
@@ -43,6 +44,44 @@ def legalize_and_fuse(mod, target, clamp_take: bool = True):
     except Exception as err:
         failing = _failing_legalization(mod, target, legalizations)
         raise TvmschedError(f"lowering the model to TIR failed: {failing or one_line(err)}") from None
+
+
+ELEMWISE, BROADCAST, INJECTIVE = 0, 1, 2  # TVM's OpPatternKind values (relay/op_attr_types.h)
+
+
+def _reshaping_as_injective(mod, _ctx):
+    """AnnotateTIROpPattern's element-wise and broadcast kernels whose operands and result are not broadcasts of one
+    shape marked injective instead. TVM calls a padding (`nn.pad`: out[i] = in[i] inside, else the pad value)
+    element-wise from its index pattern, so FuseOps made it a convolution's epilogue (conv2d + pad, as when
+    EfficientNet's padding for the next convolution follows one); scheduled per output tile of the convolution, the
+    padded border was never written. As injective it fuses into the next layer instead, as that layer's input."""
+    from tvm import relax
+
+    def one_shape(shapes) -> bool:  # every static shape a (right-aligned) broadcast of one
+        for axis in range(1, max(map(len, shapes), default=0) + 1):
+            if len({s[-axis] for s in shapes if len(s) >= axis} - {1}) > 1:
+                return False
+        return True
+
+    reshaping = set()
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function):
+            continue
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                call = binding.value
+                if not (isinstance(call, relax.Call) and getattr(call.op, "name", None) == "relax.call_tir"):
+                    continue
+                callee = mod[call.args[0]]
+                if int((callee.attrs or {}).get("op_pattern", INJECTIVE)) not in (ELEMWISE, BROADCAST):
+                    continue
+                operands = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else []
+                shapes = [_static_shape(getattr(x.ty, "shape", None)) for x in (*operands, binding.var)]
+                if None not in shapes and not one_shape(shapes):
+                    reshaping.add(call.args[0])
+    for gv in reshaping:
+        mod.update_func(gv, mod[gv].with_attr("op_pattern", INJECTIVE))
+    return mod
 
 
 def _failing_legalization(mod, target, legalizations: dict) -> str | None:
@@ -106,7 +145,104 @@ def to_cpu_layouts(mod):
     except (RuntimeError, IndexError, ValueError) as err:  # a layout inference bug (InternalError is a RuntimeError): keep NCHW
         log.warning("keeping the model's conv layouts: ConvertLayout failed: %s", one_line(err))
         return mod
-    return _pad_groups(_fold_weight_layouts(mod))
+    return _pad_groups(_fold_weight_layouts(_sink_transposes(mod)))
+
+
+# Element-wise Relax ops: applied to operands whose axes are all permuted alike (scalars aside), they give the result
+# of the unpermuted operands, permuted the same way.
+ELEMENTWISE = frozenset(f"relax.{op}" for op in (
+    "where", "clip", "less", "less_equal", "greater", "greater_equal", "equal", "not_equal", "isnan", "isinf",
+    "logical_and", "logical_or", "logical_not", "add", "subtract", "multiply", "divide", "maximum", "minimum",
+    "negative", "abs", "exp", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "astype"))
+
+
+def _sink_transposes(mod):
+    """Element-wise ops and paddings that ConvertLayout leaves in the model's layout (`where`, `clip`, `nn.pad`: it has
+    no layout rule for them) moved into the convolutions' layout: op(permute(a, p), scalar...) -> permute(op(a,
+    scalar...), p) (a padding's widths permuted with its axes); a permute of a permute that undoes it dropped; a zero
+    padding of H and W before a convolution made the convolution's own. A new module.
+
+    A ReLU6 (ONNX Clip, imported as Less and Where: `clip_as_where`) between two NHWC convolutions was NHWC -> NCHW ->
+    clip -> NHWC, two copies of the activation in a layer of its own (29% of MobileNet-v2's time on a CPU); it is now
+    the convolution's epilogue. EfficientNet's padding before each depthwise convolution was such a layer too; now the
+    convolution pads.
+    """
+    import tvm
+    from tvm import relax
+
+    def bound(mutator, expr, op: str):  # the call of `op` that a var is bound to (through aliases), else None
+        while isinstance(expr, relax.Var):
+            expr = mutator.lookup_binding(expr)
+        return expr if isinstance(expr, relax.Call) and getattr(expr.op, "name", None) == op else None
+
+    def permuted(mutator, expr):  # (source, axes) of a var bound to permute_dims with explicit axes, else None
+        value = bound(mutator, expr, "relax.permute_dims")
+        if value is not None and value.attrs.axes is not None:
+            return value.args[0], tuple(int(a) for a in value.attrs.axes)
+        return None
+
+    def padded_conv(mutator, conv):  # conv2d(pad(x)) with zeros on H and W only -> conv2d(x) padding those too
+        pad, attrs = bound(mutator, conv.args[0], "relax.nn.pad"), conv.attrs
+        if pad is None or pad.attrs.pad_mode != "constant" or float(pad.attrs.pad_value) != 0.0:
+            return None
+        widths = [int(w) for w in pad.attrs.pad_width]
+        h, w = attrs.data_layout.index("H"), attrs.data_layout.index("W")
+        if any(widths[2 * axis:2 * axis + 2] != [0, 0] for axis in range(len(widths) // 2) if axis not in (h, w)):
+            return None
+        top, left, bottom, right = (int(p) for p in attrs.padding)
+        padding = [top + widths[2 * h], left + widths[2 * w], bottom + widths[2 * h + 1], right + widths[2 * w + 1]]
+        return relax.op.nn.conv2d(pad.args[0], conv.args[1], attrs.strides, padding, attrs.dilation, int(attrs.groups),
+                                  attrs.data_layout, attrs.kernel_layout, attrs.out_layout, attrs.out_dtype or None)
+
+    @relax.expr_functor.mutator
+    class SinkTransposes(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            name = call.op.name if isinstance(call.op, tvm.ir.Op) else None
+            if name == "relax.permute_dims" and call.attrs.axes is not None:
+                inner = permuted(self, call.args[0])
+                outer = tuple(int(a) for a in call.attrs.axes)
+                if inner is not None and tuple(inner[1][q] for q in outer) == tuple(range(len(outer))):
+                    return inner[0]
+                pad = bound(self, call.args[0], "relax.nn.pad")
+                if pad is None:
+                    return call
+                widths = [int(w) for w in pad.attrs.pad_width]  # permute(pad(x)) -> pad(permute(x)): the conv's input
+                source = self.builder_.emit(relax.op.permute_dims(pad.args[0], list(outer)))
+                return relax.op.nn.pad(source, [w for axis in outer for w in widths[2 * axis:2 * axis + 2]],
+                                       pad.attrs.pad_mode, float(pad.attrs.pad_value))
+            if name == "relax.nn.conv2d":
+                folded = padded_conv(self, call)
+                return call if folded is None else folded
+            if name == "relax.nn.pad":
+                source = permuted(self, call.args[0])
+                if source is None:
+                    return call
+                axes, widths = source[1], [int(w) for w in call.attrs.pad_width]
+                unpermuted = [0] * len(widths)
+                for i, axis in enumerate(axes):  # the permuted tensor's axis i is the source's axis `axis`
+                    unpermuted[2 * axis:2 * axis + 2] = widths[2 * i:2 * i + 2]
+                attrs = call.attrs
+                inner = self.builder_.emit(relax.op.nn.pad(source[0], unpermuted, attrs.pad_mode, float(attrs.pad_value)))
+                return relax.op.permute_dims(inner, list(axes))
+            if name not in ELEMENTWISE or _static_rank(call.ty) is None:
+                return call
+            args, axes = [], None
+            for arg in call.args:
+                if not isinstance(arg.ty, relax.TensorType) or _static_rank(arg.ty) == 0:
+                    args.append(arg)  # a PrimValue bound (clip's), a scalar operand: the same in any layout
+                    continue
+                source = permuted(self, arg)
+                if source is None or _static_rank(arg.ty) != _static_rank(call.ty) or axes not in (None, source[1]):
+                    return call
+                args.append(source[0])
+                axes = source[1]
+            if axes is None:
+                return call
+            inner = self.builder_.emit(relax.Call(call.op, args, call.attrs, call.ty_args))
+            return relax.op.permute_dims(inner, list(axes))
+
+    return relax.transform.DeadCodeElimination()(_rewritten(mod, SinkTransposes))
 
 
 def _fold_weight_layouts(mod):
