@@ -1371,12 +1371,6 @@ void RuntimeObj::Shutdown() {
     for (const Runtime& part : parts_) part->Shutdown();
     return;
   }
-  {
-    std::unique_lock<std::mutex> lock(turns_->mu);  // its streamed models' turns are not asked of it any more
-    turns_->runtime = nullptr;
-    turns_->done.wait(lock, [&] { return turns_->asking == 0; });
-    turns_->streamed.clear();
-  }
   std::vector<std::shared_ptr<Entry>> entries;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -1393,6 +1387,13 @@ void RuntimeObj::Shutdown() {
       PokeAll(e);
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+  }
+  {  // its streamed models' turns are not asked of it any more: after the drain, in which a streamed model's request
+     // may still need its turn (an idle switched model evicted for it), as it would before the shutdown
+    std::unique_lock<std::mutex> lock(turns_->mu);
+    turns_->runtime = nullptr;
+    turns_->done.wait(lock, [&] { return turns_->asking == 0; });
+    turns_->streamed.clear();
   }
   std::vector<std::pair<std::string, std::vector<Pending>>> left;
   {
