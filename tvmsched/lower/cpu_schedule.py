@@ -36,7 +36,7 @@ from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 
-from tvmsched.lower.targets import enabled_cpu_features
+from tvmsched.lower.targets import enabled_cpu_features, llvm_triple
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,7 @@ def vector_lanes(target, bits: int = 32) -> int:
 def vector_registers(target) -> int:
     """The target's architectural vector registers: 32 with a 512-bit unit (AVX-512) or on AArch64, else 16 (x86-64's
     SSE/AVX/AVX2). A tile holding more accumulators than the registers allow spills them on every multiply-add."""
-    triple = str(target.attrs.get("mtriple", "")) if hasattr(target, "attrs") else ""
-    return 32 if vector_width(target) >= 512 or triple.startswith(("aarch64", "arm64")) else 16
+    return 32 if vector_width(target) >= 512 or llvm_triple(target).startswith(("aarch64", "arm64")) else 16
 
 
 def max_accumulators(target) -> int:

@@ -181,6 +181,11 @@ def _sink_transposes(mod):
             return value.args[0], tuple(int(a) for a in value.attrs.axes)
         return None
 
+    def repad(pad, data, axes):  # `pad` (an nn.pad call) of `data`: its widths taken as permute_dims(., axes) takes axes
+        widths = [int(w) for w in pad.attrs.pad_width]
+        return relax.op.nn.pad(data, [w for axis in axes for w in widths[2 * axis:2 * axis + 2]], pad.attrs.pad_mode,
+                               float(pad.attrs.pad_value))
+
     def padded_conv(mutator, conv):  # conv2d(pad(x)) with zeros on H and W only -> conv2d(x) padding those too
         pad, attrs = bound(mutator, conv.args[0], "relax.nn.pad"), conv.attrs
         if pad is None or pad.attrs.pad_mode != "constant" or float(pad.attrs.pad_value) != 0.0:
@@ -206,11 +211,8 @@ def _sink_transposes(mod):
                     return inner[0]
                 pad = bound(self, call.args[0], "relax.nn.pad")
                 if pad is None:
-                    return call
-                widths = [int(w) for w in pad.attrs.pad_width]  # permute(pad(x)) -> pad(permute(x)): the conv's input
-                source = self.builder_.emit(relax.op.permute_dims(pad.args[0], list(outer)))
-                return relax.op.nn.pad(source, [w for axis in outer for w in widths[2 * axis:2 * axis + 2]],
-                                       pad.attrs.pad_mode, float(pad.attrs.pad_value))
+                    return call  # permute(pad(x)) -> pad(permute(x)): the convolution's input, padded
+                return repad(pad, self.builder_.emit(relax.op.permute_dims(pad.args[0], list(outer))), outer)
             if name == "relax.nn.conv2d":
                 folded = padded_conv(self, call)
                 return call if folded is None else folded
@@ -218,13 +220,9 @@ def _sink_transposes(mod):
                 source = permuted(self, call.args[0])
                 if source is None:
                     return call
-                axes, widths = source[1], [int(w) for w in call.attrs.pad_width]
-                unpermuted = [0] * len(widths)
-                for i, axis in enumerate(axes):  # the permuted tensor's axis i is the source's axis `axis`
-                    unpermuted[2 * axis:2 * axis + 2] = widths[2 * i:2 * i + 2]
-                attrs = call.attrs
-                inner = self.builder_.emit(relax.op.nn.pad(source[0], unpermuted, attrs.pad_mode, float(attrs.pad_value)))
-                return relax.op.permute_dims(inner, list(axes))
+                axes = source[1]
+                inverse = [axes.index(axis) for axis in range(len(axes))]  # the source's axis j is the permuted one's
+                return relax.op.permute_dims(self.builder_.emit(repad(call, source[0], inverse)), list(axes))
             if name not in ELEMENTWISE or _static_rank(call.ty) is None:
                 return call
             args, axes = [], None

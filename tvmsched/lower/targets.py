@@ -170,7 +170,8 @@ def _known_cpus(mtriple: str) -> frozenset[str]:
     return frozenset(str(name) for name in tvm.get_global_func("target.llvm_get_cpu_archlist")(plain))
 
 
-def _triple(target) -> str:
+def llvm_triple(target) -> str:
+    """An llvm target's triple: its `mtriple`, else the host's (what LLVM compiles for without one)."""
     import tvm
 
     if "mtriple" in target.attrs:
@@ -193,7 +194,7 @@ def cpu_requirements(target) -> tuple[str | None, tuple[str, ...], str | None]:
     if not describe(target).cpu:
         return None, (), None
     cpu = str(target.attrs["mcpu"]) if "mcpu" in target.attrs else "generic"
-    triple = _triple(target)
+    triple = llvm_triple(target)
     if not is_x86_64(triple):
         return cpu, (), f"CPU features are checked for x86-64 targets only (this one is {triple})"
     return cpu, tuple(sorted(enabled_cpu_features(target) & set(X86_RUNTIME_FEATURES))), None
